@@ -1,0 +1,191 @@
+//! Broker frames: how sandboxed code calls back into a grant the host serves.
+//!
+//! The guest sends [`BrokerFrame::Call`] and the host answers with [`BrokerFrame::Reply`],
+//! each one JSON document inside one length-prefixed frame. Everything here is parsed from
+//! guest bytes, so every struct denies unknown fields and every string has a bound.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Longest grant name: 64 bytes of `[a-zA-Z0-9_.-]`.
+pub const MAX_GRANT_NAME_LEN: usize = 64;
+/// Longest error message in a reply: 4 KiB.
+pub const MAX_BROKER_MESSAGE_LEN: usize = 4 << 10;
+
+/// A grant name, checked on construction and on parse.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct GrantName(String);
+
+/// A broker message was malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// A grant name is empty, too long, or uses characters outside `[a-zA-Z0-9_.-]`.
+    #[error("invalid grant name {0:?}")]
+    GrantName(String),
+    /// A reply carries both a result and an error, or neither.
+    #[error("a reply must carry exactly one of `result` and `error`")]
+    ReplyShape,
+    /// A reply's error message is longer than [`MAX_BROKER_MESSAGE_LEN`].
+    #[error("error message of {0} bytes is too long")]
+    MessageTooLong(usize),
+}
+
+impl GrantName {
+    /// Checks and wraps a grant name.
+    pub fn new(name: impl Into<String>) -> Result<Self, BrokerError> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= MAX_GRANT_NAME_LEN
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if ok { Ok(Self(name)) } else { Err(BrokerError::GrantName(name)) }
+    }
+
+    /// The name.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for GrantName {
+    type Error = BrokerError;
+    fn try_from(s: String) -> Result<Self, BrokerError> {
+        Self::new(s)
+    }
+}
+
+impl From<GrantName> for String {
+    fn from(g: GrantName) -> String {
+        g.0
+    }
+}
+
+/// Why a grant call failed, as told to the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ReplyError {
+    /// A stable machine-readable code (`denied`, `bad_args`, `unavailable`, `internal`).
+    pub code: String,
+    /// A human-readable message, at most [`MAX_BROKER_MESSAGE_LEN`] bytes.
+    pub message: String,
+}
+
+impl ReplyError {
+    /// An error with `code` and `message`; the message is cut to [`MAX_BROKER_MESSAGE_LEN`].
+    #[must_use]
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        crate::report::truncate_at_char(&mut message, MAX_BROKER_MESSAGE_LEN);
+        Self { code: code.into(), message }
+    }
+}
+
+/// One broker message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "FrameWire", into = "FrameWire")]
+#[non_exhaustive]
+pub enum BrokerFrame {
+    /// The guest asks the host to run a grant.
+    Call {
+        /// Chosen by the guest; echoed in the reply.
+        id: u64,
+        /// Which grant.
+        grant: GrantName,
+        /// The grant's arguments.
+        args: Value,
+    },
+    /// The host's answer to one call.
+    Reply {
+        /// The call's id.
+        id: u64,
+        /// The result, or the error.
+        body: ReplyBody,
+    },
+}
+
+/// The payload of a reply: exactly one of `result` and `error` on the wire.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ReplyBody {
+    /// The grant ran and returned this value.
+    Result(Value),
+    /// The grant was refused or failed.
+    Error(ReplyError),
+}
+
+/// The wire shape: `{"type":"call","id":1,"grant":"g","args":{}}` or
+/// `{"type":"reply","id":1,"result":…}` / `{"type":"reply","id":1,"error":{…}}`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type", deny_unknown_fields)]
+enum FrameWire {
+    Call {
+        id: u64,
+        grant: GrantName,
+        args: Value,
+    },
+    Reply {
+        id: u64,
+        #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ReplyError>,
+    },
+}
+
+/// Deserializes a field that is present (even as `null`) into `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl TryFrom<FrameWire> for BrokerFrame {
+    type Error = BrokerError;
+    fn try_from(w: FrameWire) -> Result<Self, BrokerError> {
+        Ok(match w {
+            FrameWire::Call { id, grant, args } => Self::Call { id, grant, args },
+            FrameWire::Reply { id, result, error } => {
+                let body = match (result, error) {
+                    (Some(v), None) => ReplyBody::Result(v),
+                    (None, Some(e)) if e.message.len() > MAX_BROKER_MESSAGE_LEN => {
+                        return Err(BrokerError::MessageTooLong(e.message.len()));
+                    }
+                    (None, Some(e)) => ReplyBody::Error(e),
+                    _ => return Err(BrokerError::ReplyShape),
+                };
+                Self::Reply { id, body }
+            }
+        })
+    }
+}
+
+impl From<BrokerFrame> for FrameWire {
+    fn from(f: BrokerFrame) -> Self {
+        match f {
+            BrokerFrame::Call { id, grant, args } => Self::Call { id, grant, args },
+            BrokerFrame::Reply { id, body } => {
+                let (result, error) = match body {
+                    ReplyBody::Result(v) => (Some(v), None),
+                    ReplyBody::Error(e) => (None, Some(e)),
+                };
+                Self::Reply { id, result, error }
+            }
+        }
+    }
+}
+
+impl BrokerFrame {
+    /// Parses one broker frame's payload under the default JSON caps.
+    pub fn parse(payload: &[u8]) -> Result<Self, crate::json::JsonError> {
+        crate::json::parse_untrusted(payload, crate::json::JsonLimits::default())
+    }
+
+    /// Serializes this frame to JSON bytes.
+    #[must_use]
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing these types cannot fail: every map key is a string and no custom
+        // `Serialize` impl returns an error.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,87 @@
+//! Bounded framing, bounded output capture and strict message schemas: the bytes that cross
+//! stockade's trust boundaries, and nothing else.
+//!
+//! # Position in the stack
+//! Depends on: no workspace crate. Used by: `stockade-verify`, every tier crate,
+//! `stockade-runtime`, `stockade-agent`.
+//! API boundary: yes; users build [`Job`]s and read [`Report`]s, tiers and brokers use the
+//! codecs.
+//!
+//! # Threat model
+//! Trusted: the host program that calls this crate.
+//! Attacker-controlled: every byte handed to a decoder (frame headers and payloads, JSON
+//! documents, chat traffic from a model or an endpoint), and the length and pacing of every
+//! stream handed to a capture.
+//! Out of scope: what the decoded values mean (that is policy and verify), and the transport
+//! itself (this crate never opens a file or a socket).
+//!
+//! # Guarantees
+//! G1. A frame decoder checks the announced length against its maximum before it allocates,
+//!     and its buffer grows only as bytes arrive, so one frame never costs more than
+//!     `min(max, received + READ_CHUNK)` bytes.
+//!     (pinned by: tests/it/frame.rs::g1_*)
+//! G2. No decoder panics on arbitrary input: frames, untrusted JSON and every schema return a
+//!     value or a typed error.
+//!     (pinned by: tests/it/frame.rs::g2_*, tests/it/schema.rs::g2_*)
+//! G3. A capture holds at most `limit` bytes plus one [`CAPTURE_BUF_LEN`] buffer however long
+//!     the stream; in drain mode it reads to the end of the stream, and in fail-fast mode it
+//!     stops at the first byte over the limit and says so.
+//!     (pinned by: tests/it/capture.rs::g3_*)
+//! G4. Untrusted JSON over its byte cap or its depth cap is refused before serde parses it.
+//!     (pinned by: tests/it/json.rs::g4_*)
+//! G5. Every schema read from an untrusted sender rejects unknown keys and out-of-bound
+//!     counts, sizes and strings.
+//!     (pinned by: tests/it/schema.rs::g5_*)
+//! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
+//!     [`chat::MAX_TOOL_CALLS`] calls per message and [`chat::MAX_TOOLS`] tools, unique tool
+//!     names matching `^[a-zA-Z0-9_-]{1,64}$`, 1..=128-character call ids, and only local
+//!     `#...` targets for `$ref`, `$id`, `$schema` and `$dynamicRef` in every schema position.
+//!     (pinned by: tests/it/chat.rs::g6_*)
+//! G7. Encoding then decoding gives back the same value, for frames and every schema.
+//!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*)
+//! G8. [`Limits`] has no unlimited value: every limit has a default and a ceiling, and a zero
+//!     or over-ceiling value is refused, in code and on the wire.
+//!     (pinned by: tests/it/schema.rs::g8_*)
+//!
+//! # Non-guarantees
+//! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
+//! dangerous, and a well-formed [`Report`] proves nothing until `stockade-verify` says so.
+//! Frames carry no authentication; whoever holds the pipe speaks.
+//!
+//! # Failure behaviour
+//! Every decoder returns a typed error; a capture that hits an I/O error returns what it
+//! captured so far inside the error. Nothing panics on input.
+//!
+//! # Unsafe
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! None. The crate performs no filesystem, network, process, environment or clock access;
+//! it works only on the readers, writers and buffers it is handed.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: performs no I/O of its own; never allocates more than a codec's
+//! maximum per frame; holds no global state; knows nothing about tiers, policy or proofs.
+
+#![forbid(unsafe_code)]
+
+pub mod broker;
+mod bytes_repr;
+pub mod capture;
+pub mod chat;
+pub mod frame;
+pub mod job;
+pub mod json;
+pub mod limits;
+pub mod report;
+
+pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
+pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow};
+pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
+pub use job::{Access, EnvVar, Job, JobError, JobKind, Workspace};
+pub use json::{JsonError, JsonLimits, parse_untrusted};
+pub use limits::{Limits, LimitsError};
+pub use report::{Enforced, Mechanism, Report, Status, Stream};

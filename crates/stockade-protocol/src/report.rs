@@ -1,0 +1,255 @@
+//! The record of one run: how it ended, what it cost, what it wrote, and which enforcement
+//! mechanisms were active.
+//!
+//! A tier (host code) writes the report; the guest influences only the values in it (exit
+//! code, output bytes, timings). `stockade-verify` decides what a report proves.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::capture::Captured;
+
+/// Longest failure reason a report carries: 4 KiB. Longer reasons are cut at a char boundary.
+///
+/// Reasons can quote guest-influenced text (a path, an error from the guest's loader).
+pub const MAX_REASON_BYTES: usize = 4 << 10;
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum Status {
+    /// The program exited by itself.
+    Exited {
+        /// Its exit code.
+        code: i32,
+    },
+    /// The program was killed by a signal that the supervisor did not send for a limit.
+    Signaled {
+        /// The signal number.
+        signal: i32,
+    },
+    /// The wall-clock deadline passed and the run was killed.
+    TimedOut,
+    /// An output stream went over its budget and the run was killed.
+    OutputLimit {
+        /// The stream that went over.
+        stream: Stream,
+    },
+    /// The run hit its memory limit.
+    OutOfMemory,
+    /// The CPU-time limit was reached.
+    CpuLimit,
+    /// The run never started.
+    FailedToStart {
+        /// Why (at most [`MAX_REASON_BYTES`]).
+        reason: String,
+    },
+}
+
+impl Status {
+    /// A `FailedToStart` status, with the reason cut to [`MAX_REASON_BYTES`].
+    #[must_use]
+    pub fn failed_to_start(reason: impl Into<String>) -> Self {
+        let mut reason = reason.into();
+        truncate_at_char(&mut reason, MAX_REASON_BYTES);
+        Self::FailedToStart { reason }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes at a char boundary.
+pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
+/// An enforcement mechanism a tier can apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Mechanism {
+    /// A user namespace; the guest is unprivileged on the host.
+    UserNamespace,
+    /// A pid namespace.
+    PidNamespace,
+    /// A mount namespace with a minimal filesystem view.
+    MountNamespace,
+    /// A network namespace with no route out.
+    NetNamespace,
+    /// An IPC namespace.
+    IpcNamespace,
+    /// A UTS namespace.
+    UtsNamespace,
+    /// Landlock filesystem and network rules.
+    Landlock,
+    /// A seccomp filter.
+    Seccomp,
+    /// `no_new_privs`.
+    NoNewPrivs,
+    /// Every capability dropped.
+    CapabilitiesDropped,
+    /// A cgroup v2 with memory and pid limits.
+    Cgroup,
+    /// Resource rlimits.
+    Rlimits,
+    /// A wall-clock deadline that kills the whole tree.
+    Deadline,
+    /// An output budget that kills the run when crossed.
+    OutputBudget,
+    /// WebAssembly fuel metering.
+    WasmFuel,
+    /// WebAssembly epoch interruption.
+    WasmEpoch,
+    /// WebAssembly store limits on memory and tables.
+    WasmStoreLimits,
+    /// A container with networking disabled.
+    ContainerNoNetwork,
+    /// A container with a read-only root filesystem.
+    ContainerReadOnlyRoot,
+    /// A container with every capability dropped and no-new-privileges.
+    ContainerNoCapabilities,
+    /// A container with memory, cpu and pids limits.
+    ContainerLimits,
+}
+
+/// One mechanism that was active during a run, with a free-form detail (e.g. `abi 7`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Enforced {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// What exactly was applied, for humans.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl Enforced {
+    /// A record that `mechanism` was active, with `detail`.
+    #[must_use]
+    pub fn new(mechanism: Mechanism, detail: impl Into<String>) -> Self {
+        Self { mechanism, detail: detail.into() }
+    }
+}
+
+/// The record of one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Report {
+    /// How the run ended.
+    pub status: Status,
+    /// Wall-clock time from start to the end of the last process, as measured by the host.
+    #[serde(with = "micros")]
+    pub wall: Duration,
+    /// CPU time (user plus system), if the tier measured it.
+    #[serde(default, with = "opt_micros", skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Duration>,
+    /// Peak memory in bytes, if the tier measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// The captured stdout.
+    pub stdout: Captured,
+    /// The captured stderr.
+    pub stderr: Captured,
+    /// Every mechanism that was active.
+    pub enforcement: Vec<Enforced>,
+}
+
+impl Report {
+    /// A report with the given status and wall time, empty output and no enforcement listed.
+    #[must_use]
+    pub fn new(status: Status, wall: Duration) -> Self {
+        Self {
+            status,
+            wall,
+            cpu: None,
+            peak_memory_bytes: None,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            enforcement: Vec::new(),
+        }
+    }
+
+    /// Sets the captured streams.
+    #[must_use]
+    pub fn with_output(mut self, stdout: Captured, stderr: Captured) -> Self {
+        self.stdout = stdout;
+        self.stderr = stderr;
+        self
+    }
+
+    /// Sets the measured CPU time.
+    #[must_use]
+    pub fn with_cpu(mut self, cpu: Duration) -> Self {
+        self.cpu = Some(cpu);
+        self
+    }
+
+    /// Sets the measured peak memory.
+    #[must_use]
+    pub fn with_peak_memory(mut self, bytes: u64) -> Self {
+        self.peak_memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Records that a mechanism was active.
+    #[must_use]
+    pub fn with_enforced(mut self, enforced: Enforced) -> Self {
+        self.enforcement.push(enforced);
+        self
+    }
+
+    /// True if `mechanism` is listed as active.
+    #[must_use]
+    pub fn enforced(&self, mechanism: Mechanism) -> bool {
+        self.enforcement.iter().any(|e| e.mechanism == mechanism)
+    }
+}
+
+mod micros {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_micros)
+    }
+}
+
+mod opt_micros {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::micros::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<u64>::deserialize(d).map(|v| v.map(Duration::from_micros))
+    }
+}

@@ -1,0 +1,179 @@
+//! Chat validation: G6.
+
+use serde_json::{Value, json};
+use stockade_protocol::chat::{
+    ChatError, ChatMessage, ChatRequest, ChatResponse, MAX_MESSAGES, MAX_TOOL_CALLS, MAX_TOOLS, Role, Tool, ToolCall,
+    check_schema_refs,
+};
+
+fn request(messages: Vec<ChatMessage>, tools: Vec<Tool>) -> ChatRequest {
+    let mut r = ChatRequest::new("m", messages);
+    r.tools = tools;
+    r
+}
+
+fn tool(name: &str, parameters: Value) -> Tool {
+    Tool::function(name, "does a thing", parameters)
+}
+
+fn assistant_calls(n: usize) -> ChatMessage {
+    let mut m = ChatMessage::text(Role::Assistant, "");
+    m.tool_calls = (0..n).map(|i| ToolCall::function(format!("call_{i}"), "t", "{}")).collect();
+    m
+}
+
+/// Validates `req` both as built and after a trip through its wire form.
+fn check(req: ChatRequest) -> Result<(), ChatError> {
+    let direct = req.validate();
+    let wire = ChatRequest::parse(&serde_json::to_vec(&req).unwrap()).map(drop);
+    assert_eq!(direct.is_ok(), wire.is_ok(), "{direct:?} vs {wire:?}");
+    direct
+}
+
+fn refs(schema: Value) -> Result<(), ChatError> {
+    check_schema_refs("t", &schema)
+}
+
+#[test]
+fn g6_message_count_is_capped() {
+    let msgs = |n| (0..n).map(|_| ChatMessage::text(Role::User, "hi")).collect();
+    assert!(check(request(msgs(MAX_MESSAGES), vec![])).is_ok());
+    assert!(matches!(check(request(msgs(MAX_MESSAGES + 1), vec![])), Err(ChatError::TooMany { what: "messages", .. })));
+}
+
+#[test]
+fn g6_tool_calls_per_message_are_capped() {
+    assert!(check(request(vec![assistant_calls(MAX_TOOL_CALLS)], vec![])).is_ok());
+    assert!(matches!(
+        check(request(vec![assistant_calls(MAX_TOOL_CALLS + 1)], vec![])),
+        Err(ChatError::TooMany { .. })
+    ));
+}
+
+#[test]
+fn g6_tool_count_is_capped() {
+    let tools = |n| (0..n).map(|i| tool(&format!("t{i}"), json!({}))).collect();
+    assert!(check(request(vec![], tools(MAX_TOOLS))).is_ok());
+    assert!(matches!(check(request(vec![], tools(MAX_TOOLS + 1))), Err(ChatError::TooMany { what: "tools", .. })));
+}
+
+#[test]
+fn g6_tool_names_are_checked_and_unique() {
+    for good in ["a", "read_file", "A-9", &"x".repeat(64)] {
+        assert!(check(request(vec![], vec![tool(good, json!({}))])).is_ok(), "{good:?}");
+    }
+    for bad in ["", "read file", "a.b", "fn()", "ünï", &"x".repeat(65), "a\n"] {
+        assert!(
+            matches!(check(request(vec![], vec![tool(bad, json!({}))])), Err(ChatError::ToolName { .. })),
+            "{bad:?}"
+        );
+    }
+    let dup = request(vec![], vec![tool("t", json!({})), tool("t", json!({}))]);
+    assert!(matches!(check(dup), Err(ChatError::DuplicateTool { .. })));
+    let mut call = assistant_calls(1);
+    call.tool_calls[0].function.name = "rm -rf".into();
+    assert!(matches!(check(request(vec![call], vec![])), Err(ChatError::ToolName { .. })));
+}
+
+#[test]
+fn g6_tool_call_ids_are_1_to_128_characters() {
+    let with_id = |id: &str| request(vec![ChatMessage::tool_result(id, "ok")], vec![]);
+    assert!(check(with_id("x")).is_ok());
+    assert!(check(with_id(&"é".repeat(128))).is_ok());
+    assert!(matches!(check(with_id("")), Err(ChatError::ToolCallId { len: 0, .. })));
+    assert!(matches!(check(with_id(&"x".repeat(129))), Err(ChatError::ToolCallId { len: 129, .. })));
+    let mut call = assistant_calls(1);
+    call.tool_calls[0].id = String::new();
+    assert!(matches!(check(request(vec![call], vec![])), Err(ChatError::ToolCallId { .. })));
+}
+
+#[test]
+fn g6_roles_and_their_fields_are_strict() {
+    let mut user_with_calls = assistant_calls(1);
+    user_with_calls.role = Role::User;
+    assert!(matches!(
+        check(request(vec![user_with_calls], vec![])),
+        Err(ChatError::Misplaced { field: "tool_calls", .. })
+    ));
+    let mut tool_without_id = ChatMessage::text(Role::Tool, "ok");
+    tool_without_id.tool_call_id = None;
+    assert!(matches!(check(request(vec![tool_without_id], vec![])), Err(ChatError::MissingToolCallId { .. })));
+    let mut user_with_id = ChatMessage::text(Role::User, "hi");
+    user_with_id.tool_call_id = Some("c".into());
+    assert!(matches!(check(request(vec![user_with_id], vec![])), Err(ChatError::Misplaced { .. })));
+    for doc in [
+        r#"{"model":"m","messages":[{"role":"developer","content":"x"}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"x","extra":1}]}"#,
+        r#"{"model":"m","messages":[],"functions":[]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"x"}]}]}"#,
+        r#"{"model":"m","messages":[],"stream":true}"#,
+    ] {
+        assert!(ChatRequest::parse(doc.as_bytes()).is_err(), "accepted {doc}");
+    }
+    let parts = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+    assert!(ChatRequest::parse(parts.as_bytes()).is_ok());
+}
+
+#[test]
+fn g6_schema_references_must_be_local_in_every_position() {
+    assert!(refs(json!({"$schema": "#", "$ref": "#/$defs/a", "$defs": {"a": {"type": "string"}}})).is_ok());
+    let remote = "https://attacker.example/schema.json";
+    for schema in [
+        json!({"$ref": remote}),
+        json!({"$schema": "https://json-schema.org/draft/2020-12/schema"}),
+        json!({"$id": "urn:x"}),
+        json!({"$dynamicRef": "other.json#meta"}),
+        json!({"$ref": 7}),
+        json!({"properties": {"a": {"$ref": remote}}}),
+        json!({"properties": {"a": {"items": {"anyOf": [{"type": "string"}, {"$ref": remote}]}}}}),
+        json!({"$defs": {"x": {"not": {"$ref": remote}}}}),
+        json!({"prefixItems": [{"$ref": remote}]}),
+        json!({"if": {"$ref": remote}, "then": {}, "else": {}}),
+        json!({"additionalProperties": {"$ref": remote}}),
+        json!({"patternProperties": {"^a": {"$ref": remote}}}),
+        json!({"dependentSchemas": {"a": {"$ref": remote}}}),
+        json!({"x-vendor": {"nested": {"$ref": remote}}}),
+    ] {
+        let err = refs(schema.clone()).expect_err(&schema.to_string());
+        assert!(matches!(err, ChatError::NonLocalRef { .. }), "{schema}: {err:?}");
+    }
+    let err = refs(json!({"properties": {"a": {"items": {"$ref": remote}}}})).unwrap_err();
+    assert!(err.to_string().contains("/properties/a/items"), "{err}");
+    // Data positions are not schemas: a "$ref" inside `default` or `enum` is a value.
+    assert!(refs(json!({"default": {"$ref": remote}, "enum": [{"$ref": remote}], "const": {"$id": remote}})).is_ok());
+    // A property *named* "$ref" is a name, and its schema is checked as a schema.
+    assert!(refs(json!({"properties": {"$ref": {"type": "string"}}})).is_ok());
+    assert!(refs(json!({"properties": {"$ref": {"$ref": remote}}})).is_err());
+    // The same rule is applied through a request.
+    let req = request(vec![], vec![tool("t", json!({"properties": {"a": {"$ref": remote}}}))]);
+    assert!(matches!(check(req), Err(ChatError::NonLocalRef { .. })));
+}
+
+#[test]
+fn g6_schema_walk_is_bounded() {
+    let mut schema = json!({"type": "string"});
+    for _ in 0..100 {
+        schema = json!({"items": schema});
+    }
+    assert!(matches!(refs(schema), Err(ChatError::SchemaTooDeep { .. })));
+}
+
+#[test]
+fn g6_a_real_response_with_tool_calls_parses() {
+    let doc = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": null,
+            "message": {"role": "assistant", "content": null, "refusal": null, "annotations": [],
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_scroll", "arguments": "{\"n\":1}"}}]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        "system_fingerprint": "fp"
+    });
+    let resp = ChatResponse::parse(doc.to_string().as_bytes()).unwrap();
+    assert_eq!(resp.choices[0].message.tool_calls[0].function.name, "read_scroll");
+    let mut bad = doc.clone();
+    bad["choices"][0]["message"]["role"] = json!("user");
+    assert!(ChatResponse::parse(bad.to_string().as_bytes()).is_err());
+    let mut bad = doc;
+    bad["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = json!("../../etc");
+    assert!(ChatResponse::parse(bad.to_string().as_bytes()).is_err());
+}
