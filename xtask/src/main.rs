@@ -1,1 +1,220 @@
-fn main() {}
+//! `cargo xtask`: the project's automation, as one Rust program that runs the same on a
+//! laptop and in CI. `cargo xtask help` lists the commands.
+
+mod bench;
+mod deny;
+mod tidy;
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+const HELP: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  ci                 everything CI gates on: fmt, tidy, clippy per package, no-C check,
+                     tests (with trybuild), docs, deny, fuzz smoke; runs all, then summarises
+  tidy               lib.rs headings, guarantee <-> test pairing, banned test attributes,
+                     unsafe allow-list, layering and one-owner rules, manifest conventions
+  deny               cargo deny --offline check, against ../shared/advisory-db
+  bench [GROUP]      criterion benches (protocol, verify, all) and a ratio table
+                     against each group's bare baseline; --write updates docs/benchmarks.md
+  fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
+                     --time SECS sets the duration
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("tidy") => tidy::run(&root()).map(|()| println!("tidy: ok")),
+        Some("deny") => deny::run(&root(), &target_dir()),
+        Some("bench") => bench::run(&root(), &target_dir(), &args[1..]),
+        Some("fuzz") => fuzz(&args[1..]),
+        Some("help" | "--help" | "-h") | None => {
+            print!("{HELP}");
+            Ok(())
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown command {other:?}\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root.
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where cargo builds: `CARGO_TARGET_DIR`, else `<root>/target`.
+pub(crate) fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"))
+}
+
+/// A `cargo` command run from the workspace root.
+pub(crate) fn cargo(args: &[&str]) -> Command {
+    let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(args).current_dir(root());
+    c
+}
+
+/// Runs `cmd`, echoing it, and fails if it exits non-zero.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {}", show(cmd));
+    let status = cmd.status().with_context(|| format!("spawning {}", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed with {status}", show(cmd));
+    }
+    Ok(())
+}
+
+fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Workspace package names, from `cargo metadata`.
+pub(crate) fn packages() -> Result<Vec<String>> {
+    let meta = tidy::metadata(&root())?;
+    Ok(meta["packages"]
+        .as_array()
+        .context("cargo metadata has no packages")?
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
+fn ci() -> Result<()> {
+    type Step = (&'static str, Box<dyn Fn() -> Result<()>>);
+    let steps: Vec<Step> = vec![
+        ("fmt", Box::new(|| run(&mut cargo(&["fmt", "--all", "--check"])))),
+        ("tidy", Box::new(|| tidy::run(&root()))),
+        (
+            "clippy",
+            Box::new(|| {
+                for p in packages()? {
+                    run(&mut cargo(&["clippy", "--package", &p, "--all-targets", "--", "-D", "warnings"]))?;
+                }
+                Ok(())
+            }),
+        ),
+        ("no-c", Box::new(no_c)),
+        ("test", Box::new(|| run(&mut cargo(&["test", "--workspace", "--all-targets"])))),
+        ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),
+        ("doc", Box::new(|| run(cargo(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")))),
+        ("deny", Box::new(|| deny::run(&root(), &target_dir()))),
+        ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
+    ];
+    let mut summary = Vec::new();
+    for (name, step) in &steps {
+        eprintln!("\n==> ci step: {name}");
+        let start = Instant::now();
+        let result = step();
+        let secs = start.elapsed().as_secs_f64();
+        if let Err(e) = &result {
+            eprintln!("==> ci step {name} FAILED: {e:#}");
+        }
+        summary.push((*name, result.is_ok(), secs));
+    }
+    println!("\nci summary:");
+    for (name, ok, secs) in &summary {
+        println!("  {:<11} {:<6} {secs:>7.1}s", name, if *ok { "ok" } else { "FAILED" });
+    }
+    let failed: Vec<_> = summary.iter().filter(|(_, ok, _)| !ok).map(|(n, _, _)| *n).collect();
+    if !failed.is_empty() {
+        bail!("ci failed: {}", failed.join(", "));
+    }
+    println!("ci: all {} steps passed", summary.len());
+    Ok(())
+}
+
+/// Proves that no build script of the pure crates compiles C: build them with `CC` and
+/// `CXX` pointing at `false`, in a target dir of their own so nothing cached hides a script.
+fn no_c() -> Result<()> {
+    let dir = target_dir().join("no-c");
+    let pure = ["stockade-protocol", "stockade-policy", "stockade-verify"];
+    let known = packages()?;
+    let mut args = vec!["check", "--target-dir"];
+    let dir = dir.to_string_lossy().into_owned();
+    args.push(&dir);
+    for p in pure.iter().filter(|p| known.iter().any(|k| k == *p)) {
+        args.extend(["--package", p]);
+    }
+    run(cargo(&args).env("CC", "false").env("CXX", "false"))
+}
+
+const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator"];
+
+fn fuzz(args: &[String]) -> Result<()> {
+    let mut smoke = false;
+    let mut secs = 60u32;
+    let mut targets = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--smoke" => {
+                smoke = true;
+                secs = 5;
+            }
+            "--time" => secs = it.next().context("--time needs SECS")?.parse().context("--time SECS")?,
+            t if FUZZ_TARGETS.contains(&t) => targets.push(t.to_owned()),
+            other => bail!("unknown fuzz argument {other:?}; targets: {FUZZ_TARGETS:?}"),
+        }
+    }
+    if targets.is_empty() {
+        if !smoke {
+            bail!("name a target ({FUZZ_TARGETS:?}) or pass --smoke to run all briefly");
+        }
+        targets = FUZZ_TARGETS.iter().map(|t| (*t).to_owned()).collect();
+    }
+    let nightly = Command::new("rustup").args(["run", "nightly", "rustc", "--version"]).output();
+    if !nightly.is_ok_and(|o| o.status.success()) {
+        if smoke && env::var_os("STOCKADE_REQUIRE_FUZZ").is_none() {
+            eprintln!("fuzz: SKIPPED: no nightly toolchain is installed (cargo-fuzz needs -Zsanitizer)");
+            return Ok(());
+        }
+        bail!("fuzzing needs a nightly toolchain (`rustup run nightly` failed)");
+    }
+    ensure_tool("fuzz", "cargo-fuzz")?;
+    let fuzz_dir = root().join("fuzz");
+    let target = target_dir().join("fuzz");
+    for t in &targets {
+        let corpus = target.join("corpus").join(t);
+        std::fs::create_dir_all(&corpus)?;
+        let seeds = fuzz_dir.join("seeds").join(t);
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(&fuzz_dir)
+            .args(["+nightly", "fuzz", "run", t, "--target-dir"])
+            .arg(&target)
+            .arg(&corpus)
+            .arg(&seeds)
+            .arg("--")
+            .arg(format!("-max_total_time={secs}"))
+            .arg(format!("-artifact_prefix={}/", target.join("artifacts").display()));
+        std::fs::create_dir_all(target.join("artifacts"))?;
+        run(&mut cmd)?;
+    }
+    Ok(())
+}
+
+/// Installs `krate` with `cargo install --locked` unless `cargo <sub>` already works.
+pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
+    if Command::new("cargo").args([sub, "--version"]).output().is_ok_and(|o| o.status.success()) {
+        return Ok(());
+    }
+    eprintln!("xtask: cargo {sub} is missing; installing {krate} from crates.io");
+    run(Command::new("cargo").args(["install", "--locked", krate]))
+}

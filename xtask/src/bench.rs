@@ -1,0 +1,99 @@
+//! `cargo xtask bench [protocol|verify|all] [--write]`: runs the criterion benches and prints
+//! each measurement as a ratio to the bare baseline of its group, measured in the same run.
+//! `--write` puts the table into docs/benchmarks.md between the group's markers.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// (xtask group, package, bench target, criterion groups).
+const GROUPS: &[(&str, &str, &str, &[&str])] = &[
+    ("protocol", "stockade-protocol", "protocol", &["capture_1gib", "frames_1kib"]),
+    ("verify", "stockade-verify", "verify", &["verify_small_json"]),
+];
+
+pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
+    let write = args.iter().any(|a| a == "--write");
+    let wanted: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
+    let selected: Vec<_> =
+        GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
+    if selected.is_empty() {
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, all");
+    }
+    for (group, package, bench, criterion_groups) in selected {
+        crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench]))?;
+        let table = table(&target.join("criterion"), criterion_groups)?;
+        println!("\n{table}");
+        if write {
+            write_docs(root, group, &table)?;
+        }
+    }
+    Ok(())
+}
+
+/// One markdown table: every function of each criterion group, with its median and its
+/// ratio to the group's `baseline_*` function.
+fn table(criterion: &Path, groups: &[&str]) -> Result<String> {
+    let mut out =
+        String::from("| group | benchmark | median | throughput | ratio to baseline |\n|---|---|---|---|---|\n");
+    for group in groups {
+        let dir = criterion.join(group);
+        let mut rows = Vec::new();
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let est = path.join("new/estimates.json");
+            let info = path.join("new/benchmark.json");
+            if !est.is_file() {
+                continue;
+            }
+            let est: Value = serde_json::from_str(&fs::read_to_string(&est)?)?;
+            let info: Value = serde_json::from_str(&fs::read_to_string(&info)?)?;
+            let median_ns = est["median"]["point_estimate"].as_f64().context("no median")?;
+            let name = info["function_id"].as_str().unwrap_or_default().to_owned();
+            rows.push((name, median_ns, info["throughput"].clone()));
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let baseline = rows.iter().find(|r| r.0.starts_with("baseline_")).map(|r| r.1);
+        for (name, ns, tp) in &rows {
+            let ratio = baseline.map_or("n/a".to_owned(), |b| format!("{:.2}x", ns / b));
+            let _ = writeln!(out, "| {group} | {name} | {} | {} | {ratio} |", time(*ns), throughput(tp, *ns));
+        }
+    }
+    Ok(out)
+}
+
+fn time(ns: f64) -> String {
+    match ns {
+        n if n >= 1e9 => format!("{:.3} s", n / 1e9),
+        n if n >= 1e6 => format!("{:.3} ms", n / 1e6),
+        n if n >= 1e3 => format!("{:.3} µs", n / 1e3),
+        n => format!("{n:.1} ns"),
+    }
+}
+
+fn throughput(tp: &Value, ns: f64) -> String {
+    let secs = ns / 1e9;
+    if let Some(b) = tp["Bytes"].as_f64() {
+        format!("{:.2} GiB/s", b / secs / (1u64 << 30) as f64)
+    } else if let Some(e) = tp["Elements"].as_f64() {
+        format!("{:.2} M/s", e / secs / 1e6)
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn write_docs(root: &Path, group: &str, table: &str) -> Result<()> {
+    let path = root.join("docs/benchmarks.md");
+    let doc = fs::read_to_string(&path)?;
+    let (start, end) = (format!("<!-- bench:{group}:start -->"), format!("<!-- bench:{group}:end -->"));
+    let (Some(a), Some(b)) = (doc.find(&start), doc.find(&end)) else {
+        bail!("docs/benchmarks.md lacks the {start} ... {end} markers");
+    };
+    let new = format!("{}{start}\n{table}{}", &doc[..a], &doc[b..]);
+    fs::write(&path, new)?;
+    println!("wrote the {group} table to docs/benchmarks.md");
+    Ok(())
+}
