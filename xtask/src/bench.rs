@@ -13,6 +13,7 @@ use serde_json::Value;
 const GROUPS: &[(&str, &str, &str, &[&str])] = &[
     ("protocol", "stockade-protocol", "protocol", &["capture_1gib", "frames_1kib"]),
     ("verify", "stockade-verify", "verify", &["verify_small_json"]),
+    ("policy", "stockade-policy", "authorize", &["authorize_100_rules"]),
 ];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
@@ -21,9 +22,16 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, all");
     }
     for (group, package, bench, criterion_groups) in selected {
+        // Stale results of benchmarks that no longer exist must not reach the table.
+        for g in *criterion_groups {
+            let dir = target.join("criterion").join(g);
+            if dir.exists() {
+                fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            }
+        }
         crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench]))?;
         let table = table(&target.join("criterion"), criterion_groups)?;
         println!("\n{table}");

@@ -21,7 +21,7 @@ commands:
   tidy               lib.rs headings, guarantee <-> test pairing, banned test attributes,
                      unsafe allow-list, layering and one-owner rules, manifest conventions
   deny               cargo deny --offline check, against ../shared/advisory-db
-  bench [GROUP]      criterion benches (protocol, verify, all) and a ratio table
+  bench [GROUP]      criterion benches (protocol, verify, policy, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
@@ -156,7 +156,7 @@ fn no_c() -> Result<()> {
     run(cargo(&args).env("CC", "false").env("CXX", "false"))
 }
 
-const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator"];
+const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator", "policy_loader"];
 
 fn fuzz(args: &[String]) -> Result<()> {
     let mut smoke = false;

@@ -30,7 +30,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("verify", |b| {
         b.iter(|| black_box(verify(black_box(report.clone()), &contract).is_verified()));
     });
-    g.bench_function("baseline_report_clone", |b| {
+    g.bench_function("reference_report_clone", |b| {
         b.iter(|| black_box(black_box(&report).clone()));
     });
     g.finish();

@@ -1,0 +1,239 @@
+//! Argument predicates. Each is total, pure and linear in the size of the value it reads.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use regex::Regex;
+use serde_json::Value;
+
+use super::Source;
+use super::registry::ArgType;
+
+/// Largest compiled regex program: 1 MiB. Bounds the cost of loading a hostile policy.
+pub const MAX_REGEX_SIZE: usize = 1 << 20;
+
+/// Which sources a `source` predicate accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SourceReq {
+    /// The user or the host's configuration.
+    Trusted,
+    /// Only the user.
+    User,
+    /// Only the host's configuration.
+    Config,
+}
+
+impl SourceReq {
+    fn accepts(self, source: &Source) -> bool {
+        match self {
+            Self::Trusted => matches!(source, Source::User | Source::Config),
+            Self::User => matches!(source, Source::User),
+            Self::Config => matches!(source, Source::Config),
+        }
+    }
+}
+
+/// A condition on one argument value.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Predicate {
+    /// Equal to this JSON value.
+    Const(Value),
+    /// Equal to one of these JSON values.
+    OneOf(Vec<Value>),
+    /// A number within the inclusive bounds.
+    Range {
+        /// Lower bound, if any.
+        min: Option<f64>,
+        /// Upper bound, if any.
+        max: Option<f64>,
+    },
+    /// A string of at most this many characters, or an array of at most this many items.
+    MaxLen(usize),
+    /// A string matching this regex in full (it is anchored as `^(?:…)$`). A policy shares
+    /// one compiled regex among all rules with the same pattern.
+    Pattern(Arc<Regex>),
+    /// An absolute path that, after lexical normalisation (`.` and `..` resolved without
+    /// touching the filesystem), lies inside this normalised prefix.
+    PathPrefix(Vec<String>),
+    /// An `http` or `https` URL whose parsed host is one of these (a `*.` entry also allows
+    /// its subdomains).
+    UrlHost(Vec<String>),
+    /// The argument came from an accepted source.
+    Source(SourceReq),
+}
+
+impl Predicate {
+    /// An anchored regex predicate; fails on an invalid or oversized pattern.
+    pub fn pattern(pattern: &str) -> Result<Self, regex::Error> {
+        regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+            .size_limit(MAX_REGEX_SIZE)
+            .dfa_size_limit(MAX_REGEX_SIZE)
+            .build()
+            .map(|re| Self::Pattern(Arc::new(re)))
+    }
+
+    /// A path-prefix predicate; `None` if `prefix` is not an absolute path that normalises
+    /// without escaping `/`.
+    #[must_use]
+    pub fn path_prefix(prefix: &str) -> Option<Self> {
+        normalise_path(prefix).map(Self::PathPrefix)
+    }
+
+    /// A URL-host predicate; hosts are compared in lower case.
+    #[must_use]
+    pub fn url_hosts<I: IntoIterator<Item = S>, S: Into<String>>(hosts: I) -> Self {
+        Self::UrlHost(hosts.into_iter().map(|h| h.into().to_ascii_lowercase()).collect())
+    }
+
+    /// True if `value` (from `source`) satisfies the predicate.
+    pub(crate) fn holds(&self, value: &Value, source: &Source) -> bool {
+        self.holds_memo(value, source, &Memo::default())
+    }
+
+    /// [`holds`](Self::holds), reusing parsed URLs and normalised paths from `memo`.
+    pub(crate) fn holds_memo<'v>(&self, value: &'v Value, source: &Source, memo: &Memo<'v>) -> bool {
+        match self {
+            Self::Const(c) => value == c,
+            Self::OneOf(set) => set.contains(value),
+            Self::Range { min, max } => value
+                .as_f64()
+                .is_some_and(|n| min.is_none_or(|m| n >= m) && max.is_none_or(|m| n <= m) && n.is_finite()),
+            Self::MaxLen(n) => match value {
+                Value::String(s) => s.chars().count() <= *n,
+                Value::Array(a) => a.len() <= *n,
+                _ => false,
+            },
+            Self::Pattern(re) => memo.pattern(re, value),
+            Self::PathPrefix(prefix) => {
+                memo.path(value, |p| p.len() >= prefix.len() && p.iter().zip(prefix).all(|(a, b)| *a == b.as_str()))
+            }
+            Self::UrlHost(hosts) => memo.host(value, |h| host_allowed(h, hosts)),
+            Self::Source(req) => req.accepts(source),
+        }
+    }
+
+    /// True if the predicate can apply to an argument of type `ty`.
+    pub(crate) fn fits(&self, ty: &ArgType) -> bool {
+        match self {
+            Self::Const(v) => super::registry::check_value(ty, v, "").is_ok(),
+            Self::OneOf(vs) => vs.iter().all(|v| super::registry::check_value(ty, v, "").is_ok()),
+            Self::Range { .. } => matches!(ty, ArgType::Integer | ArgType::Number),
+            Self::MaxLen(_) => matches!(ty, ArgType::String | ArgType::Array(_)),
+            Self::Pattern(_) | Self::PathPrefix(_) | Self::UrlHost(_) => matches!(ty, ArgType::String),
+            Self::Source(_) => true,
+        }
+    }
+
+    /// The finite set of values this predicate allows, if it has one.
+    pub(crate) fn candidates(&self) -> Option<&[Value]> {
+        match self {
+            Self::Const(v) => Some(std::slice::from_ref(v)),
+            Self::OneOf(vs) => Some(vs),
+            _ => None,
+        }
+    }
+
+    /// True if no value can satisfy the predicate on its own.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Self::OneOf(vs) => vs.is_empty(),
+            Self::Range { min: Some(lo), max: Some(hi) } => lo > hi,
+            Self::UrlHost(hosts) => hosts.is_empty(),
+            _ => false,
+        }
+    }
+}
+
+/// Derived values by argument value (compared by address).
+type Cache<'v, T> = RefCell<Vec<(&'v Value, Option<T>)>>;
+
+/// Per-decision cache of derived values (parsed URL hosts, normalised paths), keyed by the
+/// address of the argument value, so each is computed once however many rules read it.
+#[derive(Default)]
+pub(crate) struct Memo<'v> {
+    hosts: Cache<'v, String>,
+    paths: Cache<'v, Vec<&'v str>>,
+    patterns: RefCell<Vec<(*const Regex, &'v Value, bool)>>,
+}
+
+impl<'v> Memo<'v> {
+    fn cached<T>(
+        cache: &Cache<'v, T>,
+        value: &'v Value,
+        derive: impl FnOnce(&'v str) -> Option<T>,
+        test: impl FnOnce(&T) -> bool,
+    ) -> bool {
+        let mut cache = cache.borrow_mut();
+        let i = match cache.iter().position(|(v, _)| std::ptr::eq(*v, value)) {
+            Some(i) => i,
+            None => {
+                cache.push((value, value.as_str().and_then(derive)));
+                cache.len() - 1
+            }
+        };
+        cache[i].1.as_ref().is_some_and(test)
+    }
+
+    fn pattern(&self, re: &Arc<Regex>, value: &'v Value) -> bool {
+        let key = Arc::as_ptr(re);
+        let mut cache = self.patterns.borrow_mut();
+        if let Some((_, _, hit)) = cache.iter().find(|(r, v, _)| std::ptr::eq(*r, key) && std::ptr::eq(*v, value)) {
+            return *hit;
+        }
+        let hit = value.as_str().is_some_and(|s| re.is_match(s));
+        cache.push((key, value, hit));
+        hit
+    }
+
+    fn host(&self, value: &'v Value, test: impl FnOnce(&str) -> bool) -> bool {
+        Self::cached(&self.hosts, value, url_host, |h| test(h))
+    }
+
+    fn path(&self, value: &'v Value, test: impl FnOnce(&[&str]) -> bool) -> bool {
+        Self::cached(&self.paths, value, normalise_components, |p| test(p))
+    }
+}
+
+/// Lexically normalises an absolute POSIX path into its components. Returns `None` for a
+/// relative path, a NUL byte, or a `..` that would climb above `/`.
+#[must_use]
+pub fn normalise_path(path: &str) -> Option<Vec<String>> {
+    normalise_components(path).map(|parts| parts.into_iter().map(str::to_owned).collect())
+}
+
+fn normalise_components(path: &str) -> Option<Vec<&str>> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s),
+        }
+    }
+    Some(parts)
+}
+
+/// The lower-case host of an `http`/`https` URL, from the WHATWG parse.
+fn url_host(s: &str) -> Option<String> {
+    let url = url::Url::parse(s).ok()?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return None;
+    }
+    url.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+}
+
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|a| match a.strip_prefix("*.") {
+        Some(base) => {
+            host.len() > base.len() + 1 && host.ends_with(base) && host[..host.len() - base.len()].ends_with('.')
+        }
+        None => host == a,
+    })
+}
