@@ -1,0 +1,154 @@
+//! Per-run cgroups for memory and process limits, with out-of-memory detection.
+//!
+//! stockade uses the memory and pids controllers where this process can create child
+//! cgroups: cgroup v1 controllers mounted under `/sys/fs/cgroup/<controller>` (as on the
+//! project's machines), or a cgroup v2 directory delegated to us through
+//! `STOCKADE_CGROUP_V2_DIR` handed to [`crate::ProcessTier::cgroup_v2_dir`]. Elsewhere the
+//! tier falls back to `RLIMIT_AS` and `RLIMIT_NPROC`, and the report says so.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// One run's cgroup directories.
+#[derive(Debug)]
+pub(crate) struct Cgroup {
+    kind: Kind,
+    memory: PathBuf,
+    pids: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    V1,
+    V2,
+}
+
+/// What the cgroup saw when the run ended.
+pub(crate) struct Usage {
+    pub(crate) oom_killed: bool,
+    pub(crate) peak_bytes: Option<u64>,
+}
+
+fn own_v1_path(controller: &str) -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        ctrls
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| Path::new("/sys/fs/cgroup").join(controller).join(path.trim_start_matches('/')))
+    })
+}
+
+impl Cgroup {
+    /// Creates the run's cgroups with the given limits, or `None` if this host offers no
+    /// usable controllers to this process.
+    pub(crate) fn create(v2_dir: Option<&Path>, memory_bytes: u64, processes: u64) -> Option<Self> {
+        let name = format!("stockade-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        if let Some(base) = v2_dir {
+            let dir = base.join(&name);
+            fs::create_dir(&dir).ok()?;
+            let cg = Self { kind: Kind::V2, memory: dir.clone(), pids: dir };
+            let ok = fs::write(cg.memory.join("memory.max"), memory_bytes.to_string()).is_ok()
+                && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
+            // Swap must not extend the limit; the file exists only with swap accounting.
+            let _ = fs::write(cg.memory.join("memory.swap.max"), "0");
+            return if ok {
+                Some(cg)
+            } else {
+                cg.remove();
+                None
+            };
+        }
+        let memory = own_v1_path("memory")?.join(&name);
+        let pids = own_v1_path("pids")?.join(&name);
+        fs::create_dir(&memory).ok()?;
+        if fs::create_dir(&pids).is_err() {
+            let _ = fs::remove_dir(&memory);
+            return None;
+        }
+        let cg = Self { kind: Kind::V1, memory, pids };
+        let ok = fs::write(cg.memory.join("memory.limit_in_bytes"), memory_bytes.to_string()).is_ok()
+            && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
+        // Swap must not extend the limit; the file exists only with swap accounting.
+        let _ = fs::write(cg.memory.join("memory.memsw.limit_in_bytes"), memory_bytes.to_string());
+        if ok {
+            Some(cg)
+        } else {
+            cg.remove();
+            None
+        }
+    }
+
+    /// The `cgroup.procs` files the helper joins.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        match self.kind {
+            Kind::V1 => vec![self.memory.join("cgroup.procs"), self.pids.join("cgroup.procs")],
+            Kind::V2 => vec![self.memory.join("cgroup.procs")],
+        }
+    }
+
+    /// A description for the report.
+    pub(crate) fn detail(&self, memory_bytes: u64, processes: u64) -> String {
+        let v = if self.kind == Kind::V1 { "v1" } else { "v2" };
+        format!("cgroup {v}: memory {memory_bytes} bytes (no swap), pids {processes}")
+    }
+
+    /// Kills every process left in the cgroup (v2 `cgroup.kill`; v1 by pid list).
+    pub(crate) fn kill_all(&self) {
+        match self.kind {
+            Kind::V2 => {
+                let _ = fs::write(self.pids.join("cgroup.kill"), "1");
+            }
+            Kind::V1 => {
+                if let Ok(list) = fs::read_to_string(self.pids.join("cgroup.procs")) {
+                    for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        let _ = crate::sys::process::kill(pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the out-of-memory count and the peak usage.
+    pub(crate) fn usage(&self) -> Usage {
+        let read = |p: PathBuf| fs::read_to_string(p).unwrap_or_default();
+        let field = |text: &str, key: &str| {
+            text.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()))
+        };
+        match self.kind {
+            Kind::V1 => {
+                let oom = read(self.memory.join("memory.oom_control"));
+                Usage {
+                    oom_killed: field(&oom, "oom_kill ").is_some_and(|n| n > 0),
+                    peak_bytes: read(self.memory.join("memory.max_usage_in_bytes")).trim().parse().ok(),
+                }
+            }
+            Kind::V2 => {
+                let events = read(self.memory.join("memory.events"));
+                Usage {
+                    oom_killed: field(&events, "oom_kill ").is_some_and(|n| n > 0),
+                    peak_bytes: read(self.memory.join("memory.peak")).trim().parse().ok(),
+                }
+            }
+        }
+    }
+
+    /// Removes the cgroups, retrying while the last processes finish exiting.
+    pub(crate) fn remove(&self) {
+        for _ in 0..50 {
+            let a = !self.memory.exists() || fs::remove_dir(&self.memory).is_ok();
+            let b = self.pids == self.memory || !self.pids.exists() || fs::remove_dir(&self.pids).is_ok();
+            if a && b {
+                return;
+            }
+            self.kill_all();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

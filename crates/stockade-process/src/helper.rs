@@ -1,0 +1,407 @@
+//! The helper: a fresh, single-threaded process that builds the sandbox and execs the guest.
+//!
+//! Process tree of one run (host pid namespace on the left):
+//!
+//! ```text
+//! supervisor ── helper ── init (pid 1 of the run) ── guest (pid 2) ── ...
+//!               unshares user, mount, pid, net,      builds the view,
+//!               ipc, uts; waits for init              forks, reaps, reports
+//! ```
+//!
+//! The helper dies with the supervisor (parent-death SIGKILL), init dies with the helper
+//! (parent-death SIGKILL plus a keep-alive pipe checked after the signal is armed), and when
+//! init dies the kernel kills every process left in the run's pid namespace, including any
+//! `setsid` daemon. Killing the helper is therefore enough to end the whole tree.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use stockade_protocol::Mechanism;
+
+use crate::confine;
+use crate::spec::{Msg, SPEC_VAR, Spec};
+use crate::sys::{caps, fs as sysfs, mount, process};
+
+/// The uid the guest runs as when stockade itself runs as root: `nobody`.
+pub const NOBODY: u32 = 65534;
+
+/// Runs the helper if this process was started as one, and never returns in that case.
+/// Otherwise returns at once. Binaries that use [`crate::Helper::current_exe`] call this
+/// first thing in `main`.
+pub fn helper_main() {
+    let Some(spec) = std::env::var_os(SPEC_VAR) else { return };
+    let code = match serde_json::from_slice::<Spec>(spec.as_encoded_bytes()) {
+        Ok(spec) => run(spec),
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "stockade helper: bad spec: {e}");
+            125
+        }
+    };
+    process::exit_now(code);
+}
+
+struct Reporter(File);
+
+impl Reporter {
+    fn send(&mut self, msg: &Msg) {
+        if let Ok(mut line) = serde_json::to_vec(msg) {
+            line.push(b'\n');
+            // One write of a short line: atomic on a pipe (PIPE_BUF), so lines never interleave.
+            let _ = self.0.write_all(&line);
+        }
+    }
+
+    fn enforced(&mut self, mechanism: Mechanism, detail: impl Into<String>) {
+        self.send(&Msg::Enforced { mechanism, detail: detail.into() });
+    }
+
+    fn fail(&mut self, stage: &str, unsupported: bool, message: impl std::fmt::Display) -> i32 {
+        self.send(&Msg::Error { stage: stage.into(), unsupported, message: message.to_string() });
+        126
+    }
+}
+
+fn run(spec: Spec) -> i32 {
+    let Ok(status) = sysfs::adopt(spec.status_fd) else { return 125 };
+    let _ = sysfs::set_cloexec(spec.status_fd);
+    let mut rep = Reporter(status);
+    for procs in &spec.cgroup_procs {
+        if let Err(e) = fs::write(procs, std::process::id().to_string()) {
+            return rep.fail("cgroup", false, format!("joining {}: {e}", procs.display()));
+        }
+    }
+    let (uid, gid) = process::ids();
+    let (uid, gid) = if uid == 0 {
+        if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
+            return rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}"));
+        }
+        (NOBODY, NOBODY)
+    } else {
+        (uid, gid)
+    };
+    if caps::set_parent_death_kill().is_err() || process::parent_pid() != spec.supervisor_pid {
+        return 125;
+    }
+    if let Err(e) = process::setsid() {
+        return rep.fail("setsid", false, e);
+    }
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    if let Err(e) = mount::unshare(flags) {
+        return rep.fail("namespaces", true, format!("unshare(user, mount, pid, net, ipc, uts): {e}"));
+    }
+    let maps = fs::write("/proc/self/setgroups", "deny")
+        .and_then(|()| fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+        .and_then(|()| fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
+    if let Err(e) = maps {
+        return rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}"));
+    }
+    rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
+    for (m, d) in [
+        (Mechanism::PidNamespace, "fresh pid namespace; pid 1 is stockade's init"),
+        (Mechanism::NetNamespace, "empty network namespace (loopback down)"),
+        (Mechanism::IpcNamespace, "private System V IPC and POSIX queues"),
+        (Mechanism::UtsNamespace, "hostname `stockade`"),
+    ] {
+        rep.enforced(m, d);
+    }
+    let Ok((keep_r, keep_w)) = sysfs::pipe() else { return rep.fail("init", false, "pipe") };
+    match process::fork() {
+        Err(e) => rep.fail("init", false, format!("fork: {e}")),
+        Ok(process::Fork::Child) => {
+            drop(keep_w);
+            let code = init(&spec, &mut rep, &keep_r, uid, gid);
+            process::exit_now(code)
+        }
+        Ok(process::Fork::Parent(pid)) => {
+            drop(keep_r);
+            drop(rep);
+            let code = match process::wait(pid) {
+                Ok(e) => e.code.unwrap_or(128 + e.signal.unwrap_or(0)),
+                Err(_) => 125,
+            };
+            drop(keep_w);
+            code
+        }
+    }
+}
+
+/// Pid 1 of the run: builds the view, forks the guest, reaps everything, reports the exit.
+fn init(spec: &Spec, rep: &mut Reporter, keep: &File, uid: u32, gid: u32) -> i32 {
+    if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
+        return 125;
+    }
+    if let Err(e) = build_view(spec, uid, gid) {
+        return rep.fail("mount", true, e);
+    }
+    rep.enforced(Mechanism::MountNamespace, view_detail(spec));
+    let _ = mount::set_hostname("stockade");
+    let guest = match process::fork() {
+        Err(e) => return rep.fail("guest", false, format!("fork: {e}")),
+        Ok(process::Fork::Child) => process::exit_now(guest(spec, rep)),
+        Ok(process::Fork::Parent(pid)) => pid,
+    };
+    loop {
+        match process::wait(-1) {
+            Ok(e) if e.pid == guest => {
+                let (cpu_us, max_rss) = process::children_usage();
+                rep.send(&Msg::Exit { code: e.code, signal: e.signal, cpu_us, max_rss });
+                return e.code.unwrap_or(0);
+            }
+            Ok(_) => {}
+            Err(_) => return 125,
+        }
+    }
+}
+
+fn view_detail(spec: &Spec) -> String {
+    let ws = match &spec.workspace {
+        Some((_, true)) => ", /workspace read-write",
+        Some((_, false)) => ", /workspace read-only",
+        None => "",
+    };
+    format!(
+        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev; /tmp and /dev/shm private tmpfs of {} bytes{ws}; nothing else of the host",
+        spec.limits.tmpfs_bytes
+    )
+}
+
+const RO: libc::c_ulong = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+
+fn ctx<T>(r: io::Result<T>, what: impl FnOnce() -> String) -> Result<T, String> {
+    r.map_err(|e| format!("{}: {e}", what()))
+}
+
+/// Builds the guest's filesystem view and pivots into it (bubblewrap's sequence).
+fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
+    let none = Path::new("");
+    ctx(mount::mount(none, Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, ""), || "making / private".into())?;
+    let base = Path::new("/tmp");
+    ctx(
+        mount::mount(Path::new("tmpfs"), base, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "size=1m,mode=0755"),
+        || "mounting the staging tmpfs".into(),
+    )?;
+    ctx(fs::create_dir(base.join("newroot")), || "mkdir newroot".into())?;
+    ctx(fs::create_dir(base.join("oldroot")), || "mkdir oldroot".into())?;
+    ctx(mount::pivot_root(base, &base.join("oldroot")), || "pivot_root into staging".into())?;
+    ctx(std::env::set_current_dir("/"), || "chdir /".into())?;
+    let old = Path::new("/oldroot");
+    let new = Path::new("/newroot");
+    let size = spec.limits.tmpfs_bytes;
+    ctx(mount::mount(Path::new("tmpfs"), new, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "size=4m,mode=0755"), || {
+        "mounting the root tmpfs".into()
+    })?;
+    for dir in ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let src = old.join(dir);
+        match fs::symlink_metadata(&src) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = ctx(fs::read_link(&src), || format!("readlink /{dir}"))?;
+                ctx(symlink(target, new.join(dir)), || format!("symlink /{dir}"))?;
+            }
+            Ok(m) if m.is_dir() => bind(&src, &new.join(dir), false)?,
+            _ => {}
+        }
+    }
+    // /etc: generated identity files and a few read-only binds that programs need.
+    let etc = new.join("etc");
+    ctx(fs::create_dir(&etc), || "mkdir /etc".into())?;
+    let passwd = format!(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:stockade guest:/tmp:/usr/sbin/nologin\n"
+    );
+    let group = format!("root:x:0:\nsandbox:x:{gid}:\n");
+    for (name, text) in [
+        ("passwd", passwd.as_str()),
+        ("group", group.as_str()),
+        ("hostname", "stockade\n"),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
+        ("nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n"),
+    ] {
+        ctx(fs::write(etc.join(name), text), || format!("writing /etc/{name}"))?;
+    }
+    for name in ["ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives", "ssl", "mime.types"] {
+        bind_if_exists(&old.join("etc").join(name), &etc.join(name))?;
+    }
+    if let Ok(entries) = fs::read_dir(old.join("etc")) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if name.to_string_lossy().starts_with("python3") {
+                bind_if_exists(&e.path(), &etc.join(&name))?;
+            }
+        }
+    }
+    // /proc: a fresh procfs of the run's pid namespace.
+    let proc_dir = new.join("proc");
+    ctx(fs::create_dir(&proc_dir), || "mkdir /proc".into())?;
+    ctx(
+        mount::mount(Path::new("proc"), &proc_dir, "proc", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, ""),
+        || "mounting /proc".into(),
+    )?;
+    // /dev: a tmpfs holding only the harmless devices, bound from the host.
+    let dev = new.join("dev");
+    ctx(fs::create_dir(&dev), || "mkdir /dev".into())?;
+    ctx(
+        mount::mount(Path::new("tmpfs"), &dev, "tmpfs", libc::MS_NOSUID | libc::MS_NOEXEC, "size=64k,mode=0755"),
+        || "mounting /dev".into(),
+    )?;
+    for node in ["null", "zero", "full", "random", "urandom"] {
+        let target = dev.join(node);
+        ctx(File::create(&target), || format!("creating /dev/{node}"))?;
+        ctx(mount::mount(&old.join("dev").join(node), &target, "", libc::MS_BIND, ""), || {
+            format!("binding /dev/{node}")
+        })?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ctx(symlink(target, dev.join(link)), || format!("symlink /dev/{link}"))?;
+    }
+    let tmp_opts = format!("size={size},mode=1777");
+    for dir in ["dev/shm", "tmp"] {
+        let d = new.join(dir);
+        ctx(fs::create_dir(&d), || format!("mkdir /{dir}"))?;
+        ctx(mount::mount(Path::new("tmpfs"), &d, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, &tmp_opts), || {
+            format!("mounting /{dir}")
+        })?;
+    }
+    if let Some((host, writable)) = &spec.workspace {
+        let ws = new.join("workspace");
+        ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
+        let src = old.join(host.strip_prefix("/").unwrap_or(host));
+        bind(&src, &ws, *writable)?;
+    }
+    ctx(std::env::set_current_dir(new), || "chdir /newroot".into())?;
+    ctx(mount::pivot_root(Path::new("."), Path::new(".")), || "pivot_root into the view".into())?;
+    ctx(mount::umount(Path::new("."), libc::MNT_DETACH), || "detaching the host root".into())?;
+    ctx(std::env::set_current_dir("/"), || "chdir /".into())?;
+    ctx(mount::mount(none, Path::new("/"), "", libc::MS_REMOUNT | libc::MS_BIND | RO, ""), || {
+        "remounting / read-only".into()
+    })?;
+    Ok(())
+}
+
+fn bind_if_exists(src: &Path, dst: &Path) -> Result<(), String> {
+    match fs::metadata(src) {
+        Ok(m) if m.is_dir() => {
+            ctx(fs::create_dir(dst), || format!("mkdir {}", dst.display()))?;
+            bind(src, dst, false)
+        }
+        Ok(_) => {
+            ctx(File::create(dst), || format!("creating {}", dst.display()))?;
+            bind(src, dst, false)
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+/// Bind-mounts `src` on `dst` (which must exist), then remounts it nosuid, nodev and, unless
+/// `writable`, read-only, keeping the flags the kernel locks in a user namespace.
+fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
+    if !dst.exists() {
+        ctx(fs::create_dir(dst), || format!("mkdir {}", dst.display()))?;
+    }
+    ctx(mount::mount(src, dst, "", libc::MS_BIND, ""), || format!("binding {}", src.display()))?;
+    let locked = ctx(mount::mount_flags(dst), || format!("statvfs {}", dst.display()))?;
+    let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | locked;
+    if !writable {
+        flags |= libc::MS_RDONLY;
+    }
+    ctx(mount::mount(Path::new(""), dst, "", flags, ""), || format!("remounting {}", dst.display()))
+}
+
+/// The guest (pid 2): limits, credentials, landlock, seccomp, exec. Returns only on failure.
+fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
+    let l = spec.limits;
+    let mut limits = vec![
+        (libc::RLIMIT_CPU, l.cpu_secs, l.cpu_secs.saturating_add(1)),
+        (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
+        (libc::RLIMIT_FSIZE, l.file_size_bytes, l.file_size_bytes),
+        (libc::RLIMIT_CORE, 0, 0),
+    ];
+    if spec.rlimit_memory {
+        limits.push((libc::RLIMIT_AS, l.memory_bytes, l.memory_bytes));
+    }
+    if spec.rlimit_processes {
+        // Counted per real uid on the host, and init and the helper count too.
+        limits.push((libc::RLIMIT_NPROC, l.processes + 2, l.processes + 2));
+    }
+    for (res, soft, hard) in &limits {
+        if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
+            return rep.fail("rlimits", false, format!("setrlimit({res}): {e}"));
+        }
+    }
+    rep.enforced(
+        Mechanism::Rlimits,
+        format!(
+            "cpu {}s, nofile {}, fsize {}, core 0{}{}",
+            l.cpu_secs,
+            l.open_files,
+            l.file_size_bytes,
+            if spec.rlimit_memory { format!(", as {}", l.memory_bytes) } else { String::new() },
+            if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
+        ),
+    );
+    let cwd = if spec.workspace.is_some() { "/workspace" } else { "/tmp" };
+    if let Err(e) = std::env::set_current_dir(cwd) {
+        return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
+    }
+    if let Err(e) = process::setsid() {
+        return rep.fail("setsid", false, e);
+    }
+    if let Err(e) = caps::drop_all() {
+        return rep.fail("capabilities", true, e);
+    }
+    match caps::effective() {
+        Ok(0) => rep.enforced(
+            Mechanism::CapabilitiesDropped,
+            "bounding, ambient, effective, permitted and inheritable sets empty",
+        ),
+        Ok(mask) => return rep.fail("capabilities", false, format!("capabilities remain: {mask:#x}")),
+        Err(e) => return rep.fail("capabilities", false, e),
+    }
+    if let Err(e) = caps::set_no_new_privs() {
+        return rep.fail("no_new_privs", true, e);
+    }
+    rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
+    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
+    match confine::apply_landlock(ws, spec.hard, spec.landlock_abi) {
+        Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
+        Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
+        Err(e) => return rep.fail("landlock", true, e),
+    }
+    let program = match resolve(&spec.program) {
+        Some(p) => p,
+        None => return rep.fail("exec", false, format!("{}: not found in the sandbox view", spec.program)),
+    };
+    match confine::apply_seccomp() {
+        Ok(d) => rep.enforced(Mechanism::Seccomp, d),
+        Err(e) => return rep.fail("seccomp", true, e),
+    }
+    if let Err(e) = sysfs::close_from(3, rep.0.as_raw_fd() as u32) {
+        return rep.fail("fds", false, e);
+    }
+    let mut argv = vec![spec.program.clone()];
+    argv.extend(spec.args.iter().cloned());
+    let err = process::exec(&program.to_string_lossy(), &argv, &spec.env);
+    rep.fail("exec", false, format!("{}: {err}", spec.program))
+}
+
+/// Resolves a bare program name against the view's standard directories.
+fn resolve(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}

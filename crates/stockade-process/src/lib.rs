@@ -1,0 +1,265 @@
+//! The default stockade tier: runs a command as a Linux subprocess confined by everything the
+//! kernel offers without a daemon.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use stockade_process::{Helper, ProcessTier};
+//! use stockade_protocol::Job;
+//!
+//! stockade_process::helper_main(); // first thing in `main` when using Helper::current_exe()
+//! let tier = ProcessTier::new(Helper::current_exe()?);
+//! let report = tier.run(&Job::command("python3", ["-c", "print(6*7)"])?).await?;
+//! assert_eq!(report.stdout.bytes, b"42\n");
+//! # Ok(()) }
+//! ```
+//!
+//! Every run gets, by default and as a hard requirement:
+//! - **namespaces**: user (the guest is never host uid 0: it runs as the invoking uid, or as
+//!   `nobody` when stockade runs as root), pid, mount, net, ipc and uts;
+//! - **a fresh, minimal filesystem view**: a read-only tmpfs root with `/usr`, `/bin`, `/lib*`
+//!   and a few `/etc` files bound read-only and nosuid, a fresh `/proc`, a `/dev` with only
+//!   null, zero, full, random and urandom, private size-capped tmpfs `/tmp` and `/dev/shm`, and
+//!   the workspace at `/workspace` if granted. Nothing else of the host exists in the view:
+//!   no `/home`, `/root`, `/run`, `/var`, and so no host sockets such as `docker.sock`;
+//! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied,
+//!   abstract unix sockets and signals scoped;
+//! - **seccomp**: `io_uring_*` and `clone3` fail with ENOSYS; ptrace, `process_vm_*`, bpf,
+//!   perf, keyrings, userfaultfd, the mount family, `unshare`/`setns`, `clone` with
+//!   `CLONE_NEW*`, `personality` changes, `open_by_handle_at`, kexec, modules, and the
+//!   TIOCSTI and TIOCLINUX ioctls fail with EPERM; sockets only of the unix, inet, inet6 and
+//!   netlink-route families;
+//! - **hygiene**: `no_new_privs`, every capability dropped, a new session with no controlling
+//!   tty, parent-death SIGKILL, core dumps off, an empty environment plus the job's
+//!   allowlist, stdin from the job or `/dev/null`, every fd but 0–2 closed;
+//! - **limits**: a wall-clock deadline that kills the whole pid namespace, CPU time, memory
+//!   and processes through a cgroup where one can be created (else `RLIMIT_AS` and
+//!   `RLIMIT_NPROC`, and the report says which), open files, file size, tmpfs sizes, and
+//!   stdout/stderr budgets enforced with fail-fast capture.
+//!
+//! # Position in the stack
+//! Depends on: `stockade-protocol`, `stockade-verify`. Used by: `stockade-runtime`.
+//! API boundary: yes; [`ProcessTier`], [`Helper`], [`helper_main`], [`probe`].
+//!
+//! # Threat model
+//! Trusted: the host kernel, this crate, the helper binary it execs.
+//! Attacker-controlled: the guest program and everything it runs: its syscalls, files it
+//! writes in granted directories, its output, its timing, its children.
+//! Out of scope: kernel bugs (a namespace or landlock escape through a kernel flaw),
+//! micro-architectural side channels, and what the guest does with network access when the
+//! host grants it (this tier grants none).
+//!
+//! # Guarantees
+//! G1. The guest sees only the view above: host files outside it (a home directory, `/root`,
+//!     `/etc/shadow`, host sockets) do not exist for it, system directories are read-only, and
+//!     writes land only in its private tmpfs or a read-write workspace.
+//!     (pinned by: tests/it/confinement.rs::g1_*)
+//! G2. The guest is never host uid 0 and holds no capabilities, and `no_new_privs` is set.
+//!     (pinned by: tests/it/confinement.rs::g2_*)
+//! G3. The guest has no network: no route to the host's loopback listeners, TCP bind and
+//!     connect denied by landlock, and only unix, inet, inet6 and netlink-route sockets.
+//!     (pinned by: tests/it/confinement.rs::g3_*)
+//! G4. The seccomp filter refuses each listed syscall, and a process cannot signal or trace
+//!     anything outside the run.
+//!     (pinned by: tests/it/confinement.rs::g4_*)
+//! G5. The environment is exactly the job's allowlist, stdin is the job's bytes or empty, and
+//!     no descriptor but 0–2 reaches the guest.
+//!     (pinned by: tests/it/confinement.rs::g5_*)
+//! G6. At the deadline, on an output-budget breach, or when the supervisor dies, every process
+//!     of the run dies, including `setsid` daemons; the report says which limit ended it.
+//!     (pinned by: tests/it/limits.rs::g6_*)
+//! G7. Memory, processes, CPU time, open files and file size are limited, and a memory bomb
+//!     is reported as out of memory where a cgroup is available.
+//!     (pinned by: tests/it/limits.rs::g7_*)
+//! G8. Fail closed: if a mechanism cannot be enforced, the run does not start and the error
+//!     names the mechanism; best effort is an explicit opt-in whose report lists what is missing.
+//!     (pinned by: tests/it/limits.rs::g8_*)
+//! G9. Every mechanism in force is listed in the report's enforcement list.
+//!     (pinned by: tests/it/confinement.rs::g9_*)
+//!
+//! # Non-guarantees
+//! Kernel vulnerabilities are out of reach of any of these mechanisms. Landlock ABI 7 cannot
+//! restrict pathname unix sockets (ABI 9 can): the view simply does not contain host sockets,
+//! so a workspace that contains one exposes it. `RLIMIT_NPROC` (the fallback without a
+//! cgroup) counts every process of the guest's host uid. Timing and cache side channels
+//! between the guest and the host remain.
+//!
+//! # Failure behaviour
+//! A misbehaving guest is a normal outcome reported in the [`Report`]; a host that cannot
+//! enforce a mechanism yields [`LaunchError::Unsupported`] naming it.
+//!
+//! # Unsafe
+//! Only in `src/sys/` (one file per syscall family), each block with a `// SAFETY:` comment;
+//! counted by `cargo xtask tidy`. Between fork and exec in the multi-threaded supervisor only
+//! `fcntl` runs; all other setup happens in the single-threaded helper.
+//!
+//! # Ambient authority
+//! Spawns the helper binary, reads `/proc/self/cgroup`, creates and removes per-run cgroups
+//! under this process's own cgroup, and opens the workspace path the job names.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: no allocation between fork and exec in the supervisor; no host path
+//! in the view that the job did not grant besides the read-only system directories; no
+//! inherited environment.
+//!
+//! [`Report`]: stockade_protocol::Report
+
+#![deny(unsafe_code)]
+
+mod cgroup;
+mod confine;
+mod helper;
+mod spec;
+mod supervisor;
+mod sys;
+
+use std::path::{Path, PathBuf};
+
+pub use helper::{NOBODY, helper_main};
+use stockade_protocol::{Job, Report};
+
+/// Default size of each private tmpfs (`/tmp`, `/dev/shm`): 64 MiB.
+///
+/// tmpfs pages are charged to the run's memory cgroup where there is one; the cap bounds disk
+/// fill where there is not.
+pub const DEFAULT_TMPFS_BYTES: u64 = 64 << 20;
+
+/// The landlock ABI required by default: 7. ABI 6 brought abstract-socket and signal
+/// scoping; ABI 7 adds audit logging. ABI 9 (pathname unix sockets) is opt-in.
+pub const DEFAULT_LANDLOCK_ABI: u8 = 7;
+
+/// Where the helper binary is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Helper(PathBuf);
+
+impl Helper {
+    /// The current executable, which must call [`helper_main`] first thing in `main`.
+    pub fn current_exe() -> std::io::Result<Self> {
+        std::env::current_exe().map(Self)
+    }
+
+    /// A helper binary at `path` (the crate's `stockade-process-helper`, or any binary that
+    /// calls [`helper_main`]).
+    #[must_use]
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self(path.into())
+    }
+}
+
+/// Launching a run failed before the guest could start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// This host cannot enforce a mechanism the run requires.
+    #[error("unsupported on this host: {mechanism}: {reason}")]
+    Unsupported {
+        /// The mechanism (or setup stage) that could not be enforced.
+        mechanism: String,
+        /// What the kernel said.
+        reason: String,
+    },
+    /// The job or the tier is set up wrong (a missing workspace, a missing helper).
+    #[error("misconfigured: {0}")]
+    Misconfigured(String),
+    /// A stockade bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The process tier. Defaults: every mechanism required, 64 MiB tmpfs, cgroups detected.
+#[derive(Debug, Clone)]
+pub struct ProcessTier {
+    helper: PathBuf,
+    best_effort: bool,
+    tmpfs_bytes: u64,
+    cgroup_v2_dir: Option<PathBuf>,
+    landlock_abi: u8,
+}
+
+impl ProcessTier {
+    /// A tier that launches runs through `helper`.
+    #[must_use]
+    pub fn new(helper: Helper) -> Self {
+        Self {
+            helper: helper.0,
+            best_effort: false,
+            tmpfs_bytes: DEFAULT_TMPFS_BYTES,
+            cgroup_v2_dir: None,
+            landlock_abi: DEFAULT_LANDLOCK_ABI,
+        }
+    }
+
+    /// Runs even when landlock cannot be fully enforced, listing what is missing in the
+    /// report. Namespaces, the view and seccomp stay hard requirements.
+    #[must_use]
+    pub fn best_effort(mut self) -> Self {
+        self.best_effort = true;
+        self
+    }
+
+    /// Requires landlock ABI `abi` (default 7): every access right, network control and
+    /// scope of that ABI is handled, and a kernel that lacks any of them fails the run
+    /// (unless [`best_effort`](Self::best_effort)).
+    #[must_use]
+    pub fn landlock_abi(mut self, abi: u8) -> Self {
+        self.landlock_abi = abi;
+        self
+    }
+
+    /// Sets the size of each private tmpfs.
+    #[must_use]
+    pub fn tmpfs_bytes(mut self, bytes: u64) -> Self {
+        self.tmpfs_bytes = bytes.max(1 << 20);
+        self
+    }
+
+    /// Uses a delegated cgroup v2 directory (writable by this process, with the memory and
+    /// pids controllers enabled for its children) for per-run cgroups.
+    #[must_use]
+    pub fn cgroup_v2_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cgroup_v2_dir = Some(dir.into());
+        self
+    }
+
+    /// The helper path.
+    #[must_use]
+    pub fn helper(&self) -> &Path {
+        &self.helper
+    }
+
+    /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an
+    /// `Err` means the run could not be set up as required.
+    pub async fn run(&self, job: &Job) -> Result<Report, LaunchError> {
+        supervisor::run(self, job).await
+    }
+}
+
+/// What this host can enforce, for `stockade doctor`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Probe {
+    /// The kernel's landlock ABI (0 if none).
+    pub landlock_abi: i32,
+    /// Whether seccomp filters can be installed.
+    pub seccomp: bool,
+    /// Whether this process can create user namespaces, or what blocks it.
+    pub user_namespaces: Result<(), String>,
+    /// The cgroup controllers per-run cgroups can use, or why none.
+    pub cgroups: Result<String, String>,
+}
+
+/// Probes the host (reads `/proc`, asks the kernel for the landlock ABI, and tries to
+/// create a user namespace in a short-lived child process).
+#[must_use]
+pub fn probe() -> Probe {
+    sys::probe::probe()
+}
+
+#[doc(hidden)]
+/// The seccomp policy as text, for review and snapshot tests.
+#[must_use]
+pub fn seccomp_policy_text() -> String {
+    confine::seccomp_summary()
+}

@@ -1,0 +1,61 @@
+//! What the supervisor tells the helper, and what the helper reports back.
+//!
+//! Both ends are this crate's own code: the spec travels in one environment variable of the
+//! helper (never of the guest), and reports travel as JSON lines on a pipe that the guest
+//! never holds (it is close-on-exec in the guest, and pid 1 of the run is our helper).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use stockade_protocol::Mechanism;
+
+/// The environment variable that carries the spec to the helper.
+pub(crate) const SPEC_VAR: &str = "STOCKADE_PROCESS_HELPER_SPEC";
+
+/// Longest report line the supervisor reads: 8 KiB.
+pub(crate) const MAX_REPORT_LINE: usize = 8 << 10;
+/// Most report lines the supervisor reads from one run: 64.
+pub(crate) const MAX_REPORT_LINES: usize = 64;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Spec {
+    pub(crate) program: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    /// Host path and whether it is writable.
+    pub(crate) workspace: Option<(PathBuf, bool)>,
+    pub(crate) status_fd: i32,
+    pub(crate) supervisor_pid: i32,
+    /// `cgroup.procs` files the helper joins before anything else.
+    pub(crate) cgroup_procs: Vec<PathBuf>,
+    pub(crate) rlimit_memory: bool,
+    pub(crate) rlimit_processes: bool,
+    pub(crate) limits: SpecLimits,
+    pub(crate) hard: bool,
+    pub(crate) landlock_abi: u8,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SpecLimits {
+    pub(crate) cpu_secs: u64,
+    pub(crate) memory_bytes: u64,
+    pub(crate) processes: u64,
+    pub(crate) open_files: u64,
+    pub(crate) file_size_bytes: u64,
+    pub(crate) tmpfs_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Msg {
+    /// A mechanism is in force.
+    Enforced { mechanism: Mechanism, detail: String },
+    /// A mechanism was asked for but could not be applied (best effort only).
+    Missing { mechanism: String, reason: String },
+    /// Setup failed at `stage`; `unsupported` means the host cannot enforce it.
+    Error { stage: String, unsupported: bool, message: String },
+    /// The guest ended.
+    Exit { code: Option<i32>, signal: Option<i32>, cpu_us: u64, max_rss: u64 },
+}

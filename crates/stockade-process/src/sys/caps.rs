@@ -1,0 +1,68 @@
+//! Capabilities, `no_new_privs`, parent-death signals and the dumpable flag.
+
+use std::io;
+
+use super::{check, check_long};
+
+/// Highest capability number we drop from the bounding set (CAP_LAST_CAP is 40 on 6.x).
+const CAP_MAX: libc::c_int = 63;
+
+/// Sets `no_new_privs`: exec can never grant privileges again.
+pub(crate) fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only and touches no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
+}
+
+/// Asks the kernel to send SIGKILL to this process when its parent thread exits.
+pub(crate) fn set_parent_death_kill() -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and touches no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
+}
+
+/// Drops every capability from the bounding, ambient, effective, permitted and inheritable sets.
+pub(crate) fn drop_all() -> io::Result<()> {
+    for cap in 0..=CAP_MAX {
+        // SAFETY: PR_CAPBSET_DROP takes a capability number; EINVAL for numbers past the
+        // kernel's last capability is expected and ignored.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) })?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: capset reads one header and two data structs of exactly these layouts
+    // (linux/capability.h, version 3), both live for the duration of the call.
+    check_long(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }).map(drop)
+}
+
+/// The effective capability mask of this process (low 64 bits), from `/proc/self/status`.
+pub(crate) fn effective() -> io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .ok_or_else(|| io::Error::other("no CapEff line in /proc/self/status"))?;
+    u64::from_str_radix(hex.trim(), 16).map_err(io::Error::other)
+}
+
+/// Marks the process dumpable again. Changing credentials (root → nobody) clears the flag,
+/// which makes `/proc/self/*` root-owned and the id-map files unwritable for the new uid.
+pub(crate) fn set_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer and touches no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).map(drop)
+}

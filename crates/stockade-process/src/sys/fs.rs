@@ -1,0 +1,71 @@
+//! File descriptors and small file writes.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{FromRawFd, RawFd};
+
+use super::check;
+
+/// Clears `FD_CLOEXEC` on `fd`, so it survives the next exec. Async-signal-safe: this is what
+/// the supervisor's pre-exec hook calls between fork and exec.
+pub(crate) fn clear_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_SETFD with an integer flag touches no memory; an invalid fd yields EBADF.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// Sets `FD_CLOEXEC` on `fd`.
+pub(crate) fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
+}
+
+/// Takes ownership of an inherited descriptor after checking that it is open.
+pub(crate) fn adopt(fd: RawFd) -> io::Result<File> {
+    // SAFETY: F_GETFD on any integer is harmless; it tells us whether `fd` is open.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: `fd` is open (checked above), was handed to this process by its parent for
+    // exactly this purpose, and nothing else in the helper owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Closes every descriptor from `first` upwards except `keep`.
+pub(crate) fn close_from(first: u32, keep: u32) -> io::Result<()> {
+    if keep > first {
+        close_range(first, keep - 1)?;
+    }
+    close_range(first.max(keep.saturating_add(1)), u32::MAX)
+}
+
+fn close_range(lo: u32, hi: u32) -> io::Result<()> {
+    // SAFETY: close_range takes integers; closing descriptors this process owns is sound
+    // because nothing after this point uses them (the caller execs next).
+    super::check_long(unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) }).map(drop)
+}
+
+/// Creates a pipe with both ends close-on-exec.
+pub(crate) fn pipe() -> io::Result<(File, File)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the two-element array it is given.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both descriptors were just created by pipe2 and are owned by nobody else.
+    Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
+}
+
+/// True if the write end of the pipe whose read end is `fd` has been closed everywhere.
+pub(crate) fn peer_closed(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
+    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+    r > 0 && (pfd.revents & libc::POLLHUP) != 0
+}
+
+/// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec
+/// in the forked child just before exec.
+pub(crate) fn keep_on_exec(cmd: &mut tokio::process::Command, fd: RawFd) {
+    // SAFETY: the hook runs in the child between fork and exec of a multi-threaded parent,
+    // where only async-signal-safe calls are allowed. It calls `fcntl` (async-signal-safe)
+    // through `clear_cloexec`, which neither allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(move || clear_cloexec(fd));
+    }
+}

@@ -1,0 +1,375 @@
+//! Confinement: G1-G5, G9. Each test checks both halves: the attempt fails, and the
+//! legitimate operation next to it works. The host checks the world itself where it can.
+
+use std::io::Read;
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+use stockade_protocol::{Access, Job, Mechanism, Status};
+
+use crate::support::*;
+
+macro_rules! require {
+    ($name:expr) => {
+        if !available($name) {
+            return;
+        }
+    };
+}
+
+/// A host directory the guest may be given; owned by the guest uid when we run as root.
+fn host_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("stockade-it-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    if is_root() {
+        std::os::unix::fs::chown(&dir, Some(stockade_process::NOBODY), Some(stockade_process::NOBODY)).unwrap();
+    }
+    dir
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|ids| ids.split_whitespace().nth(1) == Some("0"))
+}
+
+const PROBE: &str = r#"
+import os, sys, errno
+def attempt(label, fn):
+    try:
+        fn()
+        print(label, "OK")
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, e.errno))
+"#;
+
+fn probe_py(body: &str) -> Job {
+    py(&format!("{PROBE}\n{body}"))
+}
+
+fn line<'a>(out: &'a str, label: &str) -> &'a str {
+    out.lines().find_map(|l| l.strip_prefix(label).map(str::trim)).unwrap_or_else(|| panic!("no {label} in {out}"))
+}
+
+#[test]
+fn g1_reads_system_dirs_but_no_host_secret_exists() {
+    require!("g1_reads_system_dirs_but_no_host_secret_exists");
+    let dir = host_dir("secret");
+    let canary = dir.join("id_rsa");
+    std::fs::write(&canary, "CANARY-7f3a").unwrap();
+    let r = run(probe_py(&format!(
+        r#"
+attempt("usr", lambda: open("/usr/bin/python3", "rb").read(4))
+attempt("canary", lambda: open("{}").read())
+attempt("shadow", lambda: open("/etc/shadow").read())
+attempt("root", lambda: os.listdir("/root"))
+attempt("home", lambda: os.listdir("/home"))
+attempt("run", lambda: os.listdir("/run"))
+attempt("var", lambda: os.listdir("/var"))
+print("toplevel", sorted(os.listdir("/")))
+"#,
+        canary.display()
+    )));
+    let out = stdout(&r);
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{}", stderr(&r));
+    assert_eq!(line(&out, "usr"), "OK");
+    for label in ["canary", "shadow", "root", "home", "run", "var"] {
+        assert_eq!(line(&out, label), "ENOENT", "{label}: {out}");
+    }
+    assert!(!out.contains("CANARY-7f3a"));
+    assert_eq!(
+        line(&out, "toplevel"),
+        "['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr']",
+        "the view's top level"
+    );
+}
+
+#[test]
+fn g1_writes_land_only_in_private_tmp_and_a_writable_workspace() {
+    require!("g1_writes_land_only_in_private_tmp_and_a_writable_workspace");
+    let ws = host_dir("ws-rw");
+    let job = probe_py(
+        r#"
+attempt("tmp", lambda: open("/tmp/scratch", "w").write("x"))
+attempt("usr", lambda: open("/usr/evil", "w").write("x"))
+attempt("etc", lambda: open("/etc/passwd", "a").write("x"))
+attempt("root", lambda: open("/evil", "w").write("x"))
+attempt("ws", lambda: open("/workspace/out.txt", "w").write("written by guest"))
+attempt("proc", lambda: open("/proc/sys/kernel/core_pattern", "w").write("|/evil"))
+"#,
+    )
+    .with_workspace(&ws, Access::ReadWrite)
+    .unwrap();
+    let r = run(job);
+    let out = stdout(&r);
+    assert_eq!(line(&out, "tmp"), "OK", "{out}");
+    assert_eq!(line(&out, "ws"), "OK", "{out}");
+    for label in ["usr", "etc", "root", "proc"] {
+        assert!(["EROFS", "EACCES", "EPERM"].contains(&line(&out, label)), "{label}: {out}");
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("out.txt")).unwrap(), "written by guest");
+    assert!(!Path::new("/usr/evil").exists() && !Path::new("/evil").exists());
+    // A read-only workspace can be read and not written.
+    std::fs::write(ws.join("in.txt"), "input").unwrap();
+    let ro = probe_py(
+        r#"
+attempt("read", lambda: print(open("/workspace/in.txt").read()))
+attempt("write", lambda: open("/workspace/new.txt", "w").write("x"))
+attempt("trunc", lambda: open("/workspace/in.txt", "w"))
+"#,
+    )
+    .with_workspace(&ws, Access::ReadOnly)
+    .unwrap();
+    let out = stdout(&run(ro));
+    assert!(out.contains("input"), "{out}");
+    assert!(["EROFS", "EACCES"].contains(&line(&out, "write")), "{out}");
+    assert!(["EROFS", "EACCES"].contains(&line(&out, "trunc")), "{out}");
+    assert_eq!(std::fs::read_to_string(ws.join("in.txt")).unwrap(), "input");
+    assert!(!ws.join("new.txt").exists());
+    std::fs::remove_dir_all(&ws).unwrap();
+}
+
+#[test]
+fn g1_symlinks_and_host_sockets_lead_nowhere() {
+    require!("g1_symlinks_and_host_sockets_lead_nowhere");
+    let secret_dir = host_dir("sock");
+    let canary = secret_dir.join("canary");
+    std::fs::write(&canary, "CANARY-91bd").unwrap();
+    let sock_path = secret_dir.join("docker.sock");
+    let listener = UnixListener::bind(&sock_path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let ws = host_dir("ws-link");
+    std::os::unix::fs::symlink(&canary, ws.join("link")).unwrap();
+    let job = probe_py(&format!(
+        r#"
+import socket
+attempt("link", lambda: open("/workspace/link").read())
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("{}")
+attempt("sock", conn)
+"#,
+        sock_path.display()
+    ))
+    .with_workspace(&ws, Access::ReadWrite)
+    .unwrap();
+    let out = stdout(&run(job));
+    assert_eq!(line(&out, "link"), "ENOENT", "{out}");
+    assert_eq!(line(&out, "sock"), "ENOENT", "{out}");
+    assert!(listener.accept().is_err(), "the host socket was reached");
+    let _ = std::fs::remove_dir_all(&secret_dir);
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+#[test]
+fn g2_never_host_root_and_no_capabilities() {
+    require!("g2_never_host_root_and_no_capabilities");
+    let r = run(py(r#"
+import os
+st = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+print("uid", os.getuid(), os.geteuid())
+for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+    print(k, st[k].strip())
+"#));
+    let out = stdout(&r);
+    assert!(!line(&out, "uid").starts_with("0 "), "{out}");
+    for k in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert_eq!(line(&out, k), "0000000000000000", "{k}: {out}");
+    }
+    assert_eq!(line(&out, "NoNewPrivs"), "1");
+    assert_eq!(line(&out, "Seccomp"), "2");
+}
+
+#[test]
+fn g3_no_network_and_host_listeners_stay_silent() {
+    require!("g3_no_network_and_host_listeners_stay_silent");
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let (tport, uport) = (tcp.local_addr().unwrap().port(), udp.local_addr().unwrap().port());
+    let r = run(probe_py(&format!(
+        r#"
+import socket
+def tcp():
+    s = socket.create_connection(("127.0.0.1", {tport}), timeout=2)
+attempt("tcp", tcp)
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"exfil", ("127.0.0.1", {uport}))
+attempt("udp", udp)
+def bind():
+    s = socket.socket()
+    s.bind(("0.0.0.0", 8080)); s.listen()
+attempt("bind", bind)
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+def pair():
+    a, b = socket.socketpair(); a.send(b"x"); b.recv(1)
+attempt("socketpair", pair)
+"#
+    )));
+    let out = stdout(&r);
+    assert_ne!(line(&out, "tcp"), "OK", "{out}");
+    assert_ne!(line(&out, "udp"), "OK", "{out}");
+    assert_ne!(line(&out, "bind"), "OK", "{out}");
+    assert_eq!(line(&out, "packet"), "EPERM", "{out}");
+    assert_eq!(line(&out, "socketpair"), "OK", "{out}");
+    assert!(tcp.accept().is_err(), "the host TCP listener was reached");
+    let mut buf = [0u8; 16];
+    assert!(udp.recv_from(&mut buf).is_err(), "the host UDP listener got a datagram");
+}
+
+#[test]
+fn g4_seccomp_refuses_the_listed_syscalls() {
+    require!("g4_seccomp_refuses_the_listed_syscalls");
+    let r = run(py(r#"
+import ctypes, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(label, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_ulong(a) for a in args])
+    e = ctypes.get_errno()
+    print(label, "OK" if r >= 0 else errno.errorcode.get(e, e))
+sc("getpid", 39)
+sc("unshare_user", 272, 0x10000000)
+sc("unshare_ns", 272, 0x00020000)
+sc("io_uring_setup", 425, 1, 0)
+sc("clone3", 435, 0, 0)
+sc("bpf", 321, 0, 0, 0)
+sc("ptrace", 101, 16, 1, 0, 0)
+sc("keyctl", 250, 0, 0)
+sc("userfaultfd", 323, 0)
+sc("perf_event_open", 298, 0, 0, -1 & 0xffffffff, -1 & 0xffffffff, 0)
+sc("mount", 165, 0, 0, 0, 0, 0)
+sc("chroot", 161, 0)
+sc("setns", 308, 0, 0)
+sc("open_by_handle_at", 304, 0, 0, 0)
+sc("personality_set", 135, 0x0040000)
+sc("personality_query", 135, 0xffffffff)
+sc("tiocsti", 16, 0, 0x5412, 0)
+sc("clone_newpid", 56, 0x20000000 | 17, 0, 0, 0, 0)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitpid(pid, 0)[1] >> 8)
+"#));
+    let out = stdout(&r);
+    assert_eq!(line(&out, "getpid"), "OK", "{out}");
+    assert_eq!(line(&out, "fork"), "7", "{out}");
+    assert_eq!(line(&out, "personality_query"), "OK", "{out}");
+    for label in ["io_uring_setup", "clone3"] {
+        assert_eq!(line(&out, label), "ENOSYS", "{label}: {out}");
+    }
+    for label in [
+        "unshare_user",
+        "unshare_ns",
+        "bpf",
+        "ptrace",
+        "keyctl",
+        "userfaultfd",
+        "perf_event_open",
+        "mount",
+        "chroot",
+        "setns",
+        "open_by_handle_at",
+        "personality_set",
+        "tiocsti",
+        "clone_newpid",
+    ] {
+        assert_eq!(line(&out, label), "EPERM", "{label}: {out}");
+    }
+}
+
+#[test]
+fn g4_seccomp_policy_is_the_reviewed_one() {
+    let want = include_str!("seccomp_policy.txt");
+    let got = stockade_process::seccomp_policy_text();
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/seccomp_policy.txt"), &got).unwrap();
+        return;
+    }
+    assert_eq!(got, want, "the seccomp policy changed; review it and bless with UPDATE_EXPECT=1");
+}
+
+#[test]
+fn g4_host_processes_cannot_be_signalled_or_seen() {
+    require!("g4_host_processes_cannot_be_signalled_or_seen");
+    let mut victim = std::process::Command::new("/usr/bin/sleep").arg("30").spawn().unwrap();
+    let vpid = victim.id();
+    let r = run(probe_py(&format!(
+        r#"
+import signal
+attempt("kill_host_pid", lambda: os.kill({vpid}, signal.SIGKILL))
+attempt("kill_all", lambda: os.kill(-1, signal.SIGKILL))
+print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+"#
+    )));
+    let out = stdout(&r);
+    assert_ne!(line(&out, "kill_host_pid"), "OK", "{out}");
+    assert!(victim.try_wait().unwrap().is_none(), "a host process was killed from inside");
+    let pids = line(&out, "pids");
+    assert!(pids.starts_with("[1, 2"), "the guest sees host processes: {pids}");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+#[test]
+fn g5_environment_is_exactly_the_allowlist() {
+    require!("g5_environment_is_exactly_the_allowlist");
+    let job = Job::command("/usr/bin/env", Vec::<String>::new()).unwrap().with_env("GRANTED", "yes").unwrap();
+    let r = run(job);
+    assert_eq!(stdout(&r), "GRANTED=yes\n", "{r:#?}");
+    let bare = run(Job::command("/usr/bin/env", Vec::<String>::new()).unwrap());
+    assert_eq!(stdout(&bare), "");
+}
+
+#[test]
+fn g5_stdin_is_the_jobs_bytes_or_empty() {
+    require!("g5_stdin_is_the_jobs_bytes_or_empty");
+    let r =
+        run(Job::command("/usr/bin/cat", Vec::<String>::new()).unwrap().with_stdin(b"from the job".to_vec()).unwrap());
+    assert_eq!(stdout(&r), "from the job");
+    let r = run(Job::command("/usr/bin/cat", Vec::<String>::new()).unwrap());
+    assert_eq!((stdout(&r).as_str(), &r.status), ("", &Status::Exited { code: 0 }));
+}
+
+#[test]
+fn g5_only_descriptors_0_to_2_reach_the_guest() {
+    require!("g5_only_descriptors_0_to_2_reach_the_guest");
+    // Open host files in this process: none may leak.
+    let mut held = std::fs::File::open("/proc/self/status").unwrap();
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    let r = run(py("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))"));
+    assert_eq!(stdout(&r), "[0, 1, 2, 3]\n", "fd 3 is listdir's own handle: {r:#?}");
+}
+
+#[test]
+fn g9_report_lists_every_mechanism() {
+    require!("g9_report_lists_every_mechanism");
+    let r = run(sh("echo hi"));
+    assert_eq!(stdout(&r), "hi\n");
+    for m in [
+        Mechanism::UserNamespace,
+        Mechanism::PidNamespace,
+        Mechanism::MountNamespace,
+        Mechanism::NetNamespace,
+        Mechanism::IpcNamespace,
+        Mechanism::UtsNamespace,
+        Mechanism::Landlock,
+        Mechanism::Seccomp,
+        Mechanism::NoNewPrivs,
+        Mechanism::CapabilitiesDropped,
+        Mechanism::Rlimits,
+        Mechanism::Deadline,
+        Mechanism::OutputBudget,
+    ] {
+        assert!(r.enforced(m), "{m:?} missing from {:#?}", r.enforcement);
+    }
+    let memory_by = r.enforced(Mechanism::Cgroup) || r.enforcement.iter().any(|e| e.detail.contains(", as "));
+    assert!(memory_by, "memory is limited by neither a cgroup nor RLIMIT_AS: {:#?}", r.enforcement);
+}

@@ -1,0 +1,247 @@
+//! Limits and lifecycle: G6, G7, G8.
+
+use std::time::{Duration, Instant};
+
+use stockade_protocol::{Job, Limits, Mechanism, Status, Stream};
+
+use crate::support::*;
+
+macro_rules! require {
+    ($name:expr) => {
+        if !available($name) {
+            return;
+        }
+    };
+}
+
+/// Host pids whose command line contains `marker`, found by scanning `/proc` (the host's
+/// view, not the guest's word).
+fn host_pids_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn gone_soon(marker: &str) -> bool {
+    for _ in 0..50 {
+        if host_pids_with(marker).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn limited(job: Job, f: impl FnOnce(Limits) -> Limits) -> Job {
+    let l = f(*job.limits());
+    job.with_limits(l)
+}
+
+#[test]
+fn g6_deadline_kills_a_setsid_daemon() {
+    require!("g6_deadline_kills_a_setsid_daemon");
+    let marker = "1001.4242";
+    let job = with_wall(sh(&format!("setsid sleep {marker} & sleep 1000")), Duration::from_millis(800));
+    let start = Instant::now();
+    let r = run(job);
+    assert_eq!(r.status, Status::TimedOut, "{r:#?}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(gone_soon(marker), "a setsid daemon outlived the deadline: {:?}", host_pids_with(marker));
+}
+
+#[test]
+fn g6_a_daemon_dies_when_the_guest_exits() {
+    require!("g6_a_daemon_dies_when_the_guest_exits");
+    let marker = "1002.4242";
+    let r = run(sh(&format!("setsid sleep {marker} & echo started")));
+    assert_eq!((r.status.clone(), stdout(&r)), (Status::Exited { code: 0 }, "started\n".to_owned()));
+    assert!(gone_soon(marker), "a daemon outlived its run: {:?}", host_pids_with(marker));
+}
+
+#[test]
+fn g6_output_flood_is_stopped_at_the_budget() {
+    require!("g6_output_flood_is_stopped_at_the_budget");
+    let job = limited(sh("yes flood"), |l| l.with_stdout(4096).unwrap());
+    let start = Instant::now();
+    let r = run(job);
+    assert_eq!(r.status, Status::OutputLimit { stream: Stream::Stdout }, "{r:#?}");
+    assert_eq!(r.stdout.bytes.len(), 4096);
+    assert!(r.stdout.truncated);
+    assert!(start.elapsed() < Duration::from_secs(5), "the flood was not stopped promptly");
+    let job = limited(sh("yes err >&2"), |l| l.with_stderr(1000).unwrap());
+    assert_eq!(run(job).status, Status::OutputLimit { stream: Stream::Stderr });
+}
+
+#[test]
+fn g6_sleep_past_the_deadline_is_a_timeout() {
+    require!("g6_sleep_past_the_deadline_is_a_timeout");
+    let r = run(with_wall(Job::command("/usr/bin/sleep", ["30"]).unwrap(), Duration::from_millis(300)));
+    assert_eq!(r.status, Status::TimedOut);
+    assert!(r.wall < Duration::from_secs(3), "{:?}", r.wall);
+}
+
+#[test]
+fn g7_memory_bomb_is_out_of_memory() {
+    require!("g7_memory_bomb_is_out_of_memory");
+    let job = limited(py("b = bytearray(1 << 31)\nprint('allocated')"), |l| l.with_memory(128 << 20).unwrap());
+    let r = run(job);
+    if r.enforced(Mechanism::Cgroup) {
+        assert_eq!(r.status, Status::OutOfMemory, "{r:#?}");
+    } else {
+        // RLIMIT_AS: the allocation fails inside the guest.
+        assert_eq!(r.status, Status::Exited { code: 1 }, "{r:#?}");
+        assert!(stderr(&r).contains("MemoryError"));
+    }
+    assert!(!stdout(&r).contains("allocated"));
+    // A modest allocation under the same limit works.
+    let ok = limited(py("b = bytearray(16 << 20)\nprint(len(b))"), |l| l.with_memory(128 << 20).unwrap());
+    assert_eq!(stdout(&run(ok)), format!("{}\n", 16 << 20));
+}
+
+#[test]
+fn g7_fork_bomb_is_contained_and_the_host_stays_responsive() {
+    require!("g7_fork_bomb_is_contained_and_the_host_stays_responsive");
+    let bomb = py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n");
+    let job = with_wall(limited(bomb, |l| l.with_processes(32).unwrap()), Duration::from_secs(2));
+    let handle = std::thread::spawn(move || run(job));
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let status = std::process::Command::new("/bin/true").status().unwrap();
+    assert!(status.success());
+    assert!(start.elapsed() < Duration::from_secs(1), "the host stalled: {:?}", start.elapsed());
+    let r = handle.join().unwrap();
+    assert_eq!(r.status, Status::TimedOut, "{r:#?}");
+}
+
+#[test]
+fn g7_cpu_time_is_limited() {
+    require!("g7_cpu_time_is_limited");
+    let job = limited(py("while True: pass"), |l| {
+        l.with_cpu(Duration::from_secs(1)).unwrap().with_wall(Duration::from_secs(20)).unwrap()
+    });
+    let r = run(job);
+    assert_eq!(r.status, Status::CpuLimit, "{r:#?}");
+    assert!(r.wall < Duration::from_secs(10));
+}
+
+#[test]
+fn g7_file_size_and_open_files_are_limited() {
+    require!("g7_file_size_and_open_files_are_limited");
+    let job = limited(
+        py(r#"
+import errno
+open("/tmp/small", "wb").write(b"x" * (256 << 10))
+print("small ok")
+try:
+    open("/tmp/big", "wb").write(b"x" * (2 << 20))
+    print("big ok")
+except OSError as e:
+    print("big", errno.errorcode[e.errno])
+fs = []
+try:
+    for i in range(100):
+        fs.append(open("/dev/null"))
+    print("files ok")
+except OSError as e:
+    print("files", errno.errorcode[e.errno], len(fs))
+"#),
+        |l| l.with_file_size(1 << 20).unwrap().with_open_files(32).unwrap(),
+    );
+    let out = stdout(&run(job));
+    assert!(out.contains("small ok"), "{out}");
+    assert!(out.contains("big EFBIG"), "{out}");
+    assert!(out.contains("files EMFILE"), "{out}");
+}
+
+#[test]
+fn g7_concurrent_runs_leak_no_fds_processes_or_cgroups() {
+    require!("g7_concurrent_runs_leak_no_fds_processes_or_cgroups");
+    let _only_us = exclusive();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let marker = "concurrent-run-7c1e";
+    let cgroups = || {
+        let mine = format!("stockade-{}-", std::process::id());
+        ["memory", "pids"]
+            .iter()
+            .filter_map(|c| std::fs::read_to_string("/proc/self/cgroup").ok().map(|t| (c.to_string(), t)))
+            .flat_map(|(c, text)| {
+                let path = text.lines().find_map(|l| {
+                    let mut p = l.splitn(3, ':');
+                    let (_, ctrls, path) = (p.next()?, p.next()?, p.next()?);
+                    ctrls.split(',').any(|x| x == c).then(|| format!("/sys/fs/cgroup/{c}{path}"))
+                });
+                path.and_then(|p| std::fs::read_dir(p).ok())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                    .map(|e| e.path())
+                    .collect::<Vec<_>>()
+            })
+            .count()
+    };
+    let before = (fds(), cgroups());
+    let reports = block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..64 {
+            set.spawn(async move { tier().run(&sh(&format!("echo run {i} {marker}; sleep 0.2 &"))).await });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            out.push(r.unwrap().unwrap());
+        }
+        out
+    });
+    assert_eq!(reports.len(), 64);
+    assert!(reports.iter().all(|r| r.status == Status::Exited { code: 0 }));
+    let mut outs: Vec<String> = reports.iter().map(stdout).collect();
+    outs.sort();
+    outs.dedup();
+    assert_eq!(outs.len(), 64, "runs saw each other's output");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!((fds(), cgroups()), before, "fds or cgroups leaked");
+    assert!(gone_soon(marker), "processes of the runs left behind: {:?}", host_pids_with(marker));
+}
+
+#[test]
+fn g8_a_missing_mechanism_fails_closed_and_names_it() {
+    require!("g8_a_missing_mechanism_fails_closed_and_names_it");
+    let abi = stockade_process::probe().landlock_abi;
+    if abi >= 9 {
+        eprintln!("SKIPPED g8: this kernel has landlock abi {abi}; the test needs a missing abi (9)");
+        return;
+    }
+    // ABI 9 adds an access right (pathname unix sockets) this kernel cannot enforce.
+    let tier = tier().landlock_abi(9);
+    let _g = shared();
+    let err = block_on(tier.run(&sh("echo should not run"))).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, stockade_process::LaunchError::Unsupported { ref mechanism, .. } if mechanism == "landlock"),
+        "{text}"
+    );
+    // Best effort is an explicit opt-in, and the report says what was missing.
+    let r = block_on(tier.best_effort().run(&sh("echo ran"))).unwrap();
+    assert_eq!(stdout(&r), "ran\n");
+    assert!(!r.enforced(Mechanism::Landlock));
+    assert!(r.enforcement.iter().any(|e| e.detail.starts_with("MISSING landlock")), "{:#?}", r.enforcement);
+}
+
+#[test]
+fn g8_bad_jobs_are_typed_errors() {
+    let err = block_on(tier().run(&Job::wasm("/m.wasm", "_start", Vec::<String>::new()).unwrap())).unwrap_err();
+    assert!(matches!(err, stockade_process::LaunchError::Misconfigured(_)), "{err}");
+    let job = sh("true").with_workspace("/nonexistent/stockade", stockade_protocol::Access::ReadOnly).unwrap();
+    assert!(matches!(block_on(tier().run(&job)), Err(stockade_process::LaunchError::Misconfigured(_))));
+    if available("g8_bad_jobs_are_typed_errors") {
+        let r = run(Job::command("no-such-program", Vec::<String>::new()).unwrap());
+        assert!(matches!(&r.status, Status::FailedToStart { reason } if reason.contains("not found")), "{r:#?}");
+    }
+}

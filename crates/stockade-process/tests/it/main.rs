@@ -1,0 +1,7 @@
+//! Integration tests for the process tier. Each run happens in a child process tree the tier
+//! creates, so nothing here restricts the test process itself.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
+
+mod confinement;
+mod limits;
+mod support;
