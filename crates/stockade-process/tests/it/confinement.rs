@@ -10,11 +10,14 @@ use stockade_protocol::{Access, Job, Mechanism, Status};
 
 use crate::support::*;
 
+/// Skips (or, in CI, fails) without the kernel features, then holds the shared run lock for
+/// the rest of the test.
 macro_rules! require {
     ($name:expr) => {
         if !available($name) {
             return;
         }
+        let _runs = shared();
     };
 }
 

@@ -6,11 +6,14 @@ use stockade_protocol::{Job, Limits, Mechanism, Status, Stream};
 
 use crate::support::*;
 
+/// Skips (or, in CI, fails) without the kernel features, then holds the shared run lock for
+/// the rest of the test.
 macro_rules! require {
     ($name:expr) => {
         if !available($name) {
             return;
         }
+        let _runs = shared();
     };
 }
 
@@ -162,7 +165,9 @@ except OSError as e:
 
 #[test]
 fn g7_concurrent_runs_leak_no_fds_processes_or_cgroups() {
-    require!("g7_concurrent_runs_leak_no_fds_processes_or_cgroups");
+    if !available("g7_concurrent_runs_leak_no_fds_processes_or_cgroups") {
+        return;
+    }
     let _only_us = exclusive();
     let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
     let marker = "concurrent-run-7c1e";
@@ -206,7 +211,8 @@ fn g7_concurrent_runs_leak_no_fds_processes_or_cgroups() {
     outs.dedup();
     assert_eq!(outs.len(), 64, "runs saw each other's output");
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!((fds(), cgroups()), before, "fds or cgroups leaked");
+    let after = (fds(), cgroups());
+    assert!(after.0 <= before.0 && after.1 <= before.1, "fds or cgroups leaked: {before:?} -> {after:?}");
     assert!(gone_soon(marker), "processes of the runs left behind: {:?}", host_pids_with(marker));
 }
 
@@ -220,7 +226,6 @@ fn g8_a_missing_mechanism_fails_closed_and_names_it() {
     }
     // ABI 9 adds an access right (pathname unix sockets) this kernel cannot enforce.
     let tier = tier().landlock_abi(9);
-    let _g = shared();
     let err = block_on(tier.run(&sh("echo should not run"))).unwrap_err();
     let text = err.to_string();
     assert!(
@@ -241,6 +246,7 @@ fn g8_bad_jobs_are_typed_errors() {
     let job = sh("true").with_workspace("/nonexistent/stockade", stockade_protocol::Access::ReadOnly).unwrap();
     assert!(matches!(block_on(tier().run(&job)), Err(stockade_process::LaunchError::Misconfigured(_))));
     if available("g8_bad_jobs_are_typed_errors") {
+        let _runs = shared();
         let r = run(Job::command("no-such-program", Vec::<String>::new()).unwrap());
         assert!(matches!(&r.status, Status::FailedToStart { reason } if reason.contains("not found")), "{r:#?}");
     }

@@ -48,7 +48,6 @@ pub(crate) fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
 }
 
 pub(crate) fn run(job: Job) -> Report {
-    let _g = shared();
     block_on(tier().run(&job)).unwrap()
 }
 
