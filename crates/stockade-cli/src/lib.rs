@@ -1,0 +1,286 @@
+//! The `stockade` command line: `stockade run` confines a command and prints its output only
+//! if the run is verified; `stockade doctor` says what this host can enforce.
+//!
+//! # Position in the stack
+//! Depends on: `stockade-runtime` (and through it protocol, verify and the process tier).
+//! Used by: people and scripts.
+//! API boundary: the command line; exit codes follow `stockade-verify`'s table (124 timeout).
+//!
+//! # Threat model
+//! Trusted: the invoking user and the arguments they pass.
+//! Attacker-controlled: the confined program and everything it prints.
+//! Out of scope: what the user does with verified output.
+//!
+//! # Guarantees
+//! G1. `stockade run` writes the program's stdout only when the run is verified; otherwise it
+//!     writes exactly one refusal line to stderr (guest bytes escaped) and exits with the
+//!     refusal's stable code.
+//!     (pinned by: tests/it/cli.rs::g1_*)
+//! G2. A host that cannot enforce the sandbox is an error naming the missing mechanism
+//!     (exit 125), never an unconfined run.
+//!     (pinned by: tests/it/cli.rs::g2_*)
+//!
+//! # Non-guarantees
+//! `--json` prints the whole report, including unverified output, for inspection.
+//!
+//! # Failure behaviour
+//! Usage errors exit 2 (clap); stockade's own failures exit 125.
+//!
+//! # Unsafe
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! Reads its arguments, spawns itself as the sandbox helper, and for `doctor` probes the
+//! host and the Docker socket.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: never prints unverified stdout outside `--json`; never runs the
+//! command outside the tier.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+pub use stockade_runtime::process;
+use stockade_runtime::protocol::{Access, Job, Limits};
+use stockade_runtime::verify::{Budget, Contract, accept_any};
+use stockade_runtime::{Sandbox, TierError};
+
+/// Exit code for stockade's own failures (as `timeout(1)` uses 125).
+const EXIT_STOCKADE: u8 = 125;
+
+#[derive(Parser)]
+#[command(name = "stockade", version, about = "Run untrusted code confined; trust its output only when verified")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a sandbox and print its stdout only if the run is verified.
+    #[command(after_help = "Examples:
+  stockade run -- python3 -c 'print(6*7)'
+  stockade run --timeout 2s --memory 256M --max-output 1M -- sh -c 'ls /'
+  stockade run --workspace ./data:ro --env LANG=C.UTF-8 -- python3 /workspace/job.py
+  stockade run --expect-json -- python3 -c 'import json; print(json.dumps({\"n\": 42}))'
+  stockade run --json -- sh -c 'exit 3'      # print the whole report
+
+Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
+120 cpu limit; 121 assertion failed; 122 malformed output; 123 output too large;
+124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
+126 failed to start; 128+N killed by signal N.")]
+    Run(RunArgs),
+    /// Show what this host can enforce.
+    #[command(after_help = "Examples:\n  stockade doctor\n  stockade doctor --json")]
+    Doctor {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The isolation tier.
+    #[arg(long, default_value = "process", value_parser = ["process"])]
+    tier: String,
+    /// Wall-clock deadline (e.g. 500ms, 2s, 1m).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Memory limit (e.g. 256M, 1G).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    memory: u64,
+    /// Stdout budget; more output kills the run (e.g. 64K, 1M).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    max_output: u64,
+    /// Grant a host directory at /workspace, read-only (`:ro`, the default) or read-write (`:rw`).
+    #[arg(long, value_name = "DIR[:ro|:rw]")]
+    workspace: Option<String>,
+    /// Grant one environment variable (repeatable); the environment is otherwise empty.
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// The exit code a verified run must end with.
+    #[arg(long, default_value_t = 0)]
+    expect_exit: i32,
+    /// Stdout must be one JSON document.
+    #[arg(long)]
+    expect_json: bool,
+    /// Require this landlock ABI (a kernel without it fails closed).
+    #[arg(long, default_value_t = process::DEFAULT_LANDLOCK_ABI)]
+    landlock_abi: u8,
+    /// Print the whole report as JSON (on stdout) instead of the verified output.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("invalid size unit in {s:?} (use K, M or G)")),
+    };
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+/// Entry point for the binary.
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
+    };
+    result.unwrap_or_else(|e| {
+        let _ = writeln!(std::io::stderr(), "stockade: {e:#}");
+        ExitCode::from(EXIT_STOCKADE)
+    })
+}
+
+fn job(args: &RunArgs) -> Result<Job> {
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    let limits = Limits::new().with_wall(args.timeout)?.with_memory(args.memory)?.with_stdout(args.max_output)?;
+    let mut job = Job::command(program.clone(), rest.iter().cloned())?.with_limits(limits);
+    for kv in &args.env {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not K=V"))?;
+        job = job.with_env(k, v)?;
+    }
+    if let Some(ws) = &args.workspace {
+        let (dir, access) = match ws.rsplit_once(':') {
+            Some((d, "rw")) => (d, Access::ReadWrite),
+            Some((d, "ro")) => (d, Access::ReadOnly),
+            _ => (ws.as_str(), Access::ReadOnly),
+        };
+        let dir = std::fs::canonicalize(PathBuf::from(dir)).with_context(|| format!("workspace {dir}"))?;
+        job = job.with_workspace(dir, access)?;
+    }
+    Ok(job)
+}
+
+fn run(args: RunArgs) -> Result<ExitCode> {
+    let job = job(&args)?;
+    let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
+    let tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
+    let sandbox = Sandbox::builder().tier(tier).build()?;
+    let budget = Budget::new(args.timeout, args.max_output);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let report = match rt.block_on(sandbox.report(&job)) {
+        Ok(r) => r,
+        Err(TierError::Unsupported { mechanism, reason }) => {
+            bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let outcome = if args.expect_json {
+        let c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
+        stockade_runtime::verify::verify(report.clone(), &c).into_result().map(|v| v.report().stdout.bytes.clone())
+    } else {
+        let c = Contract::bytes(budget, accept_any).expect_exit(args.expect_exit);
+        stockade_runtime::verify::verify(report.clone(), &c).into_result().map(|v| v.into_inner())
+    };
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut stdout, &report)?;
+        writeln!(stdout)?;
+    }
+    match outcome {
+        Ok(bytes) => {
+            if !args.json {
+                stdout.write_all(&bytes)?;
+            }
+            stdout.flush()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(refusal) => {
+            stdout.flush()?;
+            writeln!(std::io::stderr(), "stockade: refused: {}", refusal.message())?;
+            Ok(ExitCode::from(refusal.exit_code()))
+        }
+    }
+}
+
+fn docker_status() -> Result<String, String> {
+    use std::io::Read;
+    let path = std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_owned());
+    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{path}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    if text.starts_with("HTTP/1.") && text.contains(" 200 ") {
+        Ok(format!("engine reachable at {path} (the docker tier is not built yet)"))
+    } else {
+        Err(format!("{path} answered unexpectedly"))
+    }
+}
+
+fn doctor(json: bool) -> Result<()> {
+    let p = process::probe();
+    let rows: Vec<(&str, bool, String)> = vec![
+        ("landlock", p.landlock_abi >= 6, format!("abi {}", p.landlock_abi)),
+        ("seccomp", p.seccomp, if p.seccomp { "filters available".into() } else { "not available".into() }),
+        (
+            "user namespaces",
+            p.user_namespaces.is_ok(),
+            p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
+        ),
+        ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
+        ("docker engine", docker_status().is_ok(), docker_status().unwrap_or_else(|e| e)),
+        ("wasm tier", false, "not built yet (stockade-wasm)".into()),
+    ];
+    let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let value = serde_json::json!({
+            "process_tier": process_ready,
+            "checks": rows.iter().map(|(name, ok, detail)| serde_json::json!({"name": name, "ok": ok, "detail": detail})).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
+    } else {
+        writeln!(out, "{:<16} {:<4} detail", "check", "ok")?;
+        for (name, ok, detail) in &rows {
+            writeln!(out, "{name:<16} {:<4} {detail}", if *ok { "yes" } else { "no" })?;
+        }
+        writeln!(
+            out,
+            "\nprocess tier: {}",
+            if process_ready { "ready (every mechanism enforced)" } else { "NOT ready: runs fail closed" }
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! The runtime composes tiers and verification: G1-G3, with a scripted tier, so these tests
+//! need no kernel features (the process tier has its own tests).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use stockade_protocol::{Captured, Job, Report, Status};
+use stockade_runtime::{BuildError, Sandbox, Tier, TierError};
+use stockade_verify::{Budget, Contract, Outcome, Refusal};
+
+#[derive(Debug)]
+struct Scripted(Result<Report, &'static str>);
+
+#[async_trait]
+impl Tier for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        match &self.0 {
+            Ok(r) => Ok(r.clone()),
+            Err(m) => Err(TierError::Unsupported { mechanism: (*m).to_owned(), reason: "scripted".into() }),
+        }
+    }
+}
+
+fn report(status: Status, out: &[u8]) -> Report {
+    Report::new(status, Duration::from_millis(5))
+        .with_output(Captured::new(out.to_vec(), out.len() as u64), Captured::default())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
+
+fn contract() -> Contract<u32> {
+    Contract::json(
+        Budget::new(Duration::from_secs(1), 64),
+        |n: &u32| if *n == 42 { Ok(()) } else { Err("not 42".into()) },
+    )
+}
+
+#[test]
+fn g1_outcomes_come_from_verify() {
+    let job = Job::command("x", Vec::<String>::new()).unwrap();
+    let ok = Sandbox::builder().tier(Scripted(Ok(report(Status::Exited { code: 0 }, b"42")))).build().unwrap();
+    let Outcome::Verified(v) = rt().block_on(ok.run(&job, &contract())).unwrap() else { panic!() };
+    assert_eq!(*v.value(), 42);
+    let bad = Sandbox::builder().tier(Scripted(Ok(report(Status::TimedOut, b"42")))).build().unwrap();
+    let Outcome::Refused(r) = rt().block_on(bad.run(&job, &contract())).unwrap() else { panic!() };
+    assert!(matches!(r, Refusal::Timeout { .. }));
+    assert_eq!(r.exit_code(), 124);
+}
+
+#[test]
+fn g2_unsupported_is_an_error_not_a_weaker_run() {
+    let job = Job::command("x", Vec::<String>::new()).unwrap();
+    let s = Sandbox::builder().tier(Scripted(Err("landlock"))).build().unwrap();
+    let err = rt().block_on(s.run(&job, &contract())).unwrap_err();
+    assert!(matches!(err, TierError::Unsupported { ref mechanism, .. } if mechanism == "landlock"), "{err}");
+}
+
+#[test]
+fn g3_the_tier_is_chosen_explicitly_and_is_object_safe() {
+    assert!(matches!(Sandbox::builder().build(), Err(BuildError::NoTier)));
+    let boxed: Box<dyn Tier> = Box::new(Scripted(Err("x")));
+    let s = Sandbox::builder().boxed_tier(boxed).build().unwrap();
+    assert_eq!(s.tier_name(), "scripted");
+    #[cfg(feature = "process")]
+    {
+        let p = stockade_runtime::process::ProcessTier::new(stockade_runtime::process::Helper::at("/nonexistent"));
+        assert_eq!(Sandbox::builder().tier(p).build().unwrap().tier_name(), "process");
+    }
+}
