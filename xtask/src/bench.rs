@@ -19,10 +19,16 @@ const GROUPS: &[(&str, &str, &str, &[&str])] = &[
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let write = args.iter().any(|a| a == "--write");
     let wanted: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
+    if wanted.iter().any(|w| *w == "process" || *w == "all") {
+        process(root, target, write)?;
+        if wanted == ["process"] {
+            return Ok(());
+        }
+    }
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, all");
     }
     for (group, package, bench, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.
@@ -103,5 +109,72 @@ fn write_docs(root: &Path, group: &str, table: &str) -> Result<()> {
     let new = format!("{}{start}\n{table}{}", &doc[..a], &doc[b..]);
     fs::write(&path, new)?;
     println!("wrote the {group} table to docs/benchmarks.md");
+    Ok(())
+}
+
+/// Installs Debian packages that are missing (the bench's own tools), with apt.
+fn apt_install(pkgs: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .filter(|(bin, _)| {
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {bin}")])
+                .output()
+                .map_or(true, |o| !o.status.success())
+        })
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    crate::run(std::process::Command::new("apt-get").args(["update", "-qq"]))?;
+    crate::run(std::process::Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing))
+}
+
+/// `stockade run` against bare spawns and `bwrap --unshare-all`, with hyperfine, in one run.
+fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
+    apt_install(&[("bwrap", "bubblewrap"), ("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    let stockade = target.join("release/stockade");
+    let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    let bwrap = "bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib \
+                 --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc \
+                 --proc /proc --dev /dev --tmpfs /tmp --clearenv";
+    let bwrap = bwrap.split_whitespace().filter(|w| *w != "\\").collect::<Vec<_>>().join(" ");
+    let json = target.join("bench-process.json");
+    let mut cmd = std::process::Command::new("hyperfine");
+    cmd.args(["-N", "--warmup", "20", "--runs", "300", "--export-json"]).arg(&json);
+    for (name, program) in [("true", "/bin/true"), ("python", "/usr/bin/python3 -c pass")] {
+        cmd.args(["-n", &format!("bare {name}"), program]);
+        cmd.args(["-n", &format!("stockade {name}"), &format!("{stockade} run -- {program}")]);
+        cmd.args(["-n", &format!("stockade-no-cgroup {name}"), &format!("{stockade} run --no-cgroup -- {program}")]);
+        cmd.args(["-n", &format!("bwrap {name}"), &format!("{bwrap} {program}")]);
+    }
+    crate::run(&mut cmd)?;
+    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
+    let results = data["results"].as_array().context("hyperfine json has no results")?;
+    let median = |name: &str| -> Result<f64> {
+        let r = results.iter().find(|r| r["command"] == name).with_context(|| format!("no result for {name}"))?;
+        r["median"].as_f64().map(|s| s * 1e3).context("no median")
+    };
+    let mut out = String::from(
+        "| target | variant | bare p50 | stockade p50 | overhead over bare | bwrap --unshare-all p50 | bwrap / stockade |\n|---|---|---|---|---|---|---|\n",
+    );
+    for name in ["true", "python"] {
+        let (bare, bw) = (median(&format!("bare {name}"))?, median(&format!("bwrap {name}"))?);
+        for (variant, label) in [("stockade", "default (cgroup v1)"), ("stockade-no-cgroup", "--no-cgroup (rlimits)")] {
+            let ours = median(&format!("{variant} {name}"))?;
+            let _ = writeln!(
+                out,
+                "| {name} | {label} | {bare:.2} ms | {ours:.2} ms | {:.2} ms | {bw:.2} ms | {:.2}x |",
+                ours - bare,
+                bw / ours
+            );
+        }
+    }
+    println!("\n{out}");
+    if write {
+        write_docs(root, "process", &out)?;
+    }
     Ok(())
 }

@@ -117,6 +117,10 @@ struct RunArgs {
     /// Require this landlock ABI (a kernel without it fails closed).
     #[arg(long, default_value_t = process::DEFAULT_LANDLOCK_ABI)]
     landlock_abi: u8,
+    /// Limit memory and processes with rlimits only, without a per-run cgroup (faster start
+    /// on cgroup v1 hosts; no out-of-memory report).
+    #[arg(long)]
+    no_cgroup: bool,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -191,10 +195,13 @@ fn job(args: &RunArgs) -> Result<Job> {
 fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
     let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
-    let tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
+    let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
+    if args.no_cgroup {
+        tier = tier.without_cgroups();
+    }
     let sandbox = Sandbox::builder().tier(tier).build()?;
     let budget = Budget::new(args.timeout, args.max_output);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = match rt.block_on(sandbox.report(&job)) {
         Ok(r) => r,
         Err(TierError::Unsupported { mechanism, reason }) => {

@@ -176,6 +176,7 @@ pub struct ProcessTier {
     tmpfs_bytes: u64,
     cgroup_v2_dir: Option<PathBuf>,
     landlock_abi: u8,
+    cgroups: bool,
 }
 
 impl ProcessTier {
@@ -188,6 +189,7 @@ impl ProcessTier {
             tmpfs_bytes: DEFAULT_TMPFS_BYTES,
             cgroup_v2_dir: None,
             landlock_abi: DEFAULT_LANDLOCK_ABI,
+            cgroups: true,
         }
     }
 
@@ -205,6 +207,17 @@ impl ProcessTier {
     #[must_use]
     pub fn landlock_abi(mut self, abi: u8) -> Self {
         self.landlock_abi = abi;
+        self
+    }
+
+    /// Limits memory and processes with `RLIMIT_AS` and `RLIMIT_NPROC` only, even where a
+    /// per-run cgroup could be created. Faster to start on cgroup v1 hosts (moving a process
+    /// into a v1 cgroup waits for an RCU grace period, about 10 ms), at the price of
+    /// per-process rather than per-run accounting and no out-of-memory report. The report
+    /// says which mechanism limited memory.
+    #[must_use]
+    pub fn without_cgroups(mut self) -> Self {
+        self.cgroups = false;
         self
     }
 

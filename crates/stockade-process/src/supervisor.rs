@@ -44,7 +44,11 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         None => None,
     };
     let processes = u64::from(limits.processes());
-    let cgroup = Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes);
+    let cgroup = if tier.cgroups {
+        Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
+    } else {
+        None
+    };
     let (status_r, status_w) = sysfs::pipe().map_err(|e| LaunchError::Internal(format!("status pipe: {e}")))?;
     let spec = Spec {
         program: program.clone(),

@@ -251,3 +251,51 @@ fn g8_bad_jobs_are_typed_errors() {
         assert!(matches!(&r.status, Status::FailedToStart { reason } if reason.contains("not found")), "{r:#?}");
     }
 }
+
+#[test]
+fn g6_the_run_dies_with_its_supervisor() {
+    require!("g6_the_run_dies_with_its_supervisor");
+    // A stand-in supervisor: a shell that starts the helper with a hand-written spec (naming
+    // the shell's own pid as the supervisor) and waits. Killing the shell must end the run.
+    let marker = "1003.4242";
+    let spec = format!(
+        r#"{{"program":"/usr/bin/sleep","args":["{marker}"],"env":[],"workspace":null,"status_fd":2,
+"supervisor_pid":SUPERVISOR_PID,"cgroup_procs":[],"rlimit_memory":true,"rlimit_processes":true,
+"limits":{{"cpu_secs":60,"memory_bytes":536870912,"processes":64,"open_files":256,"file_size_bytes":1048576,"tmpfs_bytes":1048576}},
+"hard":true,"landlock_abi":7}}"#
+    );
+    let helper = env!("CARGO_BIN_EXE_stockade-process-helper");
+    let script =
+        format!("STOCKADE_PROCESS_HELPER_SPEC=$(printf '%s' \"$SPEC\" | sed \"s/SUPERVISOR_PID/$$/\") {helper} & wait");
+    let mut supervisor = std::process::Command::new("/bin/sh")
+        .args(["-c", &script])
+        .env("SPEC", spec.replace('\n', ""))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while host_pids_with(marker).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(5), "the guest never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    assert!(gone_soon(marker), "the run outlived its supervisor: {:?}", host_pids_with(marker));
+}
+
+#[test]
+fn g7_without_cgroups_memory_is_limited_by_rlimit_and_reported_so() {
+    require!("g7_without_cgroups_memory_is_limited_by_rlimit_and_reported_so");
+    let job = limited(py("b = bytearray(1 << 31)\nprint('allocated')"), |l| l.with_memory(128 << 20).unwrap());
+    let r = block_on(tier().without_cgroups().run(&job)).unwrap();
+    assert!(!r.enforced(Mechanism::Cgroup));
+    assert!(
+        r.enforcement.iter().any(|e| e.mechanism == Mechanism::Rlimits && e.detail.contains(", as 134217728")),
+        "{:#?}",
+        r.enforcement
+    );
+    assert_eq!(r.status, Status::Exited { code: 1 }, "{r:#?}");
+    assert!(stderr(&r).contains("MemoryError"));
+}
