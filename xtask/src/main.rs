@@ -25,6 +25,9 @@ commands:
                      against each group's bare baseline; --write updates docs/benchmarks.md
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
+  escape [--tier process|bwrap|all] [--attack NAME] [--json] [--markdown] [--require TIER]
+                     build the static attack programs and run the escape matrix;
+                     --markdown rewrites docs/escape-matrix.md, --check-doc fails if it is stale
 ";
 
 fn main() -> ExitCode {
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         Some("deny") => deny::run(&root(), &target_dir()),
         Some("bench") => bench::run(&root(), &target_dir(), &args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("escape") => escape(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -117,6 +121,7 @@ fn ci() -> Result<()> {
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),
         ("doc", Box::new(|| run(cargo(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")))),
         ("deny", Box::new(|| deny::run(&root(), &target_dir()))),
+        ("escape", Box::new(|| escape(&["--require".to_owned(), "process".to_owned(), "--check-doc".to_owned()]))),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
     ];
     let mut summary = Vec::new();
@@ -218,4 +223,67 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
     }
     eprintln!("xtask: cargo {sub} is missing; installing {krate} from crates.io");
     run(Command::new("cargo").args(["install", "--locked", krate]))
+}
+
+/// Builds the attack programs statically (so the same binaries run in every tier), builds
+/// the harness, and runs the matrix.
+fn escape(args: &[String]) -> Result<()> {
+    let target = target_dir();
+    let static_dir = target.join("attacks-static");
+    let static_dir_s = static_dir.to_string_lossy().into_owned();
+    run(cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "stockade-attacks",
+        "--target",
+        "x86_64-unknown-linux-gnu",
+        "--target-dir",
+        &static_dir_s,
+    ])
+    .env("RUSTFLAGS", "-C target-feature=+crt-static"))?;
+    run(&mut cargo(&["build", "--package", "stockade-escape"]))?;
+    let harness = target.join("debug/stockade-escape");
+    let attacks = static_dir.join("x86_64-unknown-linux-gnu/release");
+    let mut pass: Vec<String> = Vec::new();
+    let mut check_doc = false;
+    let doc = root().join("docs/escape-matrix.md");
+    let fresh = target.join("escape-matrix.md");
+    for a in args {
+        match a.as_str() {
+            "--markdown" => pass.extend(["--markdown".to_owned(), doc.to_string_lossy().into_owned()]),
+            "--check-doc" => {
+                check_doc = true;
+                pass.extend(["--markdown".to_owned(), fresh.to_string_lossy().into_owned()]);
+            }
+            other => pass.push(other.to_owned()),
+        }
+    }
+    let mut cmd = Command::new(&harness);
+    cmd.arg("--attacks").arg(&attacks).args(&pass);
+    run(&mut cmd)?;
+    if check_doc {
+        let want = outcomes_only(&std::fs::read_to_string(&doc).unwrap_or_default());
+        let got = outcomes_only(&std::fs::read_to_string(&fresh)?);
+        if want != got {
+            bail!(
+                "docs/escape-matrix.md is stale (an outcome changed): run `cargo xtask escape --markdown` and commit it"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The matrix's outcome labels, row by row, without the free-form evidence (which may name
+/// descriptor numbers or errno values that differ between hosts).
+fn outcomes_only(doc: &str) -> Vec<String> {
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            l.split('|')
+                .map(|cell| cell.split(':').next().unwrap_or("").trim().to_owned())
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect()
 }

@@ -1,0 +1,164 @@
+//! The escape-attempt harness: runs every attack program against every tier and decides each
+//! verdict from the world, never from the attack's own report.
+//!
+//! Expectations are data ([`expect`]): one constant per attack, with a field per stockade
+//! tier. `foreach_attack!` is generated from the attack programs, so an attack without a
+//! constant, or a constant without a value for some tier, does not compile.
+
+#![allow(non_upper_case_globals, reason = "expectation constants are named exactly like the attack programs")]
+
+pub mod world;
+
+include!(concat!(env!("OUT_DIR"), "/attacks.rs"));
+
+/// What happened to one attack in one tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every attempt failed, and the world is unchanged.
+    Denied,
+    /// Something worked, but only inside the sandbox; the world is unchanged.
+    Contained,
+    /// The run was killed by a limit (deadline, memory, output, cpu); the world is unchanged.
+    Killed,
+    /// The attack does not apply to this tier.
+    NotApplicable(&'static str),
+    /// The world changed: an escape. The string is the evidence.
+    Escaped(String),
+    /// The tier could not run here (shown as SKIPPED).
+    Skipped(String),
+}
+
+impl Outcome {
+    /// A short name for tables.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Denied => "Denied",
+            Self::Contained => "Contained",
+            Self::Killed => "Killed",
+            Self::NotApplicable(_) => "n/a",
+            Self::Escaped(_) => "ESCAPED",
+            Self::Skipped(_) => "SKIPPED",
+        }
+    }
+
+    /// True if `self` is one of `allowed` (for `NotApplicable`, any reason matches).
+    #[must_use]
+    pub fn is_one_of(&self, allowed: &[Expect]) -> bool {
+        allowed.iter().any(|e| {
+            matches!(
+                (e, self),
+                (Expect::Denied, Self::Denied)
+                    | (Expect::Contained, Self::Contained)
+                    | (Expect::Killed, Self::Killed)
+                    | (Expect::NotApplicable(_), Self::NotApplicable(_))
+            )
+        })
+    }
+}
+
+/// An acceptable outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Every attempt fails.
+    Denied,
+    /// Works only inside the sandbox.
+    Contained,
+    /// Killed by a limit.
+    Killed,
+    /// Not applicable, with the reason.
+    NotApplicable(&'static str),
+}
+
+/// The acceptable outcomes of one attack, per stockade tier.
+#[derive(Debug, Clone, Copy)]
+pub struct Expectations {
+    /// The process tier.
+    pub process: &'static [Expect],
+}
+
+/// Whether the comparison columns (bwrap, docker) may run an attack: some attacks would harm
+/// the host under a wrapper that sets no limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    /// Safe to run under an unlimited wrapper.
+    Run,
+    /// Not run under wrappers without limits, with the reason.
+    Skip(&'static str),
+}
+
+/// One attack's expectations and comparison policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// The attack program.
+    pub name: &'static str,
+    /// Acceptable outcomes per stockade tier.
+    pub expect: Expectations,
+    /// Whether comparison wrappers run it.
+    pub comparison: Comparison,
+}
+
+/// Expectations, one constant per attack program (`tests/attacks/src/bin/<name>.rs`).
+#[allow(missing_docs, reason = "each constant is named after the attack program, whose docs say what it tries")]
+pub mod expect {
+    use super::Comparison::{Run, Skip};
+    use super::Expect::{Contained, Denied, Killed};
+    use super::{Comparison, Expectations};
+
+    const fn e(process: &'static [super::Expect], c: Comparison) -> (Expectations, Comparison) {
+        (Expectations { process }, c)
+    }
+
+    const NO_LIMITS: Comparison = Skip("wrappers without limits would let it harm the host");
+
+    pub const env_hostname: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const env_inherited_secret: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const fs_cgroupfs: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const fs_disk_fill: (Expectations, Comparison) = e(&[Denied, Contained, Killed], NO_LIMITS);
+    pub const fs_host_layout: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_kernel_knobs: (Expectations, Comparison) =
+        e(&[Denied], Skip("wrappers that keep host root can rewrite the host's kernel knobs"));
+    pub const fs_proc_environ: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_read_home_secrets: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const fs_read_shadow: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const fs_setuid: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_special_files: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_symlink_out: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_write_outside: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const kernel_bpf: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_clone3: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_io_uring: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_keyctl: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_mount: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_open_by_handle: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_perf: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_personality: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_tiocsti: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_userfaultfd: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_userns: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const mem_bomb: (Expectations, Comparison) = e(&[Killed], NO_LIMITS);
+    pub const net_raw_packet: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const net_tcp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const net_udp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const net_unix_abstract: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const net_unix_pathname: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const proc_fd_exhaustion: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const proc_fork_bomb: (Expectations, Comparison) = e(&[Killed, Denied], NO_LIMITS);
+    pub const proc_inherited_fds: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const proc_output_flood: (Expectations, Comparison) = e(&[Killed], Run);
+    pub const proc_ptrace_host: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const proc_setsid_daemon: (Expectations, Comparison) = e(&[Contained], Run);
+    pub const proc_signal_host: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const proc_vm_read: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const time_cpu_spin: (Expectations, Comparison) = e(&[Killed], Run);
+    pub const time_sleep: (Expectations, Comparison) = e(&[Killed], Run);
+}
+
+macro_rules! entry {
+    ($name:ident) => {
+        Entry { name: stringify!($name), expect: expect::$name.0, comparison: expect::$name.1 }
+    };
+}
+
+/// Every attack with its expectations, in name order.
+pub const ATTACKS: &[Entry] = &foreach_attack!(entry);

@@ -1,0 +1,337 @@
+//! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
+//!
+//! Usage: `stockade-escape --attacks DIR [--tier process|bwrap|all] [--attack NAME] [--json]
+//! [--markdown FILE] [--require TIER]`
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use stockade_escape::world::World;
+use stockade_escape::{ATTACKS, Comparison, Entry, Outcome};
+use stockade_process::{Helper, ProcessTier};
+use stockade_protocol::{Access, Job, Limits, Status};
+
+const SECRET_VAR: &str = "STOCKADE_ESCAPE_SUPERVISOR_SECRET";
+
+struct Args {
+    attacks: PathBuf,
+    tiers: Vec<String>,
+    only: Option<String>,
+    json: bool,
+    markdown: Option<PathBuf>,
+    require: Vec<String>,
+}
+
+fn parse() -> Result<Args> {
+    let mut a =
+        Args { attacks: PathBuf::new(), tiers: vec![], only: None, json: false, markdown: None, require: vec![] };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--attacks" => a.attacks = it.next().context("--attacks DIR")?.into(),
+            "--tier" => a.tiers.push(it.next().context("--tier NAME")?),
+            "--attack" => a.only = Some(it.next().context("--attack NAME")?),
+            "--json" => a.json = true,
+            "--markdown" => a.markdown = Some(it.next().context("--markdown FILE")?.into()),
+            "--require" => a.require.push(it.next().context("--require TIER")?),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
+        a.tiers = vec!["process".into(), "bwrap".into()];
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    stockade_process::helper_main();
+    // The supervisor's environment holds a secret; re-execute with one if it is missing.
+    if std::env::var_os(SECRET_VAR).is_none() {
+        let secret = format!("CANARY-SUPERVISOR-{}", std::process::id() * 7919 + 17);
+        let status = std::env::current_exe()
+            .and_then(|exe| Command::new(exe).args(std::env::args().skip(1)).env(SECRET_VAR, secret).status());
+        return match status {
+            Ok(s) if s.success() => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        };
+    }
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("stockade-escape: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Cell {
+    outcome: Outcome,
+    evidence: String,
+    expected: bool,
+}
+
+/// One-line evidence from the attack's own attempt lines (informational only).
+fn attempts(output: &[u8]) -> String {
+    let text = String::from_utf8_lossy(output);
+    let parts: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ATTEMPT "))
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    parts.join(", ")
+}
+
+fn limits() -> Limits {
+    let l = Limits::new();
+    l.with_wall(Duration::from_secs(6))
+        .and_then(|l| l.with_cpu(Duration::from_secs(1)))
+        .and_then(|l| l.with_memory(256 << 20))
+        .and_then(|l| l.with_stdout(64 << 10))
+        .unwrap_or(l)
+}
+
+fn classify(status: &Status, output: &[u8]) -> Outcome {
+    match status {
+        Status::TimedOut
+        | Status::OutOfMemory
+        | Status::OutputLimit { .. }
+        | Status::CpuLimit
+        | Status::Signaled { .. } => Outcome::Killed,
+        _ if String::from_utf8_lossy(output)
+            .lines()
+            .any(|l| l.starts_with("ATTEMPT ") && l.split_whitespace().nth(2) == Some("ok")) =>
+        {
+            Outcome::Contained
+        }
+        _ => Outcome::Denied,
+    }
+}
+
+fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    let targets = world.targets(entry.name);
+    let job = Job::command(format!("/workspace/{}", entry.name), targets.args.clone())?
+        .with_workspace(bin_dir, Access::ReadOnly)?
+        .with_limits(limits());
+    let tier = ProcessTier::new(Helper::current_exe()?);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let report = match rt.block_on(tier.run(&job)) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
+        }
+    };
+    let mut output = report.stdout.bytes.clone();
+    output.extend_from_slice(&report.stderr.bytes);
+    if let Status::FailedToStart { reason } = &report.status {
+        bail!("{}: failed to start: {reason}", entry.name);
+    }
+    let outcome = match world.check(&output, &targets.marker) {
+        Some(evidence) => Outcome::Escaped(evidence),
+        None => classify(&report.status, &output),
+    };
+    let expected = outcome.is_one_of(entry.expect.process);
+    let mut evidence = attempts(&output);
+    if let Outcome::Escaped(e) = &outcome {
+        evidence = e.clone();
+    } else if outcome == Outcome::Killed {
+        evidence = format!("{:?}", report.status);
+    }
+    Ok(Cell { outcome, evidence, expected })
+}
+
+fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    if let Comparison::Skip(why) = entry.comparison {
+        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: why.into(), expected: true });
+    }
+    let targets = world.targets(entry.name);
+    let bin = bin_dir.to_string_lossy().into_owned();
+    // bwrap as the unprivileged user it is meant for: as root it keeps host privileges,
+    // and the attacks would then reach the host for real.
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ])
+    .args(["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin"])
+    .args(["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"])
+    .args(["--ro-bind", &bin, "/workspace", &format!("/workspace/{}", entry.name)])
+    .args(&targets.args)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let mut child = cmd.spawn().context("spawning bwrap")?;
+    let mut out = child.stdout.take().context("bwrap stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = (&mut out).take(64 << 10).read_to_end(&mut buf);
+        buf
+    });
+    let start = Instant::now();
+    let mut killed = false;
+    while child.try_wait()?.is_none() {
+        if start.elapsed() > Duration::from_secs(6) {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.wait();
+    let output = reader.join().unwrap_or_default();
+    let outcome = match world.check(&output, &targets.marker) {
+        Some(e) => Outcome::Escaped(e),
+        None if killed => Outcome::Killed,
+        None => classify(&Status::Exited { code: 0 }, &output),
+    };
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        _ => attempts(&output),
+    };
+    Ok(Cell { outcome, evidence, expected: true })
+}
+
+fn bwrap_available() -> Option<String> {
+    match Command::new("bwrap").arg("--version").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("bwrap is not installed (Debian package bubblewrap)".into()),
+    }
+}
+
+fn run() -> Result<bool> {
+    let args = parse()?;
+    let secret = std::env::var(SECRET_VAR).unwrap_or_default();
+    let mut world = World::new(&secret)?;
+    // The attack binaries must be readable by the sandbox's uid: copy them under /tmp.
+    let bin_dir = world.root.join("bin");
+    std::fs::create_dir_all(&bin_dir)?;
+    for e in ATTACKS {
+        let src = args.attacks.join(e.name);
+        std::fs::copy(&src, bin_dir.join(e.name)).with_context(|| format!("copying {}", src.display()))?;
+    }
+    let selected: Vec<&Entry> = ATTACKS.iter().filter(|e| args.only.as_deref().is_none_or(|n| n == e.name)).collect();
+    if selected.is_empty() {
+        bail!("no attack named {:?}", args.only);
+    }
+    let mut columns: Vec<(String, Option<String>)> = Vec::new();
+    for t in &args.tiers {
+        let skip = match t.as_str() {
+            "process" => {
+                let p = stockade_process::probe();
+                p.user_namespaces
+                    .clone()
+                    .err()
+                    .or_else(|| (p.landlock_abi < 6).then(|| format!("landlock abi {}", p.landlock_abi)))
+            }
+            "bwrap" => bwrap_available(),
+            other => Some(format!("tier {other} is not built yet")),
+        };
+        columns.push((t.clone(), skip));
+    }
+    let mut rows = Vec::new();
+    for e in &selected {
+        let mut cells = Vec::new();
+        for (tier, skip) in &columns {
+            let cell = match (tier.as_str(), skip) {
+                (_, Some(why)) => {
+                    Cell { outcome: Outcome::Skipped(why.clone()), evidence: why.clone(), expected: true }
+                }
+                ("process", None) => run_process(&mut world, &bin_dir, e)?,
+                ("bwrap", None) => run_bwrap(&mut world, &bin_dir, e)?,
+                _ => unreachable!("every column was classified above"),
+            };
+            eprintln!("{:<24} {:<8} {:<10} {}", e.name, tier, cell.outcome.label(), cell.evidence);
+            cells.push(cell);
+        }
+        rows.push((e.name, cells));
+    }
+    // Verdict: every stockade tier must be as expected; comparison columns are informational.
+    let mut ok = true;
+    for (name, cells) in &rows {
+        for ((tier, _), cell) in columns.iter().zip(cells) {
+            if tier == "process" && !cell.expected {
+                eprintln!("UNEXPECTED: {name} in {tier}: {} ({})", cell.outcome.label(), cell.evidence);
+                ok = false;
+            }
+        }
+    }
+    for (tier, skip) in &columns {
+        if let Some(why) = skip {
+            eprintln!("SKIPPED tier {tier}: {why}");
+            if args.require.contains(tier) {
+                eprintln!("tier {tier} is required (--require)");
+                ok = false;
+            }
+        }
+    }
+    let table = markdown(&columns, &rows);
+    if args.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(name, cells)| {
+                let c: serde_json::Map<String, serde_json::Value> = columns
+                    .iter()
+                    .zip(cells)
+                    .map(|((t, _), c)| (t.clone(), serde_json::json!({"outcome": c.outcome.label(), "evidence": c.evidence, "expected": c.expected})))
+                    .collect();
+                serde_json::json!({"attack": name, "tiers": c})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{table}");
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, markdown_doc(&table))?;
+    }
+    Ok(ok)
+}
+
+fn markdown(columns: &[(String, Option<String>)], rows: &[(&str, Vec<Cell>)]) -> String {
+    let mut s = String::from("| attack |");
+    for (t, _) in columns {
+        s.push_str(&format!(" {t} |"));
+    }
+    s.push_str("\n|---|");
+    for _ in columns {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    for (name, cells) in rows {
+        s.push_str(&format!("| `{name}` |"));
+        for c in cells {
+            let ev = c.evidence.replace('|', "/");
+            s.push_str(&format!(" **{}**: {ev} |", c.outcome.label()));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn markdown_doc(table: &str) -> String {
+    format!(
+        "# Escape matrix\n\n\
+Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
+Each row is one attack program in `tests/attacks/src/bin`; each column a tier.\n\
+Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
+The evidence column lists the attack's own attempt results, for reading only.\n\n\
+- **Denied**: every attempt failed and the world is unchanged.\n\
+- **Contained**: something worked, but only inside the sandbox.\n\
+- **Killed**: a limit ended the run.\n\
+- **ESCAPED**: the host saw a change; in a stockade column this fails the run.\n\
+- **n/a**: not run there (the `bwrap` column is a comparison: `bwrap --unshare-all` run as `nobody`, with no limits, so the bombs are not run under it).\n\n\
+{table}"
+    )
+}

@@ -1,0 +1,228 @@
+//! The host-side world the attacks reach for, and the checks that decide every verdict.
+
+use std::io::Read;
+use std::net::{TcpListener, UdpSocket};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Random hex from the OS.
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut buf);
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything the harness set up, and what it must find unchanged afterwards.
+pub struct World {
+    /// The scratch root: `/tmp/stockade-escape-<pid>`.
+    pub root: PathBuf,
+    /// The fake home with canary secrets.
+    pub home: PathBuf,
+    /// A fake shadow file.
+    pub shadow: PathBuf,
+    /// Canary strings that must never appear in a run's output.
+    pub canaries: Vec<(String, String)>,
+    bashrc: String,
+    tcp: TcpListener,
+    udp: UdpSocket,
+    unix: UnixListener,
+    unix_path: PathBuf,
+    abstract_name: String,
+    abstract_sock: UnixListener,
+    victim: Child,
+    core_pattern: String,
+    hostname: String,
+    host_shadow_line: Option<String>,
+}
+
+/// Names of the `key=value` arguments every attack gets.
+pub struct Targets {
+    /// `key=value` strings.
+    pub args: Vec<String>,
+    /// A marker unique to this attack run (for processes and cgroup names).
+    pub marker: String,
+}
+
+impl World {
+    /// Builds the world under `/tmp`. `supervisor_secret` is a value in the harness's own
+    /// environment that must not leak.
+    pub fn new(supervisor_secret: &str) -> anyhow::Result<Self> {
+        let root = std::env::temp_dir().join(format!("stockade-escape-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let home = root.join("home");
+        std::fs::create_dir_all(home.join(".ssh"))?;
+        std::fs::create_dir_all(home.join(".aws"))?;
+        std::fs::create_dir_all(home.join(".config/gh"))?;
+        let mut canaries = vec![("supervisor environment".to_owned(), supervisor_secret.to_owned())];
+        for (file, what) in
+            [(".ssh/id_rsa", "ssh key"), (".aws/credentials", "aws credentials"), (".config/gh/hosts.yml", "gh token")]
+        {
+            let secret = format!("CANARY-{}", random_hex(12));
+            std::fs::write(home.join(file), &secret)?;
+            canaries.push((what.to_owned(), secret));
+        }
+        let bashrc = format!("# CANARY-{}\n", random_hex(8));
+        std::fs::write(home.join(".bashrc"), &bashrc)?;
+        let shadow = root.join("shadow");
+        let shadow_secret = format!("root:$6$CANARY-{}:19000:0:99999:7:::", random_hex(12));
+        std::fs::write(&shadow, &shadow_secret)?;
+        canaries.push(("fake shadow".to_owned(), shadow_secret));
+        let victim_secret = format!("CANARY-{}", random_hex(12));
+        let victim = Command::new("/usr/bin/sleep")
+            .arg("3600")
+            .env_clear()
+            .env("VICTIM_SECRET", &victim_secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        canaries.push(("host process environment".to_owned(), victim_secret));
+        let tcp = TcpListener::bind("127.0.0.1:0")?;
+        tcp.set_nonblocking(true)?;
+        let udp = UdpSocket::bind("127.0.0.1:0")?;
+        udp.set_nonblocking(true)?;
+        let unix_path = home.join("docker.sock");
+        let unix = UnixListener::bind(&unix_path)?;
+        unix.set_nonblocking(true)?;
+        let abstract_name = format!("stockade-escape-{}", random_hex(6));
+        let abstract_sock = UnixListener::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes())?)?;
+        abstract_sock.set_nonblocking(true)?;
+        let host_shadow_line =
+            std::fs::read_to_string("/etc/shadow").ok().and_then(|s| s.lines().next().map(str::to_owned));
+        Ok(Self {
+            core_pattern: std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default(),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default(),
+            root,
+            home,
+            shadow,
+            canaries,
+            bashrc,
+            tcp,
+            udp,
+            unix,
+            unix_path,
+            abstract_name,
+            abstract_sock,
+            victim,
+            host_shadow_line,
+        })
+    }
+
+    /// The arguments for one attack run.
+    #[must_use]
+    pub fn targets(&self, attack: &str) -> Targets {
+        // A number (the setsid attack sleeps for it) that no other process has in its argv.
+        let n = u64::from_str_radix(&random_hex(6), 16).unwrap_or(0);
+        let marker = format!("{}{}.{:06}", 7000 + attack.len(), n % 100_000, n % 999_983);
+        Targets {
+            args: vec![
+                format!("home={}", self.home.display()),
+                format!("shadow={}", self.shadow.display()),
+                format!("tcp={}", self.tcp.local_addr().map(|a| a.port()).unwrap_or(0)),
+                format!("udp={}", self.udp.local_addr().map(|a| a.port()).unwrap_or(0)),
+                format!("unix={}", self.unix_path.display()),
+                format!("abstract={}", self.abstract_name),
+                format!("pid={}", self.victim.id()),
+                format!("marker={marker}"),
+            ],
+            marker,
+        }
+    }
+
+    /// Checks the world after a run; returns the first escape found, as evidence.
+    pub fn check(&mut self, output: &[u8], marker: &str) -> Option<String> {
+        let text = String::from_utf8_lossy(output);
+        for (what, secret) in &self.canaries {
+            if text.contains(secret.as_str()) {
+                return Some(format!("the {what} canary appeared in the output"));
+            }
+        }
+        if let Some(line) = &self.host_shadow_line
+            && !line.is_empty()
+            && text.contains(line.as_str())
+        {
+            return Some("the host's /etc/shadow appeared in the output".into());
+        }
+        if std::fs::read_to_string(self.home.join(".bashrc")).ok().as_deref() != Some(self.bashrc.as_str()) {
+            return Some("~/.bashrc was modified".into());
+        }
+        if self.home.join("pwned").exists() {
+            return Some("a file appeared in the home directory".into());
+        }
+        if self.tcp.accept().is_ok() {
+            return Some("the host's TCP listener on 127.0.0.1 accepted a connection".into());
+        }
+        let mut buf = [0u8; 64];
+        if self.udp.recv_from(&mut buf).is_ok() {
+            return Some("the host's UDP listener on 127.0.0.1 received a datagram".into());
+        }
+        if self.unix.accept().is_ok() {
+            return Some("the docker.sock stand-in accepted a connection".into());
+        }
+        if self.abstract_sock.accept().is_ok() {
+            return Some("the abstract unix socket accepted a connection".into());
+        }
+        match self.victim.try_wait() {
+            Ok(None) => {}
+            _ => return Some("the host process was killed".into()),
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.victim.id())).unwrap_or_default();
+        if status.lines().any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0")) {
+            return Some("the host process is being traced".into());
+        }
+        if std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default() != self.core_pattern {
+            // Put the host back before reporting.
+            let _ = std::fs::write("/proc/sys/kernel/core_pattern", self.core_pattern.trim_end());
+            return Some("the host's core_pattern changed".into());
+        }
+        if std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default() != self.hostname {
+            let _ = std::fs::write("/proc/sys/kernel/hostname", self.hostname.trim_end());
+            return Some("the host's hostname changed".into());
+        }
+        if Path::new("/sys/fs/cgroup/pids").join(marker).exists()
+            || Path::new("/sys/fs/cgroup/memory").join(marker).exists()
+        {
+            return Some("a cgroup appeared on the host".into());
+        }
+        if !pids_with(marker).is_empty() {
+            return Some(format!("processes of the run outlived it: {:?}", pids_with(marker)));
+        }
+        None
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.victim.kill();
+        let _ = self.victim.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Host pids whose command line contains `marker`, after giving dying processes a moment.
+#[must_use]
+pub fn pids_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for _ in 0..25 {
+        found = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&cmd).contains(marker).then_some(pid)
+            })
+            .filter(|pid| *pid != std::process::id())
+            .collect();
+        if found.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    found
+}
