@@ -40,7 +40,9 @@ fn materialise(root: &Path, db: &Path) -> Result<()> {
         fs::remove_dir_all(db)?;
     }
     fs::create_dir_all(db)?;
-    crate::run(Command::new("cp").arg("-R").arg(snapshot.join(".")).arg(db))?;
+    // The snapshot may be read-only (CI's copy of shared/ is); the copy must be writable so a
+    // later snapshot can replace it.
+    crate::run(Command::new("cp").args(["-R", "--no-preserve=mode"]).arg(snapshot.join(".")).arg(db))?;
     let date =
         stamp.split(['(', ')']).nth(1).filter(|d| d.len() == 10).context("SNAPSHOT names no (YYYY-MM-DD) date")?;
     let when = format!("{date}T00:00:00Z");
