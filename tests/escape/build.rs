@@ -14,6 +14,10 @@ fn main() {
         })
         .unwrap_or_default();
     names.sort();
+    // Each file, too: a directory entry alone does not always notice a new attack.
+    for n in &names {
+        println!("cargo::rerun-if-changed={}/{n}.rs", dir.display());
+    }
     let mut out = String::from(
         "/// Expands `$m!(attack)` for every attack program, as an array.\nmacro_rules! foreach_attack {\n    ($m:ident) => {\n        [\n",
     );

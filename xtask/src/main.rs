@@ -56,7 +56,11 @@ fn main() -> ExitCode {
 
 /// The workspace root.
 pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    // `cargo run` sets CARGO_MANIFEST_DIR at run time too. Prefer it to the compile-time value:
+    // two checkouts sharing one CARGO_TARGET_DIR share the uplifted xtask binary.
+    let manifest = env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let manifest = manifest.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Where cargo builds: `CARGO_TARGET_DIR`, else `<root>/target`.

@@ -136,6 +136,12 @@ pub mod expect {
     pub const kernel_tiocsti: (Expectations, Comparison) = e(&[Denied], Run);
     pub const kernel_userfaultfd: (Expectations, Comparison) = e(&[Denied], Run);
     pub const kernel_userns: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const kernel_second_thread: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const fs_truncate_readonly: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const proc_pipe_grandchild: (Expectations, Comparison) = e(&[Contained], Run);
+    pub const mem_core_dump: (Expectations, Comparison) = e(&[Killed], Run);
+    pub const net_shell_devtcp: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const ipc_sysv_shm: (Expectations, Comparison) = e(&[Denied], Run);
     pub const mem_bomb: (Expectations, Comparison) = e(&[Killed], NO_LIMITS);
     pub const net_raw_packet: (Expectations, Comparison) = e(&[Denied], Run);
     pub const net_tcp_loopback: (Expectations, Comparison) = e(&[Denied], Run);

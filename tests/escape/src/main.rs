@@ -129,7 +129,7 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     if let Status::FailedToStart { reason } = &report.status {
         bail!("{}: failed to start: {reason}", entry.name);
     }
-    let outcome = match world.check(&output, &targets.marker) {
+    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
         Some(evidence) => Outcome::Escaped(evidence),
         None => classify(&report.status, &output),
     };
@@ -191,7 +191,7 @@ fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     }
     let _ = child.wait();
     let output = reader.join().unwrap_or_default();
-    let outcome = match world.check(&output, &targets.marker) {
+    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
         Some(e) => Outcome::Escaped(e),
         None if killed => Outcome::Killed,
         None => classify(&Status::Exited { code: 0 }, &output),
@@ -201,6 +201,23 @@ fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
         _ => attempts(&output),
     };
     Ok(Cell { outcome, evidence, expected: true })
+}
+
+/// The read-only attack binaries must be intact, and no core file may appear beside them.
+fn bin_changed(bin_dir: &Path, name: &str) -> Option<String> {
+    let len = std::fs::metadata(bin_dir.join(name)).map(|m| m.len()).unwrap_or(0);
+    let original = std::fs::metadata(bin_dir.join(format!("{name}.len")))
+        .ok()
+        .and(std::fs::read_to_string(bin_dir.join(format!("{name}.len"))).ok());
+    if original.is_some_and(|o| o.trim() != len.to_string()) {
+        return Some(format!("the read-only program {name} was modified"));
+    }
+    let cores = std::fs::read_dir(bin_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("core"));
+    cores.then(|| "a core file appeared on the host".to_owned())
 }
 
 fn bwrap_available() -> Option<String> {
@@ -219,7 +236,8 @@ fn run() -> Result<bool> {
     std::fs::create_dir_all(&bin_dir)?;
     for e in ATTACKS {
         let src = args.attacks.join(e.name);
-        std::fs::copy(&src, bin_dir.join(e.name)).with_context(|| format!("copying {}", src.display()))?;
+        let len = std::fs::copy(&src, bin_dir.join(e.name)).with_context(|| format!("copying {}", src.display()))?;
+        std::fs::write(bin_dir.join(format!("{}.len", e.name)), len.to_string())?;
     }
     let selected: Vec<&Entry> = ATTACKS.iter().filter(|e| args.only.as_deref().is_none_or(|n| n == e.name)).collect();
     if selected.is_empty() {

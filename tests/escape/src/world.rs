@@ -37,6 +37,29 @@ pub struct World {
     core_pattern: String,
     hostname: String,
     host_shadow_line: Option<String>,
+    shm: Option<(String, String)>,
+}
+
+/// A System V shared memory segment made with `ipcmk`: (key, id).
+fn make_shm() -> Option<(String, String)> {
+    let out = Command::new("ipcmk").args(["-M", "4096"]).output().ok()?;
+    let id = String::from_utf8_lossy(&out.stdout).rsplit(' ').next()?.trim().to_owned();
+    let table = std::fs::read_to_string("/proc/sysvipc/shm").ok()?;
+    let key = table.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.get(1) == Some(&id.as_str())).then(|| cols[0].to_owned())
+    })?;
+    Some((key, id))
+}
+
+/// The (lpid, nattch) of a shm segment: who last attached, and how many are attached.
+fn shm_use(id: &str) -> Option<(String, String)> {
+    let table = std::fs::read_to_string("/proc/sysvipc/shm").ok()?;
+    table.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.get(1) == Some(&id))
+            .then(|| (cols.get(5).copied().unwrap_or("").to_owned(), cols.get(6).copied().unwrap_or("").to_owned()))
+    })
 }
 
 /// Names of the `key=value` arguments every attack gets.
@@ -93,7 +116,9 @@ impl World {
         abstract_sock.set_nonblocking(true)?;
         let host_shadow_line =
             std::fs::read_to_string("/etc/shadow").ok().and_then(|s| s.lines().next().map(str::to_owned));
+        let shm = make_shm();
         Ok(Self {
+            shm,
             core_pattern: std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default(),
             hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default(),
             root,
@@ -128,6 +153,7 @@ impl World {
                 format!("abstract={}", self.abstract_name),
                 format!("pid={}", self.victim.id()),
                 format!("marker={marker}"),
+                format!("shm_key={}", self.shm.as_ref().map_or(0, |(k, _)| k.parse::<i64>().unwrap_or(0))),
             ],
             marker,
         }
@@ -188,6 +214,11 @@ impl World {
         {
             return Some("a cgroup appeared on the host".into());
         }
+        if let Some((_, id)) = &self.shm
+            && shm_use(id).is_some_and(|(lpid, nattch)| lpid != "0" || nattch != "0")
+        {
+            return Some("the host's System V shared memory segment was attached".into());
+        }
         if !pids_with(marker).is_empty() {
             return Some(format!("processes of the run outlived it: {:?}", pids_with(marker)));
         }
@@ -199,6 +230,9 @@ impl Drop for World {
     fn drop(&mut self) {
         let _ = self.victim.kill();
         let _ = self.victim.wait();
+        if let Some((_, id)) = &self.shm {
+            let _ = Command::new("ipcrm").args(["-m", id]).status();
+        }
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
