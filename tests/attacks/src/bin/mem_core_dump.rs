@@ -1,6 +1,5 @@
 //! Crash with a large resident set, hoping for a core file on the host.
 //! Catalogue row: 48 (`research/process-tier.md` section 4).
-use stockade_attacks::*;
 
 fn main() {
     let mut v = vec![0u8; 64 << 20];
