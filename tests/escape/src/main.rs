@@ -1,6 +1,6 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--tier process|bwrap|all] [--attack NAME] [--json]
+//! Usage: `stockade-escape --attacks DIR [--tier process|bwrap|docker-run|all] [--attack NAME] [--json]
 //! [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
@@ -41,7 +41,7 @@ fn parse() -> Result<Args> {
         }
     }
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "bwrap".into()];
+        a.tiers = vec!["process".into(), "bwrap".into(), "docker-run".into()];
     }
     Ok(a)
 }
@@ -174,11 +174,7 @@ fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     .stderr(Stdio::null());
     let mut child = cmd.spawn().context("spawning bwrap")?;
     let mut out = child.stdout.take().context("bwrap stdout")?;
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = (&mut out).take(64 << 10).read_to_end(&mut buf);
-        buf
-    });
+    let reader = std::thread::spawn(move || drain_capped(&mut out));
     let start = Instant::now();
     let mut killed = false;
     while child.try_wait()?.is_none() {
@@ -203,6 +199,18 @@ fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     Ok(Cell { outcome, evidence, expected: true })
 }
 
+/// Keeps the first 64 KiB of a stream and discards the rest, reading to the end so that the
+/// writer never blocks on a full pipe.
+fn drain_capped(r: &mut impl Read) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n @ 1..) = r.read(&mut buf) {
+        let room = (64usize << 10).saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    kept
+}
+
 /// The read-only attack binaries must be intact, and no core file may appear beside them.
 fn bin_changed(bin_dir: &Path, name: &str) -> Option<String> {
     let len = std::fs::metadata(bin_dir.join(name)).map(|m| m.len()).unwrap_or(0);
@@ -218,6 +226,79 @@ fn bin_changed(bin_dir: &Path, name: &str) -> Option<String> {
         .flatten()
         .any(|e| e.file_name().to_string_lossy().starts_with("core"));
     cores.then(|| "a core file appeared on the host".to_owned())
+}
+
+const DOCKER_IMAGE: &str = "stockade-attacks:local";
+
+/// Imports the static attack programs as a `FROM scratch`-style image (no registry needed).
+/// Returns why the docker column must be skipped, if it must.
+fn docker_image(bin_dir: &Path) -> Option<String> {
+    match Command::new("docker").args(["version", "--format", "{{.Server.Version}}"]).output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => return Some(format!("no Docker engine: {}", String::from_utf8_lossy(&o.stderr).trim())),
+        Err(e) => return Some(format!("no docker client: {e}")),
+    }
+    let names: Vec<&str> = ATTACKS.iter().map(|e| e.name).collect();
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(bin_dir)
+        .args(["--owner=0", "--group=0", "-cf", "-"])
+        .args(&names)
+        .stdout(Stdio::piped())
+        .spawn();
+    let Ok(mut tar) = tar else { return Some("tar is missing".into()) };
+    let Some(stdout) = tar.stdout.take() else { return Some("tar has no stdout".into()) };
+    let imported =
+        Command::new("docker").args(["import", "-", DOCKER_IMAGE]).stdin(stdout).stdout(Stdio::null()).status();
+    let _ = tar.wait();
+    match imported {
+        Ok(s) if s.success() => None,
+        other => Some(format!("docker import failed: {other:?}")),
+    }
+}
+
+fn run_docker(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    if let Comparison::Skip(why) = entry.comparison {
+        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: why.into(), expected: true });
+    }
+    let targets = world.targets(entry.name);
+    let name = format!("stockade-escape-{}-{}", std::process::id(), entry.name.replace('_', "-"));
+    let mut child = Command::new("docker")
+        .args(["run", "--rm", "--name", &name, DOCKER_IMAGE, &format!("/{}", entry.name)])
+        .args(&targets.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawning docker run")?;
+    let mut out = child.stdout.take().context("docker stdout")?;
+    let reader = std::thread::spawn(move || drain_capped(&mut out));
+    let start = Instant::now();
+    let mut killed = false;
+    while child.try_wait()?.is_none() {
+        if start.elapsed() > Duration::from_secs(8) {
+            let _ = Command::new("docker").args(["kill", &name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = child.wait()?;
+    // Whatever happened, no container of this run may outlive it.
+    let _ = Command::new("docker").args(["rm", "-f", &name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    let output = reader.join().unwrap_or_default();
+    let _ = bin_dir;
+    let outcome = match world.check(&output, &targets.marker) {
+        Some(e) => Outcome::Escaped(e),
+        None if killed || status.code().is_some_and(|c| c >= 128) => Outcome::Killed,
+        None => classify(&Status::Exited { code: 0 }, &output),
+    };
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        _ => attempts(&output),
+    };
+    Ok(Cell { outcome, evidence, expected: true })
 }
 
 fn bwrap_available() -> Option<String> {
@@ -254,6 +335,7 @@ fn run() -> Result<bool> {
                     .or_else(|| (p.landlock_abi < 6).then(|| format!("landlock abi {}", p.landlock_abi)))
             }
             "bwrap" => bwrap_available(),
+            "docker-run" => docker_image(&bin_dir),
             other => Some(format!("tier {other} is not built yet")),
         };
         columns.push((t.clone(), skip));
@@ -268,6 +350,7 @@ fn run() -> Result<bool> {
                 }
                 ("process", None) => run_process(&mut world, &bin_dir, e)?,
                 ("bwrap", None) => run_bwrap(&mut world, &bin_dir, e)?,
+                ("docker-run", None) => run_docker(&mut world, &bin_dir, e)?,
                 _ => unreachable!("every column was classified above"),
             };
             eprintln!("{:<24} {:<8} {:<10} {}", e.name, tier, cell.outcome.label(), cell.evidence);
@@ -320,7 +403,10 @@ fn run() -> Result<bool> {
 fn markdown(columns: &[(String, Option<String>)], rows: &[(&str, Vec<Cell>)]) -> String {
     let mut s = String::from("| attack |");
     for (t, _) in columns {
-        s.push_str(&format!(" {t} |"));
+        // Comparison columns are marked so that CI's freshness check can leave them out:
+        // they depend on what this host has installed.
+        let shown = if t == "process" { t.clone() } else { format!("{t} (comparison)") };
+        s.push_str(&format!(" {shown} |"));
     }
     s.push_str("\n|---|");
     for _ in columns {
@@ -349,7 +435,7 @@ The evidence column lists the attack's own attempt results, for reading only.\n\
 - **Contained**: something worked, but only inside the sandbox.\n\
 - **Killed**: a limit ended the run.\n\
 - **ESCAPED**: the host saw a change; in a stockade column this fails the run.\n\
-- **n/a**: not run there (the `bwrap` column is a comparison: `bwrap --unshare-all` run as `nobody`, with no limits, so the bombs are not run under it).\n\n\
+- **n/a**: not run there (the `bwrap` and `docker-run` columns are comparisons, never failing the run: `bwrap --unshare-all` run as `nobody`, and `docker run` with its default flags on an image of the same static programs; neither sets limits, so the bombs are not run under them).\n\n\
 {table}"
     )
 }
