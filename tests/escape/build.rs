@@ -4,7 +4,10 @@
 use std::fmt::Write as _;
 
 fn main() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../attacks/src/bin");
+    // The run-time variable, not `env!`: checkouts that share a target directory share this
+    // build script's binary, and a compile-time path could name another (or a deleted) checkout.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let dir = std::path::Path::new(&manifest).join("../attacks/src/bin");
     println!("cargo::rerun-if-changed={}", dir.display());
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .map(|rd| {
@@ -14,6 +17,7 @@ fn main() {
         })
         .unwrap_or_default();
     names.sort();
+    assert!(!names.is_empty(), "no attack programs found in {}", dir.display());
     // Each file, too: a directory entry alone does not always notice a new attack.
     for n in &names {
         println!("cargo::rerun-if-changed={}/{n}.rs", dir.display());

@@ -152,6 +152,8 @@ pub mod expect {
     pub const proc_fork_bomb: (Expectations, Comparison) = e(&[Killed, Denied], NO_LIMITS);
     pub const proc_inherited_fds: (Expectations, Comparison) = e(&[Denied], Run);
     pub const proc_output_flood: (Expectations, Comparison) = e(&[Killed], Run);
+    pub const proc_outlive_supervisor: (Expectations, Comparison) =
+        e(&[Killed], Skip("needs a stand-in supervisor process that the harness can kill"));
     pub const proc_ptrace_host: (Expectations, Comparison) = e(&[Denied], Run);
     pub const proc_setsid_daemon: (Expectations, Comparison) = e(&[Contained], Run);
     pub const proc_signal_host: (Expectations, Comparison) = e(&[Denied, Contained], Run);

@@ -25,6 +25,20 @@ struct Args {
     require: Vec<String>,
 }
 
+/// `--supervise-one BIN_DIR ATTACK ARGS...`: run one attack in the process tier and wait.
+/// Used as the stand-in supervisor that the harness kills mid-run.
+fn supervise_one(rest: &[String]) -> Result<()> {
+    let (bin_dir, rest) = rest.split_first().context("--supervise-one BIN_DIR ATTACK ARGS...")?;
+    let (attack, args) = rest.split_first().context("--supervise-one BIN_DIR ATTACK ARGS...")?;
+    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
+        .with_workspace(bin_dir, Access::ReadOnly)?
+        .with_limits(limits());
+    let tier = ProcessTier::new(Helper::current_exe()?);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let _ = rt.block_on(tier.run(&job));
+    Ok(())
+}
+
 fn parse() -> Result<Args> {
     let mut a =
         Args { attacks: PathBuf::new(), tiers: vec![], only: None, json: false, markdown: None, require: vec![] };
@@ -56,6 +70,13 @@ fn main() -> ExitCode {
         return match status {
             Ok(s) if s.success() => ExitCode::SUCCESS,
             _ => ExitCode::FAILURE,
+        };
+    }
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().is_some_and(|a| a == "--supervise-one") {
+        return match supervise_one(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
         };
     }
     match run() {
@@ -111,7 +132,49 @@ fn classify(status: &Status, output: &[u8]) -> Outcome {
     }
 }
 
+/// Row 47: a stand-in supervisor (this program, re-executed) runs the attack; once the
+/// attack is visible on the host, the supervisor is SIGKILLed, and the attack must die too.
+fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    let targets = world.targets(entry.name);
+    let mut supervisor = Command::new(std::env::current_exe()?)
+        .arg("--supervise-one")
+        .arg(bin_dir)
+        .arg(entry.name)
+        .args(&targets.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let start = Instant::now();
+    let mut seen = false;
+    while start.elapsed() < Duration::from_secs(5) {
+        if !stockade_escape::world::pids_now(&targets.marker).is_empty() {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    supervisor.kill()?;
+    supervisor.wait()?;
+    if !seen {
+        bail!("{}: the attack never started under the stand-in supervisor", entry.name);
+    }
+    let outcome = match world.check(b"", &targets.marker) {
+        Some(evidence) => Outcome::Escaped(evidence),
+        None => Outcome::Killed,
+    };
+    let expected = outcome.is_one_of(entry.expect.process);
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        _ => "the supervisor was SIGKILLed mid-run; the host found no process of the run left".into(),
+    };
+    Ok(Cell { outcome, evidence, expected })
+}
+
 fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    if entry.name == "proc_outlive_supervisor" {
+        return run_process_killing_supervisor(world, bin_dir, entry);
+    }
     let targets = world.targets(entry.name);
     let job = Job::command(format!("/workspace/{}", entry.name), targets.args.clone())?
         .with_workspace(bin_dir, Access::ReadOnly)?

@@ -237,22 +237,30 @@ impl Drop for World {
     }
 }
 
+/// Host pids whose command line contains `marker`, right now.
+#[must_use]
+pub fn pids_now(marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            // The stand-in supervisor's own argv carries the marker too; only the attack counts.
+            let cmd = String::from_utf8_lossy(&cmd).into_owned();
+            (cmd.contains(marker) && !cmd.contains("--supervise-one")).then_some(pid)
+        })
+        .filter(|pid| *pid != std::process::id())
+        .collect()
+}
+
 /// Host pids whose command line contains `marker`, after giving dying processes a moment.
 #[must_use]
 pub fn pids_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for _ in 0..25 {
-        found = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                String::from_utf8_lossy(&cmd).contains(marker).then_some(pid)
-            })
-            .filter(|pid| *pid != std::process::id())
-            .collect();
+        found = pids_now(marker);
         if found.is_empty() {
             break;
         }
