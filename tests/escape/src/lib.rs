@@ -144,6 +144,7 @@ pub mod expect {
     pub const ipc_sysv_shm: (Expectations, Comparison) = e(&[Denied], Run);
     pub const mem_bomb: (Expectations, Comparison) = e(&[Killed], NO_LIMITS);
     pub const net_raw_packet: (Expectations, Comparison) = e(&[Denied], Run);
+    pub const net_metadata_service: (Expectations, Comparison) = e(&[Denied], Run);
     pub const net_tcp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
     pub const net_udp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
     pub const net_unix_abstract: (Expectations, Comparison) = e(&[Denied], Run);

@@ -73,6 +73,13 @@ fn main() -> ExitCode {
         };
     }
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().is_some_and(|a| a == "--listen-metadata") {
+        let log = argv.get(1).map(PathBuf::from).unwrap_or_default();
+        return match stockade_escape::world::listen_metadata(&log) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
     if argv.first().is_some_and(|a| a == "--supervise-one") {
         return match supervise_one(&argv[1..]) {
             Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,107 @@ pub struct World {
     hostname: String,
     host_shadow_line: Option<String>,
     shm: Option<(String, String)>,
+    metadata: Metadata,
+}
+
+/// The address of the stand-in metadata service (link-local, as on real clouds).
+pub const METADATA_ADDR: &str = "169.254.169.254";
+const METADATA_HOST_SIDE: &str = "169.254.169.253";
+
+/// A network namespace the harness creates, holding the stand-in metadata address on a veth,
+/// with a /32 host route to it: traffic from the host's network namespace for that address
+/// can only ever reach this namespace, never a real network.
+pub struct Metadata {
+    ns: String,
+    host_if: String,
+    listener: Child,
+    log: PathBuf,
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let st = Command::new("ip").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+    if !st.success() {
+        anyhow::bail!("ip {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+impl Metadata {
+    fn new(root: &Path) -> anyhow::Result<Self> {
+        let tag = std::process::id() % 100_000;
+        let ns = format!("stockade-md-{tag}");
+        let (host_if, ns_if) = (format!("stkmd{tag}h"), format!("stkmd{tag}n"));
+        let _ = ip(&["netns", "del", &ns]);
+        ip(&["netns", "add", &ns])?;
+        ip(&["link", "add", &host_if, "type", "veth", "peer", "name", &ns_if])?;
+        ip(&["link", "set", &ns_if, "netns", &ns])?;
+        ip(&["addr", "add", &format!("{METADATA_HOST_SIDE}/32"), "dev", &host_if])?;
+        ip(&["link", "set", &host_if, "up"])?;
+        ip(&["route", "add", &format!("{METADATA_ADDR}/32"), "dev", &host_if, "src", METADATA_HOST_SIDE])?;
+        ip(&["netns", "exec", &ns, "ip", "addr", "add", &format!("{METADATA_ADDR}/32"), "dev", &ns_if])?;
+        ip(&["netns", "exec", &ns, "ip", "link", "set", &ns_if, "up"])?;
+        ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
+        ip(&["netns", "exec", &ns, "ip", "route", "add", &format!("{METADATA_HOST_SIDE}/32"), "dev", &ns_if])?;
+        let log = root.join("metadata.log");
+        std::fs::write(&log, "")?;
+        let listener = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(std::env::current_exe()?)
+            .arg("--listen-metadata")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let md = Self { ns, host_if, listener, log };
+        md.self_test()?;
+        Ok(md)
+    }
+
+    /// Proves the oracle works: a connection from the host's own network namespace must
+    /// land in the harness's listener (never anywhere else). Then clears the log.
+    fn self_test(&self) -> anyhow::Result<()> {
+        let addr: std::net::SocketAddr = format!("{METADATA_ADDR}:80").parse()?;
+        for _ in 0..100 {
+            if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_ok() {
+                for _ in 0..100 {
+                    if self.touched() {
+                        std::fs::write(&self.log, "")?;
+                        return Ok(());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        anyhow::bail!("the stand-in metadata service at {METADATA_ADDR} did not come up in its namespace")
+    }
+
+    fn touched(&self) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|s| !s.is_empty())
+    }
+}
+
+impl Drop for Metadata {
+    fn drop(&mut self) {
+        let _ = self.listener.kill();
+        let _ = self.listener.wait();
+        let _ = ip(&["route", "del", &format!("{METADATA_ADDR}/32"), "dev", &self.host_if]);
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.ns]);
+    }
+}
+
+/// The stand-in metadata service: runs inside the harness's namespace, records every
+/// connection in `log`. Started by the harness as `--listen-metadata LOG`.
+pub fn listen_metadata(log: &Path) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(format!("{METADATA_ADDR}:80"))?;
+    for conn in listener.incoming() {
+        let peer = conn.map(|c| c.peer_addr().map(|a| a.to_string()).unwrap_or_default()).unwrap_or_default();
+        let mut f = std::fs::OpenOptions::new().append(true).open(log)?;
+        std::io::Write::write_all(&mut f, format!("connection from {peer}\n").as_bytes())?;
+    }
+    Ok(())
 }
 
 /// A System V shared memory segment made with `ipcmk`: (key, id).
@@ -117,8 +218,10 @@ impl World {
         let host_shadow_line =
             std::fs::read_to_string("/etc/shadow").ok().and_then(|s| s.lines().next().map(str::to_owned));
         let shm = make_shm();
+        let metadata = Metadata::new(&root)?;
         Ok(Self {
             shm,
+            metadata,
             core_pattern: std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default(),
             hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default(),
             root,
@@ -153,6 +256,7 @@ impl World {
                 format!("abstract={}", self.abstract_name),
                 format!("pid={}", self.victim.id()),
                 format!("marker={marker}"),
+                format!("metadata={METADATA_ADDR}:80"),
                 format!("shm_key={}", self.shm.as_ref().map_or(0, |(k, _)| k.parse::<i64>().unwrap_or(0))),
             ],
             marker,
@@ -213,6 +317,11 @@ impl World {
             || Path::new("/sys/fs/cgroup/memory").join(marker).exists()
         {
             return Some("a cgroup appeared on the host".into());
+        }
+        if self.metadata.touched() {
+            // Consume the evidence, as accept() does for the other listeners.
+            let _ = std::fs::write(&self.metadata.log, "");
+            return Some(format!("the stand-in metadata service at {METADATA_ADDR} was reached"));
         }
         if let Some((_, id)) = &self.shm
             && shm_use(id).is_some_and(|(lpid, nattch)| lpid != "0" || nattch != "0")
