@@ -138,10 +138,14 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, uid: u32, gid: u32) -> i32
     if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
         return 125;
     }
+    let protected = match protect_workspace(spec) {
+        Ok(p) => p,
+        Err(e) => return rep.fail("workspace", false, e),
+    };
     if let Err(e) = build_view(spec, uid, gid) {
         return rep.fail("mount", true, e);
     }
-    rep.enforced(Mechanism::MountNamespace, view_detail(spec));
+    rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
     let guest = match process::fork() {
         Err(e) => return rep.fail("guest", false, format!("fork: {e}")),
@@ -171,6 +175,46 @@ fn view_detail(spec: &Spec) -> String {
         "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev; /tmp and /dev/shm private tmpfs of {} bytes{ws}; nothing else of the host",
         spec.limits.tmpfs_bytes
     )
+}
+
+/// Paths inside a read-write workspace that stay read-only: changing them would plant code the
+/// host runs later (git hooks and config, shell start-up files, editor and agent task files).
+pub const PROTECTED: &[&str] = &[
+    ".git",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".envrc",
+    ".vscode",
+    ".idea",
+    ".mcp.json",
+];
+
+/// Checks the protected paths of a read-write workspace on the host side (before any mount):
+/// a symlink among them is refused, since the guest could replace it; returns a description
+/// of what will be protected and what is absent (and so creatable).
+fn protect_workspace(spec: &Spec) -> Result<String, String> {
+    let Some((host, true)) = &spec.workspace else { return Ok(String::new()) };
+    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    for rel in PROTECTED {
+        match fs::symlink_metadata(host.join(rel)) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!(
+                    "{rel} in the read-write workspace is a symlink, which the guest could replace; grant the workspace read-only or remove the link"
+                ));
+            }
+            Ok(_) => present.push(*rel),
+            Err(_) => absent.push(*rel),
+        }
+    }
+    Ok(format!(
+        "; read-only inside the workspace: {}; absent, so creatable: {}",
+        if present.is_empty() { "none".to_owned() } else { present.join(" ") },
+        if absent.is_empty() { "none".to_owned() } else { absent.join(" ") }
+    ))
 }
 
 const RO: libc::c_ulong = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
@@ -278,6 +322,17 @@ fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
         ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
         let src = old.join(host.strip_prefix("/").unwrap_or(host));
         bind(&src, &ws, *writable)?;
+        if *writable {
+            // Paths whose change would outlive the run and run code on the host later (git
+            // hooks and config, shell rc files, editor task files): read-only, each bound onto
+            // itself, so they can be neither written, removed nor renamed (EBUSY).
+            for rel in PROTECTED {
+                let p = ws.join(rel);
+                if fs::symlink_metadata(&p).is_ok() {
+                    bind(&p, &p, false)?;
+                }
+            }
+        }
     }
     ctx(std::env::set_current_dir(new), || "chdir /newroot".into())?;
     ctx(mount::pivot_root(Path::new("."), Path::new(".")), || "pivot_root into the view".into())?;

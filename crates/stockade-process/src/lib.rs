@@ -75,9 +75,17 @@
 //!     (pinned by: tests/it/limits.rs::g8_*)
 //! G9. Every mechanism in force is listed in the report's enforcement list.
 //!     (pinned by: tests/it/confinement.rs::g9_*)
+//! G10. In a read-write workspace, each [`PROTECTED`] path that exists (`.git`, shell rc
+//!     files, editor task directories, ...) stays read-only and can be neither removed nor
+//!     renamed, so the guest cannot plant code the host runs later; a protected path that is
+//!     a symlink refuses the grant.
+//!     (pinned by: tests/it/confinement.rs::g10_*)
 //!
 //! # Non-guarantees
-//! Kernel vulnerabilities are out of reach of any of these mechanisms. Landlock ABI 7 cannot
+//! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
+//! that does not exist in a read-write workspace can be created by the guest (protecting it
+//! would mean creating a mount point in the user's directory); the report lists which were
+//! absent. Landlock ABI 7 cannot
 //! restrict pathname unix sockets (ABI 9 can): the view simply does not contain host sockets,
 //! so a workspace that contains one exposes it. `RLIMIT_NPROC` (the fallback without a
 //! cgroup) counts every process of the guest's host uid. Timing and cache side channels
@@ -117,7 +125,7 @@ mod sys;
 
 use std::path::{Path, PathBuf};
 
-pub use helper::{NOBODY, helper_main};
+pub use helper::{NOBODY, PROTECTED, helper_main};
 use stockade_protocol::{Job, Report};
 
 /// Default size of each private tmpfs (`/tmp`, `/dev/shm`): 64 MiB.

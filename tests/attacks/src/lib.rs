@@ -73,6 +73,7 @@ pub fn errno_name(e: &Error) -> String {
         (libc::EOPNOTSUPP, "EOPNOTSUPP"),
         (libc::ENODEV, "ENODEV"),
         (libc::EEXIST, "EEXIST"),
+        (libc::EBUSY, "EBUSY"),
     ];
     let code = e.raw_os_error().unwrap_or(0);
     names.iter().find(|(c, _)| *c == code).map_or_else(|| format!("errno{code}"), |(_, n)| (*n).to_owned())

@@ -125,6 +125,10 @@ pub mod expect {
     pub const fs_special_files: (Expectations, Comparison) = e(&[Denied, Contained], Run);
     pub const fs_symlink_out: (Expectations, Comparison) = e(&[Denied, Contained], Run);
     pub const fs_write_outside: (Expectations, Comparison) = e(&[Denied, Contained], Run);
+    pub const fs_persist_protected: (Expectations, Comparison) =
+        e(&[Denied, Contained], Skip("needs a read-write workspace with protected paths"));
+    pub const fs_swap_protected: (Expectations, Comparison) =
+        e(&[Denied, Contained], Skip("needs a read-write workspace with protected paths"));
     pub const kernel_bpf: (Expectations, Comparison) = e(&[Denied], Run);
     pub const kernel_clone3: (Expectations, Comparison) = e(&[Denied], Run);
     pub const kernel_io_uring: (Expectations, Comparison) = e(&[Denied], Run);

