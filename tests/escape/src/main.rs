@@ -286,24 +286,40 @@ fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
-    let mut child = cmd.spawn().context("spawning bwrap")?;
-    let mut out = child.stdout.take().context("bwrap stdout")?;
+    run_comparison(world, bin_dir, entry, &targets.marker, cmd, Duration::from_secs(6), || {})
+}
+
+/// Runs one attack under a comparison wrapper: drains its output, kills it at `deadline`
+/// (calling `cleanup` then and after every run), and judges from the world.
+fn run_comparison(
+    world: &mut World,
+    bin_dir: &Path,
+    entry: &Entry,
+    marker: &str,
+    mut cmd: Command,
+    deadline: Duration,
+    cleanup: impl Fn(),
+) -> Result<Cell> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut out = child.stdout.take().context("wrapper stdout")?;
     let reader = std::thread::spawn(move || drain_capped(&mut out));
     let start = Instant::now();
     let mut killed = false;
     while child.try_wait()?.is_none() {
-        if start.elapsed() > Duration::from_secs(6) {
+        if start.elapsed() > deadline {
+            cleanup();
             let _ = child.kill();
             killed = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = child.wait();
+    let status = child.wait()?;
+    cleanup();
     let output = reader.join().unwrap_or_default();
-    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
+    let outcome = match world.check(&output, marker).or_else(|| bin_changed(bin_dir, entry.name)) {
         Some(e) => Outcome::Escaped(e),
-        None if killed => Outcome::Killed,
+        None if killed || status.code().is_some_and(|c| c >= 128) => Outcome::Killed,
         None => classify(&Status::Exited { code: 0 }, &output),
     };
     let evidence = match &outcome {
@@ -377,42 +393,13 @@ fn run_docker(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> 
     }
     let targets = world.targets(entry.name);
     let name = format!("stockade-escape-{}-{}", std::process::id(), entry.name.replace('_', "-"));
-    let mut child = Command::new("docker")
-        .args(["run", "--rm", "--name", &name, DOCKER_IMAGE, &format!("/{}", entry.name)])
-        .args(&targets.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("spawning docker run")?;
-    let mut out = child.stdout.take().context("docker stdout")?;
-    let reader = std::thread::spawn(move || drain_capped(&mut out));
-    let start = Instant::now();
-    let mut killed = false;
-    while child.try_wait()?.is_none() {
-        if start.elapsed() > Duration::from_secs(8) {
-            let _ = Command::new("docker").args(["kill", &name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
-            let _ = child.kill();
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let status = child.wait()?;
-    // Whatever happened, no container of this run may outlive it.
-    let _ = Command::new("docker").args(["rm", "-f", &name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
-    let output = reader.join().unwrap_or_default();
-    let _ = bin_dir;
-    let outcome = match world.check(&output, &targets.marker) {
-        Some(e) => Outcome::Escaped(e),
-        None if killed || status.code().is_some_and(|c| c >= 128) => Outcome::Killed,
-        None => classify(&Status::Exited { code: 0 }, &output),
+    let mut cmd = Command::new("docker");
+    cmd.args(["run", "--rm", "--name", &name, DOCKER_IMAGE, &format!("/{}", entry.name)]).args(&targets.args);
+    // Whatever happens, no container of this run may outlive it.
+    let remove = || {
+        let _ = Command::new("docker").args(["rm", "-f", &name]).stdout(Stdio::null()).stderr(Stdio::null()).status();
     };
-    let evidence = match &outcome {
-        Outcome::Escaped(e) => e.clone(),
-        _ => attempts(&output),
-    };
-    Ok(Cell { outcome, evidence, expected: true })
+    run_comparison(world, bin_dir, entry, &targets.marker, cmd, Duration::from_secs(8), remove)
 }
 
 fn bwrap_available() -> Option<String> {
