@@ -89,6 +89,7 @@ print("toplevel", sorted(os.listdir("/")))
         "['bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr']",
         "the view's top level"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
