@@ -258,6 +258,7 @@ fn docker_status() -> Result<String, String> {
 
 fn doctor(json: bool) -> Result<()> {
     let p = process::probe();
+    let docker = docker_status();
     let rows: Vec<(&str, bool, String)> = vec![
         ("landlock", p.landlock_abi >= 6, format!("abi {}", p.landlock_abi)),
         ("seccomp", p.seccomp, if p.seccomp { "filters available".into() } else { "not available".into() }),
@@ -267,7 +268,7 @@ fn doctor(json: bool) -> Result<()> {
             p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
-        ("docker engine", docker_status().is_ok(), docker_status().unwrap_or_else(|e| e)),
+        ("docker engine", docker.is_ok(), docker.unwrap_or_else(|e| e)),
         ("wasm tier", false, "not built yet (stockade-wasm)".into()),
     ];
     let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();

@@ -196,25 +196,22 @@ fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
 
 /// A human-readable listing of the seccomp policy, for review and snapshot tests.
 pub(crate) fn seccomp_summary() -> String {
-    let mut out = String::from("arch: x86_64 only (any other arch: kill process)\n");
-    out.push_str("ENOSYS:");
-    for (n, _) in NOT_IMPLEMENTED {
-        out.push_str(&format!(" {n}"));
+    fn names<T>(list: &[(&str, T)]) -> String {
+        list.iter().map(|(n, _)| format!(" {n}")).collect()
     }
-    out.push_str("\nEPERM:");
-    for (n, _) in DENIED {
-        out.push_str(&format!(" {n}"));
-    }
-    out.push_str("\nEPERM clone with any of:");
-    for (n, _) in CLONE_NEW {
-        out.push_str(&format!(" {n}"));
-    }
-    out.push_str("\nEPERM socket unless family is:");
-    for (n, _) in SOCKET_FAMILIES {
-        out.push_str(&format!(" {n}"));
-    }
-    out.push_str(" (netlink: NETLINK_ROUTE only)\nEPERM ioctl TIOCSTI, TIOCLINUX\nEPERM personality except 0 and the query 0xffffffff\n");
-    out
+    format!(
+        "arch: x86_64 only (any other arch: kill process)\n\
+         ENOSYS:{}\n\
+         EPERM:{}\n\
+         EPERM clone with any of:{}\n\
+         EPERM socket unless family is:{} (netlink: NETLINK_ROUTE only)\n\
+         EPERM ioctl TIOCSTI, TIOCLINUX\n\
+         EPERM personality except 0 and the query 0xffffffff\n",
+        names(NOT_IMPLEMENTED),
+        names(DENIED),
+        names(CLONE_NEW),
+        names(SOCKET_FAMILIES),
+    )
 }
 
 /// The two filters: ENOSYS first, then EPERM. Everything not listed is allowed.

@@ -116,6 +116,17 @@ impl FrameCodec {
         usize::try_from(len).map_err(|_| DecodeError::TooLarge { len, max: self.max_len })
     }
 
+    /// Turns a header read of `got` bytes into an empty payload buffer of the announced
+    /// length: `None` on a clean end of stream, an error if the header was cut short or
+    /// announces too much.
+    fn start(&self, header: [u8; HEADER_LEN], got: usize) -> Result<Option<Payload>, DecodeError> {
+        match got {
+            0 => Ok(None),
+            n if n < HEADER_LEN => Err(DecodeError::Truncated { expected: HEADER_LEN, got: n }),
+            _ => self.announced(header).map(|len| Some(Payload::new(len))),
+        }
+    }
+
     /// Writes one frame to `w`. Fails without writing anything if the payload is too long.
     pub fn write_frame<W: Write>(&self, w: &mut W, payload: &[u8]) -> Result<(), EncodeError> {
         let header = self.header(payload.len())?;
@@ -140,13 +151,7 @@ impl FrameCodec {
     pub fn read_frame<R: Read>(&self, r: &mut R) -> Result<Option<Vec<u8>>, DecodeError> {
         let mut header = [0u8; HEADER_LEN];
         let got = fill(r, &mut header)?;
-        if got == 0 {
-            return Ok(None);
-        }
-        if got < HEADER_LEN {
-            return Err(DecodeError::Truncated { expected: HEADER_LEN, got });
-        }
-        let mut payload = Payload::new(self.announced(header)?);
+        let Some(mut payload) = self.start(header, got)? else { return Ok(None) };
         while let Some(chunk) = payload.next_chunk() {
             let got = fill(r, chunk)?;
             payload.commit(got)?;
@@ -178,13 +183,7 @@ impl FrameCodec {
     pub async fn read_frame_async<R: AsyncRead + Unpin>(&self, r: &mut R) -> Result<Option<Vec<u8>>, DecodeError> {
         let mut header = [0u8; HEADER_LEN];
         let got = fill_async(r, &mut header).await?;
-        if got == 0 {
-            return Ok(None);
-        }
-        if got < HEADER_LEN {
-            return Err(DecodeError::Truncated { expected: HEADER_LEN, got });
-        }
-        let mut payload = Payload::new(self.announced(header)?);
+        let Some(mut payload) = self.start(header, got)? else { return Ok(None) };
         while let Some(chunk) = payload.next_chunk() {
             let got = fill_async(r, chunk).await?;
             payload.commit(got)?;

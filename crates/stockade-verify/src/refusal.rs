@@ -128,7 +128,15 @@ impl Refusal {
         let line = self.to_string();
         // Every guest-written part is escaped already; this also covers reasons that came
         // from parsers and assertions.
-        line.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect()
+        let mut out = String::with_capacity(line.len());
+        for c in line.chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        out
     }
 }
 

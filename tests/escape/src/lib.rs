@@ -87,7 +87,19 @@ pub enum Comparison {
     Skip(&'static str),
 }
 
-/// One attack's expectations and comparison policy.
+/// What the harness prepares for an attack in the stockade tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// The attack programs as a read-only workspace, and the world.
+    Standard,
+    /// A read-write workspace holding a git repository and shell rc files, with the attack
+    /// program inside; the host checks afterwards that nothing was planted in it.
+    RwWorkspace,
+    /// A stand-in supervisor process runs the attack and is SIGKILLed mid-run.
+    KillSupervisor,
+}
+
+/// One attack's expectations, comparison policy and setup.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
     /// The attack program.
@@ -96,6 +108,8 @@ pub struct Entry {
     pub expect: Expectations,
     /// Whether comparison wrappers run it.
     pub comparison: Comparison,
+    /// What the harness prepares for it.
+    pub setup: Setup,
 }
 
 /// Expectations, one constant per attack program (`tests/attacks/src/bin/<name>.rs`).
@@ -103,73 +117,80 @@ pub struct Entry {
 pub mod expect {
     use super::Comparison::{Run, Skip};
     use super::Expect::{Contained, Denied, Killed};
-    use super::{Comparison, Expectations};
+    use super::{Comparison, Expectations, Setup};
 
-    const fn e(process: &'static [super::Expect], c: Comparison) -> (Expectations, Comparison) {
-        (Expectations { process }, c)
+    type Spec = (Expectations, Comparison, Setup);
+
+    const fn e(process: &'static [super::Expect], c: Comparison) -> Spec {
+        (Expectations { process }, c, Setup::Standard)
+    }
+
+    /// An attack with a special setup, which the comparison wrappers do not have.
+    const fn special(process: &'static [super::Expect], setup: Setup, why: &'static str) -> Spec {
+        (Expectations { process }, Skip(why), setup)
     }
 
     const NO_LIMITS: Comparison = Skip("wrappers without limits would let it harm the host");
 
-    pub const env_hostname: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const env_inherited_secret: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const fs_cgroupfs: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const fs_disk_fill: (Expectations, Comparison) = e(&[Denied, Contained, Killed], NO_LIMITS);
-    pub const fs_host_layout: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_kernel_knobs: (Expectations, Comparison) =
+    pub const env_hostname: Spec = e(&[Denied], Run);
+    pub const env_inherited_secret: Spec = e(&[Denied], Run);
+    pub const fs_cgroupfs: Spec = e(&[Denied], Run);
+    pub const fs_disk_fill: Spec = e(&[Denied, Contained, Killed], NO_LIMITS);
+    pub const fs_host_layout: Spec = e(&[Denied, Contained], Run);
+    pub const fs_kernel_knobs: Spec =
         e(&[Denied], Skip("wrappers that keep host root can rewrite the host's kernel knobs"));
-    pub const fs_proc_environ: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_read_home_secrets: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const fs_read_shadow: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const fs_setuid: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_special_files: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_symlink_out: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_write_outside: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const fs_persist_protected: (Expectations, Comparison) =
-        e(&[Denied, Contained], Skip("needs a read-write workspace with protected paths"));
-    pub const fs_swap_protected: (Expectations, Comparison) =
-        e(&[Denied, Contained], Skip("needs a read-write workspace with protected paths"));
-    pub const kernel_bpf: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_clone3: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_io_uring: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_keyctl: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_mount: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_open_by_handle: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_perf: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_personality: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_tiocsti: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_userfaultfd: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_userns: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const kernel_second_thread: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const fs_truncate_readonly: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const proc_pipe_grandchild: (Expectations, Comparison) = e(&[Contained], Run);
-    pub const mem_core_dump: (Expectations, Comparison) = e(&[Killed], Run);
-    pub const net_shell_devtcp: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const ipc_sysv_shm: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const mem_bomb: (Expectations, Comparison) = e(&[Killed], NO_LIMITS);
-    pub const net_raw_packet: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const net_metadata_service: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const net_tcp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const net_udp_loopback: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const net_unix_abstract: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const net_unix_pathname: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const proc_fd_exhaustion: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const proc_fork_bomb: (Expectations, Comparison) = e(&[Killed, Denied], NO_LIMITS);
-    pub const proc_inherited_fds: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const proc_output_flood: (Expectations, Comparison) = e(&[Killed], Run);
-    pub const proc_outlive_supervisor: (Expectations, Comparison) =
-        e(&[Killed], Skip("needs a stand-in supervisor process that the harness can kill"));
-    pub const proc_ptrace_host: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const proc_setsid_daemon: (Expectations, Comparison) = e(&[Contained], Run);
-    pub const proc_signal_host: (Expectations, Comparison) = e(&[Denied, Contained], Run);
-    pub const proc_vm_read: (Expectations, Comparison) = e(&[Denied], Run);
-    pub const time_cpu_spin: (Expectations, Comparison) = e(&[Killed], Run);
-    pub const time_sleep: (Expectations, Comparison) = e(&[Killed], Run);
+    pub const fs_proc_environ: Spec = e(&[Denied, Contained], Run);
+    pub const fs_read_home_secrets: Spec = e(&[Denied], Run);
+    pub const fs_read_shadow: Spec = e(&[Denied], Run);
+    pub const fs_setuid: Spec = e(&[Denied, Contained], Run);
+    pub const fs_special_files: Spec = e(&[Denied, Contained], Run);
+    pub const fs_symlink_out: Spec = e(&[Denied, Contained], Run);
+    pub const fs_write_outside: Spec = e(&[Denied, Contained], Run);
+    pub const fs_persist_protected: Spec =
+        special(&[Denied, Contained], Setup::RwWorkspace, "needs a read-write workspace with protected paths");
+    pub const fs_swap_protected: Spec =
+        special(&[Denied, Contained], Setup::RwWorkspace, "needs a read-write workspace with protected paths");
+    pub const kernel_bpf: Spec = e(&[Denied], Run);
+    pub const kernel_clone3: Spec = e(&[Denied], Run);
+    pub const kernel_io_uring: Spec = e(&[Denied], Run);
+    pub const kernel_keyctl: Spec = e(&[Denied], Run);
+    pub const kernel_mount: Spec = e(&[Denied], Run);
+    pub const kernel_open_by_handle: Spec = e(&[Denied], Run);
+    pub const kernel_perf: Spec = e(&[Denied], Run);
+    pub const kernel_personality: Spec = e(&[Denied], Run);
+    pub const kernel_tiocsti: Spec = e(&[Denied], Run);
+    pub const kernel_userfaultfd: Spec = e(&[Denied], Run);
+    pub const kernel_userns: Spec = e(&[Denied], Run);
+    pub const kernel_second_thread: Spec = e(&[Denied], Run);
+    pub const fs_truncate_readonly: Spec = e(&[Denied], Run);
+    pub const proc_pipe_grandchild: Spec = e(&[Contained], Run);
+    pub const mem_core_dump: Spec = e(&[Killed], Run);
+    pub const net_shell_devtcp: Spec = e(&[Denied], Run);
+    pub const ipc_sysv_shm: Spec = e(&[Denied], Run);
+    pub const mem_bomb: Spec = e(&[Killed], NO_LIMITS);
+    pub const net_raw_packet: Spec = e(&[Denied], Run);
+    pub const net_metadata_service: Spec = e(&[Denied], Run);
+    pub const net_tcp_loopback: Spec = e(&[Denied], Run);
+    pub const net_udp_loopback: Spec = e(&[Denied], Run);
+    pub const net_unix_abstract: Spec = e(&[Denied], Run);
+    pub const net_unix_pathname: Spec = e(&[Denied], Run);
+    pub const proc_fd_exhaustion: Spec = e(&[Denied], Run);
+    pub const proc_fork_bomb: Spec = e(&[Killed, Denied], NO_LIMITS);
+    pub const proc_inherited_fds: Spec = e(&[Denied], Run);
+    pub const proc_output_flood: Spec = e(&[Killed], Run);
+    pub const proc_outlive_supervisor: Spec =
+        special(&[Killed], Setup::KillSupervisor, "needs a stand-in supervisor process that the harness can kill");
+    pub const proc_ptrace_host: Spec = e(&[Denied], Run);
+    pub const proc_setsid_daemon: Spec = e(&[Contained], Run);
+    pub const proc_signal_host: Spec = e(&[Denied, Contained], Run);
+    pub const proc_vm_read: Spec = e(&[Denied], Run);
+    pub const time_cpu_spin: Spec = e(&[Killed], Run);
+    pub const time_sleep: Spec = e(&[Killed], Run);
 }
 
 macro_rules! entry {
     ($name:ident) => {
-        Entry { name: stringify!($name), expect: expect::$name.0, comparison: expect::$name.1 }
+        Entry { name: stringify!($name), expect: expect::$name.0, comparison: expect::$name.1, setup: expect::$name.2 }
     };
 }
 

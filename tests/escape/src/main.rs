@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use stockade_escape::world::World;
-use stockade_escape::{ATTACKS, Comparison, Entry, Outcome};
+use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
 use stockade_process::{Helper, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Status};
 
@@ -178,10 +178,6 @@ fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Ent
     Ok(Cell { outcome, evidence, expected })
 }
 
-/// Attacks that get a read-write workspace holding a git repository and shell rc files,
-/// with their own program copied into it.
-const RW_WORKSPACE: &[&str] = &["fs_persist_protected", "fs_swap_protected"];
-
 /// A fresh read-write workspace (owned by the sandbox's uid) with `.git/hooks`, `.git/config`
 /// and `.bashrc`, and the attack program inside.
 fn rw_workspace(world: &World, bin_dir: &Path, name: &str) -> Result<PathBuf> {
@@ -217,11 +213,11 @@ fn rw_workspace_changed(ws: &Path) -> Option<String> {
 }
 
 fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
-    if entry.name == "proc_outlive_supervisor" {
+    if entry.setup == Setup::KillSupervisor {
         return run_process_killing_supervisor(world, bin_dir, entry);
     }
     let targets = world.targets(entry.name);
-    let rw = RW_WORKSPACE.contains(&entry.name).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
+    let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
     let (ws, access) = match &rw {
         Some(ws) => (ws.as_path(), Access::ReadWrite),
         None => (bin_dir, Access::ReadOnly),

@@ -352,8 +352,9 @@ impl World {
         {
             return Some("the host's System V shared memory segment was attached".into());
         }
-        if !pids_with(marker).is_empty() {
-            return Some(format!("processes of the run outlived it: {:?}", pids_with(marker)));
+        let survivors = pids_with(marker);
+        if !survivors.is_empty() {
+            return Some(format!("processes of the run outlived it: {survivors:?}"));
         }
         None
     }

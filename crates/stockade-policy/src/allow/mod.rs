@@ -149,16 +149,8 @@ impl ToolCall {
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(self.tool.as_bytes());
         out.push(0);
-        out.push(b'{');
-        for (i, (k, a)) in self.args.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            json_string(k, &mut out);
-            out.push(b':');
-            canonical_json(&a.value, &mut out);
-        }
-        out.push(b'}');
+        // The arguments are a BTreeMap, so their keys are already in order.
+        canonical_object(self.args.iter().map(|(k, a)| (k.as_str(), &a.value)), &mut out);
         // Only UTF-8 went in: the tool name, JSON punctuation and serde_json's output.
         String::from_utf8(out).unwrap_or_default()
     }
@@ -178,25 +170,30 @@ fn json_string(s: &str, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
+/// Writes `{"k":v,...}` for entries already in key order, each value canonical.
+fn canonical_object<'a>(entries: impl Iterator<Item = (&'a str, &'a Value)>, out: &mut Vec<u8>) {
+    out.push(b'{');
+    for (i, (k, v)) in entries.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_string(k, out);
+        out.push(b':');
+        canonical_json(v, out);
+    }
+    out.push(b'}');
+}
+
 /// Writes `v` with sorted keys regardless of how the JSON map type orders them (a feature of
 /// serde_json elsewhere in the build can switch maps to insertion order).
 fn canonical_json(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            if !keys.is_sorted() {
-                keys.sort();
+            let mut entries: Vec<(&str, &Value)> = map.iter().map(|(k, v)| (k.as_str(), v)).collect();
+            if !entries.is_sorted_by_key(|(k, _)| *k) {
+                entries.sort_by_key(|(k, _)| *k);
             }
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                json_string(k, out);
-                out.push(b':');
-                canonical_json(&map[k], out);
-            }
-            out.push(b'}');
+            canonical_object(entries.into_iter(), out);
         }
         Value::Array(items) => {
             out.push(b'[');

@@ -10,17 +10,6 @@ use stockade_protocol::{Access, Job, Mechanism, Status};
 
 use crate::support::*;
 
-/// Skips (or, in CI, fails) without the kernel features, then holds the shared run lock for
-/// the rest of the test.
-macro_rules! require {
-    ($name:expr) => {
-        if !available($name) {
-            return;
-        }
-        let _runs = shared();
-    };
-}
-
 /// A host directory the guest may be given; owned by the guest uid when we run as root.
 fn host_dir(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("stockade-it-{tag}-{}", std::process::id()));

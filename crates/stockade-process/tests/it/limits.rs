@@ -6,17 +6,6 @@ use stockade_protocol::{Job, Limits, Mechanism, Status, Stream};
 
 use crate::support::*;
 
-/// Skips (or, in CI, fails) without the kernel features, then holds the shared run lock for
-/// the rest of the test.
-macro_rules! require {
-    ($name:expr) => {
-        if !available($name) {
-            return;
-        }
-        let _runs = shared();
-    };
-}
-
 /// Host pids whose command line contains `marker`, found by scanning `/proc` (the host's
 /// view, not the guest's word).
 fn host_pids_with(marker: &str) -> Vec<u32> {

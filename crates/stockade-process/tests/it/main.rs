@@ -2,6 +2,7 @@
 //! creates, so nothing here restricts the test process itself.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 
+#[macro_use]
+mod support;
 mod confinement;
 mod limits;
-mod support;

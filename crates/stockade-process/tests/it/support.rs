@@ -71,3 +71,14 @@ pub(crate) fn stdout(r: &Report) -> String {
 pub(crate) fn stderr(r: &Report) -> String {
     String::from_utf8_lossy(&r.stderr.bytes).into_owned()
 }
+
+/// Skips (or, in CI, fails) without the kernel features, then holds the shared run lock for
+/// the rest of the test.
+macro_rules! require {
+    ($name:expr) => {
+        if !available($name) {
+            return;
+        }
+        let _runs = shared();
+    };
+}
