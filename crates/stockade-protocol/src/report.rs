@@ -49,8 +49,14 @@ pub enum Status {
     },
     /// The run hit its memory limit.
     OutOfMemory,
-    /// The CPU-time limit was reached.
+    /// The CPU-time limit was reached (for the wasm tier: the fuel ran out).
     CpuLimit,
+    /// A WebAssembly guest trapped (unreachable, stack overflow, an out-of-bounds access, a
+    /// failed host call): the engine stopped it safely.
+    Trapped {
+        /// Which trap (at most [`MAX_REASON_BYTES`]).
+        trap: String,
+    },
     /// The run never started.
     FailedToStart {
         /// Why (at most [`MAX_REASON_BYTES`]).
@@ -65,6 +71,16 @@ impl Status {
         let mut reason = reason.into();
         truncate_at_char(&mut reason, MAX_REASON_BYTES);
         Self::FailedToStart { reason }
+    }
+}
+
+impl Status {
+    /// A `Trapped` status, with the trap's description cut to [`MAX_REASON_BYTES`].
+    #[must_use]
+    pub fn trapped(trap: impl Into<String>) -> Self {
+        let mut trap = trap.into();
+        truncate_at_char(&mut trap, MAX_REASON_BYTES);
+        Self::Trapped { trap }
     }
 }
 

@@ -44,7 +44,7 @@
 //!     (pinned by: tests/it/verify.rs::g1_*, tests/ui/fail/construct_outside.rs)
 //! G2. Every other report is a specific [`Refusal`], checked in a fixed order (failed to
 //!     start, enforcement missing, timeout, cpu limit, out of memory, output too large,
-//!     signal, exit code, malformed output, assertion).
+//!     signal or trap, exit code, malformed output, assertion).
 //!     (pinned by: tests/it/verify.rs::g2_*)
 //! G3. Verify trusts no summary it can recompute: it compares the reported wall time with
 //!     the contract's deadline itself, recounts the captured bytes against the budget, and
@@ -95,6 +95,7 @@
 //! | refusal | code |
 //! |---|---|
 //! | [`Refusal::NonZeroExit`] | 1 |
+//! | [`Refusal::Trapped`] | 117 |
 //! | [`Refusal::EnforcementMissing`] | 118 |
 //! | [`Refusal::OutOfMemory`] | 119 |
 //! | [`Refusal::CpuLimit`] | 120 |
@@ -231,6 +232,7 @@ fn check<T: fmt::Debug>(report: &Report, contract: &Contract<T>) -> Result<T, Re
             return Err(Refusal::NonZeroExit { code, stderr: refusal::excerpt(&report.stderr.bytes) });
         }
         Status::Signaled { signal } => return Err(Refusal::KilledBySignal { signal }),
+        Status::Trapped { ref trap } => return Err(Refusal::Trapped { trap: refusal::excerpt(trap.as_bytes()) }),
         ref other => {
             return Err(Refusal::Error { reason: format!("unknown run status {other:?}") });
         }

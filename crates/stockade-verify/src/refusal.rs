@@ -65,6 +65,13 @@ pub enum Refusal {
         /// The signal number.
         signal: i32,
     },
+    /// A WebAssembly guest trapped.
+    #[error("guest trapped: {trap}")]
+    #[non_exhaustive]
+    Trapped {
+        /// The trap (escaped, bounded).
+        trap: String,
+    },
     /// The run exited with an unexpected code.
     #[error("exited with code {code}; stderr: {stderr}")]
     #[non_exhaustive]
@@ -106,6 +113,7 @@ impl Refusal {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::NonZeroExit { .. } => 1,
+            Self::Trapped { .. } => 117,
             Self::EnforcementMissing { .. } => 118,
             Self::OutOfMemory => 119,
             Self::CpuLimit => 120,

@@ -105,6 +105,10 @@ fn g2_each_failure_has_its_refusal() {
             "123 output too large: Stderr wrote 10 bytes, budget 64",
         ),
         (with_status(Status::Signaled { signal: 9 }), "137 killed by signal 9"),
+        (
+            with_status(Status::trapped("wasm trap: unreachable\n\x1b[31m")),
+            "117 guest trapped: wasm trap: unreachable\\n\\u{1b}[31m",
+        ),
         (exited(2, ok), "1 exited with code 2; stderr: warning: x"),
         (
             exited(0, b"{\"n\":"),
@@ -189,6 +193,7 @@ fn g6_exit_codes_are_stable() {
         Status::Signaled { signal: 0 },
         Status::Signaled { signal: 1000 },
         Status::Exited { code: 7 },
+        Status::trapped("wasm trap: unreachable"),
     ]
     .into_iter()
     .map(|status| match verify(with_status(exited(0, b""), status), &contract()) {
@@ -196,7 +201,7 @@ fn g6_exit_codes_are_stable() {
         Outcome::Verified(_) => 0,
     })
     .collect();
-    assert_eq!(codes, [126, 124, 120, 119, 123, 143, 255, 255, 1]);
+    assert_eq!(codes, [126, 124, 120, 119, 123, 143, 255, 255, 1, 117]);
     assert!(check(exited(0, b"[")).starts_with("122"));
     assert!(check(exited(0, br#"{"n":1}"#)).starts_with("121"));
     let c = contract().require(Mechanism::Cgroup);

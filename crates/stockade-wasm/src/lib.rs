@@ -1,0 +1,296 @@
+//! The wasm tier: runs a WebAssembly guest (a WASI preview 1 module) inside wasmtime, with
+//! every budget enforced by the engine and no ambient authority.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use stockade_wasm::WasmTier;
+//!
+//! let tier = WasmTier::new()?;
+//! let job = stockade_wasm::javascript_job("console.log(1 + 2)")?;
+//! let report = tier.run(&job).await?;
+//! assert_eq!(report.stdout.bytes, b"3\n");
+//! # Ok(()) }
+//! ```
+//!
+//! # Position in the stack
+//! Depends on: `stockade-protocol`; `wasmtime`, `wasmtime-wasi` and `wasmtime-wizer` (this
+//! crate is their only owner). Used by: `stockade-runtime` (feature `wasm`), and through it
+//! `stockade-cli`.
+//! API boundary: yes; [`WasmTier`], [`WasmTierBuilder`], [`WasmError`], [`Fuel`],
+//! [`javascript_job`], [`guests`].
+//!
+//! # Threat model
+//! Trusted: the host program, wasmtime's compiler and runtime, this crate, and the compiled
+//! modules in the cache directory (written only by this crate; see "Unsafe").
+//! Attacker-controlled: the module's code and everything it does, the job's stdin (a script
+//! for the JavaScript guest), and every byte the guest writes.
+//! Out of scope: bugs in wasmtime's sandbox (Cranelift miscompilation, a runtime escape; run
+//! this tier inside the process tier for a second wall), side channels (Spectre within the
+//! host process), and the host-side cost of compiling a module the first time it is seen.
+//!
+//! # Guarantees
+//! G1. No ambient authority: a guest sees no file, directory, environment variable,
+//!     argument, socket or host process unless the job grants it; the only grant of files
+//!     is the job's workspace, preopened at `/workspace` read-only or read-write, and
+//!     nothing outside it is reachable (no `..` escape, no symlink out).
+//!     (pinned by: tests/it/authority.rs::g1_*)
+//! G2. CPU: fuel is a deterministic budget derived from the job's CPU limit; a guest that
+//!     runs out stops with [`Status::CpuLimit`](stockade_protocol::Status::CpuLimit).
+//!     (pinned by: tests/it/limits.rs::g2_*)
+//! G3. Wall clock: a guest never outlives its deadline by more than a tick (a few
+//!     milliseconds), whether it computes (an epoch callback compares the real clock with
+//!     the deadline; ticks are not counted) or blocks in a host call such as `sleep`
+//!     (the async API under a tokio timeout). The status is `TimedOut`.
+//!     (pinned by: tests/it/limits.rs::g3_*)
+//! G4. Memory: linear memory never grows past the job's memory limit (`StoreLimits`, at
+//!     most 4 GiB, wasm32's own bound); a guest that hits it sees the failed grow, and a run
+//!     that then fails is reported as `OutOfMemory`. Instances, tables and memories per
+//!     store are capped too.
+//!     (pinned by: tests/it/limits.rs::g4_*)
+//! G5. Output: stdout and stderr keep at most their budget; the write that crosses it
+//!     traps at once (the guest cannot keep running) and the report says `OutputLimit`
+//!     with the prefix that fit.
+//!     (pinned by: tests/it/limits.rs::g5_*)
+//! G6. Host memory per run is bounded: stdin by the job (16 MiB), the output buffers by
+//!     their budgets, the WASI resource table by the job's open-files limit, and a module
+//!     file by [`MAX_MODULE_BYTES`].
+//!     (pinned by: tests/it/limits.rs::g6_*)
+//! G7. Every way a run ends is a [`Report`](stockade_protocol::Report) with its own status
+//!     (exit code, out of fuel, deadline, out of memory, output budget, trap, failed to
+//!     start), never a panic, and the report lists each mechanism that was active.
+//!     (pinned by: tests/it/outcomes.rs::g7_*)
+//! G8. A compiled module is loaded only from the cache directory this crate owns: a
+//!     directory with mode 0700 owned by the current user, a regular file owned by the
+//!     current user that no one else may write, opened without following symlinks, under a
+//!     key that covers the wasmtime version, the engine configuration and the module's
+//!     sha256. Anything else is compiled from the module instead.
+//!     (pinned by: src/cache.rs::g8_*)
+//! G9. The JavaScript guest starts from a pre-initialized snapshot, and `Math.random`
+//!     differs between runs (the PRNG is reseeded on every run).
+//!     (pinned by: tests/it/javascript.rs::g9_*)
+//!
+//! # Non-guarantees
+//! - Fuel bounds guest instructions, not time in host calls; the deadline covers both.
+//! - The first run of a module compiles it (QuickJS: about 4 s in a release build); that
+//!   time is not part of the run's wall time and no deadline applies to it.
+//! - A pre-initialized snapshot freezes what the initializer computed, including QuickJS's
+//!   hash seed (weaker resistance to hash flooding in one short run; acceptable).
+//! - Clocks and randomness are the host's by default; [`WasmTierBuilder::deterministic`]
+//!   makes them reproducible.
+//! - The engine lives in the host process: a wasmtime bug is a host compromise. Pair this
+//!   tier with the process tier where that matters.
+//!
+//! # Failure behaviour
+//! A misbehaving guest is an `Ok(Report)`. A module that cannot be read or compiled is a
+//! `FailedToStart` report. [`WasmError`] is only for the host: an engine that cannot be
+//! created (`Unsupported`, naming the mechanism), a job this tier cannot run
+//! (`Misconfigured`), or a bug (`Internal`).
+//!
+//! # Unsafe
+//! `#![deny(unsafe_code)]`, with one allowed block (STYLE §5.1): `Module::deserialize_open_file`
+//! in `cache.rs`, which maps a compiled artifact as machine code. Its `// SAFETY:` comment
+//! states why the file can only be one this crate wrote (G8).
+//!
+//! # Ambient authority
+//! Reads the module file a job names and the guest directory ([`guests::dir`]); reads and
+//! writes the cache directory ([`WasmTierBuilder::cache_dir`], default
+//! `$XDG_CACHE_HOME/stockade/wasm` or `~/.cache/stockade/wasm`); opens the job's workspace
+//! for the guest; starts one epoch-ticker thread per tier. Needs a tokio runtime with the
+//! time driver.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: no `inherit_*` call on a WASI builder; no network grant; no
+//! `unsafe` outside `cache.rs`; no deadline counted in ticks.
+
+#![deny(unsafe_code)]
+
+mod cache;
+mod engine;
+pub mod guests;
+mod output;
+mod prepare;
+mod run;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use run::{MAX_MODULE_BYTES, WORKSPACE_GUEST_PATH};
+use stockade_protocol::{Job, JobError, Report};
+
+/// The host could not run a job in this tier. A misbehaving guest is never an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WasmError {
+    /// The host cannot provide a mechanism the tier needs.
+    #[error("unsupported on this host: {mechanism}: {reason}")]
+    Unsupported {
+        /// The mechanism.
+        mechanism: String,
+        /// Why.
+        reason: String,
+    },
+    /// The job is not one this tier runs, or the tier is set up wrong.
+    #[error("misconfigured: {0}")]
+    Misconfigured(String),
+    /// A bug in stockade.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<JobError> for WasmError {
+    fn from(e: JobError) -> Self {
+        Self::Misconfigured(e.to_string())
+    }
+}
+
+/// How the CPU limit becomes fuel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fuel {
+    /// Fuel = the job's CPU limit in seconds × this rate. The default rate,
+    /// [`Fuel::DEFAULT_PER_CPU_SECOND`], is what QuickJS burns in about a second on the
+    /// reference machine (3.6G/s measured).
+    PerCpuSecond(u64),
+    /// The same fuel for every run, whatever the CPU limit.
+    Fixed(u64),
+}
+
+impl Fuel {
+    /// The default rate: 4 × 10⁹ units per CPU-second.
+    pub const DEFAULT_PER_CPU_SECOND: u64 = 4_000_000_000;
+
+    fn for_cpu(self, cpu: std::time::Duration) -> u64 {
+        match self {
+            Self::Fixed(n) => n,
+            Self::PerCpuSecond(rate) => {
+                let units = u128::from(rate) * cpu.as_micros() / 1_000_000;
+                u64::try_from(units).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
+/// Builds a [`WasmTier`].
+#[derive(Debug, Clone)]
+pub struct WasmTierBuilder {
+    cache_dir: Option<PathBuf>,
+    concurrency: u32,
+    fuel: Fuel,
+    deterministic: Option<u64>,
+    backtraces: bool,
+}
+
+impl Default for WasmTierBuilder {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            concurrency: 16,
+            fuel: Fuel::PerCpuSecond(Fuel::DEFAULT_PER_CPU_SECOND),
+            deterministic: None,
+            backtraces: false,
+        }
+    }
+}
+
+impl WasmTierBuilder {
+    /// Keeps compiled modules in `dir` instead of the default cache directory. The
+    /// directory is created with mode 0700 if missing; one that another user owns or that
+    /// others can access is not used (modules are compiled in memory instead).
+    #[must_use]
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// How many runs may execute at once (default 16). Each one holds a slot of the
+    /// pooling allocator; further runs wait for a slot, and the wait is not part of their
+    /// wall time.
+    #[must_use]
+    pub fn concurrency(mut self, runs: u32) -> Self {
+        self.concurrency = runs.clamp(1, 1024);
+        self
+    }
+
+    /// How the job's CPU limit becomes fuel (default [`Fuel::PerCpuSecond`] at
+    /// [`Fuel::DEFAULT_PER_CPU_SECOND`]).
+    #[must_use]
+    pub fn fuel(mut self, fuel: Fuel) -> Self {
+        self.fuel = fuel;
+        self
+    }
+
+    /// Makes clocks and randomness reproducible: the wall clock starts at the Unix epoch
+    /// and the monotonic clock at 0, both advancing 1 µs per reading; both random sources
+    /// are derived from `seed`. For tests and assertions that must replay.
+    #[must_use]
+    pub fn deterministic(mut self, seed: u64) -> Self {
+        self.deterministic = Some(seed);
+        self
+    }
+
+    /// Keeps wasm backtraces in trap messages (off by default: they cost time on every
+    /// trap and name guest functions).
+    #[must_use]
+    pub fn backtraces(mut self, on: bool) -> Self {
+        self.backtraces = on;
+        self
+    }
+
+    /// Creates the engine and starts its epoch ticker.
+    pub fn build(self) -> Result<WasmTier, WasmError> {
+        let cache = cache::Cache::open(self.cache_dir.clone().or_else(cache::default_dir));
+        let engine = engine::Shared::new(self.concurrency, self.backtraces)?;
+        Ok(WasmTier { inner: Arc::new(run::Inner::new(engine, cache, self)?) })
+    }
+}
+
+/// The wasm tier. Cheap to clone; clones share the engine, the module cache and the
+/// concurrency slots.
+#[derive(Debug, Clone)]
+pub struct WasmTier {
+    inner: Arc<run::Inner>,
+}
+
+impl WasmTier {
+    /// A tier with every default.
+    pub fn new() -> Result<Self, WasmError> {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    #[must_use]
+    pub fn builder() -> WasmTierBuilder {
+        WasmTierBuilder::default()
+    }
+
+    /// Runs a [`JobKind::Wasm`](stockade_protocol::JobKind::Wasm) job. A misbehaving guest
+    /// is an `Ok` report; an error means the host could not run the job at all.
+    pub async fn run(&self, job: &Job) -> Result<Report, WasmError> {
+        self.inner.run(job).await
+    }
+
+    /// Compiles (and pre-initializes, for a module that exports `wizer-initialize`) the
+    /// module at `path` into the cache without running it, so that the first run does not
+    /// pay for compilation.
+    pub async fn warm(&self, path: &std::path::Path) -> Result<(), WasmError> {
+        self.inner.warm(path).await
+    }
+
+    /// Where compiled modules are kept, if the cache directory is usable.
+    #[must_use]
+    pub fn cache_dir(&self) -> Option<&std::path::Path> {
+        self.inner.cache_dir()
+    }
+}
+
+/// A job that runs `source` in the JavaScript guest (QuickJS-ng), which must have been
+/// built by `cargo xtask guests` (see [`guests::javascript`]). The script reaches the
+/// guest on stdin; what it prints with `console.log` is its stdout; an uncaught exception
+/// exits 1.
+pub fn javascript_job(source: impl Into<Vec<u8>>) -> Result<Job, WasmError> {
+    let guest = guests::javascript()?;
+    Ok(Job::wasm(guest, guests::JAVASCRIPT_ENTRY, Vec::<String>::new())?.with_stdin(source)?)
+}
