@@ -3,6 +3,7 @@
 
 mod bench;
 mod deny;
+mod guests;
 mod tidy;
 
 use std::env;
@@ -23,6 +24,8 @@ commands:
   deny               cargo deny --offline check, against ../shared/advisory-db
   bench [GROUP]      criterion benches (protocol, verify, policy, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
+  guests             build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
+                     sources, Debian's clang for wasm32-wasi) into the guest directory
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
   escape [--tier process|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Some("deny") => deny::run(&root(), &target_dir()),
         Some("bench") => bench::run(&root(), &target_dir(), &args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
         Some("escape") => escape(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{HELP}");
@@ -120,6 +124,8 @@ fn ci() -> Result<()> {
             }),
         ),
         ("no-c", Box::new(no_c)),
+        // The wasm tier's tests need the JavaScript guest, built from source here.
+        ("guests", Box::new(|| guests::run(&root(), &target_dir(), &[]))),
         // Every kernel-feature test must run in CI: a skip is a failure there.
         ("test", Box::new(|| run(cargo(&["test", "--workspace", "--all-targets"]).env("STOCKADE_REQUIRE_ALL", "1")))),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),

@@ -2,7 +2,8 @@
 //! if the run is verified; `stockade doctor` says what this host can enforce.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-runtime` (and through it protocol, verify and the process tier).
+//! Depends on: `stockade-runtime` (and through it protocol, verify, the process tier and the
+//! wasm tier).
 //! Used by: people and scripts.
 //! API boundary: the command line; exit codes follow `stockade-verify`'s table (124 timeout).
 //!
@@ -30,8 +31,8 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! Reads its arguments, spawns itself as the sandbox helper, and for `doctor` probes the
-//! host and the Docker socket.
+//! Reads its arguments, spawns itself as the sandbox helper, reads the wasm tier's guest and
+//! cache directories, and for `doctor` probes the host and the Docker socket.
 //!
 //! # Feature flags
 //! None.
@@ -52,6 +53,7 @@ use clap::{Parser, Subcommand};
 pub use stockade_runtime::process;
 use stockade_runtime::protocol::{Access, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
+use stockade_runtime::wasm;
 use stockade_runtime::{Sandbox, TierError};
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
@@ -73,9 +75,12 @@ enum Command {
   stockade run --workspace ./data:ro --env LANG=C.UTF-8 -- python3 /workspace/job.py
   stockade run --expect-json -- python3 -c 'import json; print(json.dumps({\"n\": 42}))'
   stockade run --json -- sh -c 'exit 3'      # print the whole report
+  stockade run --tier wasm --js 'console.log(6*7)'
+  stockade run --tier wasm --js-file script.js --timeout 500ms
+  stockade run --tier wasm -- ./module.wasm arg1 arg2
 
 Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
-120 cpu limit; 121 assertion failed; 122 malformed output; 123 output too large;
+117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]
     Run(RunArgs),
@@ -90,12 +95,25 @@ Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of mem
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The isolation tier.
-    #[arg(long, default_value = "process", value_parser = ["process"])]
+    /// The isolation tier: `process` (a confined Linux process) or `wasm` (a WebAssembly
+    /// guest in wasmtime).
+    #[arg(long, default_value = "process", value_parser = ["process", "wasm"])]
     tier: String,
+    /// Run this JavaScript in the wasm tier's QuickJS guest (needs `--tier wasm`).
+    #[arg(long, value_name = "CODE", conflicts_with_all = ["js_file", "command"])]
+    js: Option<String>,
+    /// Run the JavaScript in this file in the wasm tier's QuickJS guest (needs `--tier wasm`).
+    #[arg(long, value_name = "FILE", conflicts_with = "command")]
+    js_file: Option<PathBuf>,
+    /// The exported function of a wasm module to call (`_start` runs a WASI command).
+    #[arg(long, default_value = "_start")]
+    entry: String,
     /// Wall-clock deadline (e.g. 500ms, 2s, 1m).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
+    /// CPU-time limit (process tier: RLIMIT_CPU; wasm tier: fuel at a calibrated rate).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    cpu: Duration,
     /// Memory limit (e.g. 256M, 1G).
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     memory: u64,
@@ -124,8 +142,8 @@ struct RunArgs {
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
+    /// The command and its arguments (for `--tier wasm`: the module file and its arguments).
+    #[arg(last = true, required_unless_present_any = ["js", "js_file"], num_args = 1..)]
     command: Vec<String>,
 }
 
@@ -173,9 +191,30 @@ pub fn main() -> ExitCode {
 }
 
 fn job(args: &RunArgs) -> Result<Job> {
-    let (program, rest) = args.command.split_first().context("no command given")?;
-    let limits = Limits::new().with_wall(args.timeout)?.with_memory(args.memory)?.with_stdout(args.max_output)?;
-    let mut job = Job::command(program.clone(), rest.iter().cloned())?.with_limits(limits);
+    let limits = Limits::new()
+        .with_wall(args.timeout)?
+        .with_cpu(args.cpu)?
+        .with_memory(args.memory)?
+        .with_stdout(args.max_output)?;
+    let script = match (&args.js, &args.js_file) {
+        (Some(code), _) => Some(code.clone().into_bytes()),
+        (None, Some(file)) => Some(std::fs::read(file).with_context(|| format!("reading {}", file.display()))?),
+        (None, None) => None,
+    };
+    let job = match (args.tier.as_str(), script) {
+        ("wasm", Some(script)) => wasm::javascript_job(script)?,
+        (_, Some(_)) => bail!("--js and --js-file need --tier wasm"),
+        ("wasm", None) => {
+            let (module, rest) = args.command.split_first().context("no module given")?;
+            let module = std::fs::canonicalize(module).with_context(|| format!("module {module}"))?;
+            Job::wasm(module, args.entry.clone(), rest.iter().cloned())?
+        }
+        _ => {
+            let (program, rest) = args.command.split_first().context("no command given")?;
+            Job::command(program.clone(), rest.iter().cloned())?
+        }
+    };
+    let mut job = job.with_limits(limits);
     for kv in &args.env {
         let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not K=V"))?;
         job = job.with_env(k, v)?;
@@ -194,12 +233,16 @@ fn job(args: &RunArgs) -> Result<Job> {
 
 fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
-    let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
-    let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
-    if args.no_cgroup {
-        tier = tier.without_cgroups();
-    }
-    let sandbox = Sandbox::builder().tier(tier).build()?;
+    let sandbox = if args.tier == "wasm" {
+        Sandbox::builder().tier(wasm::WasmTier::new()?).build()?
+    } else {
+        let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
+        let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
+        if args.no_cgroup {
+            tier = tier.without_cgroups();
+        }
+        Sandbox::builder().tier(tier).build()?
+    };
     let budget = Budget::new(args.timeout, args.max_output);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = match rt.block_on(sandbox.report(&job)) {
@@ -259,6 +302,12 @@ fn docker_status() -> Result<String, String> {
 fn doctor(json: bool) -> Result<()> {
     let p = process::probe();
     let docker = docker_status();
+    let wasm_engine = wasm::WasmTier::new().map_err(|e| e.to_string()).map(|t| match t.cache_dir() {
+        Some(dir) => format!("wasmtime 48 engine ready; compiled modules cached in {}", dir.display()),
+        None => "wasmtime 48 engine ready; no usable cache directory (modules compile on every start)".into(),
+    });
+    let js_guest =
+        wasm::guests::javascript().map(|p| format!("QuickJS-ng at {}", p.display())).map_err(|e| e.to_string());
     let rows: Vec<(&str, bool, String)> = vec![
         ("landlock", p.landlock_abi >= 6, format!("abi {}", p.landlock_abi)),
         ("seccomp", p.seccomp, if p.seccomp { "filters available".into() } else { "not available".into() }),
@@ -269,13 +318,16 @@ fn doctor(json: bool) -> Result<()> {
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
         ("docker engine", docker.is_ok(), docker.unwrap_or_else(|e| e)),
-        ("wasm tier", false, "not built yet (stockade-wasm)".into()),
+        ("wasm tier", wasm_engine.is_ok(), wasm_engine.clone().unwrap_or_else(|e| e)),
+        ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),
     ];
     let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
+    let wasm_ready = wasm_engine.is_ok();
     let mut out = std::io::stdout().lock();
     if json {
         let value = serde_json::json!({
             "process_tier": process_ready,
+            "wasm_tier": wasm_ready,
             "checks": rows.iter().map(|(name, ok, detail)| serde_json::json!({"name": name, "ok": ok, "detail": detail})).collect::<Vec<_>>(),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
@@ -289,6 +341,7 @@ fn doctor(json: bool) -> Result<()> {
             "\nprocess tier: {}",
             if process_ready { "ready (every mechanism enforced)" } else { "NOT ready: runs fail closed" }
         )?;
+        writeln!(out, "wasm tier:    {}", if wasm_ready { "ready" } else { "NOT ready" })?;
     }
     Ok(())
 }

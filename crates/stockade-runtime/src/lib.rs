@@ -21,7 +21,7 @@
 //!
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-verify`, and each tier behind its feature
-//! (`stockade-process` behind `process`). Used by: `stockade-agent`, `stockade-cli`.
+//! (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`). Used by: `stockade-agent`, `stockade-cli`.
 //! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`TierError`], and the tier
 //! and layer crates re-exported as modules.
 //!
@@ -54,8 +54,9 @@
 //! None of its own; the tiers it composes document theirs.
 //!
 //! # Feature flags
-//! `process` (default): the Linux subprocess tier, re-exported as [`process`]. Enabling a
-//! feature adds a tier and never changes a default.
+//! `process` (default): the Linux subprocess tier, re-exported as `process`.
+//! `wasm`: the WebAssembly tier, re-exported as `wasm`. Enabling a feature adds a tier and
+//! never changes a default.
 //!
 //! # Invariants
 //! Stated as absences: no enforcement logic; no policy decisions; no constructor of
@@ -74,6 +75,10 @@ use stockade_verify::{Contract, Outcome};
 /// The Linux subprocess tier.
 #[cfg(feature = "process")]
 pub use stockade_process as process;
+
+/// The WebAssembly tier.
+#[cfg(feature = "wasm")]
+pub use stockade_wasm as wasm;
 
 /// A tier could not run a job.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +124,22 @@ impl Tier for stockade_process::ProcessTier {
                 TierError::Unsupported { mechanism, reason }
             }
             stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
+            other => TierError::Internal(other.to_string()),
+        })
+    }
+}
+
+#[cfg(feature = "wasm")]
+#[async_trait]
+impl Tier for stockade_wasm::WasmTier {
+    fn name(&self) -> &'static str {
+        "wasm"
+    }
+
+    async fn run(&self, job: &Job) -> Result<Report, TierError> {
+        stockade_wasm::WasmTier::run(self, job).await.map_err(|e| match e {
+            stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
+            stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
             other => TierError::Internal(other.to_string()),
         })
     }

@@ -72,3 +72,27 @@ fn g3_the_tier_is_chosen_explicitly_and_is_object_safe() {
         assert_eq!(Sandbox::builder().tier(p).build().unwrap().tier_name(), "process");
     }
 }
+
+#[cfg(feature = "wasm")]
+#[test]
+fn g1_the_wasm_tier_runs_and_verifies_through_the_sandbox() {
+    // (module (func (export "_start"))): exits 0 with no output.
+    const EMPTY: &[u8] =
+        b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
+    let dir = std::env::temp_dir().join(format!("stockade-runtime-wasm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = dir.join("empty.wasm");
+    std::fs::write(&module, EMPTY).unwrap();
+    let tier = stockade_runtime::wasm::WasmTier::builder().cache_dir(dir.join("cache")).build().unwrap();
+    let s = Sandbox::builder().tier(tier).build().unwrap();
+    assert_eq!(s.tier_name(), "wasm");
+    let job = Job::wasm(&module, "_start", Vec::<String>::new()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let c = Contract::text(Budget::new(Duration::from_secs(5), 64), |s: &String| {
+        if s.is_empty() { Ok(()) } else { Err(format!("unexpected output {s:?}")) }
+    })
+    .require(stockade_protocol::Mechanism::WasmFuel);
+    let Outcome::Verified(v) = rt.block_on(s.run(&job, &c)).unwrap() else { panic!() };
+    assert!(v.value().is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
