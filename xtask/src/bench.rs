@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -14,6 +14,7 @@ const GROUPS: &[(&str, &str, &str, &[&str])] = &[
     ("protocol", "stockade-protocol", "protocol", &["capture_1gib", "frames_1kib"]),
     ("verify", "stockade-verify", "verify", &["verify_small_json"]),
     ("policy", "stockade-policy", "authorize", &["authorize_100_rules"]),
+    ("wasm", "stockade-wasm", "wasm", &["wasm_in_process"]),
 ];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
@@ -28,7 +29,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, all");
     }
     for (group, package, bench, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.
@@ -44,6 +45,56 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         if write {
             write_docs(root, group, &table)?;
         }
+        if *group == "wasm" {
+            wasm_process(root, target, write)?;
+        }
+    }
+    Ok(())
+}
+
+/// A fresh `stockade run --tier wasm --js` process against `/usr/bin/python3 -c` and
+/// `node -e` (when installed), with hyperfine in one run.
+fn wasm_process(root: &Path, target: &Path, write: bool) -> Result<()> {
+    apt_install(&[("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::guests_command())?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    let stockade = target.join("release/stockade");
+    let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    // Compile and cache the guest before timing.
+    crate::run(std::process::Command::new(stockade).args(["run", "--tier", "wasm", "--js", "0"]))?;
+    let json = target.join("bench-wasm-process.json");
+    let mut cmd = std::process::Command::new("hyperfine");
+    cmd.args(["-N", "--warmup", "10", "--runs", "200", "--export-json"]).arg(&json);
+    cmd.args(["-n", "stockade wasm js", &format!("{stockade} run --tier wasm --js console.log(1+2)")]);
+    cmd.args(["-n", "python3 -c", "/usr/bin/python3 -c print(1+2)"]);
+    let node = std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    if node {
+        cmd.args(["-n", "node -e", "node -e console.log(1+2)"]);
+    }
+    crate::run(&mut cmd)?;
+    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
+    let results = data["results"].as_array().context("hyperfine json has no results")?;
+    let median = |name: &str| -> Option<f64> {
+        results.iter().find(|r| r["command"] == name).and_then(|r| r["median"].as_f64()).map(|s| s * 1e3)
+    };
+    let ours = median("stockade wasm js").context("no result for stockade")?;
+    let mut out = String::from("| fresh process | p50 | ratio to stockade |\n|---|---|---|\n");
+    let _ = writeln!(out, "| `stockade run --tier wasm --js 'console.log(1+2)'` | {ours:.2} ms | 1.00x |");
+    for (name, label) in
+        [("python3 -c", "`/usr/bin/python3 -c 'print(1+2)'`"), ("node -e", "`node -e 'console.log(1+2)'`")]
+    {
+        match median(name) {
+            Some(t) => {
+                let _ = writeln!(out, "| {label} | {t:.2} ms | {:.2}x |", t / ours);
+            }
+            None => {
+                let _ = writeln!(out, "| {label} | not installed | - |");
+            }
+        }
+    }
+    println!("\n{out}");
+    if write {
+        write_docs(root, "wasm-process", &out)?;
     }
     Ok(())
 }

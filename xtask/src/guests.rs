@@ -54,7 +54,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     install(&wasm)
 }
 
-fn ensure_toolchain() -> Result<()> {
+pub(crate) fn ensure_toolchain() -> Result<()> {
     let missing: Vec<&str> = TOOLCHAIN
         .iter()
         .filter(|(pkg, file)| {

@@ -22,13 +22,13 @@ commands:
   tidy               lib.rs headings, guarantee <-> test pairing, banned test attributes,
                      unsafe allow-list, layering and one-owner rules, manifest conventions
   deny               cargo deny --offline check, against ../shared/advisory-db
-  bench [GROUP]      criterion benches (protocol, verify, policy, all) and a ratio table
+  bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
   guests             build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
                      sources, Debian's clang for wasm32-wasi) into the guest directory
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
-  escape [--tier process|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
+  escape [--tier process|wasm|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
                      build the static attack programs and run the escape matrix;
                      --markdown rewrites docs/escape-matrix.md, --check-doc fails if it is stale
 ";
@@ -77,6 +77,11 @@ pub(crate) fn cargo(args: &[&str]) -> Command {
     let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.args(args).current_dir(root());
     c
+}
+
+/// `cargo xtask guests`, as a command (so that a bench can build the guest first).
+pub(crate) fn guests_command() -> Command {
+    cargo(&["xtask", "guests"])
 }
 
 /// Runs `cmd`, echoing it, and fails if it exits non-zero.
@@ -131,7 +136,13 @@ fn ci() -> Result<()> {
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),
         ("doc", Box::new(|| run(cargo(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")))),
         ("deny", Box::new(|| deny::run(&root(), &target_dir()))),
-        ("escape", Box::new(|| escape(&["--require".to_owned(), "process".to_owned(), "--check-doc".to_owned()]))),
+        (
+            "escape",
+            Box::new(|| {
+                let args = ["--require", "process", "--require", "wasm", "--check-doc"];
+                escape(&args.map(str::to_owned))
+            }),
+        ),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
     ];
     let mut summary = Vec::new();
@@ -252,6 +263,15 @@ fn escape(args: &[String]) -> Result<()> {
         &static_dir_s,
     ])
     .env("RUSTFLAGS", "-C target-feature=+crt-static"))?;
+    // The wasm tier's variants: one WASI program, built with Debian's clang.
+    guests::ensure_toolchain()?;
+    let wasm_attacks = target.join("attacks-wasm/attacks.wasm");
+    std::fs::create_dir_all(target.join("attacks-wasm"))?;
+    run(Command::new("clang")
+        .args(["--target=wasm32-wasi", "-O2", "-D_WASI_EMULATED_SIGNAL", "-o"])
+        .arg(&wasm_attacks)
+        .arg(root().join("tests/attacks/wasm/attacks.c"))
+        .arg("-lwasi-emulated-signal"))?;
     run(&mut cargo(&["build", "--package", "stockade-escape"]))?;
     let harness = target.join("debug/stockade-escape");
     let attacks = static_dir.join("x86_64-unknown-linux-gnu/release");
@@ -270,7 +290,7 @@ fn escape(args: &[String]) -> Result<()> {
         }
     }
     let mut cmd = Command::new(&harness);
-    cmd.arg("--attacks").arg(&attacks).args(&pass);
+    cmd.arg("--attacks").arg(&attacks).arg("--wasm-attacks").arg(&wasm_attacks).args(&pass);
     run(&mut cmd)?;
     if check_doc {
         let want = outcomes_only(&std::fs::read_to_string(&doc).unwrap_or_default());

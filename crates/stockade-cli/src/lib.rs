@@ -83,7 +83,7 @@ Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of mem
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show what this host can enforce.
     #[command(after_help = "Examples:\n  stockade doctor\n  stockade doctor --json")]
     Doctor {
@@ -181,7 +181,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| {

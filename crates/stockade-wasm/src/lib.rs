@@ -79,6 +79,12 @@
 //!   makes them reproducible.
 //! - The engine lives in the host process: a wasmtime bug is a host compromise. Pair this
 //!   tier with the process tier where that matters.
+//! - A read-write workspace has no protected-path overlay (the process tier keeps `.git`,
+//!   rc files and editor task files read-only; this tier cannot carve paths out of a
+//!   preopen): a guest granted one can plant a git hook there. Grant untrusted guests
+//!   read-only workspaces.
+//! - Running out of resource-table entries (the open-files limit) traps the guest instead
+//!   of returning `EMFILE`.
 //!
 //! # Failure behaviour
 //! A misbehaving guest is an `Ok(Report)`. A module that cannot be read or compiled is a

@@ -391,7 +391,7 @@ fn classify(
         Some(Trap::OutOfFuel) => Status::CpuLimit,
         Some(Trap::Interrupt) => Status::TimedOut,
         _ if memory_denied => Status::OutOfMemory,
-        Some(trap) => Status::trapped(format!("wasm trap: {trap}")),
+        Some(trap) => Status::trapped(trap.to_string()),
         None => Status::trapped(format!("{err:#}")),
     }
 }

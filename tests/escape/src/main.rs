@@ -1,7 +1,7 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--tier process|bwrap|docker-run|all] [--attack NAME] [--json]
-//! [--markdown FILE] [--require TIER]`
+//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|wasm|bwrap|docker-run|all]
+//! [--attack NAME] [--json] [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -14,10 +14,14 @@ use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
 use stockade_process::{Helper, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Status};
 
+/// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
+const STOCKADE_TIERS: &[&str] = &["process", "wasm"];
+
 const SECRET_VAR: &str = "STOCKADE_ESCAPE_SUPERVISOR_SECRET";
 
 struct Args {
     attacks: PathBuf,
+    wasm_attacks: Option<PathBuf>,
     tiers: Vec<String>,
     only: Option<String>,
     json: bool,
@@ -40,12 +44,20 @@ fn supervise_one(rest: &[String]) -> Result<()> {
 }
 
 fn parse() -> Result<Args> {
-    let mut a =
-        Args { attacks: PathBuf::new(), tiers: vec![], only: None, json: false, markdown: None, require: vec![] };
+    let mut a = Args {
+        attacks: PathBuf::new(),
+        wasm_attacks: None,
+        tiers: vec![],
+        only: None,
+        json: false,
+        markdown: None,
+        require: vec![],
+    };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
             "--attacks" => a.attacks = it.next().context("--attacks DIR")?.into(),
+            "--wasm-attacks" => a.wasm_attacks = Some(it.next().context("--wasm-attacks FILE")?.into()),
             "--tier" => a.tiers.push(it.next().context("--tier NAME")?),
             "--attack" => a.only = Some(it.next().context("--attack NAME")?),
             "--json" => a.json = true,
@@ -55,7 +67,7 @@ fn parse() -> Result<Args> {
         }
     }
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "bwrap".into(), "docker-run".into()];
+        a.tiers = vec!["process".into(), "wasm".into(), "bwrap".into(), "docker-run".into()];
     }
     Ok(a)
 }
@@ -128,7 +140,8 @@ fn classify(status: &Status, output: &[u8]) -> Outcome {
         | Status::OutOfMemory
         | Status::OutputLimit { .. }
         | Status::CpuLimit
-        | Status::Signaled { .. } => Outcome::Killed,
+        | Status::Signaled { .. }
+        | Status::Trapped { .. } => Outcome::Killed,
         _ if String::from_utf8_lossy(output)
             .lines()
             .any(|l| l.starts_with("ATTEMPT ") && l.split_whitespace().nth(2) == Some("ok")) =>
@@ -252,6 +265,47 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     }
     Ok(Cell { outcome, evidence, expected })
 }
+
+/// The wasm column: the attack's variant in `attacks.wasm` (copied into the read-only
+/// workspace), run by the wasm tier with the same targets and the same world checks.
+fn run_wasm(world: &mut World, tier: &stockade_wasm::WasmTier, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    if let Some(stockade_escape::Expect::NotApplicable(why)) = entry.expect.wasm.first() {
+        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: (*why).into(), expected: true });
+    }
+    let targets = world.targets(entry.name);
+    let mut args = vec![entry.name.to_owned()];
+    args.extend(targets.args.iter().cloned());
+    let job = Job::wasm(bin_dir.join(WASM_ATTACKS), "_start", args)?
+        .with_workspace(bin_dir, Access::ReadOnly)?
+        .with_limits(limits());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let report = match rt.block_on(tier.run(&job)) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
+        }
+    };
+    let mut output = report.stdout.bytes.clone();
+    output.extend_from_slice(&report.stderr.bytes);
+    match &report.status {
+        Status::FailedToStart { reason } => bail!("{}: the wasm variant failed to start: {reason}", entry.name),
+        Status::Exited { code: 2 } => bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output)),
+        _ => {}
+    }
+    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, WASM_ATTACKS)) {
+        Some(evidence) => Outcome::Escaped(evidence),
+        None => classify(&report.status, &output),
+    };
+    let expected = outcome.is_one_of(entry.expect.wasm);
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        Outcome::Killed => format!("{:?}", report.status),
+        _ => attempts(&output),
+    };
+    Ok(Cell { outcome, evidence, expected })
+}
+
+const WASM_ATTACKS: &str = "attacks.wasm";
 
 fn run_bwrap(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     if let Comparison::Skip(why) = entry.comparison {
@@ -417,6 +471,16 @@ fn run() -> Result<bool> {
         let len = std::fs::copy(&src, bin_dir.join(e.name)).with_context(|| format!("copying {}", src.display()))?;
         std::fs::write(bin_dir.join(format!("{}.len", e.name)), len.to_string())?;
     }
+    let wasm_attacks = match &args.wasm_attacks {
+        Some(src) => {
+            let len =
+                std::fs::copy(src, bin_dir.join(WASM_ATTACKS)).with_context(|| format!("copying {}", src.display()))?;
+            std::fs::write(bin_dir.join(format!("{WASM_ATTACKS}.len")), len.to_string())?;
+            true
+        }
+        None => false,
+    };
+    let mut wasm_tier = None;
     let selected: Vec<&Entry> = ATTACKS.iter().filter(|e| args.only.as_deref().is_none_or(|n| n == e.name)).collect();
     if selected.is_empty() {
         bail!("no attack named {:?}", args.only);
@@ -431,6 +495,14 @@ fn run() -> Result<bool> {
                     .err()
                     .or_else(|| (p.landlock_abi < 6).then(|| format!("landlock abi {}", p.landlock_abi)))
             }
+            "wasm" if !wasm_attacks => Some("no --wasm-attacks module (cargo xtask escape builds it)".into()),
+            "wasm" => match stockade_wasm::WasmTier::builder().cache_dir(world.root.join("wasm-cache")).build() {
+                Ok(t) => {
+                    wasm_tier = Some(t);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            },
             "bwrap" => bwrap_available(),
             "docker-run" => docker_image(&bin_dir),
             other => Some(format!("tier {other} is not built yet")),
@@ -446,6 +518,10 @@ fn run() -> Result<bool> {
                     Cell { outcome: Outcome::Skipped(why.clone()), evidence: why.clone(), expected: true }
                 }
                 ("process", None) => run_process(&mut world, &bin_dir, e)?,
+                ("wasm", None) => match &wasm_tier {
+                    Some(t) => run_wasm(&mut world, t, &bin_dir, e)?,
+                    None => unreachable!("the wasm column has a tier when it is not skipped"),
+                },
                 ("bwrap", None) => run_bwrap(&mut world, &bin_dir, e)?,
                 ("docker-run", None) => run_docker(&mut world, &bin_dir, e)?,
                 _ => unreachable!("every column was classified above"),
@@ -459,7 +535,7 @@ fn run() -> Result<bool> {
     let mut ok = true;
     for (name, cells) in &rows {
         for ((tier, _), cell) in columns.iter().zip(cells) {
-            if tier == "process" && !cell.expected {
+            if STOCKADE_TIERS.contains(&tier.as_str()) && !cell.expected {
                 eprintln!("UNEXPECTED: {name} in {tier}: {} ({})", cell.outcome.label(), cell.evidence);
                 ok = false;
             }
@@ -502,7 +578,7 @@ fn markdown(columns: &[(String, Option<String>)], rows: &[(&str, Vec<Cell>)]) ->
     for (t, _) in columns {
         // Comparison columns are marked so that CI's freshness check can leave them out:
         // they depend on what this host has installed.
-        let shown = if t == "process" { t.clone() } else { format!("{t} (comparison)") };
+        let shown = if STOCKADE_TIERS.contains(&t.as_str()) { t.clone() } else { format!("{t} (comparison)") };
         s.push_str(&format!(" {shown} |"));
     }
     s.push_str("\n|---|");
@@ -525,7 +601,7 @@ fn markdown_doc(table: &str) -> String {
     format!(
         "# Escape matrix\n\n\
 Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
-Each row is one attack program in `tests/attacks/src/bin`; each column a tier.\n\
+Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks.\n\
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
 The evidence column lists the attack's own attempt results, for reading only.\n\n\
 - **Denied**: every attempt failed and the world is unchanged.\n\
