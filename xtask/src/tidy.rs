@@ -50,6 +50,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("bollard", "stockade-docker"),
     ("wasmtime", "stockade-wasm"),
     ("wasmtime-wasi", "stockade-wasm"),
+    ("wasmtime-wizer", "stockade-wasm"),
     ("landlock", "stockade-process"),
     ("seccompiler", "stockade-process"),
     ("libc", "stockade-process"),
