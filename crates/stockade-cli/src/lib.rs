@@ -35,7 +35,7 @@
 //! cache directories, and for `doctor` probes the host and the Docker socket.
 //!
 //! # Feature flags
-//! None.
+//! `python`: `--python CODE` runs the wasm tier's opt-in CPython guest.
 //!
 //! # Invariants
 //! Stated as absences: never prints unverified stdout outside `--json`; never runs the
@@ -102,6 +102,10 @@ struct RunArgs {
     /// Run this JavaScript in the wasm tier's QuickJS guest (needs `--tier wasm`).
     #[arg(long, value_name = "CODE", conflicts_with_all = ["js_file", "command"])]
     js: Option<String>,
+    /// Run this Python in the wasm tier's CPython guest (needs `--tier wasm`, a stockade built
+    /// with `--features python`, and `cargo xtask guests --python`).
+    #[arg(long, value_name = "CODE", conflicts_with_all = ["js", "js_file", "command"])]
+    python: Option<String>,
     /// Run the JavaScript in this file in the wasm tier's QuickJS guest (needs `--tier wasm`).
     #[arg(long, value_name = "FILE", conflicts_with = "command")]
     js_file: Option<PathBuf>,
@@ -143,7 +147,7 @@ struct RunArgs {
     #[arg(long)]
     json: bool,
     /// The command and its arguments (for `--tier wasm`: the module file and its arguments).
-    #[arg(last = true, required_unless_present_any = ["js", "js_file"], num_args = 1..)]
+    #[arg(last = true, required_unless_present_any = ["js", "js_file", "python"], num_args = 1..)]
     command: Vec<String>,
 }
 
@@ -201,6 +205,12 @@ fn job(args: &RunArgs) -> Result<Job> {
         (None, Some(file)) => Some(std::fs::read(file).with_context(|| format!("reading {}", file.display()))?),
         (None, None) => None,
     };
+    if let Some(code) = &args.python {
+        if args.tier != "wasm" {
+            bail!("--python needs --tier wasm");
+        }
+        return with_grants(python_job(code)?.with_limits(limits), args);
+    }
     let job = match (args.tier.as_str(), script) {
         ("wasm", Some(script)) => wasm::javascript_job(script)?,
         (_, Some(_)) => bail!("--js and --js-file need --tier wasm"),
@@ -214,7 +224,11 @@ fn job(args: &RunArgs) -> Result<Job> {
             Job::command(program.clone(), rest.iter().cloned())?
         }
     };
-    let mut job = job.with_limits(limits);
+    with_grants(job.with_limits(limits), args)
+}
+
+/// Adds the environment and workspace grants of `args` to `job`.
+fn with_grants(mut job: Job, args: &RunArgs) -> Result<Job> {
     for kv in &args.env {
         let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not K=V"))?;
         job = job.with_env(k, v)?;
@@ -229,6 +243,19 @@ fn job(args: &RunArgs) -> Result<Job> {
         job = job.with_workspace(dir, access)?;
     }
     Ok(job)
+}
+
+#[cfg(feature = "python")]
+fn python_job(code: &str) -> Result<Job> {
+    Ok(wasm::python_job(code)?)
+}
+
+#[cfg(not(feature = "python"))]
+fn python_job(_code: &str) -> Result<Job> {
+    bail!(
+        "this stockade was built without the `python` feature: \
+         cargo build --release -p stockade-cli --features python, then cargo xtask guests --python"
+    )
 }
 
 fn run(args: RunArgs) -> Result<ExitCode> {

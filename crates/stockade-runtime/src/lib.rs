@@ -55,7 +55,8 @@
 //!
 //! # Feature flags
 //! `process` (default): the Linux subprocess tier, re-exported as `process`.
-//! `wasm`: the WebAssembly tier, re-exported as `wasm`. Enabling a feature adds a tier and
+//! `wasm`: the WebAssembly tier, re-exported as `wasm`; `wasm-python` adds its opt-in
+//! Python guest. Enabling a feature adds a tier and
 //! never changes a default.
 //!
 //! # Invariants

@@ -24,6 +24,9 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
+/// Most bytes of compiled artifacts kept: 2 GiB (the Python guest alone is about 350 MB).
+const MAX_CACHE_BYTES: u64 = 2 << 30;
+
 /// The default cache directory: `$XDG_CACHE_HOME/stockade/wasm` or `~/.cache/stockade/wasm`.
 pub(crate) fn default_dir() -> Option<PathBuf> {
     let base =
@@ -120,6 +123,10 @@ impl Cache {
     }
 
     fn open_trusted(&self, key: &Key) -> Option<File> {
+        self.open_trusted_name(&format!("{}.cwasm", key.name))
+    }
+
+    fn open_trusted_name(&self, name: &str) -> Option<File> {
         let dir = self.dir.as_deref()?;
         let meta = fs::symlink_metadata(dir).ok()?;
         if !meta.is_dir() || meta.uid() != self.uid || meta.permissions().mode() & 0o077 != 0 {
@@ -127,7 +134,7 @@ impl Cache {
         }
         // lstat the name, open it, and require the opened file to be the same inode: a
         // symlink, or a swap between the two steps, is refused (std has no O_NOFOLLOW).
-        let path = dir.join(format!("{}.cwasm", key.name));
+        let path = dir.join(name);
         let named = fs::symlink_metadata(&path).ok()?;
         if !named.is_file() {
             return None;
@@ -136,6 +143,38 @@ impl Cache {
         let meta = file.metadata().ok()?;
         let same = meta.dev() == named.dev() && meta.ino() == named.ino();
         (same && meta.is_file() && meta.uid() == self.uid && meta.permissions().mode() & 0o022 == 0).then_some(file)
+    }
+
+    /// The module sha256 remembered under `index` (see `remember`), if any.
+    pub(crate) fn recall(&self, index: &str) -> Option<[u8; 32]> {
+        let file = self.open_trusted_name(&format!("{index}.sha256"))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(file, 128), &mut text).ok()?;
+        let text = text.trim();
+        if text.len() != 64 {
+            return None;
+        }
+        let mut sha = [0u8; 32];
+        for (i, byte) in sha.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(sha)
+    }
+
+    /// Remembers that the file identified by `index` has the sha256 `sha`. A wrong entry
+    /// can only make a run use another module this crate compiled, never foreign code.
+    pub(crate) fn remember(&self, index: &str, sha: &[u8; 32]) {
+        let Some(dir) = self.dir.as_deref() else { return };
+        let tmp = dir.join(format!(".{index}.{}.tmp", std::process::id()));
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(hex(sha).as_bytes()));
+        if written.is_err() || fs::rename(&tmp, dir.join(format!("{index}.sha256"))).is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
     }
 
     /// Stores `module` under `key`. Failures are ignored: the next run compiles again.
@@ -151,6 +190,33 @@ impl Cache {
             .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_data()));
         if written.is_err() || fs::rename(&tmp, dir.join(format!("{}.cwasm", key.name))).is_err() {
             let _ = fs::remove_file(&tmp);
+        }
+        self.evict(MAX_CACHE_BYTES);
+    }
+
+    /// Removes the least recently written artifacts until the directory holds at most
+    /// `max` bytes of them (the newest one always stays).
+    fn evict(&self, max: u64) {
+        let Some(dir) = self.dir.as_deref() else { return };
+        let Ok(entries) = fs::read_dir(dir) else { return };
+        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        files.sort();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        let keep_newest = files.len().saturating_sub(1);
+        for (_, len, path) in files.into_iter().take(keep_newest) {
+            if total <= max {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
         }
     }
 }
@@ -227,6 +293,22 @@ mod tests {
         fs::rename(&file, &real).unwrap();
         std::os::unix::fs::symlink(&real, &file).unwrap();
         assert!(cache.load(&engine, &key).is_none(), "followed a symlink");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn g8_the_cache_stays_under_its_size_bound() {
+        let engine = engine();
+        let dir = fresh("evict");
+        let cache = Cache::open(Some(dir.clone()));
+        let (module, key) = compiled(&engine);
+        cache.store(&key, &module);
+        let other = Key::new(&engine, "plain", &[9u8; 32]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cache.store(&other, &module);
+        cache.evict(1);
+        assert!(cache.load(&engine, &key).is_none(), "the older artifact stayed");
+        assert!(cache.load(&engine, &other).is_some(), "the newest artifact was evicted");
         fs::remove_dir_all(&dir).unwrap();
     }
 

