@@ -77,7 +77,7 @@ enum Command {
   stockade run --json -- sh -c 'exit 3'      # print the whole report
   stockade run --tier wasm --js 'console.log(6*7)'
   stockade run --tier wasm --js-file script.js --timeout 500ms
-  stockade run --tier wasm -- ./module.wasm arg1 arg2
+  stockade run --tier wasm ./module.wasm -- arg1 arg2
 
 Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
@@ -146,8 +146,12 @@ struct RunArgs {
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
-    /// The command and its arguments (for `--tier wasm`: the module file and its arguments).
-    #[arg(last = true, required_unless_present_any = ["js", "js_file", "python"], num_args = 1..)]
+    /// A WebAssembly module to run (`--tier wasm`); its arguments follow `--`.
+    #[arg(value_name = "MODULE.wasm", conflicts_with_all = ["js", "js_file", "python"])]
+    module: Option<PathBuf>,
+    /// The command and its arguments (for `--tier wasm` without MODULE.wasm: the module file
+    /// and its arguments).
+    #[arg(last = true, required_unless_present_any = ["js", "js_file", "python", "module"], num_args = 1..)]
     command: Vec<String>,
 }
 
@@ -215,10 +219,17 @@ fn job(args: &RunArgs) -> Result<Job> {
         ("wasm", Some(script)) => wasm::javascript_job(script)?,
         (_, Some(_)) => bail!("--js and --js-file need --tier wasm"),
         ("wasm", None) => {
-            let (module, rest) = args.command.split_first().context("no module given")?;
-            let module = std::fs::canonicalize(module).with_context(|| format!("module {module}"))?;
+            let (module, rest) = match &args.module {
+                Some(m) => (m.clone(), args.command.as_slice()),
+                None => {
+                    let (m, rest) = args.command.split_first().context("no module given")?;
+                    (PathBuf::from(m), rest)
+                }
+            };
+            let module = std::fs::canonicalize(&module).with_context(|| format!("module {}", module.display()))?;
             Job::wasm(module, args.entry.clone(), rest.iter().cloned())?
         }
+        (_, None) if args.module.is_some() => bail!("a module file needs --tier wasm"),
         _ => {
             let (program, rest) = args.command.split_first().context("no command given")?;
             Job::command(program.clone(), rest.iter().cloned())?
@@ -326,6 +337,18 @@ fn docker_status() -> Result<String, String> {
     }
 }
 
+/// The opt-in Python guest: whether this build has it and whether it is installed.
+fn python_status() -> Result<String, String> {
+    let path = wasm::guests::dir().map(|d| d.join(wasm::guests::PYTHON_DIR).join(wasm::guests::PYTHON_FILE));
+    let installed = path.as_ref().is_some_and(|p| p.is_file());
+    match (cfg!(feature = "python"), installed) {
+        (true, true) => Ok(format!("CPython guest at {}", path.unwrap_or_default().display())),
+        (true, false) => Err("not installed: cargo xtask guests --python".into()),
+        (false, true) => Err("installed, but this stockade was built without --features python".into()),
+        (false, false) => Err("opt-in: build with --features python, then cargo xtask guests --python".into()),
+    }
+}
+
 fn doctor(json: bool) -> Result<()> {
     let p = process::probe();
     let docker = docker_status();
@@ -333,6 +356,7 @@ fn doctor(json: bool) -> Result<()> {
         Some(dir) => format!("wasmtime 48 engine ready; compiled modules cached in {}", dir.display()),
         None => "wasmtime 48 engine ready; no usable cache directory (modules compile on every start)".into(),
     });
+    let python = python_status();
     let js_guest =
         wasm::guests::javascript().map(|p| format!("QuickJS-ng at {}", p.display())).map_err(|e| e.to_string());
     let rows: Vec<(&str, bool, String)> = vec![
@@ -347,6 +371,7 @@ fn doctor(json: bool) -> Result<()> {
         ("docker engine", docker.is_ok(), docker.unwrap_or_else(|e| e)),
         ("wasm tier", wasm_engine.is_ok(), wasm_engine.clone().unwrap_or_else(|e| e)),
         ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),
+        ("wasm python", python.is_ok(), python.unwrap_or_else(|e| e)),
     ];
     let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
     let wasm_ready = wasm_engine.is_ok();

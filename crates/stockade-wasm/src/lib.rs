@@ -69,6 +69,9 @@
 //! G9. The JavaScript guest starts from a pre-initialized snapshot, and `Math.random`
 //!     differs between runs (the PRNG is reseeded on every run).
 //!     (pinned by: tests/it/javascript.rs::g9_*)
+//! G10. With [`WasmTierBuilder::deterministic`], clocks and randomness replay: the same seed
+//!     gives the same `Math.random()` and `Date.now()`, another seed does not.
+//!     (pinned by: tests/it/javascript.rs::g10_*)
 //!
 //! # Non-guarantees
 //! - Fuel bounds guest instructions, not time in host calls; the deadline covers both.

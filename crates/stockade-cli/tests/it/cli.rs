@@ -150,9 +150,16 @@ fn g1_wasm_tier_runs_a_module_file_and_a_script_file() {
         b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\x07\x0a\x01\x06_start\0\0\x0a\x05\x01\x03\0\x00\x0b",
     )
     .unwrap();
-    let (code, _, err) = check(&["run", "--tier", "wasm", "--", module.to_str().unwrap()]);
-    assert_eq!(code, 117, "{err}");
-    assert!(err.contains("unreachable"), "{err}");
+    for args in [
+        vec!["run", "--tier", "wasm", "--", module.to_str().unwrap()],
+        vec!["run", "--tier", "wasm", module.to_str().unwrap()],
+    ] {
+        let (code, _, err) = check(&args);
+        assert_eq!(code, 117, "{err}");
+        assert!(err.contains("unreachable"), "{err}");
+    }
+    let (code, _, err) = check(&["run", module.to_str().unwrap(), "--", "x"]);
+    assert_eq!(code, 125, "{err}");
     let (code, _, err) = check(&["run", "--js", "1"]);
     assert_eq!(code, 125, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
