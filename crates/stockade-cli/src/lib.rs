@@ -53,8 +53,8 @@ use clap::{Parser, Subcommand};
 pub use stockade_runtime::process;
 use stockade_runtime::protocol::{Access, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
-use stockade_runtime::wasm;
 use stockade_runtime::{Sandbox, TierError};
+use stockade_runtime::{docker, wasm};
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
 const EXIT_STOCKADE: u8 = 125;
@@ -78,12 +78,17 @@ enum Command {
   stockade run --tier wasm --js 'console.log(6*7)'
   stockade run --tier wasm --js-file script.js --timeout 500ms
   stockade run --tier wasm ./module.wasm -- arg1 arg2
+  stockade run --tier docker -- sh -c 'echo hi'
+  stockade run --tier docker --image my-tools:local -- make test
 
 Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]
     Run(Box<RunArgs>),
+    /// Docker tier maintenance.
+    #[command(subcommand)]
+    Docker(DockerCommand),
     /// Show what this host can enforce.
     #[command(after_help = "Examples:\n  stockade doctor\n  stockade doctor --json")]
     Doctor {
@@ -93,12 +98,25 @@ Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of mem
     },
 }
 
+#[derive(Subcommand)]
+enum DockerCommand {
+    /// Remove stockade's containers that outlived their run (`--all`: every stockade container).
+    Gc {
+        /// Remove every container stockade labelled, not only expired ones.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// The isolation tier: `process` (a confined Linux process) or `wasm` (a WebAssembly
     /// guest in wasmtime).
-    #[arg(long, default_value = "process", value_parser = ["process", "wasm"])]
+    #[arg(long, default_value = "process", value_parser = ["process", "wasm", "docker"])]
     tier: String,
+    /// The image for `--tier docker` (built locally; nothing is pulled).
+    #[arg(long, default_value = docker::spec::DEFAULT_IMAGE)]
+    image: String,
     /// Run this JavaScript in the wasm tier's QuickJS guest (needs `--tier wasm`).
     #[arg(long, value_name = "CODE", conflicts_with_all = ["js_file", "command"])]
     js: Option<String>,
@@ -191,6 +209,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
+        Command::Docker(DockerCommand::Gc { all }) => docker_gc(all).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(std::io::stderr(), "stockade: {e:#}");
@@ -230,6 +249,7 @@ fn job(args: &RunArgs) -> Result<Job> {
             Job::wasm(module, args.entry.clone(), rest.iter().cloned())?
         }
         (_, None) if args.module.is_some() => bail!("a module file needs --tier wasm"),
+        ("docker", None) => Job::image(args.image.clone(), args.command.iter().cloned())?,
         _ => {
             let (program, rest) = args.command.split_first().context("no command given")?;
             Job::command(program.clone(), rest.iter().cloned())?
@@ -271,8 +291,17 @@ fn python_job(_code: &str) -> Result<Job> {
 
 fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let sandbox = if args.tier == "wasm" {
         Sandbox::builder().tier(wasm::WasmTier::new()?).build()?
+    } else if args.tier == "docker" {
+        match rt.block_on(docker::DockerTier::connect()) {
+            Ok(t) => Sandbox::builder().tier(t).build()?,
+            Err(docker::DockerError::Unsupported { mechanism, reason }) => {
+                bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
+            }
+            Err(e) => return Err(e.into()),
+        }
     } else {
         let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
         let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
@@ -282,7 +311,6 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Sandbox::builder().tier(tier).build()?
     };
     let budget = Budget::new(args.timeout, args.max_output);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = match rt.block_on(sandbox.report(&job)) {
         Ok(r) => r,
         Err(TierError::Unsupported { mechanism, reason }) => {
@@ -318,23 +346,25 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     }
 }
 
+/// The docker tier: a reachable engine (API negotiated) and the default image.
 fn docker_status() -> Result<String, String> {
-    use std::io::Read;
-    let path = std::env::var("DOCKER_HOST")
-        .ok()
-        .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
-        .unwrap_or_else(|| "/var/run/docker.sock".to_owned());
-    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{path}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
-    s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = [0u8; 512];
-    let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&buf[..n]);
-    if text.starts_with("HTTP/1.") && text.contains(" 200 ") {
-        Ok(format!("engine reachable at {path} (the docker tier is not built yet)"))
-    } else {
-        Err(format!("{path} answered unexpectedly"))
-    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let tier = docker::DockerTier::connect().await.map_err(|e| e.to_string())?;
+        let image = docker::spec::DEFAULT_IMAGE;
+        if tier.has_image(image).await {
+            Ok(format!("engine reachable; image {image} present"))
+        } else {
+            Err(format!("engine reachable, but image {image} is missing: cargo xtask images"))
+        }
+    })
+}
+
+fn docker_gc(all: bool) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let removed = rt.block_on(async { docker::DockerTier::connect().await?.gc(all).await })?;
+    println!("removed {removed} stockade container(s)");
+    Ok(())
 }
 
 /// The opt-in Python guest: whether this build has it and whether it is installed.
@@ -368,18 +398,20 @@ fn doctor(json: bool) -> Result<()> {
             p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
-        ("docker engine", docker.is_ok(), docker.unwrap_or_else(|e| e)),
+        ("docker tier", docker.is_ok(), docker.clone().unwrap_or_else(|e| e)),
         ("wasm tier", wasm_engine.is_ok(), wasm_engine.clone().unwrap_or_else(|e| e)),
         ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),
         ("wasm python", python.is_ok(), python.unwrap_or_else(|e| e)),
     ];
     let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
     let wasm_ready = wasm_engine.is_ok();
+    let docker_ready = docker.is_ok();
     let mut out = std::io::stdout().lock();
     if json {
         let value = serde_json::json!({
             "process_tier": process_ready,
             "wasm_tier": wasm_ready,
+            "docker_tier": docker_ready,
             "checks": rows.iter().map(|(name, ok, detail)| serde_json::json!({"name": name, "ok": ok, "detail": detail})).collect::<Vec<_>>(),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
@@ -394,6 +426,7 @@ fn doctor(json: bool) -> Result<()> {
             if process_ready { "ready (every mechanism enforced)" } else { "NOT ready: runs fail closed" }
         )?;
         writeln!(out, "wasm tier:    {}", if wasm_ready { "ready" } else { "NOT ready" })?;
+        writeln!(out, "docker tier:  {}", if docker_ready { "ready" } else { "NOT ready" })?;
     }
     Ok(())
 }

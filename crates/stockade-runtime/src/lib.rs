@@ -21,7 +21,8 @@
 //!
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-verify`, and each tier behind its feature
-//! (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`). Used by: `stockade-agent`, `stockade-cli`.
+//! (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`, `stockade-docker`
+//! behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
 //! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`TierError`], and the tier
 //! and layer crates re-exported as modules.
 //!
@@ -56,7 +57,7 @@
 //! # Feature flags
 //! `process` (default): the Linux subprocess tier, re-exported as `process`.
 //! `wasm`: the WebAssembly tier, re-exported as `wasm`; `wasm-python` adds its opt-in
-//! Python guest. Enabling a feature adds a tier and
+//! Python guest; `docker`: the docker tier, re-exported as `docker`. Enabling a feature adds a tier and
 //! never changes a default.
 //!
 //! # Invariants
@@ -80,6 +81,10 @@ pub use stockade_process as process;
 /// The WebAssembly tier.
 #[cfg(feature = "wasm")]
 pub use stockade_wasm as wasm;
+
+/// The docker tier.
+#[cfg(feature = "docker")]
+pub use stockade_docker as docker;
 
 /// A tier could not run a job.
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +146,24 @@ impl Tier for stockade_wasm::WasmTier {
         stockade_wasm::WasmTier::run(self, job).await.map_err(|e| match e {
             stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
             stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
+            other => TierError::Internal(other.to_string()),
+        })
+    }
+}
+
+#[cfg(feature = "docker")]
+#[async_trait]
+impl Tier for stockade_docker::DockerTier {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn run(&self, job: &Job) -> Result<Report, TierError> {
+        stockade_docker::DockerTier::run(self, job).await.map_err(|e| match e {
+            stockade_docker::DockerError::Unsupported { mechanism, reason } => {
+                TierError::Unsupported { mechanism, reason }
+            }
+            stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
             other => TierError::Internal(other.to_string()),
         })
     }

@@ -45,6 +45,8 @@ struct Ticker {
 struct TickerState {
     runs: usize,
     stop: bool,
+    /// The ticker waits on the condition variable (it needs a notify to resume).
+    parked: bool,
 }
 
 /// Keeps the ticker running while alive.
@@ -79,7 +81,9 @@ impl Shared {
     pub(crate) fn active(&self) -> Active {
         let mut state = self.ticker.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.runs += 1;
-        self.ticker.wake.notify_all();
+        if state.parked {
+            self.ticker.wake.notify_all();
+        }
         Active { ticker: Arc::clone(&self.ticker) }
     }
 }
@@ -92,14 +96,22 @@ impl Drop for Shared {
     }
 }
 
+/// Ticks the ticker keeps running after the last run ends, so that back-to-back runs do not
+/// each pay for waking it (a futex call and a context switch).
+const IDLE_TICKS: u32 = 100;
+
 fn tick(engine: &wasmtime::EngineWeak, ticker: &Weak<Ticker>) {
+    let mut idle = 0u32;
     loop {
         let Some(t) = ticker.upgrade() else { return };
         {
             let mut state = t.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            while state.runs == 0 && !state.stop {
+            idle = if state.runs == 0 { idle.saturating_add(1) } else { 0 };
+            while state.runs == 0 && idle > IDLE_TICKS && !state.stop {
+                state.parked = true;
                 state = t.wake.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
             }
+            state.parked = false;
             if state.stop {
                 return;
             }

@@ -164,3 +164,23 @@ fn g1_wasm_tier_runs_a_module_file_and_a_script_file() {
     assert_eq!(code, 125, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn g1_docker_tier_prints_only_verified_output() {
+    let (_, out, _) = check(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    if !v["docker_tier"].as_bool().unwrap() {
+        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "docker tier not ready: {out}");
+        eprintln!("SKIPPED: the docker tier cannot run here: {out}");
+        return;
+    }
+    assert_eq!(
+        check(&["run", "--tier", "docker", "--", "sh", "-c", "echo $((6*7))"]),
+        (0, "42\n".into(), String::new())
+    );
+    let (code, out, err) =
+        check(&["run", "--tier", "docker", "--timeout", "1s", "--", "sh", "-c", "echo partial; sleep 30"]);
+    assert_eq!((code, out.as_str()), (124, ""), "{err}");
+    let (code, _, err) = check(&["run", "--tier", "docker", "--image=-bad", "--", "true"]);
+    assert_eq!(code, 125, "{err}");
+}

@@ -1,0 +1,347 @@
+//! The docker tier: runs a job as a hardened, throwaway container through bollard.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use stockade_docker::DockerTier;
+//! use stockade_protocol::Job;
+//!
+//! let tier = DockerTier::connect().await?;
+//! let job = Job::image("stockade-busybox:local", ["echo", "hi"])?;
+//! let report = tier.run(&job).await?;
+//! assert_eq!(report.stdout.bytes, b"hi\n");
+//! # Ok(()) }
+//! ```
+//!
+//! # Position in the stack
+//! Depends on: `stockade-protocol`; `bollard` (this crate is its only owner).
+//! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
+//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`].
+//!
+//! # Threat model
+//! Trusted: the host program, the Docker engine and its runtime (runc, or runsc), the
+//! kernel, and the image the caller names (it is code the caller chose, run confined).
+//! Attacker-controlled: everything the container's processes do and write.
+//! Out of scope: kernel vulnerabilities (containers share the host kernel; use the
+//! `runsc` runtime for a user-space kernel), a compromised engine, and anyone who can
+//! reach the engine's socket (that is root on the host).
+//!
+//! # Guarantees
+//! G1. A job is validated before any call to the engine: the image reference, container
+//!     name, a non-root uid and gid, workspace directories (absolute, dedicated, not
+//!     nested) and every limit's range; a bad job is a typed [`spec::SpecError`].
+//!     (pinned by: src/spec_tests.rs::g1_*)
+//! G2. Every container gets, by default: networking disabled (`NetworkDisabled` and network
+//!     mode `none`), a read-only root, every capability dropped and no-new-privileges, a
+//!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile` and
+//!     `core` ulimits, a `/tmp` tmpfs with noexec, nosuid, nodev and a size, log driver
+//!     `none`, an init process, never privileged, and labels for reaping. The engine is
+//!     never asked to pull.
+//!     (pinned by: src/spec_tests.rs::g2_*, tests/it/docker.rs::g2_*)
+//! G3. A run is create, attach, start, bounded fail-fast capture, SIGKILL at the deadline
+//!     or on an output breach (after dropping the attach stream), wait for not-running,
+//!     inspect (out of memory, exit code) and a forced removal with retries, on every path
+//!     out, so no container outlives its run.
+//!     (pinned by: tests/it/docker.rs::g3_*)
+//! G4. Containers left behind by a crashed host are reaped by label when the tier connects
+//!     and by [`DockerTier::gc`].
+//!     (pinned by: tests/it/docker.rs::g4_*)
+//! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run.
+//!     (pinned by: tests/it/docker.rs::g5_*)
+//!
+//! # Non-guarantees
+//! - The container shares the host kernel; seccomp is the engine's default profile.
+//! - No warm pool yet: every run creates a container (see docs/benchmarks.md).
+//! - A read-write workspace is a bind mount without protected paths.
+//!
+//! # Failure behaviour
+//! A misbehaving guest is an `Ok(Report)`; an image that does not exist is a
+//! `FailedToStart` report. Engine failures are [`DockerError`].
+//!
+//! # Unsafe
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! Connects to the engine through `DOCKER_HOST` or the default socket; creates, starts,
+//! kills, inspects and removes containers it labels; lists containers by its labels.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: no `privileged`, no pull, no `AutoRemove`, no network mode other than
+//! `none`, no container without the run label.
+
+#![forbid(unsafe_code)]
+
+pub mod spec;
+#[cfg(test)]
+mod spec_tests;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use spec::{Hardening, LABEL_EXPIRES, LABEL_RUN, ORPHAN_GRACE, SpecError};
+use stockade_protocol::{BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, Report, Status, Stream};
+use tokio::io::AsyncWriteExt;
+
+/// The engine could not run a job. A misbehaving guest is never an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DockerError {
+    /// No engine is reachable, or it lacks something the tier needs.
+    #[error("unsupported on this host: {mechanism}: {reason}")]
+    Unsupported {
+        /// The mechanism.
+        mechanism: String,
+        /// Why.
+        reason: String,
+    },
+    /// The job cannot become a container.
+    #[error("misconfigured: {0}")]
+    Spec(#[from] SpecError),
+    /// The engine failed mid-run.
+    #[error("docker engine: {0}")]
+    Engine(String),
+}
+
+fn engine(e: bollard::errors::Error) -> DockerError {
+    DockerError::Engine(e.to_string())
+}
+
+/// The docker tier: a connection to the engine and the hardening every container gets.
+#[derive(Debug, Clone)]
+pub struct DockerTier {
+    docker: Docker,
+    hardening: Hardening,
+}
+
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+fn run_id() -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{:x}-{:x}-{:x}", nanos & 0xffff_ffff_ffff, std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl DockerTier {
+    /// Connects through `DOCKER_HOST` or the default socket, negotiates the API version,
+    /// and reaps expired stockade containers.
+    pub async fn connect() -> Result<Self, DockerError> {
+        let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+        Self::connect_to(&host).await
+    }
+
+    /// Connects to the engine at `host` (`unix:///path/to/docker.sock`), negotiates the API
+    /// version, and reaps expired stockade containers.
+    pub async fn connect_to(host: &str) -> Result<Self, DockerError> {
+        let unsupported = |e: bollard::errors::Error| DockerError::Unsupported {
+            mechanism: "docker engine".into(),
+            reason: format!("{host}: {e}"),
+        };
+        let Some(path) = host.strip_prefix("unix://") else {
+            return Err(DockerError::Unsupported {
+                mechanism: "docker engine".into(),
+                reason: format!("{host}: only unix:// engine addresses are supported"),
+            });
+        };
+        let docker = Docker::connect_with_unix(path, 30, bollard::API_DEFAULT_VERSION).map_err(unsupported)?;
+        let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
+            .await
+            .map_err(|_| DockerError::Unsupported {
+                mechanism: "docker engine".into(),
+                reason: "no answer in 10 s".into(),
+            })?
+            .map_err(unsupported)?;
+        docker.ping().await.map_err(unsupported)?;
+        let tier = Self { docker, hardening: Hardening::default() };
+        tier.gc(false).await?;
+        Ok(tier)
+    }
+
+    /// Runs every container under the OCI runtime `runtime` (e.g. `runsc`, gVisor), which
+    /// the engine must know.
+    #[must_use]
+    pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
+        self.hardening.runtime = Some(runtime.into());
+        self
+    }
+
+    /// Whether the engine has `image` locally (the tier never pulls).
+    pub async fn has_image(&self, image: &str) -> bool {
+        self.docker.inspect_image(image).await.is_ok()
+    }
+
+    /// Removes stockade's containers: those past their expiry label, or with `all`, every
+    /// container carrying the run label. Returns how many were removed.
+    pub async fn gc(&self, all: bool) -> Result<usize, DockerError> {
+        let filters = HashMap::from([("label", vec![LABEL_RUN])]);
+        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        let list = self.docker.list_containers(Some(opts)).await.map_err(engine)?;
+        let now = unix_now();
+        let mut removed = 0;
+        for c in list {
+            let expires = c.labels.as_ref().and_then(|l| l.get(LABEL_EXPIRES)).and_then(|v| v.parse::<u64>().ok());
+            if (all || expires.is_none_or(|t| t < now))
+                && let Some(id) = c.id
+                && self.remove(&id).await
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Force-removes a container (and its anonymous volumes), retrying; true once it is gone.
+    async fn remove(&self, id: &str) -> bool {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        for attempt in 0..5u32 {
+            match self.docker.remove_container(id, Some(opts.clone())).await {
+                Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                    return true;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+            }
+        }
+        false
+    }
+
+    /// Runs an image job. A misbehaving guest is an `Ok` report.
+    pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
+        let id = run_id();
+        let limits = job.limits();
+        let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();
+        let spec = spec::spec(job, &self.hardening, &id, expires)?;
+        let name = format!("stockade-{id}");
+        let created = self
+            .docker
+            .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), spec.body)
+            .await;
+        let container = match created {
+            Ok(c) => c.id,
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, message }) => {
+                return Ok(Report::new(Status::failed_to_start(message), Duration::ZERO));
+            }
+            Err(e) => return Err(engine(e)),
+        };
+        let result = self.lifecycle(&container, job).await;
+        let removed = self.remove(&container).await;
+        let mut report = result?;
+        if !removed {
+            return Err(DockerError::Engine(format!("container {container} could not be removed")));
+        }
+        report.enforcement = enforcement(job);
+        Ok(report)
+    }
+
+    async fn lifecycle(&self, id: &str, job: &Job) -> Result<Report, DockerError> {
+        let limits = job.limits();
+        let stdin = job.stdin().to_vec();
+        let attach = AttachContainerOptionsBuilder::default()
+            .stream(true)
+            .logs(false)
+            .stdin(!stdin.is_empty())
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let attached = self.docker.attach_container(id, Some(attach)).await.map_err(engine)?;
+        let (mut input, mut output) = (attached.input, attached.output);
+        if let Err(e) = self.docker.start_container(id, None).await {
+            return Ok(Report::new(Status::failed_to_start(e.to_string()), Duration::ZERO));
+        }
+        let start = Instant::now();
+        let deadline = tokio::time::Instant::from_std(start + limits.wall());
+        let writer = tokio::spawn(async move {
+            if !stdin.is_empty() {
+                let _ = input.write_all(&stdin).await;
+            }
+            let _ = input.shutdown().await;
+        });
+        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let mut out = BoundedSink::new(cap(limits.stdout_bytes()), CaptureMode::FailFast);
+        let mut err = BoundedSink::new(cap(limits.stderr_bytes()), CaptureMode::FailFast);
+        let mut breach = None;
+        let read = async {
+            while let Some(Ok(frame)) = output.next().await {
+                let (sink, stream, bytes) = match &frame {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        (&mut out, Stream::Stdout, message)
+                    }
+                    LogOutput::StdErr { message } => (&mut err, Stream::Stderr, message),
+                    LogOutput::StdIn { .. } => continue,
+                };
+                if sink.push(bytes) == Flow::OverBudget {
+                    breach = Some(stream);
+                    break;
+                }
+            }
+        };
+        let timed_out = tokio::time::timeout_at(deadline, read).await.is_err();
+        // Trap 4 of research/docker-tier.md: an open, unread attach stream blocks kill, wait
+        // and inspect. Drop it first.
+        drop(output);
+        writer.abort();
+        if timed_out || breach.is_some() {
+            let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+            let _ = self.docker.kill_container(id, Some(kill)).await;
+        }
+        let code = self.wait_not_running(id).await;
+        let wall = start.elapsed();
+        let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
+        let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+        let code = code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1);
+        let status = match (timed_out, breach) {
+            (true, _) => Status::TimedOut,
+            (_, Some(stream)) => Status::OutputLimit { stream },
+            _ if oom => Status::OutOfMemory,
+            // docker-init (pid 1) reports a child killed by signal N as 128 + N.
+            _ if (129..=192).contains(&code) => Status::Signaled { signal: i32::try_from(code - 128).unwrap_or(0) },
+            _ => Status::Exited { code: i32::try_from(code).unwrap_or(-1) },
+        };
+        Ok(Report::new(status, wall).with_output(out.finish(), err.finish()))
+    }
+
+    /// Waits (at most 10 s) until the container is not running; its exit code if known.
+    async fn wait_not_running(&self, id: &str) -> Option<i64> {
+        let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
+        let mut stream = self.docker.wait_container(id, Some(opts));
+        match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {
+            Ok(Some(Ok(r))) => Some(r.status_code),
+            Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. }))) => Some(code),
+            _ => None,
+        }
+    }
+}
+
+fn enforcement(job: &Job) -> Vec<Enforced> {
+    let l = job.limits();
+    vec![
+        Enforced::new(Mechanism::ContainerNoNetwork, "NetworkDisabled, network mode none"),
+        Enforced::new(Mechanism::ContainerReadOnlyRoot, "read-only root, /tmp tmpfs noexec nosuid nodev"),
+        Enforced::new(Mechanism::ContainerNoCapabilities, "cap-drop ALL, no-new-privileges, uid 65534"),
+        Enforced::new(
+            Mechanism::ContainerLimits,
+            format!(
+                "memory = memory+swap = {} bytes, pids {}, nofile {}, 1 cpu",
+                l.memory_bytes(),
+                l.processes(),
+                l.open_files()
+            ),
+        ),
+        Enforced::new(Mechanism::Deadline, format!("{} ms, SIGKILL to the container", l.wall().as_millis())),
+        Enforced::new(
+            Mechanism::OutputBudget,
+            format!("stdout {} bytes, stderr {} bytes, log driver none", l.stdout_bytes(), l.stderr_bytes()),
+        ),
+    ]
+}

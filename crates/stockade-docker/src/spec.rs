@@ -1,0 +1,287 @@
+//! The container a job becomes: validated host-side, before any call to the engine, and
+//! turned into the create body bollard sends. Pure: no I/O, unit-tested without a daemon.
+
+use std::collections::HashMap;
+use std::path::{Component, Path};
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use stockade_protocol::{Access, Job, JobKind, Limits};
+
+/// The default image: a `docker import` of Debian's busybox-static (`cargo xtask images`).
+pub const DEFAULT_IMAGE: &str = "stockade-busybox:local";
+
+/// The uid and gid the job runs as: `nobody`.
+pub const JOB_UID: u32 = 65534;
+
+/// Size of the private `/tmp` tmpfs.
+pub const TMP_BYTES: u64 = 64 << 20;
+
+/// CPUs a container may use.
+pub const NANO_CPUS: i64 = 1_000_000_000;
+
+/// Where the workspace appears inside the container.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The label every stockade container carries, with the run's id.
+pub const LABEL_RUN: &str = "stockade.run-id";
+
+/// The label with the Unix time after which a container is an orphan to reap.
+pub const LABEL_EXPIRES: &str = "stockade.expires";
+
+/// Grace added to a run's deadline before its container counts as an orphan.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
+
+/// Host directories that may never be a workspace: the system, other users' homes, and
+/// the places engine sockets live.
+const NOT_DEDICATED: &[&str] = &[
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    "/var/lib",
+    "/var/lib/docker",
+    "/var/run",
+];
+
+/// Why a job cannot become a container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The job is not an image job.
+    #[error("the docker tier runs only image jobs")]
+    NotAnImageJob,
+    /// The image reference is malformed.
+    #[error("invalid image reference {0:?}: {1}")]
+    Image(String, &'static str),
+    /// A container name is malformed.
+    #[error("invalid container name {0:?}")]
+    Name(String),
+    /// The job would run as root.
+    #[error("the container user must be non-root, got uid {uid} gid {gid}")]
+    Root {
+        /// The uid.
+        uid: u32,
+        /// The gid.
+        gid: u32,
+    },
+    /// A mount directory is unusable.
+    #[error("workspace {path:?}: {why}")]
+    Mount {
+        /// The host path.
+        path: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A limit is out of the range the engine can enforce.
+    #[error("{name} = {value} is out of range ({why})")]
+    Limit {
+        /// The limit.
+        name: &'static str,
+        /// Its value.
+        value: u64,
+        /// The range.
+        why: &'static str,
+    },
+    /// The command is empty.
+    #[error("the command is empty")]
+    EmptyCommand,
+}
+
+/// Checks an image reference: non-empty, at most 255 bytes, no leading `-` (it would read
+/// as a flag to a CLI), no whitespace or control characters, and only the characters of a
+/// `name[:tag][@digest]` reference.
+pub fn check_image(image: &str) -> Result<(), SpecError> {
+    let bad = |why| Err(SpecError::Image(image.to_owned(), why));
+    if image.is_empty() || image.len() > 255 {
+        return bad("must be 1 to 255 bytes");
+    }
+    if image.starts_with('-') {
+        return bad("must not start with '-'");
+    }
+    if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("must not contain whitespace or control characters");
+    }
+    if !image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c)) {
+        return bad("only letters, digits and . _ - / : @ are allowed");
+    }
+    if image.split('/').any(str::is_empty) {
+        return bad("empty path component");
+    }
+    Ok(())
+}
+
+/// Checks a container name: `[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}`.
+pub fn check_name(name: &str) -> Result<(), SpecError> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if first_ok && name.len() <= 128 && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+        Ok(())
+    } else {
+        Err(SpecError::Name(name.to_owned()))
+    }
+}
+
+/// Checks a workspace directory: absolute, normalised (no `.` or `..`), not a system or
+/// shared directory, and (with several mounts) none nested in another.
+pub fn check_mounts(paths: &[&Path]) -> Result<(), SpecError> {
+    for p in paths {
+        let text = p.to_string_lossy().into_owned();
+        let err = |why| Err(SpecError::Mount { path: text.clone(), why });
+        if !p.is_absolute() {
+            return err("must be absolute");
+        }
+        if p.components().any(|c| matches!(c, Component::CurDir | Component::ParentDir)) {
+            return err("must not contain . or ..");
+        }
+        if text.contains(':') || text.contains(',') {
+            return err("must not contain ':' or ','");
+        }
+        let trimmed = text.trim_end_matches('/');
+        if NOT_DEDICATED.contains(&if trimmed.is_empty() { "/" } else { trimmed }) {
+            return err("is a system or shared directory, not a dedicated one");
+        }
+        if text.contains("docker.sock") || text.contains("containerd") {
+            return err("must not expose an engine socket");
+        }
+    }
+    for (i, a) in paths.iter().enumerate() {
+        for b in &paths[i + 1..] {
+            if a.starts_with(b) || b.starts_with(a) {
+                return Err(SpecError::Mount {
+                    path: a.to_string_lossy().into_owned(),
+                    why: "nests with another mount",
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Settings of the tier that shape every container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hardening {
+    /// The user, `uid:gid`; never 0.
+    pub uid: u32,
+    /// The group.
+    pub gid: u32,
+    /// An OCI runtime other than the daemon's default (e.g. `runsc` for gVisor).
+    pub runtime: Option<String>,
+}
+
+impl Default for Hardening {
+    fn default() -> Self {
+        Self { uid: JOB_UID, gid: JOB_UID, runtime: None }
+    }
+}
+
+/// A validated container, ready to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// The image.
+    pub image: String,
+    /// The command.
+    pub command: Vec<String>,
+    /// The create body.
+    pub body: ContainerCreateBody,
+}
+
+fn limit(name: &'static str, value: u64, min: u64, max: u64, why: &'static str) -> Result<i64, SpecError> {
+    if value < min || value > max {
+        return Err(SpecError::Limit { name, value, why });
+    }
+    i64::try_from(value).map_err(|_| SpecError::Limit { name, value, why })
+}
+
+/// Turns `job` into the create body, with every hardening default. `run_id` and `expires`
+/// (Unix seconds) become labels.
+pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Result<Spec, SpecError> {
+    let JobKind::Image { image, command } = job.kind() else {
+        return Err(SpecError::NotAnImageJob);
+    };
+    check_image(image)?;
+    check_name(run_id)?;
+    if command.is_empty() {
+        return Err(SpecError::EmptyCommand);
+    }
+    if hardening.uid == 0 || hardening.gid == 0 {
+        return Err(SpecError::Root { uid: hardening.uid, gid: hardening.gid });
+    }
+    let l: &Limits = job.limits();
+    let memory = limit("memory", l.memory_bytes(), 6 << 20, 64 << 30, "6 MiB to 64 GiB")?;
+    let pids = limit("processes", u64::from(l.processes()), 1, 4096, "1 to 4096")?;
+    let nofile = limit("open files", u64::from(l.open_files()), 16, 65536, "16 to 65536")?;
+    let mut binds = Vec::new();
+    if let Some(ws) = job.workspace() {
+        check_mounts(&[ws.path()])?;
+        let mode = match ws.access() {
+            Access::ReadOnly => "ro",
+            Access::ReadWrite => "rw",
+        };
+        binds.push(format!("{}:{WORKSPACE}:{mode},nosuid,nodev", ws.path().display()));
+    }
+    if let Some(rt) = &hardening.runtime {
+        check_name(rt)?;
+    }
+    let env: Vec<String> = job.env().iter().map(|v| format!("{}={}", v.key(), v.value())).collect();
+    let stdin = !job.stdin().is_empty();
+    let host = HostConfig {
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        privileged: Some(false),
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        nano_cpus: Some(NANO_CPUS),
+        pids_limit: Some(pids),
+        ulimits: Some(vec![
+            ResourcesUlimits { name: Some("nofile".into()), soft: Some(nofile), hard: Some(nofile) },
+            ResourcesUlimits { name: Some("core".into()), soft: Some(0), hard: Some(0) },
+        ]),
+        tmpfs: Some(HashMap::from([("/tmp".to_owned(), format!("rw,noexec,nosuid,nodev,size={TMP_BYTES}"))])),
+        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+        auto_remove: Some(false),
+        init: Some(true),
+        binds: (!binds.is_empty()).then_some(binds),
+        runtime: hardening.runtime.clone(),
+        ..Default::default()
+    };
+    let body = ContainerCreateBody {
+        image: Some(image.clone()),
+        cmd: Some(command.clone()),
+        entrypoint: Some(Vec::new()),
+        user: Some(format!("{}:{}", hardening.uid, hardening.gid)),
+        env: Some(env),
+        working_dir: Some(if job.workspace().is_some() { WORKSPACE.into() } else { "/".into() }),
+        network_disabled: Some(true),
+        attach_stdin: Some(stdin),
+        open_stdin: Some(stdin),
+        stdin_once: Some(stdin),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        labels: Some(HashMap::from([
+            (LABEL_RUN.to_owned(), run_id.to_owned()),
+            (LABEL_EXPIRES.to_owned(), expires.to_string()),
+        ])),
+        host_config: Some(host),
+        ..Default::default()
+    };
+    Ok(Spec { image: image.clone(), command: command.clone(), body })
+}

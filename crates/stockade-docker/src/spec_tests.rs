@@ -1,0 +1,99 @@
+//! G1 and G2 without a daemon: validation, and the create body every container gets.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on broken invariants")]
+
+use std::path::Path;
+
+use stockade_protocol::{Access, Job, Limits};
+
+use crate::spec::{self, Hardening, SpecError, check_image, check_mounts, check_name};
+
+fn job() -> Job {
+    Job::image("stockade-busybox:local", ["sh", "-c", "echo hi"]).unwrap()
+}
+
+#[test]
+fn g1_image_references_are_checked() {
+    for ok in ["stockade-busybox:local", "registry.example/ns/img:1.2@sha256:abc", "busybox"] {
+        check_image(ok).unwrap();
+    }
+    for bad in ["", "-v", "--privileged", "img name", "img\n", "img:tag;rm", "a//b", &"x".repeat(256)] {
+        assert!(matches!(check_image(bad), Err(SpecError::Image(..))), "{bad:?}");
+    }
+}
+
+#[test]
+fn g1_names_users_mounts_and_limits_are_checked() {
+    check_name("stockade-1a2b").unwrap();
+    for bad in ["", "-x", "a b", "a/b", &"x".repeat(129)] {
+        assert!(check_name(bad).is_err(), "{bad:?}");
+    }
+    let root = Hardening { uid: 0, gid: 0, runtime: None };
+    assert!(matches!(spec::spec(&job(), &root, "r1", 0), Err(SpecError::Root { .. })));
+    let gid0 = Hardening { uid: 1000, gid: 0, runtime: None };
+    assert!(matches!(spec::spec(&job(), &gid0, "r1", 0), Err(SpecError::Root { .. })));
+    for bad in ["/", "/etc", "/home", "/var/run", "/run/docker.sock", "/srv/a/../b", "/srv/a:b"] {
+        assert!(check_mounts(&[Path::new(bad)]).is_err(), "{bad}");
+    }
+    check_mounts(&[Path::new("/srv/work/job-1")]).unwrap();
+    assert!(check_mounts(&[Path::new("/srv/work"), Path::new("/srv/work/inner")]).is_err(), "nested");
+    let tiny = job().with_limits(Limits::new().with_memory(1 << 20).unwrap());
+    assert!(matches!(spec::spec(&tiny, &Hardening::default(), "r1", 0), Err(SpecError::Limit { name: "memory", .. })));
+    let ws = job().with_workspace("/etc", Access::ReadOnly).unwrap();
+    assert!(matches!(spec::spec(&ws, &Hardening::default(), "r1", 0), Err(SpecError::Mount { .. })));
+    let cmd = Job::wasm("/m.wasm", "_start", Vec::<String>::new()).unwrap();
+    assert_eq!(spec::spec(&cmd, &Hardening::default(), "r1", 0), Err(SpecError::NotAnImageJob));
+}
+
+/// The create body, reviewed as data: `UPDATE_EXPECT=1` rewrites the snapshot.
+#[test]
+fn g2_the_create_body_snapshot() {
+    let job = job()
+        .with_stdin("input")
+        .unwrap()
+        .with_env("LANG", "C.UTF-8")
+        .unwrap()
+        .with_workspace("/srv/work/job-1", Access::ReadOnly)
+        .unwrap();
+    let spec = spec::spec(&job, &Hardening::default(), "run-1", 1_700_000_000).unwrap();
+    let mut value = serde_json::to_value(&spec.body).unwrap();
+    sort(&mut value);
+    let got = serde_json::to_string_pretty(&value).unwrap() + "\n";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/create_body.json");
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(got, want, "the create body changed: review it, then bless with UPDATE_EXPECT=1");
+}
+
+#[test]
+fn g2_hardening_defaults_hold_for_any_job() {
+    let spec = spec::spec(&job(), &Hardening::default(), "r", 0).unwrap();
+    let h = spec.body.host_config.as_ref().unwrap();
+    assert_eq!(spec.body.network_disabled, Some(true));
+    assert_eq!(h.network_mode.as_deref(), Some("none"));
+    assert_eq!(h.readonly_rootfs, Some(true));
+    assert_eq!(h.cap_drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    assert_eq!(h.security_opt.as_deref(), Some(&["no-new-privileges".to_owned()][..]));
+    assert_eq!(h.privileged, Some(false));
+    assert_eq!(h.auto_remove, Some(false));
+    assert_eq!(h.memory, h.memory_swap);
+    assert_eq!(h.log_config.as_ref().and_then(|l| l.typ.as_deref()), Some("none"));
+    assert!(h.tmpfs.as_ref().unwrap()["/tmp"].contains("noexec"));
+    assert_eq!(spec.body.user.as_deref(), Some("65534:65534"));
+    assert!(spec.body.labels.as_ref().unwrap().contains_key(spec::LABEL_RUN));
+    assert!(spec.body.labels.as_ref().unwrap().contains_key(spec::LABEL_EXPIRES));
+}
+
+fn sort(v: &mut serde_json::Value) {
+    if let serde_json::Value::Object(map) = v {
+        let mut entries: Vec<_> = std::mem::take(map).into_iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        for (k, mut child) in entries {
+            sort(&mut child);
+            map.insert(k, child);
+        }
+    } else if let serde_json::Value::Array(items) = v {
+        items.iter_mut().for_each(sort);
+    }
+}

@@ -1,0 +1,184 @@
+//! G2-G5 from inside real containers; the host checks the engine's state itself.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use stockade_docker::spec::{DEFAULT_IMAGE, LABEL_EXPIRES, LABEL_RUN};
+use stockade_docker::{DockerError, DockerTier};
+use stockade_protocol::{Job, Limits, Report, Status, Stream};
+
+/// Docker tests run one at a time: each checks that no stockade container is left.
+static ENGINE: Mutex<()> = Mutex::new(());
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// The tier, or None (SKIPPED) without an engine; `STOCKADE_REQUIRE_ALL` makes that a failure.
+fn tier(test: &str) -> Option<DockerTier> {
+    match rt().block_on(DockerTier::connect()) {
+        Ok(t) => Some(t),
+        Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            None
+        }
+    }
+}
+
+fn sh(script: &str) -> Job {
+    Job::image(DEFAULT_IMAGE, ["/bin/sh", "-c", script]).unwrap()
+}
+
+fn run(tier: &DockerTier, job: &Job) -> Report {
+    rt().block_on(tier.run(job)).unwrap()
+}
+
+/// Stockade containers the engine still has, counted by the host.
+fn leftovers() -> usize {
+    rt().block_on(async {
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        docker.list_containers(Some(opts)).await.unwrap().len()
+    })
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn g2_every_default_takes_effect_inside() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g2_every_default_takes_effect_inside") else { return };
+    let script = r#"
+        echo "ifaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ',')"
+        echo "uid $(id -u):$(id -g)"
+        grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
+        touch /rootfile 2>/dev/null && echo "root writable" || echo "root read-only"
+        echo x > /tmp/f && echo "tmp writable"
+        cp /bin/busybox /tmp/bb && (/tmp/bb true 2>/dev/null && echo "tmp exec" || echo "tmp noexec")
+        echo "nofile $(ulimit -n)"
+        echo "pids $(cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max)"
+    "#;
+    let job = sh(script).with_limits(Limits::new().with_processes(32).unwrap().with_open_files(128).unwrap());
+    let report = run(&tier, &job);
+    let out = text(&report.stdout.bytes);
+    assert_eq!(report.status, Status::Exited { code: 0 }, "{out} {}", text(&report.stderr.bytes));
+    assert!(out.contains("ifaces lo,\n"), "{out}");
+    assert!(out.contains("uid 65534:65534"), "{out}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(out.contains(&format!("{cap}: 0000000000000000")), "{cap}: {out}");
+    }
+    assert!(out.contains("NoNewPrivs: 1"), "{out}");
+    assert!(out.contains("root read-only") && out.contains("tmp writable") && out.contains("tmp noexec"), "{out}");
+    assert!(out.contains("nofile 128") && out.contains("pids 32"), "{out}");
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g3_the_deadline_kills_and_nothing_is_left() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_the_deadline_kills") else { return };
+    let job = sh("echo started; sleep 60").with_limits(Limits::new().with_wall(Duration::from_secs(1)).unwrap());
+    let started = std::time::Instant::now();
+    let report = run(&tier, &job);
+    assert_eq!(report.status, Status::TimedOut, "{report:?}");
+    assert_eq!(report.stdout.bytes, b"started\n");
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g3_an_output_flood_stops_at_the_budget() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_an_output_flood") else { return };
+    let report = run(&tier, &sh("yes").with_limits(Limits::new().with_stdout(64 << 10).unwrap()));
+    assert_eq!(report.status, Status::OutputLimit { stream: Stream::Stdout });
+    assert_eq!(report.stdout.bytes.len(), 64 << 10);
+    assert!(report.wall < Duration::from_secs(5), "{:?}", report.wall);
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g3_out_of_memory_and_the_pids_limit_are_enforced() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_oom_and_pids") else { return };
+    let bomb =
+        sh("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done").with_limits(Limits::new().with_memory(32 << 20).unwrap());
+    assert_eq!(run(&tier, &bomb).status, Status::OutOfMemory);
+    // Forty background sleeps under a limit of 16 processes: the shell's forks fail.
+    let forks =
+        sh("for i in $(seq 40); do sleep 2 & done; wait").with_limits(Limits::new().with_processes(16).unwrap());
+    let report = run(&tier, &forks);
+    assert!(text(&report.stderr.bytes).contains("can't fork"), "{report:?}");
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g3_stdin_exit_codes_and_a_missing_image() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_stdin_exit_codes") else { return };
+    let job = sh("cat; echo err >&2; exit 3").with_stdin("from stdin\n").unwrap();
+    let report = run(&tier, &job);
+    assert_eq!(report.status, Status::Exited { code: 3 });
+    assert_eq!((report.stdout.bytes.as_slice(), report.stderr.bytes.as_slice()), (&b"from stdin\n"[..], &b"err\n"[..]));
+    let missing = Job::image("stockade-no-such-image:local", ["true"]).unwrap();
+    assert!(matches!(run(&tier, &missing).status, Status::FailedToStart { .. }));
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g3_sixteen_concurrent_runs_do_not_interfere() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_sixteen_concurrent_runs") else { return };
+    let reports = rt().block_on(async {
+        let runs = (0..16).map(|i| {
+            let tier = tier.clone();
+            async move {
+                let job = sh("echo $N > /tmp/n; sleep 0.3; cat /tmp/n").with_env("N", i.to_string()).unwrap();
+                (i, tier.run(&job).await.unwrap())
+            }
+        });
+        futures_util::future::join_all(runs).await
+    });
+    for (i, report) in reports {
+        assert_eq!(report.status, Status::Exited { code: 0 }, "{i}: {report:?}");
+        assert_eq!(text(&report.stdout.bytes), format!("{i}\n"));
+    }
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g4_orphans_are_reaped_by_label() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g4_orphans_are_reaped") else { return };
+    rt().block_on(async {
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        for expires in ["1", "not-a-time"] {
+            let body = bollard::models::ContainerCreateBody {
+                image: Some(DEFAULT_IMAGE.into()),
+                cmd: Some(vec!["true".into()]),
+                labels: Some(std::collections::HashMap::from([
+                    (LABEL_RUN.to_owned(), "orphan".to_owned()),
+                    (LABEL_EXPIRES.to_owned(), expires.to_owned()),
+                ])),
+                ..Default::default()
+            };
+            docker.create_container(None, body).await.unwrap();
+        }
+    });
+    assert_eq!(leftovers(), 2);
+    assert_eq!(rt().block_on(tier.gc(false)).unwrap(), 2);
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g5_a_missing_engine_is_unsupported() {
+    let err = rt().block_on(DockerTier::connect_to("unix:///nonexistent/docker.sock")).unwrap_err();
+    assert!(matches!(err, DockerError::Unsupported { .. }), "{err}");
+    let err = rt().block_on(DockerTier::connect_to("tcp://127.0.0.1:1")).unwrap_err();
+    assert!(matches!(err, DockerError::Unsupported { .. }), "{err}");
+}
