@@ -26,10 +26,16 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "docker" || *w == "all") {
+        docker(root, target, write)?;
+        if wanted == ["docker"] {
+            return Ok(());
+        }
+    }
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, all");
     }
     for (group, package, bench, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.
@@ -48,6 +54,42 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         if *group == "wasm" {
             wasm_process(root, target, write)?;
         }
+    }
+    Ok(())
+}
+
+/// A one-shot `stockade run --tier docker` against `docker run --rm` with the same hardening
+/// flags, with hyperfine in one run.
+fn docker(root: &Path, target: &Path, write: bool) -> Result<()> {
+    apt_install(&[("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::cargo(&["xtask", "images"]))?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    let stockade = target.join("release/stockade");
+    let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    let flags = "--rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65534:65534 \
+                 --memory 512m --memory-swap 512m --pids-limit 64 --cpus 1 --ulimit nofile=256:256 --ulimit core=0:0 \
+                 --ulimit cpu=10:10 --tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m --log-driver none --init";
+    let flags = flags.split_whitespace().filter(|w| *w != "\\").collect::<Vec<_>>().join(" ");
+    let json = target.join("bench-docker.json");
+    let mut cmd = std::process::Command::new("hyperfine");
+    cmd.args(["-N", "--warmup", "3", "--runs", "30", "--export-json"]).arg(&json);
+    cmd.args(["-n", "stockade docker", &format!("{stockade} run --tier docker -- true")]);
+    cmd.args(["-n", "docker run", &format!("docker run {flags} stockade-busybox:local true")]);
+    crate::run(&mut cmd)?;
+    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
+    let results = data["results"].as_array().context("hyperfine json has no results")?;
+    let median = |name: &str| -> Result<f64> {
+        let r = results.iter().find(|r| r["command"] == name).with_context(|| format!("no result for {name}"))?;
+        r["median"].as_f64().map(|s| s * 1e3).context("no median")
+    };
+    let (ours, cli) = (median("stockade docker")?, median("docker run")?);
+    let mut out =
+        String::from("| one-shot `true`, same hardening | p50 | ratio to `docker run --rm` |\n|---|---|---|\n");
+    let _ = writeln!(out, "| `stockade run --tier docker -- true` | {ours:.1} ms | {:.2}x |", ours / cli);
+    let _ = writeln!(out, "| `docker run --rm` (same flags) | {cli:.1} ms | 1.00x |");
+    println!("\n{out}");
+    if write {
+        write_docs(root, "docker", &out)?;
     }
     Ok(())
 }

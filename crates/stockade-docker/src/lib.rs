@@ -32,8 +32,8 @@
 //!     (pinned by: src/spec_tests.rs::g1_*)
 //! G2. Every container gets, by default: networking disabled (`NetworkDisabled` and network
 //!     mode `none`), a read-only root, every capability dropped and no-new-privileges, a
-//!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile` and
-//!     `core` ulimits, a `/tmp` tmpfs with noexec, nosuid, nodev and a size, log driver
+//!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile`, `core`
+//!     and `cpu` (the job's CPU time per process) ulimits, a `/tmp` tmpfs with noexec, nosuid, nodev and a size, log driver
 //!     `none`, an init process, never privileged, and labels for reaping. The engine is
 //!     never asked to pull.
 //!     (pinned by: src/spec_tests.rs::g2_*, tests/it/docker.rs::g2_*)
@@ -49,7 +49,8 @@
 //!     (pinned by: tests/it/docker.rs::g5_*)
 //!
 //! # Non-guarantees
-//! - The container shares the host kernel; seccomp is the engine's default profile.
+//! - The container shares the host kernel; seccomp is the engine's default profile, which
+//!   (on Docker 28 here) allows io_uring.
 //! - No warm pool yet: every run creates a container (see docs/benchmarks.md).
 //! - A read-write workspace is a bind mount without protected paths.
 //!
@@ -332,10 +333,11 @@ fn enforcement(job: &Job) -> Vec<Enforced> {
         Enforced::new(
             Mechanism::ContainerLimits,
             format!(
-                "memory = memory+swap = {} bytes, pids {}, nofile {}, 1 cpu",
+                "memory = memory+swap = {} bytes, pids {}, nofile {}, cpu time {} s per process, 1 cpu",
                 l.memory_bytes(),
                 l.processes(),
-                l.open_files()
+                l.open_files(),
+                l.cpu().as_secs_f64().ceil()
             ),
         ),
         Enforced::new(Mechanism::Deadline, format!("{} ms, SIGKILL to the container", l.wall().as_millis())),

@@ -226,6 +226,9 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
     let memory = limit("memory", l.memory_bytes(), 6 << 20, 64 << 30, "6 MiB to 64 GiB")?;
     let pids = limit("processes", u64::from(l.processes()), 1, 4096, "1 to 4096")?;
     let nofile = limit("open files", u64::from(l.open_files()), 16, 65536, "16 to 65536")?;
+    // RLIMIT_CPU has whole seconds: round up, so a job never gets less than it asked for.
+    let cpu =
+        limit("cpu seconds", l.cpu().as_secs() + u64::from(l.cpu().subsec_nanos() > 0), 1, 86_400, "1 s to 24 h")?;
     let mut binds = Vec::new();
     if let Some(ws) = job.workspace() {
         check_mounts(&[ws.path()])?;
@@ -253,6 +256,7 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
         ulimits: Some(vec![
             ResourcesUlimits { name: Some("nofile".into()), soft: Some(nofile), hard: Some(nofile) },
             ResourcesUlimits { name: Some("core".into()), soft: Some(0), hard: Some(0) },
+            ResourcesUlimits { name: Some("cpu".into()), soft: Some(cpu), hard: Some(cpu) },
         ]),
         tmpfs: Some(HashMap::from([("/tmp".to_owned(), format!("rw,noexec,nosuid,nodev,size={TMP_BYTES}"))])),
         log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),

@@ -77,6 +77,8 @@ pub struct Expectations {
     pub process: &'static [Expect],
     /// The wasm tier (the attack's variant in `tests/attacks/wasm/attacks.c`, or n/a).
     pub wasm: &'static [Expect],
+    /// The docker tier (the same static program in the attack image).
+    pub docker: &'static [Expect],
 }
 
 /// Whether the comparison columns (bwrap, docker) may run an attack: some attacks would harm
@@ -124,13 +126,19 @@ pub mod expect {
     type Spec = (Expectations, Comparison, Setup);
     type E = &'static [super::Expect];
 
-    const fn e(process: E, wasm: E, c: Comparison) -> Spec {
-        (Expectations { process, wasm }, c, Setup::Standard)
+    const fn e(process: E, wasm: E, docker: E, c: Comparison) -> Spec {
+        (Expectations { process, wasm, docker }, c, Setup::Standard)
     }
 
     /// An attack with a special setup, which the comparison wrappers do not have.
     const fn special(process: E, wasm: E, setup: Setup, why: &'static str) -> Spec {
-        (Expectations { process, wasm }, Skip(why), setup)
+        let docker: E = match setup {
+            Setup::KillSupervisor => {
+                &[NotApplicable("the docker tier's supervisor is the engine, which the harness does not kill")]
+            }
+            _ => &[NotApplicable("the docker tier has no protected-path overlay for read-write workspaces")],
+        };
+        (Expectations { process, wasm, docker }, Skip(why), setup)
     }
 
     const NO_LIMITS: Comparison = Skip("wrappers without limits would let it harm the host");
@@ -144,21 +152,21 @@ pub mod expect {
         "the wasm tier has no protected-path overlay: a read-write workspace is writable throughout (docs/threat-model.md)",
     )];
 
-    pub const env_hostname: Spec = e(&[Denied], &[NotApplicable("WASI has no hostname call")], Run);
-    pub const env_inherited_secret: Spec = e(&[Denied], &[Denied], Run);
-    pub const fs_cgroupfs: Spec = e(&[Denied], &[Denied], Run);
-    pub const fs_disk_fill: Spec = e(&[Denied, Contained, Killed], &[Denied], NO_LIMITS);
-    pub const fs_host_layout: Spec = e(&[Denied, Contained], &[Denied, Contained], Run);
+    pub const env_hostname: Spec = e(&[Denied], &[NotApplicable("WASI has no hostname call")], &[Denied], Run);
+    pub const env_inherited_secret: Spec = e(&[Denied], &[Denied], &[Contained], Run);
+    pub const fs_cgroupfs: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const fs_disk_fill: Spec = e(&[Denied, Contained, Killed], &[Denied], &[Denied], NO_LIMITS);
+    pub const fs_host_layout: Spec = e(&[Denied, Contained], &[Denied, Contained], &[Contained], Run);
     pub const fs_kernel_knobs: Spec =
-        e(&[Denied], &[Denied], Skip("wrappers that keep host root can rewrite the host's kernel knobs"));
-    pub const fs_proc_environ: Spec = e(&[Denied, Contained], &[Denied], Run);
-    pub const fs_read_home_secrets: Spec = e(&[Denied], &[Denied], Run);
-    pub const fs_read_shadow: Spec = e(&[Denied], &[Denied], Run);
+        e(&[Denied], &[Denied], &[Denied], Skip("wrappers that keep host root can rewrite the host's kernel knobs"));
+    pub const fs_proc_environ: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
+    pub const fs_read_home_secrets: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const fs_read_shadow: Spec = e(&[Denied], &[Denied], &[Denied], Run);
     pub const fs_setuid: Spec =
-        e(&[Denied, Contained], &[NotApplicable("WASI has no permission bits or set-user-ID")], Run);
-    pub const fs_special_files: Spec = e(&[Denied, Contained], &[Denied], Run);
-    pub const fs_symlink_out: Spec = e(&[Denied, Contained], &[Denied], Run);
-    pub const fs_write_outside: Spec = e(&[Denied, Contained], &[Denied], Run);
+        e(&[Denied, Contained], &[NotApplicable("WASI has no permission bits or set-user-ID")], &[Denied], Run);
+    pub const fs_special_files: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
+    pub const fs_symlink_out: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
+    pub const fs_write_outside: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
     pub const fs_persist_protected: Spec = special(
         &[Denied, Contained],
         NO_PROTECTED_PATHS,
@@ -171,47 +179,52 @@ pub mod expect {
         Setup::RwWorkspace,
         "needs a read-write workspace with protected paths",
     );
-    pub const kernel_bpf: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_clone3: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_io_uring: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_keyctl: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_mount: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_open_by_handle: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_perf: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_personality: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_tiocsti: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_userfaultfd: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_userns: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const kernel_second_thread: Spec = e(&[Denied], NO_SYSCALLS, Run);
-    pub const fs_truncate_readonly: Spec = e(&[Denied], &[Denied], Run);
-    pub const proc_pipe_grandchild: Spec = e(&[Contained], NO_PROCESSES, Run);
-    pub const mem_core_dump: Spec =
-        e(&[Killed], &[NotApplicable("a trap ends a call inside the host; there is no process to dump")], Run);
-    pub const net_shell_devtcp: Spec = e(&[Denied], &[NotApplicable("there is no shell in a WASI guest")], Run);
-    pub const ipc_sysv_shm: Spec = e(&[Denied], &[NotApplicable("WASI has no IPC")], Run);
-    pub const mem_bomb: Spec = e(&[Killed], &[Killed], NO_LIMITS);
-    pub const net_raw_packet: Spec = e(&[Denied], &[Denied], Run);
-    pub const net_metadata_service: Spec = e(&[Denied], &[Denied], Run);
-    pub const net_tcp_loopback: Spec = e(&[Denied], &[Denied], Run);
-    pub const net_udp_loopback: Spec = e(&[Denied], &[Denied], Run);
-    pub const net_unix_abstract: Spec = e(&[Denied], &[Denied], Run);
-    pub const net_unix_pathname: Spec = e(&[Denied], &[Denied], Run);
-    pub const proc_fd_exhaustion: Spec = e(&[Denied], &[Killed], Run);
-    pub const proc_fork_bomb: Spec = e(&[Killed, Denied], NO_PROCESSES, NO_LIMITS);
-    pub const proc_inherited_fds: Spec = e(&[Denied], &[Denied], Run);
-    pub const proc_output_flood: Spec = e(&[Killed], &[Killed], Run);
+    pub const kernel_bpf: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_clone3: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_io_uring: Spec = e(&[Denied], NO_SYSCALLS, &[Contained], Run);
+    pub const kernel_keyctl: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_mount: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_open_by_handle: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_perf: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_personality: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_tiocsti: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_userfaultfd: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_userns: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
+    pub const kernel_second_thread: Spec = e(&[Denied], NO_SYSCALLS, &[Contained], Run);
+    pub const fs_truncate_readonly: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const proc_pipe_grandchild: Spec = e(&[Contained], NO_PROCESSES, &[Contained], Run);
+    pub const mem_core_dump: Spec = e(
+        &[Killed],
+        &[NotApplicable("a trap ends a call inside the host; there is no process to dump")],
+        &[Killed],
+        Run,
+    );
+    pub const net_shell_devtcp: Spec =
+        e(&[Denied], &[NotApplicable("there is no shell in a WASI guest")], &[Denied], Run);
+    pub const ipc_sysv_shm: Spec = e(&[Denied], &[NotApplicable("WASI has no IPC")], &[Denied], Run);
+    pub const mem_bomb: Spec = e(&[Killed], &[Killed], &[Killed], NO_LIMITS);
+    pub const net_raw_packet: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const net_metadata_service: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const net_tcp_loopback: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const net_udp_loopback: Spec = e(&[Denied], &[Denied], &[Contained], Run);
+    pub const net_unix_abstract: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const net_unix_pathname: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const proc_fd_exhaustion: Spec = e(&[Denied], &[Killed], &[Denied], Run);
+    pub const proc_fork_bomb: Spec = e(&[Killed, Denied], NO_PROCESSES, &[Denied], NO_LIMITS);
+    pub const proc_inherited_fds: Spec = e(&[Denied], &[Denied], &[Denied], Run);
+    pub const proc_output_flood: Spec = e(&[Killed], &[Killed], &[Killed], Run);
     pub const proc_outlive_supervisor: Spec = special(
         &[Killed],
         &[NotApplicable("the guest is a call inside the host process and cannot outlive it")],
         Setup::KillSupervisor,
         "needs a stand-in supervisor process that the harness can kill",
     );
-    pub const proc_ptrace_host: Spec = e(&[Denied], NO_PROCESS_ACCESS, Run);
-    pub const proc_setsid_daemon: Spec = e(&[Contained], NO_PROCESSES, Run);
-    pub const proc_signal_host: Spec = e(&[Denied, Contained], NO_PROCESS_ACCESS, Run);
-    pub const proc_vm_read: Spec = e(&[Denied], NO_PROCESS_ACCESS, Run);
-    pub const time_cpu_spin: Spec = e(&[Killed], &[Killed], Run);
-    pub const time_sleep: Spec = e(&[Killed], &[Killed], Run);
+    pub const proc_ptrace_host: Spec = e(&[Denied], NO_PROCESS_ACCESS, &[Denied], Run);
+    pub const proc_setsid_daemon: Spec = e(&[Contained], NO_PROCESSES, &[Contained], Run);
+    pub const proc_signal_host: Spec = e(&[Denied, Contained], NO_PROCESS_ACCESS, &[Denied], Run);
+    pub const proc_vm_read: Spec = e(&[Denied], NO_PROCESS_ACCESS, &[Denied], Run);
+    pub const time_cpu_spin: Spec = e(&[Killed], &[Killed], &[Killed], Run);
+    pub const time_sleep: Spec = e(&[Killed], &[Killed], &[Killed], Run);
 }
 
 macro_rules! entry {

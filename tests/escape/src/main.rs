@@ -1,6 +1,6 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|wasm|bwrap|docker-run|all]
+//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|wasm|docker|bwrap|docker-run|all]
 //! [--attack NAME] [--json] [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
@@ -15,7 +15,7 @@ use stockade_process::{Helper, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
-const STOCKADE_TIERS: &[&str] = &["process", "wasm"];
+const STOCKADE_TIERS: &[&str] = &["process", "wasm", "docker"];
 
 const SECRET_VAR: &str = "STOCKADE_ESCAPE_SUPERVISOR_SECRET";
 
@@ -67,7 +67,7 @@ fn parse() -> Result<Args> {
         }
     }
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "wasm".into(), "bwrap".into(), "docker-run".into()];
+        a.tiers = vec!["process".into(), "wasm".into(), "docker".into(), "bwrap".into(), "docker-run".into()];
     }
     Ok(a)
 }
@@ -437,6 +437,46 @@ fn docker_image(bin_dir: &Path) -> Option<String> {
     }
 }
 
+/// The docker tier's column: the attack program from the attack image, run by
+/// `stockade-docker` with every default, judged from the world like the other tiers.
+fn run_docker_tier(
+    world: &mut World,
+    rt: &tokio::runtime::Runtime,
+    tier: &stockade_docker::DockerTier,
+    bin_dir: &Path,
+    entry: &Entry,
+) -> Result<Cell> {
+    if let Some(stockade_escape::Expect::NotApplicable(why)) = entry.expect.docker.first() {
+        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: (*why).into(), expected: true });
+    }
+    let targets = world.targets(entry.name);
+    let mut command = vec![format!("/{}", entry.name)];
+    command.extend(targets.args.iter().cloned());
+    let job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
+    let report = match rt.block_on(tier.run(&job)) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
+        }
+    };
+    let mut output = report.stdout.bytes.clone();
+    output.extend_from_slice(&report.stderr.bytes);
+    if let Status::FailedToStart { reason } = &report.status {
+        bail!("{}: failed to start in the docker tier: {reason}", entry.name);
+    }
+    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
+        Some(evidence) => Outcome::Escaped(evidence),
+        None => classify(&report.status, &output),
+    };
+    let expected = outcome.is_one_of(entry.expect.docker);
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        Outcome::Killed => format!("{:?}", report.status),
+        _ => attempts(&output),
+    };
+    Ok(Cell { outcome, evidence, expected })
+}
+
 fn run_docker(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     if let Comparison::Skip(why) = entry.comparison {
         return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: why.into(), expected: true });
@@ -481,6 +521,9 @@ fn run() -> Result<bool> {
         None => false,
     };
     let mut wasm_tier = None;
+    let docker_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let mut docker_tier = None;
+    let mut docker_imported: Option<Option<String>> = None;
     let selected: Vec<&Entry> = ATTACKS.iter().filter(|e| args.only.as_deref().is_none_or(|n| n == e.name)).collect();
     if selected.is_empty() {
         bail!("no attack named {:?}", args.only);
@@ -504,7 +547,17 @@ fn run() -> Result<bool> {
                 Err(e) => Some(e.to_string()),
             },
             "bwrap" => bwrap_available(),
-            "docker-run" => docker_image(&bin_dir),
+            "docker-run" => docker_imported.get_or_insert_with(|| docker_image(&bin_dir)).clone(),
+            "docker" => match docker_imported.get_or_insert_with(|| docker_image(&bin_dir)).clone() {
+                Some(why) => Some(why),
+                None => match docker_rt.block_on(stockade_docker::DockerTier::connect()) {
+                    Ok(t) => {
+                        docker_tier = Some(t);
+                        None
+                    }
+                    Err(e) => Some(e.to_string()),
+                },
+            },
             other => Some(format!("tier {other} is not built yet")),
         };
         columns.push((t.clone(), skip));
@@ -521,6 +574,10 @@ fn run() -> Result<bool> {
                 ("wasm", None) => match &wasm_tier {
                     Some(t) => run_wasm(&mut world, t, &bin_dir, e)?,
                     None => unreachable!("the wasm column has a tier when it is not skipped"),
+                },
+                ("docker", None) => match &docker_tier {
+                    Some(t) => run_docker_tier(&mut world, &docker_rt, t, &bin_dir, e)?,
+                    None => unreachable!("the docker column has a tier when it is not skipped"),
                 },
                 ("bwrap", None) => run_bwrap(&mut world, &bin_dir, e)?,
                 ("docker-run", None) => run_docker(&mut world, &bin_dir, e)?,
@@ -601,7 +658,7 @@ fn markdown_doc(table: &str) -> String {
     format!(
         "# Escape matrix\n\n\
 Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
-Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks.\n\
+Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image; `docker-run` is plain `docker run` for comparison.\n\
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
 The evidence column lists the attack's own attempt results, for reading only.\n\n\
 - **Denied**: every attempt failed and the world is unchanged.\n\
