@@ -15,7 +15,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
-//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`].
+//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`], [`pool`].
 //!
 //! # Threat model
 //! Trusted: the host program, the Docker engine and its runtime (runc, or runsc), the
@@ -47,11 +47,18 @@
 //!     (pinned by: tests/it/docker.rs::g4_*)
 //! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run.
 //!     (pinned by: tests/it/docker.rs::g5_*)
+//! G6. A warm pool ([`pool::DockerPool`]) runs each job as an exec in a started container
+//!     with the same hardening; the deadline and the output budget kill the container
+//!     (Docker cannot kill an exec), and unless the pool is a persistent session each
+//!     container serves one run and is then replaced, so nothing passes between runs.
+//!     (pinned by: tests/it/docker.rs::g6_*)
 //!
 //! # Non-guarantees
 //! - The container shares the host kernel; seccomp is the engine's default profile, which
 //!   (on Docker 28 here) allows io_uring.
-//! - No warm pool yet: every run creates a container (see docs/benchmarks.md).
+//! - A pool's containers get the pool's limits (memory, pids, nofile, cpu), fixed when they
+//!   are created; per run only the deadline and the output budgets come from the job, and
+//!   pool runs take no workspace.
 //! - A read-write workspace is a bind mount without protected paths.
 //!
 //! # Failure behaviour
@@ -74,6 +81,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod pool;
 pub mod spec;
 #[cfg(test)]
 mod spec_tests;
@@ -113,7 +121,7 @@ pub enum DockerError {
     Engine(String),
 }
 
-fn engine(e: bollard::errors::Error) -> DockerError {
+pub(crate) fn engine(e: bollard::errors::Error) -> DockerError {
     DockerError::Engine(e.to_string())
 }
 
@@ -126,12 +134,12 @@ pub struct DockerTier {
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 
-fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}-{:x}", nanos & 0xffff_ffff_ffff, std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed))
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -268,31 +276,13 @@ impl DockerTier {
             }
             let _ = input.shutdown().await;
         });
-        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        let mut out = BoundedSink::new(cap(limits.stdout_bytes()), CaptureMode::FailFast);
-        let mut err = BoundedSink::new(cap(limits.stderr_bytes()), CaptureMode::FailFast);
-        let mut breach = None;
-        let read = async {
-            while let Some(Ok(frame)) = output.next().await {
-                let (sink, stream, bytes) = match &frame {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        (&mut out, Stream::Stdout, message)
-                    }
-                    LogOutput::StdErr { message } => (&mut err, Stream::Stderr, message),
-                    LogOutput::StdIn { .. } => continue,
-                };
-                if sink.push(bytes) == Flow::OverBudget {
-                    breach = Some(stream);
-                    break;
-                }
-            }
-        };
-        let timed_out = tokio::time::timeout_at(deadline, read).await.is_err();
+        let mut sink = Sink::new(limits);
+        let timed_out = tokio::time::timeout_at(deadline, sink.read(&mut output)).await.is_err();
         // Trap 4 of research/docker-tier.md: an open, unread attach stream blocks kill, wait
         // and inspect. Drop it first.
         drop(output);
         writer.abort();
-        if timed_out || breach.is_some() {
+        if timed_out || sink.breach.is_some() {
             let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
             let _ = self.docker.kill_container(id, Some(kill)).await;
         }
@@ -301,15 +291,7 @@ impl DockerTier {
         let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
         let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
         let code = code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1);
-        let status = match (timed_out, breach) {
-            (true, _) => Status::TimedOut,
-            (_, Some(stream)) => Status::OutputLimit { stream },
-            _ if oom => Status::OutOfMemory,
-            // docker-init (pid 1) reports a child killed by signal N as 128 + N.
-            _ if (129..=192).contains(&code) => Status::Signaled { signal: i32::try_from(code - 128).unwrap_or(0) },
-            _ => Status::Exited { code: i32::try_from(code).unwrap_or(-1) },
-        };
-        Ok(Report::new(status, wall).with_output(out.finish(), err.finish()))
+        Ok(sink.report(timed_out, oom, code, wall))
     }
 
     /// Waits (at most 10 s) until the container is not running; its exit code if known.
@@ -324,7 +306,58 @@ impl DockerTier {
     }
 }
 
-fn enforcement(job: &Job) -> Vec<Enforced> {
+/// Both output streams of a run, captured fail-fast.
+pub(crate) struct Sink {
+    out: BoundedSink,
+    err: BoundedSink,
+    pub(crate) breach: Option<Stream>,
+}
+
+impl Sink {
+    pub(crate) fn new(limits: &stockade_protocol::Limits) -> Self {
+        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Self {
+            out: BoundedSink::new(cap(limits.stdout_bytes()), CaptureMode::FailFast),
+            err: BoundedSink::new(cap(limits.stderr_bytes()), CaptureMode::FailFast),
+            breach: None,
+        }
+    }
+
+    /// Reads demultiplexed frames until the stream ends or a budget is crossed.
+    pub(crate) async fn read<S>(&mut self, output: &mut S)
+    where
+        S: futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Unpin + ?Sized,
+    {
+        while let Some(Ok(frame)) = output.next().await {
+            let (sink, stream, bytes) = match &frame {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    (&mut self.out, Stream::Stdout, message)
+                }
+                LogOutput::StdErr { message } => (&mut self.err, Stream::Stderr, message),
+                LogOutput::StdIn { .. } => continue,
+            };
+            if sink.push(bytes) == Flow::OverBudget {
+                self.breach = Some(stream);
+                return;
+            }
+        }
+    }
+
+    /// The report of a run that ended so.
+    pub(crate) fn report(self, timed_out: bool, oom: bool, code: i64, wall: Duration) -> Report {
+        let status = match (timed_out, self.breach) {
+            (true, _) => Status::TimedOut,
+            (_, Some(stream)) => Status::OutputLimit { stream },
+            _ if oom => Status::OutOfMemory,
+            // docker-init (pid 1) reports a child killed by signal N as 128 + N.
+            _ if (129..=192).contains(&code) => Status::Signaled { signal: i32::try_from(code - 128).unwrap_or(0) },
+            _ => Status::Exited { code: i32::try_from(code).unwrap_or(-1) },
+        };
+        Report::new(status, wall).with_output(self.out.finish(), self.err.finish())
+    }
+}
+
+pub(crate) fn enforcement(job: &Job) -> Vec<Enforced> {
     let l = job.limits();
     vec![
         Enforced::new(Mechanism::ContainerNoNetwork, "NetworkDisabled, network mode none"),

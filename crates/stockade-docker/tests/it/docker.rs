@@ -35,13 +35,28 @@ fn run(tier: &DockerTier, job: &Job) -> Report {
     rt().block_on(tier.run(job)).unwrap()
 }
 
-/// Stockade containers the engine still has, counted by the host.
+/// Stockade containers of this test process that the engine still has, counted by the
+/// host (run ids embed the creating process's pid, so other users of the engine do not
+/// count). Waits up to 10 s for background removals.
 fn leftovers() -> usize {
+    let mine = format!("-{:x}-", std::process::id());
     rt().block_on(async {
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
-        docker.list_containers(Some(opts)).await.unwrap().len()
+        let mut count = 0;
+        for _ in 0..50 {
+            let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+            let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+            let list = docker.list_containers(Some(opts)).await.unwrap();
+            count = list
+                .iter()
+                .filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)))
+                .count();
+            if count == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        count
     })
 }
 
@@ -162,7 +177,7 @@ fn g4_orphans_are_reaped_by_label() {
                 image: Some(DEFAULT_IMAGE.into()),
                 cmd: Some(vec!["true".into()]),
                 labels: Some(std::collections::HashMap::from([
-                    (LABEL_RUN.to_owned(), "orphan".to_owned()),
+                    (LABEL_RUN.to_owned(), format!("orphan-{:x}-0", std::process::id())),
                     (LABEL_EXPIRES.to_owned(), expires.to_owned()),
                 ])),
                 ..Default::default()
@@ -170,8 +185,21 @@ fn g4_orphans_are_reaped_by_label() {
             docker.create_container(None, body).await.unwrap();
         }
     });
-    assert_eq!(leftovers(), 2);
-    assert_eq!(rt().block_on(tier.gc(false)).unwrap(), 2);
+    let orphans = {
+        // Counted without waiting: they must still be there.
+        let mine = format!("-{:x}-", std::process::id());
+        rt().block_on(async {
+            let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+            let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+            let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+            let list = docker.list_containers(Some(opts)).await.unwrap();
+            list.iter()
+                .filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)))
+                .count()
+        })
+    };
+    assert_eq!(orphans, 2);
+    assert!(rt().block_on(tier.gc(false)).unwrap() >= 2);
     assert_eq!(leftovers(), 0);
 }
 
@@ -181,4 +209,40 @@ fn g5_a_missing_engine_is_unsupported() {
     assert!(matches!(err, DockerError::Unsupported { .. }), "{err}");
     let err = rt().block_on(DockerTier::connect_to("tcp://127.0.0.1:1")).unwrap_err();
     assert!(matches!(err, DockerError::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
+    use stockade_docker::pool::{DockerPool, PoolConfig};
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g6_a_warm_pool") else { return };
+    let rt = rt();
+    rt.block_on(async {
+        let pool = DockerPool::new(tier.clone(), PoolConfig::new(2, DEFAULT_IMAGE)).await.unwrap();
+        let first = pool.run(&sh("id -u; ls /tmp; touch /tmp/left-behind; sleep 30 &")).await.unwrap();
+        assert_eq!(first.status, Status::Exited { code: 0 }, "{first:?}");
+        assert_eq!(text(&first.stdout.bytes), "65534\n");
+        // The next run sees nothing of the first: a fresh container.
+        let second = pool.run(&sh("ls /tmp; ps -o args | grep -c 'sleep 3[0]' || true")).await.unwrap();
+        assert_eq!(text(&second.stdout.bytes), "0\n", "{second:?}");
+        // The deadline kills the exec's container.
+        let slow = sh("sleep 60").with_limits(Limits::new().with_wall(Duration::from_millis(500)).unwrap());
+        let started = std::time::Instant::now();
+        assert_eq!(pool.run(&slow).await.unwrap().status, Status::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let flood = sh("yes").with_limits(Limits::new().with_stdout(4096).unwrap());
+        assert_eq!(pool.run(&flood).await.unwrap().status, Status::OutputLimit { stream: Stream::Stdout });
+        assert!(matches!(pool.run(&Job::image("other:local", ["true"]).unwrap()).await, Err(DockerError::Engine(_))));
+        pool.shutdown().await;
+        // A persistent session keeps its container (and its state) between runs.
+        let mut config = PoolConfig::new(1, DEFAULT_IMAGE);
+        config.persistent = true;
+        let session = DockerPool::new(tier.clone(), config).await.unwrap();
+        session.run(&sh("echo kept > /tmp/state")).await.unwrap();
+        assert_eq!(text(&session.run(&sh("cat /tmp/state")).await.unwrap().stdout.bytes), "kept\n");
+        session.shutdown().await;
+        // Let the background replacements of used containers finish their removals.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    assert_eq!(leftovers(), 0);
 }
