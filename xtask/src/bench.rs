@@ -83,8 +83,9 @@ fn docker(root: &Path, target: &Path, write: bool) -> Result<()> {
         r["median"].as_f64().map(|s| s * 1e3).context("no median")
     };
     let (ours, cli) = (median("stockade docker")?, median("docker run")?);
-    let pool = crate::cargo(&["run", "--release", "--quiet", "--package", "stockade-docker", "--example", "pool_bench"])
-        .output()?;
+    let pool =
+        crate::cargo(&["run", "--release", "--quiet", "--package", "stockade-docker", "--example", "pool_bench"])
+            .output()?;
     if !pool.status.success() {
         bail!("pool_bench failed: {}", String::from_utf8_lossy(&pool.stderr));
     }
@@ -93,7 +94,11 @@ fn docker(root: &Path, target: &Path, write: bool) -> Result<()> {
     let mut out =
         String::from("| run of `true`, same hardening | p50 | p90 | ratio to `docker run --rm` |\n|---|---|---|---|\n");
     let _ = writeln!(out, "| `docker run --rm` (same flags), fresh CLI process | {cli:.1} ms | - | 1.00x |");
-    let _ = writeln!(out, "| `stockade run --tier docker -- true`, fresh CLI process | {ours:.1} ms | - | {:.2}x |", ours / cli);
+    let _ = writeln!(
+        out,
+        "| `stockade run --tier docker -- true`, fresh CLI process | {ours:.1} ms | - | {:.2}x |",
+        ours / cli
+    );
     for (key, label) in [
         ("one_shot_in_process", "`DockerTier::run`, one-shot, in process"),
         ("recycled", "warm pool exec, a fresh container per run"),

@@ -21,7 +21,9 @@ async fn main() {
     let tier = DockerTier::connect().await.unwrap();
     let job = Job::image(DEFAULT_IMAGE, ["true"]).unwrap();
     let mut out = serde_json::Map::new();
-    for (label, persistent, pause) in [("session", true, Duration::ZERO), ("recycled", false, Duration::from_millis(400))] {
+    for (label, persistent, pause) in
+        [("session", true, Duration::ZERO), ("recycled", false, Duration::from_millis(400))]
+    {
         let mut config = PoolConfig::new(2, DEFAULT_IMAGE);
         config.persistent = persistent;
         let pool = DockerPool::new(tier.clone(), config).await.unwrap();

@@ -97,7 +97,7 @@ impl DockerPool {
     async fn start_one(&self) -> Result<Warm, DockerError> {
         let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])
             .map_err(|e| DockerError::Engine(e.to_string()))?
-            .with_limits(self.config.limits.clone());
+            .with_limits(self.config.limits);
         let id = run_id();
         let expires = unix_now() + self.config.max_age.as_secs() + ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(&keeper, &self.tier.hardening, &id, expires)?;
