@@ -288,9 +288,15 @@ impl DockerTier {
         }
         let code = self.wait_not_running(id).await;
         let wall = start.elapsed();
-        let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
-        let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-        let code = code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1);
+        // An out-of-memory kill never exits 0, so a clean exit needs no inspect.
+        let (oom, code) = match code {
+            Some(0) if !timed_out && sink.breach.is_none() => (false, 0),
+            _ => {
+                let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
+                let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+                (oom, code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1))
+            }
+        };
         Ok(sink.report(timed_out, oom, code, wall))
     }
 
