@@ -50,7 +50,9 @@
 //! G6. A warm pool ([`pool::DockerPool`]) runs each job as an exec in a started container
 //!     with the same hardening; the deadline and the output budget kill the container
 //!     (Docker cannot kill an exec), and unless the pool is a persistent session each
-//!     container serves one run and is then replaced, so nothing passes between runs.
+//!     container serves one run and is then replaced, so nothing passes between runs;
+//!     containers past their maximum age, or found dead by the idle health check, are
+//!     replaced instead of used.
 //!     (pinned by: tests/it/docker.rs::g6_*)
 //!
 //! # Non-guarantees

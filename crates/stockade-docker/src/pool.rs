@@ -7,7 +7,8 @@
 //! container; and unless the pool is a persistent session, a container serves one run and
 //! is then removed and replaced in the background, so no state (files in `/tmp`, background
 //! processes) passes from one run to the next. Containers older than the pool's maximum age
-//! are replaced instead of used.
+//! are replaced instead of used, and one that sat idle is inspected first and replaced if it
+//! stopped running.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -42,13 +43,23 @@ pub struct PoolConfig {
     /// Keep using the same container across runs (state persists: one caller's session).
     /// Off by default: each container serves one run.
     pub persistent: bool,
+    /// A container idle for longer than this is inspected before use, and replaced if it is
+    /// no longer running (killed, out of memory, or gone). Default 2 s.
+    pub health_check_after: Duration,
 }
 
 impl PoolConfig {
     /// `size` containers of `image` with default limits, one run each.
     #[must_use]
     pub fn new(size: usize, image: impl Into<String>) -> Self {
-        Self { size, image: image.into(), limits: Limits::new(), max_age: DEFAULT_MAX_AGE, persistent: false }
+        Self {
+            size,
+            image: image.into(),
+            limits: Limits::new(),
+            max_age: DEFAULT_MAX_AGE,
+            persistent: false,
+            health_check_after: Duration::from_secs(2),
+        }
     }
 }
 
@@ -56,6 +67,7 @@ impl PoolConfig {
 struct Warm {
     id: String,
     born: Instant,
+    idle_since: Instant,
 }
 
 /// A pool of started containers.
@@ -114,7 +126,8 @@ impl DockerPool {
             self.tier.remove(&created.id).await;
             return Err(engine(e));
         }
-        Ok(Warm { id: created.id, born: Instant::now() })
+        let now = Instant::now();
+        Ok(Warm { id: created.id, born: now, idle_since: now })
     }
 
     /// Takes a fresh enough idle container, or starts one.
@@ -122,10 +135,21 @@ impl DockerPool {
         loop {
             let next = self.idle.lock().await.pop_front();
             match next {
-                Some(w) if w.born.elapsed() < self.config.max_age => return Ok(w),
-                Some(old) => self.retire(old.id),
+                Some(w) if w.born.elapsed() >= self.config.max_age => self.retire(w.id),
+                Some(w) if w.idle_since.elapsed() >= self.config.health_check_after && !self.healthy(&w.id).await => {
+                    self.retire(w.id);
+                }
+                Some(w) => return Ok(w),
                 None => return self.start_one().await,
             }
+        }
+    }
+
+    /// Whether an idle container is still running and was not killed for memory.
+    async fn healthy(&self, id: &str) -> bool {
+        match self.tier.docker.inspect_container(id, None).await {
+            Ok(c) => c.state.is_some_and(|s| s.running == Some(true) && s.oom_killed != Some(true)),
+            Err(_) => false,
         }
     }
 
@@ -165,7 +189,7 @@ impl DockerPool {
         let result = self.exec(&warm.id, job, command).await;
         let killed = matches!(&result, Ok(r) if !matches!(r.status, Status::Exited { .. }));
         if self.config.persistent && !killed {
-            self.idle.lock().await.push_back(warm);
+            self.idle.lock().await.push_back(Warm { idle_since: Instant::now(), ..warm });
         } else {
             self.retire(warm.id);
         }

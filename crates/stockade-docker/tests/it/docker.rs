@@ -241,6 +241,22 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         session.run(&sh("echo kept > /tmp/state")).await.unwrap();
         assert_eq!(text(&session.run(&sh("cat /tmp/state")).await.unwrap().stdout.bytes), "kept\n");
         session.shutdown().await;
+        // A container that died while idle is noticed by the health check and replaced.
+        let mut config = PoolConfig::new(1, DEFAULT_IMAGE);
+        config.health_check_after = Duration::ZERO;
+        let checked = DockerPool::new(tier.clone(), config).await.unwrap();
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        let mine = format!("-{:x}-", std::process::id());
+        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+        let opts = ListContainersOptionsBuilder::default().filters(&filters).build();
+        for c in docker.list_containers(Some(opts)).await.unwrap() {
+            if c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)) {
+                docker.kill_container(c.id.as_deref().unwrap(), None).await.unwrap();
+            }
+        }
+        let report = checked.run(&sh("echo alive")).await.unwrap();
+        assert_eq!(text(&report.stdout.bytes), "alive\n", "{report:?}");
+        checked.shutdown().await;
         // Let the background replacements of used containers finish their removals.
         tokio::time::sleep(Duration::from_secs(2)).await;
     });
