@@ -55,6 +55,7 @@ pub(crate) fn run(target: &Path) -> Result<()> {
         .spawn()
         .context("spawning tar")?;
     let stdout = tar.stdout.take().context("tar has no stdout")?;
+    let previous = image_id(BUSYBOX_IMAGE);
     let imported = Command::new("docker")
         .args(["import", "-c", "CMD [\"/bin/sh\"]", "-", BUSYBOX_IMAGE])
         .stdin(stdout)
@@ -64,6 +65,16 @@ pub(crate) fn run(target: &Path) -> Result<()> {
     if !tar.wait()?.success() || !imported.success() {
         bail!("docker import of {BUSYBOX_IMAGE} failed");
     }
+    // A rebuild leaves the previous image untagged: remove it by its id (ours).
+    if let Some(old) = previous.filter(|old| image_id(BUSYBOX_IMAGE).as_ref() != Some(old)) {
+        let _ = Command::new("docker").args(["rmi", &old]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
     println!("images: built {BUSYBOX_IMAGE}");
     Ok(())
+}
+
+/// The id of the local image `name`, if it exists.
+fn image_id(name: &str) -> Option<String> {
+    let out = Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", name]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

@@ -427,12 +427,20 @@ fn docker_image(bin_dir: &Path) -> Option<String> {
         .stdout(Stdio::piped())
         .spawn();
     let Ok(mut tar) = tar else { return Some("tar is missing".into()) };
+    let previous = image_id(DOCKER_IMAGE);
     let Some(stdout) = tar.stdout.take() else { return Some("tar has no stdout".into()) };
     let imported =
         Command::new("docker").args(["import", "-", DOCKER_IMAGE]).stdin(stdout).stdout(Stdio::null()).status();
     let _ = tar.wait();
     match imported {
-        Ok(s) if s.success() => None,
+        Ok(s) if s.success() => {
+            // The re-import left the previous image untagged: remove it (by its id, which
+            // this harness created), so repeated runs do not pile up dangling images.
+            if let Some(old) = previous.filter(|old| image_id(DOCKER_IMAGE).as_ref() != Some(old)) {
+                let _ = Command::new("docker").args(["rmi", &old]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+            }
+            None
+        }
         other => Some(format!("docker import failed: {other:?}")),
     }
 }
@@ -475,6 +483,12 @@ fn run_docker_tier(
         _ => attempts(&output),
     };
     Ok(Cell { outcome, evidence, expected })
+}
+
+/// The id of the local image `name`, if it exists.
+fn image_id(name: &str) -> Option<String> {
+    let out = Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", name]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 fn run_docker(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
