@@ -266,11 +266,41 @@ impl DockerTier {
             .stderr(true)
             .build();
         let attached = self.docker.attach_container(id, Some(attach)).await.map_err(engine)?;
-        let (mut input, mut output) = (attached.input, attached.output);
+        let (input, output) = (attached.input, attached.output);
         if let Err(e) = self.docker.start_container(id, None).await {
             return Ok(Report::new(Status::failed_to_start(e.to_string()), Duration::ZERO));
         }
         let start = Instant::now();
+        let (sink, timed_out) = self.drive(id, input, output, stdin, limits, start).await;
+        let code = self.wait_not_running(id).await;
+        let wall = start.elapsed();
+        // An out-of-memory kill never exits 0, so a clean exit needs no inspect.
+        let (oom, code) = match code {
+            Some(0) if !timed_out && sink.breach.is_none() => (false, 0),
+            _ => {
+                let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
+                let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+                (oom, code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1))
+            }
+        };
+        Ok(sink.report(timed_out, oom, code, wall))
+    }
+
+    /// Feeds `stdin` to a started process of `container` and captures its output fail-fast
+    /// until `start + limits.wall()`; then drops the stream and, on a breach or at the
+    /// deadline, SIGKILLs the whole container (Docker cannot kill an exec). Returns the
+    /// captured output and whether the deadline passed.
+    pub(crate) async fn drive(
+        &self,
+        container: &str,
+        mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+        mut output: std::pin::Pin<
+            Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+        >,
+        stdin: Vec<u8>,
+        limits: &stockade_protocol::Limits,
+        start: Instant,
+    ) -> (Sink, bool) {
         let deadline = tokio::time::Instant::from_std(start + limits.wall());
         let writer = tokio::spawn(async move {
             if !stdin.is_empty() {
@@ -286,20 +316,9 @@ impl DockerTier {
         writer.abort();
         if timed_out || sink.breach.is_some() {
             let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
-            let _ = self.docker.kill_container(id, Some(kill)).await;
+            let _ = self.docker.kill_container(container, Some(kill)).await;
         }
-        let code = self.wait_not_running(id).await;
-        let wall = start.elapsed();
-        // An out-of-memory kill never exits 0, so a clean exit needs no inspect.
-        let (oom, code) = match code {
-            Some(0) if !timed_out && sink.breach.is_none() => (false, 0),
-            _ => {
-                let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
-                let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-                (oom, code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1))
-            }
-        };
-        Ok(sink.report(timed_out, oom, code, wall))
+        (sink, timed_out)
     }
 
     /// Waits (at most 10 s) until the container is not running; its exit code if known.

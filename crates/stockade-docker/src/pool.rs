@@ -17,13 +17,12 @@ use std::time::{Duration, Instant};
 
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
-use bollard::query_parameters::{CreateContainerOptionsBuilder, KillContainerOptionsBuilder};
+use bollard::query_parameters::CreateContainerOptionsBuilder;
 use stockade_protocol::{Job, JobKind, Limits, Report, Status};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use crate::spec::{self, ORPHAN_GRACE};
-use crate::{DockerError, DockerTier, Sink, enforcement, engine, run_id, unix_now};
+use crate::{DockerError, DockerTier, enforcement, engine, run_id, unix_now};
 
 /// How long a pool container may live (and the expiry label the reaper reads).
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(15 * 60);
@@ -217,27 +216,13 @@ impl DockerPool {
         let exec = docker.create_exec(id, config).await.map_err(engine)?;
         let start = Instant::now();
         let opts = StartExecOptions { detach: false, tty: false, output_capacity: None };
-        let StartExecResults::Attached { mut output, mut input } =
+        let StartExecResults::Attached { output, input } =
             docker.start_exec(&exec.id, Some(opts)).await.map_err(engine)?
         else {
             return Err(DockerError::Engine("exec started detached".into()));
         };
-        let deadline = tokio::time::Instant::from_std(start + limits.wall());
-        let writer = tokio::spawn(async move {
-            if !stdin.is_empty() {
-                let _ = input.write_all(&stdin).await;
-            }
-            let _ = input.shutdown().await;
-        });
-        let mut sink = Sink::new(limits);
-        let timed_out = tokio::time::timeout_at(deadline, sink.read(&mut output)).await.is_err();
-        drop(output);
-        writer.abort();
-        if timed_out || sink.breach.is_some() {
-            // Docker cannot kill an exec: kill the container, which the pool then replaces.
-            let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
-            let _ = docker.kill_container(id, Some(kill)).await;
-        }
+        // A breach or the deadline kills the container, which the pool then replaces.
+        let (sink, timed_out) = self.tier.drive(id, input, output, stdin, limits, start).await;
         let mut code = None;
         for _ in 0..50 {
             match docker.inspect_exec(&exec.id).await {
