@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use stockade_escape::world::World;
 use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
 use stockade_process::{Helper, ProcessTier};
-use stockade_protocol::{Access, Job, Limits, Status};
+use stockade_protocol::{Access, Job, Limits, Report, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
 const STOCKADE_TIERS: &[&str] = &["process", "wasm", "docker"];
@@ -242,35 +242,67 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = match rt.block_on(tier.run(&job)) {
         Ok(r) => r,
-        Err(e) => {
-            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
-        }
+        Err(e) => return Ok(skipped(&e)),
     };
+    let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
+    judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
+}
+
+/// A cell for a tier that could not run the attack at all.
+fn skipped(e: &dyn std::fmt::Display) -> Cell {
+    Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false }
+}
+
+/// The n/a cell of an attack that does not apply to a tier, if it does not.
+fn not_applicable(expect: &[stockade_escape::Expect]) -> Option<Cell> {
+    match expect.first() {
+        Some(stockade_escape::Expect::NotApplicable(why)) => {
+            Some(Cell { outcome: Outcome::NotApplicable(why), evidence: (*why).into(), expected: true })
+        }
+        _ => None,
+    }
+}
+
+/// Everything the attack wrote, stdout then stderr.
+fn output(report: &Report) -> Vec<u8> {
     let mut output = report.stdout.bytes.clone();
     output.extend_from_slice(&report.stderr.bytes);
+    output
+}
+
+/// Judges one stockade-tier run from the world: an escape if the host saw a change (its
+/// own checks, then `host_changed`), else the outcome the report's status and attempts
+/// give, checked against `expect`. A run that never started is a harness failure.
+fn judge(
+    world: &mut World,
+    report: &Report,
+    marker: &str,
+    host_changed: impl FnOnce() -> Option<String>,
+    expect: &[stockade_escape::Expect],
+    name: &str,
+) -> Result<Cell> {
+    let output = output(report);
     if let Status::FailedToStart { reason } = &report.status {
-        bail!("{}: failed to start: {reason}", entry.name);
+        bail!("{name}: failed to start: {reason}");
     }
-    let planted = rw.as_deref().and_then(rw_workspace_changed);
-    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)).or(planted) {
+    let outcome = match world.check(&output, marker).or_else(host_changed) {
         Some(evidence) => Outcome::Escaped(evidence),
         None => classify(&report.status, &output),
     };
-    let expected = outcome.is_one_of(entry.expect.process);
-    let mut evidence = attempts(&output);
-    if let Outcome::Escaped(e) = &outcome {
-        evidence = e.clone();
-    } else if outcome == Outcome::Killed {
-        evidence = format!("{:?}", report.status);
-    }
+    let expected = outcome.is_one_of(expect);
+    let evidence = match &outcome {
+        Outcome::Escaped(e) => e.clone(),
+        Outcome::Killed => format!("{:?}", report.status),
+        _ => attempts(&output),
+    };
     Ok(Cell { outcome, evidence, expected })
 }
 
 /// The wasm column: the attack's variant in `attacks.wasm` (copied into the read-only
 /// workspace), run by the wasm tier with the same targets and the same world checks.
 fn run_wasm(world: &mut World, tier: &stockade_wasm::WasmTier, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
-    if let Some(stockade_escape::Expect::NotApplicable(why)) = entry.expect.wasm.first() {
-        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: (*why).into(), expected: true });
+    if let Some(cell) = not_applicable(entry.expect.wasm) {
+        return Ok(cell);
     }
     let targets = world.targets(entry.name);
     let mut args = vec![entry.name.to_owned()];
@@ -281,28 +313,12 @@ fn run_wasm(world: &mut World, tier: &stockade_wasm::WasmTier, bin_dir: &Path, e
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = match rt.block_on(tier.run(&job)) {
         Ok(r) => r,
-        Err(e) => {
-            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
-        }
+        Err(e) => return Ok(skipped(&e)),
     };
-    let mut output = report.stdout.bytes.clone();
-    output.extend_from_slice(&report.stderr.bytes);
-    match &report.status {
-        Status::FailedToStart { reason } => bail!("{}: the wasm variant failed to start: {reason}", entry.name),
-        Status::Exited { code: 2 } => bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output)),
-        _ => {}
+    if report.status == (Status::Exited { code: 2 }) {
+        bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output(&report)));
     }
-    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, WASM_ATTACKS)) {
-        Some(evidence) => Outcome::Escaped(evidence),
-        None => classify(&report.status, &output),
-    };
-    let expected = outcome.is_one_of(entry.expect.wasm);
-    let evidence = match &outcome {
-        Outcome::Escaped(e) => e.clone(),
-        Outcome::Killed => format!("{:?}", report.status),
-        _ => attempts(&output),
-    };
-    Ok(Cell { outcome, evidence, expected })
+    judge(world, &report, &targets.marker, || bin_changed(bin_dir, WASM_ATTACKS), entry.expect.wasm, entry.name)
 }
 
 const WASM_ATTACKS: &str = "attacks.wasm";
@@ -454,8 +470,8 @@ fn run_docker_tier(
     bin_dir: &Path,
     entry: &Entry,
 ) -> Result<Cell> {
-    if let Some(stockade_escape::Expect::NotApplicable(why)) = entry.expect.docker.first() {
-        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: (*why).into(), expected: true });
+    if let Some(cell) = not_applicable(entry.expect.docker) {
+        return Ok(cell);
     }
     let targets = world.targets(entry.name);
     let mut command = vec![format!("/{}", entry.name)];
@@ -463,26 +479,9 @@ fn run_docker_tier(
     let job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
     let report = match rt.block_on(tier.run(&job)) {
         Ok(r) => r,
-        Err(e) => {
-            return Ok(Cell { outcome: Outcome::Skipped(e.to_string()), evidence: e.to_string(), expected: false });
-        }
+        Err(e) => return Ok(skipped(&e)),
     };
-    let mut output = report.stdout.bytes.clone();
-    output.extend_from_slice(&report.stderr.bytes);
-    if let Status::FailedToStart { reason } = &report.status {
-        bail!("{}: failed to start in the docker tier: {reason}", entry.name);
-    }
-    let outcome = match world.check(&output, &targets.marker).or_else(|| bin_changed(bin_dir, entry.name)) {
-        Some(evidence) => Outcome::Escaped(evidence),
-        None => classify(&report.status, &output),
-    };
-    let expected = outcome.is_one_of(entry.expect.docker);
-    let evidence = match &outcome {
-        Outcome::Escaped(e) => e.clone(),
-        Outcome::Killed => format!("{:?}", report.status),
-        _ => attempts(&output),
-    };
-    Ok(Cell { outcome, evidence, expected })
+    judge(world, &report, &targets.marker, || bin_changed(bin_dir, entry.name), entry.expect.docker, entry.name)
 }
 
 /// The id of the local image `name`, if it exists.
