@@ -75,13 +75,8 @@ fn docker(root: &Path, target: &Path, write: bool) -> Result<()> {
     cmd.args(["-N", "--warmup", "3", "--runs", "30", "--export-json"]).arg(&json);
     cmd.args(["-n", "stockade docker", &format!("{stockade} run --tier docker -- true")]);
     cmd.args(["-n", "docker run", &format!("docker run {flags} stockade-busybox:local true")]);
-    crate::run(&mut cmd)?;
-    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
-    let results = data["results"].as_array().context("hyperfine json has no results")?;
-    let median = |name: &str| -> Result<f64> {
-        let r = results.iter().find(|r| r["command"] == name).with_context(|| format!("no result for {name}"))?;
-        r["median"].as_f64().map(|s| s * 1e3).context("no median")
-    };
+    let medians = hyperfine(&mut cmd, &json)?;
+    let median = |name: &str| medians.get(name).copied().with_context(|| format!("no result for {name}"));
     let (ours, cli) = (median("stockade docker")?, median("docker run")?);
     let pool =
         crate::cargo(&["run", "--release", "--quiet", "--package", "stockade-docker", "--example", "pool_bench"])
@@ -133,12 +128,8 @@ fn wasm_process(root: &Path, target: &Path, write: bool) -> Result<()> {
     if node {
         cmd.args(["-n", "node -e", "node -e console.log(1+2)"]);
     }
-    crate::run(&mut cmd)?;
-    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
-    let results = data["results"].as_array().context("hyperfine json has no results")?;
-    let median = |name: &str| -> Option<f64> {
-        results.iter().find(|r| r["command"] == name).and_then(|r| r["median"].as_f64()).map(|s| s * 1e3)
-    };
+    let medians = hyperfine(&mut cmd, &json)?;
+    let median = |name: &str| medians.get(name).copied();
     let ours = median("stockade wasm js").context("no result for stockade")?;
     let mut out = String::from("| fresh process | p50 | ratio to stockade |\n|---|---|---|\n");
     let _ = writeln!(out, "| `stockade run --tier wasm --js 'console.log(1+2)'` | {ours:.2} ms | 1.00x |");
@@ -212,6 +203,15 @@ fn throughput(tp: &Value, ns: f64) -> String {
     }
 }
 
+/// Runs a hyperfine command that exports to `json`, and returns each command's median in
+/// milliseconds, by its name (`-n`).
+fn hyperfine(cmd: &mut std::process::Command, json: &Path) -> Result<std::collections::HashMap<String, f64>> {
+    crate::run(cmd)?;
+    let data: Value = serde_json::from_str(&fs::read_to_string(json)?)?;
+    let results = data["results"].as_array().context("hyperfine json has no results")?;
+    Ok(results.iter().filter_map(|r| Some((r["command"].as_str()?.to_owned(), r["median"].as_f64()? * 1e3))).collect())
+}
+
 fn write_docs(root: &Path, group: &str, table: &str) -> Result<()> {
     let path = root.join("docs/benchmarks.md");
     let doc = fs::read_to_string(&path)?;
@@ -263,13 +263,8 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         cmd.args(["-n", &format!("stockade-no-cgroup {name}"), &format!("{stockade} run --no-cgroup -- {program}")]);
         cmd.args(["-n", &format!("bwrap {name}"), &format!("{bwrap} {program}")]);
     }
-    crate::run(&mut cmd)?;
-    let data: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
-    let results = data["results"].as_array().context("hyperfine json has no results")?;
-    let median = |name: &str| -> Result<f64> {
-        let r = results.iter().find(|r| r["command"] == name).with_context(|| format!("no result for {name}"))?;
-        r["median"].as_f64().map(|s| s * 1e3).context("no median")
-    };
+    let medians = hyperfine(&mut cmd, &json)?;
+    let median = |name: &str| medians.get(name).copied().with_context(|| format!("no result for {name}"));
     let mut out = String::from(
         "| target | variant | bare p50 | stockade p50 | overhead over bare | bwrap --unshare-all p50 | bwrap / stockade |\n|---|---|---|---|---|---|---|\n",
     );
