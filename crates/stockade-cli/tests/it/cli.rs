@@ -16,15 +16,21 @@ fn check(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn ready() -> bool {
+/// Whether `stockade doctor --json` says `tier` can run here (by `ready(doctor)`). Prints
+/// SKIPPED otherwise, or fails the test under `STOCKADE_REQUIRE_ALL` (CI).
+fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool) -> bool {
     let (_, out, _) = check(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let ok = v["process_tier"].as_bool().unwrap();
+    let ok = ready(&v);
     if !ok {
-        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "process tier not ready: {out}");
-        eprintln!("SKIPPED: the process tier cannot run here: {out}");
+        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "{tier} tier not ready: {out}");
+        eprintln!("SKIPPED: the {tier} tier cannot run here: {out}");
     }
     ok
+}
+
+fn ready() -> bool {
+    tier_ready("process", |v| v["process_tier"].as_bool().unwrap())
 }
 
 #[test]
@@ -100,15 +106,10 @@ fn usage_errors_and_help() {
 
 /// True if the JavaScript guest is built (CI builds it; a skip fails there).
 fn js_ready() -> bool {
-    let (_, out, _) = check(&["doctor", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap().clone();
-    let ok = guest["ok"].as_bool().unwrap() && v["wasm_tier"].as_bool().unwrap();
-    if !ok {
-        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "wasm tier not ready: {out}");
-        eprintln!("SKIPPED: the wasm tier cannot run here: {out}");
-    }
-    ok
+    tier_ready("wasm", |v| {
+        let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap();
+        guest["ok"].as_bool().unwrap() && v["wasm_tier"].as_bool().unwrap()
+    })
 }
 
 #[test]
@@ -167,11 +168,7 @@ fn g1_wasm_tier_runs_a_module_file_and_a_script_file() {
 
 #[test]
 fn g1_docker_tier_prints_only_verified_output() {
-    let (_, out, _) = check(&["doctor", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    if !v["docker_tier"].as_bool().unwrap() {
-        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "docker tier not ready: {out}");
-        eprintln!("SKIPPED: the docker tier cannot run here: {out}");
+    if !tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
         return;
     }
     assert_eq!(
