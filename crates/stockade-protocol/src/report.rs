@@ -68,20 +68,20 @@ impl Status {
     /// A `FailedToStart` status, with the reason cut to [`MAX_REASON_BYTES`].
     #[must_use]
     pub fn failed_to_start(reason: impl Into<String>) -> Self {
-        let mut reason = reason.into();
-        truncate_at_char(&mut reason, MAX_REASON_BYTES);
-        Self::FailedToStart { reason }
+        Self::FailedToStart { reason: bounded_reason(reason.into()) }
     }
-}
 
-impl Status {
     /// A `Trapped` status, with the trap's description cut to [`MAX_REASON_BYTES`].
     #[must_use]
     pub fn trapped(trap: impl Into<String>) -> Self {
-        let mut trap = trap.into();
-        truncate_at_char(&mut trap, MAX_REASON_BYTES);
-        Self::Trapped { trap }
+        Self::Trapped { trap: bounded_reason(trap.into()) }
     }
+}
+
+/// `reason`, cut to [`MAX_REASON_BYTES`] at a char boundary.
+fn bounded_reason(mut reason: String) -> String {
+    truncate_at_char(&mut reason, MAX_REASON_BYTES);
+    reason
 }
 
 /// Cuts `s` to at most `max` bytes at a char boundary.
