@@ -5,17 +5,10 @@ use std::time::Duration;
 
 use stockade_protocol::{Job, Status};
 
-use crate::support::{limits, run};
+use crate::support::{guest_job, limits, run};
 
 fn py(test: &str, code: &str) -> Option<Job> {
-    match stockade_wasm::python_job(code) {
-        Ok(job) => Some(job),
-        Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: {e}");
-            None
-        }
-    }
+    guest_job(test, stockade_wasm::python_job(code))
 }
 
 #[test]

@@ -61,7 +61,13 @@ pub(crate) fn secs(s: f64) -> Duration {
 /// The JavaScript job for `src`, or None (printing SKIPPED) when the guest has not been
 /// built; under `STOCKADE_REQUIRE_ALL` (CI) a missing guest fails the test.
 pub(crate) fn js(test: &str, src: &str) -> Option<Job> {
-    match stockade_wasm::javascript_job(src) {
+    guest_job(test, stockade_wasm::javascript_job(src))
+}
+
+/// The job, or None (printing SKIPPED) when its guest is not installed; under
+/// `STOCKADE_REQUIRE_ALL` a missing guest fails the test.
+pub(crate) fn guest_job(test: &str, job: Result<Job, stockade_wasm::WasmError>) -> Option<Job> {
+    match job {
         Ok(job) => Some(job),
         Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: {e}"),
         Err(e) => {
