@@ -29,11 +29,7 @@ const MAX_CACHE_BYTES: u64 = 2 << 30;
 
 /// The default cache directory: `$XDG_CACHE_HOME/stockade/wasm` or `~/.cache/stockade/wasm`.
 pub(crate) fn default_dir() -> Option<PathBuf> {
-    let base =
-        std::env::var_os("XDG_CACHE_HOME").filter(|v| Path::new(v).is_absolute()).map(PathBuf::from).or_else(|| {
-            std::env::var_os("HOME").filter(|v| Path::new(v).is_absolute()).map(|h| Path::new(&h).join(".cache"))
-        })?;
-    Some(base.join("stockade").join("wasm"))
+    Some(crate::guests::stockade_cache_dir()?.join("wasm"))
 }
 
 /// A usable cache directory, or none.

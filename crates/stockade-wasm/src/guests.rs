@@ -19,14 +19,20 @@ pub const JAVASCRIPT_ENTRY: &str = "run";
 /// The guest directory (see the module docs), if one can be named.
 #[must_use]
 pub fn dir() -> Option<PathBuf> {
-    let abs = |v: std::ffi::OsString| Path::new(&v).is_absolute().then(|| PathBuf::from(v));
-    if let Some(d) = std::env::var_os("STOCKADE_GUESTS_DIR").and_then(abs) {
-        return Some(d);
+    match std::env::var_os("STOCKADE_GUESTS_DIR").filter(|v| Path::new(v).is_absolute()) {
+        Some(d) => Some(PathBuf::from(d)),
+        None => Some(stockade_cache_dir()?.join("guests")),
     }
+}
+
+/// `$XDG_CACHE_HOME/stockade`, else `~/.cache/stockade` (absolute paths only): where the
+/// guest directory and the compiled-module cache live by default.
+pub(crate) fn stockade_cache_dir() -> Option<PathBuf> {
+    let abs = |v: std::ffi::OsString| Path::new(&v).is_absolute().then(|| PathBuf::from(v));
     let base = std::env::var_os("XDG_CACHE_HOME")
         .and_then(abs)
         .or_else(|| std::env::var_os("HOME").and_then(abs).map(|h| h.join(".cache")))?;
-    Some(base.join("stockade").join("guests"))
+    Some(base.join("stockade"))
 }
 
 /// The Python guest's directory inside the guest directory: `python-snapshot.wasm` and

@@ -110,6 +110,8 @@ impl FileId {
 struct Ready {
     pre: InstancePre<Host>,
     entry: Option<EntryShape>,
+    profile: crate::guests::Profile,
+    argv0: String,
 }
 
 /// What an entry point returns.
@@ -203,11 +205,7 @@ impl Inner {
             return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO));
         };
         let _slot = self.slots.acquire().await.map_err(internal)?;
-        let profile = crate::guests::profile(module).unwrap_or_default();
-        let argv0 = profile.argv0.clone().unwrap_or_else(|| {
-            module.file_name().map_or_else(|| "main.wasm".to_owned(), |n| n.to_string_lossy().into_owned())
-        });
-        self.execute(job, &ready.pre, shape, &argv0, args, &profile).await
+        self.execute(job, &ready.pre, shape, &ready.argv0, args, &ready.profile).await
     }
 
     /// The ready module for `path`, from memory, the disk cache, or a fresh compile.
@@ -244,7 +242,8 @@ impl Inner {
         if let Some(r) = cached() {
             return Ok(r);
         }
-        let module = match self.cache.recall(&id.index_key()).and_then(|sha| self.cached(&sha)) {
+        let index = id.index_key();
+        let module = match self.cache.recall(&index).and_then(|sha| self.cached(&sha)) {
             Some(m) => m,
             None => {
                 let bytes = std::fs::read(path)
@@ -254,14 +253,19 @@ impl Inner {
                     Some(m) => m,
                     None => self.compile(&bytes, &sha).await?,
                 };
-                self.cache.remember(&id.index_key(), &sha);
+                self.cache.remember(&index, &sha);
                 module
             }
         };
         let pre =
             self.linker.instantiate_pre(&module).map_err(|e| LoadError::Guest(format!("cannot link module: {e:#}")))?;
         let entry = entry.and_then(|name| entry_shape(&module, name));
-        let r = Arc::new(Ready { pre, entry });
+        // Host-side settings of a known guest, looked up once per ready module, not per run.
+        let profile = crate::guests::profile(path).unwrap_or_default();
+        let argv0 = profile.argv0.clone().unwrap_or_else(|| {
+            path.file_name().map_or_else(|| "main.wasm".to_owned(), |n| n.to_string_lossy().into_owned())
+        });
+        let r = Arc::new(Ready { pre, entry, profile, argv0 });
         let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
         if ready.len() >= MODULES_IN_MEMORY {
             ready.remove(0);
