@@ -31,7 +31,7 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! Reads its arguments, spawns itself as the sandbox helper, reads the wasm tier's guest and
+//! Reads its arguments, forks (or re-executes) itself as the sandbox helper, reads the wasm tier's guest and
 //! cache directories, and for `doctor` probes the host and the Docker socket.
 //!
 //! # Feature flags
@@ -303,7 +303,11 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             Err(e) => return Err(e.into()),
         }
     } else {
-        let helper = process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?;
+        // Forks the helper while this process is still single-threaded (one program start
+        // fewer); executes this binary as the helper otherwise.
+        let helper = process::Helper::current_exe()
+            .context("locating the stockade binary for the sandbox helper")?
+            .prefer_fork();
         let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
         if args.no_cgroup {
             tier = tier.without_cgroups();

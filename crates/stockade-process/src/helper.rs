@@ -1,4 +1,5 @@
-//! The helper: a fresh, single-threaded process that builds the sandbox and execs the guest.
+//! The helper: a single-threaded process that builds the sandbox and execs the guest. It is
+//! a fresh exec of a helper binary, or a fork of a single-threaded supervisor (`launch`).
 //!
 //! Process tree of one run (host pid namespace on the left):
 //!
@@ -64,7 +65,9 @@ impl Reporter {
     }
 }
 
-fn run(spec: Spec) -> i32 {
+/// The helper proper: runs in a freshly exec'd helper binary, or in a single-threaded fork
+/// of the supervisor (see `launch`). Returns the exit code for the helper process.
+pub(crate) fn run(spec: Spec) -> i32 {
     let Ok(status) = sysfs::adopt(spec.status_fd) else { return 125 };
     let _ = sysfs::set_cloexec(spec.status_fd);
     let mut rep = Reporter(status);
@@ -137,6 +140,12 @@ fn run(spec: Spec) -> i32 {
 fn init(spec: &Spec, rep: &mut Reporter, keep: &File, uid: u32, gid: u32) -> i32 {
     if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
         return 125;
+    }
+    // Pid 1 is visible to the guest. Not dumpable, its memory and environment (a copy of the
+    // supervisor's when the helper was forked) stay unreadable even without landlock's
+    // ptrace scoping; the guest's exec makes the guest itself dumpable again.
+    if let Err(e) = caps::set_not_dumpable() {
+        return rep.fail("init", false, format!("PR_SET_DUMPABLE 0: {e}"));
     }
     let protected = match protect_workspace(spec) {
         Ok(p) => p,
@@ -443,6 +452,9 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     if let Err(e) = sysfs::close_from(3, rep.0.as_raw_fd() as u32) {
         return rep.fail("fds", false, e);
+    }
+    if let Err(e) = process::reset_signals() {
+        return rep.fail("signals", false, e);
     }
     let mut argv = vec![spec.program.clone()];
     argv.extend(spec.args.iter().cloned());

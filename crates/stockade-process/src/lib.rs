@@ -80,6 +80,14 @@
 //!     renamed, so the guest cannot plant code the host runs later; a protected path that is
 //!     a symlink refuses the grant.
 //!     (pinned by: tests/it/confinement.rs::g10_*)
+//! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
+//!     at every launch); otherwise the launch executes the fallback helper binary, or fails
+//!     with [`LaunchError::Misconfigured`] when there is none. Either way the guest is a fresh
+//!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
+//!     pid 1 of the run (a copy of the supervisor's memory after a fork) is not dumpable and
+//!     outside the guest's landlock domain, so its memory, environment and descriptors are
+//!     unreadable from the guest.
+//!     (pinned by: tests/it/launch.rs::g11_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
@@ -97,18 +105,21 @@
 //!
 //! # Unsafe
 //! Only in `src/sys/` (one file per syscall family), each block with a `// SAFETY:` comment;
-//! counted by `cargo xtask tidy`. Between fork and exec in the multi-threaded supervisor only
-//! `fcntl` runs; all other setup happens in the single-threaded helper.
+//! counted by `cargo xtask tidy`. Between fork and exec in a multi-threaded supervisor only
+//! `fcntl` runs; all other setup happens in the single-threaded helper, which is either a
+//! fresh exec or a fork of a supervisor that was checked to have one thread.
 //!
 //! # Ambient authority
-//! Spawns the helper binary, reads `/proc/self/cgroup`, creates and removes per-run cgroups
+//! Spawns the helper binary (or forks this process, see [`Helper::fork`]), reads
+//! `/proc/self/cgroup` and `/proc/self/status`, creates and removes per-run cgroups
 //! under this process's own cgroup, and opens the workspace path the job names.
 //!
 //! # Feature flags
 //! None.
 //!
 //! # Invariants
-//! Stated as absences: no allocation between fork and exec in the supervisor; no host path
+//! Stated as absences: no allocation between fork and exec in a multi-threaded supervisor
+//! (a fork launch happens only from a single-threaded one); no host path
 //! in the view that the job did not grant besides the read-only system directories; no
 //! inherited environment.
 //!
@@ -119,6 +130,7 @@
 mod cgroup;
 mod confine;
 mod helper;
+mod launch;
 mod spec;
 mod supervisor;
 mod sys;
@@ -138,21 +150,53 @@ pub const DEFAULT_TMPFS_BYTES: u64 = 64 << 20;
 /// scoping; ABI 7 adds audit logging. ABI 9 (pathname unix sockets) is opt-in.
 pub const DEFAULT_LANDLOCK_ABI: u8 = 7;
 
-/// Where the helper binary is.
+/// How a run's helper starts: by executing a helper binary, or by forking the calling
+/// process when it is single-threaded (one program start fewer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Helper(PathBuf);
+pub struct Helper(launch::Mode);
 
 impl Helper {
-    /// The current executable, which must call [`helper_main`] first thing in `main`.
+    /// Executes the current executable, which must call [`helper_main`] first thing in `main`.
     pub fn current_exe() -> std::io::Result<Self> {
-        std::env::current_exe().map(Self)
+        std::env::current_exe().map(|p| Self(launch::Mode::Exec(p)))
     }
 
-    /// A helper binary at `path` (the crate's `stockade-process-helper`, or any binary that
-    /// calls [`helper_main`]).
+    /// Executes the helper binary at `path` (the crate's `stockade-process-helper`, or any
+    /// binary that calls [`helper_main`]).
     #[must_use]
     pub fn at(path: impl Into<PathBuf>) -> Self {
-        Self(path.into())
+        Self(launch::Mode::Exec(path.into()))
+    }
+
+    /// Forks the calling process and runs the helper in the child, with no exec: about 1 ms
+    /// faster per run. Sound only while the process has exactly one thread, which is checked
+    /// at every launch (`/proc/self/status`); a launch from a multi-threaded process fails
+    /// with [`LaunchError::Misconfigured`]. Meant for command-line programs that run on a
+    /// current-thread runtime and start no threads (the `stockade` CLI). The forked helper
+    /// shares no memory with the guest: the guest is a fresh exec, and landlock forbids it to
+    /// trace or read the memory of the helper or the run's pid 1.
+    #[must_use]
+    pub fn fork() -> Self {
+        Self(launch::Mode::Fork(None))
+    }
+
+    /// Forks when the process is single-threaded at launch (as [`Helper::fork`]), and
+    /// otherwise executes this helper binary.
+    #[must_use]
+    pub fn prefer_fork(self) -> Self {
+        match self.0 {
+            launch::Mode::Exec(p) => Self(launch::Mode::Fork(Some(p))),
+            fork @ launch::Mode::Fork(_) => Self(fork),
+        }
+    }
+
+    /// The helper binary this executes, if any.
+    #[must_use]
+    pub fn path(&self) -> Option<&Path> {
+        match &self.0 {
+            launch::Mode::Exec(p) | launch::Mode::Fork(Some(p)) => Some(p),
+            launch::Mode::Fork(None) => None,
+        }
     }
 }
 
@@ -179,7 +223,7 @@ pub enum LaunchError {
 /// The process tier. Defaults: every mechanism required, 64 MiB tmpfs, cgroups detected.
 #[derive(Debug, Clone)]
 pub struct ProcessTier {
-    helper: PathBuf,
+    helper: launch::Mode,
     best_effort: bool,
     tmpfs_bytes: u64,
     cgroup_v2_dir: Option<PathBuf>,
@@ -244,10 +288,10 @@ impl ProcessTier {
         self
     }
 
-    /// The helper path.
+    /// How this tier starts each run's helper.
     #[must_use]
-    pub fn helper(&self) -> &Path {
-        &self.helper
+    pub fn helper(&self) -> Helper {
+        Helper(self.helper.clone())
     }
 
     /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an

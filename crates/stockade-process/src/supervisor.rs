@@ -1,19 +1,15 @@
-//! The supervisor: spawns the helper, feeds stdin, captures output under budget, enforces
+//! The supervisor: launches the helper, feeds stdin, captures output under budget, enforces
 //! the deadline, and turns what happened into a [`Report`].
 
-use std::io::{BufRead, BufReader, Read};
-use std::os::fd::AsRawFd;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use stockade_protocol::capture::{CaptureMode, Flow, capture_async};
 use stockade_protocol::{Captured, Enforced, Job, JobKind, Mechanism, Report, Status, Stream};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cgroup::Cgroup;
-use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, SPEC_VAR, Spec, SpecLimits};
-use crate::sys::fs as sysfs;
-use crate::{LaunchError, ProcessTier};
+use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, Spec, SpecLimits};
+use crate::{LaunchError, ProcessTier, launch};
 
 /// How long output may keep draining after the run's processes are gone: 2 s.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -49,13 +45,12 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
     } else {
         None
     };
-    let (status_r, status_w) = sysfs::pipe().map_err(|e| LaunchError::Internal(format!("status pipe: {e}")))?;
     let spec = Spec {
         program: program.clone(),
         args: args.clone(),
         env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
         workspace,
-        status_fd: status_w.as_raw_fd(),
+        status_fd: -1,
         supervisor_pid: std::process::id() as i32,
         cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
         rlimit_memory: cgroup.is_none(),
@@ -71,40 +66,25 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         hard: !tier.best_effort,
         landlock_abi: tier.landlock_abi,
     };
-    let spec_json = serde_json::to_string(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
-
-    let mut cmd = tokio::process::Command::new(&tier.helper);
-    cmd.env_clear()
-        .env(SPEC_VAR, spec_json)
-        .stdin(if job.stdin().is_empty() { Stdio::null() } else { Stdio::piped() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    sysfs::keep_on_exec(&mut cmd, status_w.as_raw_fd());
     let start = Instant::now();
-    let spawned = cmd.spawn();
-    drop(status_w);
-    let mut child = match spawned {
-        Ok(c) => c,
+    let launched = match launch::launch(&tier.helper, spec, !job.stdin().is_empty()) {
+        Ok(l) => l,
         Err(e) => {
             if let Some(cg) = &cgroup {
                 cg.remove();
             }
-            return Err(LaunchError::Misconfigured(format!("spawning the helper {}: {e}", tier.helper.display())));
+            return Err(e);
         }
     };
-
-    let status_task = tokio::task::spawn_blocking(move || read_messages(status_r));
-    if let Some(mut stdin) = child.stdin.take() {
+    let launch::Launched { process: mut child, stdin, stdout: mut out, stderr: mut err, status } = launched;
+    let status_task = tokio::spawn(read_messages(status));
+    if let Some(mut stdin) = stdin {
         let bytes = job.stdin().to_vec();
         tokio::spawn(async move {
             // A guest that exits without reading its stdin closes the pipe: not an error.
             let _ = stdin.write_all(&bytes).await;
         });
     }
-    let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(LaunchError::Internal("helper pipes missing".into()));
-    };
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
     let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
@@ -133,12 +113,12 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         }
     };
     if !matches!(end, End::Exited) {
-        let _ = child.start_kill();
+        child.kill();
         if let Some(cg) = &cgroup {
             cg.kill_all();
         }
     }
-    let _ = child.wait().await;
+    child.wait().await;
     let wall = start.elapsed();
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
@@ -230,13 +210,14 @@ async fn finish(
 }
 
 /// Reads the helper's report lines, bounded in count and length.
-fn read_messages(pipe: std::fs::File) -> Vec<Msg> {
+async fn read_messages(pipe: tokio::net::unix::pipe::Receiver) -> Vec<Msg> {
+    use tokio::io::AsyncBufReadExt;
     let mut out = Vec::new();
-    let mut reader = BufReader::new(pipe.take((MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
+    let mut reader = tokio::io::BufReader::new(pipe.take((MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
     let mut line = Vec::new();
     while out.len() < MAX_REPORT_LINES {
         line.clear();
-        match reader.by_ref().take(MAX_REPORT_LINE as u64).read_until(b'\n', &mut line) {
+        match (&mut reader).take(MAX_REPORT_LINE as u64).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {

@@ -37,9 +37,31 @@ fn supervise_one(rest: &[String]) -> Result<()> {
     let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
         .with_workspace(bin_dir, Access::ReadOnly)?
         .with_limits(limits());
-    let tier = ProcessTier::new(Helper::current_exe()?);
+    let tier = ProcessTier::new(Helper::fork());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _ = rt.block_on(tier.run(&job));
+    Ok(())
+}
+
+/// `--process-one WORKSPACE ro|rw ATTACK ARGS...`: run one attack in the process tier from
+/// this fresh, single-threaded process, launching the helper by fork as the `stockade` CLI
+/// does, and print the report as JSON. A launch error is printed as `{"launch_error": ...}`.
+fn process_one(rest: &[String]) -> Result<()> {
+    let usage = "--process-one WORKSPACE ro|rw ATTACK ARGS...";
+    let (ws, rest) = rest.split_first().context(usage)?;
+    let (access, rest) = rest.split_first().context(usage)?;
+    let (attack, args) = rest.split_first().context(usage)?;
+    let access = if access == "rw" { Access::ReadWrite } else { Access::ReadOnly };
+    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
+        .with_workspace(ws, access)?
+        .with_limits(limits());
+    let tier = ProcessTier::new(Helper::fork());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let out = match rt.block_on(tier.run(&job)) {
+        Ok(report) => serde_json::to_string(&report)?,
+        Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
+    };
+    println!("{out}");
     Ok(())
 }
 
@@ -90,6 +112,15 @@ fn main() -> ExitCode {
         return match stockade_escape::world::listen_metadata(&log) {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::FAILURE,
+        };
+    }
+    if argv.first().is_some_and(|a| a == "--process-one") {
+        return match process_one(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("stockade-escape --process-one: {e:#}");
+                ExitCode::FAILURE
+            }
         };
     }
     if argv.first().is_some_and(|a| a == "--supervise-one") {
@@ -235,15 +266,26 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
         Some(ws) => (ws.as_path(), Access::ReadWrite),
         None => (bin_dir, Access::ReadOnly),
     };
-    let job = Job::command(format!("/workspace/{}", entry.name), targets.args.clone())?
-        .with_workspace(ws, access)?
-        .with_limits(limits());
-    let tier = ProcessTier::new(Helper::current_exe()?);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let report = match rt.block_on(tier.run(&job)) {
-        Ok(r) => r,
-        Err(e) => return Ok(skipped(&e)),
-    };
+    // Each attack runs from a fresh single-threaded process that forks the helper, as the
+    // `stockade` CLI does (this harness has other threads, so it could only exec one); the
+    // library's exec launch is covered by the tier's own tests.
+    let one = Command::new(std::env::current_exe()?)
+        .arg("--process-one")
+        .arg(ws)
+        .arg(if access == Access::ReadWrite { "rw" } else { "ro" })
+        .arg(entry.name)
+        .args(&targets.args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !one.status.success() {
+        bail!("{}: --process-one failed: {}", entry.name, one.status);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&one.stdout).context("--process-one printed no report")?;
+    if let Some(e) = value.get("launch_error").and_then(|e| e.as_str()) {
+        return Ok(skipped(&e));
+    }
+    let report: stockade_protocol::Report = serde_json::from_value(value).context("parsing the report")?;
     let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
     judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
 }

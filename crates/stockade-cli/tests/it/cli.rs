@@ -44,6 +44,26 @@ fn g1_verified_output_is_printed() {
 }
 
 #[test]
+fn g1_the_cli_forks_its_helper_and_the_guest_sees_none_of_it() {
+    if !ready() {
+        return;
+    }
+    // The CLI is single-threaded when it launches, so the helper is a fork of it: pid 1 of the
+    // run carries the CLI's own command line (an exec'd helper would carry none).
+    let (code, out, err) = check(&["run", "--", "sh", "-c", "tr '\\0' ' ' </proc/1/cmdline"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("run -- sh -c"), "pid 1 is not a fork of the CLI: {out:?}");
+    // That copy of the CLI's memory stays out of the guest's reach.
+    let (code, out, err) =
+        check(&["run", "--json", "--", "sh", "-c", "cat /proc/1/environ /proc/1/maps; ls /proc/1/fd"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stdout"]["bytes"], "", "{report:#}");
+    let stderr = report["stderr"]["bytes"].as_str().unwrap();
+    assert_eq!(stderr.matches("Permission denied").count(), 3, "{stderr}");
+}
+
+#[test]
 fn g1_refusals_print_one_line_and_the_stable_code() {
     if !ready() {
         return;

@@ -60,6 +60,14 @@ pub(crate) fn effective() -> io::Result<u64> {
     u64::from_str_radix(hex.trim(), 16).map_err(io::Error::other)
 }
 
+/// Marks the process not dumpable: its `/proc/PID` files become root-owned and its memory,
+/// environment and descriptors are out of reach of same-uid processes without
+/// `CAP_SYS_PTRACE`. An exec of a normal program makes it dumpable again.
+pub(crate) fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer and touches no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
+}
+
 /// Marks the process dumpable again. Changing credentials (root → nobody) clears the flag,
 /// which makes `/proc/self/*` root-owned and the id-map files unwritable for the new uid.
 pub(crate) fn set_dumpable() -> io::Result<()> {

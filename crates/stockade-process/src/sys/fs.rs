@@ -61,11 +61,18 @@ pub(crate) fn peer_closed(fd: RawFd) -> bool {
 
 /// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec
 /// in the forked child just before exec.
-pub(crate) fn keep_on_exec(cmd: &mut tokio::process::Command, fd: RawFd) {
+pub(crate) fn keep_on_exec(cmd: &mut std::process::Command, fd: RawFd) {
+    use std::os::unix::process::CommandExt;
     // SAFETY: the hook runs in the child between fork and exec of a multi-threaded parent,
     // where only async-signal-safe calls are allowed. It calls `fcntl` (async-signal-safe)
     // through `clear_cloexec`, which neither allocates nor takes locks.
     unsafe {
         cmd.pre_exec(move || clear_cloexec(fd));
     }
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least `min`.
+pub(crate) fn dup_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes integers only and creates a descriptor we then own.
+    check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
 }

@@ -2,9 +2,10 @@
 //! `seccompiler` do not cover. This module (one file per syscall family) is the only place
 //! in the workspace with `unsafe` code that is not a test; every block says why it is sound.
 //!
-//! Everything here runs either in the supervisor (which is multi-threaded: only `spawn`'s
-//! pre-exec hook runs between fork and exec, and it only calls `fcntl`), or in the helper,
-//! a freshly exec'd single-threaded process, where allocating after `fork` is safe.
+//! Everything here runs either in the supervisor (which may be multi-threaded: there, only
+//! `spawn`'s pre-exec hook runs between fork and exec, and it only calls `fcntl`; a fork
+//! launch first checks that the supervisor has one thread), or in the helper, a
+//! single-threaded process, where allocating after `fork` is safe.
 
 #![allow(unsafe_code, reason = "the one module allowed to call libc directly (STYLE §5.2)")]
 

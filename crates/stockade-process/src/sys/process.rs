@@ -13,11 +13,13 @@ pub(crate) enum Fork {
     Child,
 }
 
-/// `fork(2)`. Only called from the helper, which is single-threaded, so the child may
-/// allocate and run ordinary Rust code.
+/// `fork(2)`. Only called from a single-threaded process (the helper, or the supervisor
+/// after [`thread_count`] returned 1), so the child may allocate and run ordinary Rust code.
 pub(crate) fn fork() -> io::Result<Fork> {
-    // SAFETY: the helper process has exactly one thread (it was just exec'd and spawns no
-    // threads), so the child inherits no locks held by other threads.
+    // SAFETY: every caller has exactly one thread: the helper was just exec'd and spawns no
+    // threads, and the supervisor's fork launch checks `thread_count() == 1` first (only this
+    // thread could start another, and it does not in between). So the child inherits no
+    // lock held by another thread, and glibc's fork resets the allocator's own locks.
     match check(unsafe { libc::fork() })? {
         0 => Ok(Fork::Child),
         pid => Ok(Fork::Parent(pid)),
@@ -132,4 +134,95 @@ pub(crate) fn exec(program: &str, argv: &[String], env: &[(String, String)]) -> 
     // owned by `prog`, `args` and `envs`, which outlive the call; both arrays end with NULL.
     unsafe { libc::execve(prog.as_ptr(), argp.as_ptr(), envp.as_ptr()) };
     io::Error::last_os_error()
+}
+
+/// Number of threads of this process, from `/proc/self/status`.
+pub(crate) fn thread_count() -> io::Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| io::Error::other("no Threads line in /proc/self/status"))
+}
+
+/// Restores every signal to its default action and unblocks all signals, so that nothing the
+/// launching process ignored or blocked (Rust ignores SIGPIPE) reaches the guest.
+pub(crate) fn reset_signals() -> io::Result<()> {
+    // The kernel's `struct sigaction` on x86_64: handler, flags, restorer, mask; all zero is
+    // SIG_DFL with no flags and an empty mask. The raw syscall also resets the two real-time
+    // signals glibc reserves for itself (32 and 33), which `signal(3)` refuses to touch.
+    let default = [0u64; 4];
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads one kernel sigaction (32 bytes, `default` on this frame)
+        // and writes no old action (null); the mask size is 8 bytes, as the kernel expects.
+        super::check_long(unsafe {
+            libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<u64>(), 8usize)
+        })?;
+    }
+    // SAFETY: an all-zero sigset_t is the empty set; sigemptyset makes that explicit.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sigemptyset writes into `set`, which lives on this frame.
+    unsafe { libc::sigemptyset(&mut set) };
+    // SAFETY: sigprocmask reads `set` and writes no old set (null).
+    check(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) }).map(drop)
+}
+
+/// `pidfd_open(2)`: a descriptor that becomes readable when `pid` (a child of ours, not yet
+/// reaped, so its pid cannot be reused) exits.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes integers only.
+    let fd = super::check_long(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the kernel just returned this descriptor (close-on-exec by default); we own it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `pidfd_send_signal(2)`: signals the process behind `pidfd` (ESRCH once it has been reaped).
+pub(crate) fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a null siginfo asks the kernel to fill one in as kill(2) would; no memory is read.
+    super::check_long(unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
+    })
+    .map(drop)
+}
+
+/// Reaps the exited child behind `pidfd` (`waitid(P_PIDFD, WEXITED)`), blocking until it
+/// exits unless `nohang`; `Ok(false)` means it is still running.
+pub(crate) fn reap_pidfd(pidfd: std::os::fd::BorrowedFd<'_>, nohang: bool) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        // SAFETY: waitid writes one siginfo_t into `info`, which lives on this frame;
+        // P_PIDFD (3) selects the child by the descriptor.
+        let r = unsafe { libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, flags) };
+        if r == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        check(r)?;
+        // SAFETY: si_pid is valid to read after a successful waitid; 0 means nothing exited.
+        return Ok(unsafe { info.si_pid() } != 0);
+    }
+}
+
+/// Moves `fd` onto `target` (`dup2`); the copy does not have close-on-exec set.
+pub(crate) fn dup_onto(fd: std::os::fd::RawFd, target: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: dup2 takes integers only; the caller owns both descriptor numbers.
+    check(unsafe { libc::dup2(fd, target) }).map(drop)
+}
+
+/// Registers a pidfd with the tokio reactor (readable once the process exits).
+pub(crate) fn register_pidfd(
+    pidfd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: an `OwnedFd` owns one open descriptor for its whole life, `as_raw_fd` always
+    // returns that same number, and it is closed only when the `AsyncFd` drops it.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into())
 }

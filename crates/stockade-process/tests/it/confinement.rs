@@ -349,6 +349,17 @@ fn g5_only_descriptors_0_to_2_reach_the_guest() {
 }
 
 #[test]
+fn g5_signals_reach_the_guest_at_their_defaults() {
+    require!("g5_signals_reach_the_guest_at_their_defaults");
+    // The supervisor and helper are Rust programs, which ignore SIGPIPE; the guest must not
+    // inherit that (a pipeline's writer dies of SIGPIPE, as outside the sandbox).
+    let r = run(sh("grep -E '^Sig(Ign|Blk)' /proc/self/status; yes | head -c 2 >/dev/null; echo yes-status=$?"));
+    assert_eq!(stdout(&r), "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nyes-status=0\n", "{r:#?}");
+    let r = run(Job::command("/bin/sh", ["-c", "yes | head -c 2 >/dev/null; exit 0"]).unwrap());
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{r:#?}");
+}
+
+#[test]
 fn g9_report_lists_every_mechanism() {
     require!("g9_report_lists_every_mechanism");
     let r = run(sh("echo hi"));

@@ -5,4 +5,5 @@
 #[macro_use]
 mod support;
 mod confinement;
+mod launch;
 mod limits;
