@@ -107,8 +107,300 @@ pub(crate) fn apply_landlock(workspace: Option<bool>, hard: bool, abi: u8) -> Re
     })
 }
 
-/// Syscalls that fail with EPERM: escape, introspection and kernel-attack surface.
-const DENIED: &[(&str, i64)] = &[
+/// The allowlist: every syscall the guest may make (x86_64 numbers). Anything else fails
+/// with ENOSYS, the answer of a kernel that lacks the call, so libraries fall back to an
+/// older interface (`clone3` → `clone`, io_uring → epoll) instead of failing hard. The list
+/// follows Docker's default profile for unprivileged containers minus what [`DENIED`]
+/// refuses and minus the obsolete and rarely needed calls (`modify_ldt`, `uselib`, the NUMA
+/// policy calls, `kcmp`, `process_madvise`, `fanotify_*`, `*_mount`/`statmount`, ...).
+/// `clone`, `socket`, `ioctl` and `personality` are listed here and narrowed by argument in
+/// the EPERM filter.
+pub(crate) const ALLOWED: &[(&str, i64)] = &[
+    ("read", libc::SYS_read),
+    ("write", libc::SYS_write),
+    ("open", libc::SYS_open),
+    ("close", libc::SYS_close),
+    ("stat", libc::SYS_stat),
+    ("fstat", libc::SYS_fstat),
+    ("lstat", libc::SYS_lstat),
+    ("poll", libc::SYS_poll),
+    ("lseek", libc::SYS_lseek),
+    ("mmap", libc::SYS_mmap),
+    ("mprotect", libc::SYS_mprotect),
+    ("munmap", libc::SYS_munmap),
+    ("brk", libc::SYS_brk),
+    ("rt_sigaction", libc::SYS_rt_sigaction),
+    ("rt_sigprocmask", libc::SYS_rt_sigprocmask),
+    ("rt_sigreturn", libc::SYS_rt_sigreturn),
+    ("ioctl", libc::SYS_ioctl),
+    ("pread64", libc::SYS_pread64),
+    ("pwrite64", libc::SYS_pwrite64),
+    ("readv", libc::SYS_readv),
+    ("writev", libc::SYS_writev),
+    ("access", libc::SYS_access),
+    ("pipe", libc::SYS_pipe),
+    ("select", libc::SYS_select),
+    ("sched_yield", libc::SYS_sched_yield),
+    ("mremap", libc::SYS_mremap),
+    ("msync", libc::SYS_msync),
+    ("mincore", libc::SYS_mincore),
+    ("madvise", libc::SYS_madvise),
+    ("shmget", libc::SYS_shmget),
+    ("shmat", libc::SYS_shmat),
+    ("shmctl", libc::SYS_shmctl),
+    ("dup", libc::SYS_dup),
+    ("dup2", libc::SYS_dup2),
+    ("pause", libc::SYS_pause),
+    ("nanosleep", libc::SYS_nanosleep),
+    ("getitimer", libc::SYS_getitimer),
+    ("alarm", libc::SYS_alarm),
+    ("setitimer", libc::SYS_setitimer),
+    ("getpid", libc::SYS_getpid),
+    ("sendfile", libc::SYS_sendfile),
+    ("socket", libc::SYS_socket),
+    ("connect", libc::SYS_connect),
+    ("accept", libc::SYS_accept),
+    ("sendto", libc::SYS_sendto),
+    ("recvfrom", libc::SYS_recvfrom),
+    ("sendmsg", libc::SYS_sendmsg),
+    ("recvmsg", libc::SYS_recvmsg),
+    ("shutdown", libc::SYS_shutdown),
+    ("bind", libc::SYS_bind),
+    ("listen", libc::SYS_listen),
+    ("getsockname", libc::SYS_getsockname),
+    ("getpeername", libc::SYS_getpeername),
+    ("socketpair", libc::SYS_socketpair),
+    ("setsockopt", libc::SYS_setsockopt),
+    ("getsockopt", libc::SYS_getsockopt),
+    ("clone", libc::SYS_clone),
+    ("fork", libc::SYS_fork),
+    ("vfork", libc::SYS_vfork),
+    ("execve", libc::SYS_execve),
+    ("exit", libc::SYS_exit),
+    ("wait4", libc::SYS_wait4),
+    ("kill", libc::SYS_kill),
+    ("uname", libc::SYS_uname),
+    ("semget", libc::SYS_semget),
+    ("semop", libc::SYS_semop),
+    ("semctl", libc::SYS_semctl),
+    ("shmdt", libc::SYS_shmdt),
+    ("msgget", libc::SYS_msgget),
+    ("msgsnd", libc::SYS_msgsnd),
+    ("msgrcv", libc::SYS_msgrcv),
+    ("msgctl", libc::SYS_msgctl),
+    ("fcntl", libc::SYS_fcntl),
+    ("flock", libc::SYS_flock),
+    ("fsync", libc::SYS_fsync),
+    ("fdatasync", libc::SYS_fdatasync),
+    ("truncate", libc::SYS_truncate),
+    ("ftruncate", libc::SYS_ftruncate),
+    ("getdents", libc::SYS_getdents),
+    ("getcwd", libc::SYS_getcwd),
+    ("chdir", libc::SYS_chdir),
+    ("fchdir", libc::SYS_fchdir),
+    ("rename", libc::SYS_rename),
+    ("mkdir", libc::SYS_mkdir),
+    ("rmdir", libc::SYS_rmdir),
+    ("creat", libc::SYS_creat),
+    ("link", libc::SYS_link),
+    ("unlink", libc::SYS_unlink),
+    ("symlink", libc::SYS_symlink),
+    ("readlink", libc::SYS_readlink),
+    ("chmod", libc::SYS_chmod),
+    ("fchmod", libc::SYS_fchmod),
+    ("chown", libc::SYS_chown),
+    ("fchown", libc::SYS_fchown),
+    ("lchown", libc::SYS_lchown),
+    ("umask", libc::SYS_umask),
+    ("gettimeofday", libc::SYS_gettimeofday),
+    ("getrlimit", libc::SYS_getrlimit),
+    ("getrusage", libc::SYS_getrusage),
+    ("sysinfo", libc::SYS_sysinfo),
+    ("times", libc::SYS_times),
+    ("getuid", libc::SYS_getuid),
+    ("getgid", libc::SYS_getgid),
+    ("setuid", libc::SYS_setuid),
+    ("setgid", libc::SYS_setgid),
+    ("geteuid", libc::SYS_geteuid),
+    ("getegid", libc::SYS_getegid),
+    ("setpgid", libc::SYS_setpgid),
+    ("getppid", libc::SYS_getppid),
+    ("getpgrp", libc::SYS_getpgrp),
+    ("setsid", libc::SYS_setsid),
+    ("setreuid", libc::SYS_setreuid),
+    ("setregid", libc::SYS_setregid),
+    ("getgroups", libc::SYS_getgroups),
+    ("setgroups", libc::SYS_setgroups),
+    ("setresuid", libc::SYS_setresuid),
+    ("getresuid", libc::SYS_getresuid),
+    ("setresgid", libc::SYS_setresgid),
+    ("getresgid", libc::SYS_getresgid),
+    ("getpgid", libc::SYS_getpgid),
+    ("setfsuid", libc::SYS_setfsuid),
+    ("setfsgid", libc::SYS_setfsgid),
+    ("getsid", libc::SYS_getsid),
+    ("capget", libc::SYS_capget),
+    ("capset", libc::SYS_capset),
+    ("rt_sigpending", libc::SYS_rt_sigpending),
+    ("rt_sigtimedwait", libc::SYS_rt_sigtimedwait),
+    ("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo),
+    ("rt_sigsuspend", libc::SYS_rt_sigsuspend),
+    ("sigaltstack", libc::SYS_sigaltstack),
+    ("utime", libc::SYS_utime),
+    ("mknod", libc::SYS_mknod),
+    ("personality", libc::SYS_personality),
+    ("statfs", libc::SYS_statfs),
+    ("fstatfs", libc::SYS_fstatfs),
+    ("getpriority", libc::SYS_getpriority),
+    ("setpriority", libc::SYS_setpriority),
+    ("sched_setparam", libc::SYS_sched_setparam),
+    ("sched_getparam", libc::SYS_sched_getparam),
+    ("sched_setscheduler", libc::SYS_sched_setscheduler),
+    ("sched_getscheduler", libc::SYS_sched_getscheduler),
+    ("sched_get_priority_max", libc::SYS_sched_get_priority_max),
+    ("sched_get_priority_min", libc::SYS_sched_get_priority_min),
+    ("sched_rr_get_interval", libc::SYS_sched_rr_get_interval),
+    ("mlock", libc::SYS_mlock),
+    ("munlock", libc::SYS_munlock),
+    ("mlockall", libc::SYS_mlockall),
+    ("munlockall", libc::SYS_munlockall),
+    ("prctl", libc::SYS_prctl),
+    ("arch_prctl", libc::SYS_arch_prctl),
+    ("setrlimit", libc::SYS_setrlimit),
+    ("sync", libc::SYS_sync),
+    ("gettid", libc::SYS_gettid),
+    ("readahead", libc::SYS_readahead),
+    ("setxattr", libc::SYS_setxattr),
+    ("lsetxattr", libc::SYS_lsetxattr),
+    ("fsetxattr", libc::SYS_fsetxattr),
+    ("getxattr", libc::SYS_getxattr),
+    ("lgetxattr", libc::SYS_lgetxattr),
+    ("fgetxattr", libc::SYS_fgetxattr),
+    ("listxattr", libc::SYS_listxattr),
+    ("llistxattr", libc::SYS_llistxattr),
+    ("flistxattr", libc::SYS_flistxattr),
+    ("removexattr", libc::SYS_removexattr),
+    ("lremovexattr", libc::SYS_lremovexattr),
+    ("fremovexattr", libc::SYS_fremovexattr),
+    ("tkill", libc::SYS_tkill),
+    ("time", libc::SYS_time),
+    ("futex", libc::SYS_futex),
+    ("sched_setaffinity", libc::SYS_sched_setaffinity),
+    ("sched_getaffinity", libc::SYS_sched_getaffinity),
+    ("io_setup", libc::SYS_io_setup),
+    ("io_destroy", libc::SYS_io_destroy),
+    ("io_getevents", libc::SYS_io_getevents),
+    ("io_submit", libc::SYS_io_submit),
+    ("io_cancel", libc::SYS_io_cancel),
+    ("getdents64", libc::SYS_getdents64),
+    ("set_tid_address", libc::SYS_set_tid_address),
+    ("restart_syscall", libc::SYS_restart_syscall),
+    ("semtimedop", libc::SYS_semtimedop),
+    ("fadvise64", libc::SYS_fadvise64),
+    ("timer_create", libc::SYS_timer_create),
+    ("timer_settime", libc::SYS_timer_settime),
+    ("timer_gettime", libc::SYS_timer_gettime),
+    ("timer_getoverrun", libc::SYS_timer_getoverrun),
+    ("timer_delete", libc::SYS_timer_delete),
+    ("clock_gettime", libc::SYS_clock_gettime),
+    ("clock_getres", libc::SYS_clock_getres),
+    ("clock_nanosleep", libc::SYS_clock_nanosleep),
+    ("exit_group", libc::SYS_exit_group),
+    ("epoll_wait", libc::SYS_epoll_wait),
+    ("epoll_ctl", libc::SYS_epoll_ctl),
+    ("tgkill", libc::SYS_tgkill),
+    ("utimes", libc::SYS_utimes),
+    ("mq_open", libc::SYS_mq_open),
+    ("mq_unlink", libc::SYS_mq_unlink),
+    ("mq_timedsend", libc::SYS_mq_timedsend),
+    ("mq_timedreceive", libc::SYS_mq_timedreceive),
+    ("mq_notify", libc::SYS_mq_notify),
+    ("mq_getsetattr", libc::SYS_mq_getsetattr),
+    ("waitid", libc::SYS_waitid),
+    ("ioprio_set", libc::SYS_ioprio_set),
+    ("ioprio_get", libc::SYS_ioprio_get),
+    ("inotify_init", libc::SYS_inotify_init),
+    ("inotify_add_watch", libc::SYS_inotify_add_watch),
+    ("inotify_rm_watch", libc::SYS_inotify_rm_watch),
+    ("openat", libc::SYS_openat),
+    ("mkdirat", libc::SYS_mkdirat),
+    ("mknodat", libc::SYS_mknodat),
+    ("fchownat", libc::SYS_fchownat),
+    ("futimesat", libc::SYS_futimesat),
+    ("newfstatat", libc::SYS_newfstatat),
+    ("unlinkat", libc::SYS_unlinkat),
+    ("renameat", libc::SYS_renameat),
+    ("linkat", libc::SYS_linkat),
+    ("symlinkat", libc::SYS_symlinkat),
+    ("readlinkat", libc::SYS_readlinkat),
+    ("fchmodat", libc::SYS_fchmodat),
+    ("faccessat", libc::SYS_faccessat),
+    ("pselect6", libc::SYS_pselect6),
+    ("ppoll", libc::SYS_ppoll),
+    ("set_robust_list", libc::SYS_set_robust_list),
+    ("get_robust_list", libc::SYS_get_robust_list),
+    ("splice", libc::SYS_splice),
+    ("tee", libc::SYS_tee),
+    ("sync_file_range", libc::SYS_sync_file_range),
+    ("vmsplice", libc::SYS_vmsplice),
+    ("utimensat", libc::SYS_utimensat),
+    ("epoll_pwait", libc::SYS_epoll_pwait),
+    ("signalfd", libc::SYS_signalfd),
+    ("timerfd_create", libc::SYS_timerfd_create),
+    ("eventfd", libc::SYS_eventfd),
+    ("fallocate", libc::SYS_fallocate),
+    ("timerfd_settime", libc::SYS_timerfd_settime),
+    ("timerfd_gettime", libc::SYS_timerfd_gettime),
+    ("accept4", libc::SYS_accept4),
+    ("signalfd4", libc::SYS_signalfd4),
+    ("eventfd2", libc::SYS_eventfd2),
+    ("epoll_create", libc::SYS_epoll_create),
+    ("epoll_create1", libc::SYS_epoll_create1),
+    ("dup3", libc::SYS_dup3),
+    ("pipe2", libc::SYS_pipe2),
+    ("inotify_init1", libc::SYS_inotify_init1),
+    ("preadv", libc::SYS_preadv),
+    ("pwritev", libc::SYS_pwritev),
+    ("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo),
+    ("recvmmsg", libc::SYS_recvmmsg),
+    ("prlimit64", libc::SYS_prlimit64),
+    ("syncfs", libc::SYS_syncfs),
+    ("sendmmsg", libc::SYS_sendmmsg),
+    ("getcpu", libc::SYS_getcpu),
+    ("sched_setattr", libc::SYS_sched_setattr),
+    ("sched_getattr", libc::SYS_sched_getattr),
+    ("renameat2", libc::SYS_renameat2),
+    ("seccomp", libc::SYS_seccomp),
+    ("getrandom", libc::SYS_getrandom),
+    ("memfd_create", libc::SYS_memfd_create),
+    ("execveat", libc::SYS_execveat),
+    ("membarrier", libc::SYS_membarrier),
+    ("mlock2", libc::SYS_mlock2),
+    ("copy_file_range", libc::SYS_copy_file_range),
+    ("preadv2", libc::SYS_preadv2),
+    ("pwritev2", libc::SYS_pwritev2),
+    ("pkey_mprotect", libc::SYS_pkey_mprotect),
+    ("pkey_alloc", libc::SYS_pkey_alloc),
+    ("pkey_free", libc::SYS_pkey_free),
+    ("statx", libc::SYS_statx),
+    ("rseq", libc::SYS_rseq),
+    ("pidfd_send_signal", libc::SYS_pidfd_send_signal),
+    ("pidfd_open", libc::SYS_pidfd_open),
+    ("close_range", libc::SYS_close_range),
+    ("openat2", libc::SYS_openat2),
+    ("faccessat2", libc::SYS_faccessat2),
+    ("epoll_pwait2", libc::SYS_epoll_pwait2),
+    ("landlock_create_ruleset", libc::SYS_landlock_create_ruleset),
+    ("landlock_add_rule", libc::SYS_landlock_add_rule),
+    ("landlock_restrict_self", libc::SYS_landlock_restrict_self),
+    ("futex_waitv", libc::SYS_futex_waitv),
+    ("fchmodat2", libc::SYS_fchmodat2),
+];
+
+/// Syscalls that fail with EPERM: escape, introspection and kernel-attack surface. None of
+/// them is in [`ALLOWED`]; the explicit EPERM (which wins over the allowlist's ENOSYS, being
+/// the filter installed last) tells a program it was refused rather than that the kernel is old.
+pub(crate) const DENIED: &[(&str, i64)] = &[
     ("ptrace", libc::SYS_ptrace),
     ("process_vm_readv", libc::SYS_process_vm_readv),
     ("process_vm_writev", libc::SYS_process_vm_writev),
@@ -160,7 +452,7 @@ const DENIED: &[(&str, i64)] = &[
 /// Syscalls that fail with ENOSYS, so that libraries fall back to an older interface:
 /// `clone3` (its flags sit in a struct seccomp cannot read; libc falls back to `clone`) and
 /// io_uring (its operations bypass seccomp; runtimes fall back to epoll).
-const NOT_IMPLEMENTED: &[(&str, i64)] = &[
+pub(crate) const NOT_IMPLEMENTED: &[(&str, i64)] = &[
     ("clone3", libc::SYS_clone3),
     ("io_uring_setup", libc::SYS_io_uring_setup),
     ("io_uring_enter", libc::SYS_io_uring_enter),
@@ -201,12 +493,15 @@ pub(crate) fn seccomp_summary() -> String {
     }
     format!(
         "arch: x86_64 only (any other arch: kill process)\n\
-         ENOSYS:{}\n\
+         ALLOWED ({} calls; anything else ENOSYS):{}\n\
+         ENOSYS, so that libraries fall back:{}\n\
          EPERM:{}\n\
          EPERM clone with any of:{}\n\
          EPERM socket unless family is:{} (netlink: NETLINK_ROUTE only)\n\
          EPERM ioctl TIOCSTI, TIOCLINUX\n\
          EPERM personality except 0 and the query 0xffffffff\n",
+        ALLOWED.len(),
+        names(ALLOWED),
         names(NOT_IMPLEMENTED),
         names(DENIED),
         names(CLONE_NEW),
@@ -214,10 +509,15 @@ pub(crate) fn seccomp_summary() -> String {
     )
 }
 
-/// The two filters: ENOSYS first, then EPERM. Everything not listed is allowed.
+/// The two filters: the allowlist (anything else ENOSYS), then the EPERM filter, which
+/// refuses the [`DENIED`] calls and narrows `clone`, `socket`, `ioctl` and `personality` by
+/// argument. Where both refuse, the kernel returns the later filter's EPERM.
 pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::x86_64;
-    let enosys: BTreeMap<i64, Vec<SeccompRule>> = NOT_IMPLEMENTED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
+    let allowed: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
+    if let Some((name, _)) = DENIED.iter().chain(NOT_IMPLEMENTED).find(|(_, nr)| allowed.contains_key(nr)) {
+        return Err(format!("seccomp policy bug: {name} is both allowed and refused"));
+    }
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
     let q = SeccompCmpArgLen::Qword;
     let d = SeccompCmpArgLen::Dword;
@@ -250,12 +550,14 @@ pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         libc::SYS_personality,
         vec![rule(vec![cond(0, d.clone(), SeccompCmpOp::Ne, PERSONALITY_QUERY)?, cond(0, d, SeccompCmpOp::Ne, 0)?])?],
     );
-    let build = |rules, errno: i32| -> Result<BpfProgram, String> {
-        let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno as u32), arch)
-            .map_err(|e| e.to_string())?;
+    let build = |rules, mismatch: SeccompAction, matched: SeccompAction| -> Result<BpfProgram, String> {
+        let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| e.to_string())?;
         BpfProgram::try_from(filter).map_err(|e| e.to_string())
     };
-    Ok(vec![build(enosys, libc::ENOSYS)?, build(eperm, libc::EPERM)?])
+    Ok(vec![
+        build(allowed, SeccompAction::Errno(libc::ENOSYS as u32), SeccompAction::Allow)?,
+        build(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?,
+    ])
 }
 
 /// Installs the filters on the calling thread (the helper is single-threaded, and exec follows).
@@ -267,7 +569,8 @@ pub(crate) fn apply_seccomp() -> Result<String, String> {
         seccompiler::apply_filter(f).map_err(|e| format!("seccomp: {e}"))?;
     }
     Ok(format!(
-        "{} filters, {insns} instructions: io_uring and clone3 ENOSYS; ptrace, bpf, mount family, namespaces, keyrings and more EPERM",
-        filters.len()
+        "{} filters, {insns} instructions: an allowlist of {} syscalls (anything else ENOSYS, so io_uring and clone3 too); ptrace, bpf, mount family, namespaces, keyrings and more EPERM",
+        filters.len(),
+        ALLOWED.len()
     ))
 }

@@ -23,7 +23,8 @@
 //!   no `/home`, `/root`, `/run`, `/var`, and so no host sockets such as `docker.sock`;
 //! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied,
 //!   abstract unix sockets and signals scoped;
-//! - **seccomp**: `io_uring_*` and `clone3` fail with ENOSYS; ptrace, `process_vm_*`, bpf,
+//! - **seccomp**: an allowlist of about 280 syscalls; anything else (among them `io_uring_*`,
+//!   `clone3` and the x32 ABI) fails with ENOSYS, so libraries fall back; ptrace, `process_vm_*`, bpf,
 //!   perf, keyrings, userfaultfd, the mount family, `unshare`/`setns`, `clone` with
 //!   `CLONE_NEW*`, `personality` changes, `open_by_handle_at`, kexec, modules, and the
 //!   TIOCSTI and TIOCLINUX ioctls fail with EPERM; sockets only of the unix, inet, inet6 and
