@@ -8,7 +8,8 @@ use landlock::{
     RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch, sock_filter,
 };
 
 /// Access a path in the view gets.
@@ -514,8 +515,7 @@ pub(crate) fn seccomp_summary() -> String {
 /// argument. Where both refuse, the kernel returns the later filter's EPERM.
 pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::x86_64;
-    let allowed: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
-    if let Some((name, _)) = DENIED.iter().chain(NOT_IMPLEMENTED).find(|(_, nr)| allowed.contains_key(nr)) {
+    if let Some((name, _)) = DENIED.iter().chain(NOT_IMPLEMENTED).find(|(_, nr)| ALLOWED.iter().any(|(_, a)| a == nr)) {
         return Err(format!("seccomp policy bug: {name} is both allowed and refused"));
     }
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
@@ -554,10 +554,65 @@ pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
         let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| e.to_string())?;
         BpfProgram::try_from(filter).map_err(|e| e.to_string())
     };
-    Ok(vec![
-        build(allowed, SeccompAction::Errno(libc::ENOSYS as u32), SeccompAction::Allow)?,
-        build(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?,
-    ])
+    Ok(vec![allowlist_program(), build(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?])
+}
+
+/// Contiguous runs of allowed syscall numbers, ascending: `(first, last)`.
+pub(crate) fn allowed_ranges() -> Vec<(u32, u32)> {
+    let mut nrs: Vec<u32> = ALLOWED.iter().filter_map(|(_, nr)| u32::try_from(*nr).ok()).collect();
+    nrs.sort_unstable();
+    nrs.dedup();
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for nr in nrs {
+        match ranges.last_mut() {
+            Some((_, last)) if *last + 1 == nr => *last = nr,
+            _ => ranges.push((nr, nr)),
+        }
+    }
+    ranges
+}
+
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGT_K: u16 = 0x25;
+const JGE_K: u16 = 0x35;
+const RET_K: u16 = 0x06;
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// The allowlist as a compact classic-BPF program: the architecture check, the x32 bit, then
+/// one four-instruction block per range of allowed numbers (about 60 ranges, so about 250
+/// instructions rather than seccompiler's four per syscall). Compactness matters at setup:
+/// the kernel JIT-compiles the filter and emulates it once per syscall number to fill its
+/// action cache, and a linear 1,100-instruction list made every run about 0.6 ms slower.
+/// Every jump is local (at most 3 ahead), so no offset can overflow its 8 bits.
+pub(crate) fn allowlist_program() -> BpfProgram {
+    let enosys = RET_ERRNO | libc::ENOSYS as u32;
+    let mut p = vec![
+        insn(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        insn(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        insn(RET_K, 0, 0, RET_KILL_PROCESS),
+        insn(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        insn(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        insn(RET_K, 0, 0, enosys),
+    ];
+    for (first, last) in allowed_ranges() {
+        p.extend([
+            insn(JGT_K, 3, 0, last),  // above this range: next block
+            insn(JGE_K, 0, 1, first), // within it: allow; below it (a gap): ENOSYS
+            insn(RET_K, 0, 0, RET_ALLOW),
+            insn(RET_K, 0, 0, enosys),
+        ]);
+    }
+    p.push(insn(RET_K, 0, 0, enosys));
+    p
 }
 
 /// Installs the filters on the calling thread (the helper is single-threaded, and exec follows).
@@ -574,3 +629,6 @@ pub(crate) fn apply_seccomp() -> Result<String, String> {
         ALLOWED.len()
     ))
 }
+
+#[cfg(test)]
+mod tests;
