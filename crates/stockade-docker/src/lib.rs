@@ -15,7 +15,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
-//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`], [`pool`].
+//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`], [`pool`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, the Docker engine and its runtime (runc, or runsc), the
@@ -54,14 +54,27 @@
 //!     containers past their maximum age, or found dead by the idle health check, are
 //!     replaced instead of used.
 //!     (pinned by: tests/it/docker.rs::g6_*)
+//! G7. A pool configured with [`pool::PoolConfig::with_workspace`] stages the job's
+//!     workspace instead of mounting it ([`stage`]): the host directory is packed without
+//!     following symlinks and within a size and entry cap (or refused before a container is
+//!     used), uploaded into the container's own tmpfs volume (size- and inode-capped,
+//!     nosuid, nodev, removed with the container), read-only grants as root-owned files in a
+//!     root-owned directory; for a read-write grant and a run that ended by itself, the
+//!     volume comes back through a bounded download and only regular files and directories
+//!     with plain names are written to the host directory, never through a host symlink and
+//!     never under a protected path (`.git`, rc files, ...).
+//!     (pinned by: src/stage_tests.rs::g7_*, tests/it/docker.rs::g7_*)
 //!
 //! # Non-guarantees
 //! - The container shares the host kernel; seccomp is the engine's default profile, which
 //!   (on Docker 28 here) allows io_uring.
-//! - A pool's containers get the pool's limits (memory, pids, nofile, cpu), fixed when they
-//!   are created; per run only the deadline and the output budgets come from the job, and
-//!   pool runs take no workspace.
-//! - A read-write workspace is a bind mount without protected paths.
+//! - A pool's containers get the pool's limits (memory, pids, nofile, cpu) and workspace
+//!   grant, fixed when they are created; per run only the deadline, the output budgets and
+//!   the workspace's contents come from the job.
+//! - A one-shot run's workspace is a bind mount: read-write, it has no protected paths (use a
+//!   pool with a staged workspace for untrusted code that writes). A staged read-write
+//!   workspace merges results into the host directory: files the guest deleted stay on the
+//!   host, and a run killed at its deadline or budget returns nothing.
 //!
 //! # Failure behaviour
 //! A misbehaving guest is an `Ok(Report)`; an image that does not exist is a
@@ -72,7 +85,9 @@
 //!
 //! # Ambient authority
 //! Connects to the engine through `DOCKER_HOST` or the default socket; creates, starts,
-//! kills, inspects and removes containers it labels; lists containers by its labels.
+//! kills, inspects and removes containers it labels (with their anonymous workspace
+//! volumes); lists containers by its labels; reads a staged workspace's host directory and,
+//! for a read-write grant, writes results into it.
 //!
 //! # Feature flags
 //! None.
@@ -87,6 +102,9 @@ pub mod pool;
 pub mod spec;
 #[cfg(test)]
 mod spec_tests;
+pub mod stage;
+#[cfg(test)]
+mod stage_tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -121,6 +139,9 @@ pub enum DockerError {
     /// The engine failed mid-run.
     #[error("docker engine: {0}")]
     Engine(String),
+    /// A staged workspace could not be packed, or the container's copy not applied.
+    #[error("staged workspace: {0}")]
+    Stage(#[from] stage::StageError),
 }
 
 pub(crate) fn engine(e: bollard::errors::Error) -> DockerError {

@@ -11,17 +11,22 @@
 //! stopped running.
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
-use bollard::query_parameters::CreateContainerOptionsBuilder;
-use stockade_protocol::{Job, JobKind, Limits, Report, Status};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use stockade_protocol::{Access, Enforced, Job, JobKind, Limits, Mechanism, Report, Status};
 use tokio::sync::Mutex;
 
 use crate::spec::{self, ORPHAN_GRACE};
+use crate::stage;
 use crate::{DockerError, DockerTier, enforcement, engine, run_id, unix_now};
 
 /// How long a pool container may live (and the expiry label the reaper reads).
@@ -45,6 +50,13 @@ pub struct PoolConfig {
     /// A container idle for longer than this is inspected before use, and replaced if it is
     /// no longer running (killed, out of memory, or gone). Default 2 s.
     pub health_check_after: Duration,
+    /// Whether runs take a staged workspace, and how it is granted: every container then
+    /// has a `/workspace` tmpfs volume of [`PoolConfig::workspace_bytes`] (see
+    /// [`crate::stage`]); a job's workspace must be granted with this access. `None` (the
+    /// default): runs take no workspace.
+    pub workspace: Option<Access>,
+    /// Size of each container's workspace volume, and the most a job's workspace may hold.
+    pub workspace_bytes: u64,
 }
 
 impl PoolConfig {
@@ -58,7 +70,17 @@ impl PoolConfig {
             max_age: DEFAULT_MAX_AGE,
             persistent: false,
             health_check_after: Duration::from_secs(2),
+            workspace: None,
+            workspace_bytes: stage::DEFAULT_STAGE_BYTES,
         }
+    }
+
+    /// Runs take a workspace granted with `access`, staged into each container (see
+    /// [`PoolConfig::workspace`]).
+    #[must_use]
+    pub fn with_workspace(mut self, access: Access) -> Self {
+        self.workspace = Some(access);
+        self
     }
 }
 
@@ -118,6 +140,13 @@ impl DockerPool {
         spec.body.stdin_once = Some(false);
         spec.body.attach_stdout = Some(false);
         spec.body.attach_stderr = Some(false);
+        if let Some(access) = self.config.workspace {
+            let mount = spec::staged_workspace_mount(access, self.config.workspace_bytes, &self.tier.hardening, &id)?;
+            if let Some(host) = spec.body.host_config.as_mut() {
+                host.mounts = Some(vec![mount]);
+            }
+            spec.body.working_dir = Some(spec::WORKSPACE.into());
+        }
         let name = format!("stockade-pool-{id}");
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self.tier.docker.create_container(Some(opts), spec.body).await.map_err(engine)?;
@@ -172,29 +201,101 @@ impl DockerPool {
         });
     }
 
-    /// Runs an image job in a warm container. The job's image must be the pool's; the job
-    /// may not grant a workspace (pool containers are created before the job is known).
+    /// Runs an image job in a warm container. The job's image must be the pool's, and its
+    /// workspace (if any) must be granted as [`PoolConfig::workspace`] says: it is packed
+    /// before a container is taken (an oversize or unstageable workspace is an error and
+    /// costs no container), uploaded into the container's workspace volume, and, for a
+    /// read-write grant and a run that ended by itself, the volume's contents are applied
+    /// back to the host directory (see [`crate::stage`]). A run killed at its deadline or
+    /// budget returns no files.
     pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
         let JobKind::Image { image, command } = job.kind() else {
             return Err(DockerError::Spec(spec::SpecError::NotAnImageJob));
         };
-        if *image != self.config.image || job.workspace().is_some() {
-            return Err(DockerError::Engine("a pool runs only its own image, without a workspace".into()));
+        if *image != self.config.image {
+            return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+                "the pool runs {:?}, the job asks for {image:?}",
+                self.config.image
+            ))));
         }
         if command.is_empty() {
             return Err(DockerError::Spec(spec::SpecError::EmptyCommand));
         }
+        let staged = match (job.workspace(), self.config.workspace) {
+            (None, _) => None,
+            (Some(ws), Some(access)) if ws.access() == access => {
+                let (root, h, bytes) =
+                    (ws.path().to_path_buf(), self.tier.hardening.clone(), self.config.workspace_bytes);
+                let packed = tokio::task::spawn_blocking(move || stage::pack(&root, access, h.uid, h.gid, bytes))
+                    .await
+                    .map_err(|e| DockerError::Engine(e.to_string()))??;
+                Some((ws.path().to_path_buf(), access, packed))
+            }
+            (Some(ws), configured) => {
+                return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+                    "the job grants its workspace {:?}, the pool stages workspaces {configured:?}",
+                    ws.access()
+                ))));
+            }
+        };
         let warm = self.take().await?;
-        let result = self.exec(&warm.id, job, command).await;
-        let killed = matches!(&result, Ok(r) if !matches!(r.status, Status::Exited { .. }));
-        if self.config.persistent && !killed {
+        let mut detail = None;
+        let result = match &staged {
+            Some((_, _, packed)) => match self.upload(&warm.id, packed).await {
+                Ok(()) => self.exec(&warm.id, job, command).await,
+                Err(e) => Err(e),
+            },
+            None => self.exec(&warm.id, job, command).await,
+        };
+        let finished = matches!(&result, Ok(r) if matches!(r.status, Status::Exited { .. }));
+        if let (Some((host, access, packed)), true) = (&staged, result.is_ok()) {
+            let back = match (access, finished) {
+                (Access::ReadWrite, true) => Some(self.download(&warm.id, host).await),
+                _ => None,
+            };
+            detail = Some(stage_detail(*access, packed, self.config.workspace_bytes, back));
+        }
+        if self.config.persistent && finished {
             self.idle.lock().await.push_back(Warm { idle_since: Instant::now(), ..warm });
         } else {
             self.retire(warm.id);
         }
         let mut report = result?;
         report.enforcement = enforcement(job);
+        if let Some(d) = detail {
+            report.enforcement.push(Enforced::new(Mechanism::ContainerWorkspace, d));
+        }
         Ok(report)
+    }
+
+    /// Uploads a packed workspace into the container's `/workspace` volume.
+    async fn upload(&self, id: &str, packed: &stage::Packed) -> Result<(), DockerError> {
+        let opts =
+            UploadToContainerOptionsBuilder::default().path(spec::WORKSPACE).no_overwrite_dir_non_dir("true").build();
+        let body = bollard::body_full(bytes::Bytes::from(packed.tar.clone()));
+        self.tier.docker.upload_to_container(id, Some(opts), body).await.map_err(engine)
+    }
+
+    /// Downloads the container's `/workspace` (bounded by [`stage::archive_bound`]) and
+    /// applies it to `host`.
+    async fn download(&self, id: &str, host: &Path) -> Result<stage::Applied, DockerError> {
+        let bound = stage::archive_bound(self.config.workspace_bytes);
+        let opts = DownloadFromContainerOptionsBuilder::default().path(spec::WORKSPACE).build();
+        let mut stream = self.tier.docker.download_from_container(id, Some(opts));
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(engine)?;
+            if archive.len() as u64 + chunk.len() as u64 > bound {
+                return Err(DockerError::Stage(stage::StageError::Archive(format!(
+                    "larger than its bound of {bound} bytes"
+                ))));
+            }
+            archive.extend_from_slice(&chunk);
+        }
+        let host = host.to_path_buf();
+        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
+            .await
+            .map_err(|e| DockerError::Engine(e.to_string()))??)
     }
 
     async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, DockerError> {
@@ -210,7 +311,7 @@ impl DockerPool {
             attach_stderr: Some(true),
             tty: Some(false),
             privileged: Some(false),
-            working_dir: Some("/".into()),
+            working_dir: Some(if self.config.workspace.is_some() { spec::WORKSPACE.into() } else { "/".into() }),
             ..Default::default()
         };
         let exec = docker.create_exec(id, config).await.map_err(engine)?;
@@ -244,4 +345,36 @@ impl DockerPool {
             .unwrap_or(false);
         Ok(sink.report(timed_out, oom, code.unwrap_or(-1), wall))
     }
+}
+
+/// The report line for a staged workspace.
+fn stage_detail(
+    access: Access,
+    packed: &stage::Packed,
+    bytes: u64,
+    back: Option<Result<stage::Applied, DockerError>>,
+) -> String {
+    let grant = match access {
+        Access::ReadOnly => "read-only (root-owned)",
+        Access::ReadWrite => "read-write",
+    };
+    let mut d = format!(
+        "workspace staged {grant}: {} files, {} bytes into a {bytes}-byte tmpfs volume, no host path mounted",
+        packed.files, packed.bytes
+    );
+    match back {
+        None if access == Access::ReadWrite => d.push_str("; results not copied back (the run did not end by itself)"),
+        None => {}
+        Some(Ok(a)) => {
+            d.push_str(&format!(
+                "; copied back: {} files written, {} unchanged, {} directories created, {} entries skipped",
+                a.written, a.unchanged, a.dirs, a.skipped
+            ));
+            if !a.skipped_names.is_empty() {
+                d.push_str(&format!(" ({})", a.skipped_names.join(", ")));
+            }
+        }
+        Some(Err(e)) => d.push_str(&format!("; results not copied back: {e}")),
+    }
+    d
 }

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::path::{Component, Path};
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig, ResourcesUlimits,
+};
 use stockade_protocol::{Access, Job, JobKind, Limits};
 
 /// The default image: a `docker import` of Debian's busybox-static (`cargo xtask images`).
@@ -101,6 +104,9 @@ pub enum SpecError {
     /// The command is empty.
     #[error("the command is empty")]
     EmptyCommand,
+    /// The job does not fit the pool it was given to.
+    #[error("the job does not fit the pool: {0}")]
+    Pool(String),
 }
 
 /// Checks an image reference: non-empty, at most 255 bytes, no leading `-` (it would read
@@ -288,4 +294,42 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
         ..Default::default()
     };
     Ok(Spec { image: image.clone(), command: command.clone(), body })
+}
+
+/// The `/workspace` mount of a container whose workspace is staged (see [`crate::stage`]): an
+/// anonymous volume of the local driver backed by tmpfs, `bytes` large, with at most
+/// [`crate::stage::MAX_ENTRIES`] entries, nosuid and nodev; its root belongs to the job user
+/// for a read-write grant and to root (0755) for a read-only one, so a read-only guest can
+/// add nothing. Anonymous, it is removed with its container; labelled like the container.
+pub fn staged_workspace_mount(
+    access: Access,
+    bytes: u64,
+    hardening: &Hardening,
+    run_id: &str,
+) -> Result<Mount, SpecError> {
+    let bytes = limit("workspace bytes", bytes, 1 << 20, 16 << 30, "1 MiB to 16 GiB")?;
+    let (uid, gid) = match access {
+        Access::ReadOnly => (0, 0),
+        Access::ReadWrite => (hardening.uid, hardening.gid),
+    };
+    let o = format!("size={bytes},{},mode=0755,uid={uid},gid={gid},nosuid,nodev", crate::stage::entry_count_option());
+    Ok(Mount {
+        target: Some(WORKSPACE.into()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            labels: Some(HashMap::from([(LABEL_RUN.to_owned(), run_id.to_owned())])),
+            driver_config: Some(MountVolumeOptionsDriverConfig {
+                name: Some("local".into()),
+                options: Some(HashMap::from([
+                    ("type".to_owned(), "tmpfs".to_owned()),
+                    ("device".to_owned(), "tmpfs".to_owned()),
+                    ("o".to_owned(), o),
+                ])),
+            }),
+            subpath: None,
+        }),
+        ..Default::default()
+    })
 }

@@ -186,21 +186,9 @@ fn view_detail(spec: &Spec) -> String {
     )
 }
 
-/// Paths inside a read-write workspace that stay read-only: changing them would plant code the
-/// host runs later (git hooks and config, shell start-up files, editor and agent task files).
-pub const PROTECTED: &[&str] = &[
-    ".git",
-    ".gitmodules",
-    ".bashrc",
-    ".bash_profile",
-    ".profile",
-    ".zshrc",
-    ".zprofile",
-    ".envrc",
-    ".vscode",
-    ".idea",
-    ".mcp.json",
-];
+/// Paths inside a read-write workspace that stay read-only (the list all tiers share):
+/// changing them would plant code the host runs later.
+pub const PROTECTED: &[&str] = stockade_protocol::PROTECTED_PATHS;
 
 /// Checks the protected paths of a read-write workspace on the host side (before any mount):
 /// a symlink among them is refused, since the guest could replace it; returns a description

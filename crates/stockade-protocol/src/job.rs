@@ -31,6 +31,24 @@ pub enum Access {
     ReadWrite,
 }
 
+/// Paths inside a read-write workspace that a tier never lets the guest change on the host:
+/// changing them would plant code the host runs later (git hooks and config, shell start-up
+/// files, editor and agent task files). Each tier enforces it its own way; the list is here
+/// so that they agree.
+pub const PROTECTED_PATHS: &[&str] = &[
+    ".git",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".envrc",
+    ".vscode",
+    ".idea",
+    ".mcp.json",
+];
+
 /// The host directory granted to the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -81,7 +81,7 @@ pub mod report;
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
-pub use job::{Access, EnvVar, Job, JobError, JobKind, Workspace};
+pub use job::{Access, EnvVar, Job, JobError, JobKind, PROTECTED_PATHS, Workspace};
 pub use json::{JsonError, JsonLimits, parse_untrusted};
 pub use limits::{Limits, LimitsError};
 pub use report::{Enforced, Mechanism, Report, Status, Stream};

@@ -142,6 +142,9 @@ pub enum Mechanism {
     ContainerNoCapabilities,
     /// A container with memory, cpu and pids limits.
     ContainerLimits,
+    /// A workspace copied into a size-capped tmpfs volume, and (read-write) results copied
+    /// back without following links and without touching protected paths.
+    ContainerWorkspace,
 }
 
 /// One mechanism that was active during a run, with a free-form detail (e.g. `abi 7`).

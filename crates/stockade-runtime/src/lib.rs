@@ -164,6 +164,7 @@ impl Tier for stockade_docker::DockerTier {
                 TierError::Unsupported { mechanism, reason }
             }
             stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
+            stockade_docker::DockerError::Stage(s) => TierError::Misconfigured(s.to_string()),
             other => TierError::Internal(other.to_string()),
         })
     }

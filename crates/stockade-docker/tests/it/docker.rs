@@ -1,12 +1,12 @@
-//! G2-G5 from inside real containers; the host checks the engine's state itself.
+//! G2-G7 from inside real containers; the host checks the engine's state and its own files itself.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
-use stockade_docker::spec::{DEFAULT_IMAGE, LABEL_EXPIRES, LABEL_RUN};
+use stockade_docker::spec::{DEFAULT_IMAGE, LABEL_EXPIRES, LABEL_RUN, SpecError};
 use stockade_docker::{DockerError, DockerTier};
-use stockade_protocol::{Job, Limits, Report, Status, Stream};
+use stockade_protocol::{Access, Job, Limits, Mechanism, Report, Status, Stream};
 
 /// Docker tests run one at a time: each checks that no stockade container is left.
 static ENGINE: Mutex<()> = Mutex::new(());
@@ -58,6 +58,39 @@ fn leftovers() -> usize {
         }
         count
     })
+}
+
+/// Volumes of this test process's containers that the engine still has (labelled with the
+/// run id, like the containers).
+fn leftover_volumes() -> usize {
+    let mine = format!("-{:x}-", std::process::id());
+    rt().block_on(async {
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+        let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default().filters(&filters).build();
+        let list = docker.list_volumes(Some(opts)).await.unwrap();
+        list.volumes
+            .unwrap_or_default()
+            .iter()
+            .filter(|v| v.labels.get(LABEL_RUN).is_some_and(|r| r.contains(&mine)))
+            .count()
+    })
+}
+
+/// A fresh host directory for a staged workspace.
+fn host_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("stockade-docker-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn stage_detail(r: &Report) -> String {
+    r.enforcement
+        .iter()
+        .find(|e| e.mechanism == Mechanism::ContainerWorkspace)
+        .map(|e| e.detail.clone())
+        .unwrap_or_default()
 }
 
 fn text(b: &[u8]) -> String {
@@ -232,7 +265,11 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         assert!(started.elapsed() < Duration::from_secs(10));
         let flood = sh("yes").with_limits(Limits::new().with_stdout(4096).unwrap());
         assert_eq!(pool.run(&flood).await.unwrap().status, Status::OutputLimit { stream: Stream::Stdout });
-        assert!(matches!(pool.run(&Job::image("other:local", ["true"]).unwrap()).await, Err(DockerError::Engine(_))));
+        let other = pool.run(&Job::image("other:local", ["true"]).unwrap()).await;
+        assert!(matches!(other, Err(DockerError::Spec(SpecError::Pool(_)))), "{other:?}");
+        // A pool without staging takes no workspace.
+        let ws = sh("true").with_workspace(std::env::temp_dir(), Access::ReadOnly).unwrap();
+        assert!(matches!(pool.run(&ws).await, Err(DockerError::Spec(SpecError::Pool(_)))));
         pool.shutdown().await;
         // A persistent session keeps its container (and its state) between runs.
         let mut config = PoolConfig::new(1, DEFAULT_IMAGE);
@@ -261,4 +298,116 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     });
     assert_eq!(leftovers(), 0);
+}
+
+#[test]
+fn g7_a_read_only_staged_workspace_is_seen_and_cannot_change() {
+    use stockade_docker::pool::{DockerPool, PoolConfig};
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g7_read_only_staged") else { return };
+    let ws = host_dir("ro");
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    std::fs::write(ws.join("sub/input.txt"), "input\n").unwrap();
+    std::fs::write(ws.join("tool.sh"), "#!/bin/sh\necho tool ran\n").unwrap();
+    std::fs::set_permissions(ws.join("tool.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A host symlink travels as a link: inside, it names the container's own file.
+    std::os::unix::fs::symlink("/etc/shadow", ws.join("shadow")).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let pool = DockerPool::new(tier.clone(), PoolConfig::new(1, DEFAULT_IMAGE).with_workspace(Access::ReadOnly))
+            .await
+            .unwrap();
+        let job = sh("pwd; cat sub/input.txt; ./tool.sh; cat shadow 2>&1 | head -c 60; echo; \
+                      echo x > sub/input.txt || echo no-write; touch new || echo no-create; \
+                      rm -f tool.sh 2>/dev/null; ls tool.sh")
+        .with_workspace(&ws, Access::ReadOnly)
+        .unwrap();
+        let r = pool.run(&job).await.unwrap();
+        let out = text(&r.stdout.bytes);
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        assert!(out.starts_with("/workspace\ninput\ntool ran\n"), "{out}");
+        assert!(!out.contains("root:") && out.contains("No such file"), "the host's /etc/shadow leaked: {out}");
+        assert!(out.contains("no-write\nno-create\ntool.sh\n"), "{out}");
+        assert!(stage_detail(&r).contains("read-only (root-owned): 2 files"), "{r:?}");
+        // An oversize workspace is refused before any container is used.
+        std::fs::write(ws.join("big"), vec![0u8; 2 << 20]).unwrap();
+        let mut small = PoolConfig::new(1, DEFAULT_IMAGE).with_workspace(Access::ReadOnly);
+        small.workspace_bytes = 1 << 20;
+        let small = DockerPool::new(tier.clone(), small).await.unwrap();
+        let err = small.run(&sh("true").with_workspace(&ws, Access::ReadOnly).unwrap()).await;
+        assert!(matches!(err, Err(DockerError::Stage(stockade_docker::stage::StageError::TooLarge { .. }))), "{err:?}");
+        // A grant that does not match the pool is refused.
+        let rw = sh("true").with_workspace(&ws, Access::ReadWrite).unwrap();
+        assert!(matches!(pool.run(&rw).await, Err(DockerError::Spec(SpecError::Pool(_)))));
+        pool.shutdown().await;
+        small.shutdown().await;
+    });
+    assert_eq!(std::fs::read_to_string(ws.join("sub/input.txt")).unwrap(), "input\n");
+    assert_eq!(leftovers(), 0, "containers left behind");
+    assert_eq!(leftover_volumes(), 0, "workspace volumes left behind");
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+#[test]
+fn g7_a_read_write_staged_workspace_comes_back_without_escaping() {
+    use stockade_docker::pool::{DockerPool, PoolConfig};
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g7_read_write_staged") else { return };
+    let ws = host_dir("rw");
+    let outside = host_dir("rw-outside");
+    std::fs::write(ws.join("data.txt"), "before\n").unwrap();
+    std::fs::create_dir(ws.join(".git")).unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("out")).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut config = PoolConfig::new(1, DEFAULT_IMAGE).with_workspace(Access::ReadWrite);
+        config.workspace_bytes = 4 << 20;
+        let pool = DockerPool::new(tier.clone(), config).await.unwrap();
+        // The guest changes a file, adds results, rewrites a protected path, replaces the
+        // host's symlink with a directory to write through, plants links, and fills its volume.
+        let job = sh("echo after > data.txt; mkdir -p res && echo 42 > res/answer; \
+                      echo '[core] hooksPath=/tmp/evil' > .git/config; \
+                      rm out && mkdir out && echo pwn > out/pwned; \
+                      ln -s /etc/passwd passwd-link; mkfifo pipe; \
+                      dd if=/dev/zero of=fill bs=1k count=8192 2>/dev/null || echo volume-full")
+        .with_workspace(&ws, Access::ReadWrite)
+        .unwrap();
+        let r = pool.run(&job).await.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        assert_eq!(text(&r.stdout.bytes), "volume-full\n", "the volume's size cap did not hold: {r:?}");
+        let detail = stage_detail(&r);
+        assert!(detail.contains("copied back:"), "{detail}");
+        for why in [
+            ".git (protected path)",
+            "passwd-link (not a regular file or directory)",
+            "pipe (not a regular file or directory)",
+            "out/pwned (a parent is a symlink or not a directory on the host)",
+        ] {
+            assert!(detail.contains(why), "{why}: {detail}");
+        }
+        // A run killed at its deadline copies nothing back.
+        let slow = sh("echo late > late.txt; sleep 60")
+            .with_workspace(&ws, Access::ReadWrite)
+            .unwrap()
+            .with_limits(Limits::new().with_wall(Duration::from_millis(800)).unwrap());
+        let r = pool.run(&slow).await.unwrap();
+        assert_eq!(r.status, Status::TimedOut);
+        assert!(stage_detail(&r).contains("not copied back"), "{r:?}");
+        pool.shutdown().await;
+    });
+    assert_eq!(std::fs::read_to_string(ws.join("data.txt")).unwrap(), "after\n");
+    assert_eq!(std::fs::read_to_string(ws.join("res/answer")).unwrap(), "42\n");
+    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n", "protected path changed");
+    assert!(std::fs::symlink_metadata(ws.join("out")).unwrap().file_type().is_symlink(), "host symlink replaced");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "a write escaped through the host symlink");
+    assert!(
+        std::fs::symlink_metadata(ws.join("passwd-link")).is_err()
+            && std::fs::symlink_metadata(ws.join("pipe")).is_err()
+    );
+    assert!(!ws.join("late.txt").exists());
+    assert_eq!(leftovers(), 0, "containers left behind");
+    assert_eq!(leftover_volumes(), 0, "workspace volumes left behind");
+    let _ = std::fs::remove_dir_all(&ws);
+    let _ = std::fs::remove_dir_all(&outside);
 }

@@ -1,0 +1,142 @@
+//! G7 without a daemon: what `pack` puts in the archive and what `unpack` lets out of it.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on broken invariants")]
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use stockade_protocol::Access;
+
+use crate::stage::{StageError, pack, unpack};
+
+/// A fresh directory under the target dir's tmp (removed at the start of each use).
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stockade-stage-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// (path, kind, mode, uid, link target) of every entry.
+fn listing(tar_bytes: &[u8]) -> Vec<(String, char, u32, u64, String)> {
+    let mut ar = tar::Archive::new(tar_bytes);
+    ar.entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let h = e.header();
+            let kind = match h.entry_type() {
+                tar::EntryType::Directory => 'd',
+                tar::EntryType::Regular => 'f',
+                tar::EntryType::Symlink => 'l',
+                _ => '?',
+            };
+            let link = e.link_name().unwrap().map(|l| l.display().to_string()).unwrap_or_default();
+            (e.path().unwrap().display().to_string(), kind, h.mode().unwrap(), h.uid().unwrap(), link)
+        })
+        .collect()
+}
+
+fn host_tree(name: &str) -> PathBuf {
+    let d = scratch(name);
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("sub/a.txt"), "hello").unwrap();
+    fs::write(d.join("run.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(d.join("run.sh"), fs::Permissions::from_mode(0o4755)).unwrap();
+    symlink("/etc/shadow", d.join("shadow-link")).unwrap();
+    d
+}
+
+#[test]
+fn g7_pack_read_only_is_root_owned_and_unwritable() {
+    let d = host_tree("ro");
+    let p = pack(&d, Access::ReadOnly, 65534, 65534, 1 << 20).unwrap();
+    assert_eq!((p.files, p.bytes), (2, 5 + 18));
+    let l = listing(&p.tar);
+    assert!(l.contains(&("run.sh".into(), 'f', 0o555, 0, String::new())), "{l:?}");
+    assert!(l.contains(&("sub".into(), 'd', 0o555, 0, String::new())), "{l:?}");
+    assert!(l.contains(&("sub/a.txt".into(), 'f', 0o444, 0, String::new())), "{l:?}");
+    // The symlink travels as a link: its target is never read on the host.
+    assert!(l.contains(&("shadow-link".into(), 'l', 0o777, 0, "/etc/shadow".into())), "{l:?}");
+}
+
+#[test]
+fn g7_pack_read_write_belongs_to_the_job_user_without_setuid() {
+    let d = host_tree("rw");
+    let l = listing(&pack(&d, Access::ReadWrite, 65534, 65534, 1 << 20).unwrap().tar);
+    assert!(l.contains(&("run.sh".into(), 'f', 0o755, 65534, String::new())), "{l:?}");
+    assert!(l.contains(&("sub/a.txt".into(), 'f', 0o644, 65534, String::new())), "{l:?}");
+}
+
+#[test]
+fn g7_pack_refuses_oversize_specials_and_a_linked_root() {
+    let d = host_tree("limits");
+    fs::write(d.join("big"), vec![0u8; 8192]).unwrap();
+    assert!(matches!(pack(&d, Access::ReadOnly, 1, 1, 4096), Err(StageError::TooLarge { limit: 4096, .. })));
+    let fifo = d.join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(matches!(pack(&d, Access::ReadOnly, 1, 1, 1 << 20), Err(StageError::Refused { path, .. }) if path == fifo));
+    let link = scratch("linked-root").join("ws");
+    symlink(&d, &link).unwrap();
+    assert!(matches!(pack(&link, Access::ReadOnly, 1, 1, 1 << 20), Err(StageError::Refused { .. })));
+}
+
+/// An archive entry with a raw name (the `tar` builder refuses `..`, which is the point).
+fn raw_entry(b: &mut tar::Builder<Vec<u8>>, name: &str, kind: tar::EntryType, mode: u32, data: &[u8], link: &str) {
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(data.len() as u64);
+    if !link.is_empty() {
+        h.set_link_name(link).unwrap();
+    }
+    h.set_cksum();
+    b.append(&h, data).unwrap();
+}
+
+#[test]
+fn g7_unpack_writes_only_plain_files_inside_and_never_follows_links() {
+    let dest = scratch("dest");
+    let outside = scratch("outside");
+    fs::write(dest.join("same.txt"), "same").unwrap();
+    fs::create_dir(dest.join(".git")).unwrap();
+    fs::write(dest.join(".git/config"), "host config").unwrap();
+    symlink(&outside, dest.join("hostlink")).unwrap();
+    symlink(outside.join("victim"), dest.join("victim")).unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    use tar::EntryType::{Directory, Regular, Symlink};
+    raw_entry(&mut b, "workspace/", Directory, 0o755, b"", "");
+    raw_entry(&mut b, "workspace/same.txt", Regular, 0o644, b"same", "");
+    raw_entry(&mut b, "workspace/new/deep.txt", Regular, 0o644, b"result", "");
+    raw_entry(&mut b, "workspace/setuid", Regular, 0o4755, b"#!/bin/sh\n", "");
+    raw_entry(&mut b, "workspace/../escape.txt", Regular, 0o644, b"pwn", "");
+    raw_entry(&mut b, "workspace/.git/config", Regular, 0o644, b"[core]\nhooksPath=/tmp/evil", "");
+    raw_entry(&mut b, "workspace/hostlink/pwn", Regular, 0o644, b"pwn", "");
+    raw_entry(&mut b, "workspace/victim", Regular, 0o644, b"pwn", "");
+    raw_entry(&mut b, "workspace/evil-link", Symlink, 0o777, b"", "/etc/passwd");
+    raw_entry(&mut b, "other/file", Regular, 0o644, b"pwn", "");
+    let archive = b.into_inner().unwrap();
+
+    let applied = unpack(&archive, &dest).unwrap();
+    assert_eq!((applied.written, applied.unchanged, applied.skipped), (2, 1, 6), "{applied:?}");
+    assert_eq!(fs::read_to_string(dest.join("new/deep.txt")).unwrap(), "result");
+    assert_eq!(fs::metadata(dest.join("setuid")).unwrap().permissions().mode() & 0o7777, 0o755);
+    assert_eq!(fs::read_to_string(dest.join(".git/config")).unwrap(), "host config");
+    assert!(!dest.join("evil-link").exists() && fs::symlink_metadata(dest.join("evil-link")).is_err());
+    // Nothing reached the directory outside, through either host symlink or `..`.
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "{applied:?}");
+    assert!(!dest.parent().unwrap().join("escape.txt").exists());
+    for why in ["protected path", "not a plain relative name", "not a regular file or directory", "outside /workspace"]
+    {
+        assert!(applied.skipped_names.iter().any(|n| n.contains(why)), "{why}: {applied:?}");
+    }
+}
+
+#[test]
+fn g7_unpack_refuses_a_destination_that_is_a_link() {
+    let real = scratch("real-dest");
+    let link = scratch("link-dest-parent").join("ws");
+    symlink(&real, &link).unwrap();
+    assert!(matches!(unpack(&[0u8; 1024], Path::new(&link)), Err(StageError::Refused { .. })));
+}
