@@ -80,6 +80,7 @@ enum Command {
   stockade run --tier wasm ./module.wasm -- arg1 arg2
   stockade run --tier docker -- sh -c 'echo hi'
   stockade run --tier docker --image my-tools:local -- make test
+  stockade run --tier docker --docker-runtime runsc -- sh -c 'dmesg | head -1'
 
 Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
@@ -117,6 +118,10 @@ struct RunArgs {
     /// The image for `--tier docker` (built locally; nothing is pulled).
     #[arg(long, default_value = docker::spec::DEFAULT_IMAGE)]
     image: String,
+    /// An OCI runtime for `--tier docker` that the engine has registered, e.g. `runsc`
+    /// (gVisor); the run fails if the engine lacks it.
+    #[arg(long, value_name = "NAME")]
+    docker_runtime: Option<String>,
     /// Run this JavaScript in the wasm tier's QuickJS guest (needs `--tier wasm`).
     #[arg(long, value_name = "CODE", conflicts_with_all = ["js_file", "command"])]
     js: Option<String>,
@@ -295,7 +300,14 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     let sandbox = if args.tier == "wasm" {
         Sandbox::builder().tier(wasm::WasmTier::new()?).build()?
     } else if args.tier == "docker" {
-        match rt.block_on(docker::DockerTier::connect()) {
+        let connected = rt.block_on(async {
+            let tier = docker::DockerTier::connect().await?;
+            match &args.docker_runtime {
+                Some(name) => tier.runtime(name).await,
+                None => Ok(tier),
+            }
+        });
+        match connected {
             Ok(t) => Sandbox::builder().tier(t).build()?,
             Err(docker::DockerError::Unsupported { mechanism, reason }) => {
                 bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
@@ -357,7 +369,9 @@ fn docker_status() -> Result<String, String> {
         let tier = docker::DockerTier::connect().await.map_err(|e| e.to_string())?;
         let image = docker::spec::DEFAULT_IMAGE;
         if tier.has_image(image).await {
-            Ok(format!("engine reachable; image {image} present"))
+            let gvisor = if tier.clone().runtime("runsc").await.is_ok() { "registered" } else { "not registered" };
+            let remap = if tier.userns_remap().await.unwrap_or(false) { "on" } else { "off" };
+            Ok(format!("engine reachable; image {image} present; gVisor runtime runsc {gvisor}; userns-remap {remap}"))
         } else {
             Err(format!("engine reachable, but image {image} is missing: cargo xtask images"))
         }

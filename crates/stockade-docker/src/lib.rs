@@ -35,7 +35,9 @@
 //!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile`, `core`
 //!     and `cpu` (the job's CPU time per process) ulimits, a `/tmp` tmpfs with noexec, nosuid, nodev and a size, log driver
 //!     `none`, an init process, never privileged, and labels for reaping. The engine is
-//!     never asked to pull.
+//!     never asked to pull. [`DockerTier::runtime`] selects another OCI runtime, such as
+//!     `runsc` (gVisor), only if the engine has it registered, and fails closed otherwise;
+//!     under gVisor the pids limit also leaves room for the sandbox kernel's host threads.
 //!     (pinned by: src/spec_tests.rs::g2_*, tests/it/docker.rs::g2_*)
 //! G3. A run is create, attach, start, bounded fail-fast capture, SIGKILL at the deadline
 //!     or on an output breach (after dropping the attach stream), wait for not-running,
@@ -66,8 +68,11 @@
 //!     (pinned by: src/stage_tests.rs::g7_*, tests/it/docker.rs::g7_*)
 //!
 //! # Non-guarantees
-//! - The container shares the host kernel; seccomp is the engine's default profile, which
-//!   (on Docker 28 here) allows io_uring.
+//! - Under runc the container shares the host kernel; seccomp is the engine's default
+//!   profile, which (on Docker 28 here) allows io_uring. Under runsc, guest processes are
+//!   bounded by the memory limit, not by the pids limit (which counts gVisor's host threads).
+//! - userns-remap is an engine setting: [`DockerTier::userns_remap`] and `stockade doctor`
+//!   report it; the tier does not require it.
 //! - A pool's containers get the pool's limits (memory, pids, nofile, cpu) and workspace
 //!   grant, fixed when they are created; per run only the deadline, the output budgets and
 //!   the workspace's contents come from the job.
@@ -201,12 +206,29 @@ impl DockerTier {
         Ok(tier)
     }
 
-    /// Runs every container under the OCI runtime `runtime` (e.g. `runsc`, gVisor), which
-    /// the engine must know.
-    #[must_use]
-    pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
-        self.hardening.runtime = Some(runtime.into());
-        self
+    /// Runs every container under the OCI runtime `runtime` (e.g. `runsc`, gVisor: a
+    /// user-space kernel between the guest and the host's). The engine must have it
+    /// registered; if not, this fails closed with [`DockerError::Unsupported`] naming the
+    /// runtime and the ones the engine has, rather than running under the default.
+    pub async fn runtime(mut self, runtime: &str) -> Result<Self, DockerError> {
+        spec::check_name(runtime)?;
+        let info = self.docker.info().await.map_err(engine)?;
+        let known: Vec<String> = info.runtimes.map(|r| r.into_keys().collect()).unwrap_or_default();
+        if !known.iter().any(|k| k == runtime) {
+            return Err(DockerError::Unsupported {
+                mechanism: format!("OCI runtime {runtime}"),
+                reason: format!("the engine has no runtime named {runtime} (it has: {})", known.join(", ")),
+            });
+        }
+        self.hardening.runtime = Some(runtime.to_owned());
+        Ok(self)
+    }
+
+    /// Whether the engine remaps container root to an unprivileged host range
+    /// (`userns-remap`, an engine setting): defense in depth if a container escapes to root.
+    pub async fn userns_remap(&self) -> Result<bool, DockerError> {
+        let info = self.docker.info().await.map_err(engine)?;
+        Ok(info.security_options.unwrap_or_default().iter().any(|o| o.contains("name=userns")))
     }
 
     /// Whether the engine has `image` locally (the tier never pulls).
@@ -272,7 +294,7 @@ impl DockerTier {
         if !removed {
             return Err(DockerError::Engine(format!("container {container} could not be removed")));
         }
-        report.enforcement = enforcement(job);
+        report.enforcement = enforcement(job, &self.hardening);
         Ok(report)
     }
 
@@ -405,12 +427,23 @@ impl Sink {
     }
 }
 
-pub(crate) fn enforcement(job: &Job) -> Vec<Enforced> {
+pub(crate) fn enforcement(job: &Job, hardening: &Hardening) -> Vec<Enforced> {
     let l = job.limits();
+    let kernel = match hardening.runtime.as_deref() {
+        Some(spec::RUNSC) => format!(
+            "; runtime runsc (gVisor: a user-space kernel; the pids limit counts its host threads, so guest processes are bounded by memory, pids {})",
+            i64::from(l.processes()) + spec::RUNSC_HOST_TASKS
+        ),
+        Some(other) => format!("; runtime {other}"),
+        None => String::new(),
+    };
     vec![
         Enforced::new(Mechanism::ContainerNoNetwork, "NetworkDisabled, network mode none"),
         Enforced::new(Mechanism::ContainerReadOnlyRoot, "read-only root, /tmp tmpfs noexec nosuid nodev"),
-        Enforced::new(Mechanism::ContainerNoCapabilities, "cap-drop ALL, no-new-privileges, uid 65534"),
+        Enforced::new(
+            Mechanism::ContainerNoCapabilities,
+            format!("cap-drop ALL, no-new-privileges, uid 65534{kernel}"),
+        ),
         Enforced::new(
             Mechanism::ContainerLimits,
             format!(

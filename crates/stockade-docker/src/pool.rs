@@ -261,7 +261,7 @@ impl DockerPool {
             self.retire(warm.id);
         }
         let mut report = result?;
-        report.enforcement = enforcement(job);
+        report.enforcement = enforcement(job, &self.tier.hardening);
         if let Some(d) = detail {
             report.enforcement.push(Enforced::new(Mechanism::ContainerWorkspace, d));
         }

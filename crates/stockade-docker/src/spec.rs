@@ -23,6 +23,12 @@ pub const TMP_BYTES: u64 = 64 << 20;
 /// CPUs a container may use.
 pub const NANO_CPUS: i64 = 1_000_000_000;
 
+/// The gVisor runtime's usual name.
+pub const RUNSC: &str = "runsc";
+
+/// Host tasks the pids limit allows gVisor's sandbox kernel on top of the job's processes.
+pub const RUNSC_HOST_TASKS: i64 = 512;
+
 /// Where the workspace appears inside the container.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -230,7 +236,12 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
     }
     let l: &Limits = job.limits();
     let memory = limit("memory", l.memory_bytes(), 6 << 20, 64 << 30, "6 MiB to 64 GiB")?;
-    let pids = limit("processes", u64::from(l.processes()), 1, 4096, "1 to 4096")?;
+    let mut pids = limit("processes", u64::from(l.processes()), 1, 4096, "1 to 4096")?;
+    if hardening.runtime.as_deref() == Some(RUNSC) {
+        // Under gVisor the pids limit counts the sandbox kernel's own host threads (about a
+        // hundred), not the guest's processes, which only the memory limit bounds.
+        pids += RUNSC_HOST_TASKS;
+    }
     let nofile = limit("open files", u64::from(l.open_files()), 16, 65536, "16 to 65536")?;
     // RLIMIT_CPU has whole seconds: round up, so a job never gets less than it asked for.
     let cpu =

@@ -97,3 +97,14 @@ fn sort(v: &mut serde_json::Value) {
         items.iter_mut().for_each(sort);
     }
 }
+
+#[test]
+fn g2_under_gvisor_the_pids_limit_leaves_room_for_its_kernel() {
+    let runsc = Hardening { runtime: Some(spec::RUNSC.into()), ..Hardening::default() };
+    let body = spec::spec(&job(), &runsc, "run-1", 1).unwrap().body;
+    let host = body.host_config.unwrap();
+    assert_eq!(host.runtime.as_deref(), Some("runsc"));
+    assert_eq!(host.pids_limit, Some(i64::from(Limits::new().processes()) + spec::RUNSC_HOST_TASKS));
+    let plain = spec::spec(&job(), &Hardening::default(), "run-1", 1).unwrap().body.host_config.unwrap();
+    assert_eq!(plain.pids_limit, Some(i64::from(Limits::new().processes())));
+}
