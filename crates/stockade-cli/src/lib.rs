@@ -166,6 +166,10 @@ struct RunArgs {
     /// on cgroup v1 hosts; no out-of-memory report).
     #[arg(long)]
     no_cgroup: bool,
+    /// Give the program a terminal (process tier): stdin, stdout and stderr are a private
+    /// pseudo-terminal, so output is stdout and stderr interleaved with `\r\n` line endings.
+    #[arg(long)]
+    tty: bool,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -233,6 +237,9 @@ fn job(args: &RunArgs) -> Result<Job> {
         (None, Some(file)) => Some(std::fs::read(file).with_context(|| format!("reading {}", file.display()))?),
         (None, None) => None,
     };
+    if args.tty && args.tier != "process" {
+        bail!("--tty needs --tier process");
+    }
     if let Some(code) = &args.python {
         if args.tier != "wasm" {
             bail!("--python needs --tier wasm");
@@ -323,6 +330,9 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
         if args.no_cgroup {
             tier = tier.without_cgroups();
+        }
+        if args.tty {
+            tier = tier.tty();
         }
         Sandbox::builder().tier(tier).build()?
     };

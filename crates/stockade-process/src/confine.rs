@@ -25,10 +25,12 @@ pub(crate) enum PathAccess {
     ReadWriteFile,
     /// Everything: create, remove, write, execute.
     Full,
+    /// Read, write and terminal ioctls (`/dev/tty` when the run has a terminal).
+    Terminal,
 }
 
 /// The landlock rules for the view: (path inside the new root, access).
-pub(crate) fn landlock_rules(workspace: Option<bool>) -> Vec<(&'static str, PathAccess)> {
+pub(crate) fn landlock_rules(workspace: Option<bool>, tty: bool) -> Vec<(&'static str, PathAccess)> {
     let mut rules = vec![
         ("/", PathAccess::ListDirs),
         ("/usr", PathAccess::ReadExec),
@@ -49,6 +51,9 @@ pub(crate) fn landlock_rules(workspace: Option<bool>) -> Vec<(&'static str, Path
         ("/dev/shm", PathAccess::Full),
         ("/tmp", PathAccess::Full),
     ];
+    if tty {
+        rules.push(("/dev/tty", PathAccess::Terminal));
+    }
     match workspace {
         Some(true) => rules.push(("/workspace", PathAccess::Full)),
         Some(false) => rules.push(("/workspace", PathAccess::ReadExec)),
@@ -64,6 +69,9 @@ fn access_bits(a: PathAccess, abi: ABI) -> landlock::BitFlags<AccessFs> {
         PathAccess::ListDirs => AccessFs::ReadDir.into(),
         PathAccess::ReadWriteFile => AccessFs::ReadFile | AccessFs::WriteFile,
         PathAccess::Full => AccessFs::from_all(abi),
+        PathAccess::Terminal => {
+            (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev) & AccessFs::from_all(abi)
+        }
     }
 }
 
@@ -75,7 +83,12 @@ pub(crate) struct LandlockOutcome {
 
 /// Applies the landlock ruleset to the calling process. With `hard`, any access right,
 /// network control or scope this kernel cannot enforce is an error naming what is missing.
-pub(crate) fn apply_landlock(workspace: Option<bool>, hard: bool, abi: u8) -> Result<LandlockOutcome, String> {
+pub(crate) fn apply_landlock(
+    workspace: Option<bool>,
+    tty: bool,
+    hard: bool,
+    abi: u8,
+) -> Result<LandlockOutcome, String> {
     let abi = ABI::from(i32::from(abi));
     let level = if hard { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
     let mut created = Ruleset::default()
@@ -85,7 +98,7 @@ pub(crate) fn apply_landlock(workspace: Option<bool>, hard: bool, abi: u8) -> Re
         .and_then(|r| r.scope(Scope::from_all(abi)))
         .and_then(|r| r.create())
         .map_err(|e| format!("landlock ruleset (abi {}): {e}", abi as i32))?;
-    for (path, access) in landlock_rules(workspace) {
+    for (path, access) in landlock_rules(workspace, tty) {
         // Paths the view does not contain (e.g. /lib32 on most hosts) get no rule.
         let Ok(fd) = PathFd::new(path) else { continue };
         let bits = access_bits(access, abi);

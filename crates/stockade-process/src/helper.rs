@@ -24,7 +24,7 @@ use stockade_protocol::Mechanism;
 
 use crate::confine;
 use crate::spec::{Msg, SPEC_VAR, Spec};
-use crate::sys::{caps, fs as sysfs, mount, process};
+use crate::sys::{caps, fs as sysfs, mount, process, tty};
 
 /// The uid the guest runs as when stockade itself runs as root: `nobody`.
 pub const NOBODY: u32 = 65534;
@@ -180,8 +180,9 @@ fn view_detail(spec: &Spec) -> String {
         Some((_, false)) => ", /workspace read-only",
         None => "",
     };
+    let tty = if spec.tty { ", /dev/tty: a private pty, the guest's controlling terminal" } else { "" };
     format!(
-        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev; /tmp and /dev/shm private tmpfs of {} bytes{ws}; nothing else of the host",
+        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}; nothing else of the host",
         spec.limits.tmpfs_bytes
     )
 }
@@ -291,7 +292,8 @@ fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
         mount::mount(Path::new("tmpfs"), &dev, "tmpfs", libc::MS_NOSUID | libc::MS_NOEXEC, "size=64k,mode=0755"),
         || "mounting /dev".into(),
     )?;
-    for node in ["null", "zero", "full", "random", "urandom"] {
+    let tty: &[&str] = if spec.tty { &["tty"] } else { &[] };
+    for node in ["null", "zero", "full", "random", "urandom"].iter().chain(tty) {
         let target = dev.join(node);
         ctx(File::create(&target), || format!("creating /dev/{node}"))?;
         ctx(mount::mount(&old.join("dev").join(node), &target, "", libc::MS_BIND, ""), || {
@@ -409,6 +411,11 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     if let Err(e) = process::setsid() {
         return rep.fail("setsid", false, e);
     }
+    if spec.tty
+        && let Err(e) = tty::set_controlling(0)
+    {
+        return rep.fail("terminal", false, format!("TIOCSCTTY: {e}"));
+    }
     if let Err(e) = caps::drop_all() {
         return rep.fail("capabilities", true, e);
     }
@@ -425,7 +432,7 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
     let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    match confine::apply_landlock(ws, spec.hard, spec.landlock_abi) {
+    match confine::apply_landlock(ws, spec.tty, spec.hard, spec.landlock_abi) {
         Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
         Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
         Err(e) => return rep.fail("landlock", true, e),

@@ -33,12 +33,23 @@ pub(crate) enum Mode {
     Fork(Option<PathBuf>),
 }
 
-/// A started helper: the process and its pipes.
+/// What the helper (and so the guest) gets as descriptors 0–2.
+pub(crate) enum GuestIo {
+    /// Pipes: a stdin pipe if the job has bytes (else `/dev/null`), stdout and stderr pipes.
+    Pipes {
+        /// Whether the job has stdin bytes.
+        stdin: bool,
+    },
+    /// The slave side of a private pty, as stdin, stdout and stderr.
+    Terminal(OwnedFd),
+}
+
+/// A started helper: the process and its pipes (none for stdio when it has a terminal).
 pub(crate) struct Launched {
     pub(crate) process: HelperProcess,
     pub(crate) stdin: Option<pipe::Sender>,
-    pub(crate) stdout: pipe::Receiver,
-    pub(crate) stderr: pipe::Receiver,
+    pub(crate) stdout: Option<pipe::Receiver>,
+    pub(crate) stderr: Option<pipe::Receiver>,
     pub(crate) status: pipe::Receiver,
 }
 
@@ -87,17 +98,17 @@ fn internal(what: &str) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
 }
 
 /// Starts the helper for `spec`. The spec's `status_fd` is filled in here.
-pub(crate) fn launch(mode: &Mode, mut spec: Spec, with_stdin: bool) -> Result<Launched, LaunchError> {
+pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
     match mode {
-        Mode::Exec(path) => exec(path, spec, with_stdin),
+        Mode::Exec(path) => exec(path, spec, io),
         Mode::Fork(fallback) => {
             let threads = process::thread_count().map_err(internal("counting this process's threads"))?;
             if threads == 1 {
                 spec.status_fd = FORK_STATUS_FD;
-                return fork(spec, with_stdin);
+                return fork(spec, io);
             }
             match fallback {
-                Some(path) => exec(path, spec, with_stdin),
+                Some(path) => exec(path, spec, io),
                 None => Err(LaunchError::Misconfigured(format!(
                     "Helper::fork() launches only from a single-threaded process, and this one has {threads} threads; use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
                 ))),
@@ -127,16 +138,21 @@ fn watch(pid: libc::pid_t) -> Result<HelperProcess, LaunchError> {
     Ok(HelperProcess { pidfd, reaped: false })
 }
 
-fn exec(path: &Path, mut spec: Spec, with_stdin: bool) -> Result<Launched, LaunchError> {
+fn exec(path: &Path, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     spec.status_fd = status_w.as_raw_fd();
     let spec_json = serde_json::to_string(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
     let mut cmd = std::process::Command::new(path);
-    cmd.env_clear()
-        .env(SPEC_VAR, spec_json)
-        .stdin(if with_stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.env_clear().env(SPEC_VAR, spec_json);
+    match io {
+        GuestIo::Pipes { stdin } => {
+            cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        GuestIo::Terminal(slave) => {
+            let copy = || slave.try_clone().map(Stdio::from).map_err(internal("duplicating the pty"));
+            cmd.stdin(copy()?).stdout(copy()?).stderr(Stdio::from(slave));
+        }
+    }
     sysfs::keep_on_exec(&mut cmd, status_w.as_raw_fd());
     let mut child =
         cmd.spawn().map_err(|e| LaunchError::Misconfigured(format!("spawning the helper {}: {e}", path.display())))?;
@@ -144,33 +160,49 @@ fn exec(path: &Path, mut spec: Spec, with_stdin: bool) -> Result<Launched, Launc
     let pid = child.id() as libc::pid_t;
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     // `child` is dropped without waiting: the pidfd reaps it.
+    // `cmd` holds the parent's copies of a pty slave: drop them, so that the master sees the
+    // end of output when the run's processes are gone.
+    drop(cmd);
     let process = watch(pid)?;
-    let (stdin, Some(out), Some(err)) = pipes else { return Err(LaunchError::Internal("helper pipes missing".into())) };
+    let (stdin, out, err) = pipes;
     Ok(Launched {
         process,
         stdin: stdin.map(sender).transpose()?,
-        stdout: receiver(out)?,
-        stderr: receiver(err)?,
+        stdout: out.map(receiver).transpose()?,
+        stderr: err.map(receiver).transpose()?,
         status: receiver(status_r)?,
     })
 }
 
-fn fork(spec: Spec, with_stdin: bool) -> Result<Launched, LaunchError> {
-    let (in_r, in_w) = if with_stdin {
-        let (r, w) = sysfs::pipe().map_err(internal("stdin pipe"))?;
-        (r, Some(w))
-    } else {
-        (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
+    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match io {
+        GuestIo::Pipes { stdin } => {
+            let input = if stdin {
+                let (r, w) = sysfs::pipe().map_err(internal("stdin pipe"))?;
+                (r, Some(w))
+            } else {
+                (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+            };
+            let (out_r, out_w) = sysfs::pipe().map_err(internal("stdout pipe"))?;
+            let (err_r, err_w) = sysfs::pipe().map_err(internal("stderr pipe"))?;
+            (input, (Some(out_r), out_w), (Some(err_r), err_w))
+        }
+        GuestIo::Terminal(slave) => {
+            let copy = || slave.try_clone().map(File::from).map_err(internal("duplicating the pty"));
+            let (a, b) = (copy()?, copy()?);
+            ((a, None), (None, b), (None, File::from(slave)))
+        }
     };
-    let (out_r, out_w) = sysfs::pipe().map_err(internal("stdout pipe"))?;
-    let (err_r, err_w) = sysfs::pipe().map_err(internal("stderr pipe"))?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     match process::fork().map_err(internal("fork"))? {
         process::Fork::Child => {
             // Single-threaded child of the supervisor: ordinary code is fine, but it must never
             // return into the supervisor's stack (the async runtime), so it always exits here.
+            // The four descriptors change hands as plain numbers: `forked_stdio` closes them
+            // (with everything else above 3), so no owner may close them again later.
+            let fds = [in_r, out_w, err_w, status_w].map(std::os::fd::IntoRawFd::into_raw_fd);
             let code = std::panic::catch_unwind(move || {
-                if forked_stdio([&in_r, &out_w, &err_w, &status_w]).is_err() {
+                if forked_stdio(fds).is_err() {
                     return 125;
                 }
                 crate::helper::run(spec)
@@ -183,8 +215,8 @@ fn fork(spec: Spec, with_stdin: bool) -> Result<Launched, LaunchError> {
             Ok(Launched {
                 process: watch(pid)?,
                 stdin: in_w.map(sender).transpose()?,
-                stdout: receiver(out_r)?,
-                stderr: receiver(err_r)?,
+                stdout: out_r.map(receiver).transpose()?,
+                stderr: err_r.map(receiver).transpose()?,
                 status: receiver(status_r)?,
             })
         }
@@ -194,11 +226,11 @@ fn fork(spec: Spec, with_stdin: bool) -> Result<Launched, LaunchError> {
 /// In the forked child: stdin, stdout, stderr and the status pipe become descriptors 0–3,
 /// every other descriptor of the supervisor is closed, and signal dispositions and the mask
 /// go back to their defaults, as an exec would leave them.
-fn forked_stdio(fds: [&File; 4]) -> std::io::Result<()> {
+fn forked_stdio(fds: [std::os::fd::RawFd; 4]) -> std::io::Result<()> {
     // First copy all four above the target range, so no dup2 overwrites a source.
     let mut high = [0; 4];
-    for (h, f) in high.iter_mut().zip(fds) {
-        *h = sysfs::dup_at_least(f.as_raw_fd(), 16)?;
+    for (h, fd) in high.iter_mut().zip(fds) {
+        *h = sysfs::dup_at_least(fd, 16)?;
     }
     for (target, h) in high.iter().enumerate() {
         process::dup_onto(*h, target as i32)?;

@@ -18,7 +18,8 @@
 //!   `nobody` when stockade runs as root), pid, mount, net, ipc and uts;
 //! - **a fresh, minimal filesystem view**: a read-only tmpfs root with `/usr`, `/bin`, `/lib*`
 //!   and a few `/etc` files bound read-only and nosuid, a fresh `/proc`, a `/dev` with only
-//!   null, zero, full, random and urandom, private size-capped tmpfs `/tmp` and `/dev/shm`, and
+//!   null, zero, full, random and urandom (and `tty`, a private pseudo-terminal that is the
+//!   guest's controlling terminal, only when asked: [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
 //!   the workspace at `/workspace` if granted. Nothing else of the host exists in the view:
 //!   no `/home`, `/root`, `/run`, `/var`, and so no host sockets such as `docker.sock`;
 //! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied,
@@ -230,6 +231,7 @@ pub struct ProcessTier {
     cgroup_v2_dir: Option<PathBuf>,
     landlock_abi: u8,
     cgroups: bool,
+    tty: bool,
 }
 
 impl ProcessTier {
@@ -243,6 +245,7 @@ impl ProcessTier {
             cgroup_v2_dir: None,
             landlock_abi: DEFAULT_LANDLOCK_ABI,
             cgroups: true,
+            tty: false,
         }
     }
 
@@ -271,6 +274,18 @@ impl ProcessTier {
     #[must_use]
     pub fn without_cgroups(mut self) -> Self {
         self.cgroups = false;
+        self
+    }
+
+    /// Gives each run a terminal: the guest's stdin, stdout and stderr are one private
+    /// pseudo-terminal (echo off), which is its controlling terminal, and `/dev/tty` exists in
+    /// the view. Output is read from the terminal, so the report's stdout holds stdout and
+    /// stderr interleaved, with the terminal's line endings (`\r\n`), and its stderr is
+    /// empty; the job's stdin bytes are typed in, followed by end-of-file (input lines longer
+    /// than the terminal's 4 KiB line buffer are cut). No other pty can be opened in the view.
+    #[must_use]
+    pub fn tty(mut self) -> Self {
+        self.tty = true;
         self
     }
 

@@ -34,6 +34,9 @@ pub(crate) struct Spec {
     pub(crate) limits: SpecLimits,
     pub(crate) hard: bool,
     pub(crate) landlock_abi: u8,
+    /// stdin, stdout and stderr are a private pty, which becomes the guest's controlling
+    /// terminal, and `/dev/tty` is in the view.
+    pub(crate) tty: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

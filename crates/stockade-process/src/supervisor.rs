@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cgroup::Cgroup;
 use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, Spec, SpecLimits};
+use crate::sys::tty;
 use crate::{LaunchError, ProcessTier, launch};
 
 /// How long output may keep draining after the run's processes are gone: 2 s.
@@ -65,9 +66,18 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         },
         hard: !tier.best_effort,
         landlock_abi: tier.landlock_abi,
+        tty: tier.tty,
     };
     let start = Instant::now();
-    let launched = match launch::launch(&tier.helper, spec, !job.stdin().is_empty()) {
+    let terminal = if tier.tty { Some(open_terminal()) } else { None }.transpose();
+    let launched = terminal.and_then(|t| {
+        let (io, master) = match t {
+            Some((master, slave)) => (launch::GuestIo::Terminal(slave), Some(master)),
+            None => (launch::GuestIo::Pipes { stdin: !job.stdin().is_empty() }, None),
+        };
+        launch::launch(&tier.helper, spec, io).map(|l| (l, master))
+    });
+    let (launched, master) = match launched {
         Ok(l) => l,
         Err(e) => {
             if let Some(cg) = &cgroup {
@@ -76,15 +86,33 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
             return Err(e);
         }
     };
-    let launch::Launched { process: mut child, stdin, stdout: mut out, stderr: mut err, status } = launched;
+    let launch::Launched { process: mut child, stdin, stdout, stderr, status } = launched;
     let status_task = tokio::spawn(read_messages(status));
-    if let Some(mut stdin) = stdin {
-        let bytes = job.stdin().to_vec();
-        tokio::spawn(async move {
-            // A guest that exits without reading its stdin closes the pipe: not an error.
-            let _ = stdin.write_all(&bytes).await;
-        });
-    }
+    let bytes = job.stdin().to_vec();
+    let (mut out, mut err): (Reader, Reader) = match (master, stdout, stderr) {
+        (Some(master), _, _) => {
+            // Typed into the terminal, then end-of-file: ^D ends a line in progress, a second
+            // one (at the start of a line) is the end of input.
+            if let Ok(mut typist) = master.try_clone() {
+                let eof: &[u8] = if bytes.is_empty() || bytes.ends_with(b"\n") { b"\x04" } else { b"\x04\x04" };
+                tokio::spawn(async move {
+                    let _ = typist.write_all(&bytes).await;
+                    let _ = typist.write_all(eof).await;
+                });
+            }
+            (Box::new(master), Box::new(tokio::io::empty()))
+        }
+        (None, Some(out), Some(err)) => {
+            if let Some(mut stdin) = stdin {
+                tokio::spawn(async move {
+                    // A guest that exits without reading its stdin closes the pipe: not an error.
+                    let _ = stdin.write_all(&bytes).await;
+                });
+            }
+            (Box::new(out), Box::new(err))
+        }
+        _ => return Err(LaunchError::Internal("helper pipes missing".into())),
+    };
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
     let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
@@ -207,6 +235,17 @@ async fn finish(
         Ok(end) => end.captured,
         Err(e) => e.captured,
     }
+}
+
+/// Where output is read from: a pipe, or the terminal's master side.
+type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+
+/// A private pty for a run that asked for a terminal.
+fn open_terminal() -> Result<(tty::Master, std::os::fd::OwnedFd), LaunchError> {
+    let unsupported =
+        |e: std::io::Error| LaunchError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
+    let (master, slave) = tty::open_pty().map_err(unsupported)?;
+    Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }
 
 /// Reads the helper's report lines, bounded in count and length.

@@ -53,6 +53,15 @@ fn g1_the_cli_forks_its_helper_and_the_guest_sees_none_of_it() {
     let (code, out, err) = check(&["run", "--", "sh", "-c", "tr '\\0' ' ' </proc/1/cmdline"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("run -- sh -c"), "pid 1 is not a fork of the CLI: {out:?}");
+    // The forked helper's own exit adds nothing to the guest's output (it once closed its
+    // inherited descriptors twice, and a debug build aborted onto the guest's stderr).
+    let (_, out, _) = check(&["run", "--json", "--", "sh", "-c", "echo out; echo err >&2"]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((&report["stdout"]["bytes"], &report["stderr"]["bytes"]), (&"out\n".into(), &"err\n".into()));
+    // With --tty the guest's stdio is a terminal (through the fork launch too).
+    let (code, out, err) = check(&["run", "--tty", "--", "sh", "-c", "test -t 0 && test -t 2 && echo on-a-tty"]);
+    assert_eq!((code, out.as_str()), (0, "on-a-tty\r\n"), "{err}");
+    assert_eq!(check(&["run", "--tier", "wasm", "--tty", "--js", "1"]).0, 125);
     // That copy of the CLI's memory stays out of the guest's reach.
     let (code, out, err) =
         check(&["run", "--json", "--", "sh", "-c", "cat /proc/1/environ /proc/1/maps; ls /proc/1/fd"]);

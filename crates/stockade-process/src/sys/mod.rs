@@ -14,6 +14,7 @@ pub(crate) mod fs;
 pub(crate) mod mount;
 pub(crate) mod probe;
 pub(crate) mod process;
+pub(crate) mod tty;
 
 use std::io;
 

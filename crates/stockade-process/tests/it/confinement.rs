@@ -370,6 +370,37 @@ fn g5_signals_reach_the_guest_at_their_defaults() {
 }
 
 #[test]
+fn g1_a_terminal_exists_only_when_asked() {
+    require!("g1_a_terminal_exists_only_when_asked");
+    let probe = "for fd in 0 1 2; do test -t $fd && echo tty$fd; done; test -e /dev/tty && echo dev-tty; ls /dev | tr '\\n' ' '";
+    let plain = run(sh(probe));
+    assert_eq!(stdout(&plain), "fd full null random shm stderr stdin stdout urandom zero ", "{plain:#?}");
+    let tier = tier().tty();
+    let job = sh(&format!(
+        "{probe}; echo; read line; echo got:$line; echo to-stderr >&2; echo via-dev-tty >/dev/tty; \
+         stty -a | grep -o -- '-echo ' ; read rest || echo eof"
+    ))
+    .with_stdin(b"typed input\n".to_vec())
+    .unwrap();
+    let r = block_on(tier.run(&job)).unwrap();
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{r:#?}");
+    let out = stdout(&r).replace("\r\n", "\n");
+    assert_eq!(
+        out,
+        "tty0\ntty1\ntty2\ndev-tty\nfd full null random shm stderr stdin stdout tty urandom zero \n\
+         got:typed input\nto-stderr\nvia-dev-tty\n-echo \neof\n",
+        "{r:#?}"
+    );
+    assert!(r.stderr.bytes.is_empty());
+    // The terminal does not widen the kernel surface: injecting input is still refused.
+    let r = block_on(tier.run(&py(
+        "import fcntl, termios\ntry:\n fcntl.ioctl(0, termios.TIOCSTI, b'x')\nexcept OSError as e:\n print(e.errno)",
+    )))
+    .unwrap();
+    assert_eq!(stdout(&r).trim(), "1", "{r:#?}");
+}
+
+#[test]
 fn g9_report_lists_every_mechanism() {
     require!("g9_report_lists_every_mechanism");
     let r = run(sh("echo hi"));

@@ -251,7 +251,7 @@ fn g6_the_run_dies_with_its_supervisor() {
         r#"{{"program":"/usr/bin/sleep","args":["{marker}"],"env":[],"workspace":null,"status_fd":2,
 "supervisor_pid":SUPERVISOR_PID,"cgroup_procs":[],"rlimit_memory":true,"rlimit_processes":true,
 "limits":{{"cpu_secs":60,"memory_bytes":536870912,"processes":64,"open_files":256,"file_size_bytes":1048576,"tmpfs_bytes":1048576}},
-"hard":true,"landlock_abi":7}}"#
+"hard":true,"landlock_abi":7,"tty":false}}"#
     );
     let helper = env!("CARGO_BIN_EXE_stockade-process-helper");
     let script =
