@@ -9,7 +9,8 @@
 //!
 //! Either way the supervisor ends up with the helper's pid as a pidfd (waited on without a
 //! thread, killed with `pidfd_send_signal`, reaped with `waitid(P_PIDFD)`, killed and reaped
-//! on drop) and four pipes: stdin (if the job has bytes), stdout, stderr and the status pipe.
+//! on drop), the status pipe, and the guest's stdio: pipes (stdin only if the job has bytes),
+//! or, for a run with a terminal, nothing here (the supervisor keeps the pty's master).
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
