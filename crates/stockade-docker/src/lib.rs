@@ -66,6 +66,12 @@
 //!     with plain names are written to the host directory, never through a host symlink and
 //!     never under a protected path (`.git`, rc files, ...).
 //!     (pinned by: src/stage_tests.rs::g7_*, tests/it/docker.rs::g7_*)
+//! G8. A one-shot run's read-write workspace (a bind mount) keeps each protected path that
+//!     exists in it (`.git`, rc files, editor task directories, ...) read-only, bound onto
+//!     itself, so it can be neither changed, removed nor renamed; a protected path that is a
+//!     symlink refuses the grant; the report lists what is protected and what is absent (and
+//!     so creatable).
+//!     (pinned by: tests/it/docker.rs::g8_*)
 //!
 //! # Non-guarantees
 //! - Under runc the container shares the host kernel; seccomp is the engine's default
@@ -76,10 +82,11 @@
 //! - A pool's containers get the pool's limits (memory, pids, nofile, cpu) and workspace
 //!   grant, fixed when they are created; per run only the deadline, the output budgets and
 //!   the workspace's contents come from the job.
-//! - A one-shot run's workspace is a bind mount: read-write, it has no protected paths (use a
-//!   pool with a staged workspace for untrusted code that writes). A staged read-write
-//!   workspace merges results into the host directory: files the guest deleted stay on the
-//!   host, and a run killed at its deadline or budget returns nothing.
+//! - A one-shot run's workspace is a bind mount (Docker's bind syntax has no nosuid or nodev;
+//!   no-new-privileges, the empty capability sets and the engine's device cgroup cover them);
+//!   a protected path that is absent can be created there, as in the process tier. A staged
+//!   read-write workspace merges results into the host directory: files the guest deleted
+//!   stay on the host, and a run killed at its deadline or budget returns nothing.
 //!
 //! # Failure behaviour
 //! A misbehaving guest is an `Ok(Report)`; an image that does not exist is a
@@ -123,8 +130,30 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 use spec::{Hardening, LABEL_EXPIRES, LABEL_RUN, ORPHAN_GRACE, SpecError};
-use stockade_protocol::{BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, Report, Status, Stream};
+use stockade_protocol::{
+    Access, BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, PROTECTED_PATHS, Report, Status, Stream,
+};
 use tokio::io::AsyncWriteExt;
+
+/// Which [`PROTECTED_PATHS`] exist in the host directory of a read-write workspace, and
+/// which are absent; a protected path that is a symlink refuses the grant (the guest could
+/// replace it, and a bind would follow it).
+fn protected_paths(host: &std::path::Path) -> Result<(Vec<&'static str>, Vec<&'static str>), SpecError> {
+    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    for rel in PROTECTED_PATHS {
+        match std::fs::symlink_metadata(host.join(rel)) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(SpecError::Mount {
+                    path: host.join(rel).display().to_string(),
+                    why: "a protected path in a read-write workspace is a symlink, which the guest could replace; grant the workspace read-only or remove the link",
+                });
+            }
+            Ok(_) => present.push(*rel),
+            Err(_) => absent.push(*rel),
+        }
+    }
+    Ok((present, absent))
+}
 
 /// The engine could not run a job. A misbehaving guest is never an error.
 #[derive(Debug, thiserror::Error)]
@@ -275,7 +304,14 @@ impl DockerTier {
         let id = run_id();
         let limits = job.limits();
         let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();
-        let spec = spec::spec(job, &self.hardening, &id, expires)?;
+        let mut spec = spec::spec(job, &self.hardening, &id, expires)?;
+        let protected = match job.workspace() {
+            Some(ws) if ws.access() == Access::ReadWrite => Some((ws.path(), protected_paths(ws.path())?)),
+            _ => None,
+        };
+        if let (Some((host, (present, _))), Some(hc)) = (&protected, spec.body.host_config.as_mut()) {
+            hc.binds.get_or_insert_with(Vec::new).extend(spec::protected_binds(host, present));
+        }
         let name = format!("stockade-{id}");
         let created = self
             .docker
@@ -295,6 +331,17 @@ impl DockerTier {
             return Err(DockerError::Engine(format!("container {container} could not be removed")));
         }
         report.enforcement = enforcement(job, &self.hardening);
+        if let Some((_, (present, absent))) = protected {
+            let list = |l: &[&str]| if l.is_empty() { "none".to_owned() } else { l.join(" ") };
+            report.enforcement.push(Enforced::new(
+                Mechanism::ContainerWorkspace,
+                format!(
+                    "workspace bind-mounted read-write; read-only inside it: {}; absent, so creatable: {}",
+                    list(&present),
+                    list(&absent)
+                ),
+            ));
+        }
         Ok(report)
     }
 

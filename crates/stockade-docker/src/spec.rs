@@ -253,7 +253,10 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
             Access::ReadOnly => "ro",
             Access::ReadWrite => "rw",
         };
-        binds.push(format!("{}:{WORKSPACE}:{mode},nosuid,nodev", ws.path().display()));
+        // Docker's bind syntax takes no nosuid or nodev (the engine refuses the create with
+        // "invalid mode"); no-new-privileges makes set-user-ID inert, and the engine's device
+        // cgroup and the empty capability sets keep device nodes unusable.
+        binds.push(format!("{}:{WORKSPACE}:{mode}", ws.path().display()));
     }
     if let Some(rt) = &hardening.runtime {
         check_name(rt)?;
@@ -343,4 +346,15 @@ pub fn staged_workspace_mount(
         }),
         ..Default::default()
     })
+}
+
+/// The extra binds that keep each present [`PROTECTED_PATHS`] entry of a read-write
+/// workspace read-only inside the container: the path bound read-only onto itself at
+/// `/workspace/<path>`, so it can be neither changed nor removed nor renamed (a mount point
+/// is busy). `present` comes from the host (see [`crate::DockerTier::run`]).
+///
+/// [`PROTECTED_PATHS`]: stockade_protocol::PROTECTED_PATHS
+#[must_use]
+pub fn protected_binds(host: &Path, present: &[&str]) -> Vec<String> {
+    present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display())).collect()
 }

@@ -136,7 +136,7 @@ pub mod expect {
             Setup::KillSupervisor => {
                 &[NotApplicable("the docker tier's supervisor is the engine, which the harness does not kill")]
             }
-            _ => &[NotApplicable("the docker tier has no protected-path overlay for read-write workspaces")],
+            _ => &[Denied, Contained],
         };
         (Expectations { process, wasm, docker }, Skip(why), setup)
     }

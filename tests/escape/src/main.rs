@@ -518,12 +518,19 @@ fn run_docker_tier(
     let targets = world.targets(entry.name);
     let mut command = vec![format!("/{}", entry.name)];
     command.extend(targets.args.iter().cloned());
-    let job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
+    let mut job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
+    // Attacks on a read-write workspace get the same one the process column gets, owned by
+    // the container's user (65534), with protected paths in it.
+    let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
+    if let Some(ws) = &rw {
+        job = job.with_workspace(ws, Access::ReadWrite)?;
+    }
     let report = match rt.block_on(tier.run(&job)) {
         Ok(r) => r,
         Err(e) => return Ok(skipped(&e)),
     };
-    judge(world, &report, &targets.marker, || bin_changed(bin_dir, entry.name), entry.expect.docker, entry.name)
+    let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
+    judge(world, &report, &targets.marker, host_changed, entry.expect.docker, entry.name)
 }
 
 /// The id of the local image `name`, if it exists.

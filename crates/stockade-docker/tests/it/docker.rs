@@ -449,3 +449,47 @@ fn g2_the_gvisor_runtime_is_used_when_asked_and_refused_when_missing() {
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(leftovers(), 0);
 }
+
+#[test]
+fn g8_a_read_write_workspace_keeps_its_protected_paths() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g8_protected_paths") else { return };
+    let ws = host_dir("protected");
+    std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    std::fs::write(ws.join(".bashrc"), "# rc\n").unwrap();
+    for p in ["", ".git", ".git/hooks", ".git/config", ".bashrc"] {
+        std::os::unix::fs::chown(ws.join(p), Some(65534), Some(65534)).unwrap();
+    }
+    let job = sh("echo result > out.txt && echo wrote; echo x >> .git/config || echo config-refused; \
+                  touch .git/hooks/pre-commit || echo hook-refused; echo x >> .bashrc || echo rc-refused; \
+                  mv .git git-old || echo rename-refused; rm -f .bashrc; ls -a | tr '\\n' ' '")
+    .with_workspace(&ws, Access::ReadWrite)
+    .unwrap();
+    let r = run(&tier, &job);
+    let out = text(&r.stdout.bytes);
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+    assert!(
+        out.starts_with("wrote\nconfig-refused\nhook-refused\nrc-refused\nrename-refused\n"),
+        "{out}\n{}",
+        text(&r.stderr.bytes)
+    );
+    assert!(out.contains(".bashrc") && out.contains(".git") && out.contains("out.txt"), "{out}");
+    let detail = stage_detail(&r);
+    assert!(detail.contains("read-only inside it: .git .bashrc;"), "{detail}");
+    // The host checks its own files.
+    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
+    assert_eq!(std::fs::read_to_string(ws.join(".bashrc")).unwrap(), "# rc\n");
+    assert_eq!(std::fs::read_dir(ws.join(".git/hooks")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_to_string(ws.join("out.txt")).unwrap(), "result\n");
+    // A read-only grant is a read-only bind.
+    let ro = sh("cat out.txt; touch new 2>/dev/null || echo read-only").with_workspace(&ws, Access::ReadOnly).unwrap();
+    assert_eq!(text(&run(&tier, &ro).stdout.bytes), "result\nread-only\n");
+    // A protected path that is a symlink refuses the grant before any container exists.
+    std::fs::remove_file(ws.join(".bashrc")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", ws.join(".bashrc")).unwrap();
+    let refused = rt().block_on(tier.run(&job));
+    assert!(matches!(refused, Err(DockerError::Spec(SpecError::Mount { .. }))), "{refused:?}");
+    assert_eq!(leftovers(), 0);
+    let _ = std::fs::remove_dir_all(&ws);
+}
