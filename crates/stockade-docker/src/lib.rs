@@ -78,7 +78,8 @@
 //!   profile, which (on Docker 28 here) allows io_uring. Under runsc, guest processes are
 //!   bounded by the memory limit, not by the pids limit (which counts gVisor's host threads).
 //! - userns-remap is an engine setting: [`DockerTier::userns_remap`] and `stockade doctor`
-//!   report it; the tier does not require it.
+//!   report it, and [`DockerTier::require_userns_remap`] refuses an engine without it; by
+//!   default the tier does not require it (this machine's engine does not remap).
 //! - A pool's containers get the pool's limits (memory, pids, nofile, cpu) and workspace
 //!   grant, fixed when they are created; per run only the deadline, the output budgets and
 //!   the workspace's contents come from the job.
@@ -258,6 +259,20 @@ impl DockerTier {
     pub async fn userns_remap(&self) -> Result<bool, DockerError> {
         let info = self.docker.info().await.map_err(engine)?;
         Ok(info.security_options.unwrap_or_default().iter().any(|o| o.contains("name=userns")))
+    }
+
+    /// Requires the engine to run with `userns-remap` (container uids mapped to an
+    /// unprivileged host range), failing closed with [`DockerError::Unsupported`] otherwise.
+    /// The remap is the engine's setting (`dockerd --userns-remap`); the tier cannot turn it on.
+    pub async fn require_userns_remap(self) -> Result<Self, DockerError> {
+        if self.userns_remap().await? {
+            Ok(self)
+        } else {
+            Err(DockerError::Unsupported {
+                mechanism: "userns-remap".into(),
+                reason: "the engine does not remap container users (start dockerd with --userns-remap)".into(),
+            })
+        }
     }
 
     /// Whether the engine has `image` locally (the tier never pulls).

@@ -422,6 +422,13 @@ fn g2_the_gvisor_runtime_is_used_when_asked_and_refused_when_missing() {
         matches!(&missing, Err(DockerError::Unsupported { mechanism, .. }) if mechanism.contains("no-such-runtime")),
         "{missing:?}"
     );
+    // userns-remap is the engine's setting: required, it is checked, never assumed.
+    let remap = rt.block_on(tier.userns_remap()).unwrap();
+    let required = rt.block_on(tier.clone().require_userns_remap());
+    assert_eq!(required.is_ok(), remap, "{required:?}");
+    if let Err(e) = required {
+        assert!(matches!(&e, DockerError::Unsupported { mechanism, .. } if mechanism == "userns-remap"), "{e:?}");
+    }
     let gvisor = match rt.block_on(tier.clone().runtime("runsc")) {
         Ok(t) => t,
         Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => {
