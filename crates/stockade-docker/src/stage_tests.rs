@@ -140,3 +140,16 @@ fn g7_unpack_refuses_a_destination_that_is_a_link() {
     symlink(&real, &link).unwrap();
     assert!(matches!(unpack(&[0u8; 1024], Path::new(&link)), Err(StageError::Refused { .. })));
 }
+
+#[test]
+fn g7_pack_refuses_more_entries_than_the_volume_holds() {
+    let d = scratch("entries");
+    for i in 0..=crate::stage::MAX_ENTRIES {
+        fs::File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    assert!(matches!(pack(&d, Access::ReadOnly, 1, 1, 1 << 30), Err(StageError::TooManyEntries(_))));
+    fs::remove_file(d.join("f0")).unwrap();
+    let p = pack(&d, Access::ReadOnly, 1, 1, 1 << 30).unwrap();
+    assert_eq!(p.files, crate::stage::MAX_ENTRIES);
+    let _ = fs::remove_dir_all(&d);
+}
