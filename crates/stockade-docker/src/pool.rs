@@ -272,7 +272,7 @@ impl DockerPool {
     async fn upload(&self, id: &str, packed: &stage::Packed) -> Result<(), DockerError> {
         let opts =
             UploadToContainerOptionsBuilder::default().path(spec::WORKSPACE).no_overwrite_dir_non_dir("true").build();
-        let body = bollard::body_full(bytes::Bytes::from(packed.tar.clone()));
+        let body = bollard::body_full(packed.tar.clone());
         self.tier.docker.upload_to_container(id, Some(opts), body).await.map_err(engine)
     }
 

@@ -86,8 +86,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
 /// A packed workspace: the tar to upload, and what it holds.
 #[derive(Debug)]
 pub struct Packed {
-    /// The archive.
-    pub tar: Vec<u8>,
+    /// The archive (shared, not copied, by the upload).
+    pub tar: bytes::Bytes,
     /// Regular files.
     pub files: usize,
     /// Bytes of file content.
@@ -165,7 +165,7 @@ pub fn pack(root: &Path, access: Access, uid: u32, gid: u32, limit: u64) -> Resu
         }
     }
     let tar = builder.into_inner().map_err(io(root))?;
-    Ok(Packed { tar, files, bytes })
+    Ok(Packed { tar: tar.into(), files, bytes })
 }
 
 /// The most bytes [`unpack`] accepts from the engine for a workspace of `limit` bytes: the

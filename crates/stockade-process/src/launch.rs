@@ -234,7 +234,7 @@ fn forked_stdio(fds: [std::os::fd::RawFd; 4]) -> std::io::Result<()> {
         *h = sysfs::dup_at_least(fd, 16)?;
     }
     for (target, h) in high.iter().enumerate() {
-        process::dup_onto(*h, target as i32)?;
+        sysfs::dup_onto(*h, target as i32)?;
     }
     sysfs::close_from(4, u32::MAX)?;
     process::reset_signals()

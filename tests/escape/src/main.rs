@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use stockade_escape::world::World;
 use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
-use stockade_process::{Helper, ProcessTier};
+use stockade_process::{Helper, LaunchError, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Report, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
@@ -29,35 +29,34 @@ struct Args {
     require: Vec<String>,
 }
 
+/// Runs one attack from the workspace `ws` in the process tier, from this fresh,
+/// single-threaded process, launching the helper by fork as the `stockade` CLI does.
+fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Result<Report, LaunchError>> {
+    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
+        .with_workspace(ws, access)?
+        .with_limits(limits());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    Ok(rt.block_on(ProcessTier::new(Helper::fork()).run(&job)))
+}
+
 /// `--supervise-one BIN_DIR ATTACK ARGS...`: run one attack in the process tier and wait.
 /// Used as the stand-in supervisor that the harness kills mid-run.
 fn supervise_one(rest: &[String]) -> Result<()> {
     let (bin_dir, rest) = rest.split_first().context("--supervise-one BIN_DIR ATTACK ARGS...")?;
     let (attack, args) = rest.split_first().context("--supervise-one BIN_DIR ATTACK ARGS...")?;
-    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
-        .with_workspace(bin_dir, Access::ReadOnly)?
-        .with_limits(limits());
-    let tier = ProcessTier::new(Helper::fork());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let _ = rt.block_on(tier.run(&job));
+    let _ = run_one(bin_dir, Access::ReadOnly, attack, args)?;
     Ok(())
 }
 
-/// `--process-one WORKSPACE ro|rw ATTACK ARGS...`: run one attack in the process tier from
-/// this fresh, single-threaded process, launching the helper by fork as the `stockade` CLI
-/// does, and print the report as JSON. A launch error is printed as `{"launch_error": ...}`.
+/// `--process-one WORKSPACE ro|rw ATTACK ARGS...`: run one attack (see [`run_one`]) and
+/// print the report as JSON. A launch error is printed as `{"launch_error": ...}`.
 fn process_one(rest: &[String]) -> Result<()> {
     let usage = "--process-one WORKSPACE ro|rw ATTACK ARGS...";
     let (ws, rest) = rest.split_first().context(usage)?;
     let (access, rest) = rest.split_first().context(usage)?;
     let (attack, args) = rest.split_first().context(usage)?;
     let access = if access == "rw" { Access::ReadWrite } else { Access::ReadOnly };
-    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
-        .with_workspace(ws, access)?
-        .with_limits(limits());
-    let tier = ProcessTier::new(Helper::fork());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let out = match rt.block_on(tier.run(&job)) {
+    let out = match run_one(ws, access, attack, args)? {
         Ok(report) => serde_json::to_string(&report)?,
         Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
     };
@@ -95,7 +94,6 @@ fn parse() -> Result<Args> {
 }
 
 fn main() -> ExitCode {
-    stockade_process::helper_main();
     // The supervisor's environment holds a secret; re-execute with one if it is missing.
     if std::env::var_os(SECRET_VAR).is_none() {
         let secret = format!("CANARY-SUPERVISOR-{}", std::process::id() * 7919 + 17);

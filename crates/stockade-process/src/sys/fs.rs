@@ -76,3 +76,9 @@ pub(crate) fn dup_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
     // SAFETY: F_DUPFD_CLOEXEC takes integers only and creates a descriptor we then own.
     check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
 }
+
+/// Moves `fd` onto `target` (`dup2`); the copy does not have close-on-exec set.
+pub(crate) fn dup_onto(fd: RawFd, target: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 takes integers only; the caller owns both descriptor numbers.
+    check(unsafe { libc::dup2(fd, target) }).map(drop)
+}

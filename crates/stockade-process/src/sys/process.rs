@@ -211,12 +211,6 @@ pub(crate) fn reap_pidfd(pidfd: std::os::fd::BorrowedFd<'_>, nohang: bool) -> io
     }
 }
 
-/// Moves `fd` onto `target` (`dup2`); the copy does not have close-on-exec set.
-pub(crate) fn dup_onto(fd: std::os::fd::RawFd, target: std::os::fd::RawFd) -> io::Result<()> {
-    // SAFETY: dup2 takes integers only; the caller owns both descriptor numbers.
-    check(unsafe { libc::dup2(fd, target) }).map(drop)
-}
-
 /// Registers a pidfd with the tokio reactor (readable once the process exits).
 pub(crate) fn register_pidfd(
     pidfd: std::os::fd::OwnedFd,
