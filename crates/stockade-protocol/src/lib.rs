@@ -42,6 +42,13 @@
 //! G8. [`Limits`] has no unlimited value: every limit has a default and a ceiling, and a zero
 //!     or over-ceiling value is refused, in code and on the wire.
 //!     (pinned by: tests/it/schema.rs::g8_*)
+//! G9. The completion decoder accepts what real servers vary in (null, empty or absent
+//!     content, arguments as a string or an object, missing or repeated call ids,
+//!     `finish_reason` disagreeing with `tool_calls`, unknown fields), and refuses, for that
+//!     call alone, arguments that are not one JSON object within
+//!     [`completion::MAX_ARGUMENT_BYTES`] and [`completion::MAX_ARGUMENT_DEPTH`] or that repeat
+//!     a key; an empty `choices`, an `error` body or a truncated body is a typed error.
+//!     (pinned by: tests/it/completion.rs::g9_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
@@ -72,6 +79,7 @@ pub mod broker;
 mod bytes_repr;
 pub mod capture;
 pub mod chat;
+pub mod completion;
 pub mod frame;
 pub mod job;
 pub mod json;

@@ -3,6 +3,7 @@
 mod alloc_count;
 mod capture;
 mod chat;
+mod completion;
 mod frame;
 mod json;
 mod schema;

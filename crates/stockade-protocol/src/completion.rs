@@ -1,0 +1,518 @@
+//! Decoding the chat completions that real OpenAI-compatible servers send: lenient where
+//! servers differ, strict where safety depends on it.
+//!
+//! [`chat::ChatResponse`](crate::chat::ChatResponse) is the strict schema (unknown keys
+//! refused). Real servers (llama.cpp, llama-cpp-python, Ollama, vLLM, LM Studio, proxies) add
+//! and omit fields, so an agent reading them needs a second decoder. [`decode_completion`]
+//! accepts, and records as a [`Quirk`]:
+//! - `content` null, `""` or absent beside `tool_calls`, or a list of text parts;
+//! - `arguments` as a JSON string or as a JSON object;
+//! - tool-call ids missing, empty or duplicated (the caller gives every call an id of its own);
+//! - `finish_reason: "stop"` with `tool_calls` present (tool calls are decided by
+//!   `tool_calls` being non-empty, never by `finish_reason`);
+//! - a legacy `function_call` field, and `reasoning_content` (both ignored);
+//! - unknown fields anywhere.
+//!
+//! It is strict where a wrong guess would act on the wrong thing:
+//! - every call's arguments must be one JSON object, at most [`MAX_ARGUMENT_BYTES`] bytes and
+//!   [`MAX_ARGUMENT_DEPTH`] levels deep, with no duplicate key at any level; anything else is
+//!   an [`ArgumentsError`] *for that call* (the caller tells the model, and runs nothing);
+//! - an empty or missing `choices` array, a body that is not one complete JSON document (a
+//!   truncated body), or an `error` object in the body are a [`CompletionError`];
+//! - at most [`MAX_DECODED_CALLS`] calls are kept; more are counted in
+//!   [`Completion::dropped_calls`].
+//!
+//! Text that looks like a tool call (`<tool_call>` blocks, JSON in `content`) stays text:
+//! attacker-controlled tool output can echo such blocks.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::chat::MAX_CHAT_BYTES;
+use crate::json::{JsonError, JsonLimits, MAX_JSON_DEPTH, nesting_depth, parse_untrusted};
+
+/// Largest arguments document of one call: 64 KiB.
+///
+/// A model chooses the size of what it proposes; every argument is later canonicalised,
+/// authorised, logged and possibly echoed back, so a bound keeps each of those cheap.
+pub const MAX_ARGUMENT_BYTES: usize = 64 << 10;
+
+/// Deepest nesting inside one call's arguments: 16 levels.
+///
+/// No tool this project knows takes deeper arguments, and the policy's argument types stop
+/// at the same depth.
+pub const MAX_ARGUMENT_DEPTH: usize = 16;
+
+/// Most tool calls decoded from one completion: 64. Further calls are counted and dropped.
+///
+/// A completion is bounded in bytes already; this bounds the per-call work (ids, parsing,
+/// authorisation) a hostile model can ask for in one turn.
+pub const MAX_DECODED_CALLS: usize = 64;
+
+/// Longest tool name kept from a completion: 256 bytes (longer names are cut at a character
+/// boundary; a real tool name is at most 64 characters, so a cut name is never a match).
+pub const MAX_CALL_NAME_BYTES: usize = 256;
+
+/// Longest provider call id kept: 256 bytes (longer ids are dropped, and recorded as missing).
+pub const MAX_PROVIDER_ID_BYTES: usize = 256;
+
+/// Something a server did that differs from OpenAI's reference behaviour, and was tolerated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Quirk {
+    /// `content` was `null`.
+    ContentNull,
+    /// `content` was absent.
+    ContentMissing,
+    /// `content` was a list of text parts, joined here.
+    ContentParts,
+    /// A call's `arguments` was a JSON object instead of a string.
+    ArgumentsAsObject,
+    /// A call had no id, or an empty one.
+    MissingCallId,
+    /// Two calls shared an id (within this completion).
+    DuplicateCallId,
+    /// `finish_reason` was not `tool_calls` although calls were present.
+    FinishReasonDisagrees,
+    /// A legacy `function_call` field came with the message (ignored).
+    LegacyFunctionCall,
+    /// A `reasoning_content` (or `reasoning`) field came with the message (ignored).
+    ReasoningContent,
+    /// The choice had no `finish_reason`.
+    FinishReasonMissing,
+}
+
+/// Token counts, as far as the server reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Total tokens (the sum when the server left it out).
+    pub total_tokens: u64,
+}
+
+/// A call's arguments could not be accepted. The call must not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgumentsError {
+    /// The arguments were missing or `null`.
+    #[error("the arguments are missing")]
+    Missing,
+    /// Not one valid JSON document (truncated, or not JSON at all).
+    #[error("the arguments are not valid JSON: {message}")]
+    #[non_exhaustive]
+    Syntax {
+        /// The parser's description.
+        message: String,
+    },
+    /// Valid JSON, but not an object.
+    #[error("the arguments must be a JSON object, not {found}")]
+    #[non_exhaustive]
+    NotObject {
+        /// The JSON type found.
+        found: &'static str,
+    },
+    /// Larger than [`MAX_ARGUMENT_BYTES`].
+    #[error("the arguments are {len} bytes, more than the maximum of {max}", max = MAX_ARGUMENT_BYTES)]
+    #[non_exhaustive]
+    TooLarge {
+        /// Their length.
+        len: usize,
+    },
+    /// Deeper than [`MAX_ARGUMENT_DEPTH`].
+    #[error("the arguments nest deeper than {max} levels", max = MAX_ARGUMENT_DEPTH)]
+    TooDeep,
+    /// The same key twice in one object.
+    #[error("the arguments repeat the key {key:?}")]
+    #[non_exhaustive]
+    DuplicateKey {
+        /// The key (cut to 64 bytes).
+        key: String,
+    },
+}
+
+/// One tool call as the server proposed it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DecodedCall {
+    /// The server's id for it, if it sent a usable one (never trusted to be unique).
+    pub provider_id: Option<String>,
+    /// The tool name as sent, cut to [`MAX_CALL_NAME_BYTES`]; not yet checked against anything.
+    pub name: String,
+    /// The arguments, or why they were refused.
+    pub arguments: Result<Map<String, Value>, ArgumentsError>,
+}
+
+/// The first choice of a completion, normalised.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Completion {
+    /// The model's text (parts joined), if any.
+    pub text: Option<String>,
+    /// The tool calls, in the model's order (at most [`MAX_DECODED_CALLS`]).
+    pub calls: Vec<DecodedCall>,
+    /// How many further calls were dropped.
+    pub dropped_calls: usize,
+    /// Why generation stopped, as sent.
+    pub finish_reason: Option<String>,
+    /// Token usage, if reported.
+    pub usage: Option<TokenUsage>,
+    /// The model name the server reported.
+    pub model: Option<String>,
+    /// What was tolerated, each quirk once, in the order met.
+    pub quirks: Vec<Quirk>,
+}
+
+impl Completion {
+    /// True if generation was cut by the token limit (`finish_reason: "length"`): calls in a
+    /// cut completion may be incomplete and should not run.
+    #[must_use]
+    pub fn truncated(&self) -> bool {
+        self.finish_reason.as_deref() == Some("length")
+    }
+}
+
+/// A completion could not be decoded at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompletionError {
+    /// The body is not one acceptable JSON document (too large, too deep, truncated, garbage).
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    /// The body carries an `error` object instead of a completion.
+    #[error("the server reported an error: {message}")]
+    #[non_exhaustive]
+    Server {
+        /// The server's message, cut to 512 bytes.
+        message: String,
+    },
+    /// `choices` is missing or empty.
+    #[error("the completion has no choices")]
+    NoChoices,
+    /// The first choice has no `message`.
+    #[error("the first choice has no message")]
+    NoMessage,
+    /// The message's role is not `assistant`.
+    #[error("the first choice's message has role {role:?}, not assistant")]
+    #[non_exhaustive]
+    NotAssistant {
+        /// The role sent (cut to 32 bytes).
+        role: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct WireCompletion {
+    #[serde(default)]
+    choices: Option<Vec<WireChoice>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    #[serde(default)]
+    message: Option<WireMessage>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+    #[serde(default)]
+    function_call: Option<Value>,
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+    #[serde(default)]
+    reasoning: Option<Value>,
+}
+
+/// Keeps an explicit `null` apart from an absent field: a present field is `Some`, even `null`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+}
+
+/// Decodes a completion body (at most [`MAX_CHAT_BYTES`], checked before parsing).
+pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
+    let wire: WireCompletion = parse_untrusted(bytes, JsonLimits::new(MAX_CHAT_BYTES, MAX_JSON_DEPTH))?;
+    if let Some(err) = wire.error.filter(|e| !e.is_null()) {
+        let message = err.get("message").and_then(Value::as_str).map_or_else(|| err.to_string(), str::to_owned);
+        return Err(CompletionError::Server { message: cut(&message, 512) });
+    }
+    let choice = wire.choices.and_then(|c| c.into_iter().next()).ok_or(CompletionError::NoChoices)?;
+    let message = choice.message.ok_or(CompletionError::NoMessage)?;
+    if let Some(role) = message.role.as_deref().filter(|r| *r != "assistant") {
+        return Err(CompletionError::NotAssistant { role: cut(role, 32) });
+    }
+    let mut quirks = Quirks::default();
+    let text = match message.content {
+        None => {
+            quirks.add(Quirk::ContentMissing);
+            None
+        }
+        Some(Value::Null) => {
+            quirks.add(Quirk::ContentNull);
+            None
+        }
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Array(parts)) => {
+            quirks.add(Quirk::ContentParts);
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect();
+            Some(texts.concat())
+        }
+        // A number or an object as content is not text; keep it visible as JSON text.
+        Some(other) => Some(other.to_string()),
+    };
+    if message.function_call.is_some_and(|f| !f.is_null()) {
+        quirks.add(Quirk::LegacyFunctionCall);
+    }
+    if message.reasoning_content.is_some_and(|r| !r.is_null()) || message.reasoning.is_some_and(|r| !r.is_null()) {
+        quirks.add(Quirk::ReasoningContent);
+    }
+    let wire_calls = message.tool_calls.unwrap_or_default();
+    let dropped_calls = wire_calls.len().saturating_sub(MAX_DECODED_CALLS);
+    let mut seen_ids: Vec<String> = Vec::new();
+    let mut calls = Vec::with_capacity(wire_calls.len().min(MAX_DECODED_CALLS));
+    for wc in wire_calls.into_iter().take(MAX_DECODED_CALLS) {
+        let provider_id = match wc.id {
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PROVIDER_ID_BYTES => Some(s),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        match &provider_id {
+            None => quirks.add(Quirk::MissingCallId),
+            Some(id) if seen_ids.contains(id) => quirks.add(Quirk::DuplicateCallId),
+            Some(id) => seen_ids.push(id.clone()),
+        }
+        let (name, raw) = match wc.function {
+            Some(f) => (f.name.unwrap_or_default(), f.arguments),
+            None => (String::new(), None),
+        };
+        let arguments = match raw {
+            None => Err(ArgumentsError::Missing),
+            Some(raw) => decode_arguments_raw(raw.get(), &mut quirks),
+        };
+        calls.push(DecodedCall { provider_id, name: cut(&name, MAX_CALL_NAME_BYTES), arguments });
+    }
+    match choice.finish_reason.as_deref() {
+        None => quirks.add(Quirk::FinishReasonMissing),
+        Some(r) if !calls.is_empty() && r != "tool_calls" && r != "function_call" && r != "length" => {
+            quirks.add(Quirk::FinishReasonDisagrees);
+        }
+        Some(_) => {}
+    }
+    let usage = wire.usage.map(|u| {
+        let prompt_tokens = u.prompt_tokens.unwrap_or(0);
+        let completion_tokens = u.completion_tokens.unwrap_or(0);
+        TokenUsage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: u.total_tokens.unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
+        }
+    });
+    Ok(Completion {
+        text,
+        calls,
+        dropped_calls,
+        finish_reason: choice.finish_reason,
+        usage,
+        model: wire.model,
+        quirks: quirks.0,
+    })
+}
+
+/// The raw JSON of an `arguments` field: a string holding JSON, or JSON itself.
+fn decode_arguments_raw(raw: &str, quirks: &mut Quirks) -> Result<Map<String, Value>, ArgumentsError> {
+    if raw.len() > MAX_ARGUMENT_BYTES.saturating_mul(2) {
+        // An escaped string can be up to about twice its content; anything beyond is over
+        // the cap whatever it holds.
+        return Err(ArgumentsError::TooLarge { len: raw.len() });
+    }
+    if raw.starts_with('"') {
+        let inner: String = serde_json::from_str(raw).map_err(|e| ArgumentsError::Syntax { message: e.to_string() })?;
+        parse_arguments(&inner)
+    } else if raw == "null" {
+        Err(ArgumentsError::Missing)
+    } else {
+        quirks.add(Quirk::ArgumentsAsObject);
+        parse_arguments(raw)
+    }
+}
+
+/// Parses one call's arguments: one JSON object, bounded in bytes and depth, no duplicate keys.
+pub fn parse_arguments(text: &str) -> Result<Map<String, Value>, ArgumentsError> {
+    if text.len() > MAX_ARGUMENT_BYTES {
+        return Err(ArgumentsError::TooLarge { len: text.len() });
+    }
+    // An empty string is how some servers say "no arguments".
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    if nesting_depth(text.as_bytes()) > MAX_ARGUMENT_DEPTH {
+        return Err(ArgumentsError::TooDeep);
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = match StrictValue.deserialize(&mut de).and_then(|v| de.end().map(|()| v)) {
+        Ok(v) => v,
+        Err(e) => {
+            let message = e.to_string();
+            return Err(match message.strip_prefix(DUPLICATE_PREFIX) {
+                Some(rest) => ArgumentsError::DuplicateKey {
+                    key: cut(rest.split(DUPLICATE_SUFFIX).next().unwrap_or_default(), 64),
+                },
+                None => ArgumentsError::Syntax { message: cut(&message, 256) },
+            });
+        }
+    };
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(ArgumentsError::NotObject { found: json_type(&other) }),
+    }
+}
+
+const DUPLICATE_PREFIX: &str = "\u{0}duplicate key\u{0}";
+const DUPLICATE_SUFFIX: &str = "\u{0}end\u{0}";
+
+/// Deserializes a [`Value`] but refuses a repeated key in any object.
+struct StrictValue;
+
+impl<'de> DeserializeSeed<'de> for StrictValue {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(StrictValue)? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!("{DUPLICATE_PREFIX}{key}{DUPLICATE_SUFFIX}")));
+            }
+            let value = map.next_value_seed(StrictValue)?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+#[must_use]
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[derive(Default)]
+struct Quirks(Vec<Quirk>);
+
+impl Quirks {
+    fn add(&mut self, q: Quirk) {
+        if !self.0.contains(&q) {
+            self.0.push(q);
+        }
+    }
+}
