@@ -14,7 +14,13 @@ fn steward_registry() -> Registry {
     Registry::new()
         .with(ToolSpec::new("read_scroll").arg("name", ArgType::String, true).untrusted_output())
         .with(ToolSpec::new("read_ledger").arg("page", ArgType::Integer, true))
-        .with(ToolSpec::new("send_raven").arg("to", ArgType::String, true).arg("body", ArgType::String, true))
+        .with(ToolSpec::new("send_raven").arg("to", ArgType::String, true).arg("text", ArgType::String, true))
+        .with(
+            ToolSpec::new("run_code")
+                .arg("language", ArgType::String, true)
+                .arg("code", ArgType::String, true)
+                .arg("stdin", ArgType::String, false),
+        )
 }
 
 /// Loads `doc` (a steward-registry policy) and renders the error, or "ok".
@@ -38,7 +44,7 @@ fn g12_the_steward_policy_loads_and_decides() {
         format!("{:?}:{}", d.effect(), d.rule())
     };
     let raven =
-        |to: &str| ToolCall::new("send_raven").arg("to", json!(to), Source::User).arg("body", json!("x"), Source::User);
+        |to: &str| ToolCall::new("send_raven").arg("to", json!(to), Source::User).arg("text", json!("x"), Source::User);
     assert_eq!(decide(&raven("riverhold"), false), "Allow:ravens-to-allies");
     assert_eq!(decide(&raven("eastwatch"), false), "Deny:default-deny");
     assert_eq!(decide(&raven("highcliff"), true), "Ask:ask-after-untrusted");
@@ -92,7 +98,7 @@ fn g12_errors_name_line_and_column() {
 #[test]
 fn g12_examples_run_at_load() {
     let doc = rule(
-        "tool = \"send_raven\"\neffect = \"allow\"\nargs.to = { one_of = [\"riverhold\"] }\nexamples.allow = [{ to = \"riverhold\", body = \"x\" }, { to = \"eastwatch\", body = \"x\" }]",
+        "tool = \"send_raven\"\neffect = \"allow\"\nargs.to = { one_of = [\"riverhold\"] }\nexamples.allow = [{ to = \"riverhold\", text = \"x\" }, { to = \"eastwatch\", text = \"x\" }]",
     );
     let err = Policy::from_toml(&doc, &steward_registry()).unwrap_err();
     assert_eq!(err.location, Some(Location { line: 9, column: 53 }));
@@ -104,18 +110,18 @@ fn g12_examples_run_at_load() {
         "{err}"
     );
     let bad =
-        rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.deny = [{ to = \"x\", body = \"x\", _sudo = true }]");
+        rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.deny = [{ to = \"x\", text = \"x\", _sudo = true }]");
     assert!(check(&bad).contains("\"_sudo\" is not an example directive"), "{}", check(&bad));
     let bad = rule(
-        "tool = \"send_raven\"\neffect = \"allow\"\nexamples.deny = [{ to = \"x\", body = \"x\", _source = { cc = \"user\" } }]",
+        "tool = \"send_raven\"\neffect = \"allow\"\nexamples.deny = [{ to = \"x\", text = \"x\", _source = { cc = \"user\" } }]",
     );
     assert!(check(&bad).contains("_source names \"cc\""), "{}", check(&bad));
-    let bad = rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.allow = [{ to = \"x\", body = 3 }]");
+    let bad = rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.allow = [{ to = \"x\", text = 3 }]");
     assert!(check(&bad).contains("was decided Deny by \"bad-argument\""), "{}", check(&bad));
     // Examples see the whole policy: a later deny rule fails an earlier rule's allow example.
     let doc = format!(
         "{}\n[[rule]]\nid = \"no\"\ntool = \"send_raven\"\neffect = \"deny\"\n",
-        rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.allow = [{ to = \"x\", body = \"x\" }]")
+        rule("tool = \"send_raven\"\neffect = \"allow\"\nexamples.allow = [{ to = \"x\", text = \"x\" }]")
     );
     assert!(check(&doc).contains("decided Deny by \"no\""), "{}", check(&doc));
 }
