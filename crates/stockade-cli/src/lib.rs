@@ -1,9 +1,10 @@
 //! The `stockade` command line: `stockade run` confines a command and prints its output only
-//! if the run is verified; `stockade doctor` says what this host can enforce.
+//! if the run is verified; `stockade agent` runs an agent over an OpenAI-compatible endpoint
+//! that marks, allows and isolates; `stockade doctor` says what this host can enforce.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-runtime` (and through it protocol, verify, the process tier and the
-//! wasm tier).
+//! Depends on: `stockade-agent` and `stockade-runtime` (and through them protocol, policy,
+//! verify and the three tiers).
 //! Used by: people and scripts.
 //! API boundary: the command line; exit codes follow `stockade-verify`'s table (124 timeout).
 //!
@@ -20,6 +21,11 @@
 //! G2. A host that cannot enforce the sandbox is an error naming the missing mechanism
 //!     (exit 125), never an unconfined run.
 //!     (pinned by: tests/it/cli.rs::g2_*)
+//! G3. `stockade agent` runs a tool call only when the policy allows it (or a human approved
+//!     it on a terminal), marks untrusted output before the model reads it, takes no proxy
+//!     from the environment, and exits 0 with an answer, 3 with no answer (budget spent), 4
+//!     when the endpoint failed, or 125 on a configuration error naming the line and column.
+//!     (pinned by: tests/it/agent.rs::g3_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection.
@@ -31,7 +37,9 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! Reads its arguments, forks (or re-executes) itself as the sandbox helper, reads the wasm tier's guest and
+//! Reads its arguments, forks (or re-executes) itself as the sandbox helper; for `agent`, reads
+//! its config and policy files, the API key's variable, connects to the endpoint and starts the
+//! configured command tools; reads the wasm tier's guest and
 //! cache directories, and for `doctor` probes the host and the Docker socket.
 //!
 //! # Feature flags
@@ -42,6 +50,8 @@
 //! command outside the tier.
 
 #![forbid(unsafe_code)]
+
+mod agent;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -57,7 +67,7 @@ use stockade_runtime::{Sandbox, TierError};
 use stockade_runtime::{docker, wasm};
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
-const EXIT_STOCKADE: u8 = 125;
+pub(crate) const EXIT_STOCKADE: u8 = 125;
 
 #[derive(Parser)]
 #[command(name = "stockade", version, about = "Run untrusted code confined; trust its output only when verified")]
@@ -87,6 +97,21 @@ Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of mem
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]
     Run(Box<RunArgs>),
+    /// Run an agent over an OpenAI-compatible endpoint: every untrusted tool output is marked,
+    /// every tool call is decided by the policy before it runs, and code runs in a tier.
+    #[command(after_help = "Examples:
+  stockade agent --config examples/steward/agent.toml \\
+    \"Three deliveries reached the gate today. Read each one and deal with it.\"
+  stockade agent --base-url http://127.0.0.1:8080/v1 --model smollm2 --policy policy.toml 'What is 6*7? Use run_code.'
+  stockade agent --config agent.toml --api-key-env OPENAI_API_KEY --trace run.jsonl --json 'Summarise the scrolls.'
+
+On a terminal, a call the policy marks `ask` is shown (tool, canonical arguments, rule, reason)
+and runs only if you answer y; with no terminal it is denied.
+
+Exit codes: 0 answered; 3 no answer (turns, tool calls, tokens or time spent, or the same call
+denied again and again); 4 the endpoint failed (unreachable after retries, credentials refused,
+a bad response); 125 stockade failed (configuration, policy, setup).")]
+    Agent(Box<agent::AgentArgs>),
     /// Docker tier maintenance.
     #[command(subcommand)]
     Docker(DockerCommand),
@@ -182,34 +207,7 @@ struct RunArgs {
     command: Vec<String>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
-    };
-    if !(secs.is_finite() && secs > 0.0) {
-        return Err(format!("duration {s:?} must be positive"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return Err(format!("invalid size unit in {s:?} (use K, M or G)")),
-    };
-    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("size {s:?} out of range"))
-}
+use stockade_agent::config::{parse_duration, parse_size};
 
 /// Entry point for the binary.
 #[must_use]
@@ -217,6 +215,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(*args),
+        Command::Agent(args) => agent::run(*args),
         Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => docker_gc(all).map(|()| ExitCode::SUCCESS),
     };

@@ -7,7 +7,7 @@ fn stockade(args: &[&str]) -> Output {
 }
 
 /// (exit code, stdout, stderr).
-fn check(args: &[&str]) -> (i32, String, String) {
+pub(crate) fn check(args: &[&str]) -> (i32, String, String) {
     let o = stockade(args);
     (
         o.status.code().unwrap_or(-1),
@@ -29,7 +29,7 @@ fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool) -> bool {
     ok
 }
 
-fn ready() -> bool {
+pub(crate) fn ready() -> bool {
     tier_ready("process", |v| v["process_tier"].as_bool().unwrap())
 }
 

@@ -1,3 +1,4 @@
 //! Integration tests for the `stockade` binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
+mod agent;
 mod cli;

@@ -15,12 +15,11 @@ fn steward_registry() -> Registry {
         .with(ToolSpec::new("read_scroll").arg("name", ArgType::String, true).untrusted_output())
         .with(ToolSpec::new("read_ledger").arg("page", ArgType::Integer, true))
         .with(ToolSpec::new("send_raven").arg("to", ArgType::String, true).arg("text", ArgType::String, true))
-        .with(
-            ToolSpec::new("run_code")
-                .arg("language", ArgType::String, true)
-                .arg("code", ArgType::String, true)
-                .arg("stdin", ArgType::String, false),
-        )
+        .with(ToolSpec::new("run_code").arg("language", ArgType::String, true).arg("code", ArgType::String, true).arg(
+            "stdin",
+            ArgType::String,
+            false,
+        ))
 }
 
 /// Loads `doc` (a steward-registry policy) and renders the error, or "ok".

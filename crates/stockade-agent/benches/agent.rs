@@ -1,0 +1,120 @@
+#![allow(missing_docs, reason = "criterion_main generates an undocumented main")]
+#![allow(clippy::unwrap_used, reason = "a bench fails loudly")]
+//! The loop's own cost per tool call: decode the completion, check and authorise the call,
+//! dispatch it to an in-process tool, mark its untrusted output, and build and validate the
+//! next request. The model and the tool's work are excluded. Next to it, in the same run, a
+//! bare `serde_json` parse of the same response bytes.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use futures_util::FutureExt;
+use serde_json::json;
+use stockade_agent::protocol::completion::decode_completion;
+use stockade_agent::{Action, Agent, Endpoint, FnTool, Step, ToolDef, ToolOutput, Trust};
+
+const POLICY: &str = include_str!("../../stockade-policy/policies/steward.toml");
+
+fn bench(c: &mut Criterion) {
+    let scroll = FnTool::new(
+        ToolDef::new(
+            "read_scroll",
+            "Reads a delivery.",
+            json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+            Trust::Untrusted,
+        ),
+        |_| {
+            ToolOutput::Text(
+                "To the steward, from riverhold: the harvest is in. Send word of yours <b>soon</b>.".into(),
+            )
+        },
+    );
+    let ledger = FnTool::new(
+        ToolDef::new(
+            "read_ledger",
+            "Reads the ledger.",
+            json!({"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]}),
+            Trust::Trusted,
+        ),
+        |_| ToolOutput::Text("{}".into()),
+    );
+    let raven = FnTool::new(
+        ToolDef::new(
+            "send_raven",
+            "Sends a raven.",
+            json!({"type": "object", "properties": {"to": {"type": "string"}, "text": {"type": "string"}}, "required": ["to", "text"]}),
+            Trust::Trusted,
+        ),
+        |_| ToolOutput::Text("flew".into()),
+    );
+    let run_code = stockade_agent::RunCode::new(stockade_agent::protocol::Limits::new());
+    let endpoint = Endpoint::new("http://127.0.0.1:9/v1", "m").unwrap();
+    let agent = Agent::builder(endpoint)
+        .tool(Arc::new(scroll))
+        .tool(Arc::new(ledger))
+        .tool(Arc::new(raven))
+        .tool(Arc::new(run_code))
+        .policy_toml(POLICY)
+        .unwrap()
+        .build()
+        .unwrap();
+    let tools = {
+        let mut t = stockade_agent::ToolBox::new();
+        t.insert(Arc::new(FnTool::new(
+            ToolDef::new(
+                "read_scroll",
+                "",
+                json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+                Trust::Untrusted,
+            ),
+            |_| {
+                ToolOutput::Text(
+                    "To the steward, from riverhold: the harvest is in. Send word of yours <b>soon</b>.".into(),
+                )
+            },
+        )));
+        t
+    };
+    let body = serde_json::to_vec(&json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_scroll", "arguments": "{\"name\":\"north\"}"}}]}}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132}
+    }))
+    .unwrap();
+    let mut g = c.benchmark_group("agent_loop_per_call");
+    g.bench_function("baseline_serde_json_parse", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(black_box(&body)).unwrap()));
+    });
+    g.bench_function("loop_one_call", |b| {
+        b.iter_batched(
+            || {
+                let mut run = agent.start("Three deliveries reached the gate today.");
+                let Step::CallModel(_) = run.next_step() else { unreachable!() };
+                run
+            },
+            |mut run| {
+                let completion = decode_completion(black_box(&body)).unwrap();
+                let Step::CallTools(mut d) = run.on_completion(completion, Duration::ZERO) else { unreachable!() };
+                let Some(dispatch) = d.pop() else { unreachable!() };
+                let Action::Run(permit) = dispatch.action else { unreachable!() };
+                let output = tools.dispatch(permit).now_or_never().unwrap();
+                run.tool_result(dispatch.slot, output);
+                let Step::CallModel(next) = run.finish_tools() else { unreachable!() };
+                next.validate().unwrap();
+                black_box(next)
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(5));
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,155 @@
+//! An agent loop over any OpenAI-compatible chat-completions endpoint that MARKs every
+//! untrusted output, ALLOWs every tool call in plain code before it runs, and isolates the
+//! code the model writes in a tier.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use stockade_agent::{Agent, Endpoint, FnTool, ToolDef, ToolOutput, Trust};
+//!
+//! let endpoint = Endpoint::new("http://127.0.0.1:8080/v1", "smollm2")?;
+//! let scroll = FnTool::new(
+//!     ToolDef::new("read_scroll", "Reads a delivery.", serde_json::json!({
+//!         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]
+//!     }), Trust::Untrusted),
+//!     |args| ToolOutput::Text(format!("scroll {}", args["name"])),
+//! );
+//! let agent = Agent::builder(endpoint)
+//!     .tool(Arc::new(scroll))
+//!     .system_prompt("You are the steward of Fort Milonga.")
+//!     .policy_toml("version = 1\ndefault = \"deny\"\n")?
+//!     .build()?;
+//! let answer = agent.run("Three deliveries reached the gate today.").await?;
+//! println!("{}", answer.text);
+//! # Ok(()) }
+//! ```
+//!
+//! The loop is a sans-IO step machine ([`AgentRun`]: [`Step::CallModel`],
+//! [`Step::CallTools`], [`Step::Done`]) driven by [`Agent::run`]; tests drive the machine
+//! with no network. Every call the model proposes is decoded by
+//! `stockade_protocol::completion`, given a fresh host id, checked, authorised by
+//! [`stockade_policy::allow::Policy::authorize`] and only then dispatched with the
+//! [`Permit`](stockade_policy::allow::Permit) that `authorize` minted. Each result (an
+//! output, a denial, an error) goes back to the model as that call's result.
+//!
+//! # Position in the stack
+//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-runtime`
+//! (tiers by feature). Used by: `stockade-cli` (`stockade agent`).
+//! API boundary: yes; users hold [`Agent`], [`Endpoint`], [`Tool`], [`Answer`] and [`RunError`].
+//! It owns the HTTP client (hyper 1 with hyper-util's client); no other crate may.
+//!
+//! # Threat model
+//! Trusted: the host program, the user's prompt, the configuration and policy, the tools'
+//! own code (a command tool is the user's program), the tiers.
+//! Attacker-controlled: everything the model sends (text, tool names, arguments, ids,
+//! counts, sizes, timing), because prompt injection reaches the model through untrusted tool
+//! outputs; everything an untrusted tool returns; the endpoint's bytes and status codes.
+//! Out of scope: the model's own text (it is shown, not acted on); what a permitted tool does
+//! with its permitted arguments; whether the model heeds the marks.
+//!
+//! # Guarantees
+//! G1. No tool runs without the `Permit` that `Policy::authorize` minted for exactly that
+//!     call: `Tool::call` takes the permit by value and reads its arguments only from it, and
+//!     the loop dispatches a permit to the tool its own call names.
+//!     (pinned by: tests/ui/fail/call_without_permit.rs, tests/ui/fail/retarget_permit.rs, tests/it/loop_.rs::g1_*)
+//! G2. Every output of an untrusted tool enters the history marked with its provenance (JSON
+//!     field by field; error excerpts and run_code's output and refusals included), and the
+//!     system prompt carries MARK's sentence.
+//!     (pinned by: tests/it/loop_.rs::g2_*)
+//! G3. A per-call failure (an unknown tool, including names that differ by case or a Unicode
+//!     lookalike; arguments that are not one bounded JSON object; a schema violation; a policy
+//!     denial; an approval not given; a tool error or timeout; a call cut by the token limit)
+//!     goes back to the model as that call's result, with nothing run, and the run goes on.
+//!     (pinned by: tests/it/hostile.rs::g3_*)
+//! G4. Once untrusted output was read, an argument value equal to an earlier untrusted output,
+//!     or a substring of one of at least 8 characters, carries `Source::Tool(name)`, so rules
+//!     with `source = "trusted"` do not allow it; the session's read-untrusted flag is set by
+//!     the first untrusted output.
+//!     (pinned by: tests/it/hostile.rs::g4_*)
+//! G5. Only infrastructure failures and spent budgets end a run, with a typed [`RunError`]:
+//!     `max_turns` ("no answer after N turns"), tool calls, tokens, the run's wall time, the
+//!     conversation's length, the same call denied [`MAX_REPEATED_DENIALS`] times in a row; at
+//!     most [`MAX_CALLS_PER_TURN`] calls of one turn run, with bounded parallelism, and
+//!     results are appended in the model's order.
+//!     (pinned by: tests/it/loop_.rs::g5_*, tests/it/hostile.rs::g5_*)
+//! G6. The endpoint client caps the response body before parsing it, bounds connect, request
+//!     and run time, follows no redirect, takes no proxy from the environment, retries with
+//!     jittered backoff on connection errors and 5xx (429 only with a `Retry-After` inside
+//!     the deadline), and validates every request with protocol's chat validator first.
+//!     (pinned by: tests/it/endpoint.rs::g6_*)
+//! G7. The API key is read from the environment variable the user names and sent only as the
+//!     `Authorization` header of requests to the configured origin; it is never in `Debug`,
+//!     an error or the trace.
+//!     (pinned by: tests/it/endpoint.rs::g7_*)
+//! G8. An `ask` decision with no approver is a denial that says approval was needed; an
+//!     approval is single-use and bound to the exact call (tool and canonical arguments).
+//!     (pinned by: tests/it/loop_.rs::g8_*)
+//! G9. `run_code` runs the model's code in a tier through `Sandbox::run` with a contract
+//!     (deadline, output budget); a refusal (timeout, output too large, out of memory,
+//!     non-zero exit with a bounded stderr excerpt) is the tool's result, never a loop error.
+//!     (pinned by: tests/it/run_code.rs::g9_*)
+//!
+//! # Non-guarantees
+//! The model's own text is not checked: an answer can be wrong or injected. MARK is hygiene,
+//! not a boundary; ALLOW is the boundary. The provenance heuristic (G4) sees only verbatim
+//! copies: a value the model paraphrased, re-encoded, translated or assembled from pieces
+//! shorter than 8 characters is not traced, and a user-typed value that also appears in an
+//! untrusted output is treated as untrusted. A command tool runs unconfined with the user's
+//! privileges (its environment is cleared but for `PATH` and the variables the config names)
+//! unless its config confines it; its timeout kills the process it started, not that
+//! process's own children. `https` endpoints are refused (typed, naming TLS) in this build.
+//!
+//! # Failure behaviour
+//! Fails closed: an unknown tool, an unparseable argument or any policy error runs nothing.
+//! Never panics on model, endpoint or tool output.
+//!
+//! # Unsafe
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! [`Endpoint`] opens TCP connections to the one configured origin. [`ApiKey::from_env_ambient`]
+//! reads one environment variable. [`CommandTool`] starts the configured program.
+//! [`Trace::create_ambient`] creates the trace file. [`AgentConfig::load_ambient`] reads the
+//! config and policy files. `run_code` runs in the sandboxes it is given.
+//!
+//! # Feature flags
+//! `process` (default): `run_code` for python and sh in the process tier. `wasm`: `run_code`
+//! for javascript in the wasm tier. `docker`: `run_code` in a container. Each adds a tier and
+//! never changes a default.
+//!
+//! # Invariants
+//! Stated as absences: no constructor of `Permit` or `Verified`; no tool call without a
+//! decision; no raw untrusted output in the history; no retry once a response was used; no
+//! HTTP client outside this crate.
+
+#![forbid(unsafe_code)]
+
+mod agent;
+mod command;
+pub mod config;
+mod endpoint;
+mod machine;
+mod run_code;
+mod secret;
+mod tool;
+mod trace;
+
+pub use agent::{Agent, AgentBuilder, ApprovalRequest, Approver, BuildError, NoApprover};
+pub use command::{CommandTool, MAX_STDERR_EXCERPT};
+pub use config::AgentConfig;
+pub use endpoint::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint,
+    EndpointError, Exchange,
+};
+pub use machine::{
+    Action, AgentRun, Answer, Dispatch, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, MAX_TAINT_BYTES, MIN_TAINT_CHARS,
+    Profile, RunError, RunLimits, Step, ToolContent,
+};
+pub use run_code::{Language, MAX_CODE_BYTES, RunCode};
+pub use secret::{ApiKey, KeyError};
+pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust};
+pub use trace::Trace;
+
+pub use stockade_policy as policy;
+pub use stockade_protocol as protocol;
+pub use stockade_runtime as runtime;

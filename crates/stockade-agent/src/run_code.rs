@@ -1,0 +1,210 @@
+//! `run_code`: the model's code, run in a tier under a contract, its output marked untrusted.
+//!
+//! `javascript` runs in the wasm tier's QuickJS guest, `python` and `sh` in the process tier
+//! (`python3 -c CODE`, `sh -c CODE`), or all in a container when the tool is given a docker
+//! sandbox and an image. A verified run's stdout is the result; a refusal (timeout, output
+//! too large, out of memory, a non-zero exit with its stderr excerpt) is the result's error
+//! text. Both are the guest's bytes, so both are marked (the tool's trust is untrusted).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use stockade_policy::allow::Permit;
+use stockade_protocol::{Job, Limits};
+use stockade_runtime::Sandbox;
+use stockade_runtime::verify::{Budget, Contract, Outcome, accept_any};
+
+use crate::tool::{Tool, ToolDef, ToolOutput, Trust};
+
+/// Longest `code` the tool accepts: 64 KiB (the policy may ask for less).
+pub const MAX_CODE_BYTES: usize = 64 << 10;
+
+/// A language `run_code` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Language {
+    /// Python 3 (`python3 -c`).
+    Python,
+    /// JavaScript (QuickJS in the wasm tier).
+    Javascript,
+    /// POSIX shell (`sh -c`).
+    Sh,
+}
+
+impl Language {
+    /// `python`, `javascript` or `sh`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Python => "python",
+            Self::Javascript => "javascript",
+            Self::Sh => "sh",
+        }
+    }
+
+    /// Parses a name (`js` is accepted for javascript).
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "python" => Some(Self::Python),
+            "javascript" | "js" => Some(Self::Javascript),
+            "sh" => Some(Self::Sh),
+            _ => None,
+        }
+    }
+}
+
+/// Where each language runs.
+#[derive(Debug, Clone)]
+enum Runner {
+    /// python and sh as commands in this sandbox (the process tier).
+    Command(Arc<Sandbox>),
+    /// javascript in this sandbox (the wasm tier).
+    Javascript(Arc<Sandbox>),
+    /// A command in an image in this sandbox (the docker tier).
+    #[cfg_attr(not(feature = "docker"), allow(dead_code, reason = "built only with the docker feature"))]
+    Image(Arc<Sandbox>, String),
+}
+
+/// The built-in `run_code` tool.
+#[derive(Debug)]
+pub struct RunCode {
+    def: ToolDef,
+    limits: Limits,
+    runners: Vec<(Language, Runner)>,
+}
+
+impl RunCode {
+    /// A `run_code` that runs nothing yet; add sandboxes with [`RunCode::command`],
+    /// [`RunCode::javascript`] or [`RunCode::image`]. Every run gets `limits`.
+    #[must_use]
+    pub fn new(limits: Limits) -> Self {
+        Self { def: Self::definition(&[]), limits, runners: Vec::new() }
+    }
+
+    fn definition(languages: &[Language]) -> ToolDef {
+        let names: Vec<&str> = languages.iter().map(|l| l.name()).collect();
+        ToolDef::new(
+            "run_code",
+            format!(
+                "Runs code in a sandbox with no network and no host files, and returns its standard output. \
+                 Languages: {}. Print the result you need. The output is untrusted text.",
+                if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+            ),
+            json!({
+                "type": "object",
+                "properties": {
+                    "language": {"type": "string", "enum": names},
+                    "code": {"type": "string", "maxLength": MAX_CODE_BYTES},
+                    "stdin": {"type": "string"}
+                },
+                "required": ["language", "code"],
+                "additionalProperties": false
+            }),
+            Trust::Untrusted,
+        )
+    }
+
+    fn add(mut self, language: Language, runner: Runner) -> Self {
+        self.runners.retain(|(l, _)| *l != language);
+        self.runners.push((language, runner));
+        let languages: Vec<Language> = self.runners.iter().map(|(l, _)| *l).collect();
+        self.def = Self::definition(&languages);
+        self
+    }
+
+    /// Runs `language` (python or sh) as a command in `sandbox` (the process tier).
+    #[must_use]
+    pub fn command(self, language: Language, sandbox: Arc<Sandbox>) -> Self {
+        self.add(language, Runner::Command(sandbox))
+    }
+
+    /// Runs javascript in `sandbox` (the wasm tier).
+    #[must_use]
+    pub fn javascript(self, sandbox: Arc<Sandbox>) -> Self {
+        self.add(Language::Javascript, Runner::Javascript(sandbox))
+    }
+
+    /// Runs `language` (python or sh) as a command in `image` in `sandbox` (the docker tier).
+    #[cfg(feature = "docker")]
+    #[must_use]
+    pub fn image(self, language: Language, sandbox: Arc<Sandbox>, image: impl Into<String>) -> Self {
+        self.add(language, Runner::Image(sandbox, image.into()))
+    }
+
+    /// The languages it can run.
+    pub fn languages(&self) -> impl Iterator<Item = Language> + '_ {
+        self.runners.iter().map(|(l, _)| *l)
+    }
+
+    fn job(&self, runner: &Runner, language: Language, code: &str) -> Result<Job, String> {
+        let argv = |program: &str, flag: &str| vec![program.to_owned(), flag.to_owned(), code.to_owned()];
+        let command = match language {
+            Language::Python => argv("python3", "-c"),
+            Language::Sh => argv("sh", "-c"),
+            Language::Javascript => Vec::new(),
+        };
+        let job = match runner {
+            Runner::Command(_) => Job::command(command[0].clone(), command[1..].iter().cloned()),
+            Runner::Image(_, image) => Job::image(image.clone(), command),
+            Runner::Javascript(_) => return javascript_job(code),
+        };
+        job.map_err(|e| format!("the job could not be built: {e}"))
+    }
+}
+
+#[cfg(feature = "wasm")]
+fn javascript_job(code: &str) -> Result<Job, String> {
+    stockade_runtime::wasm::javascript_job(code.as_bytes().to_vec())
+        .map_err(|e| format!("the job could not be built: {e}"))
+}
+
+#[cfg(not(feature = "wasm"))]
+fn javascript_job(_code: &str) -> Result<Job, String> {
+    Err("this build has no wasm tier for javascript".into())
+}
+
+#[async_trait]
+impl Tool for RunCode {
+    fn def(&self) -> &ToolDef {
+        &self.def
+    }
+
+    async fn call(&self, permit: Permit) -> ToolOutput {
+        let args = permit.call().args_json();
+        let Some(language) = args.get("language").and_then(Value::as_str).and_then(Language::parse) else {
+            return ToolOutput::failed("language must be one of the listed languages");
+        };
+        let Some((_, runner)) = self.runners.iter().find(|(l, _)| *l == language) else {
+            return ToolOutput::failed(format!("{} is not available on this host", language.name()));
+        };
+        let code = args.get("code").and_then(Value::as_str).unwrap_or_default();
+        if code.len() > MAX_CODE_BYTES {
+            return ToolOutput::failed(format!("the code is longer than {MAX_CODE_BYTES} bytes"));
+        }
+        let mut job = match self.job(runner, language, code) {
+            Ok(job) => job.with_limits(self.limits),
+            Err(e) => return ToolOutput::failed(e),
+        };
+        if let Some(stdin) = args.get("stdin").and_then(Value::as_str) {
+            job = match job.with_stdin(stdin.as_bytes().to_vec()) {
+                Ok(j) => j,
+                Err(e) => return ToolOutput::failed(format!("stdin refused: {e}")),
+            };
+        }
+        let sandbox = match runner {
+            Runner::Command(s) | Runner::Javascript(s) | Runner::Image(s, _) => s,
+        };
+        let budget = Budget::new(self.limits.wall(), self.limits.stdout_bytes());
+        let contract = Contract::bytes(budget, accept_any);
+        match sandbox.run(&job, &contract).await {
+            Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
+            Ok(Outcome::Refused(refusal)) => ToolOutput::Failed {
+                reason: format!("the run was refused ({} tier)", sandbox.tier_name()),
+                output: Some(refusal.message()),
+            },
+            Err(e) => ToolOutput::failed(format!("the sandbox could not run the code: {e}")),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! agent.toml: checked at load, with the line and column in every error.
+
+use std::path::Path;
+use std::time::Duration;
+
+use stockade_agent::AgentConfig;
+
+fn load(text: &str) -> Result<AgentConfig, String> {
+    AgentConfig::parse(text, Path::new("/etc/stockade/agent.toml")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_shipped_steward_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/steward/agent.toml");
+    let c = AgentConfig::load_ambient(&path).unwrap();
+    assert_eq!(c.agent.max_turns, Some(12));
+    let names: Vec<&str> = c.commands.iter().map(|t| t.def.name()).collect();
+    assert_eq!(names, ["read_scroll", "read_ledger", "send_raven"]);
+    assert!(c.run_code.is_some());
+    assert!(c.policy_text_ambient().unwrap().unwrap().contains("ravens-to-allies"));
+}
+
+#[test]
+fn errors_name_line_and_column() {
+    let cases = [
+        ("[endpoint]\nbase_url = 3\n", "agent.toml:2:12: invalid type"),
+        ("[endpoint]\nmodle = \"x\"\n", "agent.toml:2:1: unknown field `modle`"),
+        ("[agent]\ndeadline = \"soon\"\n", "agent.toml:2:12: invalid duration \"soon\""),
+        ("[[tool]]\nname = \"t\"\n", "agent.toml:1:1: tool 1 (t): a command tool needs command"),
+        (
+            "[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"maybe\"\n",
+            "agent.toml:1:1: tool 1 (t): output must be",
+        ),
+        (
+            "\n[[tool]]\nbuiltin = \"run_code\"\nlanguages = [\"ruby\"]\n",
+            "agent.toml:2:1: tool 1 (run_code): unknown language \"ruby\"",
+        ),
+        (
+            "[[tool]]\nname = \"bad name\"\ncommand = [\"x\"]\noutput = \"trusted\"\n",
+            "tool 1 (bad name): the name must be",
+        ),
+        (
+            "[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"trusted\"\n[[tool]]\nname = \"t\"\ncommand = [\"y\"]\noutput = \"trusted\"\n",
+            "agent.toml:5:1: tool 2 (t): a tool of this name is defined twice",
+        ),
+        (
+            "[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"trusted\"\nparameters = { type = \"object\", properties = { a = { type = \"date\" } } }\n",
+            "unsupported type \"date\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = load(text).unwrap_err();
+        assert!(got.contains(want), "{text:?}: got {got:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn relative_paths_resolve_beside_the_config() {
+    let c = load("[agent]\npolicy = \"p.toml\"\ndeadline = \"90s\"\n[[tool]]\nname = \"t\"\ncommand = [\"./bin/t\", \"--flag\"]\noutput = \"trusted\"\n").unwrap();
+    assert_eq!(c.agent.policy.as_deref(), Some(Path::new("/etc/stockade/p.toml")));
+    assert_eq!(c.agent.deadline, Some(Duration::from_secs(90)));
+    assert_eq!(c.commands[0].argv, ["/etc/stockade/./bin/t", "--flag"]);
+}

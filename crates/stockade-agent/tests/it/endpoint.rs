@@ -1,0 +1,186 @@
+//! The endpoint client: G6 (caps, deadlines, retries, no redirects, validation) and G7 (the key).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stockade_agent::protocol::chat::{ChatMessage, ChatRequest, Role, Tool as ChatTool};
+use stockade_agent::{ApiKey, Endpoint, EndpointError, RunError, Trace};
+use stockade_test_support::{MockLlm, Reply};
+
+use crate::support::{World, agent, block_on, builder, policy};
+
+fn request() -> ChatRequest {
+    ChatRequest::new("m", vec![ChatMessage::text(Role::User, "hi")])
+}
+
+fn complete(endpoint: &Endpoint, within: Duration) -> Result<stockade_agent::Exchange, EndpointError> {
+    block_on(endpoint.complete(&request(), Instant::now() + within, None, 1))
+}
+
+#[test]
+fn g6_5xx_and_dropped_connections_are_retried_then_succeed() {
+    let mock = MockLlm::script(vec![
+        Reply::raw(500, b"boom".to_vec()),
+        Reply::hang_up(),
+        Reply::raw(503, vec![]),
+        Reply::text("hello"),
+    ])
+    .unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().retries(3);
+    let ex = complete(&endpoint, Duration::from_secs(30)).unwrap();
+    assert_eq!(ex.completion.text.as_deref(), Some("hello"));
+    assert_eq!(ex.attempts, 4);
+    assert_eq!(mock.received().len(), 4);
+}
+
+#[test]
+fn g6_retries_stop_at_their_budget() {
+    let mock = MockLlm::start(|_, _| Reply::raw(502, b"bad gateway".to_vec())).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().retries(2);
+    let err = complete(&endpoint, Duration::from_secs(30)).unwrap_err();
+    assert!(matches!(err, EndpointError::Server { status: 502, attempts: 3, .. }), "{err:?}");
+    assert_eq!(mock.received().len(), 3);
+    // A closed port: connection refused, retried, then typed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = Endpoint::new(&format!("http://127.0.0.1:{port}/v1"), "m").unwrap().retries(1);
+    let err = complete(&endpoint, Duration::from_secs(30)).unwrap_err();
+    assert!(matches!(err, EndpointError::Unreachable { attempts: 2, .. }), "{err:?}");
+}
+
+#[test]
+fn g6_429_is_retried_only_with_a_retry_after_inside_the_deadline() {
+    let mock = MockLlm::script(vec![Reply::raw(429, vec![]).header("retry-after", "1"), Reply::text("ok")]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap();
+    let t0 = Instant::now();
+    assert!(complete(&endpoint, Duration::from_secs(30)).is_ok());
+    assert!(t0.elapsed() >= Duration::from_secs(1));
+    for reply in [Reply::raw(429, vec![]), Reply::raw(429, vec![]).header("retry-after", "60")] {
+        let mock = MockLlm::script(vec![reply, Reply::text("ok")]).unwrap();
+        let endpoint = Endpoint::new(&mock.url(), "m").unwrap();
+        let err = complete(&endpoint, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, EndpointError::RateLimited { .. }), "{err:?}");
+        assert_eq!(mock.received().len(), 1);
+    }
+}
+
+#[test]
+fn g6_bodies_are_capped_before_parsing_and_redirects_are_not_followed() {
+    let mock = MockLlm::script(vec![Reply::raw(200, vec![b' '; 2 << 20])]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().max_response_bytes(1 << 20);
+    assert!(
+        matches!(complete(&endpoint, Duration::from_secs(10)), Err(EndpointError::TooLarge { max, .. }) if max == 1 << 20)
+    );
+    let mut body_lies = Reply::text("hello");
+    body_lies.claimed_len = Some(body_lies.body.len() + 100);
+    let mock = MockLlm::script(vec![body_lies]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().retries(0);
+    assert!(matches!(complete(&endpoint, Duration::from_secs(10)), Err(EndpointError::Unreachable { .. })));
+    let other = MockLlm::script(vec![Reply::text("elsewhere")]).unwrap();
+    let mock =
+        MockLlm::script(vec![Reply::raw(307, vec![]).header("location", &format!("{}/chat/completions", other.url()))])
+            .unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap();
+    let err = complete(&endpoint, Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, EndpointError::Rejected { status: 307, .. }), "{err:?}");
+    assert!(other.received().is_empty(), "the redirect was not followed");
+}
+
+#[test]
+fn g6_a_stalled_server_is_cut_at_the_request_timeout() {
+    let mock = MockLlm::start(|_, _| Reply::text("late").delayed(Duration::from_secs(10))).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().request_timeout(Duration::from_millis(300));
+    let t0 = Instant::now();
+    assert!(matches!(complete(&endpoint, Duration::from_secs(30)), Err(EndpointError::Timeout { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn g6_requests_are_validated_before_they_are_sent() {
+    let mock = MockLlm::script(vec![Reply::text("never")]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap();
+    let mut bad = request();
+    bad.tools = vec![ChatTool::function("t", "d", json!({"type": "object", "$ref": "https://example.invalid/s.json"}))];
+    let err = block_on(endpoint.complete(&bad, Instant::now() + Duration::from_secs(5), None, 1)).unwrap_err();
+    assert!(matches!(err, EndpointError::Invalid(_)), "{err:?}");
+    assert!(mock.received().is_empty());
+}
+
+#[test]
+fn g6_urls_that_reach_elsewhere_are_refused() {
+    for (url, what) in [
+        ("https://api.example.invalid/v1", "tls"),
+        ("http://user:pw@127.0.0.1:1/v1", "credentials"),
+        ("ftp://127.0.0.1/v1", "http://"),
+        ("http://127.0.0.1:1/v1?x=1", "query"),
+    ] {
+        let err = Endpoint::new(url, "m").unwrap_err();
+        assert!(err.to_string().contains(what), "{url}: {err}");
+    }
+    assert!(matches!(
+        Endpoint::new("https://x.invalid", "m"),
+        Err(EndpointError::Unsupported { mechanism: "tls", .. })
+    ));
+}
+
+#[test]
+fn g7_the_key_goes_only_into_the_authorization_header() {
+    const KEY: &str = "sk-test-0123456789abcdefSECRET";
+    let world = World::default();
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[("read_scroll", json!({"name": "north"}))]),
+        Reply::raw(401, format!("{{\"error\":\"bad key {KEY}\"}}").into_bytes()),
+    ])
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("stockade-agent-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace_path = dir.join("trace.jsonl");
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().with_key(ApiKey::new(KEY.into()).unwrap());
+    assert!(!format!("{endpoint:?}").contains(KEY));
+    let agent = stockade_agent::Agent::builder(endpoint);
+    let mut agent = agent.system_prompt("s");
+    for t in crate::support::steward_tools(&world) {
+        agent = agent.tool(t);
+    }
+    let agent =
+        agent.policy_toml(&policy()).unwrap().trace(Trace::create_ambient(&trace_path).unwrap()).build().unwrap();
+    assert!(!format!("{agent:?}").contains(KEY));
+    let err = block_on(agent.run("go")).unwrap_err();
+    assert!(matches!(err, RunError::Endpoint(EndpointError::Auth { status: 401, .. })), "{err:?}");
+    assert!(!err.to_string().contains(KEY) && !format!("{err:?}").contains(KEY));
+    let got = mock.received();
+    assert_eq!(got.len(), 2);
+    for r in &got {
+        assert_eq!(r.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+        assert!(!r.body.to_string().contains(KEY));
+        assert!(r.headers.iter().filter(|(k, _)| k != "authorization").all(|(_, v)| !v.contains(KEY)));
+    }
+    let trace = std::fs::read_to_string(&trace_path).unwrap();
+    assert!(trace.lines().count() >= 5, "{trace}");
+    assert!(!trace.contains(KEY), "the trace holds the key: the 401 body echoed it and was scrubbed");
+    assert!(trace.contains("[redacted]"));
+    for line in trace.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["event"].is_string() && v["t_ms"].is_u64(), "{line}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    // No key configured: no Authorization header at all.
+    let world = World::default();
+    let mock = MockLlm::script(vec![Reply::text("hi")]).unwrap();
+    block_on(agent_without_key(&mock.url(), &world)).unwrap();
+    assert_eq!(mock.received()[0].header("authorization"), None);
+    let _ = builder;
+}
+
+async fn agent_without_key(url: &str, world: &World) -> Result<stockade_agent::Answer, RunError> {
+    agent(url, world).run("hi").await
+}
+
+#[test]
+fn g7_a_key_is_read_from_the_named_variable_only() {
+    let err = ApiKey::from_env_ambient("STOCKADE_TEST_SURELY_UNSET_VARIABLE").unwrap_err();
+    assert!(err.to_string().contains("STOCKADE_TEST_SURELY_UNSET_VARIABLE"));
+    assert!(ApiKey::new(String::new()).is_none());
+    assert!(ApiKey::new("has space".into()).is_none());
+    assert!(ApiKey::new("line\nbreak".into()).is_none());
+    assert_eq!(format!("{:?}", ApiKey::new("sk-x".into()).unwrap()), "ApiKey([redacted])");
+}

@@ -1,0 +1,240 @@
+//! `stockade agent`: the steward's loop over any OpenAI-compatible endpoint, from a config
+//! file and flags (flags win).
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use async_trait::async_trait;
+use stockade_agent::config::RunCodeConfig;
+use stockade_agent::{
+    Agent, AgentConfig, ApiKey, ApprovalRequest, Approver, Endpoint, Language, NoApprover, RunCode, RunError, Trace,
+};
+use stockade_runtime::Sandbox;
+use stockade_runtime::protocol::Limits;
+
+use crate::{docker, process, wasm};
+
+/// Exit code when the run ended without an answer (budget spent, repeated denials, deadline).
+pub(crate) const EXIT_NO_ANSWER: u8 = 3;
+/// Exit code when the endpoint failed (unreachable after retries, auth, a bad response).
+pub(crate) const EXIT_ENDPOINT: u8 = 4;
+
+#[derive(clap::Args)]
+pub(crate) struct AgentArgs {
+    /// The agent's configuration (TOML): endpoint, system prompt, policy, budgets and tools.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The endpoint's base URL, e.g. http://127.0.0.1:8080/v1 (http only in this build).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// The model name.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// The environment variable holding the API key (sent only to the base URL's origin).
+    #[arg(long, value_name = "VAR")]
+    api_key_env: Option<String>,
+    /// The ALLOW policy (TOML); without one every tool call is denied.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Most model calls before "No answer after N turns".
+    #[arg(long, value_name = "N")]
+    max_turns: Option<u32>,
+    /// Write a JSONL trace of requests, responses, decisions, tool runs and usage.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// The task.
+    prompt: String,
+}
+
+/// Asks on the terminal, on stderr, for each `ask` decision: the exact call, y/N.
+#[derive(Debug)]
+struct TerminalApprover;
+
+#[async_trait]
+impl Approver for TerminalApprover {
+    async fn approve(&self, r: &ApprovalRequest) -> bool {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(
+            err,
+            "\nstockade: the policy asks before this call runs\n  tool:      {}\n  arguments: {}\n  rule:      {}\n  reason:    {}",
+            r.tool,
+            escape(&r.arguments),
+            r.rule,
+            escape(&r.reason)
+        );
+        let _ = write!(err, "Allow this one call? [y/N] ");
+        let _ = err.flush();
+        let mut line = String::new();
+        if std::io::stdin().read_line(&mut line).is_err() {
+            return false;
+        }
+        matches!(line.trim(), "y" | "Y" | "yes")
+    }
+}
+
+/// Model- and tool-written text, safe on a terminal: control characters escaped.
+fn escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| if c.is_control() && c != '\n' { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .collect()
+}
+
+pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
+    let config = match &args.config {
+        Some(path) => AgentConfig::load_ambient(path)?,
+        None => AgentConfig::parse("", Path::new("agent.toml"))?,
+    };
+    let base_url = args
+        .base_url
+        .clone()
+        .or_else(|| config.endpoint.base_url.clone())
+        .context("no endpoint: pass --base-url URL or set [endpoint] base_url in --config")?;
+    let model = args
+        .model
+        .clone()
+        .or_else(|| config.endpoint.model.clone())
+        .context("no model: pass --model NAME or set [endpoint] model")?;
+    let mut endpoint = Endpoint::new(&base_url, model)?;
+    if let Some(d) = config.endpoint.connect_timeout {
+        endpoint = endpoint.connect_timeout(d);
+    }
+    if let Some(d) = config.endpoint.request_timeout {
+        endpoint = endpoint.request_timeout(d);
+    }
+    if let Some(n) = config.endpoint.retries {
+        endpoint = endpoint.retries(n);
+    }
+    if let Some(n) = config.endpoint.max_response {
+        endpoint = endpoint.max_response_bytes(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    if let Some(var) = args.api_key_env.as_ref().or(config.endpoint.api_key_env.as_ref()) {
+        endpoint = endpoint.with_key(ApiKey::from_env_ambient(var)?);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut builder =
+        Agent::builder(endpoint).system_prompt(config.agent.system_prompt.clone()).profile(config.profile());
+    for c in &config.commands {
+        builder = builder.tool(Arc::new(c.tool_ambient()));
+    }
+    let run_code = match (&config.run_code, &args.config) {
+        (Some(rc), _) => Some(rc.clone()),
+        // No config file: offer run_code in every language this host has.
+        (None, None) => Some(RunCodeConfig::all()),
+        (None, Some(_)) => None,
+    };
+    if let Some(rc) = &run_code {
+        builder = builder.tool(Arc::new(rt.block_on(run_code_tool(rc))?));
+    }
+    let policy_text = match (&args.policy, config.policy_text_ambient()?) {
+        (Some(path), _) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading the policy {}", path.display()))?
+        }
+        (None, Some(text)) => text,
+        (None, None) => {
+            writeln!(std::io::stderr(), "stockade: no policy given (--policy FILE): every tool call will be denied")?;
+            "version = 1\ndefault = \"deny\"\n".to_owned()
+        }
+    };
+    let mut limits = config.limits();
+    if let Some(n) = args.max_turns {
+        limits = limits.max_turns(n);
+    }
+    builder = builder.policy_toml(&policy_text).context("loading the policy")?.limits(limits);
+    if let Some(d) = config.agent.deadline {
+        builder = builder.deadline(d);
+    }
+    if let Some(d) = config.agent.tool_timeout {
+        builder = builder.tool_timeout(d);
+    }
+    if let Some(n) = config.agent.parallel_tools {
+        builder = builder.parallel_tools(n);
+    }
+    let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+    builder = builder.approver(if interactive { Arc::new(TerminalApprover) } else { Arc::new(NoApprover) });
+    if let Some(path) = &args.trace {
+        builder = builder
+            .trace(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?);
+    }
+    let agent = builder.build()?;
+    let result = rt.block_on(agent.run(&args.prompt));
+    let mut out = std::io::stdout().lock();
+    let code = match &result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(RunError::Endpoint(_)) => ExitCode::from(EXIT_ENDPOINT),
+        Err(RunError::Internal(_)) => ExitCode::from(crate::EXIT_STOCKADE),
+        Err(_) => ExitCode::from(EXIT_NO_ANSWER),
+    };
+    if args.json {
+        let value = match &result {
+            Ok(a) => {
+                serde_json::json!({"answer": a.text, "turns": a.turns, "tool_calls": a.tool_calls, "tokens": a.tokens, "error": null})
+            }
+            Err(e) => serde_json::json!({"answer": null, "error": message(e)}),
+        };
+        writeln!(out, "{value}")?;
+    } else {
+        match &result {
+            Ok(a) => writeln!(out, "{}", escape(&a.text))?,
+            Err(e) => writeln!(std::io::stderr(), "stockade: {}", message(e))?,
+        }
+    }
+    Ok(code)
+}
+
+/// The error as the user reads it ("No answer after 12 turns").
+fn message(e: &RunError) -> String {
+    let text = e.to_string();
+    let mut chars = text.chars();
+    chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()
+}
+
+/// `run_code` with a sandbox per configured language; a language this host cannot run is
+/// left out (and said on stderr).
+async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
+    let limits = Limits::new()
+        .with_wall(rc.timeout)?
+        .with_cpu(rc.timeout)?
+        .with_memory(rc.memory)?
+        .with_stdout(rc.max_output)?;
+    let mut tool = RunCode::new(limits);
+    let wants = |l| rc.languages.contains(&l);
+    if rc.tier == "docker" {
+        let tier = docker::DockerTier::connect().await.map_err(|e| anyhow::anyhow!("run_code's docker tier: {e}"))?;
+        let sandbox = Arc::new(Sandbox::builder().tier(tier).build()?);
+        let image = rc.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned());
+        for l in [Language::Sh, Language::Python].into_iter().filter(|l| wants(*l)) {
+            tool = tool.image(l, sandbox.clone(), image.clone());
+        }
+        if wants(Language::Javascript) {
+            bail!("run_code: javascript runs in the wasm tier; use tier = \"process\" for it");
+        }
+        return Ok(tool);
+    }
+    if wants(Language::Python) || wants(Language::Sh) {
+        let helper = process::Helper::current_exe()
+            .context("locating the stockade binary for the sandbox helper")?
+            .prefer_fork();
+        let sandbox = Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper)).build()?);
+        for l in [Language::Python, Language::Sh].into_iter().filter(|l| wants(*l)) {
+            tool = tool.command(l, sandbox.clone());
+        }
+    }
+    if wants(Language::Javascript) {
+        match wasm::guests::javascript() {
+            Ok(_) => {
+                let sandbox = Arc::new(Sandbox::builder().tier(wasm::WasmTier::new()?).build()?);
+                tool = tool.javascript(sandbox);
+            }
+            Err(e) => {
+                writeln!(std::io::stderr(), "stockade: run_code will not offer javascript: {e}")?;
+            }
+        }
+    }
+    Ok(tool)
+}

@@ -1,0 +1,166 @@
+//! `stockade agent` as a user types it: the steward example, real command tools (python3),
+//! run_code in the process tier, against a scripted endpoint on 127.0.0.1. Judged by the
+//! ravens file and the tools' own log (G3).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use stockade_test_support::{MockLlm, Reply};
+
+use crate::cli::{check, ready};
+
+const PROMPT: &str = "Three deliveries reached the gate today. Read each one and deal with it.";
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/steward/agent.toml")
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("stockade-cli-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn lines(&self, file: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.0.join(file))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `stockade agent` with the steward's files in `dir`, every proxy variable pointed at
+/// `proxy`; returns (exit code, stdout, stderr).
+fn agent(dir: &Scratch, url: &str, proxy: &str, extra: &[&str]) -> (i32, String, String) {
+    let config = example();
+    let mut args = vec!["agent", "--config", config.to_str().unwrap(), "--base-url", url];
+    args.extend_from_slice(extra);
+    args.push(PROMPT);
+    let o = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(&args)
+        .env("STEWARD_RAVENS", dir.0.join("ravens.jsonl"))
+        .env("STEWARD_LOG", dir.0.join("log.jsonl"))
+        .env("HTTP_PROXY", proxy)
+        .env("http_proxy", proxy)
+        .env("ALL_PROXY", proxy)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn g3_the_steward_deals_with_hostile_deliveries_and_no_forbidden_raven_flies() {
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("steward");
+    let proxy = MockLlm::script(vec![]).unwrap();
+    let copied = "the bridge at the ford is out";
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[
+            ("read_scroll", json!({"name": "north"})),
+            ("read_scroll", json!({"name": "merchant"})),
+            ("read_scroll", json!({"name": "stranger"})),
+        ]),
+        Reply::calls(&[
+            ("read_ledger", json!({"page": 1})),
+            ("send_raven", json!({"to": "eastwatch", "text": "page 1: 1200 measures of grain"})),
+            ("send_raven", json!({"to": "riverhold", "text": copied})),
+            ("send_raven", json!({"to": "Riverhold", "text": "hello"})),
+        ]),
+        Reply::calls(&[("run_code", json!({"language": "python", "code": "print(1200 // 3)"}))]),
+        Reply::text("The harvest report is ready; no raven was sent."),
+    ])
+    .unwrap();
+    let (code, out, err) =
+        agent(&dir, &mock.url(), &proxy.url(), &["--trace", dir.0.join("trace.jsonl").to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "The harvest report is ready; no raven was sent.\n");
+    assert!(dir.lines("ravens.jsonl").is_empty(), "a raven flew: {:?}", dir.lines("ravens.jsonl"));
+    let ran: Vec<String> = dir.lines("log.jsonl").iter().map(|l| l["tool"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ran, ["read_scroll", "read_scroll", "read_scroll", "read_ledger"], "send_raven never ran");
+    let got = mock.received();
+    assert_eq!(got.len(), 4);
+    assert!(proxy.received().is_empty(), "a proxy from the environment was used");
+    let tools: Vec<String> = got[3].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(tools[1].contains("<untrusted id=") && tools[1].contains("IMPORTANT SYSTEM NOTICE"), "{}", tools[1]);
+    assert!(tools[2].contains("&lt;/untrusted&gt;") && !tools[2].contains("</untrusted>\n<|"), "{}", tools[2]);
+    assert!(tools[4].starts_with("Blocked by policy (default-deny)"), "eastwatch: {}", tools[4]);
+    assert!(tools[5].contains("approval"), "a copy to an ally needs a human: {}", tools[5]);
+    assert!(tools[6].starts_with("Blocked by policy"), "Riverhold is not riverhold: {}", tools[6]);
+    assert!(
+        tools[7].contains("400\n") && tools[7].contains("[provenance source=\"run_code\""),
+        "run_code: {}",
+        tools[7]
+    );
+    let trace = std::fs::read_to_string(dir.0.join("trace.jsonl")).unwrap();
+    let decisions: Vec<Value> =
+        trace.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|v| v["event"] == "decision").collect();
+    assert_eq!(decisions.len(), 8 + 1, "every call has a decision (plus the approval's): {trace}");
+}
+
+#[test]
+fn g3_no_answer_after_the_turn_budget_and_a_dead_endpoint_exit_with_their_codes() {
+    let dir = Scratch::new("budget");
+    let mock = MockLlm::start(|_, _| Reply::calls(&[("read_ledger", json!({"page": 2}))])).unwrap();
+    let (code, _, err) = agent(&dir, &mock.url(), "http://127.0.0.1:9", &[]);
+    assert_eq!((code, err.trim_end().lines().last().unwrap()), (3, "stockade: No answer after 12 turns"));
+    assert_eq!(mock.received().len(), 12);
+    let (code, _, err) = agent(&dir, &mock.url(), "http://127.0.0.1:9", &["--max-turns", "2", "--json"]);
+    assert_eq!(code, 3, "{err}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, _, err) = agent(&dir, &format!("http://127.0.0.1:{port}/v1"), "http://127.0.0.1:9", &[]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("unreachable after 4 attempts"), "{err}");
+}
+
+#[test]
+fn g3_configuration_errors_name_the_place_and_exit_125() {
+    let dir = Scratch::new("config");
+    let bad = dir.0.join("agent.toml");
+    std::fs::write(
+        &bad,
+        "[endpoint]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n[agent]\nmax_turns = \"twelve\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = check(&["agent", "--config", bad.to_str().unwrap(), "hi"]);
+    assert_eq!(code, 125);
+    assert!(err.contains("agent.toml:5:13"), "{err}");
+    let (code, _, err) = check(&["agent", "--base-url", "https://api.example.invalid/v1", "--model", "m", "hi"]);
+    assert_eq!(code, 125);
+    assert!(err.contains("tls"), "{err}");
+    let (code, _, err) = check(&[
+        "agent",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--api-key-env",
+        "STOCKADE_SURELY_UNSET",
+        "hi",
+    ]);
+    assert_eq!(code, 125);
+    assert!(err.contains("STOCKADE_SURELY_UNSET (named for the API key) is not set"), "{err}");
+}

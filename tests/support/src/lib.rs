@@ -1,0 +1,262 @@
+//! Test fixtures shared by the crates' tests: a deterministic OpenAI-compatible mock of
+//! `POST /v1/chat/completions`, listening on 127.0.0.1 only, that plays scripted replies and
+//! records every request it received (headers and body), so tests judge by what the server saw.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Largest request the mock reads: 16 MiB.
+const MAX_REQUEST: usize = 16 << 20;
+
+/// One scripted reply.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// Extra headers.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Wait this long before answering.
+    pub delay: Duration,
+    /// Close the connection instead of answering.
+    pub hang_up: bool,
+    /// Announce this content-length instead of the body's (to send a truncated body).
+    pub claimed_len: Option<usize>,
+}
+
+impl Reply {
+    /// 200 with this JSON body.
+    #[must_use]
+    pub fn json(v: &Value) -> Self {
+        Self::raw(200, v.to_string().into_bytes())
+    }
+
+    /// `status` with these bytes.
+    #[must_use]
+    pub fn raw(status: u16, body: Vec<u8>) -> Self {
+        Self { status, headers: Vec::new(), body, delay: Duration::ZERO, hang_up: false, claimed_len: None }
+    }
+
+    /// A completion whose message is `text` with no calls.
+    #[must_use]
+    pub fn text(text: &str) -> Self {
+        Self::json(&completion(json!({"role": "assistant", "content": text}), "stop"))
+    }
+
+    /// A completion calling `calls` (name, arguments as a JSON value or a raw string).
+    #[must_use]
+    pub fn calls(calls: &[(&str, Value)]) -> Self {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                let arguments = match args {
+                    Value::String(s) => Value::String(s.clone()),
+                    other => Value::String(other.to_string()),
+                };
+                json!({"id": format!("call_{i}"), "type": "function", "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        Self::json(&completion(json!({"role": "assistant", "content": null, "tool_calls": calls}), "tool_calls"))
+    }
+
+    /// Adds a header.
+    #[must_use]
+    pub fn header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.to_owned(), v.to_owned()));
+        self
+    }
+
+    /// Waits before answering.
+    #[must_use]
+    pub fn delayed(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+
+    /// Closes the connection without answering.
+    #[must_use]
+    pub fn hang_up() -> Self {
+        Self { hang_up: true, ..Self::raw(0, Vec::new()) }
+    }
+}
+
+/// A chat.completion body around one choice.
+#[must_use]
+pub fn completion(message: Value, finish_reason: &str) -> Value {
+    json!({
+        "id": "chatcmpl-mock", "object": "chat.completion", "created": 1, "model": "mock",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    })
+}
+
+/// A request the mock received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// `POST /v1/chat/completions`, as sent.
+    pub request_line: String,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body, parsed (Null if it was not JSON).
+    pub body: Value,
+}
+
+impl Received {
+    /// A header's value.
+    #[must_use]
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+type Responder = dyn Fn(usize, &Received) -> Reply + Send + Sync;
+
+/// The mock server. It stops when dropped.
+pub struct MockLlm {
+    addr: SocketAddr,
+    received: Arc<Mutex<Vec<Received>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MockLlm {
+    /// Plays `script` in order; after it, every request gets 500 "script exhausted".
+    pub fn script(script: Vec<Reply>) -> io::Result<Self> {
+        Self::start(move |n, _| script.get(n).cloned().unwrap_or_else(|| Reply::raw(500, b"script exhausted".to_vec())))
+    }
+
+    /// Answers request `n` (0-based) with `f(n, request)`.
+    pub fn start(f: impl Fn(usize, &Received) -> Reply + Send + Sync + 'static) -> io::Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let rec = received.clone();
+        let f: Arc<Responder> = Arc::new(f);
+        let thread = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async move {
+                let Ok(listener) = TcpListener::from_std(listener) else { return };
+                let serve = async {
+                    loop {
+                        let Ok((stream, _)) = listener.accept().await else { continue };
+                        let (rec, f) = (rec.clone(), f.clone());
+                        tokio::spawn(async move {
+                            let _ = serve_conn(stream, rec, f).await;
+                        });
+                    }
+                };
+                tokio::select! {
+                    () = serve => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Ok(Self { addr, received, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// The base URL (`http://127.0.0.1:PORT/v1`).
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request so far.
+    #[must_use]
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for MockLlm {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve_conn(mut stream: TcpStream, rec: Arc<Mutex<Vec<Received>>>, f: Arc<Responder>) -> io::Result<()> {
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = find(&buf, b"\r\n\r\n") {
+                break i;
+            }
+            if buf.len() > MAX_REQUEST {
+                return Ok(());
+            }
+            let mut chunk = [0u8; 8192];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default().to_owned();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let len: usize =
+            headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+        let body_start = head_end + 4;
+        while buf.len() < body_start + len.min(MAX_REQUEST) {
+            let mut chunk = [0u8; 65536];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body_end = body_start + len.min(MAX_REQUEST);
+        let body = serde_json::from_slice(&buf[body_start..body_end]).unwrap_or(Value::Null);
+        buf.drain(..body_end);
+        let received = Received { request_line, headers, body };
+        let n = {
+            let Ok(mut r) = rec.lock() else { return Ok(()) };
+            r.push(received.clone());
+            r.len() - 1
+        };
+        let reply = f(n, &received);
+        if !reply.delay.is_zero() {
+            tokio::time::sleep(reply.delay).await;
+        }
+        if reply.hang_up {
+            return Ok(());
+        }
+        let mut out = format!(
+            "HTTP/1.1 {} Mock\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            reply.status,
+            reply.claimed_len.unwrap_or(reply.body.len())
+        );
+        for (k, v) in &reply.headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        out.push_str("\r\n");
+        stream.write_all(out.as_bytes()).await?;
+        stream.write_all(&reply.body).await?;
+        stream.flush().await?;
+        if reply.claimed_len.is_some() {
+            return Ok(());
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
