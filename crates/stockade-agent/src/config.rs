@@ -8,6 +8,7 @@
 //! api_key_env = "OPENAI_API_KEY"   # optional: the variable holding the key
 //! request_timeout = "120s"         # also: connect_timeout, retries, max_response,
 //! tool_content = "empty"           # "empty" or "null": content of tool-call messages sent back
+//! tool_choice = "auto"             # optional: "auto", "required" or "none"
 //! temperature = 0.0                # optional, as is max_tokens
 //!
 //! [agent]
@@ -42,7 +43,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::command::CommandTool;
-use crate::machine::{Profile, RunLimits, ToolContent};
+use crate::machine::{Profile, RunLimits, ToolChoice, ToolContent};
 use crate::run_code::Language;
 use crate::tool::{ToolDef, Trust};
 
@@ -98,6 +99,9 @@ pub struct EndpointSection {
     /// `empty` or `null`.
     #[serde(default, deserialize_with = "de_tool_content")]
     pub tool_content: Option<ToolContent>,
+    /// `auto`, `required` or `none`.
+    #[serde(default, deserialize_with = "de_tool_choice")]
+    pub tool_choice: Option<ToolChoice>,
     /// Sampling temperature.
     pub temperature: Option<f64>,
     /// `max_tokens` per completion.
@@ -354,6 +358,7 @@ impl AgentConfig {
     pub fn profile(&self) -> Profile {
         Profile {
             tool_content: self.endpoint.tool_content.unwrap_or_default(),
+            tool_choice: self.endpoint.tool_choice.unwrap_or_default(),
             temperature: self.endpoint.temperature,
             max_tokens: self.endpoint.max_tokens,
         }
@@ -468,5 +473,16 @@ fn de_tool_content<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ToolContent
         "empty" => Ok(Some(ToolContent::Empty)),
         "null" => Ok(Some(ToolContent::Null)),
         other => Err(serde::de::Error::custom(format!("tool_content must be \"empty\" or \"null\", not {other:?}"))),
+    }
+}
+
+fn de_tool_choice<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ToolChoice>, D::Error> {
+    match String::deserialize(d)?.as_str() {
+        "auto" => Ok(Some(ToolChoice::Auto)),
+        "required" => Ok(Some(ToolChoice::Required)),
+        "none" => Ok(Some(ToolChoice::None)),
+        other => Err(serde::de::Error::custom(format!(
+            "tool_choice must be \"auto\", \"required\" or \"none\", not {other:?}"
+        ))),
     }
 }

@@ -96,11 +96,29 @@ pub enum ToolContent {
     Null,
 }
 
+/// The `tool_choice` to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ToolChoice {
+    /// Send none (the server's default; llama-cpp-python's `chatml-function-calling` then
+    /// never calls a tool).
+    #[default]
+    Unset,
+    /// `"auto"`: the model chooses.
+    Auto,
+    /// `"required"`: the model must call a tool.
+    Required,
+    /// `"none"`: the model may not call a tool.
+    None,
+}
+
 /// Per-server choices, explicit in the configuration, never guessed.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Profile {
     /// The `content` of an assistant message that only calls tools.
     pub tool_content: ToolContent,
+    /// The `tool_choice` sent with every request that offers tools.
+    pub tool_choice: ToolChoice,
     /// Sampling temperature to send, if any.
     pub temperature: Option<f64>,
     /// `max_tokens` to send, if any.
@@ -368,6 +386,13 @@ impl AgentRun {
         self.phase = Phase::AwaitModel;
         let mut request = ChatRequest::new(self.model.clone(), self.messages.clone());
         request.tools = self.tools.clone();
+        request.tool_choice = match self.profile.tool_choice {
+            _ if self.tools.is_empty() => None,
+            ToolChoice::Unset => None,
+            ToolChoice::Auto => Some(Value::from("auto")),
+            ToolChoice::Required => Some(Value::from("required")),
+            ToolChoice::None => Some(Value::from("none")),
+        };
         request.temperature = self.profile.temperature;
         request.max_tokens = self.profile.max_tokens;
         Step::CallModel(request)

@@ -96,7 +96,10 @@ impl RunCode {
                 "type": "object",
                 "properties": {
                     "language": {"type": "string", "enum": names},
-                    "code": {"type": "string", "maxLength": MAX_CODE_BYTES},
+                    // No `maxLength`: llama-cpp-python turns it into a grammar of that many
+                    // repetitions and its server dies of a stack overflow (seen with 65536).
+                    // The bound is enforced here and by the policy instead.
+                    "code": {"type": "string", "description": format!("at most {MAX_CODE_BYTES} bytes")},
                     "stdin": {"type": "string"}
                 },
                 "required": ["language", "code"],
