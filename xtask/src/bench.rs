@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -9,12 +9,13 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-/// (xtask group, package, bench target, criterion groups).
-const GROUPS: &[(&str, &str, &str, &[&str])] = &[
-    ("protocol", "stockade-protocol", "protocol", &["capture_1gib", "frames_1kib"]),
-    ("verify", "stockade-verify", "verify", &["verify_small_json"]),
-    ("policy", "stockade-policy", "authorize", &["authorize_100_rules"]),
-    ("wasm", "stockade-wasm", "wasm", &["wasm_in_process"]),
+/// (xtask group, package, bench target, features, criterion groups).
+const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
+    ("protocol", "stockade-protocol", "protocol", "", &["capture_1gib", "frames_1kib"]),
+    ("verify", "stockade-verify", "verify", "", &["verify_small_json"]),
+    ("policy", "stockade-policy", "authorize", "", &["authorize_100_rules"]),
+    ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
+    ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm"]),
 ];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
@@ -35,9 +36,9 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, all");
     }
-    for (group, package, bench, criterion_groups) in selected {
+    for (group, package, bench, features, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.
         for g in *criterion_groups {
             let dir = target.join("criterion").join(g);
@@ -45,7 +46,10 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
                 fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
             }
         }
-        crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench]))?;
+        if *group == "agent" {
+            crate::run(&mut crate::guests_command())?;
+        }
+        crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench, "--features", features]))?;
         let table = table(&target.join("criterion"), criterion_groups)?;
         println!("\n{table}");
         if write {

@@ -112,9 +112,62 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// A wasm `run_code` call end to end, in process: authorise, dispatch, run `console.log(6*7)`
+/// in the wasm tier, verify, next to the same job run straight through `Sandbox::run`.
+#[cfg(feature = "wasm")]
+fn run_code_wasm(c: &mut Criterion) {
+    use stockade_agent::policy::allow::{Context, Decision, Ledger, Policy, ToolCall};
+    use stockade_agent::runtime::Sandbox;
+    use stockade_agent::runtime::verify::{Budget, Contract, accept_any};
+    if let Err(e) = stockade_agent::runtime::wasm::guests::javascript() {
+        eprintln!("SKIPPED agent_run_code_wasm: {e}");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sandbox =
+        Arc::new(Sandbox::builder().tier(stockade_agent::runtime::wasm::WasmTier::new().unwrap()).build().unwrap());
+    let limits = stockade_agent::protocol::Limits::new();
+    let mut tools = stockade_agent::ToolBox::new();
+    tools.insert(Arc::new(stockade_agent::RunCode::new(limits).javascript(sandbox.clone())));
+    let policy = Policy::from_toml(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"c\"\ntool = \"run_code\"\neffect = \"allow\"\n",
+        &tools.registry().unwrap(),
+    )
+    .unwrap();
+    let call = ToolCall::from_json(
+        "run_code",
+        &json!({"language": "javascript", "code": "console.log(6*7)"}),
+        &stockade_agent::policy::allow::Source::User,
+    )
+    .unwrap();
+    let job = stockade_agent::runtime::wasm::javascript_job(b"console.log(6*7)".to_vec()).unwrap().with_limits(limits);
+    let contract = Contract::bytes(Budget::new(limits.wall(), limits.stdout_bytes()), accept_any);
+    // Warm the module cache and the engine.
+    let _warm = rt.block_on(sandbox.run(&job, &contract)).unwrap().into_result().unwrap();
+    let mut g = c.benchmark_group("agent_run_code_wasm");
+    g.bench_function("baseline_sandbox_run", |b| {
+        b.iter(|| black_box(rt.block_on(sandbox.run(&job, &contract)).unwrap().is_verified()));
+    });
+    g.bench_function("run_code_call", |b| {
+        let ledger = Ledger::new();
+        b.iter(|| {
+            let Decision::Allow(permit) = policy.authorize(&call, &Context::new(&ledger, Duration::ZERO)) else {
+                unreachable!()
+            };
+            black_box(rt.block_on(tools.dispatch(permit)))
+        });
+    });
+    g.finish();
+}
+
+#[cfg(not(feature = "wasm"))]
+fn run_code_wasm(_c: &mut Criterion) {
+    eprintln!("SKIPPED agent_run_code_wasm: build with --features wasm");
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(5));
-    targets = bench
+    targets = bench, run_code_wasm
 }
 criterion_main!(benches);
