@@ -82,9 +82,29 @@ pub struct AgentBuilder {
     approver: Arc<dyn Approver>,
     trace: Option<Trace>,
     profile: Profile,
+    stream: Option<Sink>,
+}
+
+/// Where streamed text goes as it arrives.
+pub type TextSink = dyn Fn(&str) + Send + Sync;
+
+#[derive(Clone)]
+struct Sink(Arc<TextSink>);
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
+    }
 }
 
 impl AgentBuilder {
+    /// Streams every answer, handing each piece of the model's text to `sink` as it arrives.
+    #[must_use]
+    pub fn stream(mut self, sink: Arc<TextSink>) -> Self {
+        self.stream = Some(Sink(sink));
+        self
+    }
+
     /// Adds a tool (its definition is offered to the model and registered with the policy).
     #[must_use]
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
@@ -186,6 +206,7 @@ impl AgentBuilder {
             approver: self.approver,
             trace: self.trace,
             profile: self.profile,
+            stream: self.stream,
         })
     }
 }
@@ -204,6 +225,7 @@ pub struct Agent {
     approver: Arc<dyn Approver>,
     trace: Option<Trace>,
     profile: Profile,
+    stream: Option<Sink>,
 }
 
 impl Agent {
@@ -222,6 +244,7 @@ impl Agent {
             approver: Arc::new(NoApprover),
             trace: None,
             profile: Profile::default(),
+            stream: None,
         }
     }
 
@@ -282,7 +305,15 @@ impl Agent {
             step = match step {
                 Step::Done(result) => return result,
                 Step::CallModel(request) => {
-                    let exchange = self.endpoint.complete(&request, deadline, self.trace.as_ref(), run.turns()).await?;
+                    let trace = self.trace.as_ref();
+                    let exchange = match &self.stream {
+                        Some(sink) => {
+                            self.endpoint
+                                .complete_streamed(&request, deadline, trace, run.turns(), sink.0.as_ref())
+                                .await?
+                        }
+                        None => self.endpoint.complete(&request, deadline, trace, run.turns()).await?,
+                    };
                     if let Some(t) = &self.trace
                         && !exchange.completion.quirks.is_empty()
                     {

@@ -16,8 +16,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
-use stockade_protocol::chat::{ChatError, ChatRequest};
-use stockade_protocol::completion::{Completion, CompletionError, cut, decode_completion};
+use stockade_protocol::chat::{ChatError, ChatRequest, StreamOptions};
+use stockade_protocol::completion::{
+    Completion, CompletionError, StreamAssembler, StreamError, cut, decode_completion,
+};
 
 use crate::secret::ApiKey;
 use crate::trace::Trace;
@@ -31,6 +33,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default per-request timeout: 120 s (a small local model on two cores takes seconds).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Default idle timeout of a streamed answer (no byte for this long ends it): 60 s, separate
+/// from the request's deadline.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Default number of retries after the first attempt: 3.
 pub const DEFAULT_RETRIES: u32 = 3;
@@ -119,6 +125,16 @@ pub enum EndpointError {
     /// The body is not a usable completion.
     #[error("the response is not a usable completion: {0}")]
     Decode(#[from] CompletionError),
+    /// A streamed answer is not a usable completion (never retried: it had begun).
+    #[error("the streamed response is not a usable completion: {0}")]
+    Stream(#[from] StreamError),
+    /// A streamed answer stopped arriving for longer than the idle timeout, or broke off.
+    #[error("the streamed response stalled or broke off: {reason}")]
+    #[non_exhaustive]
+    Broken {
+        /// What happened.
+        reason: String,
+    },
 }
 
 impl EndpointError {
@@ -153,6 +169,7 @@ pub struct Endpoint {
     request_timeout: Duration,
     max_response_bytes: usize,
     retries: u32,
+    stream_idle_timeout: Duration,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -222,6 +239,7 @@ impl Endpoint {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             retries: DEFAULT_RETRIES,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
         };
         endpoint.rebuild_client();
@@ -271,6 +289,13 @@ impl Endpoint {
         self
     }
 
+    /// How long a streamed answer may go without a byte.
+    #[must_use]
+    pub fn stream_idle_timeout(mut self, d: Duration) -> Self {
+        self.stream_idle_timeout = d;
+        self
+    }
+
     /// The model name.
     #[must_use]
     pub fn model(&self) -> &str {
@@ -296,6 +321,34 @@ impl Endpoint {
         trace: Option<&Trace>,
         turn: u32,
     ) -> Result<Exchange, EndpointError> {
+        self.exchange(request, deadline, trace, turn, None).await
+    }
+
+    /// Like [`Endpoint::complete`], but asks for a streamed answer and hands each piece of text
+    /// to `on_text` as it arrives. Retries happen only before the answer begins; the stream
+    /// ends with an error when no byte arrives for the idle timeout.
+    pub async fn complete_streamed(
+        &self,
+        request: &ChatRequest,
+        deadline: Instant,
+        trace: Option<&Trace>,
+        turn: u32,
+        on_text: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<Exchange, EndpointError> {
+        let mut request = request.clone();
+        request.stream = Some(true);
+        request.stream_options = Some(StreamOptions::with_usage());
+        self.exchange(&request, deadline, trace, turn, Some(on_text)).await
+    }
+
+    async fn exchange(
+        &self,
+        request: &ChatRequest,
+        deadline: Instant,
+        trace: Option<&Trace>,
+        turn: u32,
+        on_text: Option<&(dyn Fn(&str) + Send + Sync)>,
+    ) -> Result<Exchange, EndpointError> {
         request.validate()?;
         let body = Bytes::from(serde_json::to_vec(request).map_err(|e| EndpointError::Misconfigured(e.to_string()))?);
         let mut attempt = 0u32;
@@ -315,9 +368,30 @@ impl Endpoint {
                 );
             }
             let started = Instant::now();
-            let result = match tokio::time::timeout(allowed, self.once(body.clone())).await {
+            let result = match tokio::time::timeout(allowed, self.send(body.clone())).await {
                 Err(_) => Err(EndpointError::Timeout { after: allowed }),
                 Ok(r) => r,
+            };
+            let result = match (result, on_text) {
+                (Ok(response), Some(sink)) if response.status().is_success() => {
+                    // The answer has begun: from here on nothing is retried.
+                    let completion = self.read_stream(response.into_body(), deadline, sink).await;
+                    if let Some(t) = trace {
+                        t.event("response", json!({"turn": turn, "status": 200, "ms": started.elapsed().as_millis() as u64, "streamed": true,
+                                                   "error": completion.as_ref().err().map(ToString::to_string)}));
+                    }
+                    return completion.map(|completion| Exchange {
+                        completion,
+                        status: 200,
+                        attempts: attempt,
+                        bytes: 0,
+                    });
+                }
+                (Ok(response), _) => match tokio::time::timeout(allowed, self.collect(response)).await {
+                    Err(_) => Err(EndpointError::Timeout { after: allowed }),
+                    Ok(r) => r,
+                },
+                (Err(e), _) => Err(e),
             };
             let (status, headers, bytes) = match result {
                 Ok(ok) => ok,
@@ -365,8 +439,8 @@ impl Endpoint {
         }
     }
 
-    /// One attempt: send, then read at most the cap.
-    async fn once(&self, body: Bytes) -> Result<(StatusCode, HeaderMap, Bytes), EndpointError> {
+    /// Sends one attempt.
+    async fn send(&self, body: Bytes) -> Result<hyper::Response<hyper::body::Incoming>, EndpointError> {
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri(self.completions.clone())
@@ -376,11 +450,14 @@ impl Endpoint {
             builder = builder.header(AUTHORIZATION, value);
         }
         let request = builder.body(Full::new(body)).map_err(|e| EndpointError::Misconfigured(e.to_string()))?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| EndpointError::Unreachable { attempts: 1, last: describe(&e) })?;
+        self.client.request(request).await.map_err(|e| EndpointError::Unreachable { attempts: 1, last: describe(&e) })
+    }
+
+    /// Reads a whole body, at most the cap.
+    async fn collect(
+        &self,
+        response: hyper::Response<hyper::body::Incoming>,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), EndpointError> {
         let (parts, incoming) = response.into_parts();
         if let Some(len) =
             parts.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
@@ -396,6 +473,46 @@ impl Endpoint {
             }
         })?;
         Ok((parts.status, parts.headers, collected.to_bytes()))
+    }
+
+    /// Reads a streamed answer: each frame within the idle timeout (and the run's deadline),
+    /// at most the cap in all, assembled as it arrives.
+    async fn read_stream(
+        &self,
+        mut body: hyper::body::Incoming,
+        deadline: Instant,
+        on_text: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<Completion, EndpointError> {
+        let mut assembler = StreamAssembler::new();
+        let mut total = 0usize;
+        loop {
+            let until = (Instant::now() + self.stream_idle_timeout).min(deadline);
+            let frame = match tokio::time::timeout_at(until.into(), body.frame()).await {
+                Err(_) => {
+                    return Err(EndpointError::Broken {
+                        reason: format!(
+                            "no data for {:?}",
+                            self.stream_idle_timeout.min(deadline.saturating_duration_since(Instant::now()))
+                        ),
+                    });
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(EndpointError::Broken { reason: e.to_string() }),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            total = total.saturating_add(data.len());
+            if total > self.max_response_bytes {
+                return Err(EndpointError::TooLarge { max: self.max_response_bytes });
+            }
+            for piece in assembler.push(&data)? {
+                on_text(&piece);
+            }
+            if assembler.is_done() {
+                break;
+            }
+        }
+        Ok(assembler.finish()?)
     }
 
     async fn backoff(&self, attempt: u32, deadline: Instant) {

@@ -75,7 +75,9 @@
 //! G6. The endpoint client caps the response body before parsing it, bounds connect, request
 //!     and run time, follows no redirect, takes no proxy from the environment, retries with
 //!     jittered backoff on connection errors and 5xx (429 only with a `Retry-After` inside
-//!     the deadline), and validates every request with protocol's chat validator first.
+//!     the deadline), and validates every request with protocol's chat validator first; a
+//!     streamed answer is never retried once it began, and ends at an idle timeout separate
+//!     from the deadline.
 //!     (pinned by: tests/it/endpoint.rs::g6_*)
 //! G7. The API key is read from the environment variable the user names and sent only as the
 //!     `Authorization` header of requests to the configured origin; it is never in `Debug`,
@@ -134,12 +136,12 @@ mod secret;
 mod tool;
 mod trace;
 
-pub use agent::{Agent, AgentBuilder, ApprovalRequest, Approver, BuildError, NoApprover};
+pub use agent::{Agent, AgentBuilder, ApprovalRequest, Approver, BuildError, NoApprover, TextSink};
 pub use command::{CommandTool, MAX_STDERR_EXCERPT};
 pub use config::AgentConfig;
 pub use endpoint::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES, Endpoint,
-    EndpointError, Exchange,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES,
+    DEFAULT_STREAM_IDLE_TIMEOUT, Endpoint, EndpointError, Exchange,
 };
 pub use machine::{
     Action, AgentRun, Answer, Dispatch, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, MAX_TAINT_BYTES, MIN_TAINT_CHARS,

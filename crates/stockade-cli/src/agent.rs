@@ -46,8 +46,11 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Print the result as one JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stream")]
     json: bool,
+    /// Stream: print the model's text as it arrives (control characters escaped).
+    #[arg(long)]
+    stream: bool,
     /// The task.
     prompt: String,
 }
@@ -161,6 +164,13 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         builder = builder
             .trace(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?);
     }
+    if args.stream {
+        builder = builder.stream(Arc::new(|text: &str| {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(escape(text).as_bytes());
+            let _ = out.flush();
+        }));
+    }
     let agent = builder.build()?;
     let result = rt.block_on(agent.run(&args.prompt));
     let mut out = std::io::stdout().lock();
@@ -180,6 +190,8 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         writeln!(out, "{value}")?;
     } else {
         match &result {
+            // Streamed: the text is on the terminal already.
+            Ok(_) if args.stream => writeln!(out)?,
             Ok(a) => writeln!(out, "{}", escape(&a.text))?,
             Err(e) => writeln!(std::io::stderr(), "stockade: {}", message(e))?,
         }

@@ -104,6 +104,7 @@ Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of mem
     \"Three deliveries reached the gate today. Read each one and deal with it.\"
   stockade agent --base-url http://127.0.0.1:8080/v1 --model smollm2 --policy policy.toml 'What is 6*7? Use run_code.'
   stockade agent --config agent.toml --api-key-env OPENAI_API_KEY --trace run.jsonl --json 'Summarise the scrolls.'
+  stockade agent --config agent.toml --stream 'Tell me about the keep.'
 
 On a terminal, a call the policy marks `ask` is shown (tool, canonical arguments, rule, reason)
 and runs only if you answer y; with no terminal it is denied.

@@ -229,9 +229,13 @@ pub struct ChatRequest {
     /// Largest completion in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    /// Streaming; stockade never streams, so only `false` validates.
+    /// Server-sent events instead of one body (decoded by
+    /// [`completion::StreamAssembler`](crate::completion::StreamAssembler)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Streaming options (`include_usage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
     /// Sampling seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
@@ -249,8 +253,27 @@ impl ChatRequest {
             temperature: None,
             max_tokens: None,
             stream: None,
+            stream_options: None,
             seed: None,
         }
+    }
+}
+
+/// Options of a streamed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct StreamOptions {
+    /// Ask for a last chunk carrying the usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+impl StreamOptions {
+    /// `include_usage: true`.
+    #[must_use]
+    pub fn with_usage() -> Self {
+        Self { include_usage: true }
     }
 }
 
@@ -393,9 +416,6 @@ pub enum ChatError {
         /// The tool.
         tool: String,
     },
-    /// A request asks for streaming, which stockade does not speak.
-    #[error("streaming is not supported")]
-    Streaming,
 }
 
 fn too_many(what: &'static str, len: usize, max: usize) -> Result<(), ChatError> {
@@ -447,9 +467,6 @@ fn check_message(i: usize, m: &ChatMessage) -> Result<(), ChatError> {
 impl ChatRequest {
     /// Checks every rule in the module docs. Call it on any request before it is sent.
     pub fn validate(&self) -> Result<(), ChatError> {
-        if self.stream == Some(true) {
-            return Err(ChatError::Streaming);
-        }
         check_messages(&self.messages)?;
         too_many("tools", self.tools.len(), MAX_TOOLS)?;
         let mut seen = HashSet::new();

@@ -85,6 +85,8 @@ pub enum Quirk {
     ReasoningContent,
     /// The choice had no `finish_reason`.
     FinishReasonMissing,
+    /// A streamed tool-call delta had no `index`.
+    MissingDeltaIndex,
 }
 
 /// Token counts, as far as the server reported them.
@@ -514,5 +516,342 @@ impl Quirks {
         if !self.0.contains(&q) {
             self.0.push(q);
         }
+    }
+}
+
+/// Longest server-sent-events line: 1 MiB. A streamed chunk is a few hundred bytes; a longer
+/// line is refused before it is buffered whole.
+pub const MAX_SSE_LINE_BYTES: usize = 1 << 20;
+
+/// A streamed completion could not be assembled.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// A line is longer than [`MAX_SSE_LINE_BYTES`].
+    #[error("a streamed line is longer than {max} bytes", max = MAX_SSE_LINE_BYTES)]
+    LineTooLong,
+    /// The text and arguments together outgrew [`MAX_CHAT_BYTES`].
+    #[error("the streamed completion is larger than {max} bytes", max = MAX_CHAT_BYTES)]
+    TooLarge,
+    /// An event's data is not an acceptable chunk.
+    #[error("a streamed chunk is not acceptable: {0}")]
+    Json(#[from] JsonError),
+    /// The stream carried an `error` object.
+    #[error("the server reported an error mid-stream: {message}")]
+    #[non_exhaustive]
+    Server {
+        /// The server's message, cut to 512 bytes.
+        message: String,
+    },
+    /// The stream ended before `[DONE]` or a `finish_reason`.
+    #[error("the stream ended before the completion did")]
+    Incomplete,
+    /// Data arrived after `[DONE]`.
+    #[error("data arrived after [DONE]")]
+    AfterDone,
+}
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    choices: Option<Vec<WireDeltaChoice>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireDeltaChoice {
+    #[serde(default)]
+    delta: Option<WireDelta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireDeltaCall>>,
+    #[serde(default)]
+    function_call: Option<Value>,
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireDeltaCall {
+    #[serde(default)]
+    index: Option<usize>,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    function: Option<WireDeltaFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireDeltaFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    index: Option<usize>,
+    provider_id: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// Assembles a streamed completion (`text/event-stream` of `chat.completion.chunk`s) from
+/// bytes as they arrive, with no I/O of its own: [`StreamAssembler::push`] returns the text
+/// pieces to show, [`StreamAssembler::finish`] the [`Completion`], decoded with the same rules
+/// as [`decode_completion`].
+///
+/// Tool-call deltas are joined by their `index`; a delta without one continues the last call,
+/// unless it carries a new id (a missing index on a single call is tolerated; the quirk is
+/// recorded). A first index other than 0 is fine. Empty continuation ids are ignored. Lines
+/// are capped at [`MAX_SSE_LINE_BYTES`] and the whole completion at [`MAX_CHAT_BYTES`].
+#[derive(Debug, Default)]
+pub struct StreamAssembler {
+    line: Vec<u8>,
+    data: String,
+    text: Option<String>,
+    calls: Vec<PartialCall>,
+    dropped_calls: usize,
+    finish_reason: Option<String>,
+    usage: Option<TokenUsage>,
+    model: Option<String>,
+    quirks: Quirks,
+    bytes: usize,
+    done: bool,
+}
+
+impl fmt::Debug for Quirks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl StreamAssembler {
+    /// An empty assembler.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `[DONE]` was seen.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Feeds bytes; returns the text pieces that arrived (to print as they come).
+    pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<String>, StreamError> {
+        let mut shown = Vec::new();
+        while !bytes.is_empty() {
+            let (segment, rest, ended) = match bytes.iter().position(|&b| b == b'\n') {
+                Some(i) => (&bytes[..i], &bytes[i + 1..], true),
+                None => (bytes, &[][..], false),
+            };
+            if self.line.len() + segment.len() > MAX_SSE_LINE_BYTES {
+                return Err(StreamError::LineTooLong);
+            }
+            self.line.extend_from_slice(segment);
+            bytes = rest;
+            if ended {
+                let line = std::mem::take(&mut self.line);
+                self.line_done(&line, &mut shown)?;
+            }
+        }
+        Ok(shown)
+    }
+
+    fn line_done(&mut self, line: &[u8], shown: &mut Vec<String>) -> Result<(), StreamError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            return self.dispatch(shown);
+        }
+        let text = String::from_utf8_lossy(line);
+        if let Some(value) = text.strip_prefix("data:") {
+            if !self.data.is_empty() {
+                self.data.push('\n');
+            }
+            self.data.push_str(value.strip_prefix(' ').unwrap_or(value));
+            if self.data.len() > MAX_SSE_LINE_BYTES {
+                return Err(StreamError::LineTooLong);
+            }
+        }
+        // Comments (`:`) and the `event`, `id` and `retry` fields carry nothing we use.
+        Ok(())
+    }
+
+    fn dispatch(&mut self, shown: &mut Vec<String>) -> Result<(), StreamError> {
+        let data = std::mem::take(&mut self.data);
+        if data.trim().is_empty() {
+            return Ok(());
+        }
+        if self.done {
+            return Err(StreamError::AfterDone);
+        }
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let chunk: WireChunk = parse_untrusted(data.as_bytes(), JsonLimits::new(MAX_SSE_LINE_BYTES, MAX_JSON_DEPTH))?;
+        if let Some(err) = chunk.error.filter(|e| !e.is_null()) {
+            let message = err.get("message").and_then(Value::as_str).map_or_else(|| err.to_string(), str::to_owned);
+            return Err(StreamError::Server { message: cut(&message, 512) });
+        }
+        if chunk.model.is_some() {
+            self.model = chunk.model;
+        }
+        if let Some(u) = chunk.usage {
+            let (p, c) = (u.prompt_tokens.unwrap_or(0), u.completion_tokens.unwrap_or(0));
+            self.usage = Some(TokenUsage {
+                prompt_tokens: p,
+                completion_tokens: c,
+                total_tokens: u.total_tokens.unwrap_or(p.saturating_add(c)),
+            });
+        }
+        let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else { return Ok(()) };
+        if choice.finish_reason.is_some() {
+            self.finish_reason = choice.finish_reason;
+        }
+        let Some(delta) = choice.delta else { return Ok(()) };
+        if delta.function_call.is_some_and(|f| !f.is_null()) {
+            self.quirks.add(Quirk::LegacyFunctionCall);
+        }
+        if delta.reasoning_content.is_some_and(|r| !r.is_null()) {
+            self.quirks.add(Quirk::ReasoningContent);
+        }
+        if let Some(Value::String(piece)) = delta.content
+            && !piece.is_empty()
+        {
+            self.grow(piece.len())?;
+            self.text.get_or_insert_with(String::new).push_str(&piece);
+            shown.push(piece);
+        }
+        for d in delta.tool_calls.unwrap_or_default() {
+            self.apply(d)?;
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self, n: usize) -> Result<(), StreamError> {
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > MAX_CHAT_BYTES { Err(StreamError::TooLarge) } else { Ok(()) }
+    }
+
+    fn apply(&mut self, d: WireDeltaCall) -> Result<(), StreamError> {
+        let id = match d.id {
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PROVIDER_ID_BYTES => Some(s),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let pos = match d.index {
+            Some(i) => self.calls.iter().position(|c| c.index == Some(i)),
+            None => {
+                self.quirks.add(Quirk::MissingDeltaIndex);
+                match (&id, self.calls.last()) {
+                    (Some(id), Some(last)) if last.provider_id.as_ref().is_some_and(|l| l != id) => None,
+                    (_, Some(_)) => Some(self.calls.len() - 1),
+                    (_, None) => None,
+                }
+            }
+        };
+        let pos = match pos {
+            Some(p) => p,
+            None if self.calls.len() >= MAX_DECODED_CALLS => {
+                self.dropped_calls += 1;
+                return Ok(());
+            }
+            None => {
+                self.calls.push(PartialCall { index: d.index, ..PartialCall::default() });
+                self.calls.len() - 1
+            }
+        };
+        let (name, arguments) = match d.function {
+            Some(f) => (f.name, f.arguments),
+            None => (None, None),
+        };
+        let added = name.as_ref().map_or(0, String::len)
+            + match &arguments {
+                Some(Value::String(s)) => s.len(),
+                Some(other) => other.to_string().len(),
+                None => 0,
+            };
+        self.grow(added)?;
+        let call = &mut self.calls[pos];
+        if call.provider_id.is_none() {
+            call.provider_id = id;
+        }
+        if let Some(n) = name {
+            call.name.push_str(&n);
+        }
+        match arguments {
+            Some(Value::String(s)) => call.arguments.push_str(&s),
+            Some(Value::Null) | None => {}
+            Some(other) => {
+                self.quirks.add(Quirk::ArgumentsAsObject);
+                call.arguments.push_str(&other.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// The assembled completion. A stream that ended with neither `[DONE]` nor a
+    /// `finish_reason` is [`StreamError::Incomplete`].
+    pub fn finish(mut self) -> Result<Completion, StreamError> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            let mut ignored = Vec::new();
+            self.line_done(&line, &mut ignored)?;
+        }
+        let mut ignored = Vec::new();
+        self.dispatch(&mut ignored)?;
+        if !self.done && self.finish_reason.is_none() {
+            return Err(StreamError::Incomplete);
+        }
+        let mut quirks = self.quirks;
+        let mut seen: Vec<String> = Vec::new();
+        let calls: Vec<DecodedCall> = self
+            .calls
+            .into_iter()
+            .map(|c| {
+                match &c.provider_id {
+                    None => quirks.add(Quirk::MissingCallId),
+                    Some(id) if seen.contains(id) => quirks.add(Quirk::DuplicateCallId),
+                    Some(id) => seen.push(id.clone()),
+                }
+                DecodedCall {
+                    provider_id: c.provider_id,
+                    name: cut(&c.name, MAX_CALL_NAME_BYTES),
+                    arguments: parse_arguments(&c.arguments),
+                }
+            })
+            .collect();
+        match self.finish_reason.as_deref() {
+            None => quirks.add(Quirk::FinishReasonMissing),
+            Some(r) if !calls.is_empty() && r != "tool_calls" && r != "function_call" && r != "length" => {
+                quirks.add(Quirk::FinishReasonDisagrees);
+            }
+            Some(_) => {}
+        }
+        Ok(Completion {
+            text: self.text,
+            calls,
+            dropped_calls: self.dropped_calls,
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+            model: self.model,
+            quirks: quirks.0,
+        })
     }
 }

@@ -48,7 +48,10 @@
 //!     call alone, arguments that are not one JSON object within
 //!     [`completion::MAX_ARGUMENT_BYTES`] and [`completion::MAX_ARGUMENT_DEPTH`] or that repeat
 //!     a key; an empty `choices`, an `error` body or a truncated body is a typed error.
-//!     (pinned by: tests/it/completion.rs::g9_*)
+//!     Streamed completions assemble under the same rules (tool-call deltas by index, a
+//!     missing index tolerated on a single call), with every line capped before it is
+//!     buffered whole and a stream that ends early refused.
+//!     (pinned by: tests/it/completion.rs::g9_*, tests/it/completion.rs::stream::g9_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be

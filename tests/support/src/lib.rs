@@ -29,6 +29,8 @@ pub struct Reply {
     pub hang_up: bool,
     /// Announce this content-length instead of the body's (to send a truncated body).
     pub claimed_len: Option<usize>,
+    /// After the body, keep the connection open this long before closing it (a stall).
+    pub stall: Duration,
 }
 
 impl Reply {
@@ -41,7 +43,15 @@ impl Reply {
     /// `status` with these bytes.
     #[must_use]
     pub fn raw(status: u16, body: Vec<u8>) -> Self {
-        Self { status, headers: Vec::new(), body, delay: Duration::ZERO, hang_up: false, claimed_len: None }
+        Self {
+            status,
+            headers: Vec::new(),
+            body,
+            delay: Duration::ZERO,
+            hang_up: false,
+            claimed_len: None,
+            stall: Duration::ZERO,
+        }
     }
 
     /// A completion whose message is `text` with no calls.
@@ -65,6 +75,27 @@ impl Reply {
             })
             .collect();
         Self::json(&completion(json!({"role": "assistant", "content": null, "tool_calls": calls}), "tool_calls"))
+    }
+
+    /// A streamed answer: each chunk as one `data:` event, then `[DONE]` if `done`.
+    #[must_use]
+    pub fn sse(chunks: &[Value], done: bool) -> Self {
+        let mut body = String::new();
+        for c in chunks {
+            body.push_str(&format!("data: {c}\n\n"));
+        }
+        if done {
+            body.push_str("data: [DONE]\n\n");
+        }
+        Self::raw(200, body.into_bytes()).header("content-type", "text/event-stream")
+    }
+
+    /// Sends the body, then stalls for `d` with the connection open and more bytes promised.
+    #[must_use]
+    pub fn stalled(mut self, d: Duration) -> Self {
+        self.claimed_len = Some(self.body.len() + 1);
+        self.stall = d;
+        self
     }
 
     /// Adds a header.
@@ -240,10 +271,13 @@ async fn serve_conn(mut stream: TcpStream, rec: Arc<Mutex<Vec<Received>>>, f: Ar
             return Ok(());
         }
         let mut out = format!(
-            "HTTP/1.1 {} Mock\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            "HTTP/1.1 {} Mock\r\ncontent-length: {}\r\n",
             reply.status,
             reply.claimed_len.unwrap_or(reply.body.len())
         );
+        if !reply.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            out.push_str("content-type: application/json\r\n");
+        }
         for (k, v) in &reply.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -251,6 +285,9 @@ async fn serve_conn(mut stream: TcpStream, rec: Arc<Mutex<Vec<Received>>>, f: Ar
         stream.write_all(out.as_bytes()).await?;
         stream.write_all(&reply.body).await?;
         stream.flush().await?;
+        if !reply.stall.is_zero() {
+            tokio::time::sleep(reply.stall).await;
+        }
         if reply.claimed_len.is_some() {
             return Ok(());
         }

@@ -184,3 +184,64 @@ fn g7_a_key_is_read_from_the_named_variable_only() {
     assert!(ApiKey::new("line\nbreak".into()).is_none());
     assert_eq!(format!("{:?}", ApiKey::new("sk-x".into()).unwrap()), "ApiKey([redacted])");
 }
+
+fn chunk(delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+#[test]
+fn g6_a_streamed_answer_is_shown_as_it_arrives_and_assembled() {
+    use std::sync::{Arc, Mutex};
+    let world = World::default();
+    let mock = MockLlm::script(vec![
+        Reply::sse(
+            &[
+                chunk(json!({"role": "assistant", "content": "Reading "}), None),
+                chunk(json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "read_ledger", "arguments": "{\"pa"}}]}), None),
+                chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "ge\": 1}"}}]}), Some("tool_calls")),
+            ],
+            true,
+        ),
+        Reply::sse(&[chunk(json!({"content": "The ledger "}), None), chunk(json!({"content": "is read."}), Some("stop"))], true),
+    ])
+    .unwrap();
+    let shown = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = shown.clone();
+    let agent = builder(&mock.url(), &world)
+        .policy_toml(&policy())
+        .unwrap()
+        .stream(Arc::new(move |t: &str| sink.lock().unwrap().push(t.to_owned())))
+        .build()
+        .unwrap();
+    let answer = block_on(agent.run("go")).unwrap();
+    assert_eq!(answer.text, "The ledger is read.");
+    assert_eq!(*shown.lock().unwrap(), ["Reading ", "The ledger ", "is read."]);
+    assert_eq!(world.runs(), ["read_ledger"]);
+    let got = mock.received();
+    assert_eq!(got[0].body["stream"], json!(true));
+    assert_eq!(got[0].body["stream_options"], json!({"include_usage": true}));
+}
+
+#[test]
+fn g6_a_stalled_stream_ends_at_the_idle_timeout_and_is_not_retried() {
+    let mock = MockLlm::script(vec![
+        Reply::sse(&[chunk(json!({"content": "half"}), None)], false).stalled(Duration::from_secs(10)),
+        Reply::text("retried"),
+    ])
+    .unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().stream_idle_timeout(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let err =
+        block_on(endpoint.complete_streamed(&request(), Instant::now() + Duration::from_secs(30), None, 1, &|_| {}))
+            .unwrap_err();
+    assert!(matches!(err, EndpointError::Broken { .. }), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(mock.received().len(), 1, "a stream that had begun is never retried");
+    // A stream that ends without [DONE] or a finish_reason is refused.
+    let mock = MockLlm::script(vec![Reply::sse(&[chunk(json!({"content": "half"}), None)], false)]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap();
+    let err =
+        block_on(endpoint.complete_streamed(&request(), Instant::now() + Duration::from_secs(30), None, 1, &|_| {}))
+            .unwrap_err();
+    assert!(matches!(err, EndpointError::Stream(_)), "{err:?}");
+}

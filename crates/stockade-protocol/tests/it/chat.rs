@@ -106,12 +106,14 @@ fn g6_roles_and_their_fields_are_strict() {
         r#"{"model":"m","messages":[{"role":"user","content":"x","extra":1}]}"#,
         r#"{"model":"m","messages":[],"functions":[]}"#,
         r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"x"}]}]}"#,
-        r#"{"model":"m","messages":[],"stream":true}"#,
+        r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true,"x":1}}"#,
     ] {
         assert!(ChatRequest::parse(doc.as_bytes()).is_err(), "accepted {doc}");
     }
     let parts = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
     assert!(ChatRequest::parse(parts.as_bytes()).is_ok());
+    let streamed = r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#;
+    assert!(ChatRequest::parse(streamed.as_bytes()).is_ok());
 }
 
 #[test]

@@ -165,3 +165,159 @@ fn g9_lookalike_names_are_kept_verbatim_for_the_caller_to_refuse() {
     assert_eq!(c.calls[0].name, "send_r\u{430}ven");
     assert_ne!(c.calls[0].name, "send_raven");
 }
+
+mod stream {
+    use serde_json::{Value, json};
+    use stockade_protocol::completion::{ArgumentsError, MAX_SSE_LINE_BYTES, Quirk, StreamAssembler, StreamError};
+
+    fn sse(chunks: &[Value], done: bool) -> Vec<u8> {
+        let mut out = String::new();
+        for c in chunks {
+            out.push_str(&format!("data: {c}\n\n"));
+        }
+        if done {
+            out.push_str("data: [DONE]\n\n");
+        }
+        out.into_bytes()
+    }
+
+    fn delta(d: Value) -> Value {
+        json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": null}]})
+    }
+
+    fn finish(reason: &str) -> Value {
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    }
+
+    /// Feeds `bytes` in pieces of `step` bytes; returns the text shown and the completion.
+    fn feed(bytes: &[u8], step: usize) -> (String, Result<stockade_protocol::completion::Completion, StreamError>) {
+        let mut a = StreamAssembler::new();
+        let mut shown = String::new();
+        for piece in bytes.chunks(step) {
+            match a.push(piece) {
+                Ok(texts) => shown.extend(texts),
+                Err(e) => return (shown, Err(e)),
+            }
+        }
+        (shown, a.finish())
+    }
+
+    #[test]
+    fn g9_streamed_text_arrives_in_pieces_and_assembles() {
+        let body = sse(
+            &[
+                delta(json!({"role": "assistant", "content": "Hel"})),
+                delta(json!({"content": "lo"})),
+                finish("stop"),
+                json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            ],
+            true,
+        );
+        for step in [1, 7, body.len()] {
+            let (shown, c) = feed(&body, step);
+            let c = c.unwrap();
+            assert_eq!((shown.as_str(), c.text.as_deref()), ("Hello", Some("Hello")), "step {step}");
+            assert_eq!(c.usage.unwrap().total_tokens, 5);
+        }
+        let crlf = String::from_utf8(body).unwrap().replace('\n', "\r\n");
+        assert_eq!(feed(crlf.as_bytes(), 5).1.unwrap().text.as_deref(), Some("Hello"));
+    }
+
+    #[test]
+    fn g9_tool_call_deltas_join_by_index() {
+        let body = sse(
+            &[
+                delta(
+                    json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "read_scroll", "arguments": ""}}]}),
+                ),
+                delta(
+                    json!({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "read_ledger", "arguments": "{\"pa"}}]}),
+                ),
+                delta(json!({"tool_calls": [{"index": 0, "id": "", "function": {"arguments": "{\"name\":"}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"north\"}"}}]})),
+                delta(json!({"tool_calls": [{"index": 1, "function": {"arguments": "ge\": 2}"}}]})),
+                finish("tool_calls"),
+            ],
+            true,
+        );
+        let c = feed(&body, 3).1.unwrap();
+        let got: Vec<(String, Option<String>, String)> = c
+            .calls
+            .iter()
+            .map(|k| (k.name.clone(), k.provider_id.clone(), Value::Object(k.arguments.clone().unwrap()).to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("read_scroll".into(), Some("a".into()), r#"{"name":"north"}"#.into()),
+                ("read_ledger".into(), Some("b".into()), r#"{"page":2}"#.into())
+            ]
+        );
+    }
+
+    #[test]
+    fn g9_a_missing_index_and_a_first_index_other_than_zero_are_tolerated() {
+        let body = sse(
+            &[
+                delta(json!({"tool_calls": [{"id": "x", "function": {"name": "t", "arguments": "{\"a\""}}]})),
+                delta(json!({"tool_calls": [{"function": {"arguments": ":1}"}}]})),
+                delta(json!({"tool_calls": [{"id": "y", "function": {"name": "u", "arguments": "{}"}}]})),
+                finish("tool_calls"),
+            ],
+            true,
+        );
+        let c = feed(&body, 64).1.unwrap();
+        assert_eq!(c.calls.len(), 2);
+        assert_eq!(Value::Object(c.calls[0].arguments.clone().unwrap()), json!({"a": 1}));
+        assert!(c.quirks.contains(&Quirk::MissingDeltaIndex));
+        let body = sse(
+            &[
+                delta(json!({"tool_calls": [{"index": 3, "id": "z", "function": {"name": "t", "arguments": "{}"}}]})),
+                finish("tool_calls"),
+            ],
+            false,
+        );
+        let c = feed(&body, 64).1.unwrap();
+        assert_eq!((c.calls.len(), c.calls[0].name.as_str()), (1, "t"));
+    }
+
+    #[test]
+    fn g9_a_truncated_stream_or_truncated_arguments_are_refused() {
+        let body = sse(&[delta(json!({"content": "half"}))], false);
+        assert!(matches!(feed(&body, 64).1, Err(StreamError::Incomplete)));
+        let body = sse(
+            &[
+                delta(
+                    json!({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "t", "arguments": "{\"a\":"}}]}),
+                ),
+                finish("length"),
+            ],
+            true,
+        );
+        let c = feed(&body, 64).1.unwrap();
+        assert!(c.truncated());
+        assert!(matches!(c.calls[0].arguments, Err(ArgumentsError::Syntax { .. })));
+        let mut after = sse(&[finish("stop")], true);
+        after.extend_from_slice(b"data: {\"choices\":[]}\n\n");
+        assert!(matches!(feed(&after, 64).1, Err(StreamError::AfterDone)));
+        let err = sse(&[json!({"error": {"message": "overloaded"}})], false);
+        assert!(matches!(feed(&err, 64).1, Err(StreamError::Server { .. })));
+        assert!(matches!(feed(b"data: {not json\n\n", 64).1, Err(StreamError::Json(_))));
+    }
+
+    #[test]
+    fn g9_an_endless_line_is_refused_before_it_is_buffered_whole() {
+        let mut a = StreamAssembler::new();
+        let piece = vec![b'x'; 64 << 10];
+        let mut fed = 0;
+        let err = loop {
+            match a.push(&piece) {
+                Ok(_) => fed += piece.len(),
+                Err(e) => break e,
+            }
+            assert!(fed <= MAX_SSE_LINE_BYTES + piece.len());
+        };
+        assert!(matches!(err, StreamError::LineTooLong));
+        assert!(fed <= MAX_SSE_LINE_BYTES);
+    }
+}
