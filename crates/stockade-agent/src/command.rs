@@ -3,15 +3,21 @@
 //!
 //! The program runs as the user, unconfined (it is the user's own code, like an MCP server's
 //! tools), with an environment cleared down to `PATH` and the variables its configuration
-//! names. Its exit status 0 means success and stdout is the result; any other ending is a
+//! names; or, with [`CommandTool::confined`] (`confine = "process"` in `agent.toml`), inside a
+//! tier. Its exit status 0 means success and stdout is the result; any other ending is a
 //! failure whose stderr excerpt goes back to the model (marked, when the tool is untrusted).
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use stockade_policy::allow::Permit;
+use stockade_protocol::{Job, Limits};
+use stockade_runtime::Sandbox;
+use stockade_runtime::verify::{Budget, Contract, Outcome, accept_any};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::tool::{Tool, ToolDef, ToolOutput};
@@ -28,6 +34,7 @@ pub struct CommandTool {
     dir: Option<PathBuf>,
     timeout: Duration,
     max_output: usize,
+    confined: Option<Arc<Sandbox>>,
 }
 
 impl CommandTool {
@@ -35,7 +42,56 @@ impl CommandTool {
     /// cap and an environment of `PATH` alone.
     #[must_use]
     pub fn new(def: ToolDef, argv: Vec<String>) -> Self {
-        Self { def, argv, env: Vec::new(), dir: None, timeout: Duration::from_secs(10), max_output: 64 << 10 }
+        Self {
+            def,
+            argv,
+            env: Vec::new(),
+            dir: None,
+            timeout: Duration::from_secs(10),
+            max_output: 64 << 10,
+            confined: None,
+        }
+    }
+
+    /// Runs the program inside `sandbox` (a tier) instead of on the host: the arguments still
+    /// arrive on stdin, the timeout and output cap become the run's limits, the environment
+    /// holds only the named variables, and stdout counts only if the run is verified. The
+    /// program sees the tier's view (no host files beyond its grants, no network).
+    #[must_use]
+    pub fn confined(mut self, sandbox: Arc<Sandbox>) -> Self {
+        self.confined = Some(sandbox);
+        self
+    }
+
+    async fn run_confined(&self, sandbox: &Sandbox, input: Vec<u8>) -> ToolOutput {
+        let Some((program, args)) = self.argv.split_first() else {
+            return ToolOutput::failed("the tool has no command configured");
+        };
+        let max = u64::try_from(self.max_output).unwrap_or(u64::MAX);
+        let limits = match Limits::new().with_wall(self.timeout).and_then(|l| l.with_stdout(max)) {
+            Ok(l) => l,
+            Err(e) => return ToolOutput::failed(format!("the tool's limits are out of range: {e}")),
+        };
+        let job = Job::command(program.clone(), args.iter().cloned()).and_then(|j| j.with_stdin(input));
+        let mut job = match job {
+            Ok(j) => j.with_limits(limits),
+            Err(e) => return ToolOutput::failed(format!("the tool's job could not be built: {e}")),
+        };
+        for (k, v) in &self.env {
+            job = match job.with_env(k.clone(), v.clone()) {
+                Ok(j) => j,
+                Err(e) => return ToolOutput::failed(format!("the tool's environment was refused: {e}")),
+            };
+        }
+        let contract = Contract::bytes(Budget::new(self.timeout, max), accept_any);
+        match sandbox.run(&job, &contract).await {
+            Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
+            Ok(Outcome::Refused(r)) => ToolOutput::Failed {
+                reason: format!("the tool's confined run was refused ({} tier)", sandbox.tier_name()),
+                output: Some(r.message()),
+            },
+            Err(e) => ToolOutput::failed(format!("the tool's sandbox could not run it: {e}")),
+        }
     }
 
     /// Adds an environment variable.
@@ -150,6 +206,9 @@ impl Tool for CommandTool {
 
     async fn call(&self, permit: Permit) -> ToolOutput {
         let input = permit.call().args_json().to_string().into_bytes();
-        self.run(input).await
+        match &self.confined {
+            Some(sandbox) => self.run_confined(sandbox, input).await,
+            None => self.run(input).await,
+        }
     }
 }

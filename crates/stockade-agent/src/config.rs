@@ -26,6 +26,7 @@
 //! env = ["STEWARD_SCROLLS"]        # passed through from the agent's environment when set
 //! timeout = "10s"
 //! max_output = "64K"
+//! # confine = "process"            # optional: run it in the process tier, not on the host
 //!
 //! [[tool]]                         # the built-in run_code
 //! builtin = "run_code"
@@ -154,6 +155,7 @@ struct ToolSection {
     languages: Option<Vec<String>>,
     tier: Option<String>,
     image: Option<String>,
+    confine: Option<String>,
 }
 
 /// The built-in `run_code`'s configuration.
@@ -203,6 +205,8 @@ pub struct CommandConfig {
     pub timeout: Duration,
     /// The stdout cap.
     pub max_output: u64,
+    /// Run it in this tier (`process`) instead of on the host.
+    pub confine: Option<String>,
 }
 
 /// A loaded `agent.toml`.
@@ -318,6 +322,12 @@ impl AgentConfig {
                     };
                     let def = ToolDef::new(name.clone(), t.description.clone().unwrap_or_default(), parameters, trust);
                     def.spec().map_err(|e| err(at, place(&e.to_string())))?;
+                    if let Some(c) = t.confine.as_deref().filter(|c| *c != "process") {
+                        return Err(err(
+                            at,
+                            place(&format!("confine = {c:?}: the only tier for a command tool is \"process\"")),
+                        ));
+                    }
                     names.push(name);
                     commands.push(CommandConfig {
                         def,
@@ -325,6 +335,7 @@ impl AgentConfig {
                         env: t.env.clone(),
                         timeout: t.timeout.unwrap_or(Duration::from_secs(10)),
                         max_output: t.max_output.unwrap_or(64 << 10),
+                        confine: t.confine.clone(),
                     });
                 }
             }

@@ -343,6 +343,21 @@ impl AgentRun {
         &self.messages
     }
 
+    /// The run's state as JSON: the conversation, the counters and the session facts (the
+    /// pending permits, which cannot be serialized by design, are not part of it).
+    #[must_use]
+    pub fn snapshot(&self) -> Value {
+        json!({
+            "model": self.model,
+            "messages": self.messages,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tokens": self.tokens,
+            "read_untrusted": self.read_untrusted,
+            "phase": format!("{:?}", self.phase),
+        })
+    }
+
     /// Whether untrusted output has been read.
     #[must_use]
     pub fn has_read_untrusted(&self) -> bool {

@@ -123,7 +123,14 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     let mut builder =
         Agent::builder(endpoint).system_prompt(config.agent.system_prompt.clone()).profile(config.profile());
     for c in &config.commands {
-        builder = builder.tool(Arc::new(c.tool_ambient()));
+        let mut tool = c.tool_ambient();
+        if c.confine.as_deref() == Some("process") {
+            let helper = process::Helper::current_exe()
+                .context("locating the stockade binary for the sandbox helper")?
+                .prefer_fork();
+            tool = tool.confined(Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper)).build()?));
+        }
+        builder = builder.tool(Arc::new(tool));
     }
     let run_code = match (&config.run_code, &args.config) {
         (Some(rc), _) => Some(rc.clone()),

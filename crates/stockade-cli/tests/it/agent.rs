@@ -217,3 +217,43 @@ fn g3_real_model_steward_run_is_policed_end_to_end() {
         ravens.len()
     );
 }
+
+#[test]
+fn g3_a_confined_command_tool_runs_in_the_process_tier() {
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("confined");
+    std::fs::write(
+        dir.0.join("agent.toml"),
+        r#"[endpoint]
+model = "m"
+[agent]
+policy = "policy.toml"
+[[tool]]
+name = "probe"
+description = "Prints what it can see."
+command = ["/bin/sh", "-c", "read args; echo \"args=$args uid=$(id -u)\"; cat /etc/shadow >/dev/null 2>&1 && echo SHADOW-READ || echo shadow-denied; ls /root >/dev/null 2>&1 && echo ROOT-HOME || echo no-root-home"]
+output = "untrusted"
+confine = "process"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("policy.toml"),
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"p\"\ntool = \"probe\"\neffect = \"allow\"\n",
+    )
+    .unwrap();
+    let mock = MockLlm::script(vec![Reply::calls(&[("probe", json!({}))]), Reply::text("seen")]).unwrap();
+    let config = dir.0.join("agent.toml");
+    let (code, out, err) = check(&["agent", "--config", config.to_str().unwrap(), "--base-url", &mock.url(), "look"]);
+    assert_eq!((code, out.as_str()), (0, "seen\n"), "{err}");
+    let got = mock.received();
+    let result = got[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("args={} uid=65534"), "{result}");
+    assert!(result.contains("shadow-denied") && result.contains("no-root-home"), "{result}");
+    assert!(result.contains("<untrusted id="), "{result}");
+}
