@@ -387,7 +387,6 @@ impl Agent {
 }
 
 fn approval_request(call: &ToolCall, rule: &str, reason: &str) -> ApprovalRequest {
-    let canonical = call.canonical();
-    let arguments = canonical.split_once('\0').map(|(_, a)| a.to_owned()).unwrap_or_default();
+    let arguments = crate::machine::canonical_args(call);
     ApprovalRequest { tool: call.tool().to_owned(), arguments, rule: rule.to_owned(), reason: reason.to_owned() }
 }

@@ -763,7 +763,8 @@ impl AgentRun {
     }
 }
 
-fn canonical_args(call: &ToolCall) -> String {
+/// A call's canonical arguments (the part after the tool name): what a human approves.
+pub(crate) fn canonical_args(call: &ToolCall) -> String {
     call.canonical().split_once('\0').map(|(_, a)| a.to_owned()).unwrap_or_default()
 }
 

@@ -280,9 +280,8 @@ struct WireUsage {
 /// Decodes a completion body (at most [`MAX_CHAT_BYTES`], checked before parsing).
 pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
     let wire: WireCompletion = parse_untrusted(bytes, JsonLimits::new(MAX_CHAT_BYTES, MAX_JSON_DEPTH))?;
-    if let Some(err) = wire.error.filter(|e| !e.is_null()) {
-        let message = err.get("message").and_then(Value::as_str).map_or_else(|| err.to_string(), str::to_owned);
-        return Err(CompletionError::Server { message: cut(&message, 512) });
+    if let Some(message) = server_error(wire.error) {
+        return Err(CompletionError::Server { message });
     }
     let choice = wire.choices.and_then(|c| c.into_iter().next()).ok_or(CompletionError::NoChoices)?;
     let message = choice.message.ok_or(CompletionError::NoMessage)?;
@@ -323,16 +322,8 @@ pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
     let mut seen_ids: Vec<String> = Vec::new();
     let mut calls = Vec::with_capacity(wire_calls.len().min(MAX_DECODED_CALLS));
     for wc in wire_calls.into_iter().take(MAX_DECODED_CALLS) {
-        let provider_id = match wc.id {
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PROVIDER_ID_BYTES => Some(s),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        match &provider_id {
-            None => quirks.add(Quirk::MissingCallId),
-            Some(id) if seen_ids.contains(id) => quirks.add(Quirk::DuplicateCallId),
-            Some(id) => seen_ids.push(id.clone()),
-        }
+        let provider_id = provider_id(wc.id);
+        quirks.note_id(&provider_id, &mut seen_ids);
         let (name, raw) = match wc.function {
             Some(f) => (f.name.unwrap_or_default(), f.arguments),
             None => (String::new(), None),
@@ -343,22 +334,8 @@ pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
         };
         calls.push(DecodedCall { provider_id, name: cut(&name, MAX_CALL_NAME_BYTES), arguments });
     }
-    match choice.finish_reason.as_deref() {
-        None => quirks.add(Quirk::FinishReasonMissing),
-        Some(r) if !calls.is_empty() && r != "tool_calls" && r != "function_call" && r != "length" => {
-            quirks.add(Quirk::FinishReasonDisagrees);
-        }
-        Some(_) => {}
-    }
-    let usage = wire.usage.map(|u| {
-        let prompt_tokens = u.prompt_tokens.unwrap_or(0);
-        let completion_tokens = u.completion_tokens.unwrap_or(0);
-        TokenUsage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: u.total_tokens.unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
-        }
-    });
+    quirks.note_finish(choice.finish_reason.as_deref(), !calls.is_empty());
+    let usage = wire.usage.map(WireUsage::tokens);
     Ok(Completion {
         text,
         calls,
@@ -517,6 +494,54 @@ impl Quirks {
             self.0.push(q);
         }
     }
+
+    /// Records a missing or repeated call id.
+    fn note_id(&mut self, id: &Option<String>, seen: &mut Vec<String>) {
+        match id {
+            None => self.add(Quirk::MissingCallId),
+            Some(id) if seen.contains(id) => self.add(Quirk::DuplicateCallId),
+            Some(id) => seen.push(id.clone()),
+        }
+    }
+
+    /// Records a missing `finish_reason`, or one that disagrees with the calls present.
+    fn note_finish(&mut self, finish_reason: Option<&str>, has_calls: bool) {
+        match finish_reason {
+            None => self.add(Quirk::FinishReasonMissing),
+            Some(r) if has_calls && r != "tool_calls" && r != "function_call" && r != "length" => {
+                self.add(Quirk::FinishReasonDisagrees);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+impl WireUsage {
+    fn tokens(self) -> TokenUsage {
+        let prompt_tokens = self.prompt_tokens.unwrap_or(0);
+        let completion_tokens = self.completion_tokens.unwrap_or(0);
+        TokenUsage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: self.total_tokens.unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
+        }
+    }
+}
+
+/// A usable provider call id: a non-empty string of at most [`MAX_PROVIDER_ID_BYTES`], or a number.
+fn provider_id(id: Option<Value>) -> Option<String> {
+    match id {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PROVIDER_ID_BYTES => Some(s),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The message of an `error` object (cut to 512 bytes), if one is present.
+fn server_error(error: Option<Value>) -> Option<String> {
+    let err = error.filter(|e| !e.is_null())?;
+    let message = err.get("message").and_then(Value::as_str).map_or_else(|| err.to_string(), str::to_owned);
+    Some(cut(&message, 512))
 }
 
 /// Longest server-sent-events line: 1 MiB. A streamed chunk is a few hundred bytes; a longer
@@ -705,20 +730,14 @@ impl StreamAssembler {
             return Ok(());
         }
         let chunk: WireChunk = parse_untrusted(data.as_bytes(), JsonLimits::new(MAX_SSE_LINE_BYTES, MAX_JSON_DEPTH))?;
-        if let Some(err) = chunk.error.filter(|e| !e.is_null()) {
-            let message = err.get("message").and_then(Value::as_str).map_or_else(|| err.to_string(), str::to_owned);
-            return Err(StreamError::Server { message: cut(&message, 512) });
+        if let Some(message) = server_error(chunk.error) {
+            return Err(StreamError::Server { message });
         }
         if chunk.model.is_some() {
             self.model = chunk.model;
         }
         if let Some(u) = chunk.usage {
-            let (p, c) = (u.prompt_tokens.unwrap_or(0), u.completion_tokens.unwrap_or(0));
-            self.usage = Some(TokenUsage {
-                prompt_tokens: p,
-                completion_tokens: c,
-                total_tokens: u.total_tokens.unwrap_or(p.saturating_add(c)),
-            });
+            self.usage = Some(u.tokens());
         }
         let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else { return Ok(()) };
         if choice.finish_reason.is_some() {
@@ -750,11 +769,7 @@ impl StreamAssembler {
     }
 
     fn apply(&mut self, d: WireDeltaCall) -> Result<(), StreamError> {
-        let id = match d.id {
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PROVIDER_ID_BYTES => Some(s),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
+        let id = provider_id(d.id);
         let pos = match d.index {
             Some(i) => self.calls.iter().position(|c| c.index == Some(i)),
             None => {
@@ -825,11 +840,7 @@ impl StreamAssembler {
             .calls
             .into_iter()
             .map(|c| {
-                match &c.provider_id {
-                    None => quirks.add(Quirk::MissingCallId),
-                    Some(id) if seen.contains(id) => quirks.add(Quirk::DuplicateCallId),
-                    Some(id) => seen.push(id.clone()),
-                }
+                quirks.note_id(&c.provider_id, &mut seen);
                 DecodedCall {
                     provider_id: c.provider_id,
                     name: cut(&c.name, MAX_CALL_NAME_BYTES),
@@ -837,13 +848,7 @@ impl StreamAssembler {
                 }
             })
             .collect();
-        match self.finish_reason.as_deref() {
-            None => quirks.add(Quirk::FinishReasonMissing),
-            Some(r) if !calls.is_empty() && r != "tool_calls" && r != "function_call" && r != "length" => {
-                quirks.add(Quirk::FinishReasonDisagrees);
-            }
-            Some(_) => {}
-        }
+        quirks.note_finish(self.finish_reason.as_deref(), !calls.is_empty());
         Ok(Completion {
             text: self.text,
             calls,
