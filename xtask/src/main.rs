@@ -210,7 +210,7 @@ fn no_c() -> Result<()> {
     run(cargo(&args).env("CC", "false").env("CXX", "false"))
 }
 
-const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator", "policy_loader"];
+const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator", "policy_loader", "completion_decoder"];
 
 fn fuzz(args: &[String]) -> Result<()> {
     let mut smoke = false;

@@ -38,6 +38,8 @@ pub const MAX_CHAT_BYTES: usize = 8 << 20;
 pub enum Role {
     /// The host's instructions.
     System,
+    /// The host's instructions, as newer OpenAI models name them.
+    Developer,
     /// The user.
     User,
     /// The model.
@@ -213,7 +215,8 @@ impl Tool {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ChatRequest {
-    /// The model name.
+    /// The model name (llama.cpp's server accepts requests without one; absent is empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
     /// The conversation.
     pub messages: Vec<ChatMessage>,
@@ -239,6 +242,111 @@ pub struct ChatRequest {
     /// Sampling seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
+    /// Whether the model may call several tools in one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Largest completion in tokens (the newer name of `max_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    /// Nucleus sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Stop sequences: one string or at most [`MAX_STOP`] strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Completions to generate: 1 to [`MAX_CHOICES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// The answer's format: text, a JSON object, or JSON with a schema (local refs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Return log probabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// How many top log probabilities per token: 0 to 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// An end-user id (at most [`MAX_SHORT_TEXT`] bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// String pairs for the caller's bookkeeping (at most 16, keys 64 and values 512 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<std::collections::BTreeMap<String, String>>,
+    /// How hard a reasoning model thinks: `none`, `minimal`, `low`, `medium`, `high`, `xhigh`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Frequency penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// Presence penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    /// Fields accepted and dropped: they change only how the provider bills, stores, caches or
+    /// logs the request (`store`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
+    /// `verbosity`) or biases tokens (`logit_bias`), and a rebuilt request never carries them.
+    #[serde(default, skip_serializing)]
+    store: Option<Value>,
+    #[serde(default, skip_serializing)]
+    service_tier: Option<Value>,
+    #[serde(default, skip_serializing)]
+    prompt_cache_key: Option<Value>,
+    #[serde(default, skip_serializing)]
+    safety_identifier: Option<Value>,
+    #[serde(default, skip_serializing)]
+    verbosity: Option<Value>,
+    #[serde(default, skip_serializing)]
+    logit_bias: Option<Value>,
+}
+
+/// Most stop sequences: 4 (OpenAI's bound).
+pub const MAX_STOP: usize = 4;
+/// Most completions per request: 8.
+pub const MAX_CHOICES: u32 = 8;
+/// Longest short text field (a stop sequence, a user id, a schema name): 256 bytes.
+pub const MAX_SHORT_TEXT: usize = 256;
+
+/// Stop sequences.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One sequence.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// The format of the answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ResponseFormat {
+    /// Plain text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// A named JSON Schema for the answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct JsonSchemaFormat {
+    /// Its name, matching `^[a-zA-Z0-9_-]{1,64}$`.
+    pub name: String,
+    /// What it is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The schema; references must be local.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// Whether the server should enforce it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 impl ChatRequest {
@@ -255,6 +363,25 @@ impl ChatRequest {
             stream: None,
             stream_options: None,
             seed: None,
+            parallel_tool_calls: None,
+            max_completion_tokens: None,
+            top_p: None,
+            stop: None,
+            n: None,
+            response_format: None,
+            logprobs: None,
+            top_logprobs: None,
+            user: None,
+            metadata: None,
+            reasoning_effort: None,
+            frequency_penalty: None,
+            presence_penalty: None,
+            store: None,
+            service_tier: None,
+            prompt_cache_key: None,
+            safety_identifier: None,
+            verbosity: None,
+            logit_bias: None,
         }
     }
 }
@@ -409,6 +536,15 @@ pub enum ChatError {
         /// JSON pointer to the schema holding it.
         pointer: String,
     },
+    /// A field's value is out of its bounds or not one of its forms.
+    #[error("{field}: {reason}")]
+    #[non_exhaustive]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A tool schema nests deeper than [`MAX_SCHEMA_DEPTH`].
     #[error("tool {tool:?}: schema nests deeper than {max} levels", max = MAX_SCHEMA_DEPTH)]
     #[non_exhaustive]
@@ -423,6 +559,35 @@ fn too_many(what: &'static str, len: usize, max: usize) -> Result<(), ChatError>
         return Err(ChatError::TooMany { what, len, max });
     }
     Ok(())
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, a named function, or an allowed-tools list of
+/// functions.
+fn check_tool_choice(choice: &Value) -> Result<(), ChatError> {
+    let bad = |reason: &str| Err(ChatError::Field { field: "tool_choice", reason: reason.to_owned() });
+    let named = |v: &Value| {
+        v.get("type").and_then(Value::as_str) == Some("function")
+            && v.pointer("/function/name").and_then(Value::as_str).is_some_and(is_valid_tool_name)
+    };
+    match choice {
+        Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()) => Ok(()),
+        Value::Object(o) if named(choice) && o.len() == 2 => Ok(()),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("allowed_tools") => {
+            let at = o.get("allowed_tools");
+            let mode_ok =
+                at.and_then(|a| a.get("mode")).and_then(Value::as_str).is_some_and(|m| m == "auto" || m == "required");
+            let tools = at.and_then(|a| a.get("tools")).and_then(Value::as_array);
+            match tools {
+                Some(t) if mode_ok && t.len() <= MAX_TOOLS && t.iter().all(named) => Ok(()),
+                _ => bad("allowed_tools needs a mode (auto or required) and function tools by name"),
+            }
+        }
+        _ => bad("must be none, auto, required, a function by name, or allowed_tools of functions"),
+    }
+}
+
+fn cut_text(s: &str) -> String {
+    s.chars().take(32).collect()
 }
 
 /// True if `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
@@ -478,6 +643,59 @@ impl ChatRequest {
             }
             if let Some(schema) = &tool.function.parameters {
                 check_schema_refs(name, schema)?;
+            }
+        }
+        self.check_fields()
+    }
+
+    fn check_fields(&self) -> Result<(), ChatError> {
+        let bad = |field, reason: String| Err(ChatError::Field { field, reason });
+        if let Some(choice) = &self.tool_choice {
+            check_tool_choice(choice)?;
+        }
+        match &self.stop {
+            Some(Stop::Many(v)) if v.len() > MAX_STOP => return bad("stop", format!("at most {MAX_STOP} sequences")),
+            Some(Stop::One(s)) if s.len() > MAX_SHORT_TEXT => return bad("stop", "a sequence is too long".into()),
+            Some(Stop::Many(v)) if v.iter().any(|s| s.len() > MAX_SHORT_TEXT) => {
+                return bad("stop", "a sequence is too long".into());
+            }
+            _ => {}
+        }
+        if self.n.is_some_and(|n| !(1..=MAX_CHOICES).contains(&n)) {
+            return bad("n", format!("must be 1 to {MAX_CHOICES}"));
+        }
+        if self.top_logprobs.is_some_and(|n| n > 20) {
+            return bad("top_logprobs", "must be 0 to 20".into());
+        }
+        if self.user.as_ref().is_some_and(|u| u.len() > MAX_SHORT_TEXT) {
+            return bad("user", format!("at most {MAX_SHORT_TEXT} bytes"));
+        }
+        if let Some(m) = &self.metadata
+            && (m.len() > 16 || m.iter().any(|(k, v)| k.len() > 64 || v.len() > 512))
+        {
+            return bad("metadata", "at most 16 pairs, keys of 64 and values of 512 bytes".into());
+        }
+        if let Some(e) = &self.reasoning_effort
+            && !["none", "minimal", "low", "medium", "high", "xhigh"].contains(&e.as_str())
+        {
+            return bad("reasoning_effort", format!("unknown effort {:?}", cut_text(e)));
+        }
+        for (field, v) in [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if v.is_some_and(|v| !v.is_finite() || v.abs() > 2.0) {
+                return bad(field, "must be a number from -2 to 2".into());
+            }
+        }
+        if let Some(ResponseFormat::JsonSchema { json_schema }) = &self.response_format {
+            if !is_valid_tool_name(&json_schema.name) {
+                return bad("response_format", "the schema's name must match ^[a-zA-Z0-9_-]{1,64}$".into());
+            }
+            if let Some(schema) = &json_schema.schema {
+                check_schema_refs(&json_schema.name, schema)?;
             }
         }
         Ok(())

@@ -35,7 +35,13 @@
 //! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
 //!     [`chat::MAX_TOOL_CALLS`] calls per message and [`chat::MAX_TOOLS`] tools, unique tool
 //!     names matching `^[a-zA-Z0-9_-]{1,64}$`, 1..=128-character call ids, and only local
-//!     `#...` targets for `$ref`, `$id`, `$schema` and `$dynamicRef` in every schema position.
+//!     `#...` targets for `$ref`, `$id`, `$schema` and `$dynamicRef` in every schema position
+//!     (tools and `json_schema` answer formats). It accepts the Chat Completions surface real
+//!     clients send (the `developer` role, text parts, every `tool_choice` form, streaming,
+//!     sampling and answer-format fields, each bounded, and no `model` as llama.cpp's tests
+//!     send), drops the billing, storage and caching fields a rebuilt request never carries, and
+//!     refuses image, audio and file parts, audio output, provider-native and legacy function
+//!     tools.
 //!     (pinned by: tests/it/chat.rs::g6_*)
 //! G7. Encoding then decoding gives back the same value, for frames and every schema.
 //!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*)

@@ -102,7 +102,7 @@ fn g6_roles_and_their_fields_are_strict() {
     user_with_id.tool_call_id = Some("c".into());
     assert!(matches!(check(request(vec![user_with_id], vec![])), Err(ChatError::Misplaced { .. })));
     for doc in [
-        r#"{"model":"m","messages":[{"role":"developer","content":"x"}]}"#,
+        r#"{"model":"m","messages":[{"role":"root","content":"x"}]}"#,
         r#"{"model":"m","messages":[{"role":"user","content":"x","extra":1}]}"#,
         r#"{"model":"m","messages":[],"functions":[]}"#,
         r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"x"}]}]}"#,
@@ -178,4 +178,83 @@ fn g6_a_real_response_with_tool_calls_parses() {
     let mut bad = doc;
     bad["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = json!("../../etc");
     assert!(ChatResponse::parse(bad.to_string().as_bytes()).is_err());
+}
+
+fn request_fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/requests/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn g6_real_client_requests_are_accepted() {
+    for name in [
+        "openai_python_text_params.json",
+        "openai_reference_tools_named_choice.json",
+        "openai_reference_json_schema.json",
+        "llamacpp_server_no_model.json",
+        "vllm_tool_history.json",
+        "ollama_openai_compat.json",
+    ] {
+        let req = ChatRequest::parse(&request_fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The rebuilt request validates too, and carries none of the dropped fields.
+        let wire = serde_json::to_value(&req).unwrap();
+        for dropped in ["store", "service_tier", "logit_bias", "prompt_cache_key", "safety_identifier", "verbosity"] {
+            assert!(wire.get(dropped).is_none(), "{name}: {dropped} was sent on");
+        }
+        assert!(ChatRequest::parse(&serde_json::to_vec(&wire).unwrap()).is_ok(), "{name}: rebuilt");
+    }
+    let req = ChatRequest::parse(&request_fixture("llamacpp_server_no_model.json")).unwrap();
+    assert_eq!((req.model.as_str(), req.stream), ("", Some(true)));
+}
+
+#[test]
+fn g6_real_client_requests_that_reach_outside_are_refused() {
+    for (name, why) in [
+        ("openai_python_all_params.json", "unknown field"),
+        ("litellm_metadata_user.json", "unknown field `allowed_tools`"),
+        ("reject_image_url.json", "untagged enum Content"),
+        ("reject_native_tool.json", "web_search_preview"),
+        ("reject_remote_ref.json", "must be a local"),
+        ("reject_file_part.json", "untagged enum Content"),
+    ] {
+        let err = ChatRequest::parse(&request_fixture(name)).expect_err(name).to_string();
+        assert!(err.contains(why), "{name}: {err}");
+    }
+}
+
+#[test]
+fn g6_request_fields_are_bounded() {
+    let base = r#"{"model":"m","messages":[]"#;
+    for (extra, ok) in [
+        (r#","n":8"#, true),
+        (r#","n":9"#, false),
+        (r#","n":0"#, false),
+        (r#","stop":["a","b","c","d"]"#, true),
+        (r#","stop":["a","b","c","d","e"]"#, false),
+        (r#","top_logprobs":21"#, false),
+        (r#","temperature":2.5"#, false),
+        (r#","reasoning_effort":"maximal""#, false),
+        (r#","reasoning_effort":"minimal""#, true),
+        (r#","tool_choice":"sometimes""#, false),
+        (r#","tool_choice":{"type":"function","function":{"name":"bad name"}}"#, false),
+        (
+            r#","tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"function","function":{"name":"t"}}]}}"#,
+            true,
+        ),
+        (
+            r#","tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"mcp","server_label":"x"}]}}"#,
+            false,
+        ),
+        (r#","response_format":{"type":"json_object"}"#, true),
+        (r#","response_format":{"type":"json_schema","json_schema":{"name":"x y"}}"#, false),
+        (r#","metadata":{"a":"b"}"#, true),
+    ] {
+        let doc = format!("{base}{extra}}}");
+        assert_eq!(
+            ChatRequest::parse(doc.as_bytes()).is_ok(),
+            ok,
+            "{doc}: {:?}",
+            ChatRequest::parse(doc.as_bytes()).err()
+        );
+    }
 }
