@@ -200,7 +200,7 @@ pub enum RunError {
 #[must_use = "a step must be carried out"]
 pub enum Step {
     /// Send this request to the model.
-    CallModel(ChatRequest),
+    CallModel(Box<ChatRequest>),
     /// Resolve these calls (run permitted ones, ask about the rest), then call
     /// [`AgentRun::finish_tools`].
     CallTools(Vec<Dispatch>),
@@ -410,7 +410,7 @@ impl AgentRun {
         };
         request.temperature = self.profile.temperature;
         request.max_tokens = self.profile.max_tokens;
-        Step::CallModel(request)
+        Step::CallModel(Box::new(request))
     }
 
     /// Feeds the model's completion; `now` is the time since the run started (for the
