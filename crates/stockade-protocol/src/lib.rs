@@ -57,7 +57,7 @@
 //!     Streamed completions assemble under the same rules (tool-call deltas by index, a
 //!     missing index tolerated on a single call), with every line capped before it is
 //!     buffered whole and a stream that ends early refused.
-//!     (pinned by: tests/it/completion.rs::g9_*, tests/it/completion.rs::stream::g9_*)
+//!     (pinned by: tests/it/completion.rs::g9_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
