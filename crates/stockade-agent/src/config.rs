@@ -6,6 +6,7 @@
 //! base_url = "http://127.0.0.1:8080/v1"
 //! model = "smollm2"
 //! api_key_env = "OPENAI_API_KEY"   # optional: the variable holding the key
+//! ca_file = "ca.pem"               # optional: extra roots for an https endpoint
 //! request_timeout = "120s"         # also: connect_timeout, retries, max_response,
 //! tool_content = "empty"           # "empty" or "null": content of tool-call messages sent back
 //! tool_choice = "auto"             # optional: "auto", "required" or "none"
@@ -86,6 +87,8 @@ pub struct EndpointSection {
     pub model: Option<String>,
     /// The environment variable holding the API key.
     pub api_key_env: Option<String>,
+    /// Extra root certificates (PEM) for an https endpoint, relative to the config file.
+    pub ca_file: Option<PathBuf>,
     /// Connect timeout.
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub connect_timeout: Option<Duration>,
@@ -345,7 +348,9 @@ impl AgentConfig {
         }
         let mut agent = file.agent;
         agent.policy = agent.policy.map(|p| if p.is_relative() { base.join(p) } else { p });
-        Ok(Self { path: path.to_owned(), endpoint: file.endpoint, agent, commands, run_code })
+        let mut endpoint = file.endpoint;
+        endpoint.ca_file = endpoint.ca_file.map(|p| if p.is_relative() { base.join(p) } else { p });
+        Ok(Self { path: path.to_owned(), endpoint, agent, commands, run_code })
     }
 
     /// The budgets this config names (defaults for the rest).

@@ -41,6 +41,12 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default number of retries after the first attempt: 3.
 pub const DEFAULT_RETRIES: u32 = 3;
 
+/// The connector: TCP, and TLS over it with the `tls` feature.
+#[cfg(feature = "tls")]
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+#[cfg(not(feature = "tls"))]
+type Connector = HttpConnector;
+
 /// First backoff: 200 ms, doubling up to [`MAX_BACKOFF`], each with full jitter.
 const BACKOFF_BASE: Duration = Duration::from_millis(200);
 /// Largest backoff between attempts: 8 s.
@@ -170,7 +176,8 @@ pub struct Endpoint {
     max_response_bytes: usize,
     retries: u32,
     stream_idle_timeout: Duration,
-    client: Client<HttpConnector, Full<Bytes>>,
+    extra_roots: Vec<Vec<u8>>,
+    client: Client<Connector, Full<Bytes>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -192,23 +199,30 @@ impl Endpoint {
     /// the default timeouts ([`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_REQUEST_TIMEOUT`]), cap
     /// ([`DEFAULT_MAX_RESPONSE_BYTES`]) and retries ([`DEFAULT_RETRIES`]).
     ///
-    /// `https` is refused in this build ([`EndpointError::Unsupported`], naming TLS), as are
-    /// credentials, a query or a fragment in the URL.
+    /// `https` needs the `tls` feature (rustls with ring; the server's certificate is checked
+    /// against the OS trust store and any roots added with `Endpoint::with_root_pem`); without
+    /// it, it is [`EndpointError::Unsupported`], naming TLS. Credentials, a query or a fragment
+    /// in the URL are refused.
     pub fn new(base_url: &str, model: impl Into<String>) -> Result<Self, EndpointError> {
         let uri: Uri =
             base_url.parse().map_err(|e| EndpointError::Misconfigured(format!("base URL {base_url:?}: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
+        let scheme = match uri.scheme_str() {
+            Some("http") => "http",
+            Some("https") if cfg!(feature = "tls") => "https",
             Some("https") => {
                 return Err(EndpointError::Unsupported {
                     mechanism: "tls",
                     reason: format!(
-                        "{base_url} needs TLS, which this build of stockade does not include; use an http endpoint on loopback (a local server, or a TLS-terminating proxy you run)"
+                        "{base_url} needs TLS, which this build of stockade does not include (the `tls` feature); use an http endpoint on loopback"
                     ),
                 });
             }
-            _ => return Err(EndpointError::Misconfigured(format!("base URL {base_url:?} must start with http://"))),
-        }
+            _ => {
+                return Err(EndpointError::Misconfigured(format!(
+                    "base URL {base_url:?} must start with http:// or https://"
+                )));
+            }
+        };
         let authority = uri
             .authority()
             .ok_or_else(|| EndpointError::Misconfigured(format!("base URL {base_url:?} has no host")))?;
@@ -223,7 +237,7 @@ impl Endpoint {
             )));
         }
         let path = uri.path().trim_end_matches('/');
-        let completions: Uri = format!("http://{authority}{path}/chat/completions")
+        let completions: Uri = format!("{scheme}://{authority}{path}/chat/completions")
             .parse()
             .map_err(|e| EndpointError::Misconfigured(format!("base URL {base_url:?}: {e}")))?;
         let model = model.into();
@@ -240,17 +254,25 @@ impl Endpoint {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             retries: DEFAULT_RETRIES,
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
-            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            extra_roots: Vec::new(),
+            client: Client::builder(TokioExecutor::new()).build(connector(DEFAULT_CONNECT_TIMEOUT, &[])?),
         };
-        endpoint.rebuild_client();
+        endpoint.rebuild_client()?;
         Ok(endpoint)
     }
 
-    fn rebuild_client(&mut self) {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(self.connect_timeout));
-        connector.set_nodelay(true);
+    fn rebuild_client(&mut self) -> Result<(), EndpointError> {
+        let connector = connector(self.connect_timeout, &self.extra_roots)?;
         self.client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4).build(connector);
+        Ok(())
+    }
+
+    /// Also trusts the certificates in `pem` (a private CA, a self-hosted server) for https.
+    #[cfg(feature = "tls")]
+    pub fn with_root_pem(mut self, pem: &[u8]) -> Result<Self, EndpointError> {
+        self.extra_roots.push(pem.to_vec());
+        self.rebuild_client()?;
+        Ok(self)
     }
 
     /// Sends `key` as `Authorization: Bearer` to this endpoint (and nowhere else).
@@ -264,7 +286,10 @@ impl Endpoint {
     #[must_use]
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
-        self.rebuild_client();
+        // The roots were read once already; a rebuild with the same roots cannot fail anew.
+        if self.rebuild_client().is_err() {
+            self.connect_timeout = DEFAULT_CONNECT_TIMEOUT;
+        }
         self
     }
 
@@ -522,6 +547,47 @@ impl Endpoint {
         let wait = exp.mul_f64(frac);
         let until = (Instant::now() + wait).min(deadline);
         tokio::time::sleep_until(until.into()).await;
+    }
+}
+
+/// TCP with the connect timeout; with the `tls` feature, TLS for https (rustls, ring, the OS
+/// trust store plus `extra_roots`, HTTP/1.1 only; http stays plain).
+fn connector(connect_timeout: Duration, extra_roots: &[Vec<u8>]) -> Result<Connector, EndpointError> {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    #[cfg(feature = "tls")]
+    {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        http.enforce_http(false);
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            // A certificate the store cannot use is skipped, as the OS's own clients do.
+            let _ = roots.add(cert);
+        }
+        for pem in extra_roots {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| EndpointError::Misconfigured(format!("a root certificate: {e}")))?;
+                roots.add(cert).map_err(|e| EndpointError::Misconfigured(format!("a root certificate: {e}")))?;
+            }
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| EndpointError::Misconfigured(format!("tls: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http))
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = extra_roots;
+        Ok(http)
     }
 }
 

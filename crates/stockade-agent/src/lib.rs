@@ -80,8 +80,8 @@
 //!     from the deadline.
 //!     (pinned by: tests/it/endpoint.rs::g6_*)
 //! G7. The API key is read from the environment variable the user names and sent only as the
-//!     `Authorization` header of requests to the configured origin; it is never in `Debug`,
-//!     an error or the trace.
+//!     `Authorization` header of requests to the configured origin, over https only after the
+//!     server's certificate verified; it is never in `Debug`, an error or the trace.
 //!     (pinned by: tests/it/endpoint.rs::g7_*)
 //! G8. An `ask` decision with no approver is a denial that says approval was needed; an
 //!     approval is single-use and bound to the exact call (tool and canonical arguments).
@@ -99,7 +99,7 @@
 //! untrusted output is treated as untrusted. A command tool runs unconfined with the user's
 //! privileges (its environment is cleared but for `PATH` and the variables the config names)
 //! unless its config confines it; its timeout kills the process it started, not that
-//! process's own children. `https` endpoints are refused (typed, naming TLS) in this build.
+//! process's own children.
 //!
 //! # Failure behaviour
 //! Fails closed: an unknown tool, an unparseable argument or any policy error runs nothing.
@@ -115,9 +115,10 @@
 //! config and policy files. `run_code` runs in the sandboxes it is given.
 //!
 //! # Feature flags
-//! `process` (default): `run_code` for python and sh in the process tier. `wasm`: `run_code`
-//! for javascript in the wasm tier. `docker`: `run_code` in a container. Each adds a tier and
-//! never changes a default.
+//! `process` (default): `run_code` for python and sh in the process tier. `tls` (default):
+//! https endpoints (rustls with ring; the OS trust store plus `Endpoint::with_root_pem`).
+//! `wasm`: `run_code` for javascript in the wasm tier. `docker`: `run_code` in a container.
+//! Each adds a tier or a transport and never changes a default.
 //!
 //! # Invariants
 //! Stated as absences: no constructor of `Permit` or `Verified`; no tool call without a

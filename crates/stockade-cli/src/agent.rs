@@ -27,7 +27,7 @@ pub(crate) struct AgentArgs {
     /// The agent's configuration (TOML): endpoint, system prompt, policy, budgets and tools.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The endpoint's base URL, e.g. http://127.0.0.1:8080/v1 (http only in this build).
+    /// The endpoint's base URL, e.g. http://127.0.0.1:8080/v1 or https://api.openai.com/v1.
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
     /// The model name.
@@ -115,6 +115,10 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     }
     if let Some(n) = config.endpoint.max_response {
         endpoint = endpoint.max_response_bytes(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    if let Some(path) = &config.endpoint.ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("reading the ca_file {}", path.display()))?;
+        endpoint = endpoint.with_root_pem(&pem)?;
     }
     if let Some(var) = args.api_key_env.as_ref().or(config.endpoint.api_key_env.as_ref()) {
         endpoint = endpoint.with_key(ApiKey::from_env_ambient(var)?);

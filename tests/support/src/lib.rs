@@ -8,8 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The throwaway CA the test server's certificate is signed by (see `fixtures/README.md`).
+pub const TEST_CA_PEM: &[u8] = include_bytes!("../fixtures/test-ca.pem");
+/// The test server's certificate, for 127.0.0.1 and localhost.
+pub const TEST_CERT_PEM: &[u8] = include_bytes!("../fixtures/test-cert.pem");
+/// Its private key (public on purpose: only tests trust the certificate).
+pub const TEST_KEY_PEM: &[u8] = include_bytes!("../fixtures/test-key.pem");
 
 /// Largest request the mock reads: 16 MiB.
 const MAX_REQUEST: usize = 16 << 20;
@@ -153,6 +160,7 @@ type Responder = dyn Fn(usize, &Received) -> Reply + Send + Sync;
 /// The mock server. It stops when dropped.
 pub struct MockLlm {
     addr: SocketAddr,
+    tls: bool,
     received: Arc<Mutex<Vec<Received>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -166,6 +174,23 @@ impl MockLlm {
 
     /// Answers request `n` (0-based) with `f(n, request)`.
     pub fn start(f: impl Fn(usize, &Received) -> Reply + Send + Sync + 'static) -> io::Result<Self> {
+        Self::serve(f, None)
+    }
+
+    /// Plays `script` over TLS with [`TEST_CERT_PEM`], signed by [`TEST_CA_PEM`] (the URL is `https://127.0.0.1:PORT/v1`).
+    pub fn script_tls(script: Vec<Reply>) -> io::Result<Self> {
+        let config = tls_config()?;
+        Self::serve(
+            move |n, _| script.get(n).cloned().unwrap_or_else(|| Reply::raw(500, b"script exhausted".to_vec())),
+            Some(config),
+        )
+    }
+
+    fn serve(
+        f: impl Fn(usize, &Received) -> Reply + Send + Sync + 'static,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> io::Result<Self> {
+        let is_tls = tls.is_some();
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -180,9 +205,19 @@ impl MockLlm {
                 let serve = async {
                     loop {
                         let Ok((stream, _)) = listener.accept().await else { continue };
-                        let (rec, f) = (rec.clone(), f.clone());
+                        let (rec, f, tls) = (rec.clone(), f.clone(), tls.clone());
                         tokio::spawn(async move {
-                            let _ = serve_conn(stream, rec, f).await;
+                            match tls {
+                                None => {
+                                    let _ = serve_conn(stream, rec, f).await;
+                                }
+                                Some(config) => {
+                                    // A client that rejects the certificate ends here, before any request.
+                                    if let Ok(tls) = tokio_rustls::TlsAcceptor::from(config).accept(stream).await {
+                                        let _ = serve_conn(tls, rec, f).await;
+                                    }
+                                }
+                            }
                         });
                     }
                 };
@@ -192,13 +227,13 @@ impl MockLlm {
                 }
             });
         });
-        Ok(Self { addr, received, stop: Some(stop), thread: Some(thread) })
+        Ok(Self { addr, tls: is_tls, received, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The base URL (`http://127.0.0.1:PORT/v1`).
     #[must_use]
     pub fn url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("{}://{}/v1", if self.tls { "https" } else { "http" }, self.addr)
     }
 
     /// Every request so far.
@@ -219,7 +254,27 @@ impl Drop for MockLlm {
     }
 }
 
-async fn serve_conn(mut stream: TcpStream, rec: Arc<Mutex<Vec<Received>>>, f: Arc<Responder>) -> io::Result<()> {
+fn tls_config() -> io::Result<Arc<rustls::ServerConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(TEST_CERT_PEM).collect::<Result<_, _>>().map_err(io::Error::other)?;
+    let key = PrivateKeyDer::from_pem_slice(TEST_KEY_PEM).map_err(io::Error::other)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(io::Error::other)?;
+    Ok(Arc::new(config))
+}
+
+async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    rec: Arc<Mutex<Vec<Received>>>,
+    f: Arc<Responder>,
+) -> io::Result<()> {
     let mut buf = Vec::new();
     loop {
         let head_end = loop {

@@ -74,7 +74,8 @@ fn g6_bodies_are_capped_before_parsing_and_redirects_are_not_followed() {
     body_lies.claimed_len = Some(body_lies.body.len() + 100);
     let mock = MockLlm::script(vec![body_lies]).unwrap();
     let endpoint = Endpoint::new(&mock.url(), "m").unwrap().retries(0);
-    assert!(matches!(complete(&endpoint, Duration::from_secs(10)), Err(EndpointError::Unreachable { .. })));
+    let err = complete(&endpoint, Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, EndpointError::Unreachable { .. }), "{err:?}");
     let other = MockLlm::script(vec![Reply::text("elsewhere")]).unwrap();
     let mock =
         MockLlm::script(vec![Reply::raw(307, vec![]).header("location", &format!("{}/chat/completions", other.url()))])
@@ -108,7 +109,6 @@ fn g6_requests_are_validated_before_they_are_sent() {
 #[test]
 fn g6_urls_that_reach_elsewhere_are_refused() {
     for (url, what) in [
-        ("https://api.example.invalid/v1", "tls"),
         ("http://user:pw@127.0.0.1:1/v1", "credentials"),
         ("ftp://127.0.0.1/v1", "http://"),
         ("http://127.0.0.1:1/v1?x=1", "query"),
@@ -116,10 +116,7 @@ fn g6_urls_that_reach_elsewhere_are_refused() {
         let err = Endpoint::new(url, "m").unwrap_err();
         assert!(err.to_string().contains(what), "{url}: {err}");
     }
-    assert!(matches!(
-        Endpoint::new("https://x.invalid", "m"),
-        Err(EndpointError::Unsupported { mechanism: "tls", .. })
-    ));
+    assert!(Endpoint::new("https://x.invalid/v1", "m").is_ok(), "https is built in (the tls feature)");
 }
 
 #[test]
@@ -244,4 +241,45 @@ fn g6_a_stalled_stream_ends_at_the_idle_timeout_and_is_not_retried() {
         block_on(endpoint.complete_streamed(&request(), Instant::now() + Duration::from_secs(30), None, 1, &|_| {}))
             .unwrap_err();
     assert!(matches!(err, EndpointError::Stream(_)), "{err:?}");
+}
+
+#[test]
+fn g7_https_endpoints_are_verified_before_the_key_is_sent() {
+    use stockade_test_support::TEST_CA_PEM;
+    const KEY: &str = "sk-tls-test-key";
+    let mock = MockLlm::script_tls(vec![Reply::text("over tls")]).unwrap();
+    assert!(mock.url().starts_with("https://127.0.0.1:"));
+    // Trusted root: the request goes through, key and all.
+    let endpoint = Endpoint::new(&mock.url(), "m")
+        .unwrap()
+        .with_key(ApiKey::new(KEY.into()).unwrap())
+        .with_root_pem(TEST_CA_PEM)
+        .unwrap();
+    let ex = complete(&endpoint, Duration::from_secs(10)).unwrap();
+    assert_eq!(ex.completion.text.as_deref(), Some("over tls"));
+    assert_eq!(mock.received()[0].header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    // The same server without its root: the handshake fails, and no request (so no key) was sent.
+    let mock = MockLlm::script_tls(vec![Reply::text("never")]).unwrap();
+    let endpoint = Endpoint::new(&mock.url(), "m").unwrap().with_key(ApiKey::new(KEY.into()).unwrap()).retries(0);
+    let err = complete(&endpoint, Duration::from_secs(10)).unwrap_err();
+    assert!(
+        matches!(&err, EndpointError::Unreachable { last, .. } if last.contains("certificate") || last.contains("Certificate")),
+        "{err}"
+    );
+    assert!(mock.received().is_empty());
+    // https to a plain-http server fails; http to it never downgrades anything.
+    let plain = MockLlm::script(vec![Reply::text("plain")]).unwrap();
+    let endpoint = Endpoint::new(&plain.url().replace("http://", "https://"), "m")
+        .unwrap()
+        .retries(0)
+        .request_timeout(Duration::from_millis(500));
+    let err = complete(&endpoint, Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, EndpointError::Unreachable { .. } | EndpointError::Timeout { .. }), "{err:?}");
+    assert!(plain.received().is_empty());
+    assert!(
+        Endpoint::new("https://127.0.0.1:1/v1", "m")
+            .unwrap()
+            .with_root_pem(b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+            .is_err()
+    );
 }
