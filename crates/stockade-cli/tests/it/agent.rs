@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 use stockade_test_support::{MockLlm, Reply};
 
-use crate::cli::{check, ready};
+use crate::cli::{check, ready, tier_ready};
 
 const PROMPT: &str = "Three deliveries reached the gate today. Read each one and deal with it.";
 
@@ -256,4 +256,43 @@ confine = "process"
     assert!(result.contains("args={} uid=65534"), "{result}");
     assert!(result.contains("shadow-denied") && result.contains("no-root-home"), "{result}");
     assert!(result.contains("<untrusted id="), "{result}");
+}
+
+#[test]
+fn g3_run_code_runs_in_a_container_when_the_config_says_docker() {
+    if !tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let dir = Scratch::new("docker");
+    std::fs::write(
+        dir.0.join("agent.toml"),
+        "[endpoint]\nmodel = \"m\"\n[agent]\npolicy = \"policy.toml\"\n[[tool]]\nbuiltin = \"run_code\"\nlanguages = [\"sh\"]\ntier = \"docker\"\ntimeout = \"20s\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("policy.toml"),
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"code\"\ntool = \"run_code\"\neffect = \"allow\"\nargs.language = { one_of = [\"sh\"] }\n",
+    )
+    .unwrap();
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[(
+            "run_code",
+            json!({"language": "sh", "code": "echo in-container; id -u; cat /proc/1/cgroup | head -1"}),
+        )]),
+        Reply::text("ran"),
+    ])
+    .unwrap();
+    let config = dir.0.join("agent.toml");
+    let (code, out, err) = check(&["agent", "--config", config.to_str().unwrap(), "--base-url", &mock.url(), "run it"]);
+    assert_eq!((code, out.as_str()), (0, "ran\n"), "{err}");
+    let got = mock.received();
+    let offered: Vec<&str> =
+        got[0].body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(offered, ["run_code"]);
+    let result = got[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("in-container\n65534\n"), "the docker tier's user: {result}");
+    assert!(result.contains("[provenance source=\"run_code\""), "{result}");
 }

@@ -18,7 +18,7 @@ pub(crate) fn check(args: &[&str]) -> (i32, String, String) {
 
 /// Whether `stockade doctor --json` says `tier` can run here (by `ready(doctor)`). Prints
 /// SKIPPED otherwise, or fails the test under `STOCKADE_REQUIRE_ALL` (CI).
-fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool) -> bool {
+pub(crate) fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool) -> bool {
     let (_, out, _) = check(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let ok = ready(&v);
