@@ -17,7 +17,6 @@ use async_trait::async_trait;
 use stockade_policy::allow::Permit;
 use stockade_protocol::{Job, Limits};
 use stockade_runtime::Sandbox;
-use stockade_runtime::verify::{Budget, Contract, Outcome, accept_any};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::tool::{Tool, ToolDef, ToolOutput};
@@ -83,15 +82,7 @@ impl CommandTool {
                 Err(e) => return ToolOutput::failed(format!("the tool's environment was refused: {e}")),
             };
         }
-        let contract = Contract::bytes(Budget::new(self.timeout, max), accept_any);
-        match sandbox.run(&job, &contract).await {
-            Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
-            Ok(Outcome::Refused(r)) => ToolOutput::Failed {
-                reason: format!("the tool's confined run was refused ({} tier)", sandbox.tier_name()),
-                output: Some(r.message()),
-            },
-            Err(e) => ToolOutput::failed(format!("the tool's sandbox could not run it: {e}")),
-        }
+        crate::run_code::run_verified(sandbox, &job, "the tool's confined run").await
     }
 
     /// Adds an environment variable.

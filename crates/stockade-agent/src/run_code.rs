@@ -199,15 +199,22 @@ impl Tool for RunCode {
         let sandbox = match runner {
             Runner::Command(s) | Runner::Javascript(s) | Runner::Image(s, _) => s,
         };
-        let budget = Budget::new(self.limits.wall(), self.limits.stdout_bytes());
-        let contract = Contract::bytes(budget, accept_any);
-        match sandbox.run(&job, &contract).await {
-            Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
-            Ok(Outcome::Refused(refusal)) => ToolOutput::Failed {
-                reason: format!("the run was refused ({} tier)", sandbox.tier_name()),
-                output: Some(refusal.message()),
-            },
-            Err(e) => ToolOutput::failed(format!("the sandbox could not run the code: {e}")),
-        }
+        run_verified(sandbox, &job, "the run").await
+    }
+}
+
+/// Runs `job` in `sandbox` under a contract of the job's own deadline and stdout budget: the
+/// verified stdout is the result, a refusal is a failure whose message (it quotes the guest's
+/// stderr) is the tool's own output, marked as such by the loop.
+pub(crate) async fn run_verified(sandbox: &Sandbox, job: &Job, what: &str) -> ToolOutput {
+    let budget = Budget::new(job.limits().wall(), job.limits().stdout_bytes());
+    let contract = Contract::bytes(budget, accept_any);
+    match sandbox.run(job, &contract).await {
+        Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
+        Ok(Outcome::Refused(refusal)) => ToolOutput::Failed {
+            reason: format!("{what} was refused ({} tier)", sandbox.tier_name()),
+            output: Some(refusal.message()),
+        },
+        Err(e) => ToolOutput::failed(format!("the sandbox could not run it: {e}")),
     }
 }
