@@ -92,7 +92,9 @@ enum Command {
   stockade run --tier docker --image my-tools:local -- make test
   stockade run --tier docker --docker-runtime runsc -- sh -c 'dmesg | head -1'
 
-Exit codes: 0 verified; 1 non-zero exit; 118 enforcement missing; 119 out of memory;
+Exit codes: 0 verified; the program's own code when it exited non-zero (1 when it exited 0
+against --expect-exit; a program's code can collide with the ones below, as under timeout(1):
+the refusal line tells them apart); 118 enforcement missing; 119 out of memory;
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]

@@ -94,7 +94,7 @@
 //!
 //! | refusal | code |
 //! |---|---|
-//! | [`Refusal::NonZeroExit`] | 1 |
+//! | [`Refusal::NonZeroExit`] | the program's own exit code, as `timeout(1)` and `docker run` pass it through (1 when it exited 0 but another code was expected, or its code is out of range) |
 //! | [`Refusal::Trapped`] | 117 |
 //! | [`Refusal::EnforcementMissing`] | 118 |
 //! | [`Refusal::OutOfMemory`] | 119 |
@@ -106,6 +106,10 @@
 //! | [`Refusal::Error`] | 125 (stockade itself failed, as `timeout(1)`) |
 //! | [`Refusal::FailedToStart`] | 126 (as a shell's "cannot execute") |
 //! | [`Refusal::KilledBySignal`] | 128 + signal number (as a shell), 255 if out of range |
+//!
+//! A program's own code can collide with a reserved one (a program that exits 124 looks like a
+//! timeout, as under `timeout(1)`); the refusal's message, or `stockade run --json`, tells them
+//! apart.
 
 #![forbid(unsafe_code)]
 

@@ -112,7 +112,9 @@ impl Refusal {
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::NonZeroExit { .. } => 1,
+            // The program's own code, as `timeout(1)` and `docker run` pass it through; 1 when
+            // it exited 0 but the contract expected another code (0 must mean verified).
+            Self::NonZeroExit { code, .. } => u8::try_from(*code).ok().filter(|c| *c != 0).unwrap_or(1),
             Self::Trapped { .. } => 117,
             Self::EnforcementMissing { .. } => 118,
             Self::OutOfMemory => 119,
