@@ -73,7 +73,7 @@ pub enum BuildError {
 pub struct AgentBuilder {
     endpoint: Endpoint,
     tools: ToolBox,
-    policy: Option<Result<Arc<Policy>, BuildError>>,
+    policy: Option<Arc<Policy>>,
     system_prompt: String,
     limits: RunLimits,
     deadline: Duration,
@@ -122,14 +122,14 @@ impl AgentBuilder {
     /// Loads the policy from TOML, checked against the tools added so far (add tools first).
     pub fn policy_toml(mut self, text: &str) -> Result<Self, BuildError> {
         let registry = self.tools.registry()?;
-        self.policy = Some(Ok(Arc::new(Policy::from_toml(text, &registry)?)));
+        self.policy = Some(Arc::new(Policy::from_toml(text, &registry)?));
         Ok(self)
     }
 
     /// Uses `policy`, whose registry must hold exactly the agent's tools.
     #[must_use]
     pub fn policy(mut self, policy: Arc<Policy>) -> Self {
-        self.policy = Some(Ok(policy));
+        self.policy = Some(policy);
         self
     }
 
@@ -184,7 +184,7 @@ impl AgentBuilder {
 
     /// The agent.
     pub fn build(self) -> Result<Agent, BuildError> {
-        let policy = self.policy.ok_or(BuildError::NoPolicy)??;
+        let policy = self.policy.ok_or(BuildError::NoPolicy)?;
         let registry = self.tools.registry()?;
         if *policy.registry() != registry {
             let theirs: Vec<&str> = policy.registry().tools().map(|t| t.name()).collect();

@@ -31,9 +31,13 @@ fn javascript_tool(limits: Limits) -> Option<RunCode> {
 }
 
 fn run_js(code: &str, limits: Limits) -> Option<String> {
-    let tool = javascript_tool(limits)?;
+    Some(one_call(javascript_tool(limits)?, "javascript", code))
+}
+
+/// Has the model call `run_code` once with `language` and `code`; returns the call's result.
+fn one_call(tool: RunCode, language: &str, code: &str) -> String {
     let mock = MockLlm::script(vec![
-        Reply::calls(&[("run_code", json!({"language": "javascript", "code": code}))]),
+        Reply::calls(&[("run_code", json!({"language": language, "code": code}))]),
         Reply::text("ok"),
     ])
     .unwrap();
@@ -44,7 +48,7 @@ fn run_js(code: &str, limits: Limits) -> Option<String> {
         .build()
         .unwrap();
     block_on(agent.run("compute")).unwrap();
-    Some(tool_messages(&mock.received()[1]).remove(0).1)
+    tool_messages(&mock.received()[1]).remove(0).1
 }
 
 #[test]
@@ -70,19 +74,6 @@ fn g9_refusals_are_the_calls_result() {
 
 #[test]
 fn g9_a_language_this_host_cannot_run_is_refused_as_a_result() {
-    let tool = RunCode::new(Limits::new());
-    let mock = MockLlm::script(vec![
-        Reply::calls(&[("run_code", json!({"language": "python", "code": "print(1)"}))]),
-        Reply::text("ok"),
-    ])
-    .unwrap();
-    let agent = Agent::builder(Endpoint::new(&mock.url(), "m").unwrap())
-        .tool(Arc::new(tool))
-        .policy_toml(POLICY)
-        .unwrap()
-        .build()
-        .unwrap();
-    block_on(agent.run("compute")).unwrap();
-    let text = tool_messages(&mock.received()[1]).remove(0).1;
+    let text = one_call(RunCode::new(Limits::new()), "python", "print(1)");
     assert!(text.starts_with("Error: python is not available on this host"), "{text}");
 }
