@@ -150,7 +150,7 @@ pub use machine::{
 };
 pub use run_code::{Language, MAX_CODE_BYTES, RunCode};
 pub use secret::{ApiKey, KeyError};
-pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust};
+pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust, tool_grant};
 pub use trace::Trace;
 
 pub use stockade_policy as policy;

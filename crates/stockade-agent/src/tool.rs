@@ -187,3 +187,23 @@ impl ToolBox {
         }
     }
 }
+
+/// A tool as a function grant (`stockade_runtime::FunctionGrant`): sandboxed code may call it
+/// through the run's broker, with the tool's parameters as the grant's schema, only when the
+/// grant's policy allows the call. Text that is one JSON document becomes that value; other
+/// text is a JSON string; a failure is the grant's error (its reason; the tool's own output
+/// is not passed on).
+pub fn tool_grant(tool: Arc<dyn Tool>) -> Result<stockade_runtime::FunctionGrant, stockade_runtime::GrantError> {
+    let name = tool.def().name().to_owned();
+    let schema = tool.def().parameters().clone();
+    stockade_runtime::FunctionGrant::new(&name, schema, move |permit: Permit| {
+        let tool = tool.clone();
+        async move {
+            match tool.call(permit).await {
+                ToolOutput::Json(v) => Ok(v),
+                ToolOutput::Text(t) => Ok(serde_json::from_str::<Value>(t.trim()).unwrap_or(Value::String(t))),
+                ToolOutput::Failed { reason, .. } => Err(reason),
+            }
+        }
+    })
+}

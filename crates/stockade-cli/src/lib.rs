@@ -198,6 +198,29 @@ struct RunArgs {
     /// pseudo-terminal, so output is stdout and stderr interleaved with `\r\n` line endings.
     #[arg(long)]
     tty: bool,
+    /// Grant data as NAME (repeatable): `NAME=@FILE.json` or `NAME=JSON`. The guest reads it
+    /// as `$STOCKADE_GRANTS/data/NAME.json` (process, docker), as a global (JavaScript), or
+    /// with `stockade-call NAME`.
+    #[arg(long = "grant-data", value_name = "NAME=@FILE.json")]
+    grant_data: Vec<String>,
+    /// Grant a host command as the function NAME (repeatable). It runs on the host, as you,
+    /// with the call's arguments as one JSON object on stdin, and answers on stdout (10 s,
+    /// 64 KiB); the guest calls it with `stockade-call NAME '{...}'` (or `NAME(...)` in
+    /// JavaScript), and only when --grant-policy allows the call.
+    #[arg(long = "grant-tool", value_name = "NAME=COMMAND")]
+    grant_tool: Vec<String>,
+    /// The JSON Schema of a granted tool's arguments object: `NAME=@FILE.json` or
+    /// `NAME=JSON` (default: no arguments). Its `required` list, in order, gives the
+    /// positional parameters in JavaScript.
+    #[arg(long = "grant-schema", value_name = "NAME=@FILE.json")]
+    grant_schema: Vec<String>,
+    /// The policy (TOML) that decides every call of a granted tool; without one, every call
+    /// is denied.
+    #[arg(long = "grant-policy", value_name = "FILE")]
+    grant_policy: Option<PathBuf>,
+    /// Refuse the run (exit 116) if the broker denied any grant call.
+    #[arg(long)]
+    grant_strict: bool,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -303,8 +326,61 @@ fn python_job(_code: &str) -> Result<Job> {
     )
 }
 
+/// `NAME=@FILE` (the file's JSON) or `NAME=JSON`.
+fn named_json(flag: &str, arg: &str) -> Result<(String, serde_json::Value)> {
+    let (name, value) =
+        arg.split_once('=').with_context(|| format!("{flag} {arg:?} is not NAME=@FILE or NAME=JSON"))?;
+    let text = match value.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("{flag} {name}: reading {file}"))?,
+        None => value.to_owned(),
+    };
+    let value = serde_json::from_str(&text).with_context(|| format!("{flag} {name}: not JSON"))?;
+    Ok((name.to_owned(), value))
+}
+
+/// The grants the run's flags name, with their policy.
+fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
+    use stockade_agent::{CommandTool, ToolDef, Trust};
+    let mut grants = stockade_runtime::Grants::new();
+    for arg in &args.grant_data {
+        let (name, value) = named_json("--grant-data", arg)?;
+        grants = grants.data(&name, value).with_context(|| format!("--grant-data {name}"))?;
+    }
+    let mut schemas = std::collections::BTreeMap::new();
+    for arg in &args.grant_schema {
+        let (name, value) = named_json("--grant-schema", arg)?;
+        if !args.grant_tool.iter().any(|t| t.split_once('=').is_some_and(|(n, _)| n == name)) {
+            bail!("--grant-schema {name}: no --grant-tool {name}=COMMAND");
+        }
+        schemas.insert(name, value);
+    }
+    for arg in &args.grant_tool {
+        let (name, command) =
+            arg.split_once('=').with_context(|| format!("--grant-tool {arg:?} is not NAME=COMMAND"))?;
+        let schema = schemas
+            .remove(name)
+            .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}));
+        let def = ToolDef::new(name, format!("the host command {command:?}"), schema, Trust::Untrusted);
+        let tool = CommandTool::new(def, vec!["/bin/sh".into(), "-c".into(), command.into()]);
+        let grant =
+            stockade_agent::tool_grant(std::sync::Arc::new(tool)).with_context(|| format!("--grant-tool {name}"))?;
+        grants = grants.function(grant).with_context(|| format!("--grant-tool {name}"))?;
+    }
+    if let Some(file) = &args.grant_policy {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading the grant policy {}", file.display()))?;
+        let policy = stockade_runtime::policy::allow::Policy::from_toml(&text, &grants.registry())
+            .map_err(|e| anyhow::anyhow!("grant policy {}: {e}", file.display()))?;
+        grants = grants.policy(policy);
+    } else if !args.grant_tool.is_empty() {
+        let _ = writeln!(std::io::stderr(), "stockade: no --grant-policy: every call of a granted tool is denied");
+    }
+    Ok(grants)
+}
+
 fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
+    let grants = std::sync::Arc::new(grants(&args)?);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let sandbox = if args.tier == "wasm" {
         Sandbox::builder().tier(wasm::WasmTier::new()?).build()?
@@ -339,7 +415,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Sandbox::builder().tier(tier).build()?
     };
     let budget = Budget::new(args.timeout, args.max_output);
-    let report = match rt.block_on(sandbox.report(&job)) {
+    let report = match rt.block_on(sandbox.report_granted(&job, grants)) {
         Ok(r) => r,
         Err(TierError::Unsupported { mechanism, reason }) => {
             bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
@@ -347,10 +423,16 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     let outcome = if args.expect_json {
-        let c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
+        let mut c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
+        if args.grant_strict {
+            c = c.no_denied_grants();
+        }
         stockade_runtime::verify::verify(report.clone(), &c).into_result().map(|v| v.report().stdout.bytes.clone())
     } else {
-        let c = Contract::bytes(budget, accept_any).expect_exit(args.expect_exit);
+        let mut c = Contract::bytes(budget, accept_any).expect_exit(args.expect_exit);
+        if args.grant_strict {
+            c = c.no_denied_grants();
+        }
         stockade_runtime::verify::verify(report.clone(), &c).into_result().map(|v| v.into_inner())
     };
     let mut stdout = std::io::stdout().lock();

@@ -30,7 +30,7 @@ pub(crate) enum PathAccess {
 }
 
 /// The landlock rules for the view: (path inside the new root, access).
-pub(crate) fn landlock_rules(workspace: Option<bool>, tty: bool) -> Vec<(&'static str, PathAccess)> {
+pub(crate) fn landlock_rules(workspace: Option<bool>, grants: bool, tty: bool) -> Vec<(&'static str, PathAccess)> {
     let mut rules = vec![
         ("/", PathAccess::ListDirs),
         ("/usr", PathAccess::ReadExec),
@@ -53,6 +53,9 @@ pub(crate) fn landlock_rules(workspace: Option<bool>, tty: bool) -> Vec<(&'stati
     ];
     if tty {
         rules.push(("/dev/tty", PathAccess::Terminal));
+    }
+    if grants {
+        rules.push((crate::GRANTS_GUEST_DIR, PathAccess::ReadExec));
     }
     match workspace {
         Some(true) => rules.push(("/workspace", PathAccess::Full)),
@@ -85,6 +88,7 @@ pub(crate) struct LandlockOutcome {
 /// network control or scope this kernel cannot enforce is an error naming what is missing.
 pub(crate) fn apply_landlock(
     workspace: Option<bool>,
+    grants: bool,
     tty: bool,
     hard: bool,
     abi: u8,
@@ -98,7 +102,7 @@ pub(crate) fn apply_landlock(
         .and_then(|r| r.scope(Scope::from_all(abi)))
         .and_then(|r| r.create())
         .map_err(|e| format!("landlock ruleset (abi {}): {e}", abi as i32))?;
-    for (path, access) in landlock_rules(workspace, tty) {
+    for (path, access) in landlock_rules(workspace, grants, tty) {
         // Paths the view does not contain (e.g. /lib32 on most hosts) get no rule.
         let Ok(fd) = PathFd::new(path) else { continue };
         let bits = access_bits(access, abi);

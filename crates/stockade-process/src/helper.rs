@@ -181,8 +181,9 @@ fn view_detail(spec: &Spec) -> String {
         None => "",
     };
     let tty = if spec.tty { ", /dev/tty: a private pty, the guest's controlling terminal" } else { "" };
+    let grants = if spec.grants_dir.is_some() { ", /run/stockade (grants) read-only" } else { "" };
     format!(
-        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}; nothing else of the host",
+        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}{grants}; nothing else of the host",
         spec.limits.tmpfs_bytes
     )
 }
@@ -333,6 +334,15 @@ fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
             }
         }
     }
+    if let Some(host) = &spec.grants_dir {
+        // The broker's directory: its socket, its client and the data grants, read-only
+        // (connecting to a socket needs no write access to the mount), never the workspace.
+        let run = new.join("run");
+        ctx(fs::create_dir(&run), || "mkdir /run".into())?;
+        let dst = new.join(crate::GRANTS_GUEST_DIR.trim_start_matches('/'));
+        ctx(fs::create_dir(&dst), || format!("mkdir {}", crate::GRANTS_GUEST_DIR))?;
+        bind(&old.join(host.strip_prefix("/").unwrap_or(host)), &dst, false)?;
+    }
     ctx(std::env::set_current_dir(new), || "chdir /newroot".into())?;
     ctx(mount::pivot_root(Path::new("."), Path::new(".")), || "pivot_root into the view".into())?;
     ctx(mount::umount(Path::new("."), libc::MNT_DETACH), || "detaching the host root".into())?;
@@ -432,7 +442,7 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
     let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    match confine::apply_landlock(ws, spec.tty, spec.hard, spec.landlock_abi) {
+    match confine::apply_landlock(ws, spec.grants_dir.is_some(), spec.tty, spec.hard, spec.landlock_abi) {
         Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
         Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
         Err(e) => return rep.fail("landlock", true, e),

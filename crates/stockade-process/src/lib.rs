@@ -142,6 +142,9 @@ use std::path::{Path, PathBuf};
 pub use helper::{NOBODY, PROTECTED, helper_main};
 use stockade_protocol::{Job, Report};
 
+/// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
+pub const GRANTS_GUEST_DIR: &str = "/run/stockade";
+
 /// Default size of each private tmpfs (`/tmp`, `/dev/shm`): 64 MiB.
 ///
 /// tmpfs pages are charged to the run's memory cgroup where there is one; the cap bounds disk
@@ -313,7 +316,16 @@ impl ProcessTier {
     /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an
     /// `Err` means the run could not be set up as required.
     pub async fn run(&self, job: &Job) -> Result<Report, LaunchError> {
-        supervisor::run(self, job).await
+        supervisor::run(self, job, None).await
+    }
+
+    /// Runs `job` with the host directory `grants_dir` bound read-only (nosuid, nodev) at
+    /// [`GRANTS_GUEST_DIR`], where the guest may read and execute but not write. This is how
+    /// a broker's socket, its client and the job's data grants reach the guest
+    /// (`stockade-runtime` serves them); this crate only makes the directory visible. The
+    /// directory must be absolute and must neither contain nor lie inside the workspace.
+    pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, LaunchError> {
+        supervisor::run(self, job, Some(grants_dir)).await
     }
 }
 

@@ -25,6 +25,9 @@ pub(crate) struct Spec {
     pub(crate) env: Vec<(String, String)>,
     /// Host path and whether it is writable.
     pub(crate) workspace: Option<(PathBuf, bool)>,
+    /// Host directory bound read-only at [`crate::GRANTS_GUEST_DIR`] (the broker's socket,
+    /// its client and the data grants).
+    pub(crate) grants_dir: Option<PathBuf>,
     pub(crate) status_fd: i32,
     pub(crate) supervisor_pid: i32,
     /// `cgroup.procs` files the helper joins before anything else.

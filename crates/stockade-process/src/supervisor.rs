@@ -21,7 +21,11 @@ enum End {
     Output(Stream),
 }
 
-pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchError> {
+pub(crate) async fn run(
+    tier: &ProcessTier,
+    job: &Job,
+    grants_dir: Option<&std::path::Path>,
+) -> Result<Report, LaunchError> {
     let JobKind::Command { program, args } = job.kind() else {
         return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
     };
@@ -40,6 +44,22 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         }
         None => None,
     };
+    if let Some(dir) = grants_dir {
+        let meta = std::fs::metadata(dir)
+            .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
+        if !meta.is_dir() || !dir.is_absolute() {
+            return Err(LaunchError::Misconfigured(format!(
+                "grants directory {} is not an absolute directory",
+                dir.display()
+            )));
+        }
+        if workspace.as_ref().is_some_and(|(ws, _)| ws.starts_with(dir) || dir.starts_with(ws)) {
+            return Err(LaunchError::Misconfigured(format!(
+                "grants directory {} and the workspace must be separate trees",
+                dir.display()
+            )));
+        }
+    }
     let processes = u64::from(limits.processes());
     let cgroup = if tier.cgroups {
         Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
@@ -51,6 +71,7 @@ pub(crate) async fn run(tier: &ProcessTier, job: &Job) -> Result<Report, LaunchE
         args: args.clone(),
         env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
         workspace,
+        grants_dir: grants_dir.map(std::path::Path::to_path_buf),
         status_fd: -1,
         supervisor_pid: std::process::id() as i32,
         cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),

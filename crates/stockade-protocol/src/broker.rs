@@ -3,12 +3,50 @@
 //! The guest sends [`BrokerFrame::Call`] and the host answers with [`BrokerFrame::Reply`],
 //! each one JSON document inside one length-prefixed frame. Everything here is parsed from
 //! guest bytes, so every struct denies unknown fields and every string has a bound.
+//!
+//! # The wire protocol (version 1)
+//!
+//! A stream (a unix socket in the process and docker tiers; the `host.call` import in the
+//! wasm tier carries one frame's payload per call, without the length prefix):
+//!
+//! ```text
+//! frame   = length payload          ; length: u32, big-endian, 1 ..= the broker's maximum
+//! payload = one JSON object (UTF-8)
+//! call    = {"type":"call","id":<u64>,"grant":"<name>","args":<JSON>}
+//! reply   = {"type":"reply","id":<u64>,"result":<JSON>}
+//!         | {"type":"reply","id":<u64>,"error":{"code":"<code>","message":"<text>"}}
+//! ```
+//!
+//! - Calls on one connection are answered in order, one at a time; open several
+//!   connections for concurrency (the broker bounds both).
+//! - A function grant takes its arguments as a JSON object; a data grant ignores `args`
+//!   and answers with its value; [`LIST_GRANT`] answers with the run's manifest,
+//!   `{"data":{"<name>":<value>,…},"functions":[{"name":…,"params":[…],"schema":…},…]}`.
+//! - Error codes: `denied` (the policy, or no such grant), `bad_args` (not an object, or
+//!   not the grant's schema), `failed` (the function returned an error, or timed out),
+//!   `too_large` (the reply is over the broker's cap), `refused` (a bound of the run was
+//!   reached, or the run has ended).
+//! - The host always serialises a reply with its keys in the order above (`type`, `id`,
+//!   then `result` or `error`), so a client can find the result without a JSON parser.
+//! - Any protocol error ends the broker session for the whole run, as Deno's permission
+//!   broker does: a length over the maximum (refused before anything is allocated), a
+//!   payload that is not one call, a stream that ends inside a frame, or a flood.
+//!   The run's report says why; the guest's connections are closed.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Longest grant name: 64 bytes of `[a-zA-Z0-9_.-]`.
 pub const MAX_GRANT_NAME_LEN: usize = 64;
+/// The grant name that answers with the run's manifest of grants (see the module docs).
+pub const LIST_GRANT: &str = "stockade.list";
+
+/// The broker's socket file name inside a run's grants directory.
+pub const GRANTS_SOCKET: &str = "grants.sock";
+
+/// The environment variable that names the broker socket's path inside the guest.
+pub const BROKER_ENV: &str = "STOCKADE_BROKER";
+
 /// Longest error message in a reply: 4 KiB.
 pub const MAX_BROKER_MESSAGE_LEN: usize = 4 << 10;
 

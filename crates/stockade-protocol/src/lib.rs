@@ -101,4 +101,6 @@ pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
 pub use job::{Access, EnvVar, Job, JobError, JobKind, PROTECTED_PATHS, Workspace};
 pub use json::{JsonError, JsonLimits, parse_untrusted};
 pub use limits::{Limits, LimitsError};
-pub use report::{Enforced, Mechanism, Report, Status, Stream};
+pub use report::{
+    Enforced, GrantCall, GrantOutcome, GrantsReport, MAX_GRANT_RECORDS, Mechanism, Report, Status, Stream,
+};

@@ -145,6 +145,9 @@ pub enum Mechanism {
     /// A workspace copied into a size-capped tmpfs volume, and (read-write) results copied
     /// back without following links and without touching protected paths.
     ContainerWorkspace,
+    /// A grants broker: the guest reaches its granted data and functions only through
+    /// policed calls, with no credential inside.
+    GrantsBroker,
 }
 
 /// One mechanism that was active during a run, with a free-form detail (e.g. `abi 7`).
@@ -189,6 +192,94 @@ pub struct Report {
     pub stderr: Captured,
     /// Every mechanism that was active.
     pub enforcement: Vec<Enforced>,
+    /// The grant calls the guest made through the broker, if the run had grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<GrantsReport>,
+}
+
+/// Most grant calls a [`GrantsReport`] lists one by one: 1024. Later calls are still counted.
+pub const MAX_GRANT_RECORDS: usize = 1024;
+
+/// How one grant call ended, as the broker saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum GrantOutcome {
+    /// The policy allowed it (or it read a data grant) and it returned a value.
+    Ok,
+    /// The policy denied it, or named no grant the run has.
+    Denied,
+    /// It was allowed and ran, but failed, timed out, or answered too much.
+    Failed,
+    /// The broker refused it before the policy: a bound was reached (calls, bytes,
+    /// concurrency), the arguments were malformed, or the run had ended.
+    Refused,
+}
+
+/// One grant call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct GrantCall {
+    /// The grant the guest named (checked as a grant name, so at most 64 bytes).
+    pub grant: String,
+    /// How it ended.
+    pub outcome: GrantOutcome,
+    /// The policy rule that decided, or the broker's own reason (`data-grant`,
+    /// `unknown-grant`, `max-calls`, `run-ended`, ...).
+    pub rule: String,
+    /// Bytes of the call's frame.
+    pub bytes_in: u64,
+    /// Bytes of the reply's frame.
+    pub bytes_out: u64,
+    /// Time from the call's arrival to its reply.
+    #[serde(with = "micros")]
+    pub duration: Duration,
+}
+
+/// What a run's broker saw: every call (the first [`MAX_GRANT_RECORDS`] one by one), and
+/// why the broker session ended early, if it did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct GrantsReport {
+    /// The calls, in the order their replies were sent.
+    pub calls: Vec<GrantCall>,
+    /// Every call the broker received, including those beyond [`MAX_GRANT_RECORDS`].
+    pub total: u64,
+    /// How many of `total` were denied.
+    pub denied: u64,
+    /// Set when the broker ended the session before the run ended (a malformed frame, a
+    /// lying length, a flood): the reason. The run itself goes on without its grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ended: Option<String>,
+}
+
+impl GrantCall {
+    /// A record of one call of `grant`.
+    #[must_use]
+    pub fn new(
+        grant: impl Into<String>,
+        outcome: GrantOutcome,
+        rule: impl Into<String>,
+        bytes: (u64, u64),
+        duration: Duration,
+    ) -> Self {
+        Self { grant: grant.into(), outcome, rule: rule.into(), bytes_in: bytes.0, bytes_out: bytes.1, duration }
+    }
+}
+
+impl GrantsReport {
+    /// Records one call, listing it if there is room.
+    pub fn record(&mut self, call: GrantCall) {
+        self.total += 1;
+        if call.outcome == GrantOutcome::Denied {
+            self.denied += 1;
+        }
+        if self.calls.len() < MAX_GRANT_RECORDS {
+            self.calls.push(call);
+        }
+    }
 }
 
 impl Report {
@@ -203,6 +294,7 @@ impl Report {
             stdout: Captured::default(),
             stderr: Captured::default(),
             enforcement: Vec::new(),
+            grants: None,
         }
     }
 
@@ -232,6 +324,13 @@ impl Report {
     #[must_use]
     pub fn with_enforced(mut self, enforced: Enforced) -> Self {
         self.enforcement.push(enforced);
+        self
+    }
+
+    /// Sets what the broker saw.
+    #[must_use]
+    pub fn with_grants(mut self, grants: GrantsReport) -> Self {
+        self.grants = Some(grants);
         self
     }
 

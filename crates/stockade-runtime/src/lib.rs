@@ -66,13 +66,30 @@
 
 #![forbid(unsafe_code)]
 
+mod broker;
+mod grants;
+
 use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
+pub use grants::{
+    FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
+};
+pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
-use stockade_protocol::{Job, Report};
+use stockade_protocol::broker::{BROKER_ENV, GRANTS_SOCKET};
+use stockade_protocol::{Enforced, Job, Mechanism, Report};
 pub use stockade_verify as verify;
 use stockade_verify::{Contract, Outcome};
+
+/// The `PATH` a granted guest gets after the client's directory when its job sets none
+/// (the docker engine's default).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment variable naming the grants directory inside the guest.
+pub const GRANTS_ENV: &str = "STOCKADE_GRANTS";
 
 /// The Linux subprocess tier.
 #[cfg(feature = "process")]
@@ -115,6 +132,121 @@ pub trait Tier: Send + Sync + Debug {
 
     /// Runs `job`. A misbehaving guest is an `Ok` report.
     async fn run(&self, job: &Job) -> Result<Report, TierError>;
+
+    /// Runs `job` with its guest able to reach `broker` (and nothing else of the host
+    /// beyond what [`run`](Self::run) gives). A tier that cannot carry grants fails closed.
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let _ = (job, broker);
+        Err(TierError::Unsupported {
+            mechanism: "grants".into(),
+            reason: format!("the {} tier cannot carry grants", self.name()),
+        })
+    }
+}
+
+/// A run's broker, as a tier sees it: a directory to show the guest (with the broker's
+/// socket, its client and the data grants), or in-process calls. Made by
+/// [`Sandbox::report_granted`]; everything it serves ends with the run.
+pub struct Broker {
+    session: Arc<broker::Session>,
+    grants: Arc<Grants>,
+    parent: PathBuf,
+    dirs: Mutex<Vec<broker::GrantsDir>>,
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+}
+
+impl Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").field("grants", &self.grants).finish_non_exhaustive()
+    }
+}
+
+impl Broker {
+    fn new(grants: Arc<Grants>, parent: PathBuf) -> Self {
+        Self {
+            session: broker::Session::new(grants.clone()),
+            grants,
+            parent,
+            dirs: Mutex::new(Vec::new()),
+            tasks: Mutex::new(tokio::task::JoinSet::new()),
+        }
+    }
+
+    /// The grants.
+    #[must_use]
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// Creates this run's grants directory on the host and serves the broker on its socket
+    /// ([`GRANTS_SOCKET`]) until the run ends. The directory also holds `bin/stockade-call`
+    /// (the client) and `data/NAME.json` for each data grant. Only the invoking user and
+    /// the tiers' guest user can enter it; it is removed when the run ends.
+    pub fn socket_dir(&self) -> Result<PathBuf, TierError> {
+        let (dir, listener) = broker::GrantsDir::create(&self.parent, &self.grants).map_err(|e| {
+            TierError::Misconfigured(format!("creating a grants directory in {}: {e}", self.parent.display()))
+        })?;
+        let path = dir.path().to_path_buf();
+        self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).spawn(broker::serve(listener, self.session.clone()));
+        Ok(path)
+    }
+
+    /// `job` with the broker's variables added for a guest that sees the grants directory
+    /// at `guest_dir`: [`BROKER_ENV`] (the socket), [`GRANTS_ENV`] (the directory), and, if
+    /// the job sets no `PATH`, a `PATH` that starts with the client's directory. A job that
+    /// sets either of the first two itself is refused: nothing the job carries configures
+    /// the broker.
+    pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, TierError> {
+        if job.env().iter().any(|v| v.key() == BROKER_ENV || v.key() == GRANTS_ENV) {
+            return Err(TierError::Misconfigured(format!("{BROKER_ENV} and {GRANTS_ENV} are set by the broker")));
+        }
+        let dir = guest_dir.trim_end_matches('/');
+        let mut job = job
+            .clone()
+            .with_env(BROKER_ENV, format!("{dir}/{GRANTS_SOCKET}"))
+            .and_then(|j| j.with_env(GRANTS_ENV, dir));
+        if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
+            job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
+        }
+        job.map_err(|e| TierError::Misconfigured(e.to_string()))
+    }
+
+    /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,
+    /// the reply's payload out. `Err` means the session has ended; the reason is reported.
+    pub async fn call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+        self.session.handle(payload).await.map_err(|e| e.0)
+    }
+
+    /// A handle for in-process calls that outlives a borrow of the broker.
+    #[must_use]
+    pub fn caller(&self) -> BrokerCaller {
+        BrokerCaller(self.session.clone())
+    }
+
+    fn finish(&self) -> stockade_protocol::GrantsReport {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).abort_all();
+        let report = self.session.close();
+        self.dirs.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        report
+    }
+}
+
+/// In-process calls into one run's broker (see [`Broker::call`]).
+#[derive(Clone)]
+pub struct BrokerCaller(Arc<broker::Session>);
+
+impl Debug for BrokerCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BrokerCaller")
+    }
+}
+
+impl BrokerCaller {
+    /// Handles one call frame's payload (see [`Broker::call`]).
+    pub async fn call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+        self.0.handle(payload).await.map_err(|e| e.0)
+    }
 }
 
 #[cfg(feature = "process")]
@@ -125,13 +257,24 @@ impl Tier for stockade_process::ProcessTier {
     }
 
     async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_process::ProcessTier::run(self, job).await.map_err(|e| match e {
-            stockade_process::LaunchError::Unsupported { mechanism, reason } => {
-                TierError::Unsupported { mechanism, reason }
-            }
-            stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
-            other => TierError::Internal(other.to_string()),
-        })
+        stockade_process::ProcessTier::run(self, job).await.map_err(process_error)
+    }
+
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let dir = broker.socket_dir()?;
+        let job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
+        stockade_process::ProcessTier::run_granted(self, &job, &dir).await.map_err(process_error)
+    }
+}
+
+#[cfg(feature = "process")]
+fn process_error(e: stockade_process::LaunchError) -> TierError {
+    match e {
+        stockade_process::LaunchError::Unsupported { mechanism, reason } => {
+            TierError::Unsupported { mechanism, reason }
+        }
+        stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
+        other => TierError::Internal(other.to_string()),
     }
 }
 
@@ -183,6 +326,7 @@ pub enum BuildError {
 #[derive(Debug, Default)]
 pub struct SandboxBuilder {
     tier: Option<Box<dyn Tier>>,
+    grants_parent: Option<PathBuf>,
 }
 
 impl SandboxBuilder {
@@ -200,9 +344,20 @@ impl SandboxBuilder {
         self
     }
 
+    /// Creates each run's grants directory under `dir` (default: the system's temporary
+    /// directory). It must be reachable by the tiers' guest user and by the docker engine.
+    #[must_use]
+    pub fn grants_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.grants_parent = Some(dir.into());
+        self
+    }
+
     /// The sandbox.
     pub fn build(self) -> Result<Sandbox, BuildError> {
-        Ok(Sandbox { tier: self.tier.ok_or(BuildError::NoTier)? })
+        Ok(Sandbox {
+            tier: self.tier.ok_or(BuildError::NoTier)?,
+            grants_parent: self.grants_parent.unwrap_or_else(std::env::temp_dir),
+        })
     }
 }
 
@@ -210,6 +365,7 @@ impl SandboxBuilder {
 #[derive(Debug)]
 pub struct Sandbox {
     tier: Box<dyn Tier>,
+    grants_parent: PathBuf,
 }
 
 impl Sandbox {
@@ -233,6 +389,39 @@ impl Sandbox {
     /// Runs `job` and verifies the report against `contract`.
     pub async fn run<T: Debug>(&self, job: &Job, contract: &Contract<T>) -> Result<Outcome<T>, TierError> {
         let report = self.tier.run(job).await?;
+        Ok(stockade_verify::verify(report, contract))
+    }
+
+    /// Runs `job` with `grants` served by a broker for this run only, and returns the raw
+    /// report, whose `grants` section lists every call. With no grants this is
+    /// [`report`](Self::report).
+    pub async fn report_granted(&self, job: &Job, grants: Arc<Grants>) -> Result<Report, TierError> {
+        if grants.is_empty() {
+            return self.tier.run(job).await;
+        }
+        let broker = Broker::new(grants.clone(), self.grants_parent.clone());
+        let result = self.tier.run_granted(job, &broker).await;
+        // Calls still in flight when the guest ended are refused from here on.
+        let seen = broker.finish();
+        let report = result?;
+        let detail = format!(
+            "{} data and {} function grants; {} calls, {} denied; policy decides every function call",
+            grants.data.len(),
+            grants.functions.len(),
+            seen.total,
+            seen.denied
+        );
+        Ok(report.with_enforced(Enforced::new(Mechanism::GrantsBroker, detail)).with_grants(seen))
+    }
+
+    /// Runs `job` with `grants` and verifies the report against `contract`.
+    pub async fn run_granted<T: Debug>(
+        &self,
+        job: &Job,
+        grants: Arc<Grants>,
+        contract: &Contract<T>,
+    ) -> Result<Outcome<T>, TierError> {
+        let report = self.report_granted(job, grants).await?;
         Ok(stockade_verify::verify(report, contract))
     }
 }

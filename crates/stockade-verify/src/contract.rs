@@ -46,6 +46,7 @@ pub struct Contract<T> {
     assertion: AssertFn<T>,
     expected_exit: i32,
     required: Vec<Mechanism>,
+    no_denied_grants: bool,
 }
 
 impl<T> fmt::Debug for Contract<T> {
@@ -54,6 +55,7 @@ impl<T> fmt::Debug for Contract<T> {
             .field("budget", &self.budget)
             .field("expected_exit", &self.expected_exit)
             .field("required", &self.required)
+            .field("no_denied_grants", &self.no_denied_grants)
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +85,14 @@ impl<T> Contract<T> {
         parse: ParseFn<T>,
         assertion: impl Fn(&T) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
-        Self { budget, parse, assertion: Box::new(assertion), expected_exit: 0, required: Vec::new() }
+        Self {
+            budget,
+            parse,
+            assertion: Box::new(assertion),
+            expected_exit: 0,
+            required: Vec::new(),
+            no_denied_grants: false,
+        }
     }
 
     /// Requires that the report lists `mechanism` as enforced.
@@ -93,6 +102,20 @@ impl<T> Contract<T> {
             self.required.push(mechanism);
         }
         self
+    }
+
+    /// Refuses a run in which the broker denied any grant call, or ended the broker
+    /// session early (a malformed frame, a flood): [`crate::Refusal::GrantDenied`].
+    #[must_use]
+    pub fn no_denied_grants(mut self) -> Self {
+        self.no_denied_grants = true;
+        self
+    }
+
+    /// Whether a denied grant call refuses the run.
+    #[must_use]
+    pub fn denies_on_denied_grants(&self) -> bool {
+        self.no_denied_grants
     }
 
     /// Expects exit code `code` instead of 0.

@@ -43,8 +43,9 @@
 //!     the output parsed, and the assertion passed.
 //!     (pinned by: tests/it/verify.rs::g1_*, tests/ui/fail/construct_outside.rs)
 //! G2. Every other report is a specific [`Refusal`], checked in a fixed order (failed to
-//!     start, enforcement missing, timeout, cpu limit, out of memory, output too large,
-//!     signal or trap, exit code, malformed output, assertion).
+//!     start, enforcement missing, a denied grant call when the contract forbids them,
+//!     timeout, cpu limit, out of memory, output too large, signal or trap, exit code,
+//!     malformed output, assertion).
 //!     (pinned by: tests/it/verify.rs::g2_*)
 //! G3. Verify trusts no summary it can recompute: it compares the reported wall time with
 //!     the contract's deadline itself, recounts the captured bytes against the budget, and
@@ -95,6 +96,7 @@
 //! | refusal | code |
 //! |---|---|
 //! | [`Refusal::NonZeroExit`] | the program's own exit code, as `timeout(1)` and `docker run` pass it through (1 when it exited 0 but another code was expected, or its code is out of range) |
+//! | [`Refusal::GrantDenied`] | 116 |
 //! | [`Refusal::Trapped`] | 117 |
 //! | [`Refusal::EnforcementMissing`] | 118 |
 //! | [`Refusal::OutOfMemory`] | 119 |
@@ -201,6 +203,23 @@ fn check<T: fmt::Debug>(report: &Report, contract: &Contract<T>) -> Result<T, Re
     }
     if let Some(&mechanism) = contract.required().iter().find(|m| !report.enforced(**m)) {
         return Err(Refusal::EnforcementMissing { mechanism });
+    }
+    if contract.denies_on_denied_grants()
+        && let Some(g) = &report.grants
+    {
+        if let Some(reason) = &g.session_ended {
+            return Err(Refusal::GrantDenied {
+                detail: refusal::excerpt(format!("the broker session ended: {reason}").as_bytes()),
+            });
+        }
+        if g.denied > 0 {
+            let first = g.calls.iter().find(|c| c.outcome == stockade_protocol::GrantOutcome::Denied);
+            let detail = match first {
+                Some(c) => format!("{} of {} calls denied; first: {} by rule {}", g.denied, g.total, c.grant, c.rule),
+                None => format!("{} of {} calls denied", g.denied, g.total),
+            };
+            return Err(Refusal::GrantDenied { detail: refusal::excerpt(detail.as_bytes()) });
+        }
     }
     if report.status == Status::TimedOut || report.wall > budget.deadline() {
         return Err(Refusal::Timeout { limit: budget.deadline(), elapsed: report.wall });

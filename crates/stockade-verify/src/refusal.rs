@@ -97,6 +97,14 @@ pub enum Refusal {
         /// The rejected value, as a diagnostic only.
         rejected: Rejected,
     },
+    /// The contract forbids denied grant calls, and the broker denied one (or ended the
+    /// broker session early).
+    #[error("grant denied: {detail}")]
+    #[non_exhaustive]
+    GrantDenied {
+        /// Which call and which rule, or why the session ended (escaped, bounded).
+        detail: String,
+    },
     /// The report was unusable (inconsistent counts, an unknown status): stockade's fault,
     /// never the guest's success.
     #[error("verification error: {reason}")]
@@ -115,6 +123,7 @@ impl Refusal {
             // The program's own code, as `timeout(1)` and `docker run` pass it through; 1 when
             // it exited 0 but the contract expected another code (0 must mean verified).
             Self::NonZeroExit { code, .. } => u8::try_from(*code).ok().filter(|c| *c != 0).unwrap_or(1),
+            Self::GrantDenied { .. } => 116,
             Self::Trapped { .. } => 117,
             Self::EnforcementMissing { .. } => 118,
             Self::OutOfMemory => 119,

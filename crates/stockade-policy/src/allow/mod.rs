@@ -48,15 +48,18 @@ pub enum Source {
     Config,
     /// Derived from the output of the named tool (possibly attacker-influenced).
     Tool(String),
+    /// Sent by code running in a sandbox (a grant call): never trusted.
+    Sandbox,
 }
 
 impl Source {
-    /// Parses `user`, `config` or `tool:NAME`.
+    /// Parses `user`, `config`, `sandbox` or `tool:NAME`.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "user" => Some(Self::User),
             "config" => Some(Self::Config),
+            "sandbox" => Some(Self::Sandbox),
             _ => s.strip_prefix("tool:").filter(|t| !t.is_empty()).map(|t| Self::Tool(t.to_owned())),
         }
     }

@@ -278,3 +278,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn g2_a_denied_grant_call_refuses_only_a_contract_that_forbids_it() {
+    use stockade_protocol::{GrantCall, GrantOutcome, GrantsReport};
+    let mut grants = GrantsReport::default();
+    grants.record(GrantCall::new("add", GrantOutcome::Ok, "adders", (40, 30), Duration::from_micros(20)));
+    grants.record(GrantCall::new("send", GrantOutcome::Denied, "default-deny", (40, 30), Duration::from_micros(20)));
+    let report = exited(0, br#"{"n":42}"#).with_grants(grants.clone());
+    // Without the requirement, a denial is the guest's business.
+    assert_eq!(check(report.clone()), "verified Answer { n: 42 }");
+    let strict = contract().no_denied_grants();
+    let refused = check_with(report, &strict);
+    assert!(
+        refused.starts_with("116 grant denied: 1 of 2 calls denied; first: send by rule default-deny"),
+        "{refused}"
+    );
+    // A broker session ended early (a flood, a malformed frame) is refused too.
+    let mut ended = GrantsReport::default();
+    ended.session_ended = Some("more than 1024 grant calls".into());
+    let refused = check_with(exited(0, br#"{"n":42}"#).with_grants(ended), &strict);
+    assert!(refused.starts_with("116 grant denied: the broker session ended: more than 1024"), "{refused}");
+    // A clean broker record passes.
+    let mut clean = GrantsReport::default();
+    clean.record(GrantCall::new("add", GrantOutcome::Ok, "adders", (1, 1), Duration::ZERO));
+    assert_eq!(check_with(exited(0, br#"{"n":42}"#).with_grants(clean), &strict), "verified Answer { n: 42 }");
+    // It ranks after a failed start and missing enforcement, before the timeout.
+    let timed_out = with_status(exited(0, b""), Status::TimedOut).with_grants(grants);
+    assert!(check_with(timed_out, &strict).starts_with("116"));
+}

@@ -1,0 +1,346 @@
+//! The broker: one session per run, serving the run's grants over the broker wire protocol
+//! (`stockade_protocol::broker`), on a unix socket in a per-run directory (process and
+//! docker tiers) or through in-process calls (the wasm tier's `host.call`).
+//!
+//! Order of operations for each call: bound the frame (before allocating), parse it
+//! strictly, count it, resolve the grant, check the arguments against its schema and ask
+//! the policy (the arguments' source is `sandbox`), run the function under the per-call
+//! deadline and the concurrency bound, cap the reply, record the call, answer.
+
+use std::io;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use serde_json::Value;
+use stockade_policy::allow::{Context, Decision, Ledger, Policy, Registry, Source, ToolCall};
+use stockade_protocol::broker::{BrokerFrame, GRANTS_SOCKET, LIST_GRANT, ReplyBody, ReplyError};
+use stockade_protocol::{DecodeError, FrameCodec, GrantCall, GrantOutcome, GrantsReport};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::grants::Grants;
+
+/// The guest client, built by the build script (empty where no static C toolchain exists).
+const CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stockade-call"));
+
+/// The uid and gid the process tier and the docker tier give a guest when stockade runs as
+/// root; the grants directory is shared with that group only.
+const NOBODY: u32 = 65534;
+
+/// A session ended for good: the reason, for the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ended(pub(crate) String);
+
+struct State {
+    ledger: Ledger,
+    report: GrantsReport,
+    calls: u64,
+}
+
+/// One run's broker session. Shared by every connection (and every `host.call`) of the run.
+pub(crate) struct Session {
+    grants: Arc<Grants>,
+    policy: Arc<Policy>,
+    start: Instant,
+    state: Mutex<State>,
+    slots: Semaphore,
+    closed: AtomicBool,
+    ended: watch::Sender<Option<String>>,
+}
+
+fn reply(id: u64, body: ReplyBody) -> Vec<u8> {
+    BrokerFrame::Reply { id, body }.to_bytes()
+}
+
+fn error(code: &str, message: impl Into<String>) -> ReplyBody {
+    ReplyBody::Error(ReplyError::new(code, message))
+}
+
+impl Session {
+    pub(crate) fn new(grants: Arc<Grants>) -> Arc<Self> {
+        let policy = grants.policy.clone().unwrap_or_else(|| Arc::new(Policy::deny_all(Registry::new())));
+        let slots = Semaphore::new(grants.limits.concurrency.max(1));
+        Arc::new(Self {
+            grants,
+            policy,
+            start: Instant::now(),
+            state: Mutex::new(State { ledger: Ledger::new(), report: GrantsReport::default(), calls: 0 }),
+            slots,
+            closed: AtomicBool::new(false),
+            ended: watch::channel(None).0,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends the session for good (a protocol error or a flood): every connection closes and
+    /// every later call fails. The first reason is kept.
+    pub(crate) fn end(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.ended.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    fn ended_reason(&self) -> Option<String> {
+        self.ended.borrow().clone()
+    }
+
+    /// A receiver that changes when the session ends.
+    pub(crate) fn watch_end(&self) -> watch::Receiver<Option<String>> {
+        self.ended.subscribe()
+    }
+
+    /// The run is over: later calls are refused. Returns what the broker saw.
+    pub(crate) fn close(&self) -> GrantsReport {
+        self.closed.store(true, Ordering::SeqCst);
+        let mut report = std::mem::take(&mut self.state().report);
+        report.session_ended = self.ended_reason();
+        report
+    }
+
+    fn record(&self, grant: &str, outcome: GrantOutcome, rule: &str, bytes_in: usize, bytes_out: usize, t0: Instant) {
+        let call = GrantCall::new(grant, outcome, rule, (bytes_in as u64, bytes_out as u64), t0.elapsed());
+        self.state().report.record(call);
+    }
+
+    /// Handles one call frame's payload and returns the reply's payload, or ends the
+    /// session (`Err`) when the payload breaks the protocol or the run's call bound.
+    pub(crate) async fn handle(&self, payload: &[u8]) -> Result<Vec<u8>, Ended> {
+        let t0 = Instant::now();
+        if let Some(reason) = self.ended_reason() {
+            return Err(Ended(reason));
+        }
+        let limit = self.grants.limits.max_call_bytes as usize;
+        if payload.len() > limit {
+            let reason = format!("a call of {} bytes is over the maximum of {limit}", payload.len());
+            self.end(reason.clone());
+            return Err(Ended(reason));
+        }
+        let (id, grant, args) = match BrokerFrame::parse(payload) {
+            Ok(BrokerFrame::Call { id, grant, args }) => (id, grant, args),
+            Ok(_) => {
+                let reason = "the guest sent a frame that is not a call".to_owned();
+                self.end(reason.clone());
+                return Err(Ended(reason));
+            }
+            Err(e) => {
+                let reason = format!("malformed call frame: {e}");
+                self.end(reason.clone());
+                return Err(Ended(reason));
+            }
+        };
+        let name = grant.as_str();
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(reply(id, error("refused", "the run has ended")));
+        }
+        let calls = {
+            let mut st = self.state();
+            st.calls += 1;
+            st.calls
+        };
+        let max = u64::from(self.grants.limits.max_calls);
+        if calls > max {
+            self.record(name, GrantOutcome::Refused, "max-calls", payload.len(), 0, t0);
+            let reason = format!("more than {max} grant calls");
+            self.end(reason.clone());
+            return Err(Ended(reason));
+        }
+        let (outcome, rule, body) = self.dispatch(name, args).await;
+        let mut out = reply(id, body);
+        let (outcome, rule) = if out.len() > self.grants.limits.max_reply_bytes as usize {
+            let msg = format!(
+                "the result of {} bytes is over the maximum of {}",
+                out.len(),
+                self.grants.limits.max_reply_bytes
+            );
+            out = reply(id, error("too_large", msg));
+            (GrantOutcome::Failed, "reply-too-large".to_owned())
+        } else {
+            (outcome, rule)
+        };
+        self.record(name, outcome, &rule, payload.len(), out.len(), t0);
+        Ok(out)
+    }
+
+    async fn dispatch(&self, name: &str, args: Value) -> (GrantOutcome, String, ReplyBody) {
+        if name == LIST_GRANT {
+            return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(self.grants.manifest()));
+        }
+        if let Some(value) = self.grants.data.get(name) {
+            return (GrantOutcome::Ok, "data-grant".into(), ReplyBody::Result(value.clone()));
+        }
+        let Some(function) = self.grants.functions.get(name) else {
+            let body = error("denied", format!("this run has no grant named {name:?}"));
+            return (GrantOutcome::Denied, "unknown-grant".into(), body);
+        };
+        let Some(call) = ToolCall::from_json(name, &args, &Source::Sandbox) else {
+            let body = error("bad_args", "a function grant takes its arguments as one JSON object");
+            return (GrantOutcome::Denied, "bad-args".into(), body);
+        };
+        let now = self.start.elapsed();
+        let decision = {
+            let mut st = self.state();
+            let decision = self.policy.authorize(&call, &Context::new(&st.ledger, now));
+            if let Decision::Allow(permit) = &decision {
+                st.ledger.record(permit, now);
+            }
+            decision
+        };
+        let rule = decision.rule().to_owned();
+        let permit = match decision {
+            Decision::Allow(permit) => permit,
+            Decision::Ask { rule, .. } => {
+                let msg = format!("rule `{rule}` asks for approval, and a sandbox call has no one to ask");
+                return (GrantOutcome::Denied, rule, error("denied", msg));
+            }
+            Decision::Deny { rule, reason } => {
+                let code =
+                    if matches!(rule.as_str(), "bad-argument" | "unknown-argument") { "bad_args" } else { "denied" };
+                return (GrantOutcome::Denied, rule, error(code, reason));
+            }
+        };
+        let timeout = self.grants.limits.call_timeout;
+        let run = async {
+            let _slot = self.slots.acquire().await;
+            function.handler.call(permit).await
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(Ok(value)) => (GrantOutcome::Ok, rule, ReplyBody::Result(value)),
+            Ok(Err(message)) => (GrantOutcome::Failed, rule, error("failed", message)),
+            Err(_) => {
+                (GrantOutcome::Failed, rule, error("failed", format!("timed out after {} ms", timeout.as_millis())))
+            }
+        }
+    }
+}
+
+/// A per-run grants directory on the host: the broker's socket, the client, the data. It is
+/// removed when dropped. Only the run's guest user (and the invoking user) can enter it.
+#[derive(Debug)]
+pub(crate) struct GrantsDir {
+    path: PathBuf,
+}
+
+impl Drop for GrantsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn random_hex() -> io::Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+impl GrantsDir {
+    /// Creates the directory under `parent` (mode 0700, or root:65534 0750 when running as
+    /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the
+    /// client and the data grants, and binds the listening socket.
+    pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener)> {
+        let path = parent.join(format!("stockade-grants-{}", random_hex()?));
+        std::fs::create_dir(&path)?;
+        let dir = Self { path };
+        // The owner of a directory this process just created is its effective uid.
+        let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir.path)?) == 0;
+        let share = |p: &Path, mode: u32| -> io::Result<()> {
+            if root {
+                chown(p, Some(0), Some(NOBODY))?;
+            }
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        };
+        share(&dir.path, if root { 0o750 } else { 0o700 })?;
+        if !CLIENT.is_empty() {
+            let bin = dir.path.join("bin");
+            std::fs::create_dir(&bin)?;
+            share(&bin, 0o750)?;
+            let client = bin.join("stockade-call");
+            std::fs::write(&client, CLIENT)?;
+            share(&client, 0o750)?;
+        }
+        let data = dir.path.join("data");
+        std::fs::create_dir(&data)?;
+        share(&data, 0o750)?;
+        for (name, value) in &grants.data {
+            let file = data.join(format!("{name}.json"));
+            std::fs::write(&file, serde_json::to_vec(value).unwrap_or_default())?;
+            share(&file, 0o640)?;
+        }
+        let socket = dir.path.join(GRANTS_SOCKET);
+        let listener = UnixListener::bind(&socket)?;
+        share(&socket, 0o660)?;
+        Ok((dir, listener))
+    }
+
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Serves `session` on `listener` until the session ends or the task is aborted.
+pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
+    let limits = session.grants.limits;
+    let codec = FrameCodec::new(limits.max_call_bytes);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut ended = session.watch_end();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = ended.changed() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // Over the connection bound: closed at once, the session goes on.
+                    drop(stream);
+                    continue;
+                };
+                let session = session.clone();
+                conns.spawn(async move {
+                    connection(stream, &session, codec).await;
+                    drop(slot);
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.abort_all();
+}
+
+async fn connection(mut stream: UnixStream, session: &Session, codec: FrameCodec) {
+    let mut ended = session.watch_end();
+    loop {
+        let frame = tokio::select! {
+            _ = ended.changed() => return,
+            f = codec.read_frame_async(&mut stream) => f,
+        };
+        let payload = match frame {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(DecodeError::TooLarge { len, max, .. }) => {
+                return session.end(format!("a frame announced {len} bytes, over the maximum of {max}"));
+            }
+            Err(DecodeError::Truncated { expected, got, .. }) => {
+                return session.end(format!("a frame was cut short after {got} of {expected} bytes"));
+            }
+            Err(_) => return,
+        };
+        let Ok(out) = session.handle(&payload).await else { return };
+        let reply_codec = FrameCodec::new(session.grants.limits.max_reply_bytes.max(1 << 10));
+        if reply_codec.write_frame_async(&mut stream, &out).await.is_err() {
+            return;
+        }
+    }
+}

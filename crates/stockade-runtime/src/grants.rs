@@ -1,0 +1,291 @@
+//! What a job is granted: named data, named host functions, and the policy that decides
+//! every function call.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use stockade_policy::allow::{Permit, Policy, Registry, ToolSpec};
+use stockade_protocol::broker::{GrantName, LIST_GRANT};
+
+/// Largest size of all data grants of one job together, serialised: 1 MiB.
+pub const MAX_DATA_BYTES: usize = 1 << 20;
+
+/// Most grants (data and functions together) one job may have: 64.
+pub const MAX_GRANTS: usize = 64;
+
+/// What a function grant's future yields: a JSON result, or an error message for the guest.
+pub type GrantResult = Result<Value, String>;
+
+/// A boxed future of a [`GrantResult`].
+pub type GrantFuture = Pin<Box<dyn Future<Output = GrantResult> + Send>>;
+
+/// A host function a guest may call. It runs only with the [`Permit`] the policy minted
+/// for exactly this call (`permit.call().args_json()` are the arguments). The arguments
+/// come from the sandbox (source `sandbox`): the broker has checked them against the
+/// grant's schema and the policy, and nothing more.
+pub trait GrantFn: Send + Sync {
+    /// Runs the function. The broker bounds its time; a future that is dropped at the
+    /// deadline must leave nothing running (spawned work is the implementor's to bound).
+    fn call(&self, permit: Permit) -> GrantFuture;
+}
+
+impl<F, Fut> GrantFn for F
+where
+    F: Fn(Permit) -> Fut + Send + Sync,
+    Fut: Future<Output = GrantResult> + Send + 'static,
+{
+    fn call(&self, permit: Permit) -> GrantFuture {
+        Box::pin(self(permit))
+    }
+}
+
+/// A grant could not be declared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrantError {
+    /// The name is not a grant name (1–64 bytes of `[A-Za-z0-9_.-]`), or is reserved.
+    #[error("invalid grant name {0:?}: 1-64 bytes of [A-Za-z0-9_.-], and not `stockade.*`")]
+    Name(String),
+    /// Two grants share a name.
+    #[error("grant {0:?} is declared twice")]
+    Duplicate(String),
+    /// More than [`MAX_GRANTS`] grants.
+    #[error("at most {MAX_GRANTS} grants per job")]
+    TooMany,
+    /// The data grants are larger than [`MAX_DATA_BYTES`] together.
+    #[error("data grants of {0} bytes exceed the maximum of {MAX_DATA_BYTES} bytes")]
+    DataTooLarge(usize),
+    /// A function's argument schema is not one the policy can check.
+    #[error("grant {name:?}: {reason}")]
+    Schema {
+        /// The grant.
+        name: String,
+        /// What is wrong with its schema.
+        reason: String,
+    },
+}
+
+fn grant_name(name: &str) -> Result<GrantName, GrantError> {
+    if name.starts_with("stockade.") || name == LIST_GRANT {
+        return Err(GrantError::Name(name.into()));
+    }
+    GrantName::new(name).map_err(|_| GrantError::Name(name.into()))
+}
+
+/// A named host function with a JSON Schema for its arguments object.
+#[derive(Clone)]
+pub struct FunctionGrant {
+    pub(crate) name: GrantName,
+    pub(crate) schema: Value,
+    pub(crate) spec: ToolSpec,
+    pub(crate) params: Vec<String>,
+    pub(crate) handler: Arc<dyn GrantFn>,
+}
+
+impl fmt::Debug for FunctionGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FunctionGrant").field("name", &self.name).field("params", &self.params).finish_non_exhaustive()
+    }
+}
+
+impl FunctionGrant {
+    /// A function `name` whose arguments object follows `schema` (`type: object` with
+    /// `properties` and `required`, the form OpenAI tool definitions use; see
+    /// `stockade_policy::allow::ToolSpec::from_json_schema` for the subset understood).
+    ///
+    /// The names in `required`, in order, are also the function's positional parameters:
+    /// a JavaScript guest may call `add(1, 2)` for `{"a":1,"b":2}` when `required` is
+    /// `["a","b"]`.
+    pub fn new(name: &str, schema: Value, handler: impl GrantFn + 'static) -> Result<Self, GrantError> {
+        let name = grant_name(name)?;
+        let spec = ToolSpec::from_json_schema(name.as_str(), &schema)
+            .map_err(|e| GrantError::Schema { name: name.as_str().into(), reason: e.to_string() })?;
+        let params = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        Ok(Self { name, schema, spec, params, handler: Arc::new(handler) })
+    }
+
+    /// The grant's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+}
+
+/// Bounds on one run's grant calls. Reaching `max_calls` or sending a frame over
+/// `max_call_bytes` ends the run's broker session; the others fail the one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GrantLimits {
+    /// Most calls per run (default 1024).
+    pub max_calls: u32,
+    /// Largest call frame, in bytes (default 64 KiB).
+    pub max_call_bytes: u32,
+    /// Largest reply frame, in bytes (default 2 MiB; a larger result fails the call).
+    pub max_reply_bytes: u32,
+    /// Longest a function may run, including its wait for a concurrency slot (default 10 s).
+    pub call_timeout: Duration,
+    /// Most function calls running at once (default 4).
+    pub concurrency: usize,
+    /// Most broker connections open at once (default 8).
+    pub max_connections: usize,
+}
+
+impl Default for GrantLimits {
+    fn default() -> Self {
+        Self {
+            max_calls: 1024,
+            max_call_bytes: 64 << 10,
+            max_reply_bytes: 2 << 20,
+            call_timeout: Duration::from_secs(10),
+            concurrency: 4,
+            max_connections: 8,
+        }
+    }
+}
+
+impl GrantLimits {
+    /// Sets the most calls per run.
+    #[must_use]
+    pub fn max_calls(mut self, n: u32) -> Self {
+        self.max_calls = n;
+        self
+    }
+
+    /// Sets the per-call time limit.
+    #[must_use]
+    pub fn call_timeout(mut self, d: Duration) -> Self {
+        self.call_timeout = d;
+        self
+    }
+
+    /// Sets the most function calls running at once (at least 1).
+    #[must_use]
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Sets the largest call frame (at least 1 KiB, at most the protocol's 1 MiB frame).
+    #[must_use]
+    pub fn max_call_bytes(mut self, n: u32) -> Self {
+        self.max_call_bytes = n.clamp(1 << 10, stockade_protocol::MAX_FRAME_LEN);
+        self
+    }
+}
+
+/// Everything a job is granted. Fixed when the run starts: the guest cannot add to it.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    pub(crate) data: BTreeMap<String, Value>,
+    data_bytes: usize,
+    pub(crate) functions: BTreeMap<String, FunctionGrant>,
+    pub(crate) policy: Option<Arc<Policy>>,
+    pub(crate) limits: GrantLimits,
+}
+
+impl Grants {
+    /// No grants.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn check_new(&self, name: &str) -> Result<(), GrantError> {
+        if self.data.contains_key(name) || self.functions.contains_key(name) {
+            return Err(GrantError::Duplicate(name.into()));
+        }
+        if self.data.len() + self.functions.len() >= MAX_GRANTS {
+            return Err(GrantError::TooMany);
+        }
+        Ok(())
+    }
+
+    /// Grants the JSON value `value` as `name`. Data is given, not called: reading it needs
+    /// no policy, and every tier shows it to the guest (a file in the grants directory, a
+    /// global in JavaScript, a call through the broker).
+    pub fn data(mut self, name: &str, value: Value) -> Result<Self, GrantError> {
+        grant_name(name)?;
+        self.check_new(name)?;
+        let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(usize::MAX);
+        let total = self.data_bytes.saturating_add(bytes);
+        if total > MAX_DATA_BYTES {
+            return Err(GrantError::DataTooLarge(total));
+        }
+        self.data_bytes = total;
+        self.data.insert(name.into(), value);
+        Ok(self)
+    }
+
+    /// Grants a host function. Every call of it is decided by the [`policy`](Self::policy)
+    /// first; without a policy every call is denied.
+    pub fn function(mut self, f: FunctionGrant) -> Result<Self, GrantError> {
+        self.check_new(f.name())?;
+        self.functions.insert(f.name().into(), f);
+        Ok(self)
+    }
+
+    /// The function grants as a policy registry, to load a policy against:
+    /// `Policy::from_toml(text, &grants.registry())`.
+    #[must_use]
+    pub fn registry(&self) -> Registry {
+        self.functions.values().fold(Registry::new(), |r, f| r.with(f.spec.clone()))
+    }
+
+    /// Decides every function call by `policy`. Its registry should be
+    /// [`registry`](Self::registry): a function it does not know is denied.
+    #[must_use]
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// Like [`policy`](Self::policy), for a policy already shared.
+    #[must_use]
+    pub fn shared_policy(mut self, policy: Arc<Policy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Sets the bounds on calls.
+    #[must_use]
+    pub fn limits(mut self, limits: GrantLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// True if nothing is granted.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty() && self.functions.is_empty()
+    }
+
+    /// The data grants' names.
+    pub fn data_names(&self) -> impl Iterator<Item = &str> {
+        self.data.keys().map(String::as_str)
+    }
+
+    /// The function grants' names.
+    pub fn function_names(&self) -> impl Iterator<Item = &str> {
+        self.functions.keys().map(String::as_str)
+    }
+
+    /// What [`LIST_GRANT`] answers: the data and each function's name, positional
+    /// parameters and schema.
+    pub(crate) fn manifest(&self) -> Value {
+        let functions: Vec<Value> = self
+            .functions
+            .values()
+            .map(|f| serde_json::json!({"name": f.name(), "params": f.params, "schema": f.schema}))
+            .collect();
+        serde_json::json!({ "data": self.data, "functions": functions })
+    }
+}
