@@ -292,6 +292,30 @@ impl Tier for stockade_wasm::WasmTier {
             other => TierError::Internal(other.to_string()),
         })
     }
+
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
+        stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(|e| match e {
+            stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
+            stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
+            other => TierError::Internal(other.to_string()),
+        })
+    }
+}
+
+#[cfg(feature = "wasm")]
+impl stockade_wasm::HostCalls for BrokerCaller {
+    fn call(
+        &self,
+        request: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>> {
+        let session = self.0.clone();
+        Box::pin(async move { session.handle(&request).await.map_err(|e| e.0) })
+    }
+
+    fn abort(&self, reason: String) {
+        self.0.end(reason);
+    }
 }
 
 #[cfg(feature = "docker")]

