@@ -316,10 +316,25 @@ impl DockerTier {
 
     /// Runs an image job. A misbehaving guest is an `Ok` report.
     pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
+        self.run_with(job, None).await
+    }
+
+    /// Runs an image job with the host directory `grants_dir` bound read-only at
+    /// [`spec::GRANTS`] (`/broker`): a broker's socket, its client and the job's data grants
+    /// (`stockade-runtime` serves them). Connecting to a unix socket needs no write access
+    /// to the mount. The directory must be absolute and separate from the workspace.
+    pub async fn run_granted(&self, job: &Job, grants_dir: &std::path::Path) -> Result<Report, DockerError> {
+        self.run_with(job, Some(grants_dir)).await
+    }
+
+    async fn run_with(&self, job: &Job, grants_dir: Option<&std::path::Path>) -> Result<Report, DockerError> {
         let id = run_id();
         let limits = job.limits();
         let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(job, &self.hardening, &id, expires)?;
+        if let (Some(dir), Some(hc)) = (grants_dir, spec.body.host_config.as_mut()) {
+            hc.binds.get_or_insert_with(Vec::new).push(spec::grants_bind(dir, job)?);
+        }
         let protected = match job.workspace() {
             Some(ws) if ws.access() == Access::ReadWrite => Some((ws.path(), protected_paths(ws.path())?)),
             _ => None,

@@ -29,6 +29,25 @@ pub const RUNSC: &str = "runsc";
 /// Host tasks the pids limit allows gVisor's sandbox kernel on top of the job's processes.
 pub const RUNSC_HOST_TASKS: i64 = 512;
 
+/// Where a run's grants directory appears inside the container (read-only).
+pub const GRANTS: &str = "/broker";
+
+/// The read-only bind of a run's grants directory at [`GRANTS`]: absolute, normalised, and
+/// neither inside nor around the job's workspace.
+pub fn grants_bind(dir: &Path, job: &Job) -> Result<String, SpecError> {
+    let bad = |why: &'static str| SpecError::Grants { path: dir.display().to_string(), why };
+    if !dir.is_absolute() || dir.components().any(|c| !matches!(c, Component::RootDir | Component::Normal(_))) {
+        return Err(bad("a grants directory must be an absolute, normalised path"));
+    }
+    if let Some(ws) = job.workspace()
+        && (ws.path().starts_with(dir) || dir.starts_with(ws.path()))
+    {
+        return Err(bad("the grants directory and the workspace must be separate trees"));
+    }
+    let text = dir.to_str().filter(|t| !t.contains(':')).ok_or_else(|| bad("not UTF-8, or contains ':'"))?;
+    Ok(format!("{text}:{GRANTS}:ro"))
+}
+
 /// Where the workspace appears inside the container.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -92,6 +111,14 @@ pub enum SpecError {
     /// A mount directory is unusable.
     #[error("workspace {path:?}: {why}")]
     Mount {
+        /// The host path.
+        path: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A grants directory is unusable.
+    #[error("grants directory {path:?}: {why}")]
+    Grants {
         /// The host path.
         path: String,
         /// Why.

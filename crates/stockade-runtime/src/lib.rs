@@ -286,20 +286,21 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_wasm::WasmTier::run(self, job).await.map_err(|e| match e {
-            stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
-            stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
-            other => TierError::Internal(other.to_string()),
-        })
+        stockade_wasm::WasmTier::run(self, job).await.map_err(wasm_error)
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
-        stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(|e| match e {
-            stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
-            stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
-            other => TierError::Internal(other.to_string()),
-        })
+        stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(wasm_error)
+    }
+}
+
+#[cfg(feature = "wasm")]
+fn wasm_error(e: stockade_wasm::WasmError) -> TierError {
+    match e {
+        stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
+        stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
+        other => TierError::Internal(other.to_string()),
     }
 }
 
@@ -326,14 +327,23 @@ impl Tier for stockade_docker::DockerTier {
     }
 
     async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_docker::DockerTier::run(self, job).await.map_err(|e| match e {
-            stockade_docker::DockerError::Unsupported { mechanism, reason } => {
-                TierError::Unsupported { mechanism, reason }
-            }
-            stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
-            stockade_docker::DockerError::Stage(s) => TierError::Misconfigured(s.to_string()),
-            other => TierError::Internal(other.to_string()),
-        })
+        stockade_docker::DockerTier::run(self, job).await.map_err(docker_error)
+    }
+
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let dir = broker.socket_dir()?;
+        let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
+        stockade_docker::DockerTier::run_granted(self, &job, &dir).await.map_err(docker_error)
+    }
+}
+
+#[cfg(feature = "docker")]
+fn docker_error(e: stockade_docker::DockerError) -> TierError {
+    match e {
+        stockade_docker::DockerError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
+        stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
+        stockade_docker::DockerError::Stage(s) => TierError::Misconfigured(s.to_string()),
+        other => TierError::Internal(other.to_string()),
     }
 }
 
