@@ -26,6 +26,11 @@
 //!     from the environment, and exits 0 with an answer, 3 with no answer (budget spent), 4
 //!     when the endpoint failed, or 125 on a configuration error naming the line and column.
 //!     (pinned by: tests/it/agent.rs::g3_*)
+//! G4. `stockade run --grant-data/--grant-tool` gives the guest exactly the named grants in
+//!     every tier (files and `stockade-call` in the process and docker tiers, globals in
+//!     JavaScript); a granted tool runs on the host only when `--grant-policy` allows the
+//!     call, and `--grant-strict` refuses a run with a denied call (exit 116).
+//!     (pinned by: tests/it/grants.rs::g4_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection.
@@ -37,7 +42,10 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! Reads its arguments, forks (or re-executes) itself as the sandbox helper; for `agent`, reads
+//! Reads its arguments, forks (or re-executes) itself as the sandbox helper; for `run` with
+//! grants, reads the named data, schema and policy files and runs each `--grant-tool`
+//! command on the host (as the user, environment cleared to `PATH`) when a call is allowed;
+//! for `agent`, reads
 //! its config and policy files, the API key's variable, connects to the endpoint and starts the
 //! configured command tools; reads the wasm tier's guest and
 //! cache directories, and for `doctor` probes the host and the Docker socket.
@@ -91,10 +99,13 @@ enum Command {
   stockade run --tier docker -- sh -c 'echo hi'
   stockade run --tier docker --image my-tools:local -- make test
   stockade run --tier docker --docker-runtime runsc -- sh -c 'dmesg | head -1'
+  stockade run --tier wasm --grant-data rows=@rows.json --js 'console.log(rows.length)'
+  stockade run --grant-tool 'add=./add.py' --grant-schema add=@add.json --grant-policy grants.toml \
+    -- sh -c 'stockade-call add {\\\"a\\\":1,\\\"b\\\":2}'
 
 Exit codes: 0 verified; the program's own code when it exited non-zero (1 when it exited 0
 against --expect-exit; a program's code can collide with the ones below, as under timeout(1):
-the refusal line tells them apart); 118 enforcement missing; 119 out of memory;
+the refusal line tells them apart); 116 a grant call was denied (--grant-strict); 118 enforcement missing; 119 out of memory;
 117 wasm trap; 120 cpu limit (wasm: out of fuel); 121 assertion failed; 122 malformed output; 123 output too large;
 124 timeout; 125 stockade failed (e.g. the host cannot enforce the sandbox);
 126 failed to start; 128+N killed by signal N.")]

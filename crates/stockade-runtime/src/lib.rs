@@ -19,18 +19,40 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Grants
+//! A job may be given [`Grants`]: named JSON data, named host functions with a JSON Schema
+//! for their arguments, and the [`policy::allow::Policy`] that decides every function call.
+//! [`Sandbox::report_granted`] serves them for that one run through a broker that speaks
+//! `stockade_protocol::broker`'s wire protocol:
+//!
+//! | tier | how the guest reaches the broker | data grants |
+//! |---|---|---|
+//! | process | `/run/stockade/grants.sock`, in a read-only bind of the run's grants directory | `/run/stockade/data/NAME.json` |
+//! | docker | `/broker/grants.sock`, the same directory bound read-only at `/broker` | `/broker/data/NAME.json` |
+//! | wasm | the `host.call` import, in process (see `stockade_wasm::HostCalls`) | JavaScript globals |
+//!
+//! `$STOCKADE_BROKER` names the socket and `$STOCKADE_GRANTS` the directory; its
+//! `bin/stockade-call NAME JSON` (a static client, on the guest's `PATH` unless the job sets
+//! one) makes a call from a shell. The process tier's choice of a socket in a read-only
+//! directory over a pre-connected socketpair: one transport for the process and docker
+//! tiers, and HTTP clients (the planned model proxy) need a path to connect to; the
+//! process tier's seccomp filter allows unix sockets, so nothing is lost.
+//!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-verify`, and each tier behind its feature
-//! (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`, `stockade-docker`
-//! behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
-//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`TierError`], and the tier
-//! and layer crates re-exported as modules.
+//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, and each tier
+//! behind its feature (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`,
+//! `stockade-docker` behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
+//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`TierError`], [`Grants`],
+//! [`FunctionGrant`], [`Broker`], and the tier and layer crates re-exported as modules.
 //!
 //! # Threat model
-//! Trusted: the host program, the tier implementations, the caller's contract.
+//! Trusted: the host program, the tier implementations, the caller's contract, the grants
+//! and their policy.
 //! Attacker-controlled: everything the tiers' guests produce, which reaches this crate only
-//! as a `Report` and leaves it only through `stockade_verify::verify`.
-//! Out of scope: enforcement itself, which lives in the tier crates.
+//! as a `Report` (leaving it only through `stockade_verify::verify`) or as broker frames:
+//! every byte, length, grant name and argument of a call, their number and their timing.
+//! Out of scope: enforcement itself, which lives in the tier crates; what a function grant
+//! does once the policy allowed it (it is the host's code, and runs unconfined).
 //!
 //! # Guarantees
 //! G1. [`Sandbox::run`] returns a `Verified<T>` only through `stockade_verify::verify` on the
@@ -41,30 +63,44 @@
 //!     (pinned by: tests/it/runtime.rs::g2_*)
 //! G3. [`Tier`] is object safe, and a sandbox has exactly one tier, chosen explicitly.
 //!     (pinned by: tests/it/runtime.rs::g3_*)
+//! G4. A function grant runs only with the `Permit` the grants' policy minted for exactly
+//!     that call. Its arguments carry the source `sandbox`, so no `source = "trusted"` rule
+//!     matches them; a name the run was not granted, arguments that are not the grant's
+//!     schema, or grants without a policy are denied and run nothing. The grants are fixed
+//!     before the run starts.
+//!     (pinned by: tests/it/grants.rs::g4_*)
+//! G5. Each run's broker is bounded: calls per run, bytes per call (checked on the length
+//!     prefix, before anything is allocated), bytes per reply, time per call (the function's
+//!     future is dropped) and calls at once. A malformed frame, a lying length, a stream cut
+//!     inside a frame or a flood ends that run's broker session for every connection and is
+//!     reported; the host goes on.
+//!     (pinned by: tests/it/grants.rs::g5_*)
+//! G6. A call after the run has ended is refused and runs nothing; the run's grants
+//!     directory holds only the socket, the client and the data (no broker state), only the
+//!     invoking user and the tiers' guest user can enter it, and it is removed when the run
+//!     ends; nothing the job carries configures the broker.
+//!     (pinned by: tests/it/grants.rs::g6_*)
+//! G7. The report's `grants` section lists each call's grant, outcome, rule, bytes and
+//!     duration (the first 1024 one by one, every call counted), and the enforcement list
+//!     names the broker.
+//!     (pinned by: tests/it/grants.rs::g7_*)
+//! G8. A tier that cannot carry grants fails closed with [`TierError::Unsupported`]
+//!     (`grants`); the wasm tier refuses grants to its Python guest.
+//!     (pinned by: tests/it/grants.rs::g8_*)
 //!
 //! # Non-guarantees
-//! The runtime isolates nothing itself; each tier's guarantees are its own crate's.
+//! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
+//! function grant is the host's code: the policy decides whether it runs, not what it does.
+//! A host process running as the guest's uid or gid (65534 when stockade runs as root) can
+//! enter a run's grants directory and call its broker while the run lasts. There is no
+//! model proxy yet: a model is not a grant.
 //!
 //! # Failure behaviour
 //! Errors are typed and say whose fault they are (unsupported host, misconfiguration, bug).
+//! A guest that breaks the broker protocol is a normal outcome, recorded in the report.
 //!
 //! # Unsafe
-//! None: `#![forbid(unsafe_code)]`.
-//!
-//! # Ambient authority
-//! None of its own; the tiers it composes document theirs.
-//!
-//! # Feature flags
-//! `process` (default): the Linux subprocess tier, re-exported as `process`.
-//! `wasm`: the WebAssembly tier, re-exported as `wasm`; `wasm-python` adds its opt-in
-//! Python guest; `docker`: the docker tier, re-exported as `docker`. Enabling a feature adds a tier and
-//! never changes a default.
-//!
-//! # Invariants
-//! Stated as absences: no enforcement logic; no policy decisions; no constructor of
-//! `Verified` or `Permit`.
-
-#![forbid(unsafe_code)]
+//! None: `#![forbid(unsafe_code)]
 
 mod broker;
 mod grants;

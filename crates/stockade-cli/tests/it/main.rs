@@ -2,3 +2,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 mod agent;
 mod cli;
+mod grants;

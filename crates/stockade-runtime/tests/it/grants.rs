@@ -1,0 +1,571 @@
+//! Grants and the broker (G4-G8), with a test tier whose "guest" is this test, speaking the
+//! wire protocol on the run's real socket (or through in-process calls, as the wasm tier
+//! does). Real guests in the real tiers are driven through `stockade run` in stockade-cli's
+//! tests and in the escape matrix. Every verdict comes from the host's side: the grant's own
+//! side-effect log, the report, the directory on disk.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use stockade_policy::allow::{Permit, Policy};
+use stockade_protocol::{GrantOutcome, Job, Report, Status};
+use stockade_runtime::{Broker, FunctionGrant, GrantError, GrantLimits, Grants, Sandbox, Tier, TierError};
+
+type Guest = Arc<dyn Fn(PathBuf) -> Vec<Value> + Send + Sync>;
+
+/// A tier whose guest is a closure given the run's socket path; it records what the guest
+/// saw and where the grants directory was. Clones share the records.
+#[derive(Clone)]
+struct SocketTier {
+    guest: Guest,
+    seen: Arc<Mutex<Vec<Value>>>,
+    dir: Arc<Mutex<Option<PathBuf>>>,
+    env: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl std::fmt::Debug for SocketTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SocketTier")
+    }
+}
+
+impl SocketTier {
+    fn new(guest: impl Fn(PathBuf) -> Vec<Value> + Send + Sync + 'static) -> Self {
+        Self { guest: Arc::new(guest), seen: Arc::default(), dir: Arc::default(), env: Arc::default() }
+    }
+}
+
+#[async_trait]
+impl Tier for SocketTier {
+    fn name(&self) -> &'static str {
+        "socket-test"
+    }
+    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let dir = broker.socket_dir()?;
+        let job = broker.guest_job(job, "/run/stockade")?;
+        *self.env.lock().unwrap() = job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect();
+        *self.dir.lock().unwrap() = Some(dir.clone());
+        let guest = self.guest.clone();
+        let socket = dir.join("grants.sock");
+        let seen = tokio::task::spawn_blocking(move || guest(socket)).await.unwrap();
+        *self.seen.lock().unwrap() = seen;
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+}
+
+/// A tier that calls in-process, as the wasm tier's `host.call` does.
+#[derive(Debug, Clone)]
+struct InProcess(Arc<Vec<Vec<u8>>>, Arc<Mutex<Vec<Result<Value, String>>>>);
+
+#[async_trait]
+impl Tier for InProcess {
+    fn name(&self) -> &'static str {
+        "in-process-test"
+    }
+    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+    async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        for frame in self.0.iter() {
+            let r = broker.call(frame).await.map(|b| serde_json::from_slice(&b).unwrap());
+            self.1.lock().unwrap().push(r);
+        }
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn job() -> Job {
+    Job::command("guest", Vec::<String>::new()).unwrap()
+}
+
+fn call_frame(id: u64, grant: &str, args: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"type": "call", "id": id, "grant": grant, "args": args})).unwrap()
+}
+
+/// Sends one framed call on `s` and reads the reply; `None` if the broker closed.
+fn call(s: &mut UnixStream, id: u64, grant: &str, args: Value) -> Option<Value> {
+    let body = call_frame(id, grant, args);
+    s.write_all(&(body.len() as u32).to_be_bytes()).ok()?;
+    s.write_all(&body).ok()?;
+    read_reply(s)
+}
+
+fn read_reply(s: &mut UnixStream) -> Option<Value> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut buf).ok()?;
+    Some(serde_json::from_slice(&buf).unwrap())
+}
+
+fn connect(p: &PathBuf) -> UnixStream {
+    let s = UnixStream::connect(p).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+const ADD_SCHEMA: &str = r#"{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false}"#;
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+[[rule]]
+id = "small-sums"
+tool = "add"
+effect = "allow"
+args.a = { maximum = 1000 }
+
+[[rule]]
+id = "trusted-only"
+tool = "send"
+effect = "allow"
+args.to = { source = "trusted" }
+"#;
+
+/// `add` and `send`, each appending to a side-effect log when (and only when) it runs.
+fn grants(log: &Arc<Mutex<Vec<String>>>) -> Grants {
+    let (l1, l2) = (log.clone(), log.clone());
+    let add = FunctionGrant::new("add", serde_json::from_str(ADD_SCHEMA).unwrap(), move |p: Permit| {
+        let log = l1.clone();
+        async move {
+            let a = p.call().args_json();
+            log.lock().unwrap().push(format!("add {a}"));
+            Ok(json!(a["a"].as_i64().unwrap() + a["b"].as_i64().unwrap()))
+        }
+    })
+    .unwrap();
+    let send_schema = json!({"type":"object","properties":{"to":{"type":"string"}},"required":["to"]});
+    let send = FunctionGrant::new("send", send_schema, move |p: Permit| {
+        let log = l2.clone();
+        async move {
+            log.lock().unwrap().push(format!("send {}", p.call().args_json()));
+            Ok(Value::Null)
+        }
+    })
+    .unwrap();
+    let g = Grants::new().data("rows", json!([1, 2, 3])).unwrap().function(add).unwrap().function(send).unwrap();
+    let policy = Policy::from_toml(POLICY, &g.registry()).unwrap();
+    g.policy(policy)
+}
+
+fn run(tier: SocketTier, grants: Grants) -> (Report, SocketTier) {
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap();
+    (report, tier)
+}
+
+#[test]
+fn g4_a_function_runs_only_when_the_policy_allows_it() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        vec![
+            call(&mut s, 1, "add", json!({"a": 2, "b": 3})).unwrap(),
+            call(&mut s, 2, "add", json!({"a": 5000, "b": 3})).unwrap(),
+            call(&mut s, 3, "add", json!({"a": "2", "b": 3})).unwrap(),
+            call(&mut s, 4, "add", json!({"a": 2, "b": 3, "c": 1})).unwrap(),
+            call(&mut s, 5, "add", json!([2, 3])).unwrap(),
+            call(&mut s, 6, "delete_everything", json!({})).unwrap(),
+            call(&mut s, 7, "rows", Value::Null).unwrap(),
+        ]
+    });
+    let (report, tier) = run(tier, grants(&log));
+    let seen = tier.seen.lock().unwrap().clone();
+    assert_eq!(seen[0], json!({"type": "reply", "id": 1, "result": 5}));
+    assert_eq!(seen[1]["error"]["code"], "denied", "{}", seen[1]);
+    assert_eq!(seen[2]["error"]["code"], "bad_args", "{}", seen[2]);
+    assert_eq!(seen[3]["error"]["code"], "bad_args", "{}", seen[3]);
+    assert_eq!(seen[4]["error"]["code"], "bad_args", "{}", seen[4]);
+    assert_eq!(seen[5]["error"]["code"], "denied", "{}", seen[5]);
+    assert_eq!(seen[6]["result"], json!([1, 2, 3]));
+    // The host's own record: only the allowed call ran.
+    assert_eq!(*log.lock().unwrap(), vec![r#"add {"a":2,"b":3}"#.to_owned()]);
+    let g = report.grants.unwrap();
+    let rules: Vec<(&str, GrantOutcome, &str)> =
+        g.calls.iter().map(|c| (c.grant.as_str(), c.outcome, c.rule.as_str())).collect();
+    assert_eq!(
+        rules,
+        vec![
+            ("add", GrantOutcome::Ok, "small-sums"),
+            ("add", GrantOutcome::Denied, "default-deny"),
+            ("add", GrantOutcome::Denied, "bad-argument"),
+            ("add", GrantOutcome::Denied, "unknown-argument"),
+            ("add", GrantOutcome::Denied, "bad-args"),
+            ("delete_everything", GrantOutcome::Denied, "unknown-grant"),
+            ("rows", GrantOutcome::Ok, "data-grant"),
+        ]
+    );
+    assert_eq!((g.total, g.denied), (7, 5));
+}
+
+#[test]
+fn g4_sandbox_arguments_are_never_trusted_and_no_policy_denies_everything() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // `send` is allowed only for a trusted `to`; from the sandbox it never is.
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        vec![call(&mut s, 1, "send", json!({"to": "riverhold"})).unwrap()]
+    });
+    let (report, tier) = run(tier, grants(&log));
+    assert_eq!(tier.seen.lock().unwrap()[0]["error"]["code"], "denied");
+    assert_eq!(report.grants.unwrap().calls[0].rule, "default-deny");
+    // Grants without a policy: every function call is denied, data still reads.
+    let l = log.clone();
+    let add = FunctionGrant::new("add", serde_json::from_str(ADD_SCHEMA).unwrap(), move |_p: Permit| {
+        let log = l.clone();
+        async move {
+            log.lock().unwrap().push("ran".into());
+            Ok(Value::Null)
+        }
+    })
+    .unwrap();
+    let no_policy = Grants::new().data("rows", json!(1)).unwrap().function(add).unwrap();
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        vec![call(&mut s, 1, "add", json!({"a": 1, "b": 2})).unwrap(), call(&mut s, 2, "rows", json!({})).unwrap()]
+    });
+    let (_, tier) = run(tier, no_policy);
+    let seen = tier.seen.lock().unwrap().clone();
+    assert_eq!(seen[0]["error"]["code"], "denied");
+    assert_eq!(seen[1]["result"], 1);
+    assert!(log.lock().unwrap().is_empty(), "a function ran without a policy: {:?}", log.lock().unwrap());
+}
+
+#[test]
+fn g4_grant_names_are_checked_and_fixed_before_the_run() {
+    let f = |name: &str| {
+        FunctionGrant::new(name, json!({"type": "object", "properties": {}}), |_p: Permit| async { Ok(Value::Null) })
+    };
+    assert!(matches!(f("stockade.list"), Err(GrantError::Name(_))));
+    assert!(matches!(f("bad name"), Err(GrantError::Name(_))));
+    assert!(matches!(f(&"x".repeat(65)), Err(GrantError::Name(_))));
+    assert!(matches!(
+        FunctionGrant::new("f", json!({"type": "string"}), |_p: Permit| async { Ok(Value::Null) }),
+        Err(GrantError::Schema { .. })
+    ));
+    let g = Grants::new().data("a", json!(1)).unwrap();
+    assert!(matches!(g.clone().data("a", json!(2)), Err(GrantError::Duplicate(_))));
+    assert!(matches!(g.function(f("a").unwrap()), Err(GrantError::Duplicate(_))));
+    let big = json!("x".repeat(stockade_runtime::MAX_DATA_BYTES));
+    assert!(matches!(Grants::new().data("big", big), Err(GrantError::DataTooLarge(_))));
+    let mut many = Grants::new();
+    for i in 0..stockade_runtime::MAX_GRANTS {
+        many = many.data(&format!("d{i}"), json!(i)).unwrap();
+    }
+    assert!(matches!(many.data("one-more", json!(0)), Err(GrantError::TooMany)));
+}
+
+#[test]
+fn g5_a_lying_length_ends_the_session_without_allocating_it() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        // Announce 4 GiB - 1, send nine bytes, and wait: the broker must refuse at the header.
+        s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        let _ = s.write_all(b"{\"type\":");
+        let first = read_reply(&mut s);
+        // The whole session is over: a fresh connection's call is not answered.
+        let mut again = connect(&sock);
+        let second = call(&mut again, 1, "add", json!({"a": 1, "b": 1}));
+        vec![json!(first.is_some()), json!(second.is_some())]
+    });
+    let (report, tier) = run(tier, grants(&log));
+    assert_eq!(*tier.seen.lock().unwrap(), vec![json!(false), json!(false)]);
+    let g = report.grants.unwrap();
+    assert!(g.session_ended.as_deref().unwrap().contains("announced 4294967295 bytes"), "{g:?}");
+    assert!(log.lock().unwrap().is_empty());
+}
+
+#[test]
+fn g5_malformed_and_truncated_frames_end_the_session() {
+    for (what, bytes) in [
+        ("not json", b"\x00\x00\x00\x05hello".to_vec()),
+        ("a reply", {
+            let b = br#"{"type":"reply","id":1,"result":1}"#.to_vec();
+            [(b.len() as u32).to_be_bytes().to_vec(), b].concat()
+        }),
+        ("unknown field", {
+            let b = br#"{"type":"call","id":1,"grant":"add","args":{},"x":1}"#.to_vec();
+            [(b.len() as u32).to_be_bytes().to_vec(), b].concat()
+        }),
+        ("cut short", b"\x00\x00\x01\x00{\"type\"".to_vec()),
+    ] {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let tier = SocketTier::new(move |sock| {
+            let mut s = connect(&sock);
+            s.write_all(&bytes).unwrap();
+            if what == "cut short" {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            vec![json!(read_reply(&mut s).is_some())]
+        });
+        let (report, tier) = run(tier, grants(&log));
+        assert_eq!(*tier.seen.lock().unwrap(), vec![json!(false)], "{what}");
+        assert!(report.grants.unwrap().session_ended.is_some(), "{what}");
+    }
+}
+
+#[test]
+fn g5_a_flood_of_calls_ends_the_session_at_the_bound() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        let mut answered = 0;
+        for i in 0..10_000 {
+            if call(&mut s, i, "add", json!({"a": 1, "b": 1})).is_none() {
+                break;
+            }
+            answered += 1;
+        }
+        vec![json!(answered)]
+    });
+    let (report, tier) = run(tier, grants(&log).limits(GrantLimits::default().max_calls(100)));
+    assert_eq!(tier.seen.lock().unwrap()[0], json!(100));
+    assert_eq!(log.lock().unwrap().len(), 100, "the function ran more often than the bound");
+    let g = report.grants.unwrap();
+    assert_eq!(g.total, 101);
+    assert_eq!(g.session_ended.as_deref(), Some("more than 100 grant calls"));
+}
+
+#[test]
+fn g5_ten_thousand_calls_are_counted_and_the_records_are_bounded() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let frames: Vec<Vec<u8>> = (0..10_000).map(|i| call_frame(i, "add", json!({"a": 1, "b": 1}))).collect();
+    let tier = InProcess(Arc::new(frames), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let grants = grants(&log).limits(GrantLimits::default().max_calls(20_000));
+    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap();
+    let g = report.grants.unwrap();
+    assert_eq!(g.total, 10_000);
+    assert_eq!(g.calls.len(), stockade_protocol::MAX_GRANT_RECORDS);
+    assert!(tier.1.lock().unwrap().iter().all(|r| r.as_ref().is_ok_and(|v| v["result"] == 2)));
+}
+
+#[test]
+fn g5_a_slow_function_is_cut_at_its_timeout_and_concurrency_is_bounded() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (r, p) = (running.clone(), peak.clone());
+    let slow = FunctionGrant::new(
+        "slow",
+        json!({"type":"object","properties":{"ms":{"type":"integer"}},"required":["ms"]}),
+        move |permit: Permit| {
+            let (running, peak) = (r.clone(), p.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                let ms = permit.call().args_json()["ms"].as_u64().unwrap();
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(json!(ms))
+            }
+        },
+    )
+    .unwrap();
+    let g = Grants::new().function(slow).unwrap();
+    let policy = Policy::from_toml(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"ok\"\ntool = \"slow\"\neffect = \"allow\"\n",
+        &g.registry(),
+    )
+    .unwrap();
+    let g = g.policy(policy).limits(GrantLimits::default().call_timeout(Duration::from_millis(300)).concurrency(2));
+    let tier = SocketTier::new(|sock| {
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let sock = sock.clone();
+                std::thread::spawn(move || {
+                    let mut s = connect(&sock);
+                    call(&mut s, i, "slow", json!({"ms": if i == 0 { 5_000 } else { 50 }})).unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let (report, tier) = run(tier, g);
+    let seen = tier.seen.lock().unwrap().clone();
+    assert!(seen[0]["error"]["message"].as_str().unwrap().contains("timed out after 300 ms"), "{}", seen[0]);
+    assert!(seen[1..].iter().all(|v| v["result"] == 50), "{seen:?}");
+    assert!(peak.load(Ordering::SeqCst) <= 2, "{} functions ran at once", peak.load(Ordering::SeqCst));
+    // The timed-out future was dropped, not left running.
+    assert_eq!(running.load(Ordering::SeqCst), 1, "only the dropped call never decremented");
+    let failed = report.grants.unwrap().calls.iter().filter(|c| c.outcome == GrantOutcome::Failed).count();
+    assert_eq!(failed, 1);
+}
+
+#[test]
+fn g5_a_reply_over_the_cap_fails_the_call() {
+    let big = FunctionGrant::new("big", json!({"type":"object","properties":{}}), |_p: Permit| async {
+        Ok(json!("y".repeat(3 << 20)))
+    })
+    .unwrap();
+    let g = Grants::new().function(big).unwrap();
+    let policy = Policy::from_toml(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"ok\"\ntool = \"big\"\neffect = \"allow\"\n",
+        &g.registry(),
+    )
+    .unwrap();
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        vec![call(&mut s, 1, "big", json!({})).unwrap(), call(&mut s, 2, "big", json!({})).unwrap()]
+    });
+    let (report, tier) = run(tier, g.policy(policy));
+    let seen = tier.seen.lock().unwrap().clone();
+    assert_eq!(seen[0]["error"]["code"], "too_large");
+    assert_eq!(seen[1]["error"]["code"], "too_large", "the session goes on after a failed call");
+    assert_eq!(report.grants.unwrap().calls[0].rule, "reply-too-large");
+}
+
+#[test]
+fn g6_the_directory_is_private_holds_no_state_and_is_gone_after_the_run() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tier = SocketTier::new(|sock| {
+        let dir = sock.parent().unwrap().to_path_buf();
+        let mut names: Vec<String> = walk(&dir);
+        names.sort();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        let rows = std::fs::read_to_string(dir.join("data/rows.json")).unwrap();
+        vec![json!(names), json!(mode), json!(rows)]
+    });
+    let (_, tier) = run(tier, grants(&log));
+    let seen = tier.seen.lock().unwrap().clone();
+    // The socket, the client, the data: nothing that records calls or decisions.
+    // (The client is built by the build script with `cc -static`, as on every CI host.)
+    let mut expected = vec!["bin", "bin/stockade-call", "data", "data/rows.json", "grants.sock"];
+    expected.sort_unstable();
+    assert_eq!(seen[0], json!(expected));
+    // Only the invoking user and (as root) the guest's group may enter.
+    let root = euid_is_root();
+    assert_eq!(seen[1], json!(if root { 0o750 } else { 0o700 }));
+    assert_eq!(seen[2], json!("[1,2,3]"));
+    let dir = tier.dir.lock().unwrap().clone().unwrap();
+    assert!(!dir.exists(), "{} outlived the run", dir.display());
+    let env = tier.env.lock().unwrap().clone();
+    assert!(env.contains(&("STOCKADE_BROKER".into(), "/run/stockade/grants.sock".into())));
+    assert!(env.iter().any(|(k, v)| k == "PATH" && v.starts_with("/run/stockade/bin:")));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let rel = e.file_name().to_string_lossy().into_owned();
+        out.push(rel.clone());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()).into_iter().map(|n| format!("{rel}/{n}")));
+        }
+    }
+    out
+}
+
+fn euid_is_root() -> bool {
+    let d = std::env::temp_dir().join(format!("stockade-euid-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&d).unwrap()) == 0;
+    std::fs::remove_dir(&d).unwrap();
+    root
+}
+
+#[test]
+fn g6_a_call_after_the_run_has_ended_is_refused() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept: Arc<Mutex<Option<stockade_runtime::BrokerCaller>>> = Arc::default();
+    #[derive(Debug)]
+    struct Keeper(Arc<Mutex<Option<stockade_runtime::BrokerCaller>>>);
+    #[async_trait]
+    impl Tier for Keeper {
+        fn name(&self) -> &'static str {
+            "keeper"
+        }
+        async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+            unreachable!()
+        }
+        async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, TierError> {
+            *self.0.lock().unwrap() = Some(broker.caller());
+            Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+        }
+    }
+    let sandbox = Sandbox::builder().tier(Keeper(kept.clone())).build().unwrap();
+    let rt = rt();
+    rt.block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap();
+    let caller = kept.lock().unwrap().clone().unwrap();
+    let reply = rt.block_on(caller.call(&call_frame(9, "add", json!({"a": 1, "b": 1})))).unwrap();
+    let reply: Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["error"]["code"], "refused");
+    assert_eq!(reply["error"]["message"], "the run has ended");
+    assert!(log.lock().unwrap().is_empty());
+}
+
+#[test]
+fn g6_nothing_the_job_carries_configures_the_broker() {
+    let tier = SocketTier::new(|_| Vec::new());
+    let sandbox = Sandbox::builder().tier(tier).build().unwrap();
+    let job = job().with_env("STOCKADE_BROKER", "/tmp/elsewhere.sock").unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let err = rt().block_on(sandbox.report_granted(&job, Arc::new(grants(&log)))).unwrap_err();
+    assert!(matches!(err, TierError::Misconfigured(ref m) if m.contains("set by the broker")), "{err}");
+}
+
+#[test]
+fn g7_the_report_lists_each_call_and_the_broker_is_enforced() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tier = SocketTier::new(|sock| {
+        let mut s = connect(&sock);
+        vec![
+            call(&mut s, 1, "stockade.list", json!({})).unwrap(),
+            call(&mut s, 2, "add", json!({"a": 1, "b": 2})).unwrap(),
+        ]
+    });
+    let (report, tier) = run(tier, grants(&log));
+    let manifest = &tier.seen.lock().unwrap()[0]["result"];
+    assert_eq!(manifest["data"], json!({"rows": [1, 2, 3]}));
+    assert_eq!(manifest["functions"][0]["name"], "add");
+    assert_eq!(manifest["functions"][0]["params"], json!(["a", "b"]));
+    let g = report.grants.as_ref().unwrap();
+    let add = &g.calls[1];
+    assert_eq!((add.grant.as_str(), add.outcome, add.rule.as_str()), ("add", GrantOutcome::Ok, "small-sums"));
+    assert!(add.bytes_in > 0 && add.bytes_out > 0);
+    assert!(report.enforced(stockade_protocol::Mechanism::GrantsBroker));
+    // Without grants nothing changes: no broker, no section.
+    let plain = rt()
+        .block_on(
+            Sandbox::builder()
+                .tier(SocketTier::new(|_| Vec::new()))
+                .build()
+                .unwrap()
+                .report_granted(&job(), Arc::new(Grants::new())),
+        )
+        .unwrap();
+    assert!(plain.grants.is_none() && !plain.enforced(stockade_protocol::Mechanism::GrantsBroker));
+}
+
+#[test]
+fn g8_a_tier_without_grants_support_fails_closed() {
+    #[derive(Debug)]
+    struct Plain;
+    #[async_trait]
+    impl Tier for Plain {
+        fn name(&self) -> &'static str {
+            "plain"
+        }
+        async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+            Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+        }
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sandbox = Sandbox::builder().tier(Plain).build().unwrap();
+    let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap_err();
+    assert!(matches!(err, TierError::Unsupported { ref mechanism, .. } if mechanism == "grants"), "{err}");
+}
