@@ -203,7 +203,7 @@ fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
             // (with everything else above 3), so no owner may close them again later.
             let fds = [in_r, out_w, err_w, status_w].map(std::os::fd::IntoRawFd::into_raw_fd);
             let code = std::panic::catch_unwind(move || {
-                if forked_stdio(fds).is_err() {
+                if forked_stdio(fds).is_err() || scrub_inherited_args().is_err() {
                     return 125;
                 }
                 crate::helper::run(spec)
@@ -222,6 +222,39 @@ fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
             })
         }
     }
+}
+
+/// What `/proc/<pid>/cmdline` of a forked helper (and of the run's pid 1, forked from it)
+/// shows, in place of the supervisor's arguments.
+pub(crate) const FORKED_CMDLINE: &[u8] = b"stockade-sandbox-init (forked helper)";
+
+/// In the forked child: overwrites the supervisor's command line and environment strings in
+/// this process's memory (through `/proc/self/mem`, the setproctitle technique), so that
+/// `/proc/1/cmdline`, which the kernel lets every process of the pid namespace read whatever
+/// its dumpable flag, shows [`FORKED_CMDLINE`] and none of the supervisor's arguments. The
+/// copies are the child's own (copy-on-write): the supervisor keeps its arguments.
+fn scrub_inherited_args() -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let bad = || std::io::Error::other("unexpected /proc/self/stat");
+    // Fields after the command name (which may hold spaces) start at field 3; arg_start is
+    // field 48, arg_end 49, env_start 50, env_end 51 (proc_pid_stat(5)).
+    let rest = stat.rsplit_once(')').ok_or_else(bad)?.1;
+    let f: Vec<u64> = rest.split_whitespace().skip(45).take(4).map(|v| v.parse().unwrap_or(0)).collect();
+    let [arg_start, arg_end, env_start, env_end] = f[..] else { return Err(bad()) };
+    let mut mem = std::fs::OpenOptions::new().write(true).open("/proc/self/mem")?;
+    for (start, end, text) in [(arg_start, arg_end, FORKED_CMDLINE), (env_start, env_end, &b""[..])] {
+        let len = usize::try_from(end.saturating_sub(start)).map_err(|_| bad())?;
+        if len == 0 {
+            continue;
+        }
+        let mut fill = vec![0u8; len];
+        let keep = text.len().min(len.saturating_sub(1));
+        fill[..keep].copy_from_slice(&text[..keep]);
+        mem.seek(SeekFrom::Start(start))?;
+        mem.write_all(&fill)?;
+    }
+    Ok(())
 }
 
 /// In the forked child: stdin, stdout, stderr and the status pipe become descriptors 0–3,

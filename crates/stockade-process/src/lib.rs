@@ -20,8 +20,10 @@
 //!   and a few `/etc` files bound read-only and nosuid, a fresh `/proc`, a `/dev` with only
 //!   null, zero, full, random and urandom (and `tty`, a private pseudo-terminal that is the
 //!   guest's controlling terminal, only when asked: [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
-//!   the workspace at `/workspace` if granted. Nothing else of the host exists in the view:
-//!   no `/home`, `/root`, `/run`, `/var`, and so no host sockets such as `docker.sock`;
+//!   the workspace at `/workspace` if granted, and with [`ProcessTier::run_granted`] the
+//!   run's own grants directory read-only at `/run/stockade`. Nothing else of the host exists
+//!   in the view: no `/home`, `/root`, the rest of `/run`, `/var`, and so no host sockets
+//!   such as `docker.sock`;
 //! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied,
 //!   abstract unix sockets and signals scoped;
 //! - **seccomp**: an allowlist of about 280 syscalls; anything else (among them `io_uring_*`,
@@ -88,7 +90,10 @@
 //!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
 //!     pid 1 of the run (a copy of the supervisor's memory after a fork) is not dumpable and
 //!     outside the guest's landlock domain, so its memory, environment and descriptors are
-//!     unreadable from the guest.
+//!     unreadable from the guest; and a forked helper overwrites its copy of the
+//!     supervisor's argument and environment strings first, so `/proc/1/cmdline` (which the
+//!     kernel lets any process of the namespace read) shows none of the supervisor's
+//!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
 //!     (pinned by: tests/it/launch.rs::g11_*)
 //!
 //! # Non-guarantees

@@ -48,11 +48,27 @@ fn g1_the_cli_forks_its_helper_and_the_guest_sees_none_of_it() {
     if !ready() {
         return;
     }
-    // The CLI is single-threaded when it launches, so the helper is a fork of it: pid 1 of the
-    // run carries the CLI's own command line (an exec'd helper would carry none).
-    let (code, out, err) = check(&["run", "--", "sh", "-c", "tr '\\0' ' ' </proc/1/cmdline"]);
+    // The CLI is single-threaded when it launches, so the helper is a fork of it. Pid 1 of the
+    // run is a copy of the CLI, whose command line every process of the run could read in
+    // /proc/1/cmdline (the kernel checks no dumpable flag there): the fork overwrites it, so
+    // no argument of the CLI (a --grant-tool command, a path) reaches the guest. The marker
+    // says it is a fork (an exec'd helper has its own, argument-less command line).
+    let (code, out, err) = check(&[
+        "run",
+        "--grant-tool",
+        "notify=curl -H 'Authorization: Bearer CANARY-ARGV-7f3a' http://127.0.0.1:9/",
+        "--",
+        "sh",
+        "-c",
+        "tr '\\0' ' ' </proc/1/cmdline; cat /proc/1/environ 2>/dev/null; true",
+    ]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("run -- sh -c"), "pid 1 is not a fork of the CLI: {out:?}");
+    assert!(
+        out.starts_with("stockade-sandbox-init (forked helper)"),
+        "pid 1 is not a scrubbed fork of the CLI: {out:?}"
+    );
+    assert!(!out.contains("CANARY-ARGV") && !out.contains("sh -c"), "the CLI's arguments reached the guest: {out:?}");
+    assert!(!out.contains("PATH="), "the CLI's environment reached the guest: {out:?}");
     // The forked helper's own exit adds nothing to the guest's output (it once closed its
     // inherited descriptors twice, and a debug build aborted onto the guest's stderr).
     let (_, out, _) = check(&["run", "--json", "--", "sh", "-c", "echo out; echo err >&2"]);
