@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|grants|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -16,6 +16,7 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
     ("policy", "stockade-policy", "authorize", "", &["authorize_100_rules"]),
     ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
     ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm"]),
+    ("grants", "stockade-runtime", "grants", "wasm", &["grants_socket_round_trip", "grants_in_process", "grants_wasm_js"]),
 ];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
@@ -36,7 +37,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, all");
+        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, all");
     }
     for (group, package, bench, features, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.
@@ -46,7 +47,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
                 fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
             }
         }
-        if *group == "agent" {
+        if *group == "agent" || *group == "grants" {
             crate::run(&mut crate::guests_command())?;
         }
         crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench, "--features", features]))?;

@@ -240,7 +240,9 @@ impl Drop for GrantsDir {
 }
 
 fn random_hex() -> io::Result<String> {
-    let mut b = [0u8; 16];
+    // 96 bits: the name is not the protection (the directory's mode is), and a short name
+    // leaves room under the 108-byte limit of a socket path.
+    let mut b = [0u8; 12];
     getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
@@ -250,7 +252,16 @@ impl GrantsDir {
     /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the
     /// client and the data grants, and binds the listening socket.
     pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener)> {
-        let path = parent.join(format!("stockade-grants-{}", random_hex()?));
+        let path = parent.join(format!("stockade-g-{}", random_hex()?));
+        let socket_len = path.join(GRANTS_SOCKET).as_os_str().len();
+        if socket_len >= 108 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the socket path would be {socket_len} bytes, over the 107 a unix socket path may have: choose a shorter grants directory"
+                ),
+            ));
+        }
         std::fs::create_dir(&path)?;
         let dir = Self { path };
         // The owner of a directory this process just created is its effective uid.

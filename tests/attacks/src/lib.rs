@@ -116,3 +116,37 @@ pub fn syscall(nr: libc::c_long, a: [u64; 6]) -> Result<libc::c_long, Error> {
 pub fn fork() -> Result<libc::c_long, Error> {
     syscall(libc::SYS_fork, [0; 6])
 }
+
+/// Connects to the run's grants broker (`$STOCKADE_BROKER`, or `path` when given).
+pub fn broker(path: Option<&str>) -> Result<std::os::unix::net::UnixStream, Error> {
+    let p = match path {
+        Some(p) => p.to_owned(),
+        None => std::env::var("STOCKADE_BROKER").unwrap_or_default(),
+    };
+    let s = std::os::unix::net::UnixStream::connect(p)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(3)))?;
+    Ok(s)
+}
+
+/// Sends one broker call (`args` is raw JSON) and returns the reply's text, or the error.
+pub fn grant_call(s: &mut std::os::unix::net::UnixStream, grant: &str, args: &str) -> Result<String, Error> {
+    use std::io::{Read, Write};
+    let body = format!("{{\"type\":\"call\",\"id\":1,\"grant\":\"{grant}\",\"args\":{args}}}");
+    let len = u32::try_from(body.len()).map_err(|_| Error::from_raw_os_error(libc::E2BIG))?;
+    s.write_all(&len.to_be_bytes())?;
+    s.write_all(body.as_bytes())?;
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    let mut reply = vec![0u8; u32::from_be_bytes(n).min(1 << 22) as usize];
+    s.read_exact(&mut reply)?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Prints whether a grant call succeeded: `ok` only if the broker answered with a result.
+pub fn report_grant(what: &str, r: Result<String, Error>) {
+    match r {
+        Ok(reply) if reply.contains("\"result\":") => println!("ATTEMPT {what} ok"),
+        Ok(reply) => println!("ATTEMPT {what} EPERM {}", reply.chars().take(160).collect::<String>()),
+        Err(e) => println!("ATTEMPT {what} {}", errno_name(&e)),
+    }
+}

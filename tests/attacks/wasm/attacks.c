@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdint.h>
 #include <unistd.h>
 #include <wasi/api.h>
 
@@ -319,6 +320,94 @@ struct attack {
     int (*run)(void);
 };
 
+/* The grants door (stockade-wasm's HostCalls ABI): one broker call frame's JSON in, the
+ * reply's length out (negative: -1 no grants, -3 the session has ended, -4 bad pointers). */
+__attribute__((import_module("host"), import_name("call")))
+int32_t host_call(const char *req, int32_t req_len, char *resp, int32_t resp_cap);
+
+static char g_reply[1 << 16];
+
+/* Calls `grant` with raw JSON `args`; ok only if the host answered with a result. */
+static int grant(const char *what, const char *grant_name, const char *args)
+{
+    char req[512];
+    int n = snprintf(req, sizeof req, "{\"type\":\"call\",\"id\":1,\"grant\":\"%s\",\"args\":%s}", grant_name, args);
+    int32_t got = host_call(req, n, g_reply, (int32_t)sizeof g_reply - 1);
+    int ok = got > 0 && got < (int32_t)sizeof g_reply && strstr((g_reply[got] = 0, g_reply), "\"result\":") != NULL;
+    if (got < 0)
+        printf("ATTEMPT %s door%d\n", what, (int)got);
+    else
+        printf("ATTEMPT %s %s %.160s\n", what, ok ? "ok" : "EPERM", g_reply);
+    return ok;
+}
+
+static int grant_ungranted(void)
+{
+    grant("ungranted_function", "send", "{\"to\":\"anyone\"}");
+    grant("denied_arguments", "log", "{\"msg\":\"pwned\"}");
+    grant("extra_argument", "log", "{\"msg\":\"ok-a\",\"path\":\"/etc\"}");
+    grant("wrong_type", "log", "{\"msg\":7}");
+    grant("not_an_object", "log", "[\"ok-a\"]");
+    grant("reserved_name", "stockade.admin", "{}");
+    return 0;
+}
+
+/* Lie to the door: a length past the end of memory, a length over the frame maximum, a
+ * reply buffer outside memory; then try a real call. */
+static int grant_lying_length(void)
+{
+    int32_t a = host_call(g_reply, 0x7fffffff, g_reply, 16);
+    int32_t b = host_call((const char *)0xfffffff0u, 64, g_reply, 16);
+    printf("ATTEMPT lying_lengths door%d door%d\n", (int)a, (int)b);
+    grant("call_after_lie", "log", "{\"msg\":\"ok-after-lie\"}");
+    return 0;
+}
+
+static int grant_flood(void)
+{
+    int ok = 0;
+    for (int i = 0; i < 10000; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "{\"msg\":\"ok-%d\"}", i);
+        char req[160];
+        int n = snprintf(req, sizeof req, "{\"type\":\"call\",\"id\":%d,\"grant\":\"log\",\"args\":%s}", i, args);
+        int32_t got = host_call(req, n, g_reply, (int32_t)sizeof g_reply);
+        if (got <= 0)
+            break;
+        ok++;
+    }
+    printf("ATTEMPT flood %s\nDATA %d calls answered\n", ok >= 10000 ? "ok" : "EPERM", ok);
+    return 0;
+}
+
+/* Only whether the key showed up counts here (the calls themselves are allowed). */
+static void key_in_reply(const char *what, const char *grant_name, const char *args)
+{
+    char req[256];
+    int n = snprintf(req, sizeof req, "{\"type\":\"call\",\"id\":1,\"grant\":\"%s\",\"args\":%s}", grant_name, args);
+    int32_t got = host_call(req, n, g_reply, (int32_t)sizeof g_reply - 1);
+    g_reply[got > 0 && got < (int32_t)sizeof g_reply ? got : 0] = 0;
+    int found = strstr(g_reply, "CANARY") != NULL;
+    printf("ATTEMPT %s %s\n", what, found ? "ok" : "EPERM");
+    if (found)
+        printf("DATA %s\n", g_reply);
+}
+
+static int grant_key_search(void)
+{
+    int found = 0;
+    for (char **e = environ; e && *e; e++)
+        if (strstr(*e, "CANARY")) {
+            printf("DATA %s\n", *e);
+            found = 1;
+        }
+    errno = ENOENT;
+    attempt("environment_key", found);
+    key_in_reply("manifest_key", "stockade.list", "{}");
+    key_in_reply("reply_key", "log", "{\"msg\":\"ok-key\"}");
+    return 0;
+}
+
 static const struct attack ATTACKS[] = {
     { "env_inherited_secret", env_inherited_secret },
     { "fs_cgroupfs", fs_cgroupfs },
@@ -332,6 +421,10 @@ static const struct attack ATTACKS[] = {
     { "fs_symlink_out", fs_symlink_out },
     { "fs_truncate_readonly", fs_truncate_readonly },
     { "fs_write_outside", fs_write_outside },
+    { "grant_flood", grant_flood },
+    { "grant_key_search", grant_key_search },
+    { "grant_lying_length", grant_lying_length },
+    { "grant_ungranted", grant_ungranted },
     { "mem_bomb", mem_bomb },
     { "net_metadata_service", net_any },
     { "net_raw_packet", net_any },

@@ -7,6 +7,7 @@
 
 #![allow(non_upper_case_globals, reason = "expectation constants are named exactly like the attack programs")]
 
+pub mod grants;
 pub mod world;
 
 include!(concat!(env!("OUT_DIR"), "/attacks.rs"));
@@ -101,6 +102,10 @@ pub enum Setup {
     RwWorkspace,
     /// A stand-in supervisor process runs the attack and is SIGKILLed mid-run.
     KillSupervisor,
+    /// The run has grants (a `log` function that writes the host's side-effect log, data,
+    /// and a policy), served by `stockade-runtime`'s broker; the host checks the log, the
+    /// report's grants section and the grant's canary key afterwards.
+    Grants,
 }
 
 /// One attack's expectations, comparison policy and setup.
@@ -142,6 +147,14 @@ pub mod expect {
     }
 
     const NO_LIMITS: Comparison = Skip("wrappers without limits would let it harm the host");
+
+    /// A grants attack: the comparison wrappers have no broker.
+    const fn grants(process: E, wasm: E, docker: E) -> Spec {
+        (Expectations { process, wasm, docker }, Skip("the wrappers have no grants broker"), Setup::Grants)
+    }
+    const NO_DAEMON: E = &[NotApplicable("a wasm guest is a call inside the host; nothing of it outlives the run")];
+    const OWN_SESSION: E =
+        &[NotApplicable("a wasm guest's host calls reach only its own run's session: there is no socket to find")];
 
     // Why an attack has no wasm variant: the guest can only call the WASI imports the host
     // links, and WASI preview 1 has none of these.
@@ -201,6 +214,12 @@ pub mod expect {
     );
     pub const net_shell_devtcp: Spec =
         e(&[Denied], &[NotApplicable("there is no shell in a WASI guest")], &[Denied], Run);
+    pub const grant_after_deadline: Spec = grants(&[Denied, Contained], NO_DAEMON, &[Denied, Contained]);
+    pub const grant_flood: Spec = grants(&[Denied], &[Denied], &[Denied]);
+    pub const grant_key_search: Spec = grants(&[Denied], &[Denied], &[Denied]);
+    pub const grant_lying_length: Spec = grants(&[Denied], &[Denied], &[Denied]);
+    pub const grant_other_run: Spec = grants(&[Denied], OWN_SESSION, &[Denied]);
+    pub const grant_ungranted: Spec = grants(&[Denied], &[Denied], &[Denied]);
     pub const ipc_sysv_shm: Spec = e(&[Denied], &[NotApplicable("WASI has no IPC")], &[Denied], Run);
     pub const mem_bomb: Spec = e(&[Killed], &[Killed], &[Killed], NO_LIMITS);
     pub const net_raw_packet: Spec = e(&[Denied], &[Denied], &[Denied], Run);

@@ -39,6 +39,142 @@ fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Re
     Ok(rt.block_on(ProcessTier::new(Helper::fork()).run(&job)))
 }
 
+/// Where one grants attack writes: its `log` grant's log, the victim run's log, the parent
+/// directory of the victim run's grants directory, and the grant's key.
+struct GrantPaths {
+    log: PathBuf,
+    victim_log: PathBuf,
+    victim_parent: PathBuf,
+    key: String,
+}
+
+impl GrantPaths {
+    fn new(world: &World, name: &str) -> Result<Self> {
+        let log = world.root.join(format!("grants-{name}.log"));
+        let victim_log = world.root.join(format!("grants-{name}-victim.log"));
+        // Short: the victim's socket path must stay under 108 bytes.
+        let victim_parent = world.root.join(format!("v-{}", name.trim_start_matches("grant_")));
+        let _ = std::fs::remove_file(&log);
+        let _ = std::fs::remove_file(&victim_log);
+        let _ = std::fs::remove_dir_all(&victim_parent);
+        std::fs::create_dir_all(&victim_parent)?;
+        Ok(Self { log, victim_log, victim_parent, key: stockade_escape::grants::key() })
+    }
+
+    /// The extra target an attack gets: where the victim run's grants directory lives on
+    /// the host (the worst case: the attacker knows the path).
+    fn arg(&self) -> String {
+        format!("victim_grants={}", self.victim_parent.display())
+    }
+}
+
+/// Runs `job` with the harness's grants in `attacker`, and, for `grant_other_run`, a victim
+/// run with its own grants in `victim` at the same time (`victim_job`).
+async fn granted(
+    name: &str,
+    paths: &GrantPaths,
+    attacker: &stockade_runtime::Sandbox,
+    job: &Job,
+    victim: Option<(&stockade_runtime::Sandbox, Job)>,
+) -> Result<Report> {
+    let grants = std::sync::Arc::new(stockade_escape::grants::grants(&paths.log, &paths.key)?);
+    let victim = victim.filter(|_| name == "grant_other_run");
+    let wait = victim.is_some();
+    let attack = async {
+        if wait {
+            // Let the victim's broker come up first.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        attacker.report_granted(job, grants).await
+    };
+    let report = match victim {
+        Some((sandbox, vjob)) => {
+            let vgrants = std::sync::Arc::new(stockade_escape::grants::grants(&paths.victim_log, &paths.key)?);
+            let (v, a) = tokio::join!(sandbox.report_granted(&vjob, vgrants), attack);
+            v?;
+            a?
+        }
+        None => attack.await?,
+    };
+    Ok(report)
+}
+
+/// `--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY ARGS...`: run one grants
+/// attack in the process tier from this fresh, single-threaded process (the helper is
+/// forked, as the CLI does) and print the report as JSON.
+fn granted_one(rest: &[String]) -> Result<()> {
+    let usage = "--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY ARGS...";
+    let [bin_dir, name, log, victim_log, victim_parent, key, args @ ..] = rest else { bail!(usage) };
+    let paths = GrantPaths {
+        log: log.into(),
+        victim_log: victim_log.into(),
+        victim_parent: victim_parent.into(),
+        key: key.clone(),
+    };
+    let job = |args: &[String]| -> Result<Job> {
+        Ok(Job::command(format!("/workspace/{name}"), args.iter().cloned())?
+            .with_workspace(bin_dir, Access::ReadOnly)?
+            .with_limits(limits()))
+    };
+    let tier = || ProcessTier::new(Helper::fork());
+    let attacker = stockade_runtime::Sandbox::builder().tier(tier()).build()?;
+    let victim = stockade_runtime::Sandbox::builder().tier(tier()).grants_dir(&paths.victim_parent).build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let report =
+        rt.block_on(granted(name, &paths, &attacker, &job(args)?, Some((&victim, job(&["role=victim".to_owned()])?))));
+    let out = match report {
+        Ok(report) => serde_json::to_string(&report)?,
+        Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
+    };
+    println!("{out}");
+    Ok(())
+}
+
+/// Judges a grants run: the world's checks, the grants' own checks, then the report.
+fn judge_granted(
+    world: &mut World,
+    report: &Report,
+    marker: &str,
+    paths: &GrantPaths,
+    expect: &[stockade_escape::Expect],
+    name: &str,
+) -> Result<Cell> {
+    if name == "grant_after_deadline" {
+        std::thread::sleep(stockade_escape::grants::LATE_CALL_WAIT);
+    }
+    let out = output(report);
+    let grants = || stockade_escape::grants::judge(name, report, &out, &paths.log, &paths.key, &paths.victim_log);
+    judge(world, report, marker, grants, expect, name)
+}
+
+fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+    let targets = world.targets(entry.name);
+    let paths = GrantPaths::new(world, entry.name)?;
+    let one = Command::new(std::env::current_exe()?)
+        .arg("--granted-one")
+        .arg(bin_dir)
+        .arg(entry.name)
+        .arg(&paths.log)
+        .arg(&paths.victim_log)
+        .arg(&paths.victim_parent)
+        .arg(&paths.key)
+        .args(&targets.args)
+        .arg(paths.arg())
+        .env("STOCKADE_ESCAPE_GRANT_KEY", &paths.key)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !one.status.success() {
+        bail!("{}: --granted-one failed: {}", entry.name, one.status);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&one.stdout).context("--granted-one printed no report")?;
+    if let Some(e) = value.get("launch_error").and_then(|e| e.as_str()) {
+        return Ok(skipped(&e));
+    }
+    let report: Report = serde_json::from_value(value).context("parsing the report")?;
+    judge_granted(world, &report, &targets.marker, &paths, entry.expect.process, entry.name)
+}
+
 /// `--supervise-one BIN_DIR ATTACK ARGS...`: run one attack in the process tier and wait.
 /// Used as the stand-in supervisor that the harness kills mid-run.
 fn supervise_one(rest: &[String]) -> Result<()> {
@@ -117,6 +253,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("stockade-escape --process-one: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if argv.first().is_some_and(|a| a == "--granted-one") {
+        return match granted_one(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("stockade-escape --granted-one: {e:#}");
                 ExitCode::FAILURE
             }
         };
@@ -258,6 +403,9 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     if entry.setup == Setup::KillSupervisor {
         return run_process_killing_supervisor(world, bin_dir, entry);
     }
+    if entry.setup == Setup::Grants {
+        return run_process_granted(world, bin_dir, entry);
+    }
     let targets = world.targets(entry.name);
     let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
     let (ws, access) = match &rw {
@@ -351,9 +499,22 @@ fn run_wasm(world: &mut World, tier: &stockade_wasm::WasmTier, bin_dir: &Path, e
         .with_workspace(bin_dir, Access::ReadOnly)?
         .with_limits(limits());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let report = match rt.block_on(tier.run(&job)) {
-        Ok(r) => r,
-        Err(e) => return Ok(skipped(&e)),
+    let report = if entry.setup == Setup::Grants {
+        let paths = GrantPaths::new(world, entry.name)?;
+        let sandbox = stockade_runtime::Sandbox::builder().tier(tier.clone()).build()?;
+        let report = match rt.block_on(granted(entry.name, &paths, &sandbox, &job, None)) {
+            Ok(r) => r,
+            Err(e) => return Ok(skipped(&e)),
+        };
+        if report.status == (Status::Exited { code: 2 }) {
+            bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output(&report)));
+        }
+        return judge_granted(world, &report, &targets.marker, &paths, entry.expect.wasm, entry.name);
+    } else {
+        match rt.block_on(tier.run(&job)) {
+            Ok(r) => r,
+            Err(e) => return Ok(skipped(&e)),
+        }
     };
     if report.status == (Status::Exited { code: 2 }) {
         bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output(&report)));
@@ -516,6 +677,21 @@ fn run_docker_tier(
     let targets = world.targets(entry.name);
     let mut command = vec![format!("/{}", entry.name)];
     command.extend(targets.args.iter().cloned());
+    if entry.setup == Setup::Grants {
+        let paths = GrantPaths::new(world, entry.name)?;
+        command.push(paths.arg());
+        let job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
+        let victim_job =
+            Job::image(DOCKER_IMAGE, [format!("/{}", entry.name), "role=victim".into()])?.with_limits(limits());
+        let attacker = stockade_runtime::Sandbox::builder().tier(tier.clone()).build()?;
+        let victim =
+            stockade_runtime::Sandbox::builder().tier(tier.clone()).grants_dir(&paths.victim_parent).build()?;
+        let report = match rt.block_on(granted(entry.name, &paths, &attacker, &job, Some((&victim, victim_job)))) {
+            Ok(r) => r,
+            Err(e) => return Ok(skipped(&e)),
+        };
+        return judge_granted(world, &report, &targets.marker, &paths, entry.expect.docker, entry.name);
+    }
     let mut job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
     // Attacks on a read-write workspace get the same one the process column gets, owned by
     // the container's user (65534), with protected paths in it.
