@@ -110,6 +110,42 @@ impl Session {
         report
     }
 
+    /// Counts a request that arrived outside the frame protocol (the model socket).
+    pub(crate) fn begin_external(&self) -> Result<(), String> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err("the run has ended".into());
+        }
+        if let Some(reason) = self.ended_reason() {
+            return Err(format!("the broker session has ended: {reason}"));
+        }
+        let calls = {
+            let mut st = self.state();
+            st.calls += 1;
+            st.calls
+        };
+        let max = u64::from(self.grants.limits.max_calls);
+        if calls > max {
+            let reason = format!("more than {max} grant calls");
+            self.end(reason.clone());
+            return Err(reason);
+        }
+        Ok(())
+    }
+
+    /// Records a call made outside the frame protocol.
+    pub(crate) fn record_external(
+        &self,
+        grant: &str,
+        outcome: GrantOutcome,
+        rule: &str,
+        bytes: (u64, u64),
+        duration: std::time::Duration,
+    ) {
+        if !self.closed.load(Ordering::SeqCst) {
+            self.state().report.record(GrantCall::new(grant, outcome, rule, bytes, duration));
+        }
+    }
+
     fn record(&self, grant: &str, outcome: GrantOutcome, rule: &str, bytes_in: usize, bytes_out: usize, t0: Instant) {
         let call = GrantCall::new(grant, outcome, rule, (bytes_in as u64, bytes_out as u64), t0.elapsed());
         self.state().report.record(call);
@@ -251,7 +287,7 @@ impl GrantsDir {
     /// Creates the directory under `parent` (mode 0700, or root:65534 0750 when running as
     /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the
     /// client and the data grants, and binds the listening socket.
-    pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener)> {
+    pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener, Option<UnixListener>)> {
         let path = parent.join(format!("stockade-g-{}", random_hex()?));
         let socket_len = path.join(GRANTS_SOCKET).as_os_str().len();
         if socket_len >= 108 {
@@ -292,13 +328,50 @@ impl GrantsDir {
         let socket = dir.path.join(GRANTS_SOCKET);
         let listener = UnixListener::bind(&socket)?;
         share(&socket, 0o660)?;
-        Ok((dir, listener))
+        let model = match grants.model {
+            Some(_) => {
+                let socket = dir.path.join(MODEL_SOCKET);
+                let l = UnixListener::bind(&socket)?;
+                share(&socket, 0o660)?;
+                Some(l)
+            }
+            None => None,
+        };
+        Ok((dir, listener, model))
     }
 
     /// The directory.
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The model socket's file name inside a run's grants directory.
+pub(crate) const MODEL_SOCKET: &str = "model.sock";
+
+/// Serves the model grant's connections on `listener` until the session ends or the task
+/// is aborted; connections beyond the bound are closed at once.
+pub(crate) async fn serve_model(listener: UnixListener, session: Arc<Session>, run: crate::grants::ModelRun) {
+    let Some(service) = session.grants.model.clone() else { return };
+    let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1)));
+    let mut ended = session.watch_end();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = ended.changed() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+                let serve = service.serve(stream, run.clone());
+                conns.spawn(async move {
+                    serve.await;
+                    drop(slot);
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.abort_all();
 }
 
 /// Serves `session` on `listener` until the session ends or the task is aborted.

@@ -182,14 +182,83 @@ impl GrantLimits {
     }
 }
 
+/// What serves a run's model grant: every connection a guest opens to the run's
+/// `model.sock` (an HTTP/1.1 OpenAI-compatible endpoint; `stockade_agent::ModelProxy` is
+/// one). The service holds the real credential; the guest holds only [`ModelRun`]'s
+/// per-run placeholder.
+pub trait ModelService: Send + Sync {
+    /// Serves one connection of the run `run` until it closes or the future is dropped
+    /// (when the run ends).
+    fn serve(&self, conn: tokio::net::UnixStream, run: ModelRun) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// One run's side of a model grant, as its [`ModelService`] sees it: the placeholder key
+/// the guest was given, the run's call bound and record, and its token count.
+#[derive(Clone)]
+pub struct ModelRun {
+    pub(crate) placeholder: Arc<str>,
+    pub(crate) session: Arc<crate::broker::Session>,
+    pub(crate) tokens: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl fmt::Debug for ModelRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelRun").field("placeholder", &"[per-run]").finish_non_exhaustive()
+    }
+}
+
+impl ModelRun {
+    /// True if `presented` is exactly this run's placeholder key (compared in constant time).
+    #[must_use]
+    pub fn placeholder_matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.placeholder.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// Counts one request against the run's call bound: `Err` (why) once the run has ended,
+    /// its broker session has ended, or the bound is reached.
+    pub fn begin(&self) -> Result<(), String> {
+        self.session.begin_external()
+    }
+
+    /// Records one request in the run's report, as the grant `model`.
+    pub fn record(&self, outcome: stockade_protocol::GrantOutcome, rule: &str, bytes: (u64, u64), duration: Duration) {
+        self.session.record_external("model", outcome, rule, bytes, duration);
+    }
+
+    /// Adds `n` tokens to the run's count and returns the new total.
+    pub fn add_tokens(&self, n: u64) -> u64 {
+        self.tokens.fetch_add(n, std::sync::atomic::Ordering::SeqCst).saturating_add(n)
+    }
+
+    /// The tokens counted so far.
+    #[must_use]
+    pub fn tokens(&self) -> u64 {
+        self.tokens.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// Everything a job is granted. Fixed when the run starts: the guest cannot add to it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Grants {
     pub(crate) data: BTreeMap<String, Value>,
     data_bytes: usize,
     pub(crate) functions: BTreeMap<String, FunctionGrant>,
     pub(crate) policy: Option<Arc<Policy>>,
     pub(crate) limits: GrantLimits,
+    pub(crate) model: Option<Arc<dyn ModelService>>,
+}
+
+impl fmt::Debug for Grants {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grants")
+            .field("data", &self.data.keys().collect::<Vec<_>>())
+            .field("functions", &self.functions.keys().collect::<Vec<_>>())
+            .field("policy", &self.policy.is_some())
+            .field("limits", &self.limits)
+            .field("model", &self.model.is_some())
+            .finish()
+    }
 }
 
 impl Grants {
@@ -262,10 +331,25 @@ impl Grants {
         self
     }
 
+    /// Grants a model: the guest reaches `service` at `model.sock` in its grants directory
+    /// (`$STOCKADE_MODEL_SOCKET`) with the per-run placeholder key in `$OPENAI_API_KEY`; the
+    /// real credential stays with the service. Process and docker tiers only.
+    #[must_use]
+    pub fn model(mut self, service: Arc<dyn ModelService>) -> Self {
+        self.model = Some(service);
+        self
+    }
+
+    /// True if a model is granted.
+    #[must_use]
+    pub fn has_model(&self) -> bool {
+        self.model.is_some()
+    }
+
     /// True if nothing is granted.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty() && self.functions.is_empty()
+        self.data.is_empty() && self.functions.is_empty() && self.model.is_none()
     }
 
     /// The data grants' names.

@@ -112,6 +112,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 pub use grants::{
     FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
+    ModelRun, ModelService,
 };
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
@@ -123,6 +124,9 @@ use stockade_verify::{Contract, Outcome};
 /// The `PATH` a granted guest gets after the client's directory when its job sets none
 /// (the docker engine's default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment variable naming the model grant's socket inside the guest.
+pub const MODEL_ENV: &str = "STOCKADE_MODEL_SOCKET";
 
 /// The environment variable naming the grants directory inside the guest.
 pub const GRANTS_ENV: &str = "STOCKADE_GRANTS";
@@ -186,6 +190,7 @@ pub trait Tier: Send + Sync + Debug {
 pub struct Broker {
     session: Arc<broker::Session>,
     grants: Arc<Grants>,
+    placeholder: Arc<str>,
     parent: PathBuf,
     dirs: Mutex<Vec<broker::GrantsDir>>,
     tasks: Mutex<tokio::task::JoinSet<()>>,
@@ -198,14 +203,18 @@ impl Debug for Broker {
 }
 
 impl Broker {
-    fn new(grants: Arc<Grants>, parent: PathBuf) -> Self {
-        Self {
+    fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, TierError> {
+        let mut b = [0u8; 24];
+        getrandom::fill(&mut b).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
+        let placeholder: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        Ok(Self {
             session: broker::Session::new(grants.clone()),
             grants,
+            placeholder: Arc::from(format!("sk-stockade-{placeholder}")),
             parent,
             dirs: Mutex::new(Vec::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
-        }
+        })
     }
 
     /// The grants.
@@ -219,12 +228,21 @@ impl Broker {
     /// (the client) and `data/NAME.json` for each data grant. Only the invoking user and
     /// the tiers' guest user can enter it; it is removed when the run ends.
     pub fn socket_dir(&self) -> Result<PathBuf, TierError> {
-        let (dir, listener) = broker::GrantsDir::create(&self.parent, &self.grants).map_err(|e| {
+        let (dir, listener, model) = broker::GrantsDir::create(&self.parent, &self.grants).map_err(|e| {
             TierError::Misconfigured(format!("creating a grants directory in {}: {e}", self.parent.display()))
         })?;
         let path = dir.path().to_path_buf();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).spawn(broker::serve(listener, self.session.clone()));
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        tasks.spawn(broker::serve(listener, self.session.clone()));
+        if let Some(model) = model {
+            let run = ModelRun {
+                placeholder: self.placeholder.clone(),
+                session: self.session.clone(),
+                tokens: Arc::default(),
+            };
+            tasks.spawn(broker::serve_model(model, self.session.clone(), run));
+        }
         Ok(path)
     }
 
@@ -234,14 +252,20 @@ impl Broker {
     /// sets either of the first two itself is refused: nothing the job carries configures
     /// the broker.
     pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, TierError> {
-        if job.env().iter().any(|v| v.key() == BROKER_ENV || v.key() == GRANTS_ENV) {
-            return Err(TierError::Misconfigured(format!("{BROKER_ENV} and {GRANTS_ENV} are set by the broker")));
+        let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY"];
+        if let Some(v) = job.env().iter().find(|v| reserved.contains(&v.key())) {
+            return Err(TierError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
         }
         let dir = guest_dir.trim_end_matches('/');
         let mut job = job
             .clone()
             .with_env(BROKER_ENV, format!("{dir}/{GRANTS_SOCKET}"))
             .and_then(|j| j.with_env(GRANTS_ENV, dir));
+        if self.grants.model.is_some() {
+            job = job
+                .and_then(|j| j.with_env(MODEL_ENV, format!("{dir}/{}", broker::MODEL_SOCKET)))
+                .and_then(|j| j.with_env("OPENAI_API_KEY", &*self.placeholder));
+        }
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
         }
@@ -326,6 +350,12 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        if broker.grants.model.is_some() {
+            return Err(TierError::Unsupported {
+                mechanism: "model grant".into(),
+                reason: "the wasm tier has no socket to serve a model on; use the process or docker tier".into(),
+            });
+        }
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
         stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(wasm_error)
     }
@@ -469,7 +499,7 @@ impl Sandbox {
         if grants.is_empty() {
             return self.tier.run(job).await;
         }
-        let broker = Broker::new(grants.clone(), self.grants_parent.clone());
+        let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
         let result = self.tier.run_granted(job, &broker).await;
         // Calls still in flight when the guest ended are refused from here on.
         let seen = broker.finish();
