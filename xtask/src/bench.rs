@@ -16,7 +16,13 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
     ("policy", "stockade-policy", "authorize", "", &["authorize_100_rules"]),
     ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
     ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm"]),
-    ("grants", "stockade-runtime", "grants", "wasm", &["grants_socket_round_trip", "grants_in_process", "grants_wasm_js"]),
+    (
+        "grants",
+        "stockade-runtime",
+        "grants",
+        "wasm",
+        &["grants_socket_round_trip", "grants_in_process", "grants_wasm_js"],
+    ),
 ];
 
 pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
@@ -37,7 +43,9 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
     let selected: Vec<_> =
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
-        bail!("unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, all");
+        bail!(
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, all"
+        );
     }
     for (group, package, bench, features, criterion_groups) in selected {
         // Stale results of benchmarks that no longer exist must not reach the table.

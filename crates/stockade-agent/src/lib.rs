@@ -132,6 +132,7 @@ mod command;
 pub mod config;
 mod endpoint;
 mod machine;
+mod proxy;
 mod run_code;
 mod secret;
 mod tool;
@@ -148,6 +149,7 @@ pub use machine::{
     Action, AgentRun, Answer, Dispatch, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, MAX_TAINT_BYTES, MIN_TAINT_CHARS,
     Profile, RunError, RunLimits, Step, ToolContent,
 };
+pub use proxy::{DEFAULT_RUN_TOKENS, MAX_PROXY_BODY, ModelProxy};
 pub use run_code::{Language, MAX_CODE_BYTES, RunCode};
 pub use secret::{ApiKey, KeyError};
 pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust, tool_grant};

@@ -232,6 +232,24 @@ struct RunArgs {
     /// Refuse the run (exit 116) if the broker denied any grant call.
     #[arg(long)]
     grant_strict: bool,
+    /// Grant a model (process and docker tiers): the guest speaks OpenAI-compatible HTTP to
+    /// `$STOCKADE_MODEL_SOCKET` with a per-run placeholder in `$OPENAI_API_KEY`; the broker
+    /// validates each request, rebuilds it, and sends it to --base-url with the real key
+    /// from --api-key-env, which never enters the sandbox.
+    #[arg(long, requires_all = ["base_url", "model"])]
+    grant_model: bool,
+    /// The upstream of --grant-model (e.g. http://127.0.0.1:8080/v1).
+    #[arg(long, value_name = "URL", requires = "grant_model")]
+    base_url: Option<String>,
+    /// The one model --grant-model serves.
+    #[arg(long, value_name = "NAME", requires = "grant_model")]
+    model: Option<String>,
+    /// The host environment variable holding --grant-model's real API key.
+    #[arg(long, value_name = "VAR", requires = "grant_model")]
+    api_key_env: Option<String>,
+    /// Tokens the guest may use through --grant-model in one run.
+    #[arg(long, value_name = "N", default_value_t = stockade_agent::DEFAULT_RUN_TOKENS, requires = "grant_model")]
+    grant_model_tokens: u64,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -376,6 +394,15 @@ fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
         let grant =
             stockade_agent::tool_grant(std::sync::Arc::new(tool)).with_context(|| format!("--grant-tool {name}"))?;
         grants = grants.function(grant).with_context(|| format!("--grant-tool {name}"))?;
+    }
+    if let (true, Some(url), Some(model)) = (args.grant_model, &args.base_url, &args.model) {
+        let mut endpoint =
+            stockade_agent::Endpoint::new(url, model.clone()).with_context(|| format!("--base-url {url}"))?;
+        if let Some(var) = &args.api_key_env {
+            endpoint = endpoint.with_key(stockade_agent::ApiKey::from_env_ambient(var)?);
+        }
+        let proxy = stockade_agent::ModelProxy::new(endpoint).max_tokens(args.grant_model_tokens);
+        grants = grants.model(std::sync::Arc::new(proxy));
     }
     if let Some(file) = &args.grant_policy {
         let text =

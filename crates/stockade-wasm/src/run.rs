@@ -296,7 +296,7 @@ impl Inner {
             });
         }
         let _slot = self.slots.acquire().await.map_err(internal)?;
-        self.execute(job, &ready.pre, shape, &ready.argv0, args, &ready.profile, calls).await
+        self.execute(job, &ready, shape, args, calls).await
     }
 
     /// The ready module for `path`, from memory, the disk cache, or a fresh compile.
@@ -396,13 +396,12 @@ impl Inner {
     async fn execute(
         &self,
         job: &Job,
-        pre: &InstancePre<Host>,
+        ready: &Ready,
         shape: EntryShape,
-        argv0: &str,
         args: &[String],
-        profile: &crate::guests::Profile,
         calls: Option<Arc<dyn crate::HostCalls>>,
     ) -> Result<Report, WasmError> {
+        let (pre, argv0, profile) = (&ready.pre, ready.argv0.as_str(), &ready.profile);
         let limits = job.limits();
         let stdout = CappedOut::new(limits.stdout_bytes());
         let stderr = CappedOut::new(limits.stderr_bytes());

@@ -199,3 +199,118 @@ fn g4_bad_grant_flags_are_clear_errors() {
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("grant policy"), "{err}");
 }
+
+/// `stockade run --grant-model` against the mock upstream on 127.0.0.1, with the real key in
+/// the CLI's environment only. The mock records what reached it; the guest's output and
+/// environment are checked for the key from the host.
+fn run_with_model(mock: &stockade_test_support::MockLlm, rest: &[&str]) -> (i32, String, String) {
+    let url = mock.url();
+    let mut args =
+        vec!["run", "--grant-model", "--base-url", &url, "--model", "smol", "--api-key-env", "STOCKADE_TEST_REAL_KEY"];
+    args.extend_from_slice(rest);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(&args)
+        .env("STOCKADE_TEST_REAL_KEY", REAL_KEY)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+const REAL_KEY: &str = "sk-real-CANARY-5b1e9d";
+
+/// A python3 guest posting each body in `bodies` (with `key`, or the run's placeholder)
+/// through the standard library over the model socket; prints `STATUS BODY` per request.
+const PY_CLIENT: &str = r#"
+import http.client, json, os, socket, sys
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(os.environ["STOCKADE_MODEL_SOCKET"])
+key = os.environ["OPENAI_API_KEY"]
+print("KEY", key.startswith("sk-stockade-"), len(key))
+for body in json.loads(sys.argv[1]):
+    k = body.pop("_key", key)
+    c = Unix("localhost")
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Authorization": "Bearer " + k, "Content-Type": "application/json"})
+    r = c.getresponse()
+    print(r.status, r.read().decode())
+"#;
+
+#[test]
+fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests() {
+    if !ready() {
+        return;
+    }
+    let mock =
+        stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("the answer is 42")).unwrap();
+    let user = serde_json::json!({"role": "user", "content": "What is 6*7?"});
+    let bodies = serde_json::json!([
+        // llama.cpp's tests send no model; `store` is a field the broker drops.
+        {"messages": [user], "store": true, "temperature": 0},
+        {"model": "smol", "messages": [user], "stream": true},
+        {"model": "gpt-elsewhere", "messages": [user]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]},
+        {"messages": [user], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "http://127.0.0.1:9/s.json"}}}},
+        {"messages": [user], "_key": REAL_KEY},
+        {"messages": [user], "_key": "sk-stockade-guessed"},
+    ])
+    .to_string();
+    let (code, out, err) = run_with_model(&mock, &["--json", "--", "python3", "-c", PY_CLIENT, &bodies]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stdout = report["stdout"]["bytes"].as_str().unwrap().to_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "KEY True 60", "{stdout}");
+    assert!(lines[1].starts_with("200 ") && lines[1].contains("the answer is 42"), "{stdout}");
+    assert!(lines[2].starts_with("200 data: ") && stdout.contains("data: [DONE]"), "{stdout}");
+    let rest: Vec<&str> = lines.iter().filter(|l| l.starts_with(char::is_numeric)).skip(2).copied().collect();
+    let statuses: Vec<&str> = rest.iter().map(|l| &l[..3]).collect();
+    assert_eq!(statuses, ["403", "400", "400", "401", "401"], "{stdout}");
+    // The real key is nowhere the guest could see.
+    assert!(!out.contains(REAL_KEY), "the real key reached the sandbox: {out}");
+    // Only the two valid requests reached the upstream, rebuilt, with the real key.
+    let got = mock.received();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    for r in &got {
+        assert_eq!(r.header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
+        assert_eq!(r.body["model"], "smol");
+        assert!(r.body.get("store").is_none(), "a dropped field was forwarded: {}", r.body);
+        assert!(r.body.get("stream").is_none(), "{}", r.body);
+    }
+    let calls = report["grants"]["calls"].as_array().unwrap();
+    let rules: Vec<&str> = calls.iter().map(|c| c["rule"].as_str().unwrap()).collect();
+    assert_eq!(
+        rules,
+        [
+            "model",
+            "model",
+            "model-allowlist",
+            "model-validator",
+            "model-validator",
+            "model-placeholder-key",
+            "model-placeholder-key"
+        ]
+    );
+}
+
+#[test]
+fn g4_curl_reaches_the_model_grant_over_its_unix_socket() {
+    if !ready() || std::process::Command::new("curl").arg("--version").output().is_err() {
+        return;
+    }
+    let mock = stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("hi")).unwrap();
+    let script = r#"curl -s --unix-socket "$STOCKADE_MODEL_SOCKET" -H "Authorization: Bearer $OPENAI_API_KEY" http://localhost/v1/models"#;
+    let (code, out, err) = run_with_model(&mock, &["--", "sh", "-c", script]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["data"][0]["id"], "smol");
+    assert!(mock.received().is_empty());
+    // The wasm tier has no socket: a model grant there fails closed.
+    let (code, _, err) = run_with_model(&mock, &["--tier", "wasm", "--js", "1"]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("model grant"), "{err}");
+}
