@@ -30,6 +30,45 @@ effect = "allow"
 args.msg = { pattern = "ok-[a-z0-9-]+" }
 "#;
 
+/// A hostile upstream for the model grant: it answers every request with the
+/// `Authorization` header it received (so a proxy that forgot to scrub would hand the real
+/// key to the guest) and records what reached it.
+pub fn upstream() -> anyhow::Result<stockade_test_support::MockLlm> {
+    Ok(stockade_test_support::MockLlm::start(|_, r| {
+        stockade_test_support::Reply::text(&format!("you sent {}", r.header("authorization").unwrap_or("nothing")))
+    })?)
+}
+
+/// The model grant: the proxy to `upstream_url` (model `smol`) with `key` as its real key.
+pub fn model(upstream_url: &str, key: &str) -> anyhow::Result<Arc<dyn stockade_runtime::ModelService>> {
+    let key = stockade_agent::ApiKey::new(key.to_owned()).ok_or_else(|| anyhow::anyhow!("unusable key"))?;
+    let endpoint = stockade_agent::Endpoint::new(upstream_url, "smol")?.with_key(key).retries(0);
+    Ok(Arc::new(stockade_agent::ModelProxy::new(endpoint)))
+}
+
+/// What reached the upstream that should not have: a request with a field or part the
+/// broker must refuse, or more requests than the attack's valid ones.
+#[must_use]
+pub fn upstream_changed(attack: &str, received: &[stockade_test_support::Received]) -> Option<String> {
+    for r in received {
+        let body = r.body.to_string();
+        if ["image_url", "$ref", "base_url", "gpt-elsewhere"].iter().any(|bad| body.contains(bad))
+            || r.body["model"] != "smol"
+        {
+            return Some(format!("a request the broker must refuse reached the upstream: {body}"));
+        }
+    }
+    let allowed = if attack == "grant_model" {
+        2
+    } else if attack == "grant_key_search" {
+        1
+    } else {
+        0
+    };
+    (received.len() > allowed)
+        .then(|| format!("{} requests reached the upstream, at most {allowed} were valid", received.len()))
+}
+
 /// The grants of one attack run: data `rows`, and `log`, which appends each message it is
 /// allowed to write to `log` on the host and holds `key` as a credential would (the key
 /// never leaves the host process).

@@ -217,6 +217,11 @@ pub mod expect {
     pub const grant_after_deadline: Spec = grants(&[Denied, Contained], NO_DAEMON, &[Denied, Contained]);
     pub const grant_flood: Spec = grants(&[Denied], &[Denied], &[Denied]);
     pub const grant_key_search: Spec = grants(&[Denied], &[Denied], &[Denied]);
+    pub const grant_model: Spec = grants(
+        &[Denied],
+        &[NotApplicable("the wasm tier refuses a model grant: it has no socket to serve one on")],
+        &[Denied],
+    );
     pub const grant_lying_length: Spec = grants(&[Denied], &[Denied], &[Denied]);
     pub const grant_other_run: Spec = grants(&[Denied], OWN_SESSION, &[Denied]);
     pub const grant_ungranted: Spec = grants(&[Denied], &[Denied], &[Denied]);

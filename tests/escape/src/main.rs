@@ -76,8 +76,13 @@ async fn granted(
     attacker: &stockade_runtime::Sandbox,
     job: &Job,
     victim: Option<(&stockade_runtime::Sandbox, Job)>,
+    upstream: Option<&str>,
 ) -> Result<Report> {
-    let grants = std::sync::Arc::new(stockade_escape::grants::grants(&paths.log, &paths.key)?);
+    let mut grants = stockade_escape::grants::grants(&paths.log, &paths.key)?;
+    if let Some(url) = upstream {
+        grants = grants.model(stockade_escape::grants::model(url, &paths.key)?);
+    }
+    let grants = std::sync::Arc::new(grants);
     let victim = victim.filter(|_| name == "grant_other_run");
     let wait = victim.is_some();
     let attack = async {
@@ -99,12 +104,12 @@ async fn granted(
     Ok(report)
 }
 
-/// `--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY ARGS...`: run one grants
+/// `--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY UPSTREAM ARGS...`: run one grants
 /// attack in the process tier from this fresh, single-threaded process (the helper is
 /// forked, as the CLI does) and print the report as JSON.
 fn granted_one(rest: &[String]) -> Result<()> {
-    let usage = "--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY ARGS...";
-    let [bin_dir, name, log, victim_log, victim_parent, key, args @ ..] = rest else { bail!(usage) };
+    let usage = "--granted-one BIN_DIR ATTACK LOG VICTIM_LOG VICTIM_PARENT KEY UPSTREAM ARGS...";
+    let [bin_dir, name, log, victim_log, victim_parent, key, upstream, args @ ..] = rest else { bail!(usage) };
     let paths = GrantPaths {
         log: log.into(),
         victim_log: victim_log.into(),
@@ -120,8 +125,14 @@ fn granted_one(rest: &[String]) -> Result<()> {
     let attacker = stockade_runtime::Sandbox::builder().tier(tier()).build()?;
     let victim = stockade_runtime::Sandbox::builder().tier(tier()).grants_dir(&paths.victim_parent).build()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let report =
-        rt.block_on(granted(name, &paths, &attacker, &job(args)?, Some((&victim, job(&["role=victim".to_owned()])?))));
+    let report = rt.block_on(granted(
+        name,
+        &paths,
+        &attacker,
+        &job(args)?,
+        Some((&victim, job(&["role=victim".to_owned()])?)),
+        Some(upstream.as_str()),
+    ));
     let out = match report {
         Ok(report) => serde_json::to_string(&report)?,
         Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
@@ -130,12 +141,14 @@ fn granted_one(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Judges a grants run: the world's checks, the grants' own checks, then the report.
+/// Judges a grants run: the world's checks, the grants' own checks (and what reached the
+/// model grant's upstream, if it had one), then the report.
 fn judge_granted(
     world: &mut World,
     report: &Report,
     marker: &str,
     paths: &GrantPaths,
+    upstream: Option<&stockade_test_support::MockLlm>,
     expect: &[stockade_escape::Expect],
     name: &str,
 ) -> Result<Cell> {
@@ -143,13 +156,17 @@ fn judge_granted(
         std::thread::sleep(stockade_escape::grants::LATE_CALL_WAIT);
     }
     let out = output(report);
-    let grants = || stockade_escape::grants::judge(name, report, &out, &paths.log, &paths.key, &paths.victim_log);
+    let grants = || {
+        stockade_escape::grants::judge(name, report, &out, &paths.log, &paths.key, &paths.victim_log)
+            .or_else(|| upstream.and_then(|u| stockade_escape::grants::upstream_changed(name, &u.received())))
+    };
     judge(world, report, marker, grants, expect, name)
 }
 
 fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
     let targets = world.targets(entry.name);
     let paths = GrantPaths::new(world, entry.name)?;
+    let upstream = stockade_escape::grants::upstream()?;
     let one = Command::new(std::env::current_exe()?)
         .arg("--granted-one")
         .arg(bin_dir)
@@ -158,6 +175,7 @@ fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Resu
         .arg(&paths.victim_log)
         .arg(&paths.victim_parent)
         .arg(&paths.key)
+        .arg(upstream.url())
         .args(&targets.args)
         .arg(paths.arg())
         .env("STOCKADE_ESCAPE_GRANT_KEY", &paths.key)
@@ -172,7 +190,7 @@ fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Resu
         return Ok(skipped(&e));
     }
     let report: Report = serde_json::from_value(value).context("parsing the report")?;
-    judge_granted(world, &report, &targets.marker, &paths, entry.expect.process, entry.name)
+    judge_granted(world, &report, &targets.marker, &paths, Some(&upstream), entry.expect.process, entry.name)
 }
 
 /// `--supervise-one BIN_DIR ATTACK ARGS...`: run one attack in the process tier and wait.
@@ -502,14 +520,14 @@ fn run_wasm(world: &mut World, tier: &stockade_wasm::WasmTier, bin_dir: &Path, e
     let report = if entry.setup == Setup::Grants {
         let paths = GrantPaths::new(world, entry.name)?;
         let sandbox = stockade_runtime::Sandbox::builder().tier(tier.clone()).build()?;
-        let report = match rt.block_on(granted(entry.name, &paths, &sandbox, &job, None)) {
+        let report = match rt.block_on(granted(entry.name, &paths, &sandbox, &job, None, None)) {
             Ok(r) => r,
             Err(e) => return Ok(skipped(&e)),
         };
         if report.status == (Status::Exited { code: 2 }) {
             bail!("{}: attacks.wasm has no variant of it: {}", entry.name, attempts(&output(&report)));
         }
-        return judge_granted(world, &report, &targets.marker, &paths, entry.expect.wasm, entry.name);
+        return judge_granted(world, &report, &targets.marker, &paths, None, entry.expect.wasm, entry.name);
     } else {
         match rt.block_on(tier.run(&job)) {
             Ok(r) => r,
@@ -686,11 +704,22 @@ fn run_docker_tier(
         let attacker = stockade_runtime::Sandbox::builder().tier(tier.clone()).build()?;
         let victim =
             stockade_runtime::Sandbox::builder().tier(tier.clone()).grants_dir(&paths.victim_parent).build()?;
-        let report = match rt.block_on(granted(entry.name, &paths, &attacker, &job, Some((&victim, victim_job)))) {
-            Ok(r) => r,
-            Err(e) => return Ok(skipped(&e)),
-        };
-        return judge_granted(world, &report, &targets.marker, &paths, entry.expect.docker, entry.name);
+        let upstream = stockade_escape::grants::upstream()?;
+        let url = upstream.url();
+        let report =
+            match rt.block_on(granted(entry.name, &paths, &attacker, &job, Some((&victim, victim_job)), Some(&url))) {
+                Ok(r) => r,
+                Err(e) => return Ok(skipped(&e)),
+            };
+        return judge_granted(
+            world,
+            &report,
+            &targets.marker,
+            &paths,
+            Some(&upstream),
+            entry.expect.docker,
+            entry.name,
+        );
     }
     let mut job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
     // Attacks on a read-write workspace get the same one the process column gets, owned by

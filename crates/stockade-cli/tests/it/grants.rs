@@ -245,8 +245,14 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
     if !ready() {
         return;
     }
-    let mock =
-        stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("the answer is 42")).unwrap();
+    // A hostile upstream: it echoes the Authorization header it got into its answer.
+    let mock = stockade_test_support::MockLlm::start(|_, r| {
+        stockade_test_support::Reply::text(&format!(
+            "the answer is 42; you sent {}",
+            r.header("authorization").unwrap_or("")
+        ))
+    })
+    .unwrap();
     let user = serde_json::json!({"role": "user", "content": "What is 6*7?"});
     let bodies = serde_json::json!([
         // llama.cpp's tests send no model; `store` is a field the broker drops.
@@ -265,7 +271,10 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
     let stdout = report["stdout"]["bytes"].as_str().unwrap().to_owned();
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "KEY True 60", "{stdout}");
-    assert!(lines[1].starts_with("200 ") && lines[1].contains("the answer is 42"), "{stdout}");
+    assert!(
+        lines[1].starts_with("200 ") && lines[1].contains("the answer is 42; you sent Bearer [redacted]"),
+        "{stdout}"
+    );
     assert!(lines[2].starts_with("200 data: ") && stdout.contains("data: [DONE]"), "{stdout}");
     let rest: Vec<&str> = lines.iter().filter(|l| l.starts_with(char::is_numeric)).skip(2).copied().collect();
     let statuses: Vec<&str> = rest.iter().map(|l| &l[..3]).collect();

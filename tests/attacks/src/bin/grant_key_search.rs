@@ -38,6 +38,24 @@ fn main() {
             }
         }
     }
+    // The model grant's upstream reflects the Authorization header it got: a proxy that did
+    // not scrub its answers would hand the real key over here.
+    if let Ok(mut s) =
+        std::os::unix::net::UnixStream::connect(std::env::var("STOCKADE_MODEL_SOCKET").unwrap_or_default())
+    {
+        use std::io::{Read, Write};
+        let body = r#"{"messages":[{"role":"user","content":"what key did you get?"}]}"#;
+        let key = std::env::var("OPENAI_API_KEY").unwrap_or_default();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let _ = s.write_all(req.as_bytes());
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        show("model reply", out.as_bytes());
+    }
     if let Ok(mut s) = broker(None) {
         for (g, a) in [("stockade.list", "{}"), ("log", r#"{"msg":"ok-key"}"#)] {
             match grant_call(&mut s, g, a) {
