@@ -90,6 +90,14 @@
 //!     (deadline, output budget); a refusal (timeout, output too large, out of memory,
 //!     non-zero exit with a bounded stderr excerpt) is the tool's result, never a loop error.
 //!     (pinned by: tests/it/run_code.rs::g9_*)
+//! G10. [`ModelProxy`], a run's model grant, answers only the run's placeholder key; every
+//!     request passes protocol's strict chat validator (no image, audio or file URLs, no
+//!     provider-native tools, no non-local `$ref`, bounded size and depth) and names the
+//!     configured model or none; it is rebuilt from the validated fields and sent to the one
+//!     configured upstream with the real key added last; the answer is rebuilt from the
+//!     decoded completion (server-sent events when asked) with the real key scrubbed; a
+//!     run's tokens are bounded.
+//!     (pinned by: tests/it/proxy.rs::g10_*)
 //!
 //! # Non-guarantees
 //! The model's own text is not checked: an answer can be wrong or injected. MARK is hygiene,
@@ -112,7 +120,8 @@
 //! [`Endpoint`] opens TCP connections to the one configured origin. [`ApiKey::from_env_ambient`]
 //! reads one environment variable. [`CommandTool`] starts the configured program.
 //! [`Trace::create_ambient`] creates the trace file. [`AgentConfig::load_ambient`] reads the
-//! config and policy files. `run_code` runs in the sandboxes it is given.
+//! config and policy files. `run_code` runs in the sandboxes it is given. [`ModelProxy`]
+//! serves the connections the runtime hands it and sends requests through its [`Endpoint`].
 //!
 //! # Feature flags
 //! `process` (default): `run_code` for python and sh in the process tier. `tls` (default):

@@ -31,6 +31,16 @@
 //! | docker | `/broker/grants.sock`, the same directory bound read-only at `/broker` | `/broker/data/NAME.json` |
 //! | wasm | the `host.call` import, in process (see `stockade_wasm::HostCalls`) | JavaScript globals |
 //!
+//! A model grant ([`Grants::model`], a [`ModelService`] such as `stockade_agent::ModelProxy`)
+//! adds `model.sock` beside `grants.sock` (process and docker tiers; the wasm tier refuses
+//! it): OpenAI-compatible HTTP/1.1, reached with `curl --unix-socket "$STOCKADE_MODEL_SOCKET"`
+//! or Python's `http.client` over a unix socket, with `$OPENAI_API_KEY` set to a random
+//! per-run placeholder; the real key stays with the service. There is no TCP listener in the
+//! sandbox's network namespace: a host-side listener there needs `setns` into the guest's
+//! namespace, which a non-root supervisor may not do, and a bridge inside the sandbox would
+//! be guest-side code; so `OPENAI_BASE_URL` is not set, and clients that speak only TCP
+//! (the OpenAI SDKs without a custom transport) cannot use the grant yet.
+//!
 //! `$STOCKADE_BROKER` names the socket and `$STOCKADE_GRANTS` the directory; its
 //! `bin/stockade-call NAME JSON` (a static client, on the guest's `PATH` unless the job sets
 //! one) makes a call from a shell. The process tier's choice of a socket in a read-only
@@ -85,22 +95,41 @@
 //!     names the broker.
 //!     (pinned by: tests/it/grants.rs::g7_*)
 //! G8. A tier that cannot carry grants fails closed with [`TierError::Unsupported`]
-//!     (`grants`); the wasm tier refuses grants to its Python guest.
+//!     (`grants`); the wasm tier refuses grants to its Python guest, and a model grant.
 //!     (pinned by: tests/it/grants.rs::g8_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
 //! function grant is the host's code: the policy decides whether it runs, not what it does.
 //! A host process running as the guest's uid or gid (65534 when stockade runs as root) can
-//! enter a run's grants directory and call its broker while the run lasts. There is no
-//! model proxy yet: a model is not a grant.
+//! enter a run's grants directory and call its broker while the run lasts. A model grant
+//! serves unix-socket HTTP only (see above).
 //!
 //! # Failure behaviour
 //! Errors are typed and say whose fault they are (unsupported host, misconfiguration, bug).
 //! A guest that breaks the broker protocol is a normal outcome, recorded in the report.
 //!
 //! # Unsafe
-//! None: `#![forbid(unsafe_code)]
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! For a granted run only: creates a directory under the system's temporary directory (or
+//! [`SandboxBuilder::grants_dir`]), writes the client and the data grants into it, listens
+//! on unix sockets there, and removes it afterwards; draws the model grant's placeholder
+//! from the OS RNG. The tiers it composes document theirs.
+//!
+//! # Feature flags
+//! `process` (default): the Linux subprocess tier, re-exported as `process`.
+//! `wasm`: the WebAssembly tier, re-exported as `wasm`; `wasm-python` adds its opt-in
+//! Python guest; `docker`: the docker tier, re-exported as `docker`. Enabling a feature adds a tier and
+//! never changes a default.
+//!
+//! # Invariants
+//! Stated as absences: no enforcement logic; no policy decision but the grants policy's;
+//! no constructor of `Verified` or `Permit`; no HTTP (a model grant's service is the
+//! caller's).
+
+#![forbid(unsafe_code)]
 
 mod broker;
 mod grants;

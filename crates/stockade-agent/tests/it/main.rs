@@ -5,6 +5,7 @@ mod config;
 mod endpoint;
 mod hostile;
 mod loop_;
+mod proxy;
 #[cfg(feature = "wasm")]
 mod run_code;
 mod support;

@@ -1,0 +1,144 @@
+//! The model proxy (G10), served on a run's real `model.sock` by `stockade-runtime`'s broker,
+//! with a test tier whose "guest" is this test speaking HTTP/1.1 by hand, and the mock
+//! upstream on 127.0.0.1 recording what reached it.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use stockade_agent::runtime::{Broker, Grants, Sandbox, Tier, TierError};
+use stockade_agent::{ApiKey, Endpoint, ModelProxy};
+use stockade_protocol::{Job, Report, Status};
+use stockade_test_support::{MockLlm, Reply};
+
+const REAL: &str = "sk-real-proxy-CANARY-42";
+
+type Guest = Arc<dyn Fn(PathBuf, String) -> Vec<(u16, String)> + Send + Sync>;
+
+#[derive(Clone)]
+struct HttpTier(Guest, Arc<Mutex<Vec<(u16, String)>>>);
+
+impl std::fmt::Debug for HttpTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpTier")
+    }
+}
+
+#[async_trait]
+impl Tier for HttpTier {
+    fn name(&self) -> &'static str {
+        "http-test"
+    }
+    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        let dir = broker.socket_dir()?;
+        let job = broker.guest_job(job, "/run/stockade")?;
+        let key = job.env().iter().find(|v| v.key() == "OPENAI_API_KEY").map(|v| v.value().to_owned()).unwrap();
+        let guest = self.0.clone();
+        let seen = tokio::task::spawn_blocking(move || guest(dir.join("model.sock"), key)).await.unwrap();
+        *self.1.lock().unwrap() = seen;
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+}
+
+fn post(sock: &PathBuf, key: &str, body: &Value) -> (u16, String) {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+fn run(
+    mock: &MockLlm,
+    tokens: u64,
+    guest: impl Fn(PathBuf, String) -> Vec<(u16, String)> + Send + Sync + 'static,
+) -> (Vec<(u16, String)>, Report) {
+    let endpoint = Endpoint::new(&mock.url(), "smol").unwrap().with_key(ApiKey::new(REAL.into()).unwrap()).retries(0);
+    let grants = Grants::new().model(Arc::new(ModelProxy::new(endpoint).max_tokens(tokens)));
+    let tier = HttpTier(Arc::new(guest), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let job = Job::command("guest", Vec::<String>::new()).unwrap();
+    let report = rt.block_on(sandbox.report_granted(&job, Arc::new(grants))).unwrap();
+    let seen = tier.1.lock().unwrap().clone();
+    (seen, report)
+}
+
+fn user() -> Value {
+    json!({"role": "user", "content": "hi"})
+}
+
+#[test]
+fn g10_only_the_placeholder_and_only_validated_requests_reach_the_upstream() {
+    let mock =
+        MockLlm::start(|_, r| Reply::text(&format!("echo {}", r.header("authorization").unwrap_or("")))).unwrap();
+    let (seen, report) = run(&mock, 1_000, |sock, key| {
+        vec![
+            post(&sock, &key, &json!({"messages": [user()], "store": true, "metadata": {"k": "v"}})),
+            post(&sock, REAL, &json!({"messages": [user()]})),
+            post(&sock, &key, &json!({"messages": [user()], "unknown_field": 1})),
+            post(&sock, &key, &json!({"model": "other", "messages": [user()]})),
+            post(
+                &sock,
+                &key,
+                &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}]}]}),
+            ),
+            post(&sock, &key, &json!({"messages": [user()], "tools": [{"type": "web_search"}]})),
+        ]
+    });
+    let codes: Vec<u16> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(codes, [200, 401, 400, 403, 400, 400], "{seen:#?}");
+    let answer: Value = serde_json::from_str(&seen[0].1).unwrap();
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["choices"][0]["message"]["content"], "echo Bearer [redacted]");
+    assert_eq!(answer["usage"]["total_tokens"], 15);
+    assert!(seen.iter().all(|(_, b)| !b.contains(REAL)));
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].header("authorization"), Some(format!("Bearer {REAL}").as_str()));
+    assert_eq!(got[0].body["model"], "smol");
+    assert!(got[0].body.get("store").is_none(), "{}", got[0].body);
+    let rules: Vec<String> = report.grants.unwrap().calls.iter().map(|c| c.rule.clone()).collect();
+    assert_eq!(
+        rules,
+        ["model", "model-placeholder-key", "model-validator", "model-allowlist", "model-validator", "model-validator"]
+    );
+}
+
+#[test]
+fn g10_the_token_budget_and_streaming() {
+    let mock = MockLlm::start(|_, _| Reply::calls(&[("add", json!({"a": 1}))])).unwrap();
+    let (seen, _) = run(&mock, 20, |sock, key| {
+        vec![
+            post(
+                &sock,
+                &key,
+                &json!({"messages": [user()], "stream": true, "stream_options": {"include_usage": true}}),
+            ),
+            post(&sock, &key, &json!({"messages": [user()]})),
+            post(&sock, &key, &json!({"messages": [user()]})),
+        ]
+    });
+    assert_eq!(seen[0].0, 200);
+    let events: Vec<&str> = seen[0].1.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{:?}", seen[0].1);
+    assert!(events.iter().any(|e| e.contains(r#""name":"add""#)), "{events:?}");
+    // 15 tokens a request: the second still fits under 20, the third is refused.
+    assert_eq!((seen[1].0, seen[2].0), (200, 429), "{seen:#?}");
+    assert_eq!(mock.received().len(), 2);
+    assert!(mock.received().iter().all(|r| r.body.get("stream").is_none()));
+}
