@@ -165,9 +165,84 @@ fn run_code_wasm(_c: &mut Criterion) {
     eprintln!("SKIPPED agent_run_code_wasm: build with --features wasm");
 }
 
+/// One HTTP/1.1 POST with a fresh connection (`Connection: close`), read to the end.
+fn post_raw(mut s: impl std::io::Read + std::io::Write, key: &str, body: &str) -> usize {
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    assert!(out.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
+    out.len()
+}
+
+/// A tier whose "guest" times `iters` requests to the run's model socket.
+#[derive(Debug, Clone, Default)]
+struct ProxyTimer(Arc<std::sync::Mutex<(u64, Duration)>>);
+
+#[async_trait::async_trait]
+impl stockade_agent::runtime::Tier for ProxyTimer {
+    fn name(&self) -> &'static str {
+        "bench"
+    }
+    async fn run(&self, _job: &stockade_agent::protocol::Job) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
+        unreachable!()
+    }
+    async fn run_granted(
+        &self,
+        job: &stockade_agent::protocol::Job,
+        broker: &stockade_agent::runtime::Broker,
+    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
+        let sock = broker.socket_dir()?.join("model.sock");
+        let job = broker.guest_job(job, "/run/stockade")?;
+        let key = job.env().iter().find(|v| v.key() == "OPENAI_API_KEY").map(|v| v.value().to_owned()).unwrap();
+        let iters = self.0.lock().unwrap().0;
+        let elapsed = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                black_box(post_raw(std::os::unix::net::UnixStream::connect(&sock).unwrap(), &key, BODY));
+            }
+            start.elapsed()
+        })
+        .await
+        .unwrap();
+        self.0.lock().unwrap().1 = elapsed;
+        Ok(stockade_agent::protocol::Report::new(stockade_agent::protocol::Status::Exited { code: 0 }, Duration::ZERO))
+    }
+}
+
+const BODY: &str = r#"{"messages":[{"role":"user","content":"What is 6*7?"}]}"#;
+
+/// The model proxy's overhead: the same raw HTTP client posting the same body to the mock
+/// upstream on 127.0.0.1 directly, and through a run's `model.sock` (placeholder check,
+/// validator, rebuild, `Endpoint`, rebuilt and scrubbed answer).
+fn model_proxy(c: &mut Criterion) {
+    let mock = stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("42")).unwrap();
+    let addr = mock.url().trim_start_matches("http://").trim_end_matches("/v1").to_owned();
+    let mut g = c.benchmark_group("agent_model_proxy");
+    g.bench_function("baseline_direct_to_upstream", |b| {
+        b.iter(|| post_raw(std::net::TcpStream::connect(&addr).unwrap(), "sk-real", BODY))
+    });
+    let endpoint = Endpoint::new(&mock.url(), "smol").unwrap().retries(0);
+    let grants = Arc::new(stockade_agent::runtime::Grants::new().model(Arc::new(stockade_agent::ModelProxy::new(endpoint))));
+    let timer = ProxyTimer::default();
+    let sandbox = stockade_agent::runtime::Sandbox::builder().tier(timer.clone()).build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let job = stockade_agent::protocol::Job::command("bench", Vec::<String>::new()).unwrap();
+    g.bench_function("through_the_proxy", |b| {
+        b.iter_custom(|iters| {
+            timer.0.lock().unwrap().0 = iters;
+            rt.block_on(sandbox.report_granted(&job, grants.clone())).unwrap();
+            timer.0.lock().unwrap().1
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(5));
-    targets = bench, run_code_wasm
+    targets = bench, run_code_wasm, model_proxy
 }
 criterion_main!(benches);

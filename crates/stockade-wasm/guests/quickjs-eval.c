@@ -87,9 +87,12 @@ static JSValue js_stockade_raw(JSContext *c, JSValueConst this_val, int argc, JS
 }
 
 /* Turns the manifest into globals. Positional arguments bind to a function's `params` (its
- * schema's `required` list); a single plain object is the arguments object itself. */
+ * schema's `required` list); a single plain object is the arguments object itself. It is
+ * compiled once, in wizer-initialize, so that a run pays only for the call (one host call,
+ * answered -1, when the run has no grants). */
 static const char bootstrap[] =
-    "(function () {\n"
+    "globalThis.__stockade_boot = function () {\n"
+    "  delete globalThis.__stockade_boot;\n"
     "  const raw = globalThis.__stockade_raw;\n"
     "  delete globalThis.__stockade_raw;\n"
     "  let next = 0;\n"
@@ -119,7 +122,7 @@ static const char bootstrap[] =
     "    };\n"
     "  }\n"
     "  globalThis.stockade = Object.freeze({ call, manifest });\n"
-    "})();\n";
+    "};\n";
 
 static int setup(void)
 {
@@ -142,6 +145,11 @@ static int setup(void)
     JS_SetPropertyStr(ctx, global, "sleep", JS_NewCFunction(ctx, js_sleep, "sleep", 1));
     JS_SetPropertyStr(ctx, global, "__stockade_raw", JS_NewCFunction(ctx, js_stockade_raw, "__stockade_raw", 1));
     JS_FreeValue(ctx, global);
+    JSValue boot = JS_Eval(ctx, bootstrap, sizeof bootstrap - 1, "<stockade>", JS_EVAL_TYPE_GLOBAL);
+    int failed = JS_IsException(boot);
+    JS_FreeValue(ctx, boot);
+    if (failed)
+        return -1;
     return 0;
 }
 
@@ -205,7 +213,11 @@ int run(void)
         return 70;
     }
     int code = 0;
-    JSValue boot = JS_Eval(ctx, bootstrap, sizeof bootstrap - 1, "<stockade>", JS_EVAL_TYPE_GLOBAL);
+    JSValue global = JS_GetGlobalObject(ctx);
+    JSValue bootfn = JS_GetPropertyStr(ctx, global, "__stockade_boot");
+    JSValue boot = JS_Call(ctx, bootfn, global, 0, NULL);
+    JS_FreeValue(ctx, bootfn);
+    JS_FreeValue(ctx, global);
     if (JS_IsException(boot)) {
         js_std_dump_error(ctx);
         JS_FreeValue(ctx, boot);
