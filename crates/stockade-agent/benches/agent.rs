@@ -165,17 +165,26 @@ fn run_code_wasm(_c: &mut Criterion) {
     eprintln!("SKIPPED agent_run_code_wasm: build with --features wasm");
 }
 
-/// One HTTP/1.1 POST with a fresh connection (`Connection: close`), read to the end.
+/// One HTTP/1.1 POST on a fresh connection; reads the head and `content-length` bytes.
 fn post_raw(mut s: impl std::io::Read + std::io::Write, key: &str, body: &str) -> usize {
     let req = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    assert!(out.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
-    out.len()
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    let len: usize =
+        text.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap();
+    let mut rest = vec![0u8; len];
+    s.read_exact(&mut rest).unwrap();
+    head.len() + len
 }
 
 /// A tier whose "guest" times `iters` requests to the run's model socket.
@@ -187,7 +196,10 @@ impl stockade_agent::runtime::Tier for ProxyTimer {
     fn name(&self) -> &'static str {
         "bench"
     }
-    async fn run(&self, _job: &stockade_agent::protocol::Job) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
+    async fn run(
+        &self,
+        _job: &stockade_agent::protocol::Job,
+    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
         unreachable!()
     }
     async fn run_granted(
@@ -226,7 +238,9 @@ fn model_proxy(c: &mut Criterion) {
         b.iter(|| post_raw(std::net::TcpStream::connect(&addr).unwrap(), "sk-real", BODY))
     });
     let endpoint = Endpoint::new(&mock.url(), "smol").unwrap().retries(0);
-    let grants = Arc::new(stockade_agent::runtime::Grants::new().model(Arc::new(stockade_agent::ModelProxy::new(endpoint))));
+    let proxy = stockade_agent::ModelProxy::new(endpoint).max_tokens(u64::MAX);
+    let limits = stockade_agent::runtime::GrantLimits::default().max_calls(u32::MAX);
+    let grants = Arc::new(stockade_agent::runtime::Grants::new().model(Arc::new(proxy)).limits(limits));
     let timer = ProxyTimer::default();
     let sandbox = stockade_agent::runtime::Sandbox::builder().tier(timer.clone()).build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();

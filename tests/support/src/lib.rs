@@ -205,6 +205,10 @@ impl MockLlm {
                 let serve = async {
                     loop {
                         let Ok((stream, _)) = listener.accept().await else { continue };
+                        // As real servers do: the head and the body go out as two writes,
+                        // and Nagle would hold the body for the client's delayed ACK (40 ms)
+                        // on a kept-alive connection.
+                        let _ = stream.set_nodelay(true);
                         let (rec, f, tls) = (rec.clone(), f.clone(), tls.clone());
                         tokio::spawn(async move {
                             match tls {
