@@ -95,8 +95,9 @@
 //!     provider-native tools, no non-local `$ref`, bounded size and depth) and names the
 //!     configured model or none; it is rebuilt from the validated fields and sent to the one
 //!     configured upstream with the real key added last; the answer is rebuilt from the
-//!     decoded completion (server-sent events when asked) with the real key scrubbed; a
-//!     run's tokens are bounded.
+//!     decoded completion with the real key scrubbed (a streamed answer is relayed as
+//!     server-sent events while it arrives, held back by at most the key's length so a key
+//!     split across pieces is scrubbed too); a run's tokens are bounded.
 //!     (pinned by: tests/it/proxy.rs::g10_*)
 //!
 //! # Non-guarantees

@@ -8,14 +8,17 @@
 //!
 //! Nothing from the sandbox configures the proxy: the upstream, the model and the key come
 //! from the host. The guest's `model` must be the configured one (or absent). Streaming
-//! (`stream: true`) is answered as server-sent events once the upstream's answer is whole:
-//! one content chunk, one chunk per tool call, the finish reason, the usage, `[DONE]`.
+//! (`stream: true`) is relayed as server-sent events while the upstream streams: each piece
+//! of text as a content chunk as it arrives (held back by at most the key's length, so a key
+//! split across pieces is still scrubbed), then one chunk per tool call, the finish reason,
+//! the usage and `[DONE]` once the upstream's answer is whole.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -32,6 +35,59 @@ pub const MAX_PROXY_BODY: usize = 1 << 20;
 
 /// Default tokens per run: 100,000.
 pub const DEFAULT_RUN_TOKENS: u64 = 100_000;
+
+/// A response body: whole, or relayed from a channel as the upstream streams.
+type ProxyBody = BoxBody<Bytes, Infallible>;
+
+/// A response, and what to record for it (`None`: the relay task records it).
+type Handled = (Response<ProxyBody>, Option<(GrantOutcome, &'static str)>);
+
+fn whole(text: impl Into<Bytes>) -> ProxyBody {
+    Full::new(text.into()).boxed()
+}
+
+/// A body fed by a channel (the relay task), ending when the task drops its sender.
+struct ChannelBody(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+/// Scrubs the key from a text that arrives in pieces: holds back the last `key.len() - 1`
+/// bytes of what it has seen, so a key split across pieces is still found.
+struct Scrubber {
+    key: Option<Arc<crate::secret::ApiKey>>,
+    pending: String,
+}
+
+impl Scrubber {
+    fn push(&mut self, piece: &str) -> String {
+        self.pending.push_str(piece);
+        let Some(key) = &self.key else { return std::mem::take(&mut self.pending) };
+        let scrubbed = key.scrub(&self.pending);
+        let mut keep = scrubbed.len().saturating_sub(key.len().saturating_sub(1));
+        while !scrubbed.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        self.pending = scrubbed[keep..].to_owned();
+        scrubbed[..keep].to_owned()
+    }
+
+    fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        match &self.key {
+            Some(k) => k.scrub(&rest),
+            None => rest,
+        }
+    }
+}
 
 /// The model proxy. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -70,92 +126,84 @@ impl ModelProxy {
         }
     }
 
-    /// One request: the response, and what to record (outcome, rule).
-    async fn handle(
-        &self,
-        req: Request<hyper::body::Incoming>,
-        run: &ModelRun,
-    ) -> (Response<Full<Bytes>>, GrantOutcome, &'static str) {
+    /// One request: the response, and what to record (outcome, rule); `None` when a relay
+    /// task records the request itself once the stream has ended.
+    async fn handle(&self, req: Request<hyper::body::Incoming>, run: &ModelRun) -> Handled {
         let presented =
             req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let authorised = presented.is_some_and(|k| run.placeholder_matches(k));
         let route = (req.method().clone(), req.uri().path().to_owned());
         if !authorised {
-            let r = error(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "the broker accepts only this run's placeholder key",
+            let msg = "the broker accepts only this run's placeholder key";
+            return (
+                error(StatusCode::UNAUTHORIZED, "invalid_api_key", msg),
+                Some((GrantOutcome::Denied, "model-placeholder-key")),
             );
-            return (r, GrantOutcome::Denied, "model-placeholder-key");
         }
         if let Err(why) = run.begin() {
-            return (error(StatusCode::TOO_MANY_REQUESTS, "refused", &why), GrantOutcome::Refused, "model-bound");
+            return (
+                error(StatusCode::TOO_MANY_REQUESTS, "refused", &why),
+                Some((GrantOutcome::Refused, "model-bound")),
+            );
         }
         match (route.0, route.1.as_str()) {
             (Method::GET, "/v1/models") => {
                 let body = json!({"object": "list", "data": [{"id": self.endpoint.model(), "object": "model", "owned_by": "stockade"}]});
-                (ok_json(&body), GrantOutcome::Ok, "model-list")
+                (ok_json(&body), Some((GrantOutcome::Ok, "model-list")))
             }
             (Method::POST, "/v1/chat/completions") => self.chat(req, run).await,
-            _ => (
-                error(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "the broker serves POST /v1/chat/completions and GET /v1/models",
-                ),
-                GrantOutcome::Denied,
-                "model-route",
-            ),
+            _ => {
+                let msg = "the broker serves POST /v1/chat/completions and GET /v1/models";
+                (error(StatusCode::NOT_FOUND, "not_found", msg), Some((GrantOutcome::Denied, "model-route")))
+            }
         }
     }
 
-    async fn chat(
-        &self,
-        req: Request<hyper::body::Incoming>,
-        run: &ModelRun,
-    ) -> (Response<Full<Bytes>>, GrantOutcome, &'static str) {
+    async fn chat(&self, req: Request<hyper::body::Incoming>, run: &ModelRun) -> Handled {
         let body = match Limited::new(req.into_body(), MAX_PROXY_BODY).collect().await {
             Ok(b) => b.to_bytes(),
             Err(_) => {
                 let msg = format!("the request body is over {MAX_PROXY_BODY} bytes, or was cut short");
-                return (error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &msg), GrantOutcome::Refused, "model-body");
+                return (
+                    error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &msg),
+                    Some((GrantOutcome::Refused, "model-body")),
+                );
             }
         };
         let mut request = match ChatRequest::parse(&body) {
             Ok(r) => r,
             Err(e) => {
-                return (
-                    error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.to_string()),
-                    GrantOutcome::Denied,
-                    "model-validator",
-                );
+                let r = error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.to_string());
+                return (r, Some((GrantOutcome::Denied, "model-validator")));
             }
         };
         if !request.model.is_empty() && request.model != self.endpoint.model() {
             let msg = format!("this run may use the model {:?} only", self.endpoint.model());
-            return (error(StatusCode::FORBIDDEN, "model_not_allowed", &msg), GrantOutcome::Denied, "model-allowlist");
+            return (
+                error(StatusCode::FORBIDDEN, "model_not_allowed", &msg),
+                Some((GrantOutcome::Denied, "model-allowlist")),
+            );
         }
         request.model = self.endpoint.model().to_owned();
         if run.tokens() >= self.max_tokens {
             let msg = format!("this run's {} tokens are spent", self.max_tokens);
-            return (
-                error(StatusCode::TOO_MANY_REQUESTS, "tokens_spent", &msg),
-                GrantOutcome::Refused,
-                "model-token-budget",
-            );
+            let r = error(StatusCode::TOO_MANY_REQUESTS, "tokens_spent", &msg);
+            return (r, Some((GrantOutcome::Refused, "model-token-budget")));
         }
         let stream = request.stream == Some(true);
         request.stream = None;
         request.stream_options = None;
         let deadline = Instant::now() + self.request_timeout;
+        if stream {
+            return (self.relay(request, deadline, run.clone()), None);
+        }
         let exchange = match self.endpoint.complete(&request, deadline, None, 0).await {
             Ok(x) => x,
             Err(e) => {
                 let msg = self.scrub(&e.to_string());
                 return (
                     error(StatusCode::BAD_GATEWAY, "upstream_error", &msg),
-                    GrantOutcome::Failed,
-                    "model-upstream",
+                    Some((GrantOutcome::Failed, "model-upstream")),
                 );
             }
         };
@@ -163,33 +211,95 @@ impl ModelProxy {
         if let Some(u) = &c.usage {
             run.add_tokens(u.total_tokens);
         }
-        let model = self.endpoint.model();
-        let text = if stream { sse(c, model) } else { rebuilt(c, model).to_string() };
-        let text = self.scrub(&text);
-        let content_type = if stream { "text/event-stream" } else { "application/json" };
+        let text = self.scrub(&rebuilt(c, self.endpoint.model()).to_string());
         let response = Response::builder()
             .status(StatusCode::OK)
-            .header(CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from(text)))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
-        (response, GrantOutcome::Ok, "model")
+            .header(CONTENT_TYPE, "application/json")
+            .body(whole(text))
+            .unwrap_or_else(|_| Response::new(whole(Bytes::new())));
+        (response, Some((GrantOutcome::Ok, "model")))
+    }
+
+    /// Streams the upstream's answer to the guest as it arrives (see the module docs); the
+    /// relay task records the request when it ends, and stops when the guest hangs up.
+    fn relay(&self, request: ChatRequest, deadline: Instant, run: ModelRun) -> Response<ProxyBody> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let endpoint = self.endpoint.clone();
+        let model = endpoint.model().to_owned();
+        let t0 = Instant::now();
+        tokio::spawn(async move {
+            let scrubber = std::sync::Mutex::new(Scrubber { key: endpoint.key(), pending: String::new() });
+            let send = |v: Value| {
+                let _ = tx.send(Bytes::from(format!("data: {v}\n\n")));
+            };
+            send(chunk(&model, json!({"role": "assistant", "content": ""}), None));
+            let on_text = |piece: &str| {
+                let out = scrubber.lock().map(|mut s| s.push(piece)).unwrap_or_default();
+                if !out.is_empty() {
+                    send(chunk(&model, json!({"content": out}), None));
+                }
+            };
+            let result = tokio::select! {
+                r = endpoint.complete_streamed(&request, deadline, None, 0, &on_text) => r,
+                () = tx.closed() => return run.record(GrantOutcome::Failed, "model-guest-hung-up", (0, 0), t0.elapsed()),
+            };
+            let rest = scrubber.lock().map(|mut s| s.finish()).unwrap_or_default();
+            if !rest.is_empty() {
+                send(chunk(&model, json!({"content": rest}), None));
+            }
+            let outcome = match result {
+                Ok(x) => {
+                    let c = x.completion;
+                    for (i, mut call) in tool_calls(&c).into_iter().enumerate() {
+                        call["index"] = json!(i);
+                        send(chunk(&model, json!({"tool_calls": [call]}), None));
+                    }
+                    send(chunk(&model, json!({}), Some(c.finish_reason.as_deref().unwrap_or("stop"))));
+                    if let Some(u) = &c.usage {
+                        run.add_tokens(u.total_tokens);
+                        send(
+                            json!({"id": "chatcmpl-stockade", "object": "chat.completion.chunk", "created": created(), "model": model, "choices": [], "usage": usage(&c)}),
+                        );
+                    }
+                    (GrantOutcome::Ok, "model")
+                }
+                Err(e) => {
+                    let msg = endpoint.key().map_or_else(|| e.to_string(), |k| k.scrub(&e.to_string()));
+                    send(json!({"error": {"message": msg, "type": "upstream_error"}}));
+                    (GrantOutcome::Failed, "model-upstream")
+                }
+            };
+            let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n"));
+            run.record(outcome.0, outcome.1, (0, 0), t0.elapsed());
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "text/event-stream")
+            .body(ChannelBody(rx).boxed())
+            .unwrap_or_else(|_| Response::new(whole(Bytes::new())))
     }
 }
 
-fn error(status: StatusCode, kind: &str, message: &str) -> Response<Full<Bytes>> {
+fn error(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
     let body = json!({"error": {"message": message, "type": kind}});
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+        .body(whole(body.to_string()))
+        .unwrap_or_else(|_| Response::new(whole(Bytes::new())))
 }
 
-fn ok_json(v: &Value) -> Response<Full<Bytes>> {
+fn ok_json(v: &Value) -> Response<ProxyBody> {
     Response::builder()
         .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(v.to_string())))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+        .body(whole(v.to_string()))
+        .unwrap_or_else(|_| Response::new(whole(Bytes::new())))
+}
+
+/// One `chat.completion.chunk` event's payload.
+fn chunk(model: &str, delta: Value, finish: Option<&str>) -> Value {
+    json!({"id": "chatcmpl-stockade", "object": "chat.completion.chunk", "created": created(), "model": model,
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 }
 
 /// The decoded calls whose arguments were accepted, as OpenAI `tool_calls`.
@@ -235,31 +345,6 @@ fn rebuilt(c: &Completion, model: &str) -> Value {
     })
 }
 
-/// The same completion as server-sent `chat.completion.chunk` events.
-fn sse(c: &Completion, model: &str) -> String {
-    let chunk = |delta: Value, finish: Option<&str>| {
-        json!({"id": "chatcmpl-stockade", "object": "chat.completion.chunk", "created": created(), "model": model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    };
-    let mut events = vec![chunk(json!({"role": "assistant", "content": c.text.clone().unwrap_or_default()}), None)];
-    for (i, call) in tool_calls(c).into_iter().enumerate() {
-        let mut call = call;
-        call["index"] = json!(i);
-        events.push(chunk(json!({"tool_calls": [call]}), None));
-    }
-    events.push(chunk(json!({}), Some(c.finish_reason.as_deref().unwrap_or("stop"))));
-    let mut out = String::new();
-    for e in events {
-        out.push_str(&format!("data: {e}\n\n"));
-    }
-    if c.usage.is_some() {
-        let u = json!({"id": "chatcmpl-stockade", "object": "chat.completion.chunk", "created": created(), "model": model, "choices": [], "usage": usage(c)});
-        out.push_str(&format!("data: {u}\n\n"));
-    }
-    out.push_str("data: [DONE]\n\n");
-    out
-}
-
 impl ModelService for ModelProxy {
     fn serve(
         &self,
@@ -277,9 +362,11 @@ impl ModelService for ModelProxy {
                         .get(hyper::header::CONTENT_LENGTH)
                         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                         .unwrap_or(0);
-                    let (response, outcome, rule) = proxy.handle(req, &run).await;
-                    let out = hyper::body::Body::size_hint(response.body()).exact().unwrap_or(0);
-                    run.record(outcome, rule, (sent, out), t0.elapsed());
+                    let (response, record) = proxy.handle(req, &run).await;
+                    if let Some((outcome, rule)) = record {
+                        let out = hyper::body::Body::size_hint(response.body()).exact().unwrap_or(0);
+                        run.record(outcome, rule, (sent, out), t0.elapsed());
+                    }
                     Ok::<_, Infallible>(response)
                 }
             });

@@ -56,6 +56,11 @@ impl ApiKey {
         Some(h)
     }
 
+    /// The key's length in bytes (for a scrubber that must hold back a possible prefix).
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// `text` with every occurrence of the key replaced by `[redacted]`.
     #[must_use]
     pub fn scrub(&self, text: &str) -> String {

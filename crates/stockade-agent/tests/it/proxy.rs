@@ -119,9 +119,72 @@ fn g10_only_the_placeholder_and_only_validated_requests_reach_the_upstream() {
     );
 }
 
+/// A streamed answer: the role, `pieces` of content, one `add` call, usage.
+fn sse(pieces: &[&str]) -> Reply {
+    let mut chunks = vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})];
+    for p in pieces {
+        chunks.push(json!({"choices": [{"index": 0, "delta": {"content": p}}]}));
+    }
+    chunks.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}]}}]}));
+    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+    chunks.push(json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}));
+    Reply::sse(&chunks, true)
+}
+
+#[test]
+fn g10_streamed_answers_are_relayed_as_they_arrive_and_scrubbed_across_pieces() {
+    // The upstream streams two pieces, then stalls with more promised: the guest must have
+    // the first pieces before the stall ends, and the key split across them scrubbed.
+    let (a, b) = REAL.split_at(9);
+    let (a, b) = (format!("the first words of a long answer, then Bearer {a}"), format!("{b} and more"));
+    let mock = MockLlm::start(move |_, _| {
+        let chunks = vec![
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": a}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": b}}]}),
+        ];
+        Reply::sse(&chunks, false).stalled(Duration::from_millis(1500))
+    })
+    .unwrap();
+    let (seen, report) = run(&mock, 1_000, |sock, key| {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = json!({"messages": [user()], "stream": true}).to_string();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let start = std::time::Instant::now();
+        let (mut all, mut first_content) = (String::new(), None);
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = s.read(&mut buf) {
+            all.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if first_content.is_none() && all.contains("the first words") {
+                first_content = Some(start.elapsed());
+            }
+        }
+        let first = first_content.map_or(u16::MAX, |d| d.as_millis() as u16);
+        vec![(first, all), (start.elapsed().as_millis() as u16, String::new())]
+    });
+    let (first, total) = (seen[0].0, seen[1].0);
+    assert!(first < 1000 && total >= 1400, "content at {first} ms, end at {total} ms: not relayed as it arrived");
+    let all = &seen[0].1;
+    assert!(!all.contains(REAL) && all.contains("[redacted]"), "{all}");
+    assert!(
+        all.contains("upstream_error") && all.contains("data: [DONE]"),
+        "the cut stream must end with an error event: {all}"
+    );
+    let rules: Vec<String> = report.grants.unwrap().calls.iter().map(|c| c.rule.clone()).collect();
+    assert_eq!(rules, ["model-upstream"]);
+}
+
 #[test]
 fn g10_the_token_budget_and_streaming() {
-    let mock = MockLlm::start(|_, _| Reply::calls(&[("add", json!({"a": 1}))])).unwrap();
+    let mock = MockLlm::start(|_, r| {
+        if r.body["stream"] == json!(true) { sse(&["4", "2"]) } else { Reply::calls(&[("add", json!({"a": 1}))]) }
+    })
+    .unwrap();
     let (seen, _) = run(&mock, 20, |sock, key| {
         vec![
             post(
@@ -139,6 +202,8 @@ fn g10_the_token_budget_and_streaming() {
     assert!(events.iter().any(|e| e.contains(r#""name":"add""#)), "{events:?}");
     // 15 tokens a request: the second still fits under 20, the third is refused.
     assert_eq!((seen[1].0, seen[2].0), (200, 429), "{seen:#?}");
+    // The scrubber holds back up to the key's length, so the two short pieces come out as one.
+    assert!(events.iter().any(|e| e.contains(r#""content":"42""#)), "{events:?}");
     assert_eq!(mock.received().len(), 2);
-    assert!(mock.received().iter().all(|r| r.body.get("stream").is_none()));
+    assert_eq!(mock.received()[1].body.get("stream"), None);
 }

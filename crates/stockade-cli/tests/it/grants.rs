@@ -247,10 +247,14 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
     }
     // A hostile upstream: it echoes the Authorization header it got into its answer.
     let mock = stockade_test_support::MockLlm::start(|_, r| {
-        stockade_test_support::Reply::text(&format!(
-            "the answer is 42; you sent {}",
-            r.header("authorization").unwrap_or("")
-        ))
+        let text = format!("the answer is 42; you sent {}", r.header("authorization").unwrap_or(""));
+        if r.body["stream"] == serde_json::json!(true) {
+            let delta = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]});
+            let end = serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+            stockade_test_support::Reply::sse(&[delta, end], true)
+        } else {
+            stockade_test_support::Reply::text(&text)
+        }
     })
     .unwrap();
     let user = serde_json::json!({"role": "user", "content": "What is 6*7?"});
@@ -276,6 +280,7 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
         "{stdout}"
     );
     assert!(lines[2].starts_with("200 data: ") && stdout.contains("data: [DONE]"), "{stdout}");
+    assert!(stdout.contains("you sent Bearer [redacted]") && !stdout.contains("upstream_error"), "{stdout}");
     let rest: Vec<&str> = lines.iter().filter(|l| l.starts_with(char::is_numeric)).skip(2).copied().collect();
     let statuses: Vec<&str> = rest.iter().map(|l| &l[..3]).collect();
     assert_eq!(statuses, ["403", "400", "400", "401", "401"], "{stdout}");
@@ -288,8 +293,9 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
         assert_eq!(r.header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
         assert_eq!(r.body["model"], "smol");
         assert!(r.body.get("store").is_none(), "a dropped field was forwarded: {}", r.body);
-        assert!(r.body.get("stream").is_none(), "{}", r.body);
     }
+    // The streamed request is relayed as a stream (asking for usage); the other is not.
+    assert_eq!((got[0].body.get("stream"), &got[1].body["stream"]), (None, &serde_json::json!(true)));
     let calls = report["grants"]["calls"].as_array().unwrap();
     let rules: Vec<&str> = calls.iter().map(|c| c["rule"].as_str().unwrap()).collect();
     assert_eq!(
