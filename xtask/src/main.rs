@@ -210,7 +210,8 @@ fn no_c() -> Result<()> {
     run(cargo(&args).env("CC", "false").env("CXX", "false"))
 }
 
-const FUZZ_TARGETS: &[&str] = &["frame_decoder", "chat_validator", "policy_loader", "completion_decoder"];
+const FUZZ_TARGETS: &[&str] =
+    &["frame_decoder", "chat_validator", "policy_loader", "completion_decoder", "broker_frame"];
 
 fn fuzz(args: &[String]) -> Result<()> {
     let mut smoke = false;
