@@ -110,14 +110,14 @@ impl Session {
         report
     }
 
-    /// Counts a request that arrived outside the frame protocol (the model socket).
-    pub(crate) fn begin_external(&self) -> Result<(), String> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Err("the run has ended".into());
-        }
-        if let Some(reason) = self.ended_reason() {
-            return Err(format!("the broker session has ended: {reason}"));
-        }
+    /// Ends the session with `reason` and returns it as the session's end.
+    fn fail(&self, reason: String) -> Ended {
+        self.end(reason.clone());
+        Ended(reason)
+    }
+
+    /// Counts one call against the run's bound; past it, the session ends (`Err`: why).
+    fn count_call(&self) -> Result<(), String> {
         let calls = {
             let mut st = self.state();
             st.calls += 1;
@@ -132,8 +132,19 @@ impl Session {
         Ok(())
     }
 
-    /// Records a call made outside the frame protocol.
-    pub(crate) fn record_external(
+    /// Counts a request that arrived outside the frame protocol (the model socket).
+    pub(crate) fn begin_external(&self) -> Result<(), String> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err("the run has ended".into());
+        }
+        if let Some(reason) = self.ended_reason() {
+            return Err(format!("the broker session has ended: {reason}"));
+        }
+        self.count_call()
+    }
+
+    /// Records one call; nothing is recorded once the run's report has been taken.
+    pub(crate) fn record(
         &self,
         grant: &str,
         outcome: GrantOutcome,
@@ -146,11 +157,6 @@ impl Session {
         }
     }
 
-    fn record(&self, grant: &str, outcome: GrantOutcome, rule: &str, bytes_in: usize, bytes_out: usize, t0: Instant) {
-        let call = GrantCall::new(grant, outcome, rule, (bytes_in as u64, bytes_out as u64), t0.elapsed());
-        self.state().report.record(call);
-    }
-
     /// Handles one call frame's payload and returns the reply's payload, or ends the
     /// session (`Err`) when the payload breaks the protocol or the run's call bound.
     pub(crate) async fn handle(&self, payload: &[u8]) -> Result<Vec<u8>, Ended> {
@@ -160,37 +166,19 @@ impl Session {
         }
         let limit = self.grants.limits.max_call_bytes as usize;
         if payload.len() > limit {
-            let reason = format!("a call of {} bytes is over the maximum of {limit}", payload.len());
-            self.end(reason.clone());
-            return Err(Ended(reason));
+            return Err(self.fail(format!("a call of {} bytes is over the maximum of {limit}", payload.len())));
         }
         let (id, grant, args) = match BrokerFrame::parse(payload) {
             Ok(BrokerFrame::Call { id, grant, args }) => (id, grant, args),
-            Ok(_) => {
-                let reason = "the guest sent a frame that is not a call".to_owned();
-                self.end(reason.clone());
-                return Err(Ended(reason));
-            }
-            Err(e) => {
-                let reason = format!("malformed call frame: {e}");
-                self.end(reason.clone());
-                return Err(Ended(reason));
-            }
+            Ok(_) => return Err(self.fail("the guest sent a frame that is not a call".to_owned())),
+            Err(e) => return Err(self.fail(format!("malformed call frame: {e}"))),
         };
         let name = grant.as_str();
         if self.closed.load(Ordering::SeqCst) {
             return Ok(reply(id, error("refused", "the run has ended")));
         }
-        let calls = {
-            let mut st = self.state();
-            st.calls += 1;
-            st.calls
-        };
-        let max = u64::from(self.grants.limits.max_calls);
-        if calls > max {
-            self.record(name, GrantOutcome::Refused, "max-calls", payload.len(), 0, t0);
-            let reason = format!("more than {max} grant calls");
-            self.end(reason.clone());
+        if let Err(reason) = self.count_call() {
+            self.record(name, GrantOutcome::Refused, "max-calls", (payload.len() as u64, 0), t0.elapsed());
             return Err(Ended(reason));
         }
         let (outcome, rule, body) = self.dispatch(name, args).await;
@@ -206,7 +194,7 @@ impl Session {
         } else {
             (outcome, rule)
         };
-        self.record(name, outcome, &rule, payload.len(), out.len(), t0);
+        self.record(name, outcome, &rule, (payload.len() as u64, out.len() as u64), t0.elapsed());
         Ok(out)
     }
 
@@ -275,10 +263,9 @@ impl Drop for GrantsDir {
     }
 }
 
-fn random_hex() -> io::Result<String> {
-    // 96 bits: the name is not the protection (the directory's mode is), and a short name
-    // leaves room under the 108-byte limit of a socket path.
-    let mut b = [0u8; 12];
+/// `bytes` random bytes from the OS RNG, as lowercase hex.
+pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
+    let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
@@ -288,7 +275,9 @@ impl GrantsDir {
     /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the
     /// client and the data grants, and binds the listening socket.
     pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener, Option<UnixListener>)> {
-        let path = parent.join(format!("stockade-g-{}", random_hex()?));
+        // 96 bits: the name is not the protection (the directory's mode is), and a short name
+        // leaves room under the 108-byte limit of a socket path.
+        let path = parent.join(format!("stockade-g-{}", random_hex(12)?));
         let socket_len = path.join(GRANTS_SOCKET).as_os_str().len();
         if socket_len >= 108 {
             return Err(io::Error::new(
@@ -350,9 +339,32 @@ impl GrantsDir {
 pub(crate) const MODEL_SOCKET: &str = "model.sock";
 
 /// Serves the model grant's connections on `listener` until the session ends or the task
-/// is aborted; connections beyond the bound are closed at once.
+/// is aborted.
 pub(crate) async fn serve_model(listener: UnixListener, session: Arc<Session>, run: crate::grants::ModelRun) {
     let Some(service) = session.grants.model.clone() else { return };
+    accept(listener, &session, |stream| service.serve(stream, run.clone())).await;
+}
+
+/// Serves `session`'s frame protocol on `listener` until the session ends or the task is
+/// aborted.
+pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
+    let codec = FrameCodec::new(session.grants.limits.max_call_bytes);
+    let s = session.clone();
+    accept(listener, &session, move |stream| {
+        let session = s.clone();
+        async move { connection(stream, &session, codec).await }
+    })
+    .await;
+}
+
+/// Accepts connections on `listener` and serves each with `serve` until the session ends;
+/// connections beyond the run's bound are closed at once (the session goes on), and every
+/// connection still open is dropped when the session ends.
+async fn accept<F, Fut>(listener: UnixListener, session: &Session, serve: F)
+where
+    F: Fn(UnixStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1)));
     let mut ended = session.watch_end();
     let mut conns = JoinSet::new();
@@ -362,38 +374,9 @@ pub(crate) async fn serve_model(listener: UnixListener, session: Arc<Session>, r
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
-                let serve = service.serve(stream, run.clone());
+                let conn = serve(stream);
                 conns.spawn(async move {
-                    serve.await;
-                    drop(slot);
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    conns.abort_all();
-}
-
-/// Serves `session` on `listener` until the session ends or the task is aborted.
-pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
-    let limits = session.grants.limits;
-    let codec = FrameCodec::new(limits.max_call_bytes);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut ended = session.watch_end();
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = ended.changed() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    // Over the connection bound: closed at once, the session goes on.
-                    drop(stream);
-                    continue;
-                };
-                let session = session.clone();
-                conns.spawn(async move {
-                    connection(stream, &session, codec).await;
+                    conn.await;
                     drop(slot);
                 });
             }
@@ -405,6 +388,7 @@ pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
 
 async fn connection(mut stream: UnixStream, session: &Session, codec: FrameCodec) {
     let mut ended = session.watch_end();
+    let reply_codec = FrameCodec::new(session.grants.limits.max_reply_bytes.max(1 << 10));
     loop {
         let frame = tokio::select! {
             _ = ended.changed() => return,
@@ -422,7 +406,6 @@ async fn connection(mut stream: UnixStream, session: &Session, codec: FrameCodec
             Err(_) => return,
         };
         let Ok(out) = session.handle(&payload).await else { return };
-        let reply_codec = FrameCodec::new(session.grants.limits.max_reply_bytes.max(1 << 10));
         if reply_codec.write_frame_async(&mut stream, &out).await.is_err() {
             return;
         }

@@ -223,7 +223,7 @@ impl ModelRun {
 
     /// Records one request in the run's report, as the grant `model`.
     pub fn record(&self, outcome: stockade_protocol::GrantOutcome, rule: &str, bytes: (u64, u64), duration: Duration) {
-        self.session.record_external("model", outcome, rule, bytes, duration);
+        self.session.record("model", outcome, rule, bytes, duration);
     }
 
     /// Adds `n` tokens to the run's count and returns the new total.

@@ -233,9 +233,7 @@ impl Debug for Broker {
 
 impl Broker {
     fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, TierError> {
-        let mut b = [0u8; 24];
-        getrandom::fill(&mut b).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
-        let placeholder: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let placeholder = broker::random_hex(24).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
         Ok(Self {
             session: broker::Session::new(grants.clone()),
             grants,
@@ -304,7 +302,7 @@ impl Broker {
     /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,
     /// the reply's payload out. `Err` means the session has ended; the reason is reported.
     pub async fn call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
-        self.session.handle(payload).await.map_err(|e| e.0)
+        BrokerCaller::call_session(&self.session, payload).await
     }
 
     /// A handle for in-process calls that outlives a borrow of the broker.
@@ -334,7 +332,11 @@ impl Debug for BrokerCaller {
 impl BrokerCaller {
     /// Handles one call frame's payload (see [`Broker::call`]).
     pub async fn call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
-        self.0.handle(payload).await.map_err(|e| e.0)
+        Self::call_session(&self.0, payload).await
+    }
+
+    async fn call_session(session: &broker::Session, payload: &[u8]) -> Result<Vec<u8>, String> {
+        session.handle(payload).await.map_err(|e| e.0)
     }
 }
 
@@ -405,8 +407,8 @@ impl stockade_wasm::HostCalls for BrokerCaller {
         &self,
         request: Vec<u8>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>> {
-        let session = self.0.clone();
-        Box::pin(async move { session.handle(&request).await.map_err(|e| e.0) })
+        let caller = self.clone();
+        Box::pin(async move { caller.call(&request).await })
     }
 
     fn abort(&self, reason: String) {
