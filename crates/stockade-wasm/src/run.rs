@@ -287,7 +287,7 @@ impl Inner {
             );
             return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO));
         };
-        if calls.is_some() && ready.profile.argv0.is_some() {
+        if calls.is_some() && ready.profile.own_host_door {
             return Err(WasmError::Unsupported {
                 mechanism: "grants".into(),
                 reason:
