@@ -133,12 +133,7 @@ fn granted_one(rest: &[String]) -> Result<()> {
         Some((&victim, job(&["role=victim".to_owned()])?)),
         Some(upstream.as_str()),
     ));
-    let out = match report {
-        Ok(report) => serde_json::to_string(&report)?,
-        Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
-    };
-    println!("{out}");
-    Ok(())
+    print_report(report.map_err(|e| e.to_string()))
 }
 
 /// Judges a grants run: the world's checks, the grants' own checks (and what reached the
@@ -182,14 +177,10 @@ fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Resu
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()?;
-    if !one.status.success() {
-        bail!("{}: --granted-one failed: {}", entry.name, one.status);
-    }
-    let value: serde_json::Value = serde_json::from_slice(&one.stdout).context("--granted-one printed no report")?;
-    if let Some(e) = value.get("launch_error").and_then(|e| e.as_str()) {
-        return Ok(skipped(&e));
-    }
-    let report: Report = serde_json::from_value(value).context("parsing the report")?;
+    let report = match child_report(entry.name, "--granted-one", &one)? {
+        Ok(r) => r,
+        Err(cell) => return Ok(cell),
+    };
     judge_granted(world, &report, &targets.marker, &paths, Some(&upstream), entry.expect.process, entry.name)
 }
 
@@ -210,12 +201,31 @@ fn process_one(rest: &[String]) -> Result<()> {
     let (access, rest) = rest.split_first().context(usage)?;
     let (attack, args) = rest.split_first().context(usage)?;
     let access = if access == "rw" { Access::ReadWrite } else { Access::ReadOnly };
-    let out = match run_one(ws, access, attack, args)? {
+    print_report(run_one(ws, access, attack, args)?.map_err(|e| e.to_string()))
+}
+
+/// What a `--*-one` child prints: the report as JSON, or `{"launch_error": ...}`.
+fn print_report(report: std::result::Result<Report, String>) -> Result<()> {
+    let out = match report {
         Ok(report) => serde_json::to_string(&report)?,
-        Err(e) => serde_json::json!({ "launch_error": e.to_string() }).to_string(),
+        Err(e) => serde_json::json!({ "launch_error": e }).to_string(),
     };
     println!("{out}");
     Ok(())
+}
+
+/// Reads what a `--*-one` child (`flag`) printed: its report, or the skipped cell of a
+/// launch error. A child that failed is a harness failure.
+fn child_report(name: &str, flag: &str, one: &std::process::Output) -> Result<std::result::Result<Report, Cell>> {
+    if !one.status.success() {
+        bail!("{name}: {flag} failed: {}", one.status);
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(&one.stdout).with_context(|| format!("{flag} printed no report"))?;
+    if let Some(e) = value.get("launch_error").and_then(|e| e.as_str()) {
+        return Ok(Err(skipped(&e)));
+    }
+    Ok(Ok(serde_json::from_value(value).context("parsing the report")?))
 }
 
 fn parse() -> Result<Args> {
@@ -442,14 +452,10 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()?;
-    if !one.status.success() {
-        bail!("{}: --process-one failed: {}", entry.name, one.status);
-    }
-    let value: serde_json::Value = serde_json::from_slice(&one.stdout).context("--process-one printed no report")?;
-    if let Some(e) = value.get("launch_error").and_then(|e| e.as_str()) {
-        return Ok(skipped(&e));
-    }
-    let report: stockade_protocol::Report = serde_json::from_value(value).context("parsing the report")?;
+    let report = match child_report(entry.name, "--process-one", &one)? {
+        Ok(r) => r,
+        Err(cell) => return Ok(cell),
+    };
     let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
     judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
 }
