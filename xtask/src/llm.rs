@@ -29,12 +29,14 @@ const CMAKE_ARGS: &str = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DL
 /// How long the server may take to load the model and answer.
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
-const USAGE: &str = "usage: cargo xtask llm [--install | --start | --stop | --test]
+const USAGE: &str = "usage: cargo xtask llm [--install | --start | --stop | --test | --sdk]
   --install  create the venv and install the pinned server and model (checks the model's sha256)
   --start    install, then start the server on 127.0.0.1 in the background; prints its base URL
   --stop     stop the server --start started (by the PID it recorded)
   --test     install, start, run the steward example against it (stockade-cli's real-model
-             test), then stop it";
+             test), then stop it
+  --sdk      install the pinned OpenAI Python SDK for the guests' python3 (pip --target);
+             prints the directory (set STOCKADE_OPENAI_PYTHON to it for stockade-cli's tests)";
 
 fn dir() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
@@ -68,6 +70,10 @@ pub(crate) fn run_cmd(args: &[String]) -> Result<()> {
             Ok(())
         }
         Some("--stop") => stop_recorded(),
+        Some("--sdk") => {
+            println!("{}", install_openai_sdk()?.display());
+            Ok(())
+        }
         Some("--test") => test(),
         Some(other) => bail!("unknown option {other:?}\n{USAGE}"),
     }
@@ -111,6 +117,35 @@ pub(crate) fn install() -> Result<PathBuf> {
         bail!("{} has sha256 {}, not the pinned {GGUF_SHA256}: refusing to use it", model.display(), sum.trim());
     }
     Ok(model)
+}
+
+/// The OpenAI Python SDK, pinned: the stock client a sandboxed guest uses to reach a model
+/// grant at `$OPENAI_BASE_URL` (stockade-cli's `openai_sdk` tests).
+const OPENAI_SDK: &str = "openai==3.57.0";
+
+/// Installs [`OPENAI_SDK`] for the interpreter the process tier's guests see
+/// (`/usr/bin/python3`), with `pip install --target` into a plain directory a test grants
+/// read-only as the workspace; returns that directory.
+pub(crate) fn install_openai_sdk() -> Result<PathBuf> {
+    let dir = dir();
+    let target = dir.join("openai-python");
+    let version = OPENAI_SDK.trim_start_matches("openai==");
+    if std::fs::read_dir(&target)
+        .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name() == *format!("openai-{version}.dist-info").as_str())))
+    {
+        return Ok(target);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let venv = dir.join("sdk-venv");
+    if !venv.join("bin/pip").exists() {
+        run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    let _ = std::fs::remove_dir_all(&target);
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", "--target"])
+        .arg(&target)
+        .arg(OPENAI_SDK))?;
+    Ok(target)
 }
 
 /// Starts `cargo xtask llm --install` in the background (so that CI builds while pip compiles);
@@ -214,10 +249,12 @@ fn stop_recorded() -> Result<()> {
 /// Installs, starts, runs the real-model test, stops.
 pub(crate) fn test() -> Result<()> {
     let model = install()?;
+    let sdk = install_openai_sdk()?;
     let server = Server::start(&model)?;
     let result =
         run(crate::cargo(&["test", "--package", "stockade-cli", "--test", "it", "real_model", "--", "--nocapture"])
             .env("STOCKADE_LLM_URL", &server.url)
+            .env("STOCKADE_OPENAI_PYTHON", &sdk)
             .env("STOCKADE_REQUIRE_LLM", "1")
             .env("STOCKADE_REQUIRE_ALL", "1"));
     drop(server);

@@ -149,7 +149,16 @@ fn ci() -> Result<()> {
         // The docker tier's tests need their image, built from Debian's busybox-static.
         ("images", Box::new(|| images::run(&target_dir()))),
         // Every kernel-feature test must run in CI: a skip is a failure there.
-        ("test", Box::new(|| run(cargo(&["test", "--workspace", "--all-targets"]).env("STOCKADE_REQUIRE_ALL", "1")))),
+        // A sandboxed guest's stock OpenAI client (PyPI `openai`, pinned) for the model grant's tests.
+        ("python-sdk", Box::new(|| llm::install_openai_sdk().map(drop))),
+        (
+            "test",
+            Box::new(|| {
+                run(cargo(&["test", "--workspace", "--all-targets"])
+                    .env("STOCKADE_REQUIRE_ALL", "1")
+                    .env("STOCKADE_OPENAI_PYTHON", llm::install_openai_sdk()?))
+            }),
+        ),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),
         ("doc", Box::new(|| run(cargo(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")))),
         ("deny", Box::new(|| deny::run(&root(), &target_dir()))),

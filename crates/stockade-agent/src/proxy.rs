@@ -346,7 +346,7 @@ fn rebuilt(c: &Completion, model: &str) -> Value {
 impl ModelService for ModelProxy {
     fn serve(
         &self,
-        conn: tokio::net::UnixStream,
+        conn: stockade_runtime::ModelConn,
         run: ModelRun,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         let proxy = Arc::new(self.clone());

@@ -233,7 +233,8 @@ struct RunArgs {
     #[arg(long)]
     grant_strict: bool,
     /// Grant a model (process and docker tiers): the guest speaks OpenAI-compatible HTTP to
-    /// `$STOCKADE_MODEL_SOCKET` with a per-run placeholder in `$OPENAI_API_KEY`; the broker
+    /// `$STOCKADE_MODEL_SOCKET` (and, in the process tier, to `$OPENAI_BASE_URL` on the run's
+    /// own loopback) with a per-run placeholder in `$OPENAI_API_KEY`; the broker
     /// validates each request, rebuilds it, and sends it to --base-url with the real key
     /// from --api-key-env, which never enters the sandbox.
     #[arg(long, requires_all = ["base_url", "model"])]

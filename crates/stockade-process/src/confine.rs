@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use seccompiler::{
@@ -90,6 +90,7 @@ pub(crate) fn apply_landlock(
     workspace: Option<bool>,
     grants: bool,
     tty: bool,
+    model_port: Option<u16>,
     hard: bool,
     abi: u8,
 ) -> Result<LandlockOutcome, String> {
@@ -111,6 +112,11 @@ pub(crate) fn apply_landlock(
         let bits = if is_dir { bits } else { bits & AccessFs::from_file(abi) };
         created = created.add_rule(PathBeneath::new(fd, bits)).map_err(|e| format!("landlock rule for {path}: {e}"))?;
     }
+    if let Some(port) = model_port {
+        created = created
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|e| format!("landlock rule for tcp connect to port {port}: {e}"))?;
+    }
     let status = created.restrict_self().map_err(|e| format!("landlock restrict_self: {e}"))?;
     let full = status.ruleset == RulesetStatus::FullyEnforced;
     if hard && !full {
@@ -118,8 +124,13 @@ pub(crate) fn apply_landlock(
     }
     Ok(LandlockOutcome {
         detail: format!(
-            "abi {} {:?}: fs rules for the view, tcp bind/connect denied, abstract-unix and signal scoped",
-            abi as i32, status.ruleset
+            "abi {} {:?}: fs rules for the view, tcp bind denied, tcp connect {}, abstract-unix and signal scoped",
+            abi as i32,
+            status.ruleset,
+            match model_port {
+                Some(port) => format!("to port {port} only (the model grant)"),
+                None => "denied".into(),
+            }
         ),
         full,
     })

@@ -107,11 +107,29 @@ pub(crate) fn run(spec: Spec) -> i32 {
         return rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}"));
     }
     rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
+    // The model grant's listener: created here, in the run's network namespace, and held by
+    // this process (never by init or the guest) for the supervisor to take.
+    let listener = match spec.model_port {
+        Some(port) => match model_listener(port) {
+            Ok(l) => {
+                rep.send(&Msg::Listening { fd: l.as_raw_fd() });
+                Some(l)
+            }
+            Err(e) => return rep.fail("model listener", false, e),
+        },
+        None => None,
+    };
+    let net = match spec.model_port {
+        Some(port) => {
+            format!("empty network namespace; loopback up for the model grant's listener on 127.0.0.1:{port}")
+        }
+        None => "empty network namespace (loopback down)".into(),
+    };
     for (m, d) in [
-        (Mechanism::PidNamespace, "fresh pid namespace; pid 1 is stockade's init"),
-        (Mechanism::NetNamespace, "empty network namespace (loopback down)"),
-        (Mechanism::IpcNamespace, "private System V IPC and POSIX queues"),
-        (Mechanism::UtsNamespace, "hostname `stockade`"),
+        (Mechanism::PidNamespace, "fresh pid namespace; pid 1 is stockade's init".into()),
+        (Mechanism::NetNamespace, net),
+        (Mechanism::IpcNamespace, "private System V IPC and POSIX queues".into()),
+        (Mechanism::UtsNamespace, "hostname `stockade`".into()),
     ] {
         rep.enforced(m, d);
     }
@@ -120,6 +138,7 @@ pub(crate) fn run(spec: Spec) -> i32 {
         Err(e) => rep.fail("init", false, format!("fork: {e}")),
         Ok(process::Fork::Child) => {
             drop(keep_w);
+            drop(listener);
             let code = init(&spec, &mut rep, &keep_r, uid, gid);
             process::exit_now(code)
         }
@@ -134,6 +153,13 @@ pub(crate) fn run(spec: Spec) -> i32 {
             code
         }
     }
+}
+
+/// Brings the run's loopback up and listens on `127.0.0.1:port` in it.
+fn model_listener(port: u16) -> Result<std::net::TcpListener, String> {
+    crate::sys::net::loopback_up().map_err(|e| format!("bringing up the run's loopback: {e}"))?;
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+        .map_err(|e| format!("listening on 127.0.0.1:{port} in the run's network namespace: {e}"))
 }
 
 /// Pid 1 of the run: builds the view, forks the guest, reaps everything, reports the exit.
@@ -442,7 +468,14 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
     let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    match confine::apply_landlock(ws, spec.grants_dir.is_some(), spec.tty, spec.hard, spec.landlock_abi) {
+    match confine::apply_landlock(
+        ws,
+        spec.grants_dir.is_some(),
+        spec.tty,
+        spec.model_port,
+        spec.hard,
+        spec.landlock_abi,
+    ) {
         Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
         Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
         Err(e) => return rep.fail("landlock", true, e),

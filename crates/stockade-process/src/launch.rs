@@ -76,6 +76,11 @@ impl HelperProcess {
         }
     }
 
+    /// A duplicate of the helper's pidfd.
+    pub(crate) fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        self.pidfd.get_ref().try_clone()
+    }
+
     /// Sends SIGKILL to the helper, which takes the whole run with it (see `helper`).
     pub(crate) fn kill(&self) {
         if !self.reaped {

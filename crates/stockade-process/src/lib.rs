@@ -24,8 +24,9 @@
 //!   run's own grants directory read-only at `/run/stockade`. Nothing else of the host exists
 //!   in the view: no `/home`, `/root`, the rest of `/run`, `/var`, and so no host sockets
 //!   such as `docker.sock`;
-//! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied,
-//!   abstract unix sockets and signals scoped;
+//! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied
+//!   (connect allowed to the one port of [`ProcessTier::run_granted_loopback`]'s listener,
+//!   when asked), abstract unix sockets and signals scoped;
 //! - **seccomp**: an allowlist of about 280 syscalls; anything else (among them `io_uring_*`,
 //!   `clone3` and the x32 ABI) fails with ENOSYS, so libraries fall back; ptrace, `process_vm_*`, bpf,
 //!   perf, keyrings, userfaultfd, the mount family, `unshare`/`setns`, `clone` with
@@ -95,6 +96,12 @@
 //!     kernel lets any process of the namespace read) shows none of the supervisor's
 //!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
 //!     (pinned by: tests/it/launch.rs::g11_*)
+//! G12. With [`ProcessTier::run_granted_loopback`], the run's own loopback is up and the
+//!     guest can connect to exactly one TCP port on it, where the listener the host serves
+//!     waits; every other port (and the host's loopback, which is not the run's) is refused,
+//!     binding any port is denied, and the listener is created by the helper before init
+//!     exists, closed in init, and never a descriptor of the guest.
+//!     (pinned by: tests/it/confinement.rs::g12_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
@@ -145,6 +152,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+
 use stockade_protocol::{Job, Report};
 
 /// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
@@ -321,7 +329,7 @@ impl ProcessTier {
     /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an
     /// `Err` means the run could not be set up as required.
     pub async fn run(&self, job: &Job) -> Result<Report, LaunchError> {
-        supervisor::run(self, job, None).await
+        supervisor::run(self, job, None, None).await
     }
 
     /// Runs `job` with the host directory `grants_dir` bound read-only (nosuid, nodev) at
@@ -330,7 +338,46 @@ impl ProcessTier {
     /// (`stockade-runtime` serves them); this crate only makes the directory visible. The
     /// directory must be absolute and must neither contain nor lie inside the workspace.
     pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, LaunchError> {
-        supervisor::run(self, job, Some(grants_dir)).await
+        supervisor::run(self, job, Some(grants_dir), None).await
+    }
+
+    /// [`run_granted`](Self::run_granted), plus a TCP listener on `127.0.0.1:PORT` in the
+    /// run's own network namespace, handed to `loopback` for the host to serve (a model
+    /// grant, for clients that speak only TCP). The run's loopback is brought up, landlock
+    /// lets the guest connect to that one port (and bind none), and the listener is created
+    /// by the helper and held by neither init nor the guest; the host takes it with
+    /// `pidfd_getfd` as soon as it is reported. The guest can reach nothing through it but
+    /// what the host serves on it.
+    pub async fn run_granted_loopback(
+        &self,
+        job: &Job,
+        grants_dir: &Path,
+        loopback: Loopback,
+    ) -> Result<Report, LaunchError> {
+        supervisor::run(self, job, Some(grants_dir), Some(loopback)).await
+    }
+}
+
+/// A listener the host serves inside one run's network namespace (see
+/// [`ProcessTier::run_granted_loopback`]).
+pub struct Loopback {
+    port: u16,
+    serve: Box<dyn FnOnce(std::net::TcpListener) + Send>,
+}
+
+impl Loopback {
+    /// Listen on `127.0.0.1:port` in the run's network namespace, and give the listener to
+    /// `serve` (called once, from the supervisor's task, while the run lasts; never if the
+    /// run ends before the listener was taken).
+    #[must_use]
+    pub fn new(port: u16, serve: impl FnOnce(std::net::TcpListener) + Send + 'static) -> Self {
+        Self { port, serve: Box::new(serve) }
+    }
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loopback").field("port", &self.port).finish_non_exhaustive()
     }
 }
 

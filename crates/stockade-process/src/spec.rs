@@ -40,6 +40,10 @@ pub(crate) struct Spec {
     /// stdin, stdout and stderr are a private pty, which becomes the guest's controlling
     /// terminal, and `/dev/tty` is in the view.
     pub(crate) tty: bool,
+    /// A model grant's port: the helper brings the run's loopback up, listens on
+    /// `127.0.0.1:PORT` there for the supervisor ([`Msg::Listening`]), and landlock lets the
+    /// guest connect to that port only.
+    pub(crate) model_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -62,6 +66,9 @@ pub(crate) enum Msg {
     Missing { mechanism: String, reason: String },
     /// Setup failed at `stage`; `unsupported` means the host cannot enforce it.
     Error { stage: String, unsupported: bool, message: String },
+    /// The helper listens on the spec's model port, in the run's network namespace, on its
+    /// descriptor `fd` (the supervisor takes a copy with `pidfd_getfd`).
+    Listening { fd: i32 },
     /// The guest ended.
     Exit { code: Option<i32>, signal: Option<i32>, cpu_us: u64, max_rss: u64 },
 }

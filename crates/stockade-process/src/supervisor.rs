@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::cgroup::Cgroup;
 use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, Spec, SpecLimits};
 use crate::sys::tty;
-use crate::{LaunchError, ProcessTier, launch};
+use crate::{LaunchError, Loopback, ProcessTier, launch};
 
 /// How long output may keep draining after the run's processes are gone: 2 s.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -25,6 +25,7 @@ pub(crate) async fn run(
     tier: &ProcessTier,
     job: &Job,
     grants_dir: Option<&std::path::Path>,
+    loopback: Option<Loopback>,
 ) -> Result<Report, LaunchError> {
     let JobKind::Command { program, args } = job.kind() else {
         return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
@@ -88,6 +89,7 @@ pub(crate) async fn run(
         hard: !tier.best_effort,
         landlock_abi: tier.landlock_abi,
         tty: tier.tty,
+        model_port: loopback.as_ref().map(|l| l.port),
     };
     let start = Instant::now();
     let terminal = if tier.tty { Some(open_terminal()) } else { None }.transpose();
@@ -108,7 +110,12 @@ pub(crate) async fn run(
         }
     };
     let launch::Launched { process: mut child, stdin, stdout, stderr, status } = launched;
-    let status_task = tokio::spawn(read_messages(status));
+    // The helper's listener is taken through a duplicate of its pidfd, while it lives.
+    let take = match loopback {
+        Some(l) => Some((child.pidfd().map_err(|e| LaunchError::Internal(format!("duplicating a pidfd: {e}")))?, l)),
+        None => None,
+    };
+    let status_task = tokio::spawn(read_messages(status, take));
     let bytes = job.stdin().to_vec();
     let (mut out, mut err): (Reader, Reader) = match (master, stdout, stderr) {
         (Some(master), _, _) => {
@@ -206,6 +213,7 @@ pub(crate) async fn run(
                 failure.get_or_insert((stage, unsupported, message));
             }
             Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
+            Msg::Listening { .. } => {}
         }
     }
     if let Some((stage, unsupported, message)) = failure {
@@ -269,8 +277,12 @@ fn open_terminal() -> Result<(tty::Master, std::os::fd::OwnedFd), LaunchError> {
     Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }
 
-/// Reads the helper's report lines, bounded in count and length.
-async fn read_messages(pipe: tokio::net::unix::pipe::Receiver) -> Vec<Msg> {
+/// Reads the helper's report lines, bounded in count and length. A [`Msg::Listening`] hands
+/// the helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once.
+async fn read_messages(
+    pipe: tokio::net::unix::pipe::Receiver,
+    mut take: Option<(std::os::fd::OwnedFd, Loopback)>,
+) -> Vec<Msg> {
     use tokio::io::AsyncBufReadExt;
     let mut out = Vec::new();
     let mut reader = tokio::io::BufReader::new(pipe.take((MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
@@ -281,10 +293,25 @@ async fn read_messages(pipe: tokio::net::unix::pipe::Receiver) -> Vec<Msg> {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
+                    if let Msg::Listening { fd } = msg
+                        && let Some((pidfd, loopback)) = take.take()
+                    {
+                        hand_over(&pidfd, fd, loopback);
+                    }
                     out.push(msg);
                 }
             }
         }
     }
     out
+}
+
+/// Takes the helper's listening socket `fd` and gives it to `loopback`. A helper that is
+/// already gone (the run ended first) leaves nothing to take: the grant's listener is
+/// simply never served.
+fn hand_over(pidfd: &std::os::fd::OwnedFd, fd: i32, loopback: Loopback) {
+    use std::os::fd::AsFd;
+    if let Ok(socket) = crate::sys::process::pidfd_getfd(pidfd.as_fd(), fd) {
+        (loopback.serve)(std::net::TcpListener::from(socket));
+    }
 }

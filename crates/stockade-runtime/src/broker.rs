@@ -338,11 +338,39 @@ impl GrantsDir {
 /// The model socket's file name inside a run's grants directory.
 pub(crate) const MODEL_SOCKET: &str = "model.sock";
 
+/// The port of the model grant's TCP listener in the process tier's run network namespace
+/// (`OPENAI_BASE_URL=http://127.0.0.1:8765/v1`). The namespace is the run's own, so the port
+/// collides with nothing of the host's.
+pub(crate) const MODEL_PORT: u16 = 8765;
+
+/// A listener the broker serves: the unix sockets of a grants directory, or the loopback
+/// listener of a run's network namespace.
+pub(crate) trait Listen: Send {
+    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static;
+    fn accept_one(&self) -> impl std::future::Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl Listen for UnixListener {
+    type Stream = UnixStream;
+    async fn accept_one(&self) -> io::Result<UnixStream> {
+        self.accept().await.map(|(s, _)| s)
+    }
+}
+
+impl Listen for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept_one(&self) -> io::Result<tokio::net::TcpStream> {
+        let (s, _) = self.accept().await?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    }
+}
+
 /// Serves the model grant's connections on `listener` until the session ends or the task
 /// is aborted.
-pub(crate) async fn serve_model(listener: UnixListener, session: Arc<Session>, run: crate::grants::ModelRun) {
+pub(crate) async fn serve_model<L: Listen>(listener: L, session: Arc<Session>, run: crate::grants::ModelRun) {
     let Some(service) = session.grants.model.clone() else { return };
-    accept(listener, &session, |stream| service.serve(stream, run.clone())).await;
+    accept(listener, &session, |stream| service.serve(Box::new(stream), run.clone())).await;
 }
 
 /// Serves `session`'s frame protocol on `listener` until the session ends or the task is
@@ -360,9 +388,10 @@ pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
 /// Accepts connections on `listener` and serves each with `serve` until the session ends;
 /// connections beyond the run's bound are closed at once (the session goes on), and every
 /// connection still open is dropped when the session ends.
-async fn accept<F, Fut>(listener: UnixListener, session: &Session, serve: F)
+async fn accept<L, F, Fut>(listener: L, session: &Session, serve: F)
 where
-    F: Fn(UnixStream) -> Fut,
+    L: Listen,
+    F: Fn(L::Stream) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1)));
@@ -371,8 +400,8 @@ where
     loop {
         tokio::select! {
             _ = ended.changed() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+            accepted = listener.accept_one() => {
+                let Ok(stream) = accepted else { continue };
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
                 let conn = serve(stream);
                 conns.spawn(async move {

@@ -189,8 +189,17 @@ impl GrantLimits {
 pub trait ModelService: Send + Sync {
     /// Serves one connection of the run `run` until it closes or the future is dropped
     /// (when the run ends).
-    fn serve(&self, conn: tokio::net::UnixStream, run: ModelRun) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    fn serve(&self, conn: ModelConn, run: ModelRun) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
+
+/// A byte stream a guest opened to its model grant.
+pub trait ModelStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ModelStream for T {}
+
+/// One guest connection to a model grant: `model.sock` (a unix stream), or the process
+/// tier's loopback listener (a TCP stream) in the run's own network namespace.
+pub type ModelConn = Box<dyn ModelStream>;
 
 /// One run's side of a model grant, as its [`ModelService`] sees it: the placeholder key
 /// the guest was given, the run's call bound and record, and its token count.

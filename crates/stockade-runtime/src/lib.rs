@@ -35,11 +35,15 @@
 //! adds `model.sock` beside `grants.sock` (process and docker tiers; the wasm tier refuses
 //! it): OpenAI-compatible HTTP/1.1, reached with `curl --unix-socket "$STOCKADE_MODEL_SOCKET"`
 //! or Python's `http.client` over a unix socket, with `$OPENAI_API_KEY` set to a random
-//! per-run placeholder; the real key stays with the service. There is no TCP listener in the
-//! sandbox's network namespace: a host-side listener there needs `setns` into the guest's
-//! namespace, which a non-root supervisor may not do, and a bridge inside the sandbox would
-//! be guest-side code; so `OPENAI_BASE_URL` is not set, and clients that speak only TCP
-//! (the OpenAI SDKs without a custom transport) cannot use the grant yet.
+//! per-run placeholder; the real key stays with the service. In the process tier the same
+//! service also answers at `$OPENAI_BASE_URL` (`http://127.0.0.1:8765/v1`), for clients that
+//! speak only TCP (the OpenAI SDKs, unconfigured): a listener on the loopback of the run's
+//! own network namespace, created there by the tier's helper and taken by the host with
+//! `pidfd_getfd`, so it works without root and without `setns`, and no code inside the
+//! sandbox relays anything; landlock lets the guest connect to that port only (see
+//! [`Broker::model_loopback`]). The docker tier sets no `OPENAI_BASE_URL` (its guest has
+//! `model.sock` only): a listener in a container's network namespace needs `setns` into it
+//! before the guest starts, which one-shot containers do not leave time for.
 //!
 //! `$STOCKADE_BROKER` names the socket and `$STOCKADE_GRANTS` the directory; its
 //! `bin/stockade-call NAME JSON` (a static client, on the guest's `PATH` unless the job sets
@@ -102,8 +106,8 @@
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
 //! function grant is the host's code: the policy decides whether it runs, not what it does.
 //! A host process running as the guest's uid or gid (65534 when stockade runs as root) can
-//! enter a run's grants directory and call its broker while the run lasts. A model grant
-//! serves unix-socket HTTP only (see above).
+//! enter a run's grants directory and call its broker while the run lasts. In the docker
+//! tier a model grant serves unix-socket HTTP only (see above).
 //!
 //! # Failure behaviour
 //! Errors are typed and say whose fault they are (unsupported host, misconfiguration, bug).
@@ -141,7 +145,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 pub use grants::{
     FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
-    ModelRun, ModelService,
+    ModelConn, ModelRun, ModelService, ModelStream,
 };
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
@@ -222,7 +226,10 @@ pub struct Broker {
     placeholder: Arc<str>,
     parent: PathBuf,
     dirs: Mutex<Vec<broker::GrantsDir>>,
-    tasks: Mutex<tokio::task::JoinSet<()>>,
+    /// `None` once the run has ended: nothing is served after that.
+    tasks: Arc<Mutex<Option<tokio::task::JoinSet<()>>>>,
+    /// The model grant's per-run state, shared by every listener of the run.
+    model_run: ModelRun,
 }
 
 impl Debug for Broker {
@@ -234,13 +241,17 @@ impl Debug for Broker {
 impl Broker {
     fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, TierError> {
         let placeholder = broker::random_hex(24).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
+        let session = broker::Session::new(grants.clone());
+        let placeholder: Arc<str> = Arc::from(format!("sk-stockade-{placeholder}"));
+        let model_run = ModelRun { placeholder: placeholder.clone(), session: session.clone(), tokens: Arc::default() };
         Ok(Self {
-            session: broker::Session::new(grants.clone()),
+            session,
             grants,
-            placeholder: Arc::from(format!("sk-stockade-{placeholder}")),
+            placeholder,
             parent,
             dirs: Mutex::new(Vec::new()),
-            tasks: Mutex::new(tokio::task::JoinSet::new()),
+            tasks: Arc::new(Mutex::new(Some(tokio::task::JoinSet::new()))),
+            model_run,
         })
     }
 
@@ -261,16 +272,38 @@ impl Broker {
         let path = dir.path().to_path_buf();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(tasks) = tasks.as_mut() else {
+            return Err(TierError::Misconfigured("the run's broker has already ended".into()));
+        };
         tasks.spawn(broker::serve(listener, self.session.clone()));
         if let Some(model) = model {
-            let run = ModelRun {
-                placeholder: self.placeholder.clone(),
-                session: self.session.clone(),
-                tokens: Arc::default(),
-            };
-            tasks.spawn(broker::serve_model(model, self.session.clone(), run));
+            tasks.spawn(broker::serve_model(model, self.session.clone(), self.model_run.clone()));
         }
         Ok(path)
+    }
+
+    /// For a model grant: the loopback TCP port a tier may listen on inside the run's own
+    /// network namespace, and the sink that serves a listener there as the model grant
+    /// (the same service, placeholder, call bound and token budget as `model.sock`) until
+    /// the run ends. `None` without a model grant.
+    #[must_use]
+    pub fn model_loopback(&self) -> Option<(u16, impl FnOnce(std::net::TcpListener) + Send + 'static)> {
+        self.grants.model.as_ref()?;
+        let (tasks, session, run) = (self.tasks.clone(), self.session.clone(), self.model_run.clone());
+        Some((broker::MODEL_PORT, move |listener: std::net::TcpListener| {
+            let listener = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener));
+            let Ok(listener) = listener else { return };
+            if let Some(tasks) = tasks.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                tasks.spawn(broker::serve_model(listener, session, run));
+            }
+        }))
+    }
+
+    /// The `OPENAI_BASE_URL` a guest uses to reach [`model_loopback`](Self::model_loopback)'s
+    /// listener.
+    #[must_use]
+    pub fn model_base_url() -> String {
+        format!("http://127.0.0.1:{}/v1", broker::MODEL_PORT)
     }
 
     /// `job` with the broker's variables added for a guest that sees the grants directory
@@ -279,7 +312,7 @@ impl Broker {
     /// sets either of the first two itself is refused: nothing the job carries configures
     /// the broker.
     pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, TierError> {
-        let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY"];
+        let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY", "OPENAI_BASE_URL"];
         if let Some(v) = job.env().iter().find(|v| reserved.contains(&v.key())) {
             return Err(TierError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
         }
@@ -312,7 +345,9 @@ impl Broker {
     }
 
     fn finish(&self) -> stockade_protocol::GrantsReport {
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).abort_all();
+        if let Some(mut tasks) = self.tasks.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            tasks.abort_all();
+        }
         let report = self.session.close();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).clear();
         report
@@ -354,7 +389,17 @@ impl Tier for stockade_process::ProcessTier {
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
-        stockade_process::ProcessTier::run_granted(self, &job, &dir).await.map_err(process_error)
+        match broker.model_loopback() {
+            Some((port, serve)) => {
+                let job = job
+                    .with_env("OPENAI_BASE_URL", Broker::model_base_url())
+                    .map_err(|e| TierError::Misconfigured(e.to_string()))?;
+                let loopback = stockade_process::Loopback::new(port, serve);
+                stockade_process::ProcessTier::run_granted_loopback(self, &job, &dir, loopback).await
+            }
+            None => stockade_process::ProcessTier::run_granted(self, &job, &dir).await,
+        }
+        .map_err(process_error)
     }
 }
 

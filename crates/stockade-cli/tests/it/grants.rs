@@ -329,3 +329,164 @@ fn g4_curl_reaches_the_model_grant_over_its_unix_socket() {
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("model grant"), "{err}");
 }
+
+/// A python3 guest that speaks only TCP (the standard library's `urllib`, as an SDK would)
+/// to `$OPENAI_BASE_URL`, then tries the host's loopback port where the mock really listens.
+const PY_TCP_CLIENT: &str = r#"
+import json, os, socket, sys, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+print("BASE", base)
+req = urllib.request.Request(base + "/chat/completions",
+    data=json.dumps({"messages": [{"role": "user", "content": "6*7?"}]}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+print("CHAT", json.load(urllib.request.urlopen(req, timeout=10))["choices"][0]["message"]["content"])
+for port in (int(sys.argv[1]), 22, 80):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+        print("CONNECTED", port)
+    except OSError as e:
+        print("REFUSED", port, e.errno)
+"#;
+
+#[test]
+fn g4_a_tcp_only_client_reaches_the_model_grant_at_openai_base_url_and_nothing_else() {
+    if !ready() {
+        return;
+    }
+    let mock = stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("42")).unwrap();
+    let url = mock.url();
+    let port = url.trim_end_matches("/v1").rsplit(':').next().unwrap();
+    let (code, out, err) = run_with_model(&mock, &["--", "python3", "-c", PY_TCP_CLIENT, port]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["BASE http://127.0.0.1:8765/v1", "CHAT 42"], "{out}");
+    // The host's loopback is not the run's: the mock's own port, and any other, is refused
+    // (landlock denies every tcp connect but the model port; nothing else listens there).
+    for line in &lines[2..] {
+        assert!(line.starts_with("REFUSED "), "{out}");
+    }
+    // Exactly the one chat request reached the upstream, with the real key.
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
+    // curl over TCP, streamed, the same way.
+    if std::process::Command::new("curl").arg("--version").output().is_ok() {
+        let script = r#"curl -sS -H "Authorization: Bearer $OPENAI_API_KEY" "$OPENAI_BASE_URL/models""#;
+        let (code, out, err) = run_with_model(&mock, &["--", "sh", "-c", script]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["data"][0]["id"], "smol");
+    }
+}
+
+/// The pinned OpenAI Python SDK installed for the guests' interpreter (`cargo xtask ci` and
+/// `cargo xtask llm --test` set `STOCKADE_OPENAI_PYTHON`); required when CI requires all.
+fn openai_sdk() -> Option<String> {
+    match std::env::var("STOCKADE_OPENAI_PYTHON") {
+        Ok(dir) => Some(dir),
+        Err(_) => {
+            assert!(
+                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+                "STOCKADE_REQUIRE_ALL is set but STOCKADE_OPENAI_PYTHON is not (cargo xtask ci installs the SDK)"
+            );
+            eprintln!("SKIPPED openai_sdk: STOCKADE_OPENAI_PYTHON is not set");
+            None
+        }
+    }
+}
+
+/// A guest using the stock OpenAI SDK with nothing configured but what the grant put in its
+/// environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`): a chat, a streamed chat, the model list.
+const PY_SDK_CLIENT: &str = r#"
+import os, sys, openai
+c = openai.OpenAI(max_retries=0, timeout=float(sys.argv[2]))
+msgs = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is 6*7?"}]
+r = c.chat.completions.create(model=sys.argv[1], messages=msgs, max_tokens=16, temperature=0)
+print("CHAT", r.choices[0].finish_reason, repr(r.choices[0].message.content)[:60])
+n = sum(1 for _ in c.chat.completions.create(model=sys.argv[1], messages=msgs, max_tokens=16, stream=True))
+print("STREAM", n > 0)
+print("MODELS", [m.id for m in c.models.list()])
+try:
+    openai.OpenAI(max_retries=0, api_key="sk-guessed").models.list()
+except openai.AuthenticationError as e:
+    print("WRONG KEY", e.status_code)
+"#;
+
+/// `stockade run --grant-model` with the OpenAI SDK granted read-only as the workspace.
+fn run_sdk(sdk: &str, base_url: &str, model: &str, timeout: &str) -> (i32, String, String) {
+    // A copy the guest's user can reach (the install lives under the invoking user's home).
+    let copy = std::env::temp_dir().join(format!("stockade-cli-sdk-{}-{model}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&copy);
+    assert!(std::process::Command::new("cp").arg("-a").arg(sdk).arg(&copy).status().unwrap().success());
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ws = format!("{}:ro", copy.display());
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--grant-model", "--base-url", base_url, "--model", model])
+        .args(["--api-key-env", "STOCKADE_TEST_REAL_KEY", "--workspace", &ws, "--env", "PYTHONPATH=/workspace"])
+        .args(["--timeout", timeout, "--memory", "1g", "--", "python3", "-c", PY_SDK_CLIENT, model, "60"])
+        .env("STOCKADE_TEST_REAL_KEY", REAL_KEY)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&copy);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn g4_the_openai_sdk_inside_the_sandbox_reaches_the_model_grant_unconfigured() {
+    let Some(sdk) = openai_sdk() else { return };
+    if !ready() {
+        return;
+    }
+    let mock = stockade_test_support::MockLlm::start(|_, r| {
+        if r.body["stream"] == serde_json::json!(true) {
+            let delta = serde_json::json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "42"}}]});
+            let end = serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+            stockade_test_support::Reply::sse(&[delta, end], true)
+        } else {
+            stockade_test_support::Reply::text("42")
+        }
+    })
+    .unwrap();
+    let (code, out, err) = run_sdk(&sdk, &mock.url(), "smol", "60s");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["CHAT stop '42'", "STREAM True", "MODELS ['smol']", "WRONG KEY 401"],
+        "{err}"
+    );
+    let got = mock.received();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    for r in &got {
+        assert_eq!(r.header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
+    }
+    assert!(!out.contains(REAL_KEY) && !err.contains(REAL_KEY));
+}
+
+/// The same guest against the real local model (`cargo xtask llm --test` sets
+/// `STOCKADE_LLM_URL`): the SDK's own parsing accepts what the broker relays from a real
+/// server, whole and streamed.
+#[test]
+fn g4_real_model_reached_by_the_openai_sdk_inside_the_sandbox() {
+    let Some(url) = std::env::var_os("STOCKADE_LLM_URL").and_then(|u| u.into_string().ok()) else {
+        assert!(
+            std::env::var_os("STOCKADE_REQUIRE_LLM").is_none(),
+            "STOCKADE_REQUIRE_LLM is set but STOCKADE_LLM_URL is not"
+        );
+        eprintln!("SKIPPED real_model: no local model (cargo xtask llm --test runs this test against one)");
+        return;
+    };
+    let Some(sdk) = openai_sdk() else { return };
+    if !ready() {
+        return;
+    }
+    let (code, out, err) = run_sdk(&sdk, &url, "smollm2", "170s");
+    eprintln!("real model through the SDK: exit {code}\n{out}{err}");
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("CHAT "), "{out}");
+    assert_eq!(lines[1..], ["STREAM True", "MODELS ['smollm2']", "WRONG KEY 401"], "{out}");
+}

@@ -12,6 +12,7 @@
 pub(crate) mod caps;
 pub(crate) mod fs;
 pub(crate) mod mount;
+pub(crate) mod net;
 pub(crate) mod probe;
 pub(crate) mod process;
 pub(crate) mod tty;

@@ -181,6 +181,16 @@ pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
+/// `pidfd_getfd(2)`: a duplicate, in this process, of descriptor `fd` of the process behind
+/// `pidfd` (close-on-exec). Needs ptrace access to it: our own child, same uid, dumpable.
+pub(crate) fn pidfd_getfd(pidfd: std::os::fd::BorrowedFd<'_>, fd: libc::c_int) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: pidfd_getfd takes integers only.
+    let fd = super::check_long(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) })?;
+    // SAFETY: the kernel just returned this new descriptor; we own it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
 /// `pidfd_send_signal(2)`: signals the process behind `pidfd` (ESRCH once it has been reaped).
 pub(crate) fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
     use std::os::fd::AsRawFd;

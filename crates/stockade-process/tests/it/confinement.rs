@@ -482,3 +482,58 @@ attempt("ordinary", lambda: open("/workspace/notes.txt", "w").write("fine"))
     let _ = std::fs::remove_dir_all(&ws);
     let _ = std::fs::remove_dir_all(&linked);
 }
+
+#[test]
+fn g12_a_loopback_listener_is_the_hosts_and_the_only_port_the_guest_reaches() {
+    require!("g12_a_loopback_listener_is_the_hosts_and_the_only_port_the_guest_reaches");
+    // The host's own listener on its loopback: the guest must not reach it, even with the
+    // run's loopback up.
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let hport = host.local_addr().unwrap().port();
+    let grants = host_dir("loopback-grants");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let loopback = stockade_process::Loopback::new(8765, move |l: TcpListener| {
+        // The host serves the listener: one line back per connection, and it records each.
+        std::thread::spawn(move || {
+            for conn in l.incoming().flatten() {
+                let mut conn = conn;
+                let _ = std::io::Write::write_all(&mut conn, b"host-side\n");
+                let _ = tx.send(());
+            }
+        });
+    });
+    let job = probe_py(&format!(
+        r#"
+import os, socket
+def served():
+    s = socket.create_connection(("127.0.0.1", 8765), timeout=5)
+    assert s.makefile().readline() == "host-side\n"
+attempt("served", served)
+attempt("host", lambda: socket.create_connection(("127.0.0.1", {hport}), timeout=2))
+attempt("other", lambda: socket.create_connection(("127.0.0.1", 8766), timeout=2))
+def bind():
+    s = socket.socket(); s.bind(("127.0.0.1", 9000)); s.listen()
+attempt("bind", bind)
+def links(d):
+    try:
+        return [os.readlink(os.path.join(d, f)) for f in os.listdir(d)]
+    except OSError as e:
+        return []
+print("sockets", sum(l.startswith("socket:") for d in ("/proc/self/fd", "/proc/1/fd") for l in links(d)))
+print("init fds", len(links("/proc/1/fd")))
+"#
+    ));
+    let r = block_on(tier().run_granted_loopback(&job, &grants, loopback)).unwrap();
+    let out = stdout(&r);
+    assert_eq!(line(&out, "served"), "OK", "{out}{}", stderr(&r));
+    assert_ne!(line(&out, "host"), "OK", "{out}");
+    assert_eq!(line(&out, "other"), "EACCES", "{out}");
+    assert_eq!(line(&out, "bind"), "EACCES", "{out}");
+    assert_eq!(line(&out, "sockets"), "0", "the listener reached the guest or init: {out}");
+    assert!(host.accept().is_err(), "the host's own listener was reached");
+    assert_eq!(rx.try_iter().count(), 1, "the host served exactly the guest's one connection");
+    let net = r.enforcement.iter().find(|e| e.mechanism == Mechanism::NetNamespace).unwrap();
+    assert!(net.detail.contains("127.0.0.1:8765"), "{}", net.detail);
+    let _ = std::fs::remove_dir_all(&grants);
+}

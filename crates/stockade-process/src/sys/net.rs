@@ -1,0 +1,23 @@
+//! The run's loopback interface, for a model grant's listener (see `helper`).
+
+use std::io;
+
+/// Brings `lo` up in the calling process's network namespace (`SIOCSIFFLAGS` with
+/// `IFF_UP | IFF_LOOPBACK | IFF_RUNNING`); needs `CAP_NET_ADMIN` over that namespace, which
+/// the helper has in the user namespace it just created.
+pub(crate) fn loopback_up() -> io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket takes integers only.
+    let fd = super::check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the kernel just returned this descriptor; we own it and close it on drop.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero ifreq is a valid value of this plain C struct (empty name, no flags).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads one ifreq, which lives on this frame and is NUL-terminated
+    // (the name is two bytes of a zeroed sixteen-byte array).
+    super::check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+}
