@@ -15,8 +15,9 @@
 //!
 //! # Guarantees
 //! G1. `stockade run` writes the program's stdout only when the run is verified; otherwise it
-//!     writes exactly one refusal line to stderr (guest bytes escaped) and exits with the
-//!     refusal's stable code.
+//!     writes exactly one refusal line to stderr (after the program's own stderr; with
+//!     `--quiet` the line quotes its start, guest bytes escaped) and exits with the
+//!     refusal's stable code (the program's own code for a non-zero exit).
 //!     (pinned by: tests/it/cli.rs::g1_*)
 //! G2. A host that cannot enforce the sandbox is an error naming the missing mechanism
 //!     (exit 125), never an unconfined run.
@@ -31,6 +32,14 @@
 //!     JavaScript); a granted tool runs on the host only when `--grant-policy` allows the
 //!     call, and `--grant-strict` refuses a run with a denied call (exit 116).
 //!     (pinned by: tests/it/grants.rs::g4_*)
+//! G5. `stockade run` streams its stdin to the program when it is not a terminal (or
+//!     `--stdin FILE`; `--no-stdin` gives `/dev/null`), holding one buffer at a time, and
+//!     does not wait for a stdin the program never read; the program's stderr reaches the
+//!     CLI's stderr as it is written (not with `--quiet`), with control sequences shown as
+//!     text when stderr is a terminal (not with `--raw`) and unchanged into a pipe or file.
+//!     The wasm and docker tiers read a piped stdin whole first (up to 16 MiB) and show
+//!     stderr when the run ends.
+//!     (pinned by: tests/it/stdio.rs::g5_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection.
@@ -60,6 +69,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod term;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -205,6 +215,21 @@ struct RunArgs {
     /// on cgroup v1 hosts; no out-of-memory report).
     #[arg(long)]
     no_cgroup: bool,
+    /// Feed the program this file as stdin, streamed (instead of the CLI's own stdin).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_stdin")]
+    stdin: Option<PathBuf>,
+    /// Give the program no stdin (`/dev/null`). By default the CLI's stdin is streamed to the
+    /// program when it is not a terminal (`tar c . | stockade run -- tar t`).
+    #[arg(long)]
+    no_stdin: bool,
+    /// Do not show the program's stderr as it runs (a refusal's line then quotes its start).
+    #[arg(long)]
+    quiet: bool,
+    /// Pass the program's stderr to a terminal unchanged; by default control sequences
+    /// (clear screen, titles, clipboard writes, cursor movement) are shown as `^[` text when
+    /// stderr is a terminal. Into a pipe or a file the bytes always pass unchanged.
+    #[arg(long)]
+    raw: bool,
     /// Give the program a terminal (process tier): stdin, stdout and stderr are a private
     /// pseudo-terminal, so output is stdout and stderr interleaved with `\r\n` line endings.
     #[arg(long)]
@@ -454,7 +479,13 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Sandbox::builder().tier(tier).build()?
     };
     let budget = Budget::new(args.timeout, args.max_output);
-    let report = match rt.block_on(sandbox.report_granted(&job, grants)) {
+    let io = live_io(&args, &job)?;
+    let live_stderr = io.stderr.is_some();
+    let report = rt.block_on(sandbox.report_live(&job, grants, io));
+    // A stdin copy may still be blocked reading the CLI's stdin (a pipe nobody closes):
+    // leave it behind rather than wait for it.
+    rt.shutdown_background();
+    let report = match report {
         Ok(r) => r,
         Err(TierError::Unsupported { mechanism, reason }) => {
             bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
@@ -489,10 +520,49 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         }
         Err(refusal) => {
             stdout.flush()?;
-            writeln!(std::io::stderr(), "stockade: refused: {}", refusal.message())?;
+            let message = match &refusal {
+                // The user saw the program's stderr as it ran: do not quote it again.
+                stockade_runtime::verify::Refusal::NonZeroExit { code, .. } if live_stderr => {
+                    format!("exited with code {code}")
+                }
+                r => r.message(),
+            };
+            writeln!(std::io::stderr(), "stockade: refused: {message}")?;
             Ok(ExitCode::from(refusal.exit_code()))
         }
     }
+}
+
+/// The run's live stdio: the CLI's stdin (or `--stdin FILE`) streamed unless it is a
+/// terminal, `--no-stdin`, or the job carries its own stdin; the program's stderr shown as it arrives unless `--quiet`,
+/// neutralised on a terminal unless `--raw`.
+fn live_io(args: &RunArgs, job: &Job) -> Result<stockade_runtime::LiveIo> {
+    use std::io::IsTerminal;
+    let mut io = stockade_runtime::LiveIo::default();
+    // A job that carries its own stdin (the wasm tier's --js and --python code) keeps it.
+    if !job.stdin().is_empty() {
+        if args.stdin.is_some() {
+            bail!("--stdin cannot be combined with --js, --js-file or --python (the code is the guest's stdin)");
+        }
+    } else if !args.tty && !args.no_stdin {
+        io.stdin = match &args.stdin {
+            Some(path) => {
+                let file = std::fs::File::open(path).with_context(|| format!("--stdin {}", path.display()))?;
+                Some(Box::new(tokio::fs::File::from_std(file)))
+            }
+            None if !std::io::stdin().is_terminal() => Some(Box::new(tokio::io::stdin())),
+            None => None,
+        };
+    }
+    if !args.quiet && !args.tty {
+        let stderr = std::io::stderr();
+        io.stderr = if stderr.is_terminal() && !args.raw {
+            Some(Box::new(term::Neutral::new(stderr)))
+        } else {
+            Some(Box::new(stderr))
+        };
+    }
+    Ok(io)
 }
 
 /// The docker tier: a reachable engine (API negotiated) and the default image.

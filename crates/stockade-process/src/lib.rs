@@ -153,7 +153,7 @@ use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
 
-use stockade_protocol::{Job, Report};
+use stockade_protocol::{Job, LiveIo, Report};
 
 /// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
 pub const GRANTS_GUEST_DIR: &str = "/run/stockade";
@@ -329,7 +329,7 @@ impl ProcessTier {
     /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an
     /// `Err` means the run could not be set up as required.
     pub async fn run(&self, job: &Job) -> Result<Report, LaunchError> {
-        supervisor::run(self, job, None, None).await
+        supervisor::run(self, job, None, None, LiveIo::default()).await
     }
 
     /// Runs `job` with the host directory `grants_dir` bound read-only (nosuid, nodev) at
@@ -338,7 +338,7 @@ impl ProcessTier {
     /// (`stockade-runtime` serves them); this crate only makes the directory visible. The
     /// directory must be absolute and must neither contain nor lie inside the workspace.
     pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, LaunchError> {
-        supervisor::run(self, job, Some(grants_dir), None).await
+        supervisor::run(self, job, Some(grants_dir), None, LiveIo::default()).await
     }
 
     /// [`run_granted`](Self::run_granted), plus a TCP listener on `127.0.0.1:PORT` in the
@@ -354,7 +354,29 @@ impl ProcessTier {
         grants_dir: &Path,
         loopback: Loopback,
     ) -> Result<Report, LaunchError> {
-        supervisor::run(self, job, Some(grants_dir), Some(loopback)).await
+        supervisor::run(self, job, Some(grants_dir), Some(loopback), LiveIo::default()).await
+    }
+}
+
+impl ProcessTier {
+    /// [`run`](Self::run), [`run_granted`](Self::run_granted) or
+    /// [`run_granted_loopback`](Self::run_granted_loopback) (by which of `grants_dir` and
+    /// `loopback` are given), with live stdio: `io.stdin`, if any, is streamed to the guest
+    /// as it reads (instead of the job's stdin bytes; the guest still holds only a pipe),
+    /// and `io.stderr`, if any, sees the guest's stderr as it arrives (the report still
+    /// captures it within budget). A streamed stdin and [`tty`](Self::tty) cannot be
+    /// combined.
+    pub async fn run_live(
+        &self,
+        job: &Job,
+        grants_dir: Option<&Path>,
+        loopback: Option<Loopback>,
+        io: LiveIo,
+    ) -> Result<Report, LaunchError> {
+        if loopback.is_some() && grants_dir.is_none() {
+            return Err(LaunchError::Misconfigured("a loopback listener needs a grants directory".into()));
+        }
+        supervisor::run(self, job, grants_dir, loopback, io).await
     }
 }
 

@@ -26,7 +26,12 @@ pub(crate) async fn run(
     job: &Job,
     grants_dir: Option<&std::path::Path>,
     loopback: Option<Loopback>,
+    io: stockade_protocol::LiveIo,
 ) -> Result<Report, LaunchError> {
+    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
+    if live_stdin.is_some() && !job.stdin().is_empty() {
+        return Err(LaunchError::Misconfigured("the job has stdin bytes of its own and a streamed stdin".into()));
+    }
     let JobKind::Command { program, args } = job.kind() else {
         return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
     };
@@ -96,7 +101,7 @@ pub(crate) async fn run(
     let launched = terminal.and_then(|t| {
         let (io, master) = match t {
             Some((master, slave)) => (launch::GuestIo::Terminal(slave), Some(master)),
-            None => (launch::GuestIo::Pipes { stdin: !job.stdin().is_empty() }, None),
+            None => (launch::GuestIo::Pipes { stdin: live_stdin.is_some() || !job.stdin().is_empty() }, None),
         };
         launch::launch(&tier.helper, spec, io).map(|l| (l, master))
     });
@@ -128,13 +133,24 @@ pub(crate) async fn run(
                     let _ = typist.write_all(eof).await;
                 });
             }
+            if live_stdin.is_some() {
+                return Err(LaunchError::Misconfigured(
+                    "a streamed stdin and a terminal (tty) cannot be combined".into(),
+                ));
+            }
             (Box::new(master), Box::new(tokio::io::empty()))
         }
         (None, Some(out), Some(err)) => {
             if let Some(mut stdin) = stdin {
+                let mut live = live_stdin;
                 tokio::spawn(async move {
-                    // A guest that exits without reading its stdin closes the pipe: not an error.
-                    let _ = stdin.write_all(&bytes).await;
+                    // A guest that exits without reading its stdin closes the pipe: not an
+                    // error. A streamed stdin is copied as the guest reads it (one buffer at a
+                    // time), and the pipe closes at its end.
+                    let _ = match live.as_mut() {
+                        Some(src) => tokio::io::copy(src, &mut stdin).await.map(drop),
+                        None => stdin.write_all(&bytes).await,
+                    };
                 });
             }
             (Box::new(out), Box::new(err))
@@ -144,7 +160,9 @@ pub(crate) async fn run(
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
     let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
-    let mut err_task = tokio::spawn(async move { capture_async(&mut err, err_limit, CaptureMode::FailFast).await });
+    let mut err_task = tokio::spawn(async move {
+        stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
+    });
 
     let deadline = tokio::time::sleep(limits.wall());
     tokio::pin!(deadline);

@@ -146,11 +146,40 @@ pub fn capture<R: Read>(reader: &mut R, limit: usize, mode: CaptureMode) -> Resu
     }
 }
 
+/// A run's live stdio, beside the job's own bytes: a stream the guest's stdin is read from
+/// as the guest reads it (instead of the job's stdin bytes), and a writer that sees the
+/// guest's stderr as it arrives (the report still captures it, bounded).
+#[derive(Default)]
+pub struct LiveIo {
+    /// The guest's stdin, streamed.
+    pub stdin: Option<Box<dyn AsyncRead + Send + Unpin>>,
+    /// A live copy of the guest's stderr.
+    pub stderr: Option<Box<dyn std::io::Write + Send>>,
+}
+
+impl std::fmt::Debug for LiveIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveIo").field("stdin", &self.stdin.is_some()).field("stderr", &self.stderr.is_some()).finish()
+    }
+}
+
 /// Async twin of [`capture`].
 pub async fn capture_async<R: AsyncRead + Unpin>(
     reader: &mut R,
     limit: usize,
     mode: CaptureMode,
+) -> Result<CaptureEnd, CaptureError> {
+    capture_tee_async(reader, limit, mode, None).await
+}
+
+/// [`capture_async`], also writing each chunk read to `tee` as it arrives (a live view of
+/// the stream, such as a CLI's stderr). A failing `tee` is dropped from then on; the
+/// capture goes on.
+pub async fn capture_tee_async<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    limit: usize,
+    mode: CaptureMode,
+    mut tee: Option<Box<dyn std::io::Write + Send>>,
 ) -> Result<CaptureEnd, CaptureError> {
     let mut sink = BoundedSink::new(limit, mode);
     let mut buf = vec![0u8; CAPTURE_BUF_LEN];
@@ -161,6 +190,11 @@ pub async fn capture_async<R: AsyncRead + Unpin>(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(source) => return Err(failed(sink, source)),
         };
+        if let Some(w) = tee.as_mut()
+            && w.write_all(&buf[..n]).and_then(|()| w.flush()).is_err()
+        {
+            tee = None;
+        }
         if sink.push(&buf[..n]) == Flow::OverBudget {
             return Ok(end(sink, Flow::OverBudget));
         }

@@ -96,7 +96,7 @@ pub mod limits;
 pub mod report;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
-pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow};
+pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
 pub use job::{Access, EnvVar, Job, JobError, JobKind, PROTECTED_PATHS, Workspace};
 pub use json::{JsonError, JsonLimits, parse_untrusted};

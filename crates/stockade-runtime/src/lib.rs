@@ -149,6 +149,7 @@ pub use grants::{
 };
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
+pub use stockade_protocol::LiveIo;
 use stockade_protocol::broker::{BROKER_ENV, GRANTS_SOCKET};
 use stockade_protocol::{Enforced, Job, Mechanism, Report};
 pub use stockade_verify as verify;
@@ -215,6 +216,50 @@ pub trait Tier: Send + Sync + Debug {
             reason: format!("the {} tier cannot carry grants", self.name()),
         })
     }
+
+    /// [`run`](Self::run) or [`run_granted`](Self::run_granted), with live stdio (see
+    /// [`LiveIo`]). By default a streamed stdin is read whole first (at most the job's
+    /// limit, [`protocol::job::MAX_STDIN_BYTES`]; more is a [`TierError::Misconfigured`] that
+    /// says so, never a silent cut) and the stderr copy is written when the run ends; the
+    /// process tier streams both.
+    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, TierError> {
+        let LiveIo { stdin, stderr } = io;
+        if stdin.is_some() && !job.stdin().is_empty() {
+            return Err(TierError::Misconfigured("the job has stdin bytes of its own and a streamed stdin".into()));
+        }
+        let job = match stdin {
+            Some(stdin) => {
+                job.clone().with_stdin(read_stdin(stdin).await?).map_err(|e| TierError::Misconfigured(e.to_string()))?
+            }
+            None => job.clone(),
+        };
+        let report = match broker {
+            Some(b) => self.run_granted(&job, b).await?,
+            None => self.run(&job).await?,
+        };
+        if let Some(mut w) = stderr {
+            let _ = w.write_all(&report.stderr.bytes).and_then(|()| w.flush());
+        }
+        Ok(report)
+    }
+}
+
+/// Reads a streamed stdin whole, for a tier that takes the job's bytes only.
+async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Result<Vec<u8>, TierError> {
+    use tokio::io::AsyncReadExt;
+    let max = stockade_protocol::job::MAX_STDIN_BYTES;
+    let mut bytes = Vec::new();
+    stdin
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| TierError::Misconfigured(format!("reading stdin: {e}")))?;
+    if bytes.len() > max {
+        return Err(TierError::Misconfigured(format!(
+            "stdin is over {max} bytes, and this tier takes stdin whole; use the process tier to stream it"
+        )));
+    }
+    Ok(bytes)
 }
 
 /// A run's broker, as a tier sees it: a directory to show the guest (with the broker's
@@ -387,19 +432,25 @@ impl Tier for stockade_process::ProcessTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        Tier::run_live(self, job, Some(broker), LiveIo::default()).await
+    }
+
+    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, TierError> {
+        let Some(broker) = broker else {
+            return stockade_process::ProcessTier::run_live(self, job, None, None, io).await.map_err(process_error);
+        };
         let dir = broker.socket_dir()?;
-        let job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
-        match broker.model_loopback() {
+        let mut job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
+        let loopback = match broker.model_loopback() {
             Some((port, serve)) => {
-                let job = job
+                job = job
                     .with_env("OPENAI_BASE_URL", Broker::model_base_url())
                     .map_err(|e| TierError::Misconfigured(e.to_string()))?;
-                let loopback = stockade_process::Loopback::new(port, serve);
-                stockade_process::ProcessTier::run_granted_loopback(self, &job, &dir, loopback).await
+                Some(stockade_process::Loopback::new(port, serve))
             }
-            None => stockade_process::ProcessTier::run_granted(self, &job, &dir).await,
-        }
-        .map_err(process_error)
+            None => None,
+        };
+        stockade_process::ProcessTier::run_live(self, &job, Some(&dir), loopback, io).await.map_err(process_error)
     }
 }
 
@@ -577,6 +628,14 @@ impl Sandbox {
         }
         let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
         let result = self.tier.run_granted(job, &broker).await;
+        Self::granted_report(&grants, &broker, result)
+    }
+
+    fn granted_report(
+        grants: &Grants,
+        broker: &Broker,
+        result: Result<Report, TierError>,
+    ) -> Result<Report, TierError> {
         // Calls still in flight when the guest ended are refused from here on.
         let seen = broker.finish();
         let report = result?;
@@ -588,6 +647,16 @@ impl Sandbox {
             seen.denied
         );
         Ok(report.with_enforced(Enforced::new(Mechanism::GrantsBroker, detail)).with_grants(seen))
+    }
+
+    /// [`report_granted`](Self::report_granted) with live stdio (see [`Tier::run_live`]).
+    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, TierError> {
+        if grants.is_empty() {
+            return self.tier.run_live(job, None, io).await;
+        }
+        let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
+        let result = self.tier.run_live(job, Some(&broker), io).await;
+        Self::granted_report(&grants, &broker, result)
     }
 
     /// Runs `job` with `grants` and verifies the report against `contract`.

@@ -109,9 +109,16 @@ fn g1_refusals_print_one_line_and_the_stable_code() {
         assert!(err.starts_with(want_err), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
-    // Guest bytes in the refusal line cannot drive the terminal.
-    let (_, _, err) =
-        check(&["run", "--", "python3", "-c", "import sys; sys.stderr.write('\\x1b]0;pwned\\x07\\n'); sys.exit(2)"]);
+    // Guest bytes in the refusal line cannot drive the terminal (with --quiet, the line
+    // quotes the program's stderr).
+    let (_, _, err) = check(&[
+        "run",
+        "--quiet",
+        "--",
+        "python3",
+        "-c",
+        "import sys; sys.stderr.write('\\x1b]0;pwned\\x07\\n'); sys.exit(2)",
+    ]);
     assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
     // --json shows the whole report, unverified output included, and keeps the exit code.
     let (code, out, _) = check(&["run", "--json", "--", "sh", "-c", "echo visible; exit 3"]);
@@ -172,7 +179,15 @@ fn g1_wasm_tier_prints_only_verified_output() {
     assert_eq!((code, out.as_str()), (124, ""));
     let (code, out, err) = check(&["run", "--tier", "wasm", "--max-output", "1K", "--js", "for (;;) console.log('y')"]);
     assert_eq!((code, out.as_str()), (123, ""), "{err}");
+    // The guest's stderr is shown (into a pipe, unchanged); with --quiet the one refusal
+    // line quotes it, escaped.
     let (code, _, err) = check(&["run", "--tier", "wasm", "--js", "throw new Error('\\x1b[31m')"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("Error: \x1b[31m\n") && err.ends_with("\nstockade: refused: exited with code 1\n"),
+        "{err:?}"
+    );
+    let (code, _, err) = check(&["run", "--quiet", "--tier", "wasm", "--js", "throw new Error('\\x1b[31m')"]);
     assert_eq!(code, 1);
     assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
 }

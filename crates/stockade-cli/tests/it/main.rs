@@ -3,3 +3,4 @@
 mod agent;
 mod cli;
 mod grants;
+mod stdio;

@@ -1,0 +1,92 @@
+//! What the guest writes to the user's terminal: control sequences made visible.
+//!
+//! A guest that shares the user's terminal could clear the screen, set the window title,
+//! write the clipboard (OSC 52), move the cursor over earlier output, or hide text. When
+//! stderr is a terminal (and `--raw` is not given) every control byte but tab, newline and
+//! carriage return is shown in caret notation (`ESC` becomes `^[`), and the C1 controls
+//! (U+0080–U+009F as UTF-8, which some terminals obey like `ESC` sequences) as `\u{XX}`. Into a pipe or
+//! a file the bytes pass unchanged.
+
+use std::io::{self, Write};
+
+/// A writer that neutralises control sequences before they reach `inner`.
+pub(crate) struct Neutral<W> {
+    inner: W,
+    /// A 0xC2 lead byte seen at the end of the last write (the start of a C1 control in UTF-8).
+    pending_c2: bool,
+}
+
+impl<W: Write> Neutral<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Self { inner, pending_c2: false }
+    }
+}
+
+/// Appends the visible form of `bytes` to `out`; returns whether a trailing 0xC2 is pending.
+pub(crate) fn neutralise(bytes: &[u8], mut pending_c2: bool, out: &mut Vec<u8>) -> bool {
+    for &b in bytes {
+        if pending_c2 {
+            pending_c2 = false;
+            if (0x80..=0x9f).contains(&b) {
+                out.extend_from_slice(format!("\\u{{{b:02x}}}").as_bytes());
+                continue;
+            }
+            out.push(0xc2);
+        }
+        match b {
+            b'\t' | b'\n' | b'\r' => out.push(b),
+            0x00..=0x1f => out.extend_from_slice(&[b'^', b + 0x40]),
+            0x7f => out.extend_from_slice(b"^?"),
+            0xc2 => pending_c2 = true,
+            // Other bytes pass: 0x80–0xBF are also UTF-8 continuation bytes, and a terminal
+            // in UTF-8 mode does not read a lone 0x9B as an 8-bit CSI.
+            _ => out.push(b),
+        }
+    }
+    pending_c2
+}
+
+impl<W: Write> Write for Neutral<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut out = Vec::with_capacity(buf.len() + 8);
+        self.pending_c2 = neutralise(buf, self.pending_c2, &mut out);
+        self.inner.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on broken invariants")]
+mod tests {
+    use super::*;
+
+    fn show(b: &[u8]) -> String {
+        let mut out = Vec::new();
+        let pending = neutralise(b, false, &mut out);
+        assert!(!pending);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn control_sequences_become_visible_and_text_passes() {
+        assert_eq!(show(b"\x1b[2J\x1b[Hhi"), "^[[2J^[[Hhi");
+        assert_eq!(show(b"\x1b]52;c;aGk=\x07"), "^[]52;c;aGk=^G");
+        assert_eq!(show(b"\x1b]0;title\x1b\\"), "^[]0;title^[\\");
+        assert_eq!(show("tab\there\r\nüñ €\n".as_bytes()), "tab\there\r\nüñ €\n");
+        assert_eq!(show("\u{9b}2J".as_bytes()), "\\u{9b}2J");
+        assert_eq!(show(b"\x7f"), "^?");
+    }
+
+    #[test]
+    fn a_c1_control_split_across_writes_is_caught() {
+        let mut w = Neutral::new(Vec::new());
+        w.write_all(b"a\xc2").unwrap();
+        w.write_all(b"\x9bb \xc2").unwrap();
+        w.write_all(b"\xa9").unwrap();
+        assert_eq!(String::from_utf8(w.inner).unwrap(), "a\\u{9b}b ©");
+    }
+}
