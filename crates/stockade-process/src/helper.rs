@@ -109,21 +109,17 @@ pub(crate) fn run(spec: Spec) -> i32 {
     rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
     // The model grant's listener: created here, in the run's network namespace, and held by
     // this process (never by init or the guest) for the supervisor to take.
-    let listener = match spec.model_port {
+    let (listener, net) = match spec.model_port {
         Some(port) => match model_listener(port) {
             Ok(l) => {
                 rep.send(&Msg::Listening { fd: l.as_raw_fd() });
-                Some(l)
+                let net =
+                    format!("empty network namespace; loopback up for the model grant's listener on 127.0.0.1:{port}");
+                (Some(l), net)
             }
             Err(e) => return rep.fail("model listener", false, e),
         },
-        None => None,
-    };
-    let net = match spec.model_port {
-        Some(port) => {
-            format!("empty network namespace; loopback up for the model grant's listener on 127.0.0.1:{port}")
-        }
-        None => "empty network namespace (loopback down)".into(),
+        None => (None, "empty network namespace (loopback down)".into()),
     };
     for (m, d) in [
         (Mechanism::PidNamespace, "fresh pid namespace; pid 1 is stockade's init".into()),

@@ -152,7 +152,6 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
-
 use stockade_protocol::{Job, LiveIo, Report};
 
 /// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
@@ -356,9 +355,7 @@ impl ProcessTier {
     ) -> Result<Report, LaunchError> {
         supervisor::run(self, job, Some(grants_dir), Some(loopback), LiveIo::default()).await
     }
-}
 
-impl ProcessTier {
     /// [`run`](Self::run), [`run_granted`](Self::run_granted) or
     /// [`run_granted_loopback`](Self::run_granted_loopback) (by which of `grants_dir` and
     /// `loopback` are given), with live stdio: `io.stdin`, if any, is streamed to the guest

@@ -28,10 +28,11 @@ pub(crate) async fn run(
     loopback: Option<Loopback>,
     io: stockade_protocol::LiveIo,
 ) -> Result<Report, LaunchError> {
-    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
-    if live_stdin.is_some() && !job.stdin().is_empty() {
-        return Err(LaunchError::Misconfigured("the job has stdin bytes of its own and a streamed stdin".into()));
+    io.check(job).map_err(|e| LaunchError::Misconfigured(e.into()))?;
+    if io.stdin.is_some() && tier.tty {
+        return Err(LaunchError::Misconfigured("a streamed stdin and a terminal (tty) cannot be combined".into()));
     }
+    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
     let JobKind::Command { program, args } = job.kind() else {
         return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
     };
@@ -132,11 +133,6 @@ pub(crate) async fn run(
                     let _ = typist.write_all(&bytes).await;
                     let _ = typist.write_all(eof).await;
                 });
-            }
-            if live_stdin.is_some() {
-                return Err(LaunchError::Misconfigured(
-                    "a streamed stdin and a terminal (tty) cannot be combined".into(),
-                ));
             }
             (Box::new(master), Box::new(tokio::io::empty()))
         }

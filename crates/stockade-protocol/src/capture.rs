@@ -157,6 +157,17 @@ pub struct LiveIo {
     pub stderr: Option<Box<dyn std::io::Write + Send>>,
 }
 
+impl LiveIo {
+    /// Whether this stdio can serve `job`: a streamed stdin replaces the job's stdin bytes,
+    /// so a job that has its own is refused (`Err`: why).
+    pub fn check(&self, job: &crate::Job) -> Result<(), &'static str> {
+        if self.stdin.is_some() && !job.stdin().is_empty() {
+            return Err("the job has stdin bytes of its own and a streamed stdin");
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for LiveIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LiveIo").field("stdin", &self.stdin.is_some()).field("stderr", &self.stderr.is_some()).finish()

@@ -223,10 +223,8 @@ pub trait Tier: Send + Sync + Debug {
     /// says so, never a silent cut) and the stderr copy is written when the run ends; the
     /// process tier streams both.
     async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, TierError> {
+        io.check(job).map_err(|e| TierError::Misconfigured(e.into()))?;
         let LiveIo { stdin, stderr } = io;
-        if stdin.is_some() && !job.stdin().is_empty() {
-            return Err(TierError::Misconfigured("the job has stdin bytes of its own and a streamed stdin".into()));
-        }
         let job = match stdin {
             Some(stdin) => {
                 job.clone().with_stdin(read_stdin(stdin).await?).map_err(|e| TierError::Misconfigured(e.to_string()))?
@@ -268,12 +266,12 @@ async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Resu
 pub struct Broker {
     session: Arc<broker::Session>,
     grants: Arc<Grants>,
-    placeholder: Arc<str>,
     parent: PathBuf,
     dirs: Mutex<Vec<broker::GrantsDir>>,
     /// `None` once the run has ended: nothing is served after that.
     tasks: Arc<Mutex<Option<tokio::task::JoinSet<()>>>>,
-    /// The model grant's per-run state, shared by every listener of the run.
+    /// The model grant's per-run state (its placeholder key among it), shared by every
+    /// listener of the run.
     model_run: ModelRun,
 }
 
@@ -287,12 +285,11 @@ impl Broker {
     fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, TierError> {
         let placeholder = broker::random_hex(24).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
         let session = broker::Session::new(grants.clone());
-        let placeholder: Arc<str> = Arc::from(format!("sk-stockade-{placeholder}"));
-        let model_run = ModelRun { placeholder: placeholder.clone(), session: session.clone(), tokens: Arc::default() };
+        let placeholder = Arc::from(format!("sk-stockade-{placeholder}"));
+        let model_run = ModelRun { placeholder, session: session.clone(), tokens: Arc::default() };
         Ok(Self {
             session,
             grants,
-            placeholder,
             parent,
             dirs: Mutex::new(Vec::new()),
             tasks: Arc::new(Mutex::new(Some(tokio::task::JoinSet::new()))),
@@ -369,7 +366,7 @@ impl Broker {
         if self.grants.model.is_some() {
             job = job
                 .and_then(|j| j.with_env(MODEL_ENV, format!("{dir}/{}", broker::MODEL_SOCKET)))
-                .and_then(|j| j.with_env("OPENAI_API_KEY", &*self.placeholder));
+                .and_then(|j| j.with_env("OPENAI_API_KEY", &*self.model_run.placeholder));
         }
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
@@ -623,19 +620,16 @@ impl Sandbox {
     /// report, whose `grants` section lists every call. With no grants this is
     /// [`report`](Self::report).
     pub async fn report_granted(&self, job: &Job, grants: Arc<Grants>) -> Result<Report, TierError> {
-        if grants.is_empty() {
-            return self.tier.run(job).await;
-        }
-        let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
-        let result = self.tier.run_granted(job, &broker).await;
-        Self::granted_report(&grants, &broker, result)
+        self.report_live(job, grants, LiveIo::default()).await
     }
 
-    fn granted_report(
-        grants: &Grants,
-        broker: &Broker,
-        result: Result<Report, TierError>,
-    ) -> Result<Report, TierError> {
+    /// [`report_granted`](Self::report_granted) with live stdio (see [`Tier::run_live`]).
+    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, TierError> {
+        if grants.is_empty() {
+            return self.tier.run_live(job, None, io).await;
+        }
+        let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
+        let result = self.tier.run_live(job, Some(&broker), io).await;
         // Calls still in flight when the guest ended are refused from here on.
         let seen = broker.finish();
         let report = result?;
@@ -647,16 +641,6 @@ impl Sandbox {
             seen.denied
         );
         Ok(report.with_enforced(Enforced::new(Mechanism::GrantsBroker, detail)).with_grants(seen))
-    }
-
-    /// [`report_granted`](Self::report_granted) with live stdio (see [`Tier::run_live`]).
-    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, TierError> {
-        if grants.is_empty() {
-            return self.tier.run_live(job, None, io).await;
-        }
-        let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
-        let result = self.tier.run_live(job, Some(&broker), io).await;
-        Self::granted_report(&grants, &broker, result)
     }
 
     /// Runs `job` with `grants` and verifies the report against `contract`.

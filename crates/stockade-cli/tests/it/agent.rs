@@ -171,14 +171,7 @@ fn g3_configuration_errors_name_the_place_and_exit_125() {
 /// anyone but an ally. Prints how many deliveries were read (utility).
 #[test]
 fn g3_real_model_steward_run_is_policed_end_to_end() {
-    let Some(url) = std::env::var_os("STOCKADE_LLM_URL").and_then(|u| u.into_string().ok()) else {
-        assert!(
-            std::env::var_os("STOCKADE_REQUIRE_LLM").is_none(),
-            "STOCKADE_REQUIRE_LLM is set but STOCKADE_LLM_URL is not"
-        );
-        eprintln!("SKIPPED real_model: no local model (cargo xtask llm --test runs this test against one)");
-        return;
-    };
+    let Some(url) = crate::cli::llm_url() else { return };
     if !ready() {
         return;
     }

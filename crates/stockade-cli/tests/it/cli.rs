@@ -29,6 +29,21 @@ pub(crate) fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool)
     ok
 }
 
+/// The real local model's base URL (`cargo xtask llm --test` starts one and sets
+/// `STOCKADE_LLM_URL`). Prints SKIPPED without one, or fails the test when
+/// `STOCKADE_REQUIRE_LLM` is set.
+pub(crate) fn llm_url() -> Option<String> {
+    let url = std::env::var_os("STOCKADE_LLM_URL").and_then(|u| u.into_string().ok());
+    if url.is_none() {
+        assert!(
+            std::env::var_os("STOCKADE_REQUIRE_LLM").is_none(),
+            "STOCKADE_REQUIRE_LLM is set but STOCKADE_LLM_URL is not"
+        );
+        eprintln!("SKIPPED real_model: no local model (cargo xtask llm --test runs this test against one)");
+    }
+    url
+}
+
 pub(crate) fn ready() -> bool {
     tier_ready("process", |v| v["process_tier"].as_bool().unwrap())
 }

@@ -204,9 +204,14 @@ fn g4_bad_grant_flags_are_clear_errors() {
 /// the CLI's environment only. The mock records what reached it; the guest's output and
 /// environment are checked for the key from the host.
 fn run_with_model(mock: &stockade_test_support::MockLlm, rest: &[&str]) -> (i32, String, String) {
-    let url = mock.url();
+    run_model(&mock.url(), "smol", rest)
+}
+
+/// `stockade run --grant-model` of `model` at `url`, with the real key in the CLI's
+/// environment only, then `rest`.
+fn run_model(url: &str, model: &str, rest: &[&str]) -> (i32, String, String) {
     let mut args =
-        vec!["run", "--grant-model", "--base-url", &url, "--model", "smol", "--api-key-env", "STOCKADE_TEST_REAL_KEY"];
+        vec!["run", "--grant-model", "--base-url", url, "--model", model, "--api-key-env", "STOCKADE_TEST_REAL_KEY"];
     args.extend_from_slice(rest);
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(&args)
@@ -420,19 +425,10 @@ fn run_sdk(sdk: &str, base_url: &str, model: &str, timeout: &str) -> (i32, Strin
     assert!(std::process::Command::new("cp").arg("-a").arg(sdk).arg(&copy).status().unwrap().success());
     std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let ws = format!("{}:ro", copy.display());
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
-        .args(["run", "--grant-model", "--base-url", base_url, "--model", model])
-        .args(["--api-key-env", "STOCKADE_TEST_REAL_KEY", "--workspace", &ws, "--env", "PYTHONPATH=/workspace"])
-        .args(["--timeout", timeout, "--memory", "1g", "--", "python3", "-c", PY_SDK_CLIENT, model, "60"])
-        .env("STOCKADE_TEST_REAL_KEY", REAL_KEY)
-        .output()
-        .unwrap();
+    let rest = ["--workspace", &ws, "--env", "PYTHONPATH=/workspace", "--timeout", timeout, "--memory", "1g"];
+    let out = run_model(base_url, model, &[&rest[..], &["--", "python3", "-c", PY_SDK_CLIENT, model, "60"]].concat());
     let _ = std::fs::remove_dir_all(&copy);
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    out
 }
 
 #[test]
@@ -471,14 +467,7 @@ fn g4_the_openai_sdk_inside_the_sandbox_reaches_the_model_grant_unconfigured() {
 /// server, whole and streamed.
 #[test]
 fn g4_real_model_reached_by_the_openai_sdk_inside_the_sandbox() {
-    let Some(url) = std::env::var_os("STOCKADE_LLM_URL").and_then(|u| u.into_string().ok()) else {
-        assert!(
-            std::env::var_os("STOCKADE_REQUIRE_LLM").is_none(),
-            "STOCKADE_REQUIRE_LLM is set but STOCKADE_LLM_URL is not"
-        );
-        eprintln!("SKIPPED real_model: no local model (cargo xtask llm --test runs this test against one)");
-        return;
-    };
+    let Some(url) = crate::cli::llm_url() else { return };
     let Some(sdk) = openai_sdk() else { return };
     if !ready() {
         return;
