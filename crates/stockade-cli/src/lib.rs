@@ -40,6 +40,12 @@
 //!     The wasm and docker tiers read a piped stdin whole first (up to 16 MiB) and show
 //!     stderr when the run ends.
 //!     (pinned by: tests/it/stdio.rs::g5_*)
+//! G6. `stockade run --workspace DIR` grants only a dedicated directory, judged after
+//!     symlinks are resolved by the rule every tier shares, and refuses any other with one
+//!     line naming the path and why (exit 125); a directory the user owns is usable whatever
+//!     its mode, what the program creates there belongs to the user, and no set-uid bit can
+//!     be planted in it.
+//!     (pinned by: tests/it/workspace.rs::g6_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection.
@@ -197,6 +203,9 @@ struct RunArgs {
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     max_output: u64,
     /// Grant a host directory at /workspace, read-only (`:ro`, the default) or read-write (`:rw`).
+    /// It must be a dedicated directory (a project, or one from `mktemp -d`): `/`, system
+    /// directories, `/tmp` or a home directory itself are refused. Yours is usable whatever
+    /// its mode, and what the program creates there is yours.
     #[arg(long, value_name = "DIR[:ro|:rw]")]
     workspace: Option<String>,
     /// Grant one environment variable (repeatable); the environment is otherwise empty.

@@ -328,6 +328,7 @@ impl DockerTier {
     }
 
     async fn run_with(&self, job: &Job, grants_dir: Option<&std::path::Path>) -> Result<Report, DockerError> {
+        let job = &*spec::resolve_workspace(job)?;
         let id = run_id();
         let limits = job.limits();
         let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();

@@ -209,6 +209,7 @@ impl DockerPool {
     /// back to the host directory (see [`crate::stage`]). A run killed at its deadline or
     /// budget returns no files.
     pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
+        let job = &*spec::resolve_workspace(job)?;
         let JobKind::Image { image, command } = job.kind() else {
             return Err(DockerError::Spec(spec::SpecError::NotAnImageJob));
         };

@@ -60,33 +60,6 @@ pub const LABEL_EXPIRES: &str = "stockade.expires";
 /// Grace added to a run's deadline before its container counts as an orphan.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
-/// Host directories that may never be a workspace: the system, other users' homes, and
-/// the places engine sockets live.
-const NOT_DEDICATED: &[&str] = &[
-    "/",
-    "/bin",
-    "/boot",
-    "/dev",
-    "/etc",
-    "/home",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/opt",
-    "/proc",
-    "/root",
-    "/run",
-    "/sbin",
-    "/srv",
-    "/sys",
-    "/tmp",
-    "/usr",
-    "/var",
-    "/var/lib",
-    "/var/lib/docker",
-    "/var/run",
-];
-
 /// Why a job cannot become a container.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -115,6 +88,17 @@ pub enum SpecError {
         path: String,
         /// Why.
         why: &'static str,
+    },
+    /// The workspace is not a dedicated directory (the rule every tier shares).
+    #[error("workspace {0}")]
+    NotDedicated(#[from] stockade_protocol::NotDedicated),
+    /// The workspace cannot be resolved on the host (missing, unreadable, not a directory).
+    #[error("workspace {path}: {why}")]
+    Workspace {
+        /// The host path, as given.
+        path: String,
+        /// Why, from the host.
+        why: String,
     },
     /// A grants directory is unusable.
     #[error("grants directory {path:?}: {why}")]
@@ -176,8 +160,9 @@ pub fn check_name(name: &str) -> Result<(), SpecError> {
     }
 }
 
-/// Checks a workspace directory: absolute, normalised (no `.` or `..`), not a system or
-/// shared directory, and (with several mounts) none nested in another.
+/// Checks a workspace directory: absolute, normalised (no `.` or `..`), dedicated (the
+/// protocol's [`stockade_protocol::check_dedicated`], on a path [`resolve_workspace`] has
+/// resolved), and (with several mounts) none nested in another.
 pub fn check_mounts(paths: &[&Path]) -> Result<(), SpecError> {
     for p in paths {
         let text = p.to_string_lossy().into_owned();
@@ -191,10 +176,7 @@ pub fn check_mounts(paths: &[&Path]) -> Result<(), SpecError> {
         if text.contains(':') || text.contains(',') {
             return err("must not contain ':' or ','");
         }
-        let trimmed = text.trim_end_matches('/');
-        if NOT_DEDICATED.contains(&if trimmed.is_empty() { "/" } else { trimmed }) {
-            return err("is a system or shared directory, not a dedicated one");
-        }
+        stockade_protocol::check_dedicated(p, &[])?;
         if text.contains("docker.sock") || text.contains("containerd") {
             return err("must not expose an engine socket");
         }
@@ -384,4 +366,21 @@ pub fn staged_workspace_mount(
 #[must_use]
 pub fn protected_binds(host: &Path, present: &[&str]) -> Vec<String> {
     present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display())).collect()
+}
+
+/// The job with its workspace path resolved (symlinks followed), so that the dedicated-
+/// directory rule judges, and the engine binds, the real directory.
+pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecError> {
+    let Some(ws) = job.workspace() else { return Ok(std::borrow::Cow::Borrowed(job)) };
+    let bad = |why: String| SpecError::Workspace { path: ws.path().display().to_string(), why };
+    let path = std::fs::canonicalize(ws.path()).map_err(|e| bad(e.to_string()))?;
+    if !path.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    stockade_protocol::check_dedicated(&path, &[])?;
+    if path == ws.path() {
+        return Ok(std::borrow::Cow::Borrowed(job));
+    }
+    let access = ws.access();
+    job.clone().with_workspace(path, access).map(std::borrow::Cow::Owned).map_err(|e| bad(e.to_string()))
 }

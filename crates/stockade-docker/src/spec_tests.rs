@@ -39,7 +39,10 @@ fn g1_names_users_mounts_and_limits_are_checked() {
     let tiny = job().with_limits(Limits::new().with_memory(1 << 20).unwrap());
     assert!(matches!(spec::spec(&tiny, &Hardening::default(), "r1", 0), Err(SpecError::Limit { name: "memory", .. })));
     let ws = job().with_workspace("/etc", Access::ReadOnly).unwrap();
-    assert!(matches!(spec::spec(&ws, &Hardening::default(), "r1", 0), Err(SpecError::Mount { .. })));
+    let refused = spec::spec(&ws, &Hardening::default(), "r1", 0);
+    assert!(matches!(&refused, Err(SpecError::NotDedicated(_))), "{refused:?}");
+    let text = refused.unwrap_err().to_string();
+    assert!(text.starts_with("workspace /etc cannot be granted: it is a system directory"), "{text}");
     let cmd = Job::wasm("/m.wasm", "_start", Vec::<String>::new()).unwrap();
     assert_eq!(spec::spec(&cmd, &Hardening::default(), "r1", 0), Err(SpecError::NotAnImageJob));
 }

@@ -416,7 +416,6 @@ pub(crate) const ALLOWED: &[(&str, i64)] = &[
     ("pidfd_send_signal", libc::SYS_pidfd_send_signal),
     ("pidfd_open", libc::SYS_pidfd_open),
     ("close_range", libc::SYS_close_range),
-    ("openat2", libc::SYS_openat2),
     ("faccessat2", libc::SYS_faccessat2),
     ("epoll_pwait2", libc::SYS_epoll_pwait2),
     ("landlock_create_ruleset", libc::SYS_landlock_create_ruleset),
@@ -481,8 +480,11 @@ pub(crate) const DENIED: &[(&str, i64)] = &[
 /// Syscalls that fail with ENOSYS, so that libraries fall back to an older interface:
 /// `clone3` (its flags sit in a struct seccomp cannot read; libc falls back to `clone`) and
 /// io_uring (its operations bypass seccomp; runtimes fall back to epoll).
+/// `openat2` likewise: its mode sits in a struct, so the set-id rule below could not see it
+/// (libc's `open` is `openat`, and callers of `openat2` fall back on ENOSYS).
 pub(crate) const NOT_IMPLEMENTED: &[(&str, i64)] = &[
     ("clone3", libc::SYS_clone3),
+    ("openat2", libc::SYS_openat2),
     ("io_uring_setup", libc::SYS_io_uring_setup),
     ("io_uring_enter", libc::SYS_io_uring_enter),
     ("io_uring_register", libc::SYS_io_uring_register),
@@ -502,6 +504,26 @@ const CLONE_NEW: &[(&str, u64)] = &[
 /// Socket families allowed: unix, IPv4, IPv6 and netlink route (all inside the run's empty
 /// network namespace). Everything else (packet, raw netlink families, bluetooth, ...) is EPERM.
 const SOCKET_FAMILIES: &[(&str, u64)] = &[("AF_UNIX", 1), ("AF_INET", 2), ("AF_INET6", 10), ("AF_NETLINK", 16)];
+
+/// Calls that set a file mode, with the index of the mode argument: a set-uid or set-gid bit
+/// in it is refused. A file the guest makes in a workspace belongs to the invoking user on
+/// the host (root, through the id-mapped mount), so a set-id bit there would hand whoever
+/// runs it later the invoking user's rights. `open` and `openat` are refused only with
+/// `O_CREAT` or `O_TMPFILE`, when the mode is read at all.
+const SETID_MODE_ARG: &[(&str, i64, u8)] = &[
+    ("chmod", libc::SYS_chmod, 1),
+    ("fchmod", libc::SYS_fchmod, 1),
+    ("fchmodat", libc::SYS_fchmodat, 2),
+    ("fchmodat2", libc::SYS_fchmodat2, 2),
+    ("creat", libc::SYS_creat, 1),
+    ("mknod", libc::SYS_mknod, 1),
+    ("mknodat", libc::SYS_mknodat, 2),
+    ("open", libc::SYS_open, 2),
+    ("openat", libc::SYS_openat, 3),
+];
+const SETID_BITS: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
+/// The flags that make `open` and `openat` read their mode: `O_CREAT` and `__O_TMPFILE`.
+const CREATE_FLAGS: [u64; 2] = [libc::O_CREAT as u64, 0o20_000_000];
 
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
@@ -528,13 +550,15 @@ pub(crate) fn seccomp_summary() -> String {
          EPERM clone with any of:{}\n\
          EPERM socket unless family is:{} (netlink: NETLINK_ROUTE only)\n\
          EPERM ioctl TIOCSTI, TIOCLINUX\n\
-         EPERM personality except 0 and the query 0xffffffff\n",
+         EPERM personality except 0 and the query 0xffffffff\n\
+         EPERM a set-uid or set-gid mode in:{}\n",
         ALLOWED.len(),
         names(ALLOWED),
         names(NOT_IMPLEMENTED),
         names(DENIED),
         names(CLONE_NEW),
         names(SOCKET_FAMILIES),
+        SETID_MODE_ARG.iter().map(|(n, _, _)| format!(" {n}")).collect::<String>(),
     )
 }
 
@@ -576,8 +600,28 @@ pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
     );
     eperm.insert(
         libc::SYS_personality,
-        vec![rule(vec![cond(0, d.clone(), SeccompCmpOp::Ne, PERSONALITY_QUERY)?, cond(0, d, SeccompCmpOp::Ne, 0)?])?],
+        vec![rule(vec![
+            cond(0, d.clone(), SeccompCmpOp::Ne, PERSONALITY_QUERY)?,
+            cond(0, d.clone(), SeccompCmpOp::Ne, 0)?,
+        ])?],
     );
+    for (_, nr, arg) in SETID_MODE_ARG {
+        let mut rules = Vec::new();
+        for bit in SETID_BITS {
+            let mode = cond(*arg, d.clone(), SeccompCmpOp::MaskedEq(bit), bit)?;
+            if *nr == libc::SYS_open || *nr == libc::SYS_openat {
+                for create in CREATE_FLAGS {
+                    let flags = cond(*arg - 1, d.clone(), SeccompCmpOp::MaskedEq(create), create)?;
+                    rules.push(rule(vec![flags, mode.clone()])?);
+                }
+            } else {
+                rules.push(rule(vec![mode])?);
+            }
+        }
+        if eperm.insert(*nr, rules).is_some() {
+            return Err(format!("seccomp policy bug: syscall {nr} has two EPERM rule sets"));
+        }
+    }
     let build = |rules, mismatch: SeccompAction, matched: SeccompAction| -> Result<BpfProgram, String> {
         let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| e.to_string())?;
         BpfProgram::try_from(filter).map_err(|e| e.to_string())

@@ -15,8 +15,8 @@
 //! `setsid` daemon. Killing the helper is therefore enough to end the whole tree.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -77,6 +77,15 @@ pub(crate) fn run(spec: Spec) -> i32 {
         }
     }
     let (uid, gid) = process::ids();
+    // As root, the workspace is opened now, before the drop to `nobody`, and id-mapped so
+    // that the invoking user's files are the guest's own (see `idmapped_workspace`).
+    let ws_tree = match (&spec.workspace, uid) {
+        (Some((host, writable)), 0) => match idmapped_workspace(host, *writable) {
+            Ok(tree) => Some(tree),
+            Err((unsupported, e)) => return rep.fail("workspace", unsupported, e),
+        },
+        _ => None,
+    };
     let (uid, gid) = if uid == 0 {
         if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
             return rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}"));
@@ -135,12 +144,13 @@ pub(crate) fn run(spec: Spec) -> i32 {
         Ok(process::Fork::Child) => {
             drop(keep_w);
             drop(listener);
-            let code = init(&spec, &mut rep, &keep_r, uid, gid);
+            let code = init(&spec, &mut rep, &keep_r, (uid, gid), ws_tree);
             process::exit_now(code)
         }
         Ok(process::Fork::Parent(pid)) => {
             drop(keep_r);
             drop(rep);
+            drop(ws_tree);
             let code = match process::wait(pid) {
                 Ok(e) => e.code.unwrap_or(128 + e.signal.unwrap_or(0)),
                 Err(_) => 125,
@@ -158,8 +168,60 @@ fn model_listener(port: u16) -> Result<std::net::TcpListener, String> {
         .map_err(|e| format!("listening on 127.0.0.1:{port} in the run's network namespace: {e}"))
 }
 
+/// The workspace of a root supervisor, as a detached mount: opened while still root (so a
+/// 0700 directory, or one under `/root`, is reachable), then id-mapped through a user
+/// namespace whose map reads `0 65534 1`: an idmapped mount treats on-disk ids as ids of
+/// that namespace and maps them down, so files of host uid and gid 0 (the invoking user)
+/// appear as the guest's `nobody`, and the guest's writes land as 0 on disk. The guest still runs as host uid 65534; only this mount translates, so
+/// the guest owns what root owns there, and what it creates belongs to root on the host.
+/// Nosuid and nodev, read-only unless granted read-write. Errors carry whether the kernel or
+/// filesystem lacks the mechanism (`true`) or the path itself is the problem (`false`).
+fn idmapped_workspace(host: &Path, writable: bool) -> Result<OwnedFd, (bool, String)> {
+    let tree = mount::open_tree_clone(host).map_err(|e| (false, format!("workspace {}: {e}", host.display())))?;
+    let userns = idmap_userns(0, NOBODY).map_err(|e| {
+        (true, format!("creating the user namespace that id-maps the workspace {}: {e}", host.display()))
+    })?;
+    mount::set_idmapped(tree.as_fd(), userns.as_fd(), writable).map_err(|e| {
+        let fs = if e.raw_os_error() == Some(libc::EINVAL) { " (the filesystem does not support it)" } else { "" };
+        (true, format!("id-mapping the workspace {} (mount_setattr MOUNT_ATTR_IDMAP){fs}: {e}", host.display()))
+    })?;
+    Ok(tree)
+}
+
+/// A user namespace whose only mapping is its `inside` → host `outside` (uid and gid), held by
+/// the returned descriptor: a child unshares it, this process writes the maps (it holds
+/// CAP_SETUID and CAP_SETGID on the host), opens `/proc/CHILD/ns/user`, and lets the child go.
+fn idmap_userns(inside: u32, outside: u32) -> io::Result<File> {
+    let (ready_r, ready_w) = sysfs::pipe()?;
+    let (hold_r, hold_w) = sysfs::pipe()?;
+    match process::fork()? {
+        process::Fork::Child => {
+            drop((ready_r, hold_w));
+            let ok = mount::unshare(libc::CLONE_NEWUSER).is_ok();
+            let _ = (&ready_w).write_all(&[u8::from(ok)]);
+            let _ = (&hold_r).read(&mut [0u8; 1]);
+            process::exit_now(0)
+        }
+        process::Fork::Parent(pid) => {
+            drop((ready_w, hold_r));
+            let mut ok = [0u8; 1];
+            let result = (&ready_r).read_exact(&mut ok).and_then(|()| {
+                if ok[0] != 1 {
+                    return Err(io::Error::other("unshare(CLONE_NEWUSER) failed in the child"));
+                }
+                fs::write(format!("/proc/{pid}/uid_map"), format!("{inside} {outside} 1"))?;
+                fs::write(format!("/proc/{pid}/gid_map"), format!("{inside} {outside} 1"))?;
+                File::open(format!("/proc/{pid}/ns/user"))
+            });
+            drop(hold_w);
+            let _ = process::wait(pid);
+            result
+        }
+    }
+}
+
 /// Pid 1 of the run: builds the view, forks the guest, reaps everything, reports the exit.
-fn init(spec: &Spec, rep: &mut Reporter, keep: &File, uid: u32, gid: u32) -> i32 {
+fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws_tree: Option<OwnedFd>) -> i32 {
     if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
         return 125;
     }
@@ -173,8 +235,10 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, uid: u32, gid: u32) -> i32
         Ok(p) => p,
         Err(e) => return rep.fail("workspace", false, e),
     };
-    if let Err(e) = build_view(spec, uid, gid) {
-        return rep.fail("mount", true, e);
+    match build_view(spec, uid, gid, ws_tree) {
+        Ok(()) => {}
+        Err(ViewError::Path(e)) => return rep.fail("workspace", false, e),
+        Err(ViewError::Mechanism(e)) => return rep.fail("mount", true, e),
     }
     rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
@@ -244,8 +308,23 @@ fn ctx<T>(r: io::Result<T>, what: impl FnOnce() -> String) -> Result<T, String> 
     r.map_err(|e| format!("{}: {e}", what()))
 }
 
-/// Builds the guest's filesystem view and pivots into it (bubblewrap's sequence).
-fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
+/// Why the view could not be built: a granted path is unusable (its owner can fix it), or
+/// a mount the kernel refused (the host cannot build the sandbox).
+enum ViewError {
+    Path(String),
+    Mechanism(String),
+}
+
+impl From<String> for ViewError {
+    fn from(e: String) -> Self {
+        ViewError::Mechanism(e)
+    }
+}
+
+/// Builds the guest's filesystem view and pivots into it (bubblewrap's sequence). `ws_tree`
+/// is the id-mapped workspace of a root supervisor; without it the workspace is bound here,
+/// with the rights of the (non-root) user.
+fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<(), ViewError> {
     let none = Path::new("");
     ctx(mount::mount(none, Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, ""), || "making / private".into())?;
     let base = Path::new("/tmp");
@@ -342,8 +421,22 @@ fn build_view(spec: &Spec, uid: u32, gid: u32) -> Result<(), String> {
     if let Some((host, writable)) = &spec.workspace {
         let ws = new.join("workspace");
         ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
-        let src = old.join(host.strip_prefix("/").unwrap_or(host));
-        bind(&src, &ws, *writable)?;
+        match &ws_tree {
+            Some(tree) => {
+                ctx(mount::move_mount_onto(tree.as_fd(), &ws), || "attaching the id-mapped workspace".into())?
+            }
+            None => {
+                let src = old.join(host.strip_prefix("/").unwrap_or(host));
+                if let Err(e) = fs::metadata(&src).and_then(|m| fs::read_dir(&src).map(|_| m)) {
+                    return Err(ViewError::Path(format!(
+                        "workspace {}: {e} (the sandbox runs as uid {uid}, which must be able to open it)",
+                        host.display()
+                    )));
+                }
+                bind(&src, &ws, *writable)?;
+            }
+        }
+        drop(ws_tree);
         if *writable {
             // Paths whose change would outlive the run and run code on the host later (git
             // hooks and config, shell rc files, editor task files): read-only, each bound onto

@@ -20,7 +20,8 @@
 //!   and a few `/etc` files bound read-only and nosuid, a fresh `/proc`, a `/dev` with only
 //!   null, zero, full, random and urandom (and `tty`, a private pseudo-terminal that is the
 //!   guest's controlling terminal, only when asked: [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
-//!   the workspace at `/workspace` if granted, and with [`ProcessTier::run_granted`] the
+//!   the workspace at `/workspace` if granted (nosuid, nodev; id-mapped to the guest when
+//!   stockade runs as root, see G13), and with [`ProcessTier::run_granted`] the
 //!   run's own grants directory read-only at `/run/stockade`. Nothing else of the host exists
 //!   in the view: no `/home`, `/root`, the rest of `/run`, `/var`, and so no host sockets
 //!   such as `docker.sock`;
@@ -31,8 +32,8 @@
 //!   `clone3` and the x32 ABI) fails with ENOSYS, so libraries fall back; ptrace, `process_vm_*`, bpf,
 //!   perf, keyrings, userfaultfd, the mount family, `unshare`/`setns`, `clone` with
 //!   `CLONE_NEW*`, `personality` changes, `open_by_handle_at`, kexec, modules, and the
-//!   TIOCSTI and TIOCLINUX ioctls fail with EPERM; sockets only of the unix, inet, inet6 and
-//!   netlink-route families;
+//!   TIOCSTI and TIOCLINUX ioctls fail with EPERM, as does a set-uid or set-gid file mode;
+//!   sockets only of the unix, inet, inet6 and netlink-route families;
 //! - **hygiene**: `no_new_privs`, every capability dropped, a new session with no controlling
 //!   tty, parent-death SIGKILL, core dumps off, an empty environment plus the job's
 //!   allowlist, stdin from the job or `/dev/null`, every fd but 0–2 closed;
@@ -102,6 +103,20 @@
 //!     binding any port is denied, and the listener is created by the helper before init
 //!     exists, closed in init, and never a descriptor of the guest.
 //!     (pinned by: tests/it/confinement.rs::g12_*)
+//! G13. A workspace is granted only if, with symlinks resolved, it passes the protocol's
+//!     dedicated-directory rule ([`stockade_protocol::check_dedicated`]: no `/`, system
+//!     tree, shared directory or home directory itself, nor an ancestor of one), else
+//!     [`LaunchError::Misconfigured`] names the path. A directory the invoking user owns is
+//!     usable whatever its mode: as root, the helper opens it before dropping to `nobody`
+//!     and attaches it as an id-mapped mount (`open_tree`, `mount_setattr(MOUNT_ATTR_IDMAP)`,
+//!     `move_mount`) in which root's files are the guest's own and what the guest creates
+//!     belongs to root on the host, while the guest itself stays host uid 65534 (a
+//!     filesystem without id-mapped mounts fails closed, naming the mechanism); as any other
+//!     user, the guest is that user. Seccomp refuses a set-uid or set-gid mode in `chmod`,
+//!     `fchmod*`, `creat`, `mknod*` and creating `open`/`openat` (and `openat2`, whose mode
+//!     it cannot read, is ENOSYS), so such a file cannot hand its owner's rights to whoever
+//!     runs it on the host.
+//!     (pinned by: tests/it/confinement.rs::g13_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
@@ -110,7 +125,10 @@
 //! absent. Landlock ABI 7 cannot
 //! restrict pathname unix sockets (ABI 9 can): the view simply does not contain host sockets,
 //! so a workspace that contains one exposes it. `RLIMIT_NPROC` (the fallback without a
-//! cgroup) counts every process of the guest's host uid. Timing and cache side channels
+//! cgroup) counts every process of the guest's host uid. Through the id-mapped workspace the
+//! guest acts as the owner of root's files there (that is the point: it can edit the
+//! project); files there owned by any other host uid (including `nobody` itself) map to no
+//! one, and are reachable only through their "other" permission bits. Timing and cache side channels
 //! between the guest and the host remain.
 //!
 //! # Failure behaviour

@@ -39,15 +39,16 @@ pub(crate) async fn run(
     let limits = job.limits();
     let workspace = match job.workspace() {
         Some(ws) => {
-            let meta = std::fs::metadata(ws.path())
+            // Symlinks resolved first, so the rule judges (and the helper binds) the real
+            // directory.
+            let path = std::fs::canonicalize(ws.path())
                 .map_err(|e| LaunchError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
-            if !meta.is_dir() {
-                return Err(LaunchError::Misconfigured(format!(
-                    "workspace {} is not a directory",
-                    ws.path().display()
-                )));
+            if !path.is_dir() {
+                return Err(LaunchError::Misconfigured(format!("workspace {} is not a directory", path.display())));
             }
-            Some((ws.path().to_path_buf(), ws.access() == stockade_protocol::Access::ReadWrite))
+            stockade_protocol::check_dedicated(&path, &[])
+                .map_err(|e| LaunchError::Misconfigured(format!("workspace {e}")))?;
+            Some((path, ws.access() == stockade_protocol::Access::ReadWrite))
         }
         None => None,
     };

@@ -58,6 +58,12 @@
 //!     missing index tolerated on a single call), with every line capped before it is
 //!     buffered whole and a stream that ends early refused.
 //!     (pinned by: tests/it/completion.rs::g9_*)
+//! G10. [`check_dedicated`] is the one rule for which host directories a tier may grant: it
+//!     refuses `/`, the system trees and everything under them, the shared directories and
+//!     home directories themselves, the caller's own protected directories, every ancestor of
+//!     these, and any path that is not absolute and resolved; a directory inside `/tmp` or a
+//!     home directory passes. Every message is one line naming the path.
+//!     (pinned by: tests/it/dedicated.rs::g10_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
@@ -89,6 +95,7 @@ mod bytes_repr;
 pub mod capture;
 pub mod chat;
 pub mod completion;
+pub mod dedicated;
 pub mod frame;
 pub mod job;
 pub mod json;
@@ -97,6 +104,7 @@ pub mod report;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
+pub use dedicated::{NotDedicated, check_dedicated};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
 pub use job::{Access, EnvVar, Job, JobError, JobKind, PROTECTED_PATHS, Workspace};
 pub use json::{JsonError, JsonLimits, parse_untrusted};

@@ -430,7 +430,12 @@ impl Inner {
                 Access::ReadOnly => FsPerms::ReadOnly,
                 Access::ReadWrite => FsPerms::ReadWrite,
             };
-            if let Err(e) = wasi.preopened_dir(ws.path(), WORKSPACE_GUEST_PATH, perms) {
+            // Symlinks resolved, then the rule every tier shares: only a dedicated directory.
+            let path = std::fs::canonicalize(ws.path())
+                .map_err(|e| WasmError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
+            stockade_protocol::check_dedicated(&path, &[])
+                .map_err(|e| WasmError::Misconfigured(format!("workspace {e}")))?;
+            if let Err(e) = wasi.preopened_dir(&path, WORKSPACE_GUEST_PATH, perms) {
                 return Ok(Report::new(
                     Status::failed_to_start(format!("cannot open workspace {}: {e:#}", ws.path().display())),
                     Duration::ZERO,

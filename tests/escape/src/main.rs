@@ -393,17 +393,20 @@ fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Ent
     Ok(Cell { outcome, evidence, expected })
 }
 
-/// A fresh read-write workspace (owned by the sandbox's uid) with `.git/hooks`, `.git/config`
-/// and `.bashrc`, and the attack program inside.
-fn rw_workspace(world: &World, bin_dir: &Path, name: &str) -> Result<PathBuf> {
+/// A fresh read-write workspace with `.git/hooks`, `.git/config` and `.bashrc`, and the
+/// attack program inside; owned by the invoking user (as a project is: the process tier
+/// makes it the guest's own), or by `owner` (the docker tier's container user).
+fn rw_workspace(world: &World, bin_dir: &Path, name: &str, owner: Option<u32>) -> Result<PathBuf> {
     let ws = world.root.join(format!("ws-{name}"));
     let _ = std::fs::remove_dir_all(&ws);
     std::fs::create_dir_all(ws.join(".git/hooks"))?;
     std::fs::write(ws.join(".git/config"), "[core]\n")?;
     std::fs::write(ws.join(".bashrc"), "# rc\n")?;
     std::fs::copy(bin_dir.join(name), ws.join(name))?;
-    for p in ["", ".git", ".git/hooks", ".git/config", ".bashrc", name] {
-        std::os::unix::fs::chown(ws.join(p), Some(stockade_process::NOBODY), Some(stockade_process::NOBODY))?;
+    if let Some(id) = owner {
+        for p in ["", ".git", ".git/hooks", ".git/config", ".bashrc", name] {
+            std::os::unix::fs::chown(ws.join(p), Some(id), Some(id))?;
+        }
     }
     Ok(ws)
 }
@@ -435,7 +438,7 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
         return run_process_granted(world, bin_dir, entry);
     }
     let targets = world.targets(entry.name);
-    let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
+    let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name, None)).transpose()?;
     let (ws, access) = match &rw {
         Some(ws) => (ws.as_path(), Access::ReadWrite),
         None => (bin_dir, Access::ReadOnly),
@@ -650,6 +653,8 @@ fn bin_changed(bin_dir: &Path, name: &str) -> Option<String> {
 }
 
 const DOCKER_IMAGE: &str = "stockade-attacks:local";
+/// The docker tier's container user (its default `Hardening`).
+const DOCKER_UID: u32 = 65534;
 
 /// Imports the static attack programs as a `FROM scratch`-style image (no registry needed).
 /// Returns why the docker column must be skipped, if it must.
@@ -730,7 +735,9 @@ fn run_docker_tier(
     let mut job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
     // Attacks on a read-write workspace get the same one the process column gets, owned by
     // the container's user (65534), with protected paths in it.
-    let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name)).transpose()?;
+    let rw = (entry.setup == Setup::RwWorkspace)
+        .then(|| rw_workspace(world, bin_dir, entry.name, Some(DOCKER_UID)))
+        .transpose()?;
     if let Some(ws) = &rw {
         job = job.with_workspace(ws, Access::ReadWrite)?;
     }

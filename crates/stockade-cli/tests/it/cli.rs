@@ -173,7 +173,7 @@ fn usage_errors_and_help() {
 }
 
 /// True if the JavaScript guest is built (CI builds it; a skip fails there).
-fn js_ready() -> bool {
+pub(crate) fn js_ready() -> bool {
     tier_ready("wasm", |v| {
         let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap();
         guest["ok"].as_bool().unwrap() && v["wasm_tier"].as_bool().unwrap()

@@ -4,3 +4,4 @@ mod agent;
 mod cli;
 mod grants;
 mod stdio;
+mod workspace;

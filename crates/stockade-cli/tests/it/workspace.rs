@@ -1,0 +1,89 @@
+//! G6: `--workspace` grants only a dedicated directory, and one the user owns is usable
+//! whatever its mode, with what the guest makes there belonging to the user.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+
+use crate::cli::{check, js_ready, ready};
+
+/// A fresh 0700 directory, as `mktemp -d` makes.
+fn private_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stockade-cli-ws-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+#[test]
+fn g6_a_mktemp_workspace_is_usable_and_what_the_guest_makes_is_the_users() {
+    if !ready() {
+        return;
+    }
+    let me = std::fs::metadata("/proc/self").unwrap();
+    let d = private_dir("mine");
+    std::fs::write(d.join("input.txt"), "from the user\n").unwrap();
+    std::fs::set_permissions(d.join("input.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ws = d.display().to_string();
+    let (code, out, err) =
+        check(&["run", "--workspace", &ws, "--", "sh", "-c", "ls /workspace; cat /workspace/input.txt"]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "input.txt\nfrom the user\n", ""));
+    let rw = format!("{ws}:rw");
+    let script = "echo made > /workspace/out.txt && mkdir /workspace/sub && id -u";
+    let (code, out, err) = check(&["run", "--workspace", &rw, "--", "sh", "-c", script]);
+    assert_eq!(code, 0, "{err}");
+    assert_ne!(out.trim(), "0", "the guest ran as uid 0");
+    for name in ["out.txt", "sub"] {
+        let m = std::fs::metadata(d.join(name)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (me.uid(), me.gid()), "{name}");
+    }
+    assert_eq!(std::fs::read_to_string(d.join("out.txt")).unwrap(), "made\n");
+    // One level deeper, under a 0700 parent: the same.
+    let deep = d.join("a/b");
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::set_permissions(d.join("a"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let deep_rw = format!("{}:rw", deep.display());
+    let (code, _, err) = check(&["run", "--workspace", &deep_rw, "--", "touch", "/workspace/deep"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::metadata(deep.join("deep")).unwrap().uid(), me.uid());
+    // A set-uid bit cannot be planted there.
+    let (code, _, err) = check(&["run", "--workspace", &rw, "--", "chmod", "4755", "/workspace/out.txt"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Operation not permitted"), "{err}");
+    assert_eq!(std::fs::metadata(d.join("out.txt")).unwrap().mode() & 0o7000, 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn g6_system_and_shared_directories_are_refused_in_one_line() {
+    if !ready() {
+        return;
+    }
+    let d = private_dir("refused");
+    std::os::unix::fs::symlink("/etc", d.join("etc-link")).unwrap();
+    let link = format!("{}:rw", d.join("etc-link").display());
+    for (ws, shown, why) in [
+        ("/etc:rw", "/etc", "it is a system directory"),
+        ("/etc", "/etc", "it is a system directory"),
+        ("/", "/", "it is the root directory"),
+        ("/usr/share", "/usr/share", "it is inside the system directory /usr"),
+        ("/tmp:rw", "/tmp", "it is a shared directory itself"),
+        ("/root", "/root", "it is a shared directory itself"),
+        (link.as_str(), "/etc", "it is a system directory"),
+    ] {
+        let (code, out, err) = check(&["run", "--workspace", ws, "--", "true"]);
+        assert_eq!(code, 125, "{ws}: {err}");
+        assert_eq!(out, "");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("stockade: misconfigured: workspace {shown} cannot be granted: {why}")),
+            "{ws}: {err}"
+        );
+    }
+    if js_ready() {
+        let (code, _, err) = check(&["run", "--tier", "wasm", "--workspace", "/etc", "--js", "console.log(1)"]);
+        assert_eq!(code, 125, "{err}");
+        assert!(err.contains("workspace /etc cannot be granted: it is a system directory"), "{err}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
