@@ -27,9 +27,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("stockade-protocol", &[]),
     ("stockade-policy", &[]),
     ("stockade-verify", &["stockade-protocol"]),
-    ("stockade-process", &["stockade-protocol", "stockade-verify"]),
-    ("stockade-wasm", &["stockade-protocol", "stockade-verify"]),
-    ("stockade-docker", &["stockade-protocol", "stockade-verify"]),
+    // Host-directory authority the three tiers share (not a tier: no tier reaches another
+    // through it).
+    ("stockade-hostfs", &["stockade-protocol"]),
+    ("stockade-process", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
+    ("stockade-wasm", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
+    ("stockade-docker", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
     (
         "stockade-runtime",
         &[
@@ -56,6 +59,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("libc", "stockade-process"),
     ("rustix", "stockade-process"),
     ("nix", "stockade-process"),
+    ("cap-std", "stockade-hostfs"),
     ("reqwest", "stockade-agent"),
     ("ureq", "stockade-agent"),
     ("hyper", "stockade-agent"),
@@ -64,6 +68,7 @@ const OWNERS: &[(&str, &str)] = &[
 /// Crates whose root must say `#![forbid(unsafe_code)]` (STYLE §5.1).
 const FORBID_UNSAFE: &[&str] = &[
     "stockade-protocol",
+    "stockade-hostfs",
     "stockade-policy",
     "stockade-verify",
     "stockade-docker",

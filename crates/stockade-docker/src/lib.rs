@@ -13,7 +13,7 @@
 //! ```
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`; `bollard` (this crate is its only owner).
+//! Depends on: `stockade-protocol`, `stockade-hostfs`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
 //! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`], [`pool`], [`stage`].
 //!
@@ -64,13 +64,17 @@
 //!     root-owned directory; for a read-write grant and a run that ended by itself, the
 //!     volume comes back through a bounded download and only regular files and directories
 //!     with plain names are written to the host directory, never through a host symlink and
-//!     never under a protected path (`.git`, rc files, ...).
+//!     never under a protected path (git hooks and config, rc files, ...; never `.git` as a
+//!     file).
 //!     (pinned by: src/stage_tests.rs::g7_*, tests/it/docker.rs::g7_*)
-//! G8. A one-shot run's read-write workspace (a bind mount) keeps each protected path that
-//!     exists in it (`.git`, rc files, editor task directories, ...) read-only, bound onto
-//!     itself, so it can be neither changed, removed nor renamed; a protected path that is a
-//!     symlink refuses the grant; the report lists what is protected and what is absent (and
-//!     so creatable).
+//! G8. A workspace must be a dedicated directory, judged with symlinks resolved by the
+//!     protocol's rule every tier shares. A one-shot run's read-write workspace (a bind
+//!     mount) keeps each protected path that exists in it (git hooks and config, rc files,
+//!     editor and agent settings, ...; `stockade-hostfs`) read-only, bound onto itself, and
+//!     `.git` pinned (bound writable onto itself), so they can be neither changed, removed
+//!     nor renamed while the history stays writable; a protected path reached through a
+//!     symlink refuses the grant; what the guest creates where a protected path was absent
+//!     is removed once the container is gone; the report lists all three.
 //!     (pinned by: tests/it/docker.rs::g8_*)
 //!
 //! # Non-guarantees
@@ -85,7 +89,8 @@
 //!   the workspace's contents come from the job.
 //! - A one-shot run's workspace is a bind mount (Docker's bind syntax has no nosuid or nodev;
 //!   no-new-privileges, the empty capability sets and the engine's device cgroup cover them);
-//!   a protected path that is absent can be created there, as in the process tier. A staged
+//!   a protected path that is absent can be created there during the run (it is removed
+//!   after, as in the process tier; see `stockade-hostfs` for the window). A staged
 //!   read-write workspace merges results into the host directory: files the guest deleted
 //!   stay on the host, and a run killed at its deadline or budget returns nothing.
 //!
@@ -131,30 +136,8 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 use spec::{Hardening, LABEL_EXPIRES, LABEL_RUN, ORPHAN_GRACE, SpecError};
-use stockade_protocol::{
-    Access, BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, PROTECTED_PATHS, Report, Status, Stream,
-};
+use stockade_protocol::{Access, BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, Report, Status, Stream};
 use tokio::io::AsyncWriteExt;
-
-/// Which [`PROTECTED_PATHS`] exist in the host directory of a read-write workspace, and
-/// which are absent; a protected path that is a symlink refuses the grant (the guest could
-/// replace it, and a bind would follow it).
-fn protected_paths(host: &std::path::Path) -> Result<(Vec<&'static str>, Vec<&'static str>), SpecError> {
-    let (mut present, mut absent) = (Vec::new(), Vec::new());
-    for rel in PROTECTED_PATHS {
-        match std::fs::symlink_metadata(host.join(rel)) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(SpecError::Mount {
-                    path: host.join(rel).display().to_string(),
-                    why: "a protected path in a read-write workspace is a symlink, which the guest could replace; grant the workspace read-only or remove the link",
-                });
-            }
-            Ok(_) => present.push(*rel),
-            Err(_) => absent.push(*rel),
-        }
-    }
-    Ok((present, absent))
-}
 
 /// The engine could not run a job. A misbehaving guest is never an error.
 #[derive(Debug, thiserror::Error)]
@@ -336,12 +319,14 @@ impl DockerTier {
         if let (Some(dir), Some(hc)) = (grants_dir, spec.body.host_config.as_mut()) {
             hc.binds.get_or_insert_with(Vec::new).push(spec::grants_bind(dir, job)?);
         }
-        let protected = match job.workspace() {
-            Some(ws) if ws.access() == Access::ReadWrite => Some((ws.path(), protected_paths(ws.path())?)),
+        let guard = match job.workspace() {
+            Some(ws) if ws.access() == Access::ReadWrite => {
+                Some(stockade_hostfs::Guarded::inspect(ws.path()).map_err(|e| SpecError::Protected(e.to_string()))?)
+            }
             _ => None,
         };
-        if let (Some((host, (present, _))), Some(hc)) = (&protected, spec.body.host_config.as_mut()) {
-            hc.binds.get_or_insert_with(Vec::new).extend(spec::protected_binds(host, present));
+        if let (Some(g), Some(hc)) = (&guard, spec.body.host_config.as_mut()) {
+            hc.binds.get_or_insert_with(Vec::new).extend(spec::protected_binds(g.root(), g.pinned(), g.present()));
         }
         let name = format!("stockade-{id}");
         let created = self
@@ -357,21 +342,30 @@ impl DockerTier {
         };
         let result = self.lifecycle(&container, job).await;
         let removed = self.remove(&container).await;
+        // The container is gone: what the guest created among the absent protected paths
+        // goes now, whatever became of the run.
+        let swept = guard.as_ref().map(stockade_hostfs::Guarded::sweep).transpose().map_err(|e| {
+            DockerError::Engine(format!("removing what the guest planted in the workspace after the run: {e}"))
+        })?;
         let mut report = result?;
         if !removed {
             return Err(DockerError::Engine(format!("container {container} could not be removed")));
         }
         report.enforcement = enforcement(job, &self.hardening);
-        if let Some((_, (present, absent))) = protected {
-            let list = |l: &[&str]| if l.is_empty() { "none".to_owned() } else { l.join(" ") };
+        if let (Some(g), Some(swept)) = (guard, swept) {
             report.enforcement.push(Enforced::new(
                 Mechanism::ContainerWorkspace,
-                format!(
-                    "workspace bind-mounted read-write; read-only inside it: {}; absent, so creatable: {}",
-                    list(&present),
-                    list(&absent)
-                ),
+                format!("workspace bind-mounted read-write; {}", g.describe()),
             ));
+            if !swept.is_empty() {
+                report.enforcement.push(Enforced::new(
+                    Mechanism::ContainerWorkspace,
+                    format!(
+                        "removed after the run, created by the guest where a protected path was absent: {}",
+                        swept.join(" ")
+                    ),
+                ));
+            }
         }
         Ok(report)
     }

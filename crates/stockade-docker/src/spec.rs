@@ -100,6 +100,9 @@ pub enum SpecError {
         /// Why, from the host.
         why: String,
     },
+    /// A protected path of a read-write workspace cannot be kept (a symlink on the way).
+    #[error("{0}")]
+    Protected(String),
     /// A grants directory is unusable.
     #[error("grants directory {path:?}: {why}")]
     Grants {
@@ -357,15 +360,17 @@ pub fn staged_workspace_mount(
     })
 }
 
-/// The extra binds that keep each present [`PROTECTED_PATHS`] entry of a read-write
-/// workspace read-only inside the container: the path bound read-only onto itself at
-/// `/workspace/<path>`, so it can be neither changed nor removed nor renamed (a mount point
-/// is busy). `present` comes from the host (see [`crate::DockerTier::run`]).
+/// The extra binds of a read-write workspace: each pinned directory (`.git`) bound writable
+/// onto itself at `/workspace/<path>`, so it can be neither removed nor renamed (a mount
+/// point is busy), then each present [`PROTECTED_PATHS`] entry bound read-only onto itself,
+/// so it can be neither changed, removed nor renamed. The engine mounts parents first. Both
+/// lists come from the host (`stockade_hostfs::Guarded`, see [`crate::DockerTier::run`]).
 ///
 /// [`PROTECTED_PATHS`]: stockade_protocol::PROTECTED_PATHS
 #[must_use]
-pub fn protected_binds(host: &Path, present: &[&str]) -> Vec<String> {
-    present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display())).collect()
+pub fn protected_binds(host: &Path, pinned: &[&str], present: &[String]) -> Vec<String> {
+    let pins = pinned.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:rw", host.join(rel).display()));
+    pins.chain(present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display()))).collect()
 }
 
 /// The job with its workspace path resolved (symlinks followed), so that the dedicated-

@@ -18,13 +18,12 @@
 //!   Links, devices and anything else are skipped and listed. Deletions are not replayed:
 //!   results are merged into the host directory, nothing on the host is removed.
 
-use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use stockade_protocol::{Access, PROTECTED_PATHS};
+use stockade_protocol::{Access, PINNED_DIRS, PROTECTED_PATHS};
 
 /// Default size of a staged workspace (the tmpfs volume, and the most [`pack`] uploads): 64 MiB.
 pub const DEFAULT_STAGE_BYTES: u64 = 64 << 20;
@@ -208,7 +207,6 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
     if !meta.is_dir() {
         return Err(StageError::Refused { path: dest.to_path_buf(), why: "is not a directory (or is a symlink)" });
     }
-    let protected: BTreeSet<&str> = PROTECTED_PATHS.iter().copied().collect();
     let mut applied = Applied::default();
     let mut ar = tar::Archive::new(archive);
     let entries = ar.entries().map_err(|e| StageError::Archive(e.to_string()))?;
@@ -230,11 +228,14 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
             applied.skip(&rel, "not a plain relative name");
             continue;
         }
-        if rel.components().next().is_some_and(|c| c.as_os_str().to_str().is_some_and(|n| protected.contains(n))) {
+        let kind = entry.header().entry_type();
+        // A protected path or anything under it, and a pinned directory's name as anything
+        // but a directory (a gitfile would point git at the guest's own hooks).
+        let pinned_not_dir = PINNED_DIRS.iter().any(|p| rel == Path::new(p)) && !kind.is_dir();
+        if pinned_not_dir || PROTECTED_PATHS.iter().any(|p| rel.starts_with(p)) {
             applied.skip(&rel, "protected path");
             continue;
         }
-        let kind = entry.header().entry_type();
         if !(kind.is_dir() || kind.is_file()) {
             applied.skip(&rel, "not a regular file or directory");
             continue;

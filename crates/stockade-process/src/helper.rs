@@ -231,15 +231,13 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
     if let Err(e) = caps::set_not_dumpable() {
         return rep.fail("init", false, format!("PR_SET_DUMPABLE 0: {e}"));
     }
-    let protected = match protect_workspace(spec) {
-        Ok(p) => p,
-        Err(e) => return rep.fail("workspace", false, e),
-    };
     match build_view(spec, uid, gid, ws_tree) {
         Ok(()) => {}
         Err(ViewError::Path(e)) => return rep.fail("workspace", false, e),
         Err(ViewError::Mechanism(e)) => return rep.fail("mount", true, e),
     }
+    let protected =
+        if spec.protected_detail.is_empty() { String::new() } else { format!("; {}", spec.protected_detail) };
     rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
     let guest = match process::fork() {
@@ -277,30 +275,6 @@ fn view_detail(spec: &Spec) -> String {
 /// Paths inside a read-write workspace that stay read-only (the list all tiers share):
 /// changing them would plant code the host runs later.
 pub const PROTECTED: &[&str] = stockade_protocol::PROTECTED_PATHS;
-
-/// Checks the protected paths of a read-write workspace on the host side (before any mount):
-/// a symlink among them is refused, since the guest could replace it; returns a description
-/// of what will be protected and what is absent (and so creatable).
-fn protect_workspace(spec: &Spec) -> Result<String, String> {
-    let Some((host, true)) = &spec.workspace else { return Ok(String::new()) };
-    let (mut present, mut absent) = (Vec::new(), Vec::new());
-    for rel in PROTECTED {
-        match fs::symlink_metadata(host.join(rel)) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(format!(
-                    "{rel} in the read-write workspace is a symlink, which the guest could replace; grant the workspace read-only or remove the link"
-                ));
-            }
-            Ok(_) => present.push(*rel),
-            Err(_) => absent.push(*rel),
-        }
-    }
-    Ok(format!(
-        "; read-only inside the workspace: {}; absent, so creatable: {}",
-        if present.is_empty() { "none".to_owned() } else { present.join(" ") },
-        if absent.is_empty() { "none".to_owned() } else { absent.join(" ") }
-    ))
-}
 
 const RO: libc::c_ulong = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
 
@@ -438,13 +412,19 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
         }
         drop(ws_tree);
         if *writable {
-            // Paths whose change would outlive the run and run code on the host later (git
-            // hooks and config, shell rc files, editor task files): read-only, each bound onto
-            // itself, so they can be neither written, removed nor renamed (EBUSY).
-            for rel in PROTECTED {
+            // The directories that hold protected paths (`.git`) are pinned: bound writable
+            // onto themselves, so they cannot be renamed aside and replaced (EBUSY). Then the
+            // paths whose change would outlive the run and run code on the host later (git
+            // hooks and config, shell rc files, editor and agent settings): read-only, each
+            // bound onto itself, so they can be neither written, removed nor renamed. The
+            // supervisor inspected them (no symlink anywhere on the way) and sweeps what the
+            // guest creates among the absent ones after the run.
+            for (rel, writable) in
+                spec.pinned.iter().map(|p| (p, true)).chain(spec.protected.iter().map(|p| (p, false)))
+            {
                 let p = ws.join(rel);
                 if fs::symlink_metadata(&p).is_ok() {
-                    bind(&p, &p, false)?;
+                    bind(&p, &p, writable)?;
                 }
             }
         }

@@ -43,7 +43,8 @@
 //!   stdout/stderr budgets enforced with fail-fast capture.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-verify`. Used by: `stockade-runtime`.
+//! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-verify`. Used by:
+//! `stockade-runtime`.
 //! API boundary: yes; [`ProcessTier`], [`Helper`], [`helper_main`], [`probe`].
 //!
 //! # Threat model
@@ -81,10 +82,14 @@
 //!     (pinned by: tests/it/limits.rs::g8_*)
 //! G9. Every mechanism in force is listed in the report's enforcement list.
 //!     (pinned by: tests/it/confinement.rs::g9_*)
-//! G10. In a read-write workspace, each [`PROTECTED`] path that exists (`.git`, shell rc
-//!     files, editor task directories, ...) stays read-only and can be neither removed nor
-//!     renamed, so the guest cannot plant code the host runs later; a protected path that is
-//!     a symlink refuses the grant.
+//! G10. In a read-write workspace, each [`PROTECTED`] path that exists (git hooks and
+//!     config, shell rc files, editor, agent and tool settings, credential directories)
+//!     stays read-only and can be neither removed nor renamed, and `.git` itself is pinned
+//!     (bound writable onto itself) so it cannot be moved aside and replaced, while git's
+//!     history stays writable (`git commit` works); a protected path reached through a
+//!     symlink refuses the grant; and what the guest creates where a protected path was
+//!     absent is removed when the run is over (`stockade-hostfs`), and the report says what.
+//!     So the guest cannot leave code the host runs later.
 //!     (pinned by: tests/it/confinement.rs::g10_*)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
 //!     at every launch); otherwise the launch executes the fallback helper binary, or fails
@@ -120,9 +125,9 @@
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
-//! that does not exist in a read-write workspace can be created by the guest (protecting it
-//! would mean creating a mount point in the user's directory); the report lists which were
-//! absent. Landlock ABI 7 cannot
+//! that does not exist in a read-write workspace can be created by the guest during the run
+//! and exists on the host until the run ends (blocking it would need a mount point, an
+//! empty file left in the user's directory); only the workspace's top level is covered. Landlock ABI 7 cannot
 //! restrict pathname unix sockets (ABI 9 can): the view simply does not contain host sockets,
 //! so a workspace that contains one exposes it. `RLIMIT_NPROC` (the fallback without a
 //! cgroup) counts every process of the guest's host uid. Through the id-mapped workspace the

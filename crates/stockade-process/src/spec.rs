@@ -25,6 +25,15 @@ pub(crate) struct Spec {
     pub(crate) env: Vec<(String, String)>,
     /// Host path and whether it is writable.
     pub(crate) workspace: Option<(PathBuf, bool)>,
+    /// In a read-write workspace, the directories pinned in place (bound writable onto
+    /// themselves) and then the protected paths bound read-only onto themselves, relative to
+    /// the workspace, and the line describing them (from `stockade_hostfs::Guarded`).
+    #[serde(default)]
+    pub(crate) pinned: Vec<String>,
+    #[serde(default)]
+    pub(crate) protected: Vec<String>,
+    #[serde(default)]
+    pub(crate) protected_detail: String,
     /// Host directory bound read-only at [`crate::GRANTS_GUEST_DIR`] (the broker's socket,
     /// its client and the data grants).
     pub(crate) grants_dir: Option<PathBuf>,

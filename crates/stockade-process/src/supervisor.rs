@@ -52,6 +52,12 @@ pub(crate) async fn run(
         }
         None => None,
     };
+    let guard = match &workspace {
+        Some((path, true)) => {
+            Some(stockade_hostfs::Guarded::inspect(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?)
+        }
+        _ => None,
+    };
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
             .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
@@ -79,6 +85,9 @@ pub(crate) async fn run(
         args: args.clone(),
         env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
         workspace,
+        pinned: guard.as_ref().map(|g| g.pinned().iter().map(|p| (*p).to_owned()).collect()).unwrap_or_default(),
+        protected: guard.as_ref().map(|g| g.present().to_vec()).unwrap_or_default(),
+        protected_detail: guard.as_ref().map(stockade_hostfs::Guarded::describe).unwrap_or_default(),
         grants_dir: grants_dir.map(std::path::Path::to_path_buf),
         status_fd: -1,
         supervisor_pid: std::process::id() as i32,
@@ -198,6 +207,14 @@ pub(crate) async fn run(
     if let Some(cg) = &cgroup {
         cg.remove();
     }
+    // Every process of the run is gone (the pid namespace's init reaps them all before it is
+    // reaped): what the guest created among the absent protected paths goes now.
+    let swept = match &guard {
+        Some(g) => g.sweep().map_err(|e| {
+            LaunchError::Internal(format!("removing what the guest planted in the workspace after the run: {e}"))
+        })?,
+        None => Vec::new(),
+    };
 
     let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
     report = report.with_enforced(Enforced::new(
@@ -230,6 +247,15 @@ pub(crate) async fn run(
             Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
             Msg::Listening { .. } => {}
         }
+    }
+    if !swept.is_empty() {
+        report = report.with_enforced(Enforced::new(
+            Mechanism::MountNamespace,
+            format!(
+                "removed after the run, created by the guest where a protected path was absent: {}",
+                swept.join(" ")
+            ),
+        ));
     }
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !tier.best_effort {

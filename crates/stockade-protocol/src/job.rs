@@ -31,23 +31,59 @@ pub enum Access {
     ReadWrite,
 }
 
-/// Paths inside a read-write workspace that a tier never lets the guest change on the host:
-/// changing them would plant code the host runs later (git hooks and config, shell start-up
-/// files, editor and agent task files). Each tier enforces it its own way; the list is here
-/// so that they agree.
+/// Paths inside a read-write workspace that a tier never lets the guest create or change on
+/// the host, because the host would later run or trust what they say: git's hooks and
+/// configuration (not its history: objects, refs, the index and `HEAD` stay writable, so
+/// `git commit` works), shell and direnv start-up files, tool configuration that runs code
+/// or holds credentials, editor and agent settings, and credential directories. Reviewed
+/// against sandbox-runtime's and Codex's lists. Each tier enforces it its own way (see
+/// `stockade-hostfs`); the list is here so that they agree.
 pub const PROTECTED_PATHS: &[&str] = &[
-    ".git",
+    // git: what runs or configures.
+    ".git/hooks",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/info",
+    ".git/modules",
+    ".git/worktrees",
     ".gitmodules",
+    ".gitconfig",
+    // Shells and direnv.
     ".bashrc",
     ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
     ".profile",
     ".zshrc",
     ".zprofile",
+    ".zshenv",
+    ".zlogin",
     ".envrc",
+    // Tools that run code or read credentials from the project.
+    ".ripgreprc",
+    ".npmrc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".pypirc",
+    ".netrc",
+    // Editors and agents.
     ".vscode",
     ".idea",
+    ".claude",
+    ".codex",
+    ".cursor",
     ".mcp.json",
+    // Credentials and cluster configuration.
+    ".aws",
+    ".ssh",
+    ".docker",
+    ".kube",
 ];
+
+/// Directories that hold [`PROTECTED_PATHS`]: a tier pins each one that exists in place
+/// (writable, but not removable or renamable), so the guest cannot move it aside and put its
+/// own in its place. A `.git` that is a file (a gitfile) is protected whole instead.
+pub const PINNED_DIRS: &[&str] = &[".git"];
 
 /// The host directory granted to the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -106,7 +106,7 @@ pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
 pub use dedicated::{NotDedicated, check_dedicated};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
-pub use job::{Access, EnvVar, Job, JobError, JobKind, PROTECTED_PATHS, Workspace};
+pub use job::{Access, EnvVar, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace};
 pub use json::{JsonError, JsonLimits, parse_untrusted};
 pub use limits::{Limits, LimitsError};
 pub use report::{

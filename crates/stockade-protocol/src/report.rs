@@ -134,6 +134,9 @@ pub enum Mechanism {
     WasmEpoch,
     /// WebAssembly store limits on memory and tables.
     WasmStoreLimits,
+    /// A WASI preopened workspace: no path outside it; a read-write one holds no protected
+    /// path, and what the guest creates where one was absent is removed after the run.
+    WasmWorkspace,
     /// A container with networking disabled.
     ContainerNoNetwork,
     /// A container with a read-only root filesystem.

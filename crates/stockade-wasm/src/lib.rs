@@ -13,7 +13,7 @@
 //! ```
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`; `wasmtime`, `wasmtime-wasi` and `wasmtime-wizer` (this
+//! Depends on: `stockade-protocol`, `stockade-hostfs`; `wasmtime`, `wasmtime-wasi` and `wasmtime-wizer` (this
 //! crate is their only owner). Used by: `stockade-runtime` (feature `wasm`), and through it
 //! `stockade-cli`.
 //! API boundary: yes; [`WasmTier`], [`WasmTierBuilder`], [`WasmError`], [`Fuel`],
@@ -72,6 +72,13 @@
 //! G10. With [`WasmTierBuilder::deterministic`], clocks and randomness replay: the same seed
 //!     gives the same `Math.random()` and `Date.now()`, another seed does not.
 //!     (pinned by: tests/it/javascript.rs::g10_*)
+//! G11. A workspace is granted only if, with symlinks resolved, it is a dedicated directory
+//!     (the protocol's rule every tier shares). A read-write one that holds a protected path
+//!     (`.git`, rc files, editor and agent settings: `stockade_protocol::PROTECTED_PATHS`)
+//!     is refused with [`WasmError::Unsupported`] naming them, since this tier cannot carve a
+//!     read-only path out of a writable preopen; in one that holds none, what the guest
+//!     creates under a protected name is removed after the run, and the report says so.
+//!     (pinned by: tests/it/authority.rs::g11_*)
 //!
 //! # Non-guarantees
 //! - Fuel bounds guest instructions, not time in host calls; the deadline covers both.
@@ -83,10 +90,8 @@
 //!   makes them reproducible.
 //! - The engine lives in the host process: a wasmtime bug is a host compromise. Pair this
 //!   tier with the process tier where that matters.
-//! - A read-write workspace has no protected-path overlay (the process tier keeps `.git`,
-//!   rc files and editor task files read-only; this tier cannot carve paths out of a
-//!   preopen): a guest granted one can plant a git hook there. Grant untrusted guests
-//!   read-only workspaces.
+//! - A read-write workspace cannot hold a protected path (G11); a protected path the guest
+//!   creates in one exists on the host until the run ends (see `stockade-hostfs`).
 //! - Running out of resource-table entries (the open-files limit) traps the guest instead
 //!   of returning `EMFILE`.
 //!

@@ -425,6 +425,7 @@ impl Inner {
                 });
             }
         }
+        let mut guard = None;
         if let Some(ws) = job.workspace() {
             let perms = match ws.access() {
                 Access::ReadOnly => FsPerms::ReadOnly,
@@ -435,6 +436,9 @@ impl Inner {
                 .map_err(|e| WasmError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
             stockade_protocol::check_dedicated(&path, &[])
                 .map_err(|e| WasmError::Misconfigured(format!("workspace {e}")))?;
+            if ws.access() == Access::ReadWrite {
+                guard = Some(protected_free(&path)?);
+            }
             if let Err(e) = wasi.preopened_dir(&path, WORKSPACE_GUEST_PATH, perms) {
                 return Ok(Report::new(
                     Status::failed_to_start(format!("cannot open workspace {}: {e:#}", ws.path().display())),
@@ -513,8 +517,44 @@ impl Inner {
         report.peak_memory_bytes = Some(peak);
         report.enforcement =
             enforcement(fuel, used, limits.wall(), memory, limits.stdout_bytes(), limits.stderr_bytes());
+        drop(store);
+        if let Some(g) = guard {
+            // The guest can no longer run: what it created where a protected path was absent
+            // goes now.
+            let swept = g.sweep().map_err(|e| {
+                WasmError::Internal(format!("removing what the guest planted in the workspace after the run: {e}"))
+            })?;
+            let mut detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
+            if !swept.is_empty() {
+                detail.push_str(&format!(
+                    "; removed after the run, created by the guest where a protected path was absent: {}",
+                    swept.join(" ")
+                ));
+            }
+            report.enforcement.push(Enforced::new(Mechanism::WasmWorkspace, detail));
+        }
         Ok(report)
     }
+}
+
+/// Inspects a read-write workspace for the wasm tier, which cannot keep a path read-only
+/// inside a writable WASI preopen (wasmtime-wasi opens the directory itself, with no filter
+/// below it): one that holds a protected path is refused, naming them; one that holds none
+/// is granted, and swept after the run.
+fn protected_free(path: &Path) -> Result<stockade_hostfs::Guarded, WasmError> {
+    let g = stockade_hostfs::Guarded::inspect(path).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
+    if g.present().is_empty() && g.pinned().is_empty() {
+        return Ok(g);
+    }
+    let held: Vec<&str> = g.pinned().iter().copied().chain(g.present().iter().map(String::as_str)).collect();
+    Err(WasmError::Unsupported {
+        mechanism: "protected paths in a read-write workspace".into(),
+        reason: format!(
+            "{} holds {}, which a writable WASI preopen cannot keep read-only; grant the workspace read-only, or use the process tier",
+            path.display(),
+            held.join(" ")
+        ),
+    })
 }
 
 /// The entry point's shape, if `name` is an exported function the tier can call.

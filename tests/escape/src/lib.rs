@@ -162,7 +162,7 @@ pub mod expect {
     const NO_PROCESSES: E = &[NotApplicable("WASI cannot create processes")];
     const NO_PROCESS_ACCESS: E = &[NotApplicable("WASI has no signals, ptrace or access to other processes")];
     const NO_PROTECTED_PATHS: E = &[NotApplicable(
-        "the wasm tier has no protected-path overlay: a read-write workspace is writable throughout (docs/threat-model.md)",
+        "the wasm tier refuses a read-write workspace that holds protected paths (this one holds .git and .bashrc): it cannot keep them read-only inside a writable preopen",
     )];
 
     pub const env_hostname: Spec = e(&[Denied], &[NotApplicable("WASI has no hostname call")], &[Denied], Run);
@@ -181,6 +181,12 @@ pub mod expect {
     pub const fs_symlink_out: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
     pub const fs_write_outside: Spec = e(&[Denied, Contained], &[Denied], &[Contained], Run);
     pub const fs_persist_protected: Spec = special(
+        &[Denied, Contained],
+        NO_PROTECTED_PATHS,
+        Setup::RwWorkspace,
+        "needs a read-write workspace with protected paths",
+    );
+    pub const fs_plant_absent: Spec = special(
         &[Denied, Contained],
         NO_PROTECTED_PATHS,
         Setup::RwWorkspace,

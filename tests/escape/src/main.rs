@@ -427,6 +427,26 @@ fn rw_workspace_changed(ws: &Path) -> Option<String> {
     {
         return Some("a git hook was planted or .git was swapped in the workspace".into());
     }
+    // Nothing created where a protected path was absent (`.envrc`, agent settings, git
+    // metadata): the tier's sweep removed it, or the guest could not make it.
+    let absent: Vec<&str> = stockade_protocol::PROTECTED_PATHS
+        .iter()
+        .copied()
+        .filter(|p| !matches!(*p, ".git/hooks" | ".git/config" | ".bashrc"))
+        .filter(|p| std::fs::symlink_metadata(ws.join(p)).is_ok())
+        .collect();
+    if !absent.is_empty() {
+        return Some(format!("protected paths were planted in the workspace: {}", absent.join(" ")));
+    }
+    // No set-user-ID or set-group-ID file that the invoking user owns (it would carry the
+    // user's rights to whoever runs it).
+    let me = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
+    for e in std::fs::read_dir(ws).into_iter().flatten().flatten() {
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+        if std::os::unix::fs::MetadataExt::mode(&m) & 0o6000 != 0 && std::os::unix::fs::MetadataExt::uid(&m) == me {
+            return Some(format!("a set-id file owned by the invoking user was planted: {}", e.path().display()));
+        }
+    }
     None
 }
 

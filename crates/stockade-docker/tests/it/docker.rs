@@ -385,7 +385,7 @@ fn g7_a_read_write_staged_workspace_comes_back_without_escaping() {
         let detail = stage_detail(&r);
         assert!(detail.contains("copied back:"), "{detail}");
         for why in [
-            ".git (protected path)",
+            ".git/config (protected path)",
             "passwd-link (not a regular file or directory)",
             "pipe (not a regular file or directory)",
             "out/pwned (a parent is a symlink or not a directory on the host)",
@@ -476,7 +476,9 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
     }
     let job = sh("echo result > out.txt && echo wrote; echo x >> .git/config || echo config-refused; \
                   touch .git/hooks/pre-commit || echo hook-refused; echo x >> .bashrc || echo rc-refused; \
-                  mv .git git-old || echo rename-refused; rm -f .bashrc; ls -a | tr '\\n' ' '")
+                  mv .git git-old || echo rename-refused; rm -f .bashrc; \
+                  echo evil > .envrc; mkdir -p .claude && echo '{}' > .claude/settings.json; \
+                  ls -a | tr '\\n' ' '")
     .with_workspace(&ws, Access::ReadWrite)
     .unwrap();
     let r = run(&tier, &job);
@@ -489,7 +491,15 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
     );
     assert!(out.contains(".bashrc") && out.contains(".git") && out.contains("out.txt"), "{out}");
     let detail = stage_detail(&r);
-    assert!(detail.contains("read-only inside it: .git .bashrc;"), "{detail}");
+    assert!(detail.contains("read-only inside the workspace: .git/hooks .git/config .bashrc;"), "{detail}");
+    // What the guest created where a protected path was absent is gone after the run.
+    let swept: Vec<&str> =
+        r.enforcement.iter().map(|e| e.detail.as_str()).filter(|d| d.starts_with("removed")).collect();
+    assert_eq!(
+        swept,
+        ["removed after the run, created by the guest where a protected path was absent: .envrc .claude"]
+    );
+    assert!(!ws.join(".envrc").exists() && !ws.join(".claude").exists());
     // The host checks its own files.
     assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
     assert_eq!(std::fs::read_to_string(ws.join(".bashrc")).unwrap(), "# rc\n");
@@ -502,7 +512,10 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
     std::fs::remove_file(ws.join(".bashrc")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", ws.join(".bashrc")).unwrap();
     let refused = rt().block_on(tier.run(&job));
-    assert!(matches!(refused, Err(DockerError::Spec(SpecError::Mount { .. }))), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(DockerError::Spec(SpecError::Protected(m))) if m.contains(".bashrc")),
+        "{refused:?}"
+    );
     assert_eq!(leftovers(), 0);
     let _ = std::fs::remove_dir_all(&ws);
 }

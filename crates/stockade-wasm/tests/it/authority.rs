@@ -98,3 +98,40 @@ fn g1_a_read_write_workspace_is_writable_but_symlinks_do_not_lead_out() {
     assert_eq!(std::fs::read(&secret).unwrap(), b"host secret");
     std::fs::remove_file(&secret).unwrap();
 }
+
+#[test]
+fn g11_protected_paths_in_a_read_write_workspace() {
+    let ws = tempdir("g11-rw");
+    let rw = |path: &str| {
+        let job = wat_job(&open_and_write(path, O_CREAT, RIGHT_WRITE), "_start")
+            .with_workspace(&ws, Access::ReadWrite)
+            .unwrap();
+        run(&job)
+    };
+    // None present: ordinary files stay, and a planted `.envrc` is gone after the run.
+    let r = rw("out.txt");
+    assert_eq!(errnos(&r), [0, 0]);
+    assert_eq!(std::fs::read(ws.join("out.txt")).unwrap(), b"pwned");
+    let r = rw(".envrc");
+    assert_eq!(errnos(&r), [0, 0], "the guest could not even create it");
+    assert!(!ws.join(".envrc").exists(), "the planted .envrc is still on the host");
+    let detail =
+        &r.enforcement.iter().find(|e| e.mechanism == stockade_protocol::Mechanism::WasmWorkspace).unwrap().detail;
+    assert!(detail.ends_with("where a protected path was absent: .envrc"), "{detail}");
+    // One present: the grant is refused before the guest runs, naming it.
+    std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    let job = wat_job(&open_and_write("after.txt", O_CREAT, RIGHT_WRITE), "_start")
+        .with_workspace(&ws, Access::ReadWrite)
+        .unwrap();
+    let err = crate::support::block_on(crate::support::tier().run(&job)).unwrap_err();
+    assert!(
+        matches!(&err, stockade_wasm::WasmError::Unsupported { reason, .. } if reason.contains("holds .git .git/hooks")),
+        "{err}"
+    );
+    assert!(!ws.join("after.txt").exists());
+    // Read-only, the same directory is fine.
+    let ro =
+        wat_job(&open_and_write("out.txt", 0, RIGHT_READ), "_start").with_workspace(&ws, Access::ReadOnly).unwrap();
+    assert_eq!(errnos(&run(&ro))[0], 0);
+    std::fs::remove_dir_all(&ws).unwrap();
+}
