@@ -46,6 +46,10 @@
 //!     its mode, what the program creates there belongs to the user, and no set-uid bit can
 //!     be planted in it.
 //!     (pinned by: tests/it/workspace.rs::g6_*)
+//! G7. After a `kill -9` of `stockade run`, the run's per-run cgroups (named after the
+//!     supervisor's pid and start time) are reported by `stockade doctor` and removed by the
+//!     next run or by `stockade gc`; a live supervisor's never are.
+//!     (pinned by: tests/it/cli.rs::g7_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection.
@@ -142,6 +146,12 @@ Exit codes: 0 answered; 3 no answer (turns, tool calls, tokens or time spent, or
 denied again and again); 4 the endpoint failed (unreachable after retries, credentials refused,
 a bad response); 125 stockade failed (configuration, policy, setup).")]
     Agent(Box<agent::AgentArgs>),
+    /// Remove what killed runs left behind: the process tier's per-run cgroups whose
+    /// supervisor is gone, and the docker tier's expired containers (when an engine answers).
+    #[command(
+        after_help = "Examples:\n  stockade gc\n  stockade doctor   # the `stale cgroups` row says whether there is anything to remove"
+    )]
+    Gc,
     /// Docker tier maintenance.
     #[command(subcommand)]
     Docker(DockerCommand),
@@ -308,6 +318,7 @@ pub fn main() -> ExitCode {
         Command::Agent(args) => agent::run(*args),
         Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => docker_gc(all).map(|()| ExitCode::SUCCESS),
+        Command::Gc => gc().map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(std::io::stderr(), "stockade: {e:#}");
@@ -597,6 +608,21 @@ fn docker_gc(all: bool) -> Result<()> {
     Ok(())
 }
 
+fn gc() -> Result<()> {
+    let removed = process::reap_stale_cgroups(None);
+    let left = process::stale_cgroups(None);
+    println!("removed {} stale cgroup(s) of killed supervisors", removed.len());
+    for dir in &left {
+        println!("could not remove {}", dir.display());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match rt.block_on(async { docker::DockerTier::connect().await?.gc(false).await }) {
+        Ok(n) => println!("removed {n} expired stockade container(s)"),
+        Err(e) => println!("docker: not checked ({e})"),
+    }
+    if left.is_empty() { Ok(()) } else { bail!("{} stale cgroup(s) could not be removed", left.len()) }
+}
+
 /// The opt-in Python guest: whether this build has it and whether it is installed.
 fn python_status() -> Result<String, String> {
     let path = wasm::guests::dir().map(|d| d.join(wasm::guests::PYTHON_DIR).join(wasm::guests::PYTHON_FILE));
@@ -610,6 +636,14 @@ fn python_status() -> Result<String, String> {
 }
 
 fn doctor(json: bool) -> Result<()> {
+    let stale = process::stale_cgroups(None);
+    let stale_detail = match stale.len() {
+        0 => "none left by killed supervisors".to_owned(),
+        n => format!(
+            "{n} left by killed supervisors (the next run removes them, or `stockade gc`): {}",
+            stale.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" ")
+        ),
+    };
     let p = process::probe();
     let docker = docker_status();
     let wasm_engine = wasm::WasmTier::new().map_err(|e| e.to_string()).map(|t| match t.cache_dir() {
@@ -628,6 +662,15 @@ fn doctor(json: bool) -> Result<()> {
             p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
+        ("stale cgroups", stale.is_empty(), stale_detail),
+        (
+            "unix sockets",
+            true,
+            format!(
+                "landlock abi {} cannot restrict connecting to a pathname socket (a later ABI can): sockets in a granted workspace are covered when the run starts",
+                p.landlock_abi
+            ),
+        ),
         ("docker tier", docker.is_ok(), docker.clone().unwrap_or_else(|e| e)),
         ("wasm tier", wasm_engine.is_ok(), wasm_engine.clone().unwrap_or_else(|e| e)),
         ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),

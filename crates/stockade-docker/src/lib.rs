@@ -328,6 +328,16 @@ impl DockerTier {
         if let (Some(g), Some(hc)) = (&guard, spec.body.host_config.as_mut()) {
             hc.binds.get_or_insert_with(Vec::new).extend(spec::protected_binds(g.root(), g.pinned(), g.present()));
         }
+        // A host daemon's unix socket in the bound workspace would be reachable from the
+        // container (a bind does not stop a connect): `/dev/null` covers each one.
+        let sockets = match job.workspace() {
+            Some(ws) => stockade_hostfs::sockets(ws.path(), stockade_hostfs::MAX_WALK_ENTRIES)
+                .map_err(|e| SpecError::Protected(e.to_string()))?,
+            None => Vec::new(),
+        };
+        if let Some(hc) = spec.body.host_config.as_mut() {
+            hc.binds.get_or_insert_with(Vec::new).extend(sockets.iter().map(|rel| spec::socket_cover_bind(rel)));
+        }
         let name = format!("stockade-{id}");
         let created = self
             .docker

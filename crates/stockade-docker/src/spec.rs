@@ -373,6 +373,13 @@ pub fn protected_binds(host: &Path, pinned: &[&str], present: &[String]) -> Vec<
     pins.chain(present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display()))).collect()
 }
 
+/// The bind that covers the unix socket at `rel` in the workspace with `/dev/null`, so that
+/// a connect to it is refused.
+#[must_use]
+pub fn socket_cover_bind(rel: &str) -> String {
+    format!("/dev/null:{WORKSPACE}/{rel}:ro")
+}
+
 /// The job with its workspace path resolved (symlinks followed), so that the dedicated-
 /// directory rule judges, and the engine binds, the real directory.
 pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecError> {

@@ -33,6 +33,9 @@
 //!     on the way to one (a planted `.git` symlink or gitfile); it never follows a symlink,
 //!     never touches a path outside the workspace, and never removes what was present.
 //!     (pinned by: tests/it/guard.rs::g2_*)
+//! G3. [`sockets`] finds every unix socket in a granted tree, however deep, without following
+//!     a symlink, and refuses a tree larger than its entry cap rather than guess.
+//!     (pinned by: tests/it/guard.rs::g3_*)
 //!
 //! # Non-guarantees
 //! Between the guest creating an absent protected path and the sweep, the path exists on the
@@ -41,7 +44,8 @@
 //! writable directory without a mount point, and a mount point would be an empty file left
 //! in the user's directory (sandbox-runtime's approach, whose users report those files).
 //! Only the workspace's top level is covered: a `.envrc` the guest creates in a subdirectory
-//! stays.
+//! stays. A unix socket a host daemon creates in the workspace after [`sockets`] ran is not
+//! covered.
 //!
 //! # Failure behaviour
 //! Every error is a [`HostFsError`] naming the path and the reason; a sweep that cannot
@@ -270,6 +274,53 @@ impl Guarded {
     fn io(&self, rel: &str, source: io::Error) -> HostFsError {
         HostFsError::Io { root: self.root.clone(), rel: rel.to_owned(), source }
     }
+}
+
+/// Most entries [`sockets`] walks before it gives up (and the grant is refused): a million.
+pub const MAX_WALK_ENTRIES: usize = 1_000_000;
+
+/// Every unix socket in the tree at `root` (relative paths), found by a walk that follows no
+/// symlink and stops with an error after `max_entries` entries. A tier covers each one in
+/// the guest's view, since landlock before its pathname-socket scope cannot stop a
+/// `connect` to a socket inside a granted directory, and a read-only bind does not either.
+pub fn sockets(root: &Path, max_entries: usize) -> Result<Vec<String>, HostFsError> {
+    use cap_std::fs::FileTypeExt;
+    let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())
+        .map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
+    let io = |rel: &str, source| HostFsError::Io { root: root.to_path_buf(), rel: rel.to_owned(), source };
+    let (mut found, mut seen) = (Vec::new(), 0usize);
+    let mut stack = vec![(dir, String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let at = if prefix.is_empty() { "." } else { prefix.as_str() };
+        for entry in dir.entries().map_err(|e| io(at, e))? {
+            let entry = entry.map_err(|e| io(at, e))?;
+            seen += 1;
+            if seen > max_entries {
+                return Err(io(
+                    at,
+                    io::Error::other(format!(
+                        "more than {max_entries} entries to check for unix sockets; grant a smaller directory"
+                    )),
+                ));
+            }
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let rel = if prefix.is_empty() { name.to_owned() } else { format!("{prefix}/{name}") };
+            let kind = entry.file_type().map_err(|e| io(&rel, e))?;
+            if kind.is_socket() {
+                found.push(rel);
+            } else if kind.is_dir() {
+                match entry.open_dir() {
+                    Ok(sub) => stack.push((sub, rel)),
+                    // A directory this user cannot enter is one the guest cannot enter either.
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
+                    Err(e) => return Err(io(&rel, e)),
+                }
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,11 +45,77 @@ fn own_v1_path(controller: &str) -> Option<PathBuf> {
     })
 }
 
+/// This process's start time (`/proc/self/stat` field 22, clock ticks since boot): with the
+/// pid, it names the owner of a cgroup in a way a recycled pid cannot fake.
+fn start_time(pid: &str) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the supervisor that named a cgroup `stockade-PID-START-N` is gone: no process
+/// PID, or one that started at another time (the pid was reused). Names of another form are
+/// not stockade's, and are never judged stale.
+fn owner_gone(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("stockade-") else { return false };
+    let parts: Vec<&str> = rest.split('-').collect();
+    if parts.is_empty() || !parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+        return false;
+    }
+    match parts.as_slice() {
+        [pid, start, _] => start_time(pid).is_none_or(|t| t.to_string() != *start),
+        // An earlier release named them `stockade-PID-N`: stale once that pid is gone.
+        [pid, _] => start_time(pid).is_none(),
+        _ => false,
+    }
+}
+
+/// The parent directories where this process creates per-run cgroups: the delegated v2
+/// directory, or its own v1 memory and pids cgroups.
+fn parents(v2_dir: Option<&Path>) -> Vec<PathBuf> {
+    match v2_dir {
+        Some(d) => vec![d.to_path_buf()],
+        None => ["memory", "pids"].iter().filter_map(|c| own_v1_path(c)).collect(),
+    }
+}
+
+/// Per-run cgroups whose supervisor is gone (it was SIGKILLed, so it could not remove them).
+pub(crate) fn stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for parent in parents(v2_dir) {
+        for e in fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            if e.path().is_dir() && name.to_str().is_some_and(owner_gone) {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Removes the stale per-run cgroups (killing anything left in them first) and returns the
+/// ones removed.
+pub(crate) fn reap_stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
+    let kind = if v2_dir.is_some() { Kind::V2 } else { Kind::V1 };
+    stale(v2_dir)
+        .into_iter()
+        .filter(|dir| {
+            let cg = Cgroup { kind, memory: dir.clone(), pids: dir.clone() };
+            cg.remove();
+            !dir.exists()
+        })
+        .collect()
+}
+
 impl Cgroup {
     /// Creates the run's cgroups with the given limits, or `None` if this host offers no
-    /// usable controllers to this process.
+    /// usable controllers to this process. (The supervisor reaps stale cgroups of dead
+    /// supervisors first, so a `kill -9` leaves them behind only until the next run; the
+    /// probe does not, so `stockade doctor` can report them.)
     pub(crate) fn create(v2_dir: Option<&Path>, memory_bytes: u64, processes: u64) -> Option<Self> {
-        let name = format!("stockade-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let start = start_time("self").unwrap_or(0);
+        let name = format!("stockade-{}-{start}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         if let Some(base) = v2_dir {
             let dir = base.join(&name);
             fs::create_dir(&dir).ok()?;

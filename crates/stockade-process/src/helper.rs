@@ -236,8 +236,11 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
         Err(ViewError::Path(e)) => return rep.fail("workspace", false, e),
         Err(ViewError::Mechanism(e)) => return rep.fail("mount", true, e),
     }
-    let protected =
+    let mut protected =
         if spec.protected_detail.is_empty() { String::new() } else { format!("; {}", spec.protected_detail) };
+    if !spec.sockets.is_empty() {
+        protected.push_str(&format!("; unix sockets covered: {}", spec.sockets.join(" ")));
+    }
     rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
     let guest = match process::fork() {
@@ -426,6 +429,18 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
                 if fs::symlink_metadata(&p).is_ok() {
                     bind(&p, &p, writable)?;
                 }
+            }
+        }
+        // A host daemon's unix socket in the workspace: landlock ABI 7 cannot stop a connect
+        // to it, and neither can a read-only bind, so `/dev/null` covers it (connect then
+        // fails with ECONNREFUSED). The supervisor found them; a socket made after that is
+        // not covered.
+        for rel in &spec.sockets {
+            let p = ws.join(rel);
+            if fs::symlink_metadata(&p).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+                ctx(mount::mount(&old.join("dev/null"), &p, "", libc::MS_BIND, ""), || {
+                    format!("covering the unix socket {rel} in the workspace")
+                })?;
             }
         }
     }

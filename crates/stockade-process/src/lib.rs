@@ -57,8 +57,10 @@
 //!
 //! # Guarantees
 //! G1. The guest sees only the view above: host files outside it (a home directory, `/root`,
-//!     `/etc/shadow`, host sockets) do not exist for it, system directories are read-only, and
-//!     writes land only in its private tmpfs or a read-write workspace.
+//!     `/etc/shadow`, host sockets) do not exist for it, a unix socket inside a granted
+//!     workspace (found when the run starts, at any depth) is covered with `/dev/null`,
+//!     system directories are read-only, and writes land only in its private tmpfs or a
+//!     read-write workspace.
 //!     (pinned by: tests/it/confinement.rs::g1_*)
 //! G2. The guest is never host uid 0 and holds no capabilities, and `no_new_privs` is set.
 //!     (pinned by: tests/it/confinement.rs::g2_*)
@@ -72,7 +74,9 @@
 //!     no descriptor but 0–2 reaches the guest.
 //!     (pinned by: tests/it/confinement.rs::g5_*)
 //! G6. At the deadline, on an output-budget breach, or when the supervisor dies, every process
-//!     of the run dies, including `setsid` daemons; the report says which limit ended it.
+//!     of the run dies, including `setsid` daemons; the report says which limit ended it. The
+//!     per-run cgroups a SIGKILLed supervisor leaves are named after its pid and start time,
+//!     listed by [`stale_cgroups`] and removed by the next run ([`reap_stale_cgroups`]).
 //!     (pinned by: tests/it/limits.rs::g6_*)
 //! G7. Memory, processes, CPU time, open files and file size are limited, and a memory bomb
 //!     is reported as out of memory where a cgroup is available.
@@ -128,8 +132,10 @@
 //! that does not exist in a read-write workspace can be created by the guest during the run
 //! and exists on the host until the run ends (blocking it would need a mount point, an
 //! empty file left in the user's directory); only the workspace's top level is covered. Landlock ABI 7 cannot
-//! restrict pathname unix sockets (ABI 9 can): the view simply does not contain host sockets,
-//! so a workspace that contains one exposes it. `RLIMIT_NPROC` (the fallback without a
+//! restrict pathname unix sockets (a later ABI can): the view does not contain host sockets,
+//! and those inside a workspace are covered when the run starts, so a socket a host daemon
+//! creates in the workspace during the run is reachable (sandbox-runtime blocks unix
+//! sockets with seccomp instead, which would also break the guest's own). `RLIMIT_NPROC` (the fallback without a
 //! cgroup) counts every process of the guest's host uid. Through the id-mapped workspace the
 //! guest acts as the owner of root's files there (that is the point: it can edit the
 //! project); files there owned by any other host uid (including `nobody` itself) map to no
@@ -442,6 +448,20 @@ pub struct Probe {
 #[must_use]
 pub fn probe() -> Probe {
     sys::probe::probe()
+}
+
+/// Per-run cgroups left behind by supervisors that are gone (a `kill -9` gives a supervisor
+/// no chance to remove them), under this process's own cgroups or `v2_dir`. Names carry the
+/// owner's pid and start time, so a live supervisor's cgroups are never listed.
+#[must_use]
+pub fn stale_cgroups(v2_dir: Option<&std::path::Path>) -> Vec<std::path::PathBuf> {
+    cgroup::stale(v2_dir)
+}
+
+/// Removes [`stale_cgroups`], killing anything still in them, and returns what it removed.
+/// Every run does this first; `stockade gc` does it on demand.
+pub fn reap_stale_cgroups(v2_dir: Option<&std::path::Path>) -> Vec<std::path::PathBuf> {
+    cgroup::reap_stale(v2_dir)
 }
 
 #[doc(hidden)]

@@ -34,6 +34,9 @@ pub(crate) struct Spec {
     pub(crate) protected: Vec<String>,
     #[serde(default)]
     pub(crate) protected_detail: String,
+    /// Unix sockets in the workspace (relative paths), each covered with `/dev/null`.
+    #[serde(default)]
+    pub(crate) sockets: Vec<String>,
     /// Host directory bound read-only at [`crate::GRANTS_GUEST_DIR`] (the broker's socket,
     /// its client and the data grants).
     pub(crate) grants_dir: Option<PathBuf>,

@@ -52,6 +52,11 @@ pub(crate) async fn run(
         }
         None => None,
     };
+    let sockets = match &workspace {
+        Some((path, _)) => stockade_hostfs::sockets(path, stockade_hostfs::MAX_WALK_ENTRIES)
+            .map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+        None => Vec::new(),
+    };
     let guard = match &workspace {
         Some((path, true)) => {
             Some(stockade_hostfs::Guarded::inspect(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?)
@@ -76,6 +81,7 @@ pub(crate) async fn run(
     }
     let processes = u64::from(limits.processes());
     let cgroup = if tier.cgroups {
+        let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
         Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
     } else {
         None
@@ -88,6 +94,7 @@ pub(crate) async fn run(
         pinned: guard.as_ref().map(|g| g.pinned().iter().map(|p| (*p).to_owned()).collect()).unwrap_or_default(),
         protected: guard.as_ref().map(|g| g.present().to_vec()).unwrap_or_default(),
         protected_detail: guard.as_ref().map(stockade_hostfs::Guarded::describe).unwrap_or_default(),
+        sockets,
         grants_dir: grants_dir.map(std::path::Path::to_path_buf),
         status_fd: -1,
         supervisor_pid: std::process::id() as i32,

@@ -236,6 +236,24 @@ enum LoadError {
     Host(WasmError),
 }
 
+/// One readable line: a parser's or linker's message can hold a pretty-printed `Debug`
+/// value (wasmparser's "expected=[\n    0x0,\n ...]"), which becomes one space per run of
+/// whitespace that contains a line break.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    if let Some(first) = lines.next() {
+        out.push_str(first);
+    }
+    for l in lines {
+        if !(out.ends_with('[') || l.starts_with(']')) {
+            out.push(' ');
+        }
+        out.push_str(l);
+    }
+    out
+}
+
 fn internal(e: impl std::fmt::Display) -> WasmError {
     WasmError::Internal(e.to_string())
 }
@@ -268,7 +286,7 @@ impl Inner {
         match self.ready(path, None).await {
             Ok(_) => Ok(()),
             Err(LoadError::Host(e)) => Err(e),
-            Err(LoadError::Guest(reason)) => Err(WasmError::Misconfigured(reason)),
+            Err(LoadError::Guest(reason)) => Err(WasmError::Misconfigured(one_line(&reason))),
         }
     }
 
@@ -279,7 +297,9 @@ impl Inner {
         let ready = match self.ready(module, Some(entry)).await {
             Ok(r) => r,
             Err(LoadError::Host(e)) => return Err(e),
-            Err(LoadError::Guest(reason)) => return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO)),
+            Err(LoadError::Guest(reason)) => {
+                return Ok(Report::new(Status::failed_to_start(one_line(&reason)), Duration::ZERO));
+            }
         };
         let Some(shape) = ready.entry else {
             let reason = format!(

@@ -257,3 +257,87 @@ fn g1_docker_tier_prints_only_verified_output() {
     let (code, _, err) = check(&["run", "--tier", "docker", "--image=-bad", "--", "true"]);
     assert_eq!(code, 125, "{err}");
 }
+
+/// Host pids whose command line contains `marker` (the host's view of `/proc`).
+fn host_pids_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn stale_row() -> serde_json::Value {
+    let (_, out, _) = check(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "stale cgroups").unwrap().clone()
+}
+
+#[test]
+fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
+    if !ready() {
+        return;
+    }
+    let (_, out, _) = check(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cgroups = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "cgroups").unwrap();
+    if cgroups["ok"] != true {
+        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "no cgroups: {cgroups}");
+        eprintln!("SKIPPED: no cgroups here: {cgroups}");
+        return;
+    }
+    // A user's `kill -9` of stockade mid-run: returns the stale cgroup directories doctor names.
+    let kill_mid_run = |marker: &str| -> Vec<String> {
+        let mut stockade = Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(["run", "--timeout", "60s", "--", "sleep", marker])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The guest itself, by its whole command line (stockade's own holds the same words).
+        let want = format!("sleep\0{marker}\0");
+        let guest = || {
+            host_pids_with(marker)
+                .into_iter()
+                .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want.as_bytes()))
+                .count()
+        };
+        let start = std::time::Instant::now();
+        while guest() == 0 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "the guest never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        stockade.kill().unwrap();
+        stockade.wait().unwrap();
+        let start = std::time::Instant::now();
+        while guest() != 0 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(5), "the run outlived its supervisor");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Its cgroup stayed, and doctor names it (the owner's pid is in its name).
+        let row = stale_row();
+        assert_eq!(row["ok"], false, "{row}");
+        let detail = row["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(&format!("stockade-{}-", stockade.id())), "pid {}: {detail}", stockade.id());
+        let dirs: Vec<String> =
+            detail.split(' ').filter(|w| w.starts_with("/sys/fs/cgroup/")).map(str::to_owned).collect();
+        assert!(!dirs.is_empty() && dirs.iter().all(|d| std::path::Path::new(d).is_dir()), "{detail}");
+        dirs
+    };
+    // `stockade gc` removes it, judged by the host's cgroupfs.
+    let dirs = kill_mid_run("1207.5151");
+    let (code, out, err) = check(&["gc"]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.starts_with("removed ") && !out.starts_with("removed 0 "), "{out}");
+    assert!(dirs.iter().all(|d| !std::path::Path::new(d).exists()), "{dirs:?} left after gc");
+    assert_eq!(stale_row()["ok"], true);
+    // So does the next run, on its own.
+    let dirs = kill_mid_run("1207.6262");
+    assert_eq!(check(&["run", "--", "true"]).0, 0);
+    assert!(dirs.iter().all(|d| !std::path::Path::new(d).exists()), "{dirs:?} left after the next run");
+    assert_eq!(stale_row()["ok"], true);
+}

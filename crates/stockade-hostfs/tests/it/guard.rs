@@ -138,3 +138,21 @@ fn g2_a_planted_git_redirect_is_removed() {
     assert!(!d.join(".git").exists());
     fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn g3_every_socket_is_found_and_the_walk_is_bounded() {
+    let d = dir("sockets");
+    fs::create_dir_all(d.join("a/b/c")).unwrap();
+    let _top = std::os::unix::net::UnixListener::bind(d.join("daemon.sock")).unwrap();
+    let _deep = std::os::unix::net::UnixListener::bind(d.join("a/b/c/deep.sock")).unwrap();
+    fs::write(d.join("a/file"), "x").unwrap();
+    // A symlink to a directory with a socket is not followed.
+    let other = dir("sockets-other");
+    let _outside = std::os::unix::net::UnixListener::bind(other.join("outside.sock")).unwrap();
+    symlink(&other, d.join("a/link")).unwrap();
+    assert_eq!(stockade_hostfs::sockets(&d, 100).unwrap(), ["a/b/c/deep.sock", "daemon.sock"]);
+    let e = stockade_hostfs::sockets(&d, 3).unwrap_err();
+    assert!(e.to_string().contains("more than 3 entries to check for unix sockets"), "{e}");
+    fs::remove_dir_all(&d).unwrap();
+    fs::remove_dir_all(&other).unwrap();
+}

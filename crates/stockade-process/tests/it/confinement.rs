@@ -705,3 +705,45 @@ fn g13_only_dedicated_directories_are_granted() {
     assert_eq!(stdout(&ok), "etc\n");
     let _ = std::fs::remove_dir_all(&link_dir);
 }
+
+#[test]
+fn g1_a_host_socket_inside_a_granted_workspace_is_covered() {
+    require!("g1_a_host_socket_inside_a_granted_workspace_is_covered");
+    let ws = host_dir("ws-socket");
+    std::fs::create_dir_all(ws.join("run/deeper")).unwrap();
+    std::fs::write(ws.join("run/notes.txt"), "readable").unwrap();
+    // A host daemon's socket, open to everyone, at two depths.
+    let listeners: Vec<UnixListener> = ["daemon.sock", "run/deeper/agent.sock"]
+        .iter()
+        .map(|p| {
+            let l = UnixListener::bind(ws.join(p)).unwrap();
+            std::fs::set_permissions(ws.join(p), std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+            l.set_nonblocking(true).unwrap();
+            l
+        })
+        .collect();
+    let body = r#"
+import socket
+def conn(p):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(p)
+    s.send(b"guest bytes")
+attempt("top", lambda: conn("/workspace/daemon.sock"))
+attempt("deep", lambda: conn("/workspace/run/deeper/agent.sock"))
+attempt("read", lambda: open("/workspace/run/notes.txt").read())
+"#;
+    for access in [Access::ReadOnly, Access::ReadWrite] {
+        let r = run(probe_py(body).with_workspace(&ws, access).unwrap());
+        let out = stdout(&r);
+        assert_eq!(line(&out, "top"), "ECONNREFUSED", "{access:?}: {out}");
+        assert_eq!(line(&out, "deep"), "ECONNREFUSED", "{access:?}: {out}");
+        assert_eq!(line(&out, "read"), "OK", "{access:?}: {out}");
+        let view = r.enforcement.iter().find(|e| e.mechanism == Mechanism::MountNamespace).unwrap();
+        assert!(view.detail.contains("unix sockets covered: daemon.sock run/deeper/agent.sock"), "{}", view.detail);
+    }
+    // Judged by the host: neither daemon got a connection.
+    for l in &listeners {
+        assert!(l.accept().is_err(), "a host daemon in the workspace was reached");
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}

@@ -41,6 +41,15 @@ fn g7_a_module_that_cannot_run_fails_to_start() {
     let garbage = dir.join("garbage.wasm");
     std::fs::write(&garbage, b"\0asm\x01\0\0\0garbage").unwrap();
     starts(&Job::wasm(&garbage, "_start", Vec::<String>::new()).unwrap(), "invalid module");
+    // A parser's message is one line (wasmparser pretty-prints the magic numbers it wanted).
+    let text = dir.join("text.wasm");
+    std::fs::write(&text, b"not wasm at all").unwrap();
+    starts(&Job::wasm(&text, "_start", Vec::<String>::new()).unwrap(), "magic header not detected");
+    let Status::FailedToStart { reason } = run(&Job::wasm(&text, "_start", Vec::<String>::new()).unwrap()).status
+    else {
+        unreachable!("checked above")
+    };
+    assert!(!reason.contains('\n') && reason.contains("expected=[0x0, 0x61, 0x73, 0x6d,]"), "{reason}");
     starts(&Job::wasm(dir.join("missing.wasm"), "_start", Vec::<String>::new()).unwrap(), "cannot read module");
     starts(&wat_job(r#"(module (func (export "_start")))"#, "main"), "no exported function `main`");
     starts(&wat_job(r#"(module (func (export "f") (param i32)))"#, "f"), "no exported function `f`");
