@@ -78,8 +78,12 @@
 //!     (pinned by: tests/it/docker.rs::g8_*)
 //!
 //! # Non-guarantees
-//! - Under runc the container shares the host kernel; seccomp is the engine's default
-//!   profile, which (on Docker 28 here) allows io_uring. Under runsc, guest processes are
+//! - Under runc the container shares the host kernel; seccomp is [`spec::SECCOMP_PROFILE`],
+//!   the process tier's policy (io_uring, clone3 and openat2 ENOSYS, namespace creation,
+//!   set-id modes and the rest EPERM; unknown calls EPERM, as in Docker's default, where the
+//!   process tier says ENOSYS), not the engine's default, which allows io_uring; `ioctl` is
+//!   not narrowed (a container has no terminal). runsc applies an OCI profile only when
+//!   configured with `--oci-seccomp`; its own sentry is the boundary there. Under runsc, guest processes are
 //!   bounded by the memory limit, not by the pids limit (which counts gVisor's host threads).
 //! - userns-remap is an engine setting: [`DockerTier::userns_remap`] and `stockade doctor`
 //!   report it, and [`DockerTier::require_userns_remap`] refuses an engine without it; by

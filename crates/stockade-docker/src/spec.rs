@@ -60,6 +60,22 @@ pub const LABEL_EXPIRES: &str = "stockade.expires";
 /// Grace added to a run's deadline before its container counts as an orphan.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
+/// The container's seccomp profile: the process tier's policy in the OCI format (the
+/// allowed calls, `clone`, `socket`, `personality` and the mode-setting calls narrowed by
+/// argument, `io_uring_*`, `clone3` and `openat2` ENOSYS, everything else EPERM), in place
+/// of the engine's default, which allows io_uring. A test of stockade-process keeps this copy
+/// equal to what that tier generates.
+pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
+
+/// [`SECCOMP_PROFILE`] without its whitespace, as it is sent to the engine.
+#[must_use]
+pub fn seccomp_profile() -> &'static str {
+    static COMPACT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        serde_json::from_str::<serde_json::Value>(SECCOMP_PROFILE).map(|v| v.to_string()).unwrap_or_default()
+    });
+    &COMPACT
+}
+
 /// Why a job cannot become a container.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -279,7 +295,7 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
         network_mode: Some("none".into()),
         readonly_rootfs: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into()]),
+        security_opt: Some(vec!["no-new-privileges".into(), format!("seccomp={}", seccomp_profile())]),
         privileged: Some(false),
         memory: Some(memory),
         memory_swap: Some(memory),

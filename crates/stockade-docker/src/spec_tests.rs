@@ -59,6 +59,10 @@ fn g2_the_create_body_snapshot() {
         .unwrap();
     let spec = spec::spec(&job, &Hardening::default(), "run-1", 1_700_000_000).unwrap();
     let mut value = serde_json::to_value(&spec.body).unwrap();
+    // The profile is the process tier's policy, pinned by that tier's own snapshot.
+    let opt = &mut value["HostConfig"]["SecurityOpt"][1];
+    assert_eq!(opt.as_str().unwrap(), format!("seccomp={}", spec::seccomp_profile()));
+    *opt = serde_json::Value::String("seccomp=<SECCOMP_PROFILE, compacted>".into());
     sort(&mut value);
     let got = serde_json::to_string_pretty(&value).unwrap() + "\n";
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/create_body.json");
@@ -77,7 +81,11 @@ fn g2_hardening_defaults_hold_for_any_job() {
     assert_eq!(h.network_mode.as_deref(), Some("none"));
     assert_eq!(h.readonly_rootfs, Some(true));
     assert_eq!(h.cap_drop.as_deref(), Some(&["ALL".to_owned()][..]));
-    assert_eq!(h.security_opt.as_deref(), Some(&["no-new-privileges".to_owned()][..]));
+    let opts = h.security_opt.as_deref().unwrap();
+    assert_eq!(opts[0], "no-new-privileges");
+    let profile: serde_json::Value = serde_json::from_str(opts[1].strip_prefix("seccomp=").unwrap()).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+    assert_eq!(opts.len(), 2);
     assert_eq!(h.privileged, Some(false));
     assert_eq!(h.auto_remove, Some(false));
     assert_eq!(h.memory, h.memory_swap);

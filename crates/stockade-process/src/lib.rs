@@ -464,6 +464,14 @@ pub fn reap_stale_cgroups(v2_dir: Option<&std::path::Path>) -> Vec<std::path::Pa
     cgroup::reap_stale(v2_dir)
 }
 
+/// The tier's seccomp policy as an OCI runtime seccomp profile (the format of Docker's
+/// `--security-opt seccomp=`), so that a container engine can refuse what this tier
+/// refuses; a test of this crate keeps the docker tier's copy (`stockade-docker/src/seccomp.json`) current.
+#[must_use]
+pub fn seccomp_oci_profile() -> serde_json::Value {
+    confine::oci_profile()
+}
+
 #[doc(hidden)]
 /// The seccomp policy as text, for review and snapshot tests.
 #[must_use]

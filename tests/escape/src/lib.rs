@@ -200,7 +200,7 @@ pub mod expect {
     );
     pub const kernel_bpf: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_clone3: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
-    pub const kernel_io_uring: Spec = e(&[Denied], NO_SYSCALLS, &[Contained], Run);
+    pub const kernel_io_uring: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_keyctl: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_mount: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_open_by_handle: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
@@ -209,7 +209,7 @@ pub mod expect {
     pub const kernel_tiocsti: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_userfaultfd: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_userns: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
-    pub const kernel_second_thread: Spec = e(&[Denied], NO_SYSCALLS, &[Contained], Run);
+    pub const kernel_second_thread: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const fs_truncate_readonly: Spec = e(&[Denied], &[Denied], &[Denied], Run);
     pub const proc_pipe_grandchild: Spec = e(&[Contained], NO_PROCESSES, &[Contained], Run);
     pub const mem_core_dump: Spec = e(

@@ -110,6 +110,9 @@ fn g2_every_default_takes_effect_inside() {
         cp /bin/busybox /tmp/bb && (/tmp/bb true 2>/dev/null && echo "tmp exec" || echo "tmp noexec")
         echo "nofile $(ulimit -n)"
         echo "pids $(cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max)"
+        chmod 4755 /tmp/f 2>/dev/null && echo "setuid allowed" || echo "setuid refused"
+        chmod 755 /tmp/f && echo "chmod allowed"
+        unshare -U true 2>/dev/null && echo "unshare allowed" || echo "unshare refused"
     "#;
     let job = sh(script).with_limits(Limits::new().with_processes(32).unwrap().with_open_files(128).unwrap());
     let report = run(&tier, &job);
@@ -123,6 +126,13 @@ fn g2_every_default_takes_effect_inside() {
     assert!(out.contains("NoNewPrivs: 1"), "{out}");
     assert!(out.contains("root read-only") && out.contains("tmp writable") && out.contains("tmp noexec"), "{out}");
     assert!(out.contains("nofile 128") && out.contains("pids 32"), "{out}");
+    // The process tier's seccomp policy: a set-id mode and namespace creation refused, an
+    // ordinary chmod allowed; `Seccomp: 2` is a filter in force.
+    assert!(out.contains("Seccomp: 2"), "{out}");
+    assert!(
+        out.contains("setuid refused") && out.contains("chmod allowed") && out.contains("unshare refused"),
+        "{out}"
+    );
     assert_eq!(leftovers(), 0);
 }
 

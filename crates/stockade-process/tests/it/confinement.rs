@@ -295,6 +295,38 @@ fn g4_seccomp_policy_is_the_reviewed_one() {
     assert_eq!(got, want, "the seccomp policy changed; review it and bless with UPDATE_EXPECT=1");
 }
 
+/// The docker tier applies this tier's policy as its seccomp profile: its checked-in copy
+/// must be what this tier generates (bless with UPDATE_EXPECT=1 after reviewing the change).
+#[test]
+fn g4_the_docker_tiers_copy_of_the_policy_is_current() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../stockade-docker/src/seccomp.json");
+    let got = serde_json::to_string_pretty(&stockade_process::seccomp_oci_profile()).unwrap() + "\n";
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(got == want, "{path} is stale: the seccomp policy changed; bless with UPDATE_EXPECT=1");
+    let v: serde_json::Value = serde_json::from_str(&want).unwrap();
+    let names = |action: &str| -> Vec<String> {
+        v["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["action"] == action && r["args"].as_array().is_none_or(Vec::is_empty))
+            .flat_map(|r| r["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()))
+            .collect()
+    };
+    // io_uring is ENOSYS, as in this tier; nothing namespace- or mount-shaped is allowed
+    // unconditionally, and the mode-setting calls only without set-id bits.
+    assert!(names("SCMP_ACT_ERRNO").iter().any(|n| n == "io_uring_setup"));
+    let plain = names("SCMP_ACT_ALLOW");
+    for n in ["clone", "clone3", "unshare", "mount", "ptrace", "bpf", "io_uring_setup", "chmod", "openat", "socket"] {
+        assert!(!plain.iter().any(|p| p == n), "{n} is allowed unconditionally");
+    }
+    assert_eq!(v["defaultAction"], "SCMP_ACT_ERRNO");
+}
+
 #[test]
 fn g4_host_processes_cannot_be_signalled_or_seen() {
     require!("g4_host_processes_cannot_be_signalled_or_seen");
