@@ -162,60 +162,89 @@ impl ModelProxy {
             Ok(b) => b.to_bytes(),
             Err(_) => {
                 let msg = format!("the request body is over {MAX_PROXY_BODY} bytes, or was cut short");
-                return (
-                    error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", &msg),
-                    Some((GrantOutcome::Refused, "model-body")),
-                );
+                return Refused::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    msg,
+                    GrantOutcome::Refused,
+                    "model-body",
+                )
+                .handled();
             }
         };
-        let mut request = match ChatRequest::parse(&body) {
+        let (request, stream) = match self.prepare(&body, run) {
             Ok(r) => r,
-            Err(e) => {
-                let r = error(StatusCode::BAD_REQUEST, "invalid_request_error", &e.to_string());
-                return (r, Some((GrantOutcome::Denied, "model-validator")));
-            }
+            Err(r) => return r.handled(),
         };
-        if !request.model.is_empty() && request.model != self.endpoint.model() {
-            let msg = format!("this run may use the model {:?} only", self.endpoint.model());
-            return (
-                error(StatusCode::FORBIDDEN, "model_not_allowed", &msg),
-                Some((GrantOutcome::Denied, "model-allowlist")),
-            );
-        }
-        request.model = self.endpoint.model().to_owned();
-        if run.tokens() >= self.max_tokens {
-            let msg = format!("this run's {} tokens are spent", self.max_tokens);
-            let r = error(StatusCode::TOO_MANY_REQUESTS, "tokens_spent", &msg);
-            return (r, Some((GrantOutcome::Refused, "model-token-budget")));
-        }
-        let stream = request.stream == Some(true);
-        request.stream = None;
-        request.stream_options = None;
         let deadline = Instant::now() + self.request_timeout;
         if stream {
             return (self.relay(request, deadline, run.clone()), None);
         }
-        let exchange = match self.endpoint.complete(&request, deadline, None, 0).await {
-            Ok(x) => x,
-            Err(e) => {
-                let msg = self.scrub(&e.to_string());
-                return (
-                    error(StatusCode::BAD_GATEWAY, "upstream_error", &msg),
-                    Some((GrantOutcome::Failed, "model-upstream")),
-                );
+        match self.once(&request, deadline, run).await {
+            Ok(text) => {
+                let response = Response::builder()
+                    .status(StatusCode::OK)
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(whole(text))
+                    .unwrap_or_else(|_| Response::new(whole(Bytes::new())));
+                (response, Some((GrantOutcome::Ok, "model")))
             }
-        };
+            Err(r) => r.handled(),
+        }
+    }
+
+    /// Validates a chat request's body for this run: the strict validator, the configured
+    /// model only, the run's token budget. Returns the request to send and whether the
+    /// guest asked for a stream.
+    fn prepare(&self, body: &[u8], run: &ModelRun) -> Result<(ChatRequest, bool), Refused> {
+        let mut request = ChatRequest::parse(body).map_err(|e| {
+            Refused::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                e.to_string(),
+                GrantOutcome::Denied,
+                "model-validator",
+            )
+        })?;
+        if !request.model.is_empty() && request.model != self.endpoint.model() {
+            let msg = format!("this run may use the model {:?} only", self.endpoint.model());
+            return Err(Refused::new(
+                StatusCode::FORBIDDEN,
+                "model_not_allowed",
+                msg,
+                GrantOutcome::Denied,
+                "model-allowlist",
+            ));
+        }
+        request.model = self.endpoint.model().to_owned();
+        if run.tokens() >= self.max_tokens {
+            let msg = format!("this run's {} tokens are spent", self.max_tokens);
+            return Err(Refused::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "tokens_spent",
+                msg,
+                GrantOutcome::Refused,
+                "model-token-budget",
+            ));
+        }
+        let stream = request.stream == Some(true);
+        request.stream = None;
+        request.stream_options = None;
+        Ok((request, stream))
+    }
+
+    /// Sends a validated request upstream once and returns the rebuilt response's JSON,
+    /// with the real key scrubbed.
+    async fn once(&self, request: &ChatRequest, deadline: Instant, run: &ModelRun) -> Result<String, Refused> {
+        let exchange = self.endpoint.complete(request, deadline, None, 0).await.map_err(|e| {
+            let msg = self.scrub(&e.to_string());
+            Refused::new(StatusCode::BAD_GATEWAY, "upstream_error", msg, GrantOutcome::Failed, "model-upstream")
+        })?;
         let c = &exchange.completion;
         if let Some(u) = &c.usage {
             run.add_tokens(u.total_tokens);
         }
-        let text = self.scrub(&rebuilt(c, self.endpoint.model()).to_string());
-        let response = Response::builder()
-            .status(StatusCode::OK)
-            .header(CONTENT_TYPE, "application/json")
-            .body(whole(text))
-            .unwrap_or_else(|_| Response::new(whole(Bytes::new())));
-        (response, Some((GrantOutcome::Ok, "model")))
+        Ok(self.scrub(&rebuilt(c, self.endpoint.model()).to_string()))
     }
 
     /// Streams the upstream's answer to the guest as it arrives (see the module docs); the
@@ -275,6 +304,26 @@ impl ModelProxy {
             .header(CONTENT_TYPE, "text/event-stream")
             .body(ChannelBody(rx).boxed())
             .unwrap_or_else(|_| Response::new(whole(Bytes::new())))
+    }
+}
+
+/// Why a request got no completion: the HTTP answer a socket request gets, and what the
+/// run's report records.
+struct Refused {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    outcome: GrantOutcome,
+    rule: &'static str,
+}
+
+impl Refused {
+    fn new(status: StatusCode, kind: &'static str, message: String, outcome: GrantOutcome, rule: &'static str) -> Self {
+        Self { status, kind, message, outcome, rule }
+    }
+
+    fn handled(self) -> Handled {
+        (error(self.status, self.kind, &self.message), Some((self.outcome, self.rule)))
     }
 }
 
@@ -344,6 +393,25 @@ fn rebuilt(c: &Completion, model: &str) -> Value {
 }
 
 impl ModelService for ModelProxy {
+    /// A call to the grant `model` (the wasm tier's `model({...})`): the same checks as a
+    /// socket request but the placeholder key (an in-process call carries none), no stream.
+    fn complete(&self, request: Value, run: ModelRun) -> stockade_runtime::ModelCall {
+        let proxy = self.clone();
+        Box::pin(async move {
+            let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+            if body.len() > MAX_PROXY_BODY {
+                return Err(format!("the request is over {MAX_PROXY_BODY} bytes"));
+            }
+            let (request, stream) = proxy.prepare(&body, &run).map_err(|r| format!("{}: {}", r.kind, r.message))?;
+            if stream {
+                return Err("invalid_request_error: a call answers once; stream is not available".to_owned());
+            }
+            let deadline = Instant::now() + proxy.request_timeout;
+            let text = proxy.once(&request, deadline, &run).await.map_err(|r| format!("{}: {}", r.kind, r.message))?;
+            serde_json::from_str(&text).map_err(|e| e.to_string())
+        })
+    }
+
     fn serve(
         &self,
         conn: stockade_runtime::ModelConn,

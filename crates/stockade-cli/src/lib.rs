@@ -30,7 +30,10 @@
 //! G4. `stockade run --grant-data/--grant-tool` gives the guest exactly the named grants in
 //!     every tier (files and `stockade-call` in the process and docker tiers, globals in
 //!     JavaScript); a granted tool runs on the host only when `--grant-policy` allows the
-//!     call, and `--grant-strict` refuses a run with a denied call (exit 116).
+//!     call, and `--grant-strict` refuses a run with a denied call (exit 116); `--grant-model`
+//!     reaches the configured endpoint through the broker only (the real key never inside):
+//!     on a unix socket and, in the process tier, at `$OPENAI_BASE_URL`, and in every tier as
+//!     the call `model` (JavaScript's `model({...})`).
 //!     (pinned by: tests/it/grants.rs::g4_*)
 //! G5. `stockade run` streams its stdin to the program when it is not a terminal (or
 //!     `--stdin FILE`; `--no-stdin` gives `/dev/null`), holding one buffer at a time, and
@@ -276,11 +279,12 @@ struct RunArgs {
     /// Refuse the run (exit 116) if the broker denied any grant call.
     #[arg(long)]
     grant_strict: bool,
-    /// Grant a model (process and docker tiers): the guest speaks OpenAI-compatible HTTP to
-    /// `$STOCKADE_MODEL_SOCKET` (and, in the process tier, to `$OPENAI_BASE_URL` on the run's
-    /// own loopback) with a per-run placeholder in `$OPENAI_API_KEY`; the broker
-    /// validates each request, rebuilds it, and sends it to --base-url with the real key
-    /// from --api-key-env, which never enters the sandbox.
+    /// Grant a model: the guest speaks OpenAI-compatible HTTP to `$STOCKADE_MODEL_SOCKET`
+    /// (and, in the process tier, to `$OPENAI_BASE_URL` on the run's own loopback) with a
+    /// per-run placeholder in `$OPENAI_API_KEY`, or calls `model({...})` in JavaScript
+    /// (`stockade-call model JSON` from a shell); the broker validates each request,
+    /// rebuilds it, and sends it to --base-url with the real key from --api-key-env, which
+    /// never enters the sandbox.
     #[arg(long, requires_all = ["base_url", "model"])]
     grant_model: bool,
     /// The upstream of --grant-model (e.g. http://127.0.0.1:8080/v1).
@@ -623,6 +627,23 @@ fn gc() -> Result<()> {
     if left.is_empty() { Ok(()) } else { bail!("{} stale cgroup(s) could not be removed", left.len()) }
 }
 
+/// Whether a run's grants broker can listen where the runtime puts it (a fresh directory
+/// under the temporary directory, with a unix socket), and how each tier reaches a model.
+fn broker_status() -> Result<String, String> {
+    let parent = std::env::temp_dir();
+    let dir = parent.join(format!("stockade-doctor-{}", std::process::id()));
+    let tried =
+        std::fs::create_dir(&dir).and_then(|()| std::os::unix::net::UnixListener::bind(dir.join("grants.sock")));
+    let _ = std::fs::remove_dir_all(&dir);
+    match tried {
+        Ok(_) => Ok(format!(
+            "grants directories under {}; a model grant answers on model.sock and OPENAI_BASE_URL (process), model.sock (docker), model() (wasm)",
+            parent.display()
+        )),
+        Err(e) => Err(format!("cannot listen on a unix socket under {}: {e}", parent.display())),
+    }
+}
+
 /// The opt-in Python guest: whether this build has it and whether it is installed.
 fn python_status() -> Result<String, String> {
     let path = wasm::guests::dir().map(|d| d.join(wasm::guests::PYTHON_DIR).join(wasm::guests::PYTHON_FILE));
@@ -645,6 +666,7 @@ fn doctor(json: bool) -> Result<()> {
         ),
     };
     let p = process::probe();
+    let broker = broker_status();
     let docker = docker_status();
     let wasm_engine = wasm::WasmTier::new().map_err(|e| e.to_string()).map(|t| match t.cache_dir() {
         Some(dir) => format!("wasmtime 48 engine ready; compiled modules cached in {}", dir.display()),
@@ -663,6 +685,7 @@ fn doctor(json: bool) -> Result<()> {
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
         ("stale cgroups", stale.is_empty(), stale_detail),
+        ("grants broker", broker.is_ok(), broker.clone().unwrap_or_else(|e| e)),
         (
             "unix sockets",
             true,

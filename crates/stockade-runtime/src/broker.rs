@@ -22,7 +22,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::grants::Grants;
+use crate::grants::{Grants, ModelRun};
 
 /// The guest client, built by the build script (empty where no static C toolchain exists).
 const CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stockade-call"));
@@ -50,6 +50,9 @@ pub(crate) struct Session {
     slots: Semaphore,
     closed: AtomicBool,
     ended: watch::Sender<Option<String>>,
+    /// The model grant's placeholder and token count (set by the broker), from which a call
+    /// to [`crate::MODEL_GRANT`] builds its [`ModelRun`].
+    model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>)>,
 }
 
 fn reply(id: u64, body: ReplyBody) -> Vec<u8> {
@@ -72,7 +75,13 @@ impl Session {
             slots,
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
+            model: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The model grant's per-run state, shared with the broker's [`ModelRun`].
+    pub(crate) fn set_model(&self, placeholder: Arc<str>, tokens: Arc<std::sync::atomic::AtomicU64>) {
+        let _ = self.model.set((placeholder, tokens));
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,7 +168,7 @@ impl Session {
 
     /// Handles one call frame's payload and returns the reply's payload, or ends the
     /// session (`Err`) when the payload breaks the protocol or the run's call bound.
-    pub(crate) async fn handle(&self, payload: &[u8]) -> Result<Vec<u8>, Ended> {
+    pub(crate) async fn handle(self: &Arc<Self>, payload: &[u8]) -> Result<Vec<u8>, Ended> {
         let t0 = Instant::now();
         if let Some(reason) = self.ended_reason() {
             return Err(Ended(reason));
@@ -198,9 +207,21 @@ impl Session {
         Ok(out)
     }
 
-    async fn dispatch(&self, name: &str, args: Value) -> (GrantOutcome, String, ReplyBody) {
+    async fn dispatch(self: &Arc<Self>, name: &str, args: Value) -> (GrantOutcome, String, ReplyBody) {
         if name == LIST_GRANT {
             return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(self.grants.manifest()));
+        }
+        if let (crate::MODEL_GRANT, Some(service), Some((placeholder, tokens))) =
+            (name, &self.grants.model, self.model.get())
+        {
+            // The model grant as a call: the same service, validation and token budget as
+            // its socket, bounded by the run's concurrency and recorded here.
+            let run = ModelRun { placeholder: placeholder.clone(), session: self.clone(), tokens: tokens.clone() };
+            let _slot = self.slots.acquire().await;
+            return match service.complete(args, run).await {
+                Ok(v) => (GrantOutcome::Ok, "model-call".into(), ReplyBody::Result(v)),
+                Err(message) => (GrantOutcome::Failed, "model-call".into(), error("failed", message)),
+            };
         }
         if let Some(value) = self.grants.data.get(name) {
             return (GrantOutcome::Ok, "data-grant".into(), ReplyBody::Result(value.clone()));
@@ -415,7 +436,7 @@ where
     conns.abort_all();
 }
 
-async fn connection(mut stream: UnixStream, session: &Session, codec: FrameCodec) {
+async fn connection(mut stream: UnixStream, session: &Arc<Session>, codec: FrameCodec) {
     let mut ended = session.watch_end();
     let reply_codec = FrameCodec::new(session.grants.limits.max_reply_bytes.max(1 << 10));
     loop {

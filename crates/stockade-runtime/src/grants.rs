@@ -190,7 +190,26 @@ pub trait ModelService: Send + Sync {
     /// Serves one connection of the run `run` until it closes or the future is dropped
     /// (when the run ends).
     fn serve(&self, conn: ModelConn, run: ModelRun) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    /// Answers one chat completion asked for as a call to the grant [`MODEL_GRANT`] (the
+    /// wasm tier's `model({...})` global, or `stockade-call model '{...}'`): the request's
+    /// JSON body in (an OpenAI chat completions request, not streamed), the response's JSON
+    /// out, or why not. The broker has already counted and bounded the call and records its
+    /// outcome, so the service must not call [`ModelRun::begin`] or [`ModelRun::record`];
+    /// the same validation, upstream and token budget as `serve` apply. The default refuses:
+    /// a service that speaks only HTTP.
+    fn complete(&self, request: serde_json::Value, run: ModelRun) -> ModelCall {
+        let _ = (request, run);
+        Box::pin(async { Err("this model service answers only on its socket".to_owned()) })
+    }
 }
+
+/// The name under which a model grant also answers calls (see [`ModelService::complete`]);
+/// no function grant may take it while a model is granted.
+pub const MODEL_GRANT: &str = "model";
+
+/// The answer of [`ModelService::complete`].
+pub type ModelCall = Pin<Box<dyn Future<Output = Result<serde_json::Value, String>> + Send>>;
 
 /// A byte stream a guest opened to its model grant.
 pub trait ModelStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
@@ -374,11 +393,18 @@ impl Grants {
     /// What [`LIST_GRANT`] answers: the data and each function's name, positional
     /// parameters and schema.
     pub(crate) fn manifest(&self) -> Value {
-        let functions: Vec<Value> = self
+        let mut functions: Vec<Value> = self
             .functions
             .values()
             .map(|f| serde_json::json!({"name": f.name(), "params": f.params, "schema": f.schema}))
             .collect();
+        if self.model.is_some() {
+            functions.push(serde_json::json!({
+                "name": MODEL_GRANT,
+                "params": ["request"],
+                "schema": {"type": "object", "description": "an OpenAI chat completions request; answers with the response"},
+            }));
+        }
         serde_json::json!({ "data": self.data, "functions": functions })
     }
 }

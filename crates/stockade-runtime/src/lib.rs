@@ -32,8 +32,7 @@
 //! | wasm | the `host.call` import, in process (see `stockade_wasm::HostCalls`) | JavaScript globals |
 //!
 //! A model grant ([`Grants::model`], a [`ModelService`] such as `stockade_agent::ModelProxy`)
-//! adds `model.sock` beside `grants.sock` (process and docker tiers; the wasm tier refuses
-//! it): OpenAI-compatible HTTP/1.1, reached with `curl --unix-socket "$STOCKADE_MODEL_SOCKET"`
+//! adds `model.sock` beside `grants.sock` (process and docker tiers): OpenAI-compatible HTTP/1.1, reached with `curl --unix-socket "$STOCKADE_MODEL_SOCKET"`
 //! or Python's `http.client` over a unix socket, with `$OPENAI_API_KEY` set to a random
 //! per-run placeholder; the real key stays with the service. In the process tier the same
 //! service also answers at `$OPENAI_BASE_URL` (`http://127.0.0.1:8765/v1`), for clients that
@@ -43,7 +42,10 @@
 //! sandbox relays anything; landlock lets the guest connect to that port only (see
 //! [`Broker::model_loopback`]). The docker tier sets no `OPENAI_BASE_URL` (its guest has
 //! `model.sock` only): a listener in a container's network namespace needs `setns` into it
-//! before the guest starts, which one-shot containers do not leave time for.
+//! before the guest starts, which one-shot containers do not leave time for. In every tier,
+//! and the only way in the wasm tier (which has no sockets), the model also answers calls
+//! to the grant `model` (G9): JavaScript's `model({messages: [...]})` returns the response
+//! object, and `stockade-call model '{...}'` prints it.
 //!
 //! `$STOCKADE_BROKER` names the socket and `$STOCKADE_GRANTS` the directory; its
 //! `bin/stockade-call NAME JSON` (a static client, on the guest's `PATH` unless the job sets
@@ -99,8 +101,15 @@
 //!     names the broker.
 //!     (pinned by: tests/it/grants.rs::g7_*)
 //! G8. A tier that cannot carry grants fails closed with [`TierError::Unsupported`]
-//!     (`grants`); the wasm tier refuses grants to its Python guest, and a model grant.
+//!     (`grants`); the wasm tier refuses grants to its Python guest.
 //!     (pinned by: tests/it/grants.rs::g8_*)
+//! G9. A model grant also answers calls to the grant [`MODEL_GRANT`] (`model`) in every
+//!     tier: the wasm tier's JavaScript `model({...})` global (the manifest lists it), and
+//!     `stockade-call model '{...}'` in the others. Each call is counted and bounded like
+//!     any other, served by [`ModelService::complete`] with the run's own [`ModelRun`] (one
+//!     token budget with the sockets), and recorded as `model-call`; a service that speaks
+//!     only HTTP refuses it, and no function grant may take the name.
+//!     (pinned by: tests/it/grants.rs::g9_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -145,7 +154,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 pub use grants::{
     FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
-    ModelConn, ModelRun, ModelService, ModelStream,
+    MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
 };
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
@@ -286,7 +295,13 @@ impl Broker {
         let placeholder = broker::random_hex(24).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
         let session = broker::Session::new(grants.clone());
         let placeholder = Arc::from(format!("sk-stockade-{placeholder}"));
+        if grants.model.is_some() && grants.functions.contains_key(MODEL_GRANT) {
+            return Err(TierError::Misconfigured(format!(
+                "a function grant is named {MODEL_GRANT:?}, which the model grant answers to: rename it"
+            )));
+        }
         let model_run = ModelRun { placeholder, session: session.clone(), tokens: Arc::default() };
+        session.set_model(model_run.placeholder.clone(), model_run.tokens.clone());
         Ok(Self {
             session,
             grants,
@@ -412,7 +427,7 @@ impl BrokerCaller {
         Self::call_session(&self.0, payload).await
     }
 
-    async fn call_session(session: &broker::Session, payload: &[u8]) -> Result<Vec<u8>, String> {
+    async fn call_session(session: &Arc<broker::Session>, payload: &[u8]) -> Result<Vec<u8>, String> {
         session.handle(payload).await.map_err(|e| e.0)
     }
 }
@@ -474,12 +489,6 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
-        if broker.grants.model.is_some() {
-            return Err(TierError::Unsupported {
-                mechanism: "model grant".into(),
-                reason: "the wasm tier has no socket to serve a model on; use the process or docker tier".into(),
-            });
-        }
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
         stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(wasm_error)
     }

@@ -225,7 +225,9 @@ pub mod expect {
     pub const grant_key_search: Spec = grants(&[Denied], &[Denied], &[Denied]);
     pub const grant_model: Spec = grants(
         &[Denied],
-        &[NotApplicable("the wasm tier refuses a model grant: it has no socket to serve one on")],
+        &[NotApplicable(
+            "the wasm guest reaches a model grant only as the call model({...}), through the same validator (stockade-cli's grants tests); WASI has no socket to attack",
+        )],
         &[Denied],
     );
     pub const grant_lying_length: Spec = grants(&[Denied], &[Denied], &[Denied]);

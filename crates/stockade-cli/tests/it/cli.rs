@@ -285,7 +285,11 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     }
     let (_, out, _) = check(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let cgroups = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "cgroups").unwrap();
+    let row = |name: &str| v["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
+    // Doctor also says where a run's broker listens, and what a socket in a workspace meets.
+    assert_eq!(row("grants broker")["ok"], true, "{}", row("grants broker"));
+    assert!(row("unix sockets")["detail"].as_str().unwrap().contains("covered when the run starts"));
+    let cgroups = &row("cgroups");
     if cgroups["ok"] != true {
         assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "no cgroups: {cgroups}");
         eprintln!("SKIPPED: no cgroups here: {cgroups}");

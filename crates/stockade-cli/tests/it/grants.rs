@@ -487,3 +487,53 @@ fn g4_real_model_reached_by_the_openai_sdk_inside_the_sandbox() {
     assert!(lines[0].starts_with("CHAT "), "{out}");
     assert_eq!(lines[1..], ["STREAM True", "MODELS ['smollm2']", "WRONG KEY 401"], "{out}");
 }
+
+#[test]
+fn g4_a_javascript_guest_reaches_the_model_grant_as_a_global() {
+    if !crate::cli::js_ready() {
+        return;
+    }
+    // A hostile upstream again: it echoes the Authorization header it got.
+    let mock = stockade_test_support::MockLlm::start(|_, r| {
+        stockade_test_support::Reply::text(&format!("42; you sent {}", r.header("authorization").unwrap_or("")))
+    })
+    .unwrap();
+    let js = r#"
+const r = model({messages: [{role: "user", content: "What is 6*7?"}], temperature: 0});
+console.log("ANSWER " + r.choices[0].message.content);
+for (const bad of [{model: "gpt-elsewhere", messages: [{role: "user", content: "x"}]},
+                   {messages: [{role: "user", content: "x"}], stream: true},
+                   {messages: "not a list"}]) {
+  try { model(bad); console.log("ACCEPTED"); } catch (e) { console.log("REFUSED " + e.code + " " + e.message.split(":")[2]); }
+}
+console.log("GLOBALS " + stockade.manifest.functions.map(f => f.name).join(","));
+"#;
+    let (code, out, err) = run_with_model(&mock, &["--tier", "wasm", "--json", "--js", js]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stdout = report["stdout"]["bytes"].as_str().unwrap().to_owned();
+    // The answer came back through the broker, which kept the real key out of it.
+    assert!(stdout.contains("ANSWER 42; you sent Bearer [redacted]"), "{stdout}");
+    assert_eq!(stdout.matches("REFUSED failed").count(), 3, "{stdout}");
+    assert!(!stdout.contains("ACCEPTED") && stdout.contains("GLOBALS model"), "{stdout}");
+    assert!(!out.contains(REAL_KEY), "the real key reached the guest: {out}");
+    // Only the one valid request reached the upstream, rebuilt, with the real key.
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
+    assert_eq!(got[0].body["model"], "smol");
+    // The report names each call: the manifest, then four calls to `model`.
+    let calls = report["grants"]["calls"].as_array().unwrap();
+    let seen: Vec<(&str, &str)> =
+        calls.iter().map(|c| (c["grant"].as_str().unwrap(), c["outcome"].as_str().unwrap())).collect();
+    assert_eq!(seen[1..], [("model", "ok"), ("model", "failed"), ("model", "failed"), ("model", "failed")], "{seen:?}");
+    // The same call from the process tier's client, through the grants socket.
+    if ready() {
+        let call = r#"stockade-call model '{"messages":[{"role":"user","content":"hi"}]}'"#;
+        let (code, out, err) = run_with_model(&mock, &["--", "sh", "-c", call]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "42; you sent Bearer [redacted]", "{out}");
+        assert_eq!(mock.received().len(), 2);
+    }
+}

@@ -572,3 +572,86 @@ fn g8_a_tier_without_grants_support_fails_closed() {
     let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap_err();
     assert!(matches!(err, TierError::Unsupported { ref mechanism, .. } if mechanism == "grants"), "{err}");
 }
+
+/// A model service that answers calls with what it was asked, and counts them.
+struct EchoModel(Arc<AtomicUsize>);
+
+impl stockade_runtime::ModelService for EchoModel {
+    fn serve(
+        &self,
+        _conn: stockade_runtime::ModelConn,
+        _run: stockade_runtime::ModelRun,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async {})
+    }
+    fn complete(&self, request: Value, run: stockade_runtime::ModelRun) -> stockade_runtime::ModelCall {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let tokens = run.add_tokens(7);
+        Box::pin(async move { Ok(json!({"echo": request, "tokens": tokens})) })
+    }
+}
+
+/// A model service that speaks only HTTP (the trait's default `complete`).
+struct SocketOnly;
+
+impl stockade_runtime::ModelService for SocketOnly {
+    fn serve(
+        &self,
+        _conn: stockade_runtime::ModelConn,
+        _run: stockade_runtime::ModelRun,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async {})
+    }
+}
+
+#[test]
+fn g9_a_model_grant_answers_calls_in_process_through_its_service() {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let frames = vec![
+        call_frame(1, "stockade.list", json!({})),
+        call_frame(2, "model", json!({"messages": [{"role": "user", "content": "hi"}]})),
+        call_frame(3, "model", json!({"messages": []})),
+    ];
+    let tier = InProcess(Arc::new(frames), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let with_model = Grants::new().model(Arc::new(EchoModel(asked.clone())));
+    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(with_model))).unwrap();
+    let replies: Vec<Value> = tier.1.lock().unwrap().iter().map(|r| r.clone().unwrap()).collect();
+    // The manifest names `model`, so the JavaScript guest gets a `model()` global.
+    let names: Vec<&str> =
+        replies[0]["result"]["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["model"]);
+    // Each call reached the service with its arguments, sharing the run's token count.
+    assert_eq!(replies[1]["result"], json!({"echo": {"messages": [{"role": "user", "content": "hi"}]}, "tokens": 7}));
+    assert_eq!(replies[2]["result"]["tokens"], 14);
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    let g = report.grants.unwrap();
+    let rules: Vec<(&str, &str)> = g.calls.iter().map(|c| (c.grant.as_str(), c.rule.as_str())).collect();
+    assert_eq!(rules, [("stockade.list", "manifest"), ("model", "model-call"), ("model", "model-call")]);
+    // A service that speaks only HTTP refuses the call; the run goes on.
+    let tier = InProcess(Arc::new(vec![call_frame(1, "model", json!({}))]), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let report =
+        rt().block_on(sandbox.report_granted(&job(), Arc::new(Grants::new().model(Arc::new(SocketOnly))))).unwrap();
+    let reply = tier.1.lock().unwrap()[0].clone().unwrap();
+    assert_eq!(reply["error"]["code"], "failed");
+    assert!(reply["error"]["message"].as_str().unwrap().contains("only on its socket"), "{reply}");
+    assert_eq!(report.grants.unwrap().calls[0].outcome, GrantOutcome::Failed);
+    // Without a model grant, `model` is an unknown grant like any other.
+    let tier = InProcess(Arc::new(vec![call_frame(1, "model", json!({}))]), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap();
+    assert_eq!(tier.1.lock().unwrap()[0].clone().unwrap()["error"]["code"], "denied");
+}
+
+#[test]
+fn g9_a_function_grant_may_not_take_the_model_grants_name() {
+    let handler = |_p: Permit| -> stockade_runtime::GrantFuture { Box::pin(async { Ok(json!(1)) }) };
+    let f = FunctionGrant::new("model", json!({"type": "object"}), handler).unwrap();
+    let grants = Grants::new().function(f).unwrap().model(Arc::new(SocketOnly));
+    let tier = InProcess(Arc::new(Vec::new()), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier).build().unwrap();
+    let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap_err();
+    assert!(matches!(&err, TierError::Misconfigured(m) if m.contains("\"model\"")), "{err}");
+}
