@@ -32,7 +32,8 @@
 //!     JavaScript); a granted tool runs on the host only when `--grant-policy` allows the
 //!     call, and `--grant-strict` refuses a run with a denied call (exit 116); `--grant-model`
 //!     reaches the configured endpoint through the broker only (the real key never inside):
-//!     on a unix socket and, in the process tier, at `$OPENAI_BASE_URL`, and in every tier as
+//!     on a unix socket and, in the process tier (the docker tier as root), at
+//!     `$OPENAI_BASE_URL`, and in every tier as
 //!     the call `model` (JavaScript's `model({...})`).
 //!     (pinned by: tests/it/grants.rs::g4_*)
 //! G5. `stockade run` streams its stdin to the program when it is not a terminal (or
@@ -280,7 +281,8 @@ struct RunArgs {
     #[arg(long)]
     grant_strict: bool,
     /// Grant a model: the guest speaks OpenAI-compatible HTTP to `$STOCKADE_MODEL_SOCKET`
-    /// (and, in the process tier, to `$OPENAI_BASE_URL` on the run's own loopback) with a
+    /// (and, in the process tier and as root in the docker tier, to `$OPENAI_BASE_URL` on the
+    /// run's own loopback) with a
     /// per-run placeholder in `$OPENAI_API_KEY`, or calls `model({...})` in JavaScript
     /// (`stockade-call model JSON` from a shell); the broker validates each request,
     /// rebuilds it, and sends it to --base-url with the real key from --api-key-env, which
@@ -637,7 +639,7 @@ fn broker_status() -> Result<String, String> {
     let _ = std::fs::remove_dir_all(&dir);
     match tried {
         Ok(_) => Ok(format!(
-            "grants directories under {}; a model grant answers on model.sock and OPENAI_BASE_URL (process), model.sock (docker), model() (wasm)",
+            "grants directories under {}; a model grant answers on model.sock and OPENAI_BASE_URL (process; docker as root), model() (wasm)",
             parent.display()
         )),
         Err(e) => Err(format!("cannot listen on a unix socket under {}: {e}", parent.display())),

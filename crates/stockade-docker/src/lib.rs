@@ -76,6 +76,12 @@
 //!     symlink refuses the grant; what the guest creates where a protected path was absent
 //!     is removed once the container is gone; the report lists all three.
 //!     (pinned by: tests/it/docker.rs::g8_*)
+//! G9. [`DockerTier::run_granted_in_netns`] starts the guest in the network namespace of a
+//!     holder container ([`netns`]: networking disabled, the guest's hardening, a 129-byte
+//!     static `pause` binary imported locally), after the caller's `join` saw the holder's
+//!     pid; a failing `join` starts no guest, and both containers are removed with the run
+//!     (walked end to end with a model grant and busybox wget in stockade-cli's grants tests).
+//!     (pinned by: src/netns.rs::g9_*, tests/it/docker.rs::g9_*)
 //!
 //! # Non-guarantees
 //! - Under runc the container shares the host kernel; seccomp is [`spec::SECCOMP_PROFILE`],
@@ -120,6 +126,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod netns;
 pub mod pool;
 pub mod spec;
 #[cfg(test)]
@@ -303,7 +310,7 @@ impl DockerTier {
 
     /// Runs an image job. A misbehaving guest is an `Ok` report.
     pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
-        self.run_with(job, None).await
+        self.run_with(job, None, None).await
     }
 
     /// Runs an image job with the host directory `grants_dir` bound read-only at
@@ -311,15 +318,86 @@ impl DockerTier {
     /// (`stockade-runtime` serves them). Connecting to a unix socket needs no write access
     /// to the mount. The directory must be absolute and separate from the workspace.
     pub async fn run_granted(&self, job: &Job, grants_dir: &std::path::Path) -> Result<Report, DockerError> {
-        self.run_with(job, Some(grants_dir)).await
+        self.run_with(job, Some(grants_dir), None).await
     }
 
-    async fn run_with(&self, job: &Job, grants_dir: Option<&std::path::Path>) -> Result<Report, DockerError> {
+    /// Like [`DockerTier::run_granted`], with the guest in a network namespace the host can
+    /// reach first (see [`netns`]): a holder container starts, `join` gets its host pid
+    /// (to put a listener in its namespace), then the guest container shares that
+    /// namespace, and both are removed when the run ends. A `join` that fails ends the run
+    /// before the guest starts ([`DockerError::Unsupported`], with its reason).
+    pub async fn run_granted_in_netns(
+        &self,
+        job: &Job,
+        grants_dir: &std::path::Path,
+        join: impl FnOnce(u32) -> Result<(), String> + Send,
+    ) -> Result<Report, DockerError> {
+        self.holder_image().await?;
+        let id = run_id();
+        let expires = unix_now() + job.limits().wall().as_secs() + ORPHAN_GRACE.as_secs();
+        let body = netns::holder_body(&id, expires, self.hardening.uid, self.hardening.gid);
+        let name = format!("stockade-{id}-netns");
+        let holder = self
+            .docker
+            .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
+            .await
+            .map_err(engine)?
+            .id;
+        let joined = async {
+            self.docker.start_container(&holder, None).await.map_err(engine)?;
+            let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
+            let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
+            let pid = pid.ok_or_else(|| DockerError::Engine("the network holder has no pid".into()))?;
+            join(pid).map_err(|reason| DockerError::Unsupported {
+                mechanism: "a listener in the run's network namespace".into(),
+                reason,
+            })
+        };
+        let result = match joined.await {
+            Ok(()) => self.run_with(job, Some(grants_dir), Some(&holder)).await,
+            Err(e) => Err(e),
+        };
+        let removed = self.remove(&holder).await;
+        let report = result?;
+        if !removed {
+            return Err(DockerError::Engine(format!("container {holder} could not be removed")));
+        }
+        Ok(report)
+    }
+
+    /// Builds [`netns::HOLDER_IMAGE`] from its embedded root filesystem unless the engine
+    /// has it.
+    async fn holder_image(&self) -> Result<(), DockerError> {
+        if self.docker.inspect_image(netns::HOLDER_IMAGE).await.is_ok() {
+            return Ok(());
+        }
+        let tar = netns::holder_tar().map_err(|e| DockerError::Engine(format!("building the holder image: {e}")))?;
+        let (repo, tag) = netns::HOLDER_IMAGE.split_once(':').unwrap_or((netns::HOLDER_IMAGE, "latest"));
+        let opts =
+            bollard::query_parameters::CreateImageOptionsBuilder::default().from_src("-").repo(repo).tag(tag).build();
+        let mut progress = self.docker.create_image(Some(opts), Some(bollard::body_full(tar.into())), None);
+        while let Some(step) = progress.next().await {
+            step.map_err(engine)?;
+        }
+        Ok(())
+    }
+
+    async fn run_with(
+        &self,
+        job: &Job,
+        grants_dir: Option<&std::path::Path>,
+        netns_of: Option<&str>,
+    ) -> Result<Report, DockerError> {
         let job = &*spec::resolve_workspace(job)?;
         let id = run_id();
         let limits = job.limits();
         let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(job, &self.hardening, &id, expires)?;
+        if let (Some(holder), Some(hc)) = (netns_of, spec.body.host_config.as_mut()) {
+            // The holder's namespace: only `lo`, and the host's listener on it.
+            hc.network_mode = Some(format!("container:{holder}"));
+            spec.body.network_disabled = None;
+        }
         if let (Some(dir), Some(hc)) = (grants_dir, spec.body.host_config.as_mut()) {
             hc.binds.get_or_insert_with(Vec::new).push(spec::grants_bind(dir, job)?);
         }

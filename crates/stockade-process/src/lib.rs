@@ -450,6 +450,15 @@ pub fn probe() -> Probe {
     sys::probe::probe()
 }
 
+/// A TCP listener on `127.0.0.1:port` inside the network namespace of process `pid`, such
+/// as a container's: a model grant's `OPENAI_BASE_URL` for the docker tier, composed by
+/// `stockade-runtime`. Joins the namespace from a thread of its own for the one `bind`, so
+/// the caller's threads keep theirs; needs `CAP_SYS_ADMIN` over the namespace (root for an
+/// engine's containers).
+pub fn listen_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpListener> {
+    sys::net::listen_in_netns(pid, port)
+}
+
 /// Per-run cgroups left behind by supervisors that are gone (a `kill -9` gives a supervisor
 /// no chance to remove them), under this process's own cgroups or `v2_dir`. Names carry the
 /// owner's pid and start time, so a live supervisor's cgroups are never listed.

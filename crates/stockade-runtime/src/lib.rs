@@ -40,9 +40,11 @@
 //! own network namespace, created there by the tier's helper and taken by the host with
 //! `pidfd_getfd`, so it works without root and without `setns`, and no code inside the
 //! sandbox relays anything; landlock lets the guest connect to that port only (see
-//! [`Broker::model_loopback`]). The docker tier sets no `OPENAI_BASE_URL` (its guest has
-//! `model.sock` only): a listener in a container's network namespace needs `setns` into it
-//! before the guest starts, which one-shot containers do not leave time for. In every tier,
+//! [`Broker::model_loopback`]). In the docker tier (as root, with the `process` feature) the
+//! same listener is put, with `stockade_process::listen_in_netns`, in the network namespace
+//! of a holder container that the guest container then joins
+//! (`stockade_docker::DockerTier::run_granted_in_netns`); without root the docker guest has
+//! `model.sock` only. In every tier,
 //! and the only way in the wasm tier (which has no sockets), the model also answers calls
 //! to the grant `model` (G9): JavaScript's `model({messages: [...]})` returns the response
 //! object, and `stockade-call model '{...}'` prints it.
@@ -116,7 +118,7 @@
 //! function grant is the host's code: the policy decides whether it runs, not what it does.
 //! A host process running as the guest's uid or gid (65534 when stockade runs as root) can
 //! enter a run's grants directory and call its broker while the run lasts. In the docker
-//! tier a model grant serves unix-socket HTTP only (see above).
+//! tier a model grant serves `OPENAI_BASE_URL` only when stockade runs as root (see above).
 //!
 //! # Failure behaviour
 //! Errors are typed and say whose fault they are (unsupported host, misconfiguration, bug).
@@ -532,6 +534,29 @@ impl Tier for stockade_docker::DockerTier {
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
+        // A model grant also answers at OPENAI_BASE_URL: a listener the host puts in the
+        // run's network namespace (held by a holder container the guest then joins). That
+        // takes root (joining a container's namespace) and the process tier's `setns`;
+        // without them the guest has `model.sock` and `stockade-call model` only.
+        #[cfg(feature = "process")]
+        if let Some((port, serve)) = broker.model_loopback()
+            && std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata("/proc/self").map_err(|e| TierError::Internal(e.to_string()))?,
+            ) == 0
+        {
+            let job = job
+                .with_env("OPENAI_BASE_URL", Broker::model_base_url())
+                .map_err(|e| TierError::Misconfigured(e.to_string()))?;
+            let join = move |pid: u32| {
+                let listener = stockade_process::listen_in_netns(pid, port)
+                    .map_err(|e| format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}"))?;
+                serve(listener);
+                Ok(())
+            };
+            return stockade_docker::DockerTier::run_granted_in_netns(self, &job, &dir, join)
+                .await
+                .map_err(docker_error);
+        }
         stockade_docker::DockerTier::run_granted(self, &job, &dir).await.map_err(docker_error)
     }
 }

@@ -537,3 +537,33 @@ console.log("GLOBALS " + stockade.manifest.functions.map(f => f.name).join(","))
         assert_eq!(mock.received().len(), 2);
     }
 }
+
+#[test]
+fn g4_busybox_wget_in_the_docker_tier_reaches_the_model_grant_at_openai_base_url() {
+    if !tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let mock = stockade_test_support::MockLlm::start(|_, r| {
+        stockade_test_support::Reply::text(&format!("42; you sent {}", r.header("authorization").unwrap_or("")))
+    })
+    .unwrap();
+    // busybox wget, a TCP-only client, with nothing but the environment the broker set.
+    let script = r#"echo "BASE $OPENAI_BASE_URL"
+wget -q -O - --header "Authorization: Bearer $OPENAI_API_KEY" --header "Content-Type: application/json" \
+  --post-data '{"messages":[{"role":"user","content":"6*7?"}]}' "$OPENAI_BASE_URL/chat/completions"; echo
+wget -q -O - -T 2 "http://127.0.0.1:22/" >/dev/null 2>&1 && echo "PORT22 open" || echo "PORT22 closed"
+ls /sys/class/net | tr '\n' ' '"#;
+    let (code, out, err) = run_with_model(&mock, &["--tier", "docker", "--", "sh", "-c", script]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("BASE http://127.0.0.1:8765/v1"), "{out}");
+    assert!(out.contains("42; you sent Bearer [redacted]"), "{out}");
+    // Nothing else listens in the run's namespace, and it has no interface but lo.
+    assert!(out.contains("PORT22 closed") && out.trim_end().ends_with("lo"), "{out}");
+    assert!(!out.contains(REAL_KEY));
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
+    // The holder container went with the run.
+    let ps = std::process::Command::new("docker").args(["ps", "-a", "--filter", "name=-netns", "-q"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "a holder container was left");
+}

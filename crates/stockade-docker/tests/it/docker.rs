@@ -529,3 +529,36 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
     assert_eq!(leftovers(), 0);
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+#[test]
+fn g9_the_guest_joins_a_held_network_namespace_and_nothing_is_left() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g9_netns") else { return };
+    let grants = host_dir("netns-grants");
+    let seen = std::sync::Arc::new(Mutex::new(None));
+    let record = seen.clone();
+    // The guest reports its network namespace; the host compares it with the holder's.
+    let job = sh("readlink /proc/self/ns/net; ls /sys/class/net | tr '\\n' ' '");
+    let report = rt()
+        .block_on(tier.run_granted_in_netns(&job, &grants, move |pid| {
+            *record.lock().unwrap() = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(report.status, Status::Exited { code: 0 }, "{report:?}");
+    let out = text(&report.stdout.bytes);
+    let holder_ns = seen.lock().unwrap().clone().expect("join was not called with the holder's pid");
+    let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(holder_ns, ours, "the holder shares the host's namespace");
+    assert!(out.starts_with(&format!("{}\n", holder_ns.display())), "{out} vs {holder_ns:?}");
+    assert!(out.trim_end().ends_with("lo"), "{out}");
+    assert_eq!(leftovers(), 0);
+    // A join that fails starts no guest, and leaves nothing.
+    let refused = rt().block_on(tier.run_granted_in_netns(&sh("echo ran"), &grants, |_| Err("no setns here".into())));
+    assert!(
+        matches!(&refused, Err(DockerError::Unsupported { reason, .. }) if reason == "no setns here"),
+        "{refused:?}"
+    );
+    assert_eq!(leftovers(), 0);
+    let _ = std::fs::remove_dir_all(&grants);
+}

@@ -21,3 +21,20 @@ pub(crate) fn loopback_up() -> io::Result<()> {
     // (the name is two bytes of a zeroed sixteen-byte array).
     super::check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
 }
+
+/// Listens on `127.0.0.1:port` in the network namespace of process `pid` (a container's),
+/// from a short-lived thread that joins that namespace (`setns` changes only the calling
+/// thread's network namespace) and ends; the listening socket stays in that namespace.
+/// Needs `CAP_SYS_ADMIN` over the namespace's owner (root, for an engine's containers).
+pub(crate) fn listen_in_netns(pid: u32, port: u16) -> io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::spawn(move || {
+        // SAFETY: setns takes a descriptor we hold open and a flag; it changes only this
+        // thread's network namespace, and this thread does nothing else before it ends.
+        super::check(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+    })
+    .join()
+    .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
