@@ -17,7 +17,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
 
 use crate::spec::{LABEL_EXPIRES, LABEL_RUN, seccomp_profile};
 
-/// The holder's image, built locally by [`holder_tar`] (`docker import`).
+/// The holder's image, built locally from its embedded root filesystem (`docker import`).
 pub const HOLDER_IMAGE: &str = "stockade-netns-holder:1";
 
 /// A static x86-64 ELF executable whose one instruction loop is `pause(); goto loop;`: an

@@ -192,6 +192,12 @@ pub mod expect {
         Setup::RwWorkspace,
         "needs a read-write workspace with protected paths",
     );
+    pub const net_unix_workspace: Spec = special(
+        &[Denied],
+        NO_PROTECTED_PATHS,
+        Setup::RwWorkspace,
+        "needs a read-write workspace with a host daemon's socket in it",
+    );
     pub const fs_swap_protected: Spec = special(
         &[Denied, Contained],
         NO_PROTECTED_PATHS,

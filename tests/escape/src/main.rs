@@ -408,11 +408,29 @@ fn rw_workspace(world: &World, bin_dir: &Path, name: &str, owner: Option<u32>) -
             std::os::unix::fs::chown(ws.join(p), Some(id), Some(id))?;
         }
     }
+    // A host daemon's socket inside the workspace, open to everyone (the newcomer issue's
+    // item 6): the host checks after the run that nothing connected to it.
+    let daemon = std::os::unix::net::UnixListener::bind(ws.join("run/daemon.sock")).or_else(|_| {
+        std::fs::create_dir_all(ws.join("run"))?;
+        std::os::unix::net::UnixListener::bind(ws.join("run/daemon.sock"))
+    })?;
+    std::fs::set_permissions(ws.join("run/daemon.sock"), std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+    daemon.set_nonblocking(true)?;
+    DAEMONS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(ws.clone(), daemon);
     Ok(ws)
 }
 
+/// The daemon sockets of the [`rw_workspace`]s, by workspace, held while their runs last.
+static DAEMONS: std::sync::Mutex<std::collections::BTreeMap<PathBuf, std::os::unix::net::UnixListener>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// What changed in an [`rw_workspace`] that would outlive the run.
 fn rw_workspace_changed(ws: &Path) -> Option<String> {
+    if let Some(daemon) = DAEMONS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(ws)
+        && daemon.accept().is_ok()
+    {
+        return Some("a host daemon's unix socket inside the workspace was connected to".into());
+    }
     let read = |p: &str| std::fs::read_to_string(ws.join(p)).ok();
     if read(".git/config").as_deref() != Some("[core]\n") {
         return Some(".git/config was changed in the workspace".into());

@@ -65,6 +65,7 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
 
 impl Metadata {
     fn new(root: &Path) -> anyhow::Result<Self> {
+        Self::reap_stale();
         let tag = std::process::id() % 100_000;
         let ns = format!("stockade-md-{tag}");
         let (host_if, ns_if) = (format!("stkmd{tag}h"), format!("stkmd{tag}n"));
@@ -76,6 +77,23 @@ impl Metadata {
             let _ = ip(&["netns", "del", &ns]);
         }
         r
+    }
+
+    /// Removes what a killed harness left: a `stockade-md-TAG` namespace with no process
+    /// in it (its listener is gone), with its veth and route.
+    fn reap_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(ns) = line.split_whitespace().next().filter(|n| n.starts_with("stockade-md-")) else { continue };
+            let pids = Command::new("ip").args(["netns", "pids", ns]).output().map(|o| o.stdout).unwrap_or_default();
+            if !String::from_utf8_lossy(&pids).trim().is_empty() {
+                continue;
+            }
+            let host_if = format!("stkmd{}h", ns.trim_start_matches("stockade-md-"));
+            let _ = ip(&["route", "del", &format!("{METADATA_ADDR}/32"), "dev", &host_if]);
+            let _ = ip(&["link", "del", &host_if]);
+            let _ = ip(&["netns", "del", ns]);
+        }
     }
 
     fn setup(root: &Path, ns: &str, host_if: &str, ns_if: &str) -> anyhow::Result<Self> {
