@@ -268,12 +268,29 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
                  --proc /proc --dev /dev --tmpfs /tmp --clearenv";
     let bwrap = bwrap.split_whitespace().filter(|w| *w != "\\").collect::<Vec<_>>().join(" ");
     let json = target.join("bench-process.json");
+    // A small project as a read-write workspace: a git repository and 200 files, so the
+    // per-run workspace work (id-mapped mount as root, socket walk, protected-path binds and
+    // sweep) is in the figure.
+    let ws = target.join("bench-workspace");
+    let _ = fs::remove_dir_all(&ws);
+    fs::create_dir_all(ws.join(".git/hooks"))?;
+    fs::write(ws.join(".git/config"), "[core]\n")?;
+    for i in 0..200 {
+        fs::create_dir_all(ws.join(format!("src/m{}", i % 10)))?;
+        fs::write(ws.join(format!("src/m{}/f{i}.txt", i % 10)), "x")?;
+    }
+    let ws = ws.to_str().context("target path is not UTF-8")?.to_owned();
     let mut cmd = std::process::Command::new("hyperfine");
     cmd.args(["-N", "--warmup", "20", "--runs", "300", "--export-json"]).arg(&json);
     for (name, program) in [("true", "/bin/true"), ("python", "/usr/bin/python3 -c pass")] {
         cmd.args(["-n", &format!("bare {name}"), program]);
         cmd.args(["-n", &format!("stockade {name}"), &format!("{stockade} run -- {program}")]);
         cmd.args(["-n", &format!("stockade-no-cgroup {name}"), &format!("{stockade} run --no-cgroup -- {program}")]);
+        cmd.args([
+            "-n",
+            &format!("stockade-workspace {name}"),
+            &format!("{stockade} run --workspace {ws}:rw -- {program}"),
+        ]);
         cmd.args(["-n", &format!("bwrap {name}"), &format!("{bwrap} {program}")]);
     }
     let medians = hyperfine(&mut cmd, &json)?;
@@ -283,7 +300,11 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     );
     for name in ["true", "python"] {
         let (bare, bw) = (median(&format!("bare {name}"))?, median(&format!("bwrap {name}"))?);
-        for (variant, label) in [("stockade", "default (cgroup v1)"), ("stockade-no-cgroup", "--no-cgroup (rlimits)")] {
+        for (variant, label) in [
+            ("stockade", "default (cgroup v1)"),
+            ("stockade-no-cgroup", "--no-cgroup (rlimits)"),
+            ("stockade-workspace", "--workspace (a git repo, 200 files):rw"),
+        ] {
             let ours = median(&format!("{variant} {name}"))?;
             let _ = writeln!(
                 out,
