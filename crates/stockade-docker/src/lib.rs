@@ -79,7 +79,8 @@
 //! G9. [`DockerTier::run_granted_in_netns`] starts the guest in the network namespace of a
 //!     holder container ([`netns`]: networking disabled, the guest's hardening, a 129-byte
 //!     static `pause` binary imported locally), after the caller's `join` saw the holder's
-//!     pid; a failing `join` starts no guest, and both containers are removed with the run
+//!     pid; a failing `join` starts no guest, and both containers are removed with the run;
+//!     under another OCI runtime (gVisor) it is refused before any container exists
 //!     (walked end to end with a model grant and busybox wget in stockade-cli's grants tests).
 //!     (pinned by: src/netns.rs::g9_*, tests/it/docker.rs::g9_*)
 //!
@@ -248,6 +249,12 @@ impl DockerTier {
         Ok(self)
     }
 
+    /// The OCI runtime the containers use, if not the engine's default (`runsc`: gVisor).
+    #[must_use]
+    pub fn oci_runtime(&self) -> Option<&str> {
+        self.hardening.runtime.as_deref()
+    }
+
     /// Whether the engine remaps container root to an unprivileged host range
     /// (`userns-remap`, an engine setting): defense in depth if a container escapes to root.
     pub async fn userns_remap(&self) -> Result<bool, DockerError> {
@@ -322,7 +329,8 @@ impl DockerTier {
     }
 
     /// Like [`DockerTier::run_granted`], with the guest in a network namespace the host can
-    /// reach first (see [`netns`]): a holder container starts, `join` gets its host pid
+    /// reach first (see [`netns`]; with the engine's default runtime only, since gVisor's
+    /// guest has a network stack of its own and does not see that namespace's loopback): a holder container starts, `join` gets its host pid
     /// (to put a listener in its namespace), then the guest container shares that
     /// namespace, and both are removed when the run ends. A `join` that fails ends the run
     /// before the guest starts ([`DockerError::Unsupported`], with its reason).
@@ -332,6 +340,12 @@ impl DockerTier {
         grants_dir: &std::path::Path,
         join: impl FnOnce(u32) -> Result<(), String> + Send,
     ) -> Result<Report, DockerError> {
+        if let Some(rt) = self.oci_runtime() {
+            return Err(DockerError::Unsupported {
+                mechanism: "a listener in the run's network namespace".into(),
+                reason: format!("the {rt} runtime gives its guest a network stack of its own"),
+            });
+        }
         self.holder_image().await?;
         let id = run_id();
         let expires = unix_now() + job.limits().wall().as_secs() + ORPHAN_GRACE.as_secs();

@@ -40,7 +40,8 @@
 //! own network namespace, created there by the tier's helper and taken by the host with
 //! `pidfd_getfd`, so it works without root and without `setns`, and no code inside the
 //! sandbox relays anything; landlock lets the guest connect to that port only (see
-//! [`Broker::model_loopback`]). In the docker tier (as root, with the `process` feature) the
+//! [`Broker::model_loopback`]). In the docker tier (as root, under the engine's default
+//! runtime, with the `process` feature) the
 //! same listener is put, with `stockade_process::listen_in_netns`, in the network namespace
 //! of a holder container that the guest container then joins
 //! (`stockade_docker::DockerTier::run_granted_in_netns`); without root the docker guest has
@@ -536,10 +537,12 @@ impl Tier for stockade_docker::DockerTier {
         let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
         // A model grant also answers at OPENAI_BASE_URL: a listener the host puts in the
         // run's network namespace (held by a holder container the guest then joins). That
-        // takes root (joining a container's namespace) and the process tier's `setns`;
-        // without them the guest has `model.sock` and `stockade-call model` only.
+        // takes root (joining a container's namespace), the process tier's `setns` and the
+        // engine's default runtime (gVisor's guest has a network stack of its own); without
+        // them the guest has `model.sock` and `stockade-call model` only.
         #[cfg(feature = "process")]
         if let Some((port, serve)) = broker.model_loopback()
+            && self.oci_runtime().is_none()
             && std::os::unix::fs::MetadataExt::uid(
                 &std::fs::metadata("/proc/self").map_err(|e| TierError::Internal(e.to_string()))?,
             ) == 0

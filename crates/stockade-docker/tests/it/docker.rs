@@ -560,5 +560,15 @@ fn g9_the_guest_joins_a_held_network_namespace_and_nothing_is_left() {
         "{refused:?}"
     );
     assert_eq!(leftovers(), 0);
+    // Under gVisor the guest would not see the namespace's loopback: refused before any
+    // container exists.
+    if let Ok(gvisor) = rt().block_on(tier.clone().runtime("runsc")) {
+        let refused = rt().block_on(gvisor.run_granted_in_netns(&sh("echo ran"), &grants, |_| Ok(())));
+        assert!(
+            matches!(&refused, Err(DockerError::Unsupported { reason, .. }) if reason.contains("runsc")),
+            "{refused:?}"
+        );
+        assert_eq!(leftovers(), 0);
+    }
     let _ = std::fs::remove_dir_all(&grants);
 }
