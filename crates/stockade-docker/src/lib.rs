@@ -90,7 +90,8 @@
 //!   set-id modes and the rest EPERM; unknown calls EPERM, as in Docker's default, where the
 //!   process tier says ENOSYS), not the engine's default, which allows io_uring; `ioctl` is
 //!   not narrowed (a container has no terminal). runsc applies an OCI profile only when
-//!   configured with `--oci-seccomp`; its own sentry is the boundary there. Under runsc, guest processes are
+//!   configured with `--oci-seccomp`; its own sentry is the boundary there. Under runsc,
+//!   guest processes are
 //!   bounded by the memory limit, not by the pids limit (which counts gVisor's host threads).
 //! - userns-remap is an engine setting: [`DockerTier::userns_remap`] and `stockade doctor`
 //!   report it, and [`DockerTier::require_userns_remap`] refuses an engine without it; by
@@ -329,11 +330,11 @@ impl DockerTier {
     }
 
     /// Like [`DockerTier::run_granted`], with the guest in a network namespace the host can
-    /// reach first (see [`netns`]; with the engine's default runtime only, since gVisor's
-    /// guest has a network stack of its own and does not see that namespace's loopback): a holder container starts, `join` gets its host pid
-    /// (to put a listener in its namespace), then the guest container shares that
-    /// namespace, and both are removed when the run ends. A `join` that fails ends the run
-    /// before the guest starts ([`DockerError::Unsupported`], with its reason).
+    /// reach first (see [`netns`]): a holder container starts, `join` gets its host pid (to
+    /// put a listener in its namespace), then the guest container shares that namespace, and
+    /// both are removed when the run ends. A `join` that fails ends the run before the guest
+    /// starts ([`DockerError::Unsupported`], with its reason). The engine's default runtime
+    /// only: gVisor's guest has a network stack of its own and would not see that loopback.
     pub async fn run_granted_in_netns(
         &self,
         job: &Job,

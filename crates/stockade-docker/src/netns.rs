@@ -13,9 +13,9 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
+use bollard::models::{ContainerCreateBody, HostConfig};
 
-use crate::spec::{LABEL_EXPIRES, LABEL_RUN, seccomp_profile};
+use crate::spec::{LABEL_EXPIRES, LABEL_RUN, hardened_host};
 
 /// The holder's image, built locally from its embedded root filesystem (`docker import`).
 pub const HOLDER_IMAGE: &str = "stockade-netns-holder:1";
@@ -64,19 +64,7 @@ pub(crate) fn holder_tar() -> std::io::Result<Vec<u8>> {
 
 /// The holder container: the same hardening as a guest's, with almost nothing allowed.
 pub(crate) fn holder_body(run_id: &str, expires: u64, uid: u32, gid: u32) -> ContainerCreateBody {
-    let host = HostConfig {
-        network_mode: Some("none".into()),
-        readonly_rootfs: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into(), format!("seccomp={}", seccomp_profile())]),
-        privileged: Some(false),
-        memory: Some(8 << 20),
-        memory_swap: Some(8 << 20),
-        pids_limit: Some(1),
-        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
-        auto_remove: Some(false),
-        ..Default::default()
-    };
+    let host = HostConfig { memory: Some(8 << 20), memory_swap: Some(8 << 20), pids_limit: Some(1), ..hardened_host() };
     ContainerCreateBody {
         image: Some(HOLDER_IMAGE.into()),
         cmd: Some(vec!["/pause".into()]),

@@ -109,6 +109,9 @@ pub enum SpecError {
     #[error("workspace {0}")]
     NotDedicated(#[from] stockade_protocol::NotDedicated),
     /// The workspace cannot be resolved on the host (missing, unreadable, not a directory).
+    #[error("{0}")]
+    Unusable(String),
+    /// The resolved workspace cannot be put in the job.
     #[error("workspace {path}: {why}")]
     Workspace {
         /// The host path, as given.
@@ -292,11 +295,6 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
     let env: Vec<String> = job.env().iter().map(|v| format!("{}={}", v.key(), v.value())).collect();
     let stdin = !job.stdin().is_empty();
     let host = HostConfig {
-        network_mode: Some("none".into()),
-        readonly_rootfs: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into(), format!("seccomp={}", seccomp_profile())]),
-        privileged: Some(false),
         memory: Some(memory),
         memory_swap: Some(memory),
         nano_cpus: Some(NANO_CPUS),
@@ -307,12 +305,10 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
             ResourcesUlimits { name: Some("cpu".into()), soft: Some(cpu), hard: Some(cpu) },
         ]),
         tmpfs: Some(HashMap::from([("/tmp".to_owned(), format!("rw,noexec,nosuid,nodev,size={TMP_BYTES}"))])),
-        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
-        auto_remove: Some(false),
         init: Some(true),
         binds: (!binds.is_empty()).then_some(binds),
         runtime: hardening.runtime.clone(),
-        ..Default::default()
+        ..hardened_host()
     };
     let body = ContainerCreateBody {
         image: Some(image.clone()),
@@ -396,16 +392,32 @@ pub fn socket_cover_bind(rel: &str) -> String {
     format!("/dev/null:{WORKSPACE}/{rel}:ro")
 }
 
+/// What every container of the tier gets, a guest's or [`crate::netns`]'s holder: no
+/// network, a read-only root, no capabilities, no-new-privileges and [`SECCOMP_PROFILE`],
+/// unprivileged, no logs kept, never auto-removed (the tier removes it).
+pub(crate) fn hardened_host() -> HostConfig {
+    HostConfig {
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into(), format!("seccomp={}", seccomp_profile())]),
+        privileged: Some(false),
+        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+        auto_remove: Some(false),
+        ..Default::default()
+    }
+}
+
 /// The job with its workspace path resolved (symlinks followed), so that the dedicated-
 /// directory rule judges, and the engine binds, the real directory.
 pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecError> {
     let Some(ws) = job.workspace() else { return Ok(std::borrow::Cow::Borrowed(job)) };
     let bad = |why: String| SpecError::Workspace { path: ws.path().display().to_string(), why };
-    let path = std::fs::canonicalize(ws.path()).map_err(|e| bad(e.to_string()))?;
-    if !path.is_dir() {
-        return Err(bad("not a directory".into()));
-    }
-    stockade_protocol::check_dedicated(&path, &[])?;
+    let path = match stockade_hostfs::resolve_workspace(ws.path()) {
+        Ok(p) => p,
+        Err(stockade_hostfs::WorkspaceError::NotDedicated(e)) => return Err(SpecError::NotDedicated(e)),
+        Err(e) => return Err(SpecError::Unusable(e.to_string())),
+    };
     if path == ws.path() {
         return Ok(std::borrow::Cow::Borrowed(job));
     }

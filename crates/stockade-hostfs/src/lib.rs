@@ -36,6 +36,10 @@
 //! G3. [`sockets`] finds every unix socket in a granted tree, however deep, without following
 //!     a symlink, and refuses a tree larger than its entry cap rather than guess.
 //!     (pinned by: tests/it/guard.rs::g3_*)
+//! G4. [`resolve_workspace`] resolves a workspace path and applies the protocol's
+//!     dedicated-directory rule to the result, so every tier judges, and then uses, the
+//!     real directory; each refusal names the path and the reason.
+//!     (pinned by: tests/it/guard.rs::g4_*)
 //!
 //! # Non-guarantees
 //! Between the guest creating an absent protected path and the sweep, the path exists on the
@@ -105,6 +109,42 @@ pub enum HostFsError {
         /// Why.
         source: io::Error,
     },
+}
+
+/// Why a host directory cannot be granted as a workspace.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkspaceError {
+    /// The path cannot be resolved (missing, unreadable on the way).
+    #[error("workspace {}: {source}", path.display())]
+    Unreachable {
+        /// The path, as given.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The path resolves to something that is not a directory.
+    #[error("workspace {} is not a directory", path.display())]
+    NotADirectory {
+        /// The resolved path.
+        path: PathBuf,
+    },
+    /// The directory is not a dedicated one (the protocol's rule).
+    #[error("workspace {0}")]
+    NotDedicated(#[from] stockade_protocol::NotDedicated),
+}
+
+/// The real directory behind a workspace path (symlinks resolved), if the protocol's rule
+/// ([`stockade_protocol::check_dedicated`]) lets a tier grant it: the one check every tier
+/// makes before it mounts or preopens a workspace, on the path it will then use.
+pub fn resolve_workspace(path: &Path) -> Result<PathBuf, WorkspaceError> {
+    let resolved = std::fs::canonicalize(path)
+        .map_err(|source| WorkspaceError::Unreachable { path: path.to_path_buf(), source })?;
+    if !resolved.is_dir() {
+        return Err(WorkspaceError::NotADirectory { path: resolved });
+    }
+    stockade_protocol::check_dedicated(&resolved, &[])?;
+    Ok(resolved)
 }
 
 /// What one protected path looked like at inspection.

@@ -41,13 +41,8 @@ pub(crate) async fn run(
         Some(ws) => {
             // Symlinks resolved first, so the rule judges (and the helper binds) the real
             // directory.
-            let path = std::fs::canonicalize(ws.path())
-                .map_err(|e| LaunchError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
-            if !path.is_dir() {
-                return Err(LaunchError::Misconfigured(format!("workspace {} is not a directory", path.display())));
-            }
-            stockade_protocol::check_dedicated(&path, &[])
-                .map_err(|e| LaunchError::Misconfigured(format!("workspace {e}")))?;
+            let path =
+                stockade_hostfs::resolve_workspace(ws.path()).map_err(|e| LaunchError::Misconfigured(e.to_string()))?;
             Some((path, ws.access() == stockade_protocol::Access::ReadWrite))
         }
         None => None,

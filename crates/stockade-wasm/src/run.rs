@@ -452,10 +452,8 @@ impl Inner {
                 Access::ReadWrite => FsPerms::ReadWrite,
             };
             // Symlinks resolved, then the rule every tier shares: only a dedicated directory.
-            let path = std::fs::canonicalize(ws.path())
-                .map_err(|e| WasmError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
-            stockade_protocol::check_dedicated(&path, &[])
-                .map_err(|e| WasmError::Misconfigured(format!("workspace {e}")))?;
+            let path =
+                stockade_hostfs::resolve_workspace(ws.path()).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
             if ws.access() == Access::ReadWrite {
                 guard = Some(protected_free(&path)?);
             }

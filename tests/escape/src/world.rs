@@ -392,19 +392,11 @@ impl Drop for World {
 /// Host pids whose command line contains `marker`, right now.
 #[must_use]
 pub fn pids_now(marker: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            // The stand-in supervisor's own argv carries the marker too; only the attack counts.
-            let cmd = String::from_utf8_lossy(&cmd).into_owned();
-            (cmd.contains(marker) && !cmd.contains("--supervise-one")).then_some(pid)
-        })
-        .filter(|pid| *pid != std::process::id())
-        .collect()
+    stockade_test_support::host_pids(|cmd| {
+        // The stand-in supervisor's own argv carries the marker too; only the attack counts.
+        let cmd = String::from_utf8_lossy(cmd);
+        cmd.contains(marker) && !cmd.contains("--supervise-one")
+    })
 }
 
 /// Host pids whose command line contains `marker`, after giving dying processes a moment.

@@ -356,3 +356,21 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// Host pids (the host's view of `/proc`, never a guest's word) whose command line, its
+/// arguments NUL-separated as the kernel stores them, satisfies `matches`; this process is
+/// never among them.
+#[must_use]
+pub fn host_pids(matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            matches(&cmd).then_some(pid)
+        })
+        .filter(|pid| *pid != std::process::id())
+        .collect()
+}

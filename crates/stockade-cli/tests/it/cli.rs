@@ -258,24 +258,11 @@ fn g1_docker_tier_prints_only_verified_output() {
     assert_eq!(code, 125, "{err}");
 }
 
-/// Host pids whose command line contains `marker` (the host's view of `/proc`).
-fn host_pids_with(marker: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmd).contains(marker)
-        {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-fn stale_row() -> serde_json::Value {
+/// The row `name` of `stockade doctor --json`'s checks.
+fn doctor_row(name: &str) -> serde_json::Value {
     let (_, out, _) = check(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "stale cgroups").unwrap().clone()
+    v["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
 }
 
 #[test]
@@ -283,13 +270,11 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     if !ready() {
         return;
     }
-    let (_, out, _) = check(&["doctor", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let row = |name: &str| v["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
     // Doctor also says where a run's broker listens, and what a socket in a workspace meets.
-    assert_eq!(row("grants broker")["ok"], true, "{}", row("grants broker"));
-    assert!(row("unix sockets")["detail"].as_str().unwrap().contains("covered when the run starts"));
-    let cgroups = &row("cgroups");
+    let broker = doctor_row("grants broker");
+    assert_eq!(broker["ok"], true, "{broker}");
+    assert!(doctor_row("unix sockets")["detail"].as_str().unwrap().contains("covered when the run starts"));
+    let cgroups = &doctor_row("cgroups");
     if cgroups["ok"] != true {
         assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "no cgroups: {cgroups}");
         eprintln!("SKIPPED: no cgroups here: {cgroups}");
@@ -304,12 +289,7 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
             .unwrap();
         // The guest itself, by its whole command line (stockade's own holds the same words).
         let want = format!("sleep\0{marker}\0");
-        let guest = || {
-            host_pids_with(marker)
-                .into_iter()
-                .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want.as_bytes()))
-                .count()
-        };
+        let guest = || stockade_test_support::host_pids(|c| c == want.as_bytes()).len();
         let start = std::time::Instant::now();
         while guest() == 0 {
             assert!(start.elapsed() < std::time::Duration::from_secs(10), "the guest never started");
@@ -323,7 +303,7 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         // Its cgroup stayed, and doctor names it (the owner's pid is in its name).
-        let row = stale_row();
+        let row = doctor_row("stale cgroups");
         assert_eq!(row["ok"], false, "{row}");
         let detail = row["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains(&format!("stockade-{}-", stockade.id())), "pid {}: {detail}", stockade.id());
@@ -338,10 +318,10 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     assert_eq!(code, 0, "{out} {err}");
     assert!(out.starts_with("removed ") && !out.starts_with("removed 0 "), "{out}");
     assert!(dirs.iter().all(|d| !std::path::Path::new(d).exists()), "{dirs:?} left after gc");
-    assert_eq!(stale_row()["ok"], true);
+    assert_eq!(doctor_row("stale cgroups")["ok"], true);
     // So does the next run, on its own.
     let dirs = kill_mid_run("1207.6262");
     assert_eq!(check(&["run", "--", "true"]).0, 0);
     assert!(dirs.iter().all(|d| !std::path::Path::new(d).exists()), "{dirs:?} left after the next run");
-    assert_eq!(stale_row()["ok"], true);
+    assert_eq!(doctor_row("stale cgroups")["ok"], true);
 }

@@ -156,3 +156,20 @@ fn g3_every_socket_is_found_and_the_walk_is_bounded() {
     fs::remove_dir_all(&d).unwrap();
     fs::remove_dir_all(&other).unwrap();
 }
+
+#[test]
+fn g4_a_workspace_is_resolved_then_judged() {
+    let d = dir("resolve");
+    fs::create_dir(d.join("real")).unwrap();
+    symlink(d.join("real"), d.join("link")).unwrap();
+    symlink("/etc", d.join("etc")).unwrap();
+    fs::write(d.join("file"), "x").unwrap();
+    assert_eq!(stockade_hostfs::resolve_workspace(&d.join("link")).unwrap(), fs::canonicalize(d.join("real")).unwrap());
+    let e = stockade_hostfs::resolve_workspace(&d.join("etc")).unwrap_err();
+    assert!(e.to_string().starts_with("workspace /etc cannot be granted: it is a system directory"), "{e}");
+    let e = stockade_hostfs::resolve_workspace(&d.join("file")).unwrap_err();
+    assert!(e.to_string().ends_with("/file is not a directory"), "{e}");
+    let e = stockade_hostfs::resolve_workspace(&d.join("absent")).unwrap_err();
+    assert!(e.to_string().contains("absent: No such file or directory"), "{e}");
+    fs::remove_dir_all(&d).unwrap();
+}
