@@ -220,9 +220,17 @@ fn throughput(tp: &Value, ns: f64) -> String {
 /// milliseconds, by its name (`-n`).
 fn hyperfine(cmd: &mut std::process::Command, json: &Path) -> Result<std::collections::HashMap<String, f64>> {
     crate::run(cmd)?;
+    hyperfine_field(json, |r| r["median"].as_f64())
+}
+
+/// One figure per command of an exported hyperfine run, in milliseconds, by its name.
+fn hyperfine_field(
+    json: &Path,
+    field: impl Fn(&Value) -> Option<f64>,
+) -> Result<std::collections::HashMap<String, f64>> {
     let data: Value = serde_json::from_str(&fs::read_to_string(json)?)?;
     let results = data["results"].as_array().context("hyperfine json has no results")?;
-    Ok(results.iter().filter_map(|r| Some((r["command"].as_str()?.to_owned(), r["median"].as_f64()? * 1e3))).collect())
+    Ok(results.iter().filter_map(|r| Some((r["command"].as_str()?.to_owned(), field(r)? * 1e3))).collect())
 }
 
 fn write_docs(root: &Path, group: &str, table: &str) -> Result<()> {
@@ -294,9 +302,14 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         cmd.args(["-n", &format!("bwrap {name}"), &format!("{bwrap} {program}")]);
     }
     let medians = hyperfine(&mut cmd, &json)?;
+    // CPU per run: user plus system time of the command and the children it reaps (hyperfine's
+    // means). Not shown for bwrap: its pid 1 and the program are reaped by the system's init,
+    // so hyperfine misses most of its CPU; the embedder table measures both through a cgroup.
+    let cpus = hyperfine_field(&json, |r| Some(r["user"].as_f64()? + r["system"].as_f64()?))?;
     let median = |name: &str| medians.get(name).copied().with_context(|| format!("no result for {name}"));
+    let cpu = |name: &str| cpus.get(name).copied().with_context(|| format!("no cpu for {name}"));
     let mut out = String::from(
-        "| target | variant | bare p50 | stockade p50 | overhead over bare | bwrap --unshare-all p50 | bwrap / stockade |\n|---|---|---|---|---|---|---|\n",
+        "| target | variant | bare p50 | stockade p50 | overhead over bare | bwrap --unshare-all p50 | bwrap / stockade | stockade CPU per run |\n|---|---|---|---|---|---|---|---|\n",
     );
     for name in ["true", "python"] {
         let (bare, bw) = (median(&format!("bare {name}"))?, median(&format!("bwrap {name}"))?);
@@ -306,17 +319,74 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
             ("stockade-workspace", "--workspace (a git repo, 200 files):rw"),
         ] {
             let ours = median(&format!("{variant} {name}"))?;
+            let our_cpu = cpu(&format!("{variant} {name}"))?;
             let _ = writeln!(
                 out,
-                "| {name} | {label} | {bare:.2} ms | {ours:.2} ms | {:.2} ms | {bw:.2} ms | {:.2}x |",
+                "| {name} | {label} | {bare:.2} ms | {ours:.2} ms | {:.2} ms | {bw:.2} ms | {:.2}x | {our_cpu:.2} ms |",
                 ours - bare,
-                bw / ours
+                bw / ours,
             );
         }
     }
     println!("\n{out}");
     if write {
         write_docs(root, "process", &out)?;
+    }
+    embedder(root, target, write)
+}
+
+/// The process tier from a long-lived multi-threaded embedder (the `embedder` criterion
+/// bench of stockade-process), next to bwrap and a bare spawn from the same program, with
+/// CPU per run measured from the host.
+fn embedder(root: &Path, target: &Path, write: bool) -> Result<()> {
+    let groups = ["process_embedder_true", "process_embedder_python", "process_embedder_8_concurrent"];
+    for g in groups {
+        let dir = target.join("criterion").join(g);
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+    }
+    let cpu_json = target.join("bench-process-embedder-cpu.json");
+    crate::run(
+        crate::cargo(&["bench", "--package", "stockade-process", "--bench", "embedder"])
+            .env("STOCKADE_BENCH_CPU_OUT", &cpu_json),
+    )?;
+    let cpu: Vec<Value> = serde_json::from_str(&fs::read_to_string(&cpu_json)?)?;
+    let cpu_of = |group: &str, bench: &str| {
+        cpu.iter().find(|r| r["group"] == group && r["benchmark"] == bench).and_then(|r| r["cpu_ms_per_run"].as_f64())
+    };
+    let median_of = |group: &str, bench: &str| -> Result<f64> {
+        let est = target.join("criterion").join(group).join(bench).join("new/estimates.json");
+        let est: Value = serde_json::from_str(&fs::read_to_string(&est).with_context(|| est.display().to_string())?)?;
+        est["median"]["point_estimate"].as_f64().context("no median")
+    };
+    let mut out = String::from(
+        "| group | runner | median | runs/s | bwrap / runner (time) | CPU per run | runner CPU / bwrap CPU |\n|---|---|---|---|---|---|---|\n",
+    );
+    for group in groups {
+        let per_iter = if group.ends_with("concurrent") { 8.0 } else { 1.0 };
+        let bwrap = median_of(group, "bwrap_unshare_all").ok();
+        let bwrap_cpu = cpu_of(group, "bwrap_unshare_all");
+        for bench in ["baseline_bare_spawn", "bwrap_unshare_all", "stockade_fork_server", "stockade_exec_helper"] {
+            let Ok(ns) = median_of(group, bench) else { continue };
+            let ratio = bwrap.map_or("n/a".to_owned(), |b| format!("{:.2}x", b / ns));
+            let c = cpu_of(group, bench);
+            let cpu_ratio = match (c, bwrap_cpu) {
+                (Some(c), Some(b)) if b > 0.0 => format!("{:.2}x", c / b),
+                _ => "n/a".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "| {group} | {bench} | {} | {:.0} | {ratio} | {} | {cpu_ratio} |",
+                time(ns),
+                per_iter / (ns / 1e9),
+                c.map_or("n/a".to_owned(), |c| format!("{c:.2} ms")),
+            );
+        }
+    }
+    println!("\n{out}");
+    if write {
+        write_docs(root, "process-embedder", &out)?;
     }
     Ok(())
 }

@@ -165,7 +165,17 @@ fn ci() -> Result<()> {
         (
             "escape",
             Box::new(|| {
-                let args = ["--require", "process", "--require", "wasm", "--require", "docker", "--check-doc"];
+                let args = [
+                    "--require",
+                    "process",
+                    "--require",
+                    "process-fork",
+                    "--require",
+                    "wasm",
+                    "--require",
+                    "docker",
+                    "--check-doc",
+                ];
                 escape(&args.map(str::to_owned))
             }),
         ),

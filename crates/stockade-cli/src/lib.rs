@@ -490,8 +490,8 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             Err(e) => return Err(e.into()),
         }
     } else {
-        // Forks the helper while this process is still single-threaded (one program start
-        // fewer); executes this binary as the helper otherwise.
+        // The helper is forked by the fork server `main` started (or, without one, by this
+        // process while it is single-threaded); this binary is executed as the helper otherwise.
         let helper = process::Helper::current_exe()
             .context("locating the stockade binary for the sandbox helper")?
             .prefer_fork();

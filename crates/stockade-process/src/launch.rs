@@ -20,9 +20,9 @@ use std::process::Stdio;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
-use crate::LaunchError;
 use crate::spec::{SPEC_VAR, Spec};
 use crate::sys::{fs as sysfs, process};
+use crate::{LaunchError, forkserver};
 
 /// How the supervisor starts the helper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +108,10 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo) -> Result<Launche
     match mode {
         Mode::Exec(path) => exec(path, spec, io),
         Mode::Fork(fallback) => {
+            if let Some(server) = forkserver::running() {
+                spec.status_fd = FORK_STATUS_FD;
+                return served(server, spec, io, fallback.as_deref());
+            }
             let threads = process::thread_count().map_err(internal("counting this process's threads"))?;
             if threads == 1 {
                 spec.status_fd = FORK_STATUS_FD;
@@ -116,7 +120,7 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo) -> Result<Launche
             match fallback {
                 Some(path) => exec(path, spec, io),
                 None => Err(LaunchError::Misconfigured(format!(
-                    "Helper::fork() launches only from a single-threaded process, and this one has {threads} threads; use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
+                    "Helper::fork() launches only from a single-threaded process or through a fork server, and this one has {threads} threads and no fork server; call ForkServer::start first thing in main, use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
                 ))),
             }
         }
@@ -180,53 +184,115 @@ fn exec(path: &Path, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchErro
     })
 }
 
+/// The guest's stdio for a forked helper: the ends the helper takes (stdin, stdout,
+/// stderr) and the ends the supervisor keeps.
+struct ForkedIo {
+    child: [File; 3],
+    stdin: Option<File>,
+    stdout: Option<File>,
+    stderr: Option<File>,
+}
+
+impl ForkedIo {
+    fn new(io: GuestIo) -> Result<Self, LaunchError> {
+        Ok(match io {
+            GuestIo::Pipes { stdin } => {
+                let (in_r, in_w) = if stdin {
+                    let (r, w) = sysfs::pipe().map_err(internal("stdin pipe"))?;
+                    (r, Some(w))
+                } else {
+                    (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+                };
+                let (out_r, out_w) = sysfs::pipe().map_err(internal("stdout pipe"))?;
+                let (err_r, err_w) = sysfs::pipe().map_err(internal("stderr pipe"))?;
+                Self { child: [in_r, out_w, err_w], stdin: in_w, stdout: Some(out_r), stderr: Some(err_r) }
+            }
+            GuestIo::Terminal(slave) => {
+                let copy = || slave.try_clone().map(File::from).map_err(internal("duplicating the pty"));
+                let (a, b) = (copy()?, copy()?);
+                Self { child: [a, b, File::from(slave)], stdin: None, stdout: None, stderr: None }
+            }
+        })
+    }
+
+    /// The supervisor's side, once the helper holds its copies of the child's ends.
+    fn launched(self, pid: libc::pid_t, status: File) -> Result<Launched, LaunchError> {
+        drop(self.child);
+        Ok(Launched {
+            process: watch(pid)?,
+            stdin: self.stdin.map(sender).transpose()?,
+            stdout: self.stdout.map(receiver).transpose()?,
+            stderr: self.stderr.map(receiver).transpose()?,
+            status: receiver(status)?,
+        })
+    }
+}
+
 fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
-    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match io {
-        GuestIo::Pipes { stdin } => {
-            let input = if stdin {
-                let (r, w) = sysfs::pipe().map_err(internal("stdin pipe"))?;
-                (r, Some(w))
-            } else {
-                (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
-            };
-            let (out_r, out_w) = sysfs::pipe().map_err(internal("stdout pipe"))?;
-            let (err_r, err_w) = sysfs::pipe().map_err(internal("stderr pipe"))?;
-            (input, (Some(out_r), out_w), (Some(err_r), err_w))
-        }
-        GuestIo::Terminal(slave) => {
-            let copy = || slave.try_clone().map(File::from).map_err(internal("duplicating the pty"));
-            let (a, b) = (copy()?, copy()?);
-            ((a, None), (None, b), (None, File::from(slave)))
-        }
-    };
+    let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     match process::fork().map_err(internal("fork"))? {
         process::Fork::Child => {
             // Single-threaded child of the supervisor: ordinary code is fine, but it must never
             // return into the supervisor's stack (the async runtime), so it always exits here.
-            // The four descriptors change hands as plain numbers: `forked_stdio` closes them
-            // (with everything else above 3), so no owner may close them again later.
-            let fds = [in_r, out_w, err_w, status_w].map(std::os::fd::IntoRawFd::into_raw_fd);
-            let code = std::panic::catch_unwind(move || {
-                if forked_stdio(fds).is_err() || scrub_inherited_args().is_err() {
-                    return 125;
-                }
-                crate::helper::run(spec)
-            })
-            .unwrap_or(125);
-            process::exit_now(code)
+            let [i, o, e] = ends.child;
+            forked_child(spec, [i.into(), o.into(), e.into(), status_w.into()], true)
         }
         process::Fork::Parent(pid) => {
-            drop((in_r, out_w, err_w, status_w));
-            Ok(Launched {
-                process: watch(pid)?,
-                stdin: in_w.map(sender).transpose()?,
-                stdout: out_r.map(receiver).transpose()?,
-                stderr: err_r.map(receiver).transpose()?,
-                status: receiver(status_r)?,
-            })
+            drop(status_w);
+            ends.launched(pid, status_r)
         }
     }
+}
+
+/// Starts the helper through the fork server: the helper is cloned by the server as a child
+/// of this process, and gets the same descriptors as a forked one.
+fn served(
+    server: &forkserver::Server,
+    spec: Spec,
+    io: GuestIo,
+    fallback: Option<&Path>,
+) -> Result<Launched, LaunchError> {
+    let ends = ForkedIo::new(io)?;
+    let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
+    let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
+    let fds = [ends.child[0].as_fd(), ends.child[1].as_fd(), ends.child[2].as_fd(), status_w.as_fd()];
+    let pid = server.spawn(&json, fds).map_err(|e| match e {
+        forkserver::SpawnError::Launch(e) => e,
+        forkserver::SpawnError::Gone(why) => LaunchError::Internal(format!(
+            "{why}; later runs {}",
+            match fallback {
+                Some(p) => format!("execute the helper {}", p.display()),
+                None => "fork this process when it is single-threaded, and fail otherwise".into(),
+            }
+        )),
+    })?;
+    drop(status_w);
+    ends.launched(pid, status_r)
+}
+
+/// In a child cloned by the fork server: the spec arrives as JSON, and the server has
+/// already scrubbed its copy of the supervisor's arguments and environment.
+pub(crate) fn served_child(spec: &[u8], fds: [OwnedFd; 4]) -> ! {
+    match serde_json::from_slice::<Spec>(spec) {
+        Ok(spec) => forked_child(spec, fds, false),
+        Err(_) => process::exit_now(125),
+    }
+}
+
+/// The helper in a forked (or served) child. The four descriptors (stdin, stdout, stderr,
+/// status) change hands as plain numbers: `forked_stdio` closes them (with everything else
+/// above 3), so no owner may close them again later.
+fn forked_child(spec: Spec, fds: [OwnedFd; 4], scrub: bool) -> ! {
+    let fds = fds.map(std::os::fd::IntoRawFd::into_raw_fd);
+    let code = std::panic::catch_unwind(move || {
+        if forked_stdio(fds).is_err() || (scrub && scrub_inherited_args().is_err()) {
+            return 125;
+        }
+        crate::helper::run(spec)
+    })
+    .unwrap_or(125);
+    process::exit_now(code)
 }
 
 /// What `/proc/<pid>/cmdline` of a forked helper (and of the run's pid 1, forked from it)
@@ -238,7 +304,7 @@ pub(crate) const FORKED_CMDLINE: &[u8] = b"stockade-sandbox-init (forked helper)
 /// `/proc/1/cmdline`, which the kernel lets every process of the pid namespace read whatever
 /// its dumpable flag, shows [`FORKED_CMDLINE`] and none of the supervisor's arguments. The
 /// copies are the child's own (copy-on-write): the supervisor keeps its arguments.
-fn scrub_inherited_args() -> std::io::Result<()> {
+pub(crate) fn scrub_inherited_args() -> std::io::Result<()> {
     use std::io::{Seek, SeekFrom, Write};
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let bad = || std::io::Error::other("unexpected /proc/self/stat");

@@ -7,7 +7,8 @@
 //! use stockade_protocol::Job;
 //!
 //! stockade_process::helper_main(); // first thing in `main` when using Helper::current_exe()
-//! let tier = ProcessTier::new(Helper::current_exe()?);
+//! stockade_process::ForkServer::start()?; // next, while single-threaded (see ForkServer)
+//! let tier = ProcessTier::new(Helper::current_exe()?.prefer_fork());
 //! let report = tier.run(&Job::command("python3", ["-c", "print(6*7)"])?).await?;
 //! assert_eq!(report.stdout.bytes, b"42\n");
 //! # Ok(()) }
@@ -45,7 +46,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-verify`. Used by:
 //! `stockade-runtime`.
-//! API boundary: yes; [`ProcessTier`], [`Helper`], [`helper_main`], [`probe`].
+//! API boundary: yes; [`ProcessTier`], [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
 //!
 //! # Threat model
 //! Trusted: the host kernel, this crate, the helper binary it execs.
@@ -126,9 +127,23 @@
 //!     it cannot read, is ENOSYS), so such a file cannot hand its owner's rights to whoever
 //!     runs it on the host.
 //!     (pinned by: tests/it/confinement.rs::g13_*)
+//! G14. A [`ForkServer`], started while the process has one thread (else
+//!     [`LaunchError::Misconfigured`]), lets a multi-threaded program launch every run
+//!     without an exec, with the same mechanisms as an executed helper: each helper is
+//!     cloned by the server as this process's own child and confined as in G11. The server
+//!     holds `/dev/null` as descriptors 0–2 and its socket as 3, and nothing else; its memory
+//!     holds none of the environment the program was started with; it and every run in
+//!     flight die with the program; and a server killed from outside fails the one launch
+//!     that finds out, by name, after which launches take the fallback.
+//!     (pinned by: tests/it/forkserver.rs::g14_*)
 //!
 //! # Non-guarantees
-//! Kernel vulnerabilities are out of reach of any of these mechanisms. A [`PROTECTED`] path
+//! Kernel vulnerabilities are out of reach of any of these mechanisms. The fork server is a
+//! copy of the program as it was when [`ForkServer::start`] ran: what the program held in
+//! memory by then, other than its command line and environment strings, is in the server
+//! and in every helper (and run's pid 1) forked from it, where G11 keeps it from the guest;
+//! calling it first in `main`, before any secret is read, is the caller's part. Its limits,
+//! umask and working directory are those of that moment too, not later changes. A [`PROTECTED`] path
 //! that does not exist in a read-write workspace can be created by the guest during the run
 //! and exists on the host until the run ends (blocking it would need a mount point, an
 //! empty file left in the user's directory); only the workspace's top level is covered. Landlock ABI 7 cannot
@@ -150,10 +165,13 @@
 //! Only in `src/sys/` (one file per syscall family), each block with a `// SAFETY:` comment;
 //! counted by `cargo xtask tidy`. Between fork and exec in a multi-threaded supervisor only
 //! `fcntl` runs; all other setup happens in the single-threaded helper, which is either a
-//! fresh exec or a fork of a supervisor that was checked to have one thread.
+//! fresh exec, a fork of a supervisor that was checked to have one thread, or a clone of the
+//! single-threaded fork server. Descriptor passing to the server (`SCM_RIGHTS`) goes through
+//! rustix's safe `sendmsg`/`recvmsg`.
 //!
 //! # Ambient authority
-//! Spawns the helper binary (or forks this process, see [`Helper::fork`]), reads
+//! Spawns the helper binary (or forks this process, see [`Helper::fork`], or asks the
+//! [`ForkServer`] to), reads
 //! `/proc/self/cgroup` and `/proc/self/status`, creates and removes per-run cgroups
 //! under this process's own cgroup, and opens the workspace path the job names.
 //!
@@ -172,6 +190,7 @@
 
 mod cgroup;
 mod confine;
+mod forkserver;
 mod helper;
 mod launch;
 mod spec;
@@ -214,10 +233,11 @@ impl Helper {
         Self(launch::Mode::Exec(path.into()))
     }
 
-    /// Forks the calling process and runs the helper in the child, with no exec: about 1 ms
-    /// faster per run. Sound only while the process has exactly one thread, which is checked
-    /// at every launch (`/proc/self/status`); a launch from a multi-threaded process fails
-    /// with [`LaunchError::Misconfigured`]. Meant for command-line programs that run on a
+    /// Forks the helper, with no exec: about 1 ms faster per run. Through the [`ForkServer`]
+    /// when this process started one; otherwise by forking the calling process, which is
+    /// sound only while it has exactly one thread, checked at every launch
+    /// (`/proc/self/status`): a launch from a multi-threaded process without a fork server
+    /// fails with [`LaunchError::Misconfigured`]. Meant for command-line programs that run on a
     /// current-thread runtime and start no threads (the `stockade` CLI). The forked helper
     /// shares no memory with the guest: the guest is a fresh exec, and landlock forbids it to
     /// trace or read the memory of the helper or the run's pid 1.
@@ -226,8 +246,9 @@ impl Helper {
         Self(launch::Mode::Fork(None))
     }
 
-    /// Forks when the process is single-threaded at launch (as [`Helper::fork`]), and
-    /// otherwise executes this helper binary.
+    /// Forks through the [`ForkServer`] when one is running, or forks this process when it
+    /// is single-threaded at launch (as [`Helper::fork`]), and otherwise executes this helper
+    /// binary.
     #[must_use]
     pub fn prefer_fork(self) -> Self {
         match self.0 {
@@ -243,6 +264,47 @@ impl Helper {
             launch::Mode::Exec(p) | launch::Mode::Fork(Some(p)) => Some(p),
             launch::Mode::Fork(None) => None,
         }
+    }
+}
+
+/// The fork server: a small single-threaded process, started first thing in `main`, that
+/// forks each run's helper on request. With it, a multi-threaded program (a tokio server, an
+/// agent) launches runs with [`Helper::fork`] or [`Helper::prefer_fork`] without executing
+/// the helper binary again.
+///
+/// ```no_run
+/// // First in `main`:
+/// stockade_process::helper_main(); // when the binary is also the exec fallback
+/// stockade_process::ForkServer::start().expect("single-threaded at the start of main");
+/// // ... then start the async runtime, read configuration and keys, serve ...
+/// ```
+///
+/// What the server holds, and so what a run's helper can hold, is what this process was
+/// when it started: so call it before any secret exists in memory (before reading keys,
+/// files or configuration), which is the caller's part of the contract. Enforced here: it
+/// starts only while the process has one thread; it overwrites its copy of the command line
+/// and environment strings at once (an API key passed in the environment is not in its
+/// memory); it keeps `/dev/null` as descriptors 0–2 and its socket as 3, and no other
+/// descriptor; it dies with this process (parent-death SIGKILL, and the end of its socket);
+/// and each helper it starts is this process's own child, confined exactly as a forked
+/// helper (G11). A server that is gone (killed from outside) fails the launch that finds out
+/// with a [`LaunchError::Internal`] naming it; later launches take the fallback. A process
+/// forked from this one after `start` does not use it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ForkServer;
+
+impl ForkServer {
+    /// Starts this process's fork server, or returns the running one's pid. Fails with
+    /// [`LaunchError::Misconfigured`] when the process already has more than one thread.
+    pub fn start() -> Result<u32, LaunchError> {
+        forkserver::start().map(|s| s.pid)
+    }
+
+    /// The running server's pid, if this process started one and it is still usable.
+    #[must_use]
+    pub fn pid() -> Option<u32> {
+        forkserver::running().map(|s| s.pid)
     }
 }
 

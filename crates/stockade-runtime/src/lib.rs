@@ -7,7 +7,11 @@
 //! use stockade_runtime::protocol::Job;
 //! use stockade_runtime::verify::{Budget, Contract, Outcome};
 //!
-//! let sandbox = Sandbox::builder().tier(ProcessTier::new(Helper::current_exe()?)).build()?;
+//! // In `main`, before any runtime or thread starts: `stockade_runtime::process::helper_main()`
+//! // and `stockade_runtime::process::ForkServer::start()`, so that runs from any thread are
+//! // forked by the fork server rather than executing the helper binary.
+//! let helper = Helper::current_exe()?.prefer_fork();
+//! let sandbox = Sandbox::builder().tier(ProcessTier::new(helper)).build()?;
 //! let job = Job::command("python3", ["-c", "print(6*7)"])?;
 //! let contract = Contract::json(Budget::new(Duration::from_secs(2), 1024), |n: &u32| {
 //!     if *n == 42 { Ok(()) } else { Err(format!("got {n}")) }

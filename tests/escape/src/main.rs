@@ -1,6 +1,6 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|wasm|docker|bwrap|docker-run|all]
+//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|process-fork|wasm|docker|bwrap|docker-run|all]
 //! [--attack NAME] [--json] [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
@@ -15,7 +15,14 @@ use stockade_process::{Helper, LaunchError, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Report, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
-const STOCKADE_TIERS: &[&str] = &["process", "wasm", "docker"];
+/// `process` launches each run's helper through a fork server (what a multi-threaded
+/// embedder, the runtime and the CLI use); `process-fork` forks the single-threaded
+/// supervisor directly. Both expect the process tier's outcomes.
+const STOCKADE_TIERS: &[&str] = &["process", "process-fork", "wasm", "docker"];
+
+/// Set in a `--*-one` child's environment for the `process-fork` column: it then starts no
+/// fork server, and the helper is forked from the child itself.
+const DIRECT_FORK_VAR: &str = "STOCKADE_ESCAPE_DIRECT_FORK";
 
 const SECRET_VAR: &str = "STOCKADE_ESCAPE_SUPERVISOR_SECRET";
 
@@ -158,11 +165,11 @@ fn judge_granted(
     judge(world, report, marker, grants, expect, name)
 }
 
-fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
     let targets = world.targets(entry.name);
     let paths = GrantPaths::new(world, entry.name)?;
     let upstream = stockade_escape::grants::upstream()?;
-    let one = Command::new(std::env::current_exe()?)
+    let one = one_child(direct)?
         .arg("--granted-one")
         .arg(bin_dir)
         .arg(entry.name)
@@ -252,12 +259,29 @@ fn parse() -> Result<Args> {
         }
     }
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "wasm".into(), "docker".into(), "bwrap".into(), "docker-run".into()];
+        a.tiers = vec![
+            "process".into(),
+            "process-fork".into(),
+            "wasm".into(),
+            "docker".into(),
+            "bwrap".into(),
+            "docker-run".into(),
+        ];
     }
     Ok(a)
 }
 
 fn main() -> ExitCode {
+    // A `--*-one` child (one process-tier run) starts its fork server first thing, while it
+    // has one thread, unless it serves the `process-fork` column.
+    let one = std::env::args_os().nth(1).is_some_and(|a| a.to_str().is_some_and(|a| a.ends_with("-one")));
+    if one
+        && std::env::var_os(DIRECT_FORK_VAR).is_none()
+        && let Err(e) = stockade_process::ForkServer::start()
+    {
+        eprintln!("stockade-escape: {e}");
+        return ExitCode::FAILURE;
+    }
     // The supervisor's environment holds a secret; re-execute with one if it is missing.
     if std::env::var_os(SECRET_VAR).is_none() {
         let secret = format!("CANARY-SUPERVISOR-{}", std::process::id() * 7919 + 17);
@@ -356,9 +380,9 @@ fn classify(status: &Status, output: &[u8]) -> Outcome {
 
 /// Row 47: a stand-in supervisor (this program, re-executed) runs the attack; once the
 /// attack is visible on the host, the supervisor is SIGKILLed, and the attack must die too.
-fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
     let targets = world.targets(entry.name);
-    let mut supervisor = Command::new(std::env::current_exe()?)
+    let mut supervisor = one_child(direct)?
         .arg("--supervise-one")
         .arg(bin_dir)
         .arg(entry.name)
@@ -468,12 +492,13 @@ fn rw_workspace_changed(ws: &Path) -> Option<String> {
     None
 }
 
-fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell> {
+/// `direct`: the `process-fork` column (no fork server in the child).
+fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
     if entry.setup == Setup::KillSupervisor {
-        return run_process_killing_supervisor(world, bin_dir, entry);
+        return run_process_killing_supervisor(world, bin_dir, entry, direct);
     }
     if entry.setup == Setup::Grants {
-        return run_process_granted(world, bin_dir, entry);
+        return run_process_granted(world, bin_dir, entry, direct);
     }
     let targets = world.targets(entry.name);
     let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name, None)).transpose()?;
@@ -481,10 +506,11 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
         Some(ws) => (ws.as_path(), Access::ReadWrite),
         None => (bin_dir, Access::ReadOnly),
     };
-    // Each attack runs from a fresh single-threaded process that forks the helper, as the
-    // `stockade` CLI does (this harness has other threads, so it could only exec one); the
-    // library's exec launch is covered by the tier's own tests.
-    let one = Command::new(std::env::current_exe()?)
+    // Each attack runs from a fresh process that launches the helper without an exec: through
+    // its fork server, or (`process-fork`) by forking itself while single-threaded. This
+    // harness has other threads, so it could only exec one; the library's exec launch is
+    // covered by the tier's own tests.
+    let one = one_child(direct)?
         .arg("--process-one")
         .arg(ws)
         .arg(if access == Access::ReadWrite { "rw" } else { "ro" })
@@ -499,6 +525,15 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry) -> Result<Cell>
     };
     let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
     judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
+}
+
+/// A `--*-one` child of this binary, for the `process` column or (`direct`) `process-fork`.
+fn one_child(direct: bool) -> Result<Command> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    if direct {
+        cmd.env(DIRECT_FORK_VAR, "1");
+    }
+    Ok(cmd)
 }
 
 /// A cell for a tier that could not run the attack at all.
@@ -847,7 +882,7 @@ fn run() -> Result<bool> {
     let mut columns: Vec<(String, Option<String>)> = Vec::new();
     for t in &args.tiers {
         let skip = match t.as_str() {
-            "process" => {
+            "process" | "process-fork" => {
                 let p = stockade_process::probe();
                 p.user_namespaces
                     .clone()
@@ -886,7 +921,8 @@ fn run() -> Result<bool> {
                 (_, Some(why)) => {
                     Cell { outcome: Outcome::Skipped(why.clone()), evidence: why.clone(), expected: true }
                 }
-                ("process", None) => run_process(&mut world, &bin_dir, e)?,
+                ("process", None) => run_process(&mut world, &bin_dir, e, false)?,
+                ("process-fork", None) => run_process(&mut world, &bin_dir, e, true)?,
                 ("wasm", None) => match &wasm_tier {
                     Some(t) => run_wasm(&mut world, t, &bin_dir, e)?,
                     None => unreachable!("the wasm column has a tier when it is not skipped"),

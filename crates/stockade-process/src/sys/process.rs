@@ -26,6 +26,33 @@ pub(crate) fn fork() -> io::Result<Fork> {
     }
 }
 
+/// `clone(CLONE_PARENT | SIGCHLD)` with no new stack: a fork whose child is a child of this
+/// process's parent, not of this process. Only the fork server calls it (see `forkserver`),
+/// so that each helper it starts is the supervisor's own child (waited on with a pidfd,
+/// reaped by the supervisor, its parent for the parent-death signal).
+pub(crate) fn fork_sibling() -> io::Result<Fork> {
+    // SAFETY: clone with a null stack pointer behaves as fork: the child runs on a
+    // copy-on-write copy of this stack and returns here with 0. The only caller is the fork
+    // server, which has exactly one thread (it is a fork of a process that was checked to be
+    // single-threaded, and starts none), so no lock can be held by another thread; glibc has
+    // no pid cache to refresh (since 2.25), and no atfork handler is needed in a process that
+    // holds no locks across this call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match super::check_long(r)? {
+        0 => Ok(Fork::Child),
+        pid => Ok(Fork::Parent(pid as libc::pid_t)),
+    }
+}
+
 /// `_exit(2)`: ends the process without running destructors or flushing stdio.
 pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is always safe to call.

@@ -5,5 +5,6 @@
 #[macro_use]
 mod support;
 mod confinement;
+mod forkserver;
 mod launch;
 mod limits;

@@ -1,0 +1,239 @@
+//! The fork server: a small single-threaded process, forked at the start of `main`, that
+//! forks each run's helper on request, so that a multi-threaded supervisor (a tokio server,
+//! an agent) never executes the helper binary again.
+//!
+//! ```text
+//! supervisor ─┬─ fork server         (forked by ForkServer::start, first thing in main;
+//!             │                       holds one socket and nothing else)
+//!             └─ helper ── init ── guest
+//!                (cloned by the server with CLONE_PARENT: the supervisor's own child)
+//! ```
+//!
+//! One request is one `SOCK_SEQPACKET` message from the supervisor: the helper's spec as
+//! JSON, with the guest's stdin, stdout and stderr and the status pipe as four descriptors
+//! (`SCM_RIGHTS`). The server clones a child with `CLONE_PARENT`, which runs the helper
+//! exactly as a forked helper does (`launch::forked_child`), and answers with its pid (or
+//! a negative errno). Because the helper is the supervisor's child, the supervisor waits on
+//! it, kills it and reaps it through a pidfd as it does any helper, the helper's parent-death
+//! signal follows the supervisor, and the server never has a child of its own to reap.
+//!
+//! What holds, and how:
+//! - **Forks before secrets exist.** [`start`] refuses to run when the process already has
+//!   more than one thread (so it runs before any runtime or library thread starts); that it
+//!   runs before the embedder reads a key, a file or a socket is the embedder's part, and
+//!   documented on [`crate::ForkServer::start`]. The server overwrites its copy of the
+//!   command line and environment strings at once, so the environment the program was
+//!   started with (where keys usually arrive) is not in its memory.
+//! - **Holds no descriptor beyond its socket.** Enforced: descriptors 0–2 become
+//!   `/dev/null`, the socket becomes descriptor 3, and every other descriptor is closed
+//!   before the server serves anything.
+//! - **Dies with its parent.** Enforced twice: a parent-death SIGKILL armed before it checks
+//!   that its parent is still the process that started it, and the end of its socket (the
+//!   supervisor's end is closed when the supervisor exits) ends its loop.
+//! - The server's signal dispositions and mask are the defaults, so each helper starts as an
+//!   exec would leave it.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+
+use crate::LaunchError;
+use crate::sys::{caps, fs as sysfs, process};
+
+/// Largest spec the server accepts: 128 KiB, the limit the kernel puts on one environment
+/// string, and so on the spec of an executed helper as well.
+pub(crate) const MAX_SPEC: usize = 128 << 10;
+
+/// How long the supervisor waits for the server's answer before it counts the server as
+/// gone: the server answers after one `clone`, so this is only ever reached if it was stopped.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The supervisor's side of a running server.
+pub(crate) struct Server {
+    /// The supervisor's end of the socket; the lock keeps a request and its answer together.
+    sock: Mutex<OwnedFd>,
+    /// The server's pid.
+    pub(crate) pid: u32,
+    /// The process that started it: a later fork of the embedder is not its owner.
+    owner: u32,
+    /// Set once a request found the server gone; launches then take the fallback.
+    dead: std::sync::atomic::AtomicBool,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+/// The server this process started, if any and if this process is still the one that
+/// started it.
+pub(crate) fn running() -> Option<&'static Server> {
+    SERVER.get().filter(|s| s.owner == std::process::id() && !s.dead.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Starts the server (once; later calls return the running one).
+pub(crate) fn start() -> Result<&'static Server, LaunchError> {
+    if let Some(s) = running() {
+        return Ok(s);
+    }
+    let threads = process::thread_count().map_err(|e| LaunchError::Internal(format!("counting threads: {e}")))?;
+    if threads != 1 {
+        return Err(LaunchError::Misconfigured(format!(
+            "ForkServer::start must be called while the process is single-threaded (first thing in main, before any runtime starts), and this one has {threads} threads"
+        )));
+    }
+    let (ours, theirs) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .map_err(|e| LaunchError::Internal(format!("fork server socketpair: {e}")))?;
+    let owner = std::process::id();
+    match process::fork().map_err(|e| LaunchError::Internal(format!("forking the fork server: {e}")))? {
+        process::Fork::Child => {
+            drop(ours);
+            // Never returns into the caller's `main`.
+            let code = std::panic::catch_unwind(move || serve(theirs, owner)).unwrap_or(125);
+            process::exit_now(code)
+        }
+        process::Fork::Parent(pid) => {
+            drop(theirs);
+            rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))
+                .map_err(|e| LaunchError::Internal(format!("fork server socket timeout: {e}")))?;
+            let server = Server { sock: Mutex::new(ours), pid: pid as u32, owner, dead: false.into() };
+            // Only this (single) thread could have set it in between.
+            Ok(SERVER.get_or_init(|| server))
+        }
+    }
+}
+
+/// Why a request to the server failed.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// The server is gone (killed, or stopped answering): the launch that found out fails
+    /// with this, and later launches take the fallback.
+    Gone(String),
+    /// The request itself failed.
+    Launch(LaunchError),
+}
+
+impl Server {
+    /// Asks the server for a helper running `spec` with `fds` (stdin, stdout, stderr, status)
+    /// as its descriptors 0–3. Returns the helper's pid: a child of this process.
+    pub(crate) fn spawn(&self, spec: &[u8], fds: [BorrowedFd<'_>; 4]) -> Result<libc::pid_t, SpawnError> {
+        if spec.len() > MAX_SPEC {
+            return Err(SpawnError::Launch(LaunchError::Misconfigured(format!(
+                "the job's helper spec is {} bytes, over the {MAX_SPEC}-byte limit (arguments, environment and paths together)",
+                spec.len()
+            ))));
+        }
+        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+        let gone = |what: &str, e: io::Error| {
+            self.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(SpawnError::Gone(format!("the fork server (pid {}) {what}: {e}", self.pid)))
+        };
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(SpawnError::Launch(LaunchError::Internal("fork server: ancillary buffer too small".into())));
+        }
+        loop {
+            match rustix::net::sendmsg(&*sock, &[IoSlice::new(spec)], &mut cmsg, SendFlags::NOSIGNAL) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return gone("cannot be reached", e.into()),
+            }
+        }
+        let mut answer = [0u8; 4];
+        let n = loop {
+            match rustix::net::recv(&*sock, &mut answer, RecvFlags::empty()) {
+                Ok((n, _)) => break n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return gone("did not answer", e.into()),
+            }
+        };
+        if n != answer.len() {
+            return gone("closed its socket", io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        match i32::from_ne_bytes(answer) {
+            pid if pid > 0 => Ok(pid),
+            errno => Err(SpawnError::Launch(LaunchError::Internal(format!(
+                "the fork server could not start a helper: {}",
+                io::Error::from_raw_os_error(-errno)
+            )))),
+        }
+    }
+}
+
+/// The server's whole life, in the forked child of [`start`]. Returns only to exit.
+fn serve(sock: OwnedFd, owner: u32) -> i32 {
+    if caps::set_parent_death_kill().is_err() || process::parent_pid() as u32 != owner {
+        return 0;
+    }
+    let Ok(sock) = isolate(sock) else { return 125 };
+    // Its copy of the command line and environment (and every helper's, cloned from it).
+    if crate::launch::scrub_inherited_args().is_err() {
+        return 125;
+    }
+    let mut buf = vec![0u8; MAX_SPEC];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+        let msg =
+            match rustix::net::recvmsg(&sock, &mut [IoSliceMut::new(&mut buf)], &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+                Ok(m) => m,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return 0,
+            };
+        let fds: Vec<OwnedFd> = cmsg
+            .drain()
+            .filter_map(|m| match m {
+                RecvAncillaryMessage::ScmRights(fds) => Some(fds),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        if msg.bytes == 0 && fds.is_empty() {
+            // The supervisor's end is closed: it has exited.
+            return 0;
+        }
+        let answer = if fds.len() != 4 || msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
+            -libc::EINVAL
+        } else {
+            match process::fork_sibling() {
+                Ok(process::Fork::Child) => {
+                    let fds: [OwnedFd; 4] = match fds.try_into() {
+                        Ok(f) => f,
+                        Err(_) => process::exit_now(125),
+                    };
+                    crate::launch::served_child(&buf[..msg.bytes], fds)
+                }
+                Ok(process::Fork::Parent(pid)) => pid,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            }
+        };
+        drop(fds);
+        if rustix::net::send(&sock, &answer.to_ne_bytes(), SendFlags::NOSIGNAL).is_err() {
+            return 0;
+        }
+    }
+}
+
+/// Leaves the server with `/dev/null` as descriptors 0–2, the socket as 3, and nothing
+/// else; signals at their defaults.
+fn isolate(sock: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::IntoRawFd;
+    let high = sysfs::dup_at_least(sock.as_raw_fd(), 16)?;
+    drop(sock);
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?.into_raw_fd();
+    for target in 0..3 {
+        sysfs::dup_onto(null, target)?;
+    }
+    sysfs::dup_onto(high, 3)?;
+    sysfs::close_from(4, u32::MAX)?;
+    sysfs::set_cloexec(3)?;
+    process::reset_signals()?;
+    // Descriptor 3 is now the only copy of the socket.
+    Ok(sysfs::adopt(3)?.into())
+}
