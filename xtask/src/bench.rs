@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|grants|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -34,6 +34,12 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "mcp" || *w == "all") {
+        mcp(root, target, write)?;
+        if wanted == ["mcp"] {
+            return Ok(());
+        }
+    }
     if wanted.iter().any(|w| *w == "docker" || *w == "all") {
         docker(root, target, write)?;
         if wanted == ["docker"] {
@@ -44,7 +50,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, mcp, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {
@@ -67,6 +73,64 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         if *group == "wasm" {
             wasm_process(root, target, write)?;
         }
+    }
+    Ok(())
+}
+
+/// `run_code` javascript through the official MCP Python client against `stockade mcp`,
+/// next to the same code through `stockade run --tier wasm --js` (hyperfine), in one run.
+fn mcp(root: &Path, target: &Path, write: bool) -> Result<()> {
+    apt_install(&[("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::guests_command())?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    let python = crate::llm::install_mcp_client()?;
+    let stockade = target.join("release/stockade");
+    let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    let script = root.join("crates/stockade-cli/benches/mcp_client_bench.py");
+    let out = std::process::Command::new(&python).arg(&script).arg(stockade).arg("500").output()?;
+    if !out.status.success() {
+        bail!("the MCP bench client failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let data: Value = serde_json::from_slice(&out.stdout)?;
+    let p50 = |key: &str| -> Result<f64> {
+        let mut v: Vec<f64> = data[key].as_array().context("bench output")?.iter().filter_map(Value::as_f64).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().context("no samples")
+    };
+    let overhead: Vec<f64> = {
+        let (c, w) = (data["call_us"].as_array().context("calls")?, data["wall_us"].as_array().context("walls")?);
+        let mut o: Vec<f64> = c.iter().zip(w).filter_map(|(c, w)| Some(c.as_f64()? - w.as_f64()?)).collect();
+        o.sort_by(f64::total_cmp);
+        o
+    };
+    let json = target.join("bench-mcp.json");
+    let mut cmd = std::process::Command::new("hyperfine");
+    cmd.args(["-N", "--warmup", "10", "--runs", "100", "--export-json"]).arg(&json);
+    cmd.args(["-n", "stockade run", &format!("{stockade} run --tier wasm --js console.log(1+2)")]);
+    let run_ms = hyperfine(&mut cmd, &json)?["stockade run"];
+    let (call, wall) = (p50("call_us")? / 1e3, p50("wall_us")? / 1e3);
+    let over = overhead[overhead.len() / 2] / 1e3;
+    let mut table = String::from("| path | p50 | note |\n|---|---|---|\n");
+    let _ = writeln!(
+        table,
+        "| `stockade run --tier wasm --js` (hyperfine) | {run_ms:.2} ms | a fresh process per run: start, guest load from the cache, run |"
+    );
+    let _ = writeln!(
+        table,
+        "| `run_code` through the MCP Python client | {call:.2} ms | one long-lived `stockade mcp`; timed by the client, 500 calls |"
+    );
+    let _ = writeln!(
+        table,
+        "| the same runs' own wall time, as the server measured it | {wall:.2} ms | `structuredContent.wall_us` |"
+    );
+    let _ = writeln!(
+        table,
+        "| MCP overhead per call (client time minus run wall, p50) | {over:.2} ms | JSON-RPC over stdio, the SDK's validation, scheduling |"
+    );
+    let _ = writeln!(table, "| MCP call against `stockade run` | {:.2}x | |", run_ms / call);
+    println!("\n{table}");
+    if write {
+        write_docs(root, "mcp", &table)?;
     }
     Ok(())
 }

@@ -29,14 +29,15 @@ const CMAKE_ARGS: &str = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DL
 /// How long the server may take to load the model and answer.
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
-const USAGE: &str = "usage: cargo xtask llm [--install | --start | --stop | --test | --sdk]
+const USAGE: &str = "usage: cargo xtask llm [--install | --start | --stop | --test | --sdk | --mcp]
   --install  create the venv and install the pinned server and model (checks the model's sha256)
   --start    install, then start the server on 127.0.0.1 in the background; prints its base URL
   --stop     stop the server --start started (by the PID it recorded)
   --test     install, start, run the steward example against it (stockade-cli's real-model
              test), then stop it
   --sdk      install the pinned OpenAI Python SDK for the guests' python3 (pip --target);
-             prints the directory (set STOCKADE_OPENAI_PYTHON to it for stockade-cli's tests)";
+             prints the directory (set STOCKADE_OPENAI_PYTHON to it for stockade-cli's tests)
+  --mcp      install the pinned MCP Python SDK (PyPI mcp) in a venv of its own; prints its python";
 
 fn dir() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
@@ -72,6 +73,10 @@ pub(crate) fn run_cmd(args: &[String]) -> Result<()> {
         Some("--stop") => stop_recorded(),
         Some("--sdk") => {
             println!("{}", install_openai_sdk()?.display());
+            Ok(())
+        }
+        Some("--mcp") => {
+            println!("{}", install_mcp_client()?.display());
             Ok(())
         }
         Some("--test") => test(),
@@ -146,6 +151,29 @@ pub(crate) fn install_openai_sdk() -> Result<PathBuf> {
         .arg(&target)
         .arg(OPENAI_SDK))?;
     Ok(target)
+}
+
+/// The official MCP Python SDK, whose client drives `stockade mcp` in stockade-cli's tests.
+const MCP_SDK: &str = "mcp==2.3.0";
+
+/// Installs [`MCP_SDK`] into a virtual environment of its own; returns its interpreter.
+pub(crate) fn install_mcp_client() -> Result<PathBuf> {
+    let venv = dir().join("mcp-venv");
+    let python = venv.join("bin/python");
+    let version = MCP_SDK.trim_start_matches("mcp==");
+    let installed = Command::new(&python)
+        .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version);
+    if installed {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(dir())?;
+    if !venv.join("bin/pip").exists() {
+        run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", MCP_SDK]))?;
+    Ok(python)
 }
 
 /// Starts `cargo xtask llm --install` in the background (so that CI builds while pip compiles);

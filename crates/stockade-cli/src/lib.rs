@@ -1,6 +1,7 @@
 //! The `stockade` command line: `stockade run` confines a command and prints its output only
 //! if the run is verified; `stockade agent` runs an agent over an OpenAI-compatible endpoint
-//! that marks, allows and isolates; `stockade doctor` says what this host can enforce.
+//! that marks, allows and isolates; `stockade mcp` serves the same sandboxes to MCP clients;
+//! `stockade doctor` says what this host can enforce.
 //!
 //! # Position in the stack
 //! Depends on: `stockade-agent` and `stockade-runtime` (and through them protocol, policy,
@@ -54,9 +55,22 @@
 //!     supervisor's pid and start time) are reported by `stockade doctor` and removed by the
 //!     next run or by `stockade gc`; a live supervisor's never are.
 //!     (pinned by: tests/it/cli.rs::g7_*)
+//! G8. `stockade mcp` speaks MCP over stdio, the 2025-11-25 handshake (`initialize`) and the
+//!     stateless 2026-07-28 era (`server/discover`) alike, and writes nothing but protocol
+//!     messages to stdout. It lists `run_code` (javascript in the wasm tier, python and sh in
+//!     the process tier or a container) and `run_command` only when this host can run them;
+//!     bad arguments, arguments over the server's caps, a policy denial (naming the rule)
+//!     and every refused run (non-zero exit, timeout, output over budget, out of memory) are
+//!     results with `isError` and a one-line reason, while a line that is not JSON gets
+//!     -32700, an oversized line -32600 (never held whole), and the session goes on;
+//!     `notifications/cancelled` kills that call's run and sends no answer; calls run
+//!     concurrently up to a cap.
+//!     (pinned by: tests/it/mcp.rs::g8_*)
 //!
 //! # Non-guarantees
-//! `--json` prints the whole report, including unverified output, for inspection.
+//! `--json` prints the whole report, including unverified output, for inspection. What
+//! `stockade mcp` returns (stdout and stderr, raw, in `structuredContent` and a text copy)
+//! is the guest's: the tools' descriptions call it untrusted; it is not marked.
 //!
 //! # Failure behaviour
 //! Usage errors exit 2 (clap); stockade's own failures exit 125.
@@ -68,7 +82,7 @@
 //! Reads its arguments, forks (or re-executes) itself as the sandbox helper; for `run` with
 //! grants, reads the named data, schema and policy files and runs each `--grant-tool`
 //! command on the host (as the user, environment cleared to `PATH`) when a call is allowed;
-//! for `agent`, reads
+//! for `mcp`, reads its policy file and serves stdin and stdout; for `agent`, reads
 //! its config and policy files, the API key's variable, connects to the endpoint and starts the
 //! configured command tools; reads the wasm tier's guest and
 //! cache directories, and for `doctor` probes the host and the Docker socket.
@@ -83,6 +97,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod mcp;
 mod term;
 
 use std::io::Write;
@@ -150,6 +165,9 @@ Exit codes: 0 answered; 3 no answer (turns, tool calls, tokens or time spent, or
 denied again and again); 4 the endpoint failed (unreachable after retries, credentials refused,
 a bad response); 125 stockade failed (configuration, policy, setup).")]
     Agent(Box<agent::AgentArgs>),
+    /// Serve the sandboxes as an MCP server on stdio (`run_code`, `run_command`), for Claude
+    /// Desktop, Codex and other MCP clients; protocol messages only on stdout, logs on stderr.
+    Mcp(Box<mcp::McpArgs>),
     /// Remove what killed runs left behind: the process tier's per-run cgroups whose
     /// supervisor is gone, and the docker tier's expired containers (when an engine answers).
     #[command(
@@ -322,6 +340,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Agent(args) => agent::run(*args),
+        Command::Mcp(args) => mcp::run(*args),
         Command::Doctor { json } => doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => docker_gc(all).map(|()| ExitCode::SUCCESS),
         Command::Gc => gc().map(|()| ExitCode::SUCCESS),

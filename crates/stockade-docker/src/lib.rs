@@ -42,7 +42,9 @@
 //! G3. A run is create, attach, start, bounded fail-fast capture, SIGKILL at the deadline
 //!     or on an output breach (after dropping the attach stream), wait for not-running,
 //!     inspect (out of memory, exit code) and a forced removal with retries, on every path
-//!     out, so no container outlives its run.
+//!     out, so no container outlives its run; a run whose future is dropped mid-run (a
+//!     caller's timeout, a cancellation) force-removes its container at once, from a task
+//!     on the caller's runtime.
 //!     (pinned by: tests/it/docker.rs::g3_*)
 //! G4. Containers left behind by a crashed host are reaped by label when the tier connects
 //!     and by [`DockerTier::gc`].
@@ -187,6 +189,23 @@ pub struct DockerTier {
 }
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Force-removes a container when a run's future is dropped before the run removed it.
+struct RemoveOnDrop {
+    docker: Option<Docker>,
+    id: String,
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let (Some(docker), Ok(rt)) = (self.docker.take(), tokio::runtime::Handle::try_current()) else { return };
+        let id = std::mem::take(&mut self.id);
+        rt.spawn(async move {
+            let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+            let _ = docker.remove_container(&id, Some(opts)).await;
+        });
+    }
+}
 
 pub(crate) fn run_id() -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -447,7 +466,11 @@ impl DockerTier {
             }
             Err(e) => return Err(engine(e)),
         };
+        // If this future is dropped mid-run (a caller's timeout, an MCP cancellation), the
+        // container is force-removed at once instead of running on until its expiry.
+        let mut dropped = RemoveOnDrop { docker: Some(self.docker.clone()), id: container.clone() };
         let result = self.lifecycle(&container, job).await;
+        dropped.docker = None;
         let removed = self.remove(&container).await;
         // The container is gone: what the guest created among the absent protected paths
         // goes now, whatever became of the run.

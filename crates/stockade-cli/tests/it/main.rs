@@ -3,5 +3,6 @@
 mod agent;
 mod cli;
 mod grants;
+mod mcp;
 mod stdio;
 mod workspace;

@@ -150,6 +150,22 @@ fn g3_the_deadline_kills_and_nothing_is_left() {
 }
 
 #[test]
+fn g3_a_run_whose_future_is_dropped_leaves_no_container() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g3_a_run_whose_future_is_dropped") else { return };
+    let job = sh("sleep 60").with_limits(Limits::new().with_wall(Duration::from_secs(50)).unwrap());
+    let rt = rt();
+    rt.block_on(async {
+        // Cancelled while the guest sleeps (a caller's timeout, an MCP cancellation).
+        let cut = tokio::time::timeout(Duration::from_secs(3), tier.run(&job)).await;
+        assert!(cut.is_err(), "the run should still be going: {cut:?}");
+        // The removal was spawned on this runtime: give it time to reach the engine.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    assert_eq!(leftovers(), 0);
+}
+
+#[test]
 fn g3_an_output_flood_stops_at_the_budget() {
     let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some(tier) = tier("g3_an_output_flood") else { return };
