@@ -30,8 +30,9 @@
 //!     (pinned by: tests/it/agent.rs::g3_*)
 //! G4. `stockade run --grant-data/--grant-tool` gives the guest exactly the named grants in
 //!     every tier (files and `stockade-call` in the process and docker tiers, globals in
-//!     JavaScript); a granted tool runs on the host only when `--grant-policy` allows the
-//!     call, and `--grant-strict` refuses a run with a denied call (exit 116); `--grant-model`
+//!     JavaScript, and with the `python` feature globals in the wasm tier's Python guest,
+//!     whose door stockade-wasm's G12 pins); a granted tool runs on the host only when
+//!     `--grant-policy` allows the call, and `--grant-strict` refuses a run with a denied call (exit 116); `--grant-model`
 //!     reaches the configured endpoint through the broker only (the real key never inside):
 //!     on a unix socket and, in the process tier (the docker tier as root), at
 //!     `$OPENAI_BASE_URL`, and in every tier as
@@ -213,7 +214,8 @@ struct RunArgs {
     #[arg(long, value_name = "CODE", conflicts_with_all = ["js_file", "command"])]
     js: Option<String>,
     /// Run this Python in the wasm tier's CPython guest (needs `--tier wasm`, a stockade built
-    /// with `--features python`, and `cargo xtask guests --python`).
+    /// with `--features python`, and `cargo xtask guests --python`). Grants are globals, as
+    /// in JavaScript (`print(add(len(rows), 1))`), and `from host import tools` lists them.
     #[arg(long, value_name = "CODE", conflicts_with_all = ["js", "js_file", "command"])]
     python: Option<String>,
     /// Run the JavaScript in this file in the wasm tier's QuickJS guest (needs `--tier wasm`).
@@ -369,7 +371,8 @@ fn job(args: &RunArgs) -> Result<Job> {
         if args.tier != "wasm" {
             bail!("--python needs --tier wasm");
         }
-        return with_grants(python_job(code)?.with_limits(limits), args);
+        let granted = !args.grant_data.is_empty() || !args.grant_tool.is_empty() || args.grant_model;
+        return with_grants(python_job(code, granted)?.with_limits(limits), args);
     }
     let job = match (args.tier.as_str(), script) {
         ("wasm", Some(script)) => wasm::javascript_job(script)?,
@@ -413,13 +416,14 @@ fn with_grants(mut job: Job, args: &RunArgs) -> Result<Job> {
     Ok(job)
 }
 
+/// The Python guest's job; with grants, their names are globals as in JavaScript.
 #[cfg(feature = "python")]
-fn python_job(code: &str) -> Result<Job> {
-    Ok(wasm::python_job(code)?)
+fn python_job(code: &str, granted: bool) -> Result<Job> {
+    Ok(if granted { wasm::python_job_with_grants(code)? } else { wasm::python_job(code)? })
 }
 
 #[cfg(not(feature = "python"))]
-fn python_job(_code: &str) -> Result<Job> {
+fn python_job(_code: &str, _granted: bool) -> Result<Job> {
     bail!(
         "this stockade was built without the `python` feature: \
          cargo build --release -p stockade-cli --features python, then cargo xtask guests --python"

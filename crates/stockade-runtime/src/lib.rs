@@ -108,7 +108,8 @@
 //!     names the broker.
 //!     (pinned by: tests/it/grants.rs::g7_*)
 //! G8. A tier that cannot carry grants fails closed with [`TierError::Unsupported`]
-//!     (`grants`); the wasm tier refuses grants to its Python guest.
+//!     (`grants`). (The wasm tier's Python guest carries them through its own tool door:
+//!     `stockade-wasm`'s G12.)
 //!     (pinned by: tests/it/grants.rs::g8_*)
 //! G9. A model grant also answers calls to the grant [`MODEL_GRANT`] (`model`) in every
 //!     tier: the wasm tier's JavaScript `model({...})` global (the manifest lists it), and

