@@ -583,29 +583,28 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
     }
     let _slot = server.slots.acquire().await.map_err(|_| RpcError::new(-32603, "the server is shutting down"))?;
     let progress = params.get("_meta").and_then(|m| m.get("progressToken")).cloned();
-    let ticker = progress.map(|token| {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let start = Instant::now();
-            let mut every = tokio::time::interval(Duration::from_secs(1));
+    // Progress, when asked for, from this same task: a cancelled call's ticks stop with it.
+    let ticking = async move {
+        let Some(token) = progress else { return std::future::pending::<()>().await };
+        let start = Instant::now();
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.tick().await;
+        loop {
             every.tick().await;
-            loop {
-                every.tick().await;
-                let secs = start.elapsed().as_secs();
-                let _ = tx
-                    .send(json!({"jsonrpc": "2.0", "method": "notifications/progress",
-                        "params": {"progressToken": token, "progress": secs, "message": format!("running for {secs} s")}}))
-                    .await;
-            }
-        })
-    });
+            let secs = start.elapsed().as_secs();
+            let _ = tx
+                .send(json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                    "params": {"progressToken": token, "progress": secs, "message": format!("running for {secs} s")}}))
+                .await;
+        }
+    };
     let sandbox = match &runner {
         Runner::Command(s) | Runner::Image(s, _) | Runner::Javascript(s) => s.clone(),
     };
-    let report = sandbox.report(&job).await;
-    if let Some(t) = ticker {
-        t.abort();
-    }
+    let report = tokio::select! {
+        r = sandbox.report(&job) => r,
+        () = ticking => unreachable!("the ticker never ends"),
+    };
     Ok(match report {
         Ok(r) => result(&r, sandbox.tier_name(), job.limits()),
         Err(e) => refused("failed_to_start", &format!("the sandbox could not run it: {e}")),

@@ -226,17 +226,26 @@ fn g8_garbage_and_oversized_lines_get_errors_and_the_session_goes_on() {
 }
 
 #[test]
-fn g8_a_cancelled_call_kills_its_run_and_gets_no_answer() {
+fn g8_a_cancelled_call_kills_its_run_and_gets_no_answer_or_progress() {
     let mut s = Raw::start(&["--languages", "sh"]);
     let marker = marker();
     let call = json!({"jsonrpc":"2.0","id":"long","method":"tools/call",
-        "params":{"name":"run_code","arguments":{"language":"sh","code":format!("exec sleep {marker}"),"timeout_ms":40000}}});
+        "params":{"name":"run_code","arguments":{"language":"sh","code":format!("exec sleep {marker}"),"timeout_ms":40000},
+            "_meta":{"progressToken":"p1"}}});
     s.send(call.to_string().as_bytes());
     wait_until("the run has started", Duration::from_secs(10), || !with_marker(&marker).is_empty());
+    let tick = s.next();
+    assert_eq!(
+        (&tick["method"], &tick["params"]["progressToken"]),
+        (&json!("notifications/progress"), &json!("p1")),
+        "{tick}"
+    );
     s.send(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"long","reason":"test"}}"#);
     wait_until("the cancelled run's processes are gone", Duration::from_secs(5), || with_marker(&marker).is_empty());
+    // Long enough for two more ticks, had the call's progress outlived it.
+    std::thread::sleep(Duration::from_millis(2500));
     s.send(br#"{"jsonrpc":"2.0","id":"after","method":"ping"}"#);
     let next = s.next();
-    assert_eq!(next["id"], "after", "the cancelled call must not be answered: {next}");
+    assert_eq!(next["id"], "after", "the cancelled call must get no answer and no more progress: {next}");
     s.finish();
 }
