@@ -39,7 +39,12 @@ commands:
                      the OpenAI Python SDK, --mcp the MCP Python SDK (prints its interpreter)
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
-  escape [--tier process|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
+  soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]
+                     sustained load on the process and wasm tiers: a seeded mix of jobs, every
+                     outcome checked, descriptors, processes, cgroups, mounts and temp entries
+                     counted by the host before and after, RSS sampled; --write records it in
+                     docs/reliability.md (CI runs 500 per tier)
+  escape [--tier process|process-fork|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
                      build the static attack programs and run the escape matrix;
                      --markdown rewrites docs/escape-matrix.md, --check-doc fails if it is stale
 ";
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
         Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
         Some("images") => images::run(&target_dir()),
         Some("escape") => escape(&args[1..]),
+        Some("soak") => soak(&args[1..]),
         Some("llm") => llm::run_cmd(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
             print!("{HELP}");
@@ -184,6 +190,8 @@ fn ci() -> Result<()> {
             }),
         ),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
+        // The short soak: 500 runs per tier, every outcome checked, nothing left behind.
+        ("soak", Box::new(|| soak(&["--runs".to_owned(), "500".to_owned()]))),
         // The agent's end-to-end run against a real local model.
         (
             "agent-llm",
@@ -299,6 +307,34 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
+/// `cargo xtask soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
+/// report into docs/reliability.md between the soak markers.
+fn soak(args: &[String]) -> Result<()> {
+    run(&mut guests_command())?;
+    // CI's short form uses the debug build its tests already compiled; the long form, release.
+    let release = args.iter().any(|a| a == "--release");
+    let profile = if release { "release" } else { "debug" };
+    run(&mut cargo(&["build", "--profile", if release { "release" } else { "dev" }, "--package", "stockade-soak"]))?;
+    let write = args.iter().any(|a| a == "--write");
+    let out = target_dir().join("soak.md");
+    let mut cmd = Command::new(target_dir().join(profile).join("stockade-soak"));
+    cmd.args(args.iter().filter(|a| *a != "--write" && *a != "--release")).arg("--markdown").arg(&out);
+    let result = run(&mut cmd);
+    if write && out.exists() {
+        let path = root().join("docs/reliability.md");
+        let doc = std::fs::read_to_string(&path)?;
+        let (start, end) = ("<!-- soak:start -->", "<!-- soak:end -->");
+        let (Some(a), Some(b)) = (doc.find(start), doc.find(end)) else {
+            anyhow::bail!("docs/reliability.md lacks the {start} ... {end} markers");
+        };
+        let body = std::fs::read_to_string(&out)?;
+        std::fs::write(&path, format!("{}{start}\n{body}{}", &doc[..a], &doc[b..]))?;
+        println!("wrote the soak report to docs/reliability.md");
+    }
+    result
+}
+
 fn escape(args: &[String]) -> Result<()> {
     let target = target_dir();
     let static_dir = target.join("attacks-static");

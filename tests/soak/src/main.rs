@@ -1,0 +1,573 @@
+//! `stockade-soak`: sustained load on the process and wasm tiers, usually started by
+//! `cargo xtask soak`.
+//!
+//! Usage: `stockade-soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S]
+//! [--markdown FILE]`
+//!
+//! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
+//! computation whose output is checked, an output flood, a sleep past the deadline, a memory
+//! bomb, and for the process tier a fork bomb and a read-write workspace job). Every outcome
+//! is compared with the one that kind must have. The host counts, before the first run and
+//! after the last: this process's descriptors, its descendants (the fork server aside), its
+//! per-run cgroups, the mounts it sees and stockade's entries in the temp directory; and
+//! samples its RSS at the start (after a warm-up run of every kind), at 10% of the runs and
+//! at the end. It passes with no unexpected outcome, nothing left behind, and the RSS at the
+//! end within 10% (or 4 MiB) of the RSS at the start.
+//!
+//! `main` starts the process tier's fork server first, while this program is still
+//! single-threaded, as every embedder should.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use stockade_process::{ForkServer, Helper, ProcessTier};
+use stockade_protocol::{Access, Job, Limits, Report, Status, Stream};
+use stockade_wasm::WasmTier;
+
+struct Args {
+    tiers: Vec<String>,
+    runs: u64,
+    concurrency: usize,
+    seed: u64,
+    markdown: Option<PathBuf>,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args { tiers: Vec::new(), runs: 10_000, concurrency: 8, seed: 0x5eed, markdown: None };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{x} needs a value"));
+        match x.as_str() {
+            "--tier" => a.tiers.push(value()?),
+            "--runs" => a.runs = value()?.parse().context("--runs")?,
+            "--concurrency" => a.concurrency = value()?.parse().context("--concurrency")?,
+            "--seed" => a.seed = value()?.parse().context("--seed")?,
+            "--markdown" => a.markdown = Some(value()?.into()),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
+        a.tiers = vec!["process".into(), "wasm".into()];
+    }
+    if a.concurrency == 0 || a.runs == 0 {
+        bail!("--runs and --concurrency must be at least 1");
+    }
+    Ok(a)
+}
+
+/// splitmix64: the mix is the same for the same seed and run number.
+fn mix(seed: u64, n: u64) -> u64 {
+    let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Builds run `n`'s job, with a workspace directory of its worker's.
+type MakeJob = Box<dyn Fn(u64, &Path) -> Result<Job> + Send + Sync>;
+/// Whether run `n`'s report is the one its kind must have.
+type Expect = Box<dyn Fn(&Report, u64) -> bool + Send + Sync>;
+
+/// One kind of job: its name, its weight in the mix, and what its report must say.
+struct Kind {
+    name: &'static str,
+    weight: u64,
+    job: MakeJob,
+    expect: Expect,
+    expected: &'static str,
+}
+
+fn limits(wall_ms: u64) -> Result<Limits> {
+    Ok(Limits::new().with_wall(Duration::from_millis(wall_ms))?.with_cpu(Duration::from_secs(10))?)
+}
+
+fn out(r: &Report) -> &[u8] {
+    &r.stdout.bytes
+}
+
+fn exited0(r: &Report) -> bool {
+    r.status == Status::Exited { code: 0 }
+}
+
+fn process_kinds(cgroups: bool) -> Vec<Kind> {
+    let py = |code: &str| Job::command("/usr/bin/python3", ["-c", code]);
+    let flood = Limits::new().with_stdout(64 << 10).and_then(|l| l.with_wall(Duration::from_secs(10)));
+    vec![
+        Kind {
+            name: "true",
+            weight: 30,
+            job: Box::new(|_, _| Ok(Job::command("/bin/true", Vec::<String>::new())?)),
+            expect: Box::new(|r, _| exited0(r)),
+            expected: "exits 0",
+        },
+        Kind {
+            name: "python",
+            weight: 20,
+            job: Box::new(move |n, _| Ok(py(&format!("print(sum(range({n} % 1000)))"))?)),
+            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expected: "exits 0 and prints the sum it was asked for",
+        },
+        Kind {
+            name: "flood",
+            weight: 10,
+            job: Box::new(move |_, _| {
+                Ok(Job::command("/bin/sh", ["-c", "exec cat /dev/zero"])?.with_limits(flood.clone()?))
+            }),
+            expect: Box::new(|r, _| {
+                r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
+            }),
+            expected: "output limit on stdout, at most 64 KiB kept",
+        },
+        Kind {
+            name: "sleep",
+            weight: 10,
+            job: Box::new(|_, _| Ok(Job::command("/bin/sleep", ["30"])?.with_limits(limits(300)?))),
+            expect: Box::new(|r, _| r.status == Status::TimedOut),
+            expected: "timed out at 300 ms",
+        },
+        Kind {
+            name: "memory",
+            weight: 10,
+            job: Box::new(move |_, _| {
+                Ok(py("b = bytearray(1 << 30)")?.with_limits(limits(10_000)?.with_memory(128 << 20)?))
+            }),
+            expect: Box::new(move |r, _| {
+                if cgroups { r.status == Status::OutOfMemory } else { r.status == Status::Exited { code: 1 } }
+            }),
+            expected: "out of memory (with a cgroup; MemoryError under RLIMIT_AS without)",
+        },
+        Kind {
+            name: "fork_bomb",
+            weight: 5,
+            job: Box::new(move |_, _| {
+                Ok(py("import os, time\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\nexcept OSError:\n    print('capped')")?
+                    .with_limits(limits(10_000)?))
+            }),
+            expect: Box::new(|r, _| exited0(r) && out(r) == b"capped\n"),
+            expected: "fork fails at the process limit; the run ends with its guest, children and all",
+        },
+        Kind {
+            name: "workspace",
+            weight: 15,
+            job: Box::new(|n, ws| {
+                Ok(Job::command(
+                    "/bin/sh",
+                    ["-c", "echo \"$0\" > /workspace/out && cat /workspace/out", &n.to_string()],
+                )?
+                .with_workspace(ws, Access::ReadWrite)?)
+            }),
+            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{n}\n").as_bytes()),
+            expected: "writes its run number into a read-write workspace and reads it back",
+        },
+    ]
+}
+
+fn wasm_kinds() -> Result<Vec<Kind>> {
+    let js = |code: &str| -> Result<Job> { Ok(stockade_wasm::javascript_job(code.as_bytes().to_vec())?) };
+    js("0").context("the wasm tier's JavaScript guest (cargo xtask guests)")?;
+    Ok(vec![
+        Kind {
+            name: "js_empty",
+            weight: 30,
+            job: Box::new(move |_, _| js("0")),
+            expect: Box::new(|r, _| exited0(r)),
+            expected: "exits 0",
+        },
+        Kind {
+            name: "js_compute",
+            weight: 30,
+            job: Box::new(move |n, _| {
+                js(&format!("let s = 0; for (let i = 0; i < {}; i++) s += i; console.log(s)", n % 1000))
+            }),
+            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expected: "exits 0 and prints the sum it was asked for",
+        },
+        Kind {
+            name: "js_flood",
+            weight: 15,
+            job: Box::new(move |_, _| {
+                Ok(js("for (;;) console.log('x'.repeat(1000))")?.with_limits(Limits::new().with_stdout(64 << 10)?))
+            }),
+            expect: Box::new(|r, _| r.status == Status::OutputLimit { stream: Stream::Stdout }),
+            expected: "output limit on stdout",
+        },
+        Kind {
+            name: "js_spin",
+            weight: 15,
+            job: Box::new(move |_, _| Ok(js("for (;;) {}")?.with_limits(limits(300)?))),
+            expect: Box::new(|r, _| r.status == Status::TimedOut),
+            expected: "timed out at 300 ms",
+        },
+        Kind {
+            name: "js_memory",
+            weight: 10,
+            job: Box::new(move |_, _| {
+                Ok(js("let a = []; for (;;) a.push(new Array(1 << 20).fill(7))")?
+                    .with_limits(limits(10_000)?.with_memory(64 << 20)?))
+            }),
+            expect: Box::new(|r, _| r.status == Status::OutOfMemory),
+            expected: "out of memory at 64 MiB",
+        },
+    ])
+}
+
+/// What the host counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resources {
+    fds: usize,
+    processes: usize,
+    cgroups: usize,
+    mounts: usize,
+    temp_entries: usize,
+}
+
+fn count_dir(p: impl AsRef<Path>) -> usize {
+    std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0)
+}
+
+/// This process's descendants, the fork server and its clones' parentage aside: the fork
+/// server is a child for the program's whole life.
+fn descendants(skip: Option<u32>) -> usize {
+    let me = std::process::id();
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            Some((pid, s.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![me];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parents.iter().filter(|(pid, pp)| *pp == p && Some(*pid) != skip).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    found.len() - 1
+}
+
+/// Per-run cgroups of this process (named `stockade-PID-...`) in its v1 memory and pids
+/// hierarchies, or under its v2 cgroup.
+fn own_cgroups() -> usize {
+    let prefix = format!("stockade-{}-", std::process::id());
+    let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut n = 0;
+    for line in mine.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next(), f.next().unwrap_or_default(), f.next().unwrap_or_default());
+        let base = match controllers {
+            "" => PathBuf::from("/sys/fs/cgroup"),
+            c if c.split(',').any(|c| c == "memory" || c == "pids") => PathBuf::from("/sys/fs/cgroup").join(c),
+            _ => continue,
+        };
+        let dir = base.join(path.trim_start_matches('/'));
+        n += std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .count();
+    }
+    n
+}
+
+fn resources(server: Option<u32>) -> Resources {
+    let tmp = std::env::temp_dir();
+    Resources {
+        fds: count_dir("/proc/self/fd"),
+        processes: descendants(server),
+        cgroups: own_cgroups(),
+        mounts: std::fs::read_to_string("/proc/self/mountinfo").map(|m| m.lines().count()).unwrap_or(0),
+        temp_entries: std::fs::read_dir(&tmp)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("stockade"))
+            .count(),
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+enum Runner {
+    Process(ProcessTier),
+    Wasm(WasmTier),
+}
+
+impl Runner {
+    async fn run(&self, job: &Job) -> Result<Report> {
+        Ok(match self {
+            Self::Process(t) => t.run(job).await?,
+            Self::Wasm(t) => t.run(job).await?,
+        })
+    }
+}
+
+struct Record {
+    kind: &'static str,
+    ok: bool,
+    latency: Duration,
+    status: String,
+}
+
+struct Outcome {
+    tier: String,
+    runs: u64,
+    elapsed: Duration,
+    records: Vec<Record>,
+    before: Resources,
+    after: Resources,
+    rss: [u64; 3],
+    kinds: Vec<(&'static str, &'static str)>,
+}
+
+async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path) -> Result<Outcome> {
+    let (runner, kinds) = match tier {
+        "process" => {
+            let p = stockade_process::probe();
+            (Runner::Process(ProcessTier::new(Helper::current_exe()?.prefer_fork())), process_kinds(p.cgroups.is_ok()))
+        }
+        "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
+        other => bail!("tier {other:?} is not soaked by this program (process or wasm)"),
+    };
+    let total: u64 = kinds.iter().map(|k| k.weight).sum();
+    let pick = |n: u64| {
+        let mut r = mix(args.seed, n) % total;
+        kinds
+            .iter()
+            .position(|k| {
+                if r < k.weight {
+                    return true;
+                }
+                r -= k.weight;
+                false
+            })
+            .unwrap_or(0)
+    };
+    // Warm-up (a cached module, the first cgroup), then the resources before.
+    for n in 0..kinds.len() as u64 {
+        let k = &kinds[n as usize];
+        let ws = scratch.join(format!("{tier}-warm-{n}"));
+        std::fs::create_dir_all(&ws)?;
+        let _ = runner.run(&(k.job)(n, &ws)?).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = resources(server);
+    let rss_start = rss_kib();
+    let picks: Arc<Vec<usize>> = Arc::new((0..args.runs).map(pick).collect());
+    let runner = Arc::new(runner);
+    let kinds = Arc::new(kinds);
+    let next = Arc::new(AtomicU64::new(0));
+    let records = Arc::new(Mutex::new(Vec::with_capacity(usize::try_from(args.runs).unwrap_or(0))));
+    let rss_tenth = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..args.concurrency {
+        let (runner, kinds, next, records, rss_tenth, picks) =
+            (runner.clone(), kinds.clone(), next.clone(), records.clone(), rss_tenth.clone(), picks.clone());
+        let ws = scratch.join(format!("{tier}-worker-{w}"));
+        std::fs::create_dir_all(&ws)?;
+        let runs = args.runs;
+        workers.spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= runs {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                if n == runs / 10 {
+                    rss_tenth.store(rss_kib(), Ordering::Relaxed);
+                }
+                let k = &kinds[picks[usize::try_from(n).unwrap_or(0)]];
+                let job = (k.job)(n, &ws)?;
+                let t = Instant::now();
+                let report = runner.run(&job).await;
+                let latency = t.elapsed();
+                let (ok, status) = match &report {
+                    Ok(r) => ((k.expect)(r, n), format!("{:?}", r.status)),
+                    Err(e) => (false, format!("error: {e}")),
+                };
+                records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record {
+                    kind: k.name,
+                    ok,
+                    latency,
+                    status,
+                });
+            }
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        r??;
+    }
+    let elapsed = start.elapsed();
+    // Let the kernel finish tearing down the last runs' namespaces and cgroups.
+    let mut after = resources(server);
+    for _ in 0..50 {
+        if after == before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = resources(server);
+    }
+    let records = std::mem::take(&mut *records.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    Ok(Outcome {
+        tier: tier.to_owned(),
+        runs: args.runs,
+        elapsed,
+        records,
+        before,
+        after,
+        rss: [rss_start, rss_tenth.load(Ordering::Relaxed), rss_kib()],
+        kinds: kinds.iter().map(|k| (k.name, k.expected)).collect(),
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The report's table and whether the tier passed.
+fn judge(o: &Outcome) -> (String, bool) {
+    let mut s = String::new();
+    let unexpected = o.records.iter().filter(|r| !r.ok).count();
+    let _ = writeln!(
+        s,
+        "**{}**: {} runs in {:.1} s, {:.0} runs/s; {} unexpected outcomes.\n",
+        o.tier,
+        o.runs,
+        o.elapsed.as_secs_f64(),
+        o.runs as f64 / o.elapsed.as_secs_f64(),
+        unexpected
+    );
+    let _ = writeln!(s, "| kind | expected | runs | as expected | p50 | p99 |\n|---|---|---|---|---|---|");
+    let mut by: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for r in &o.records {
+        by.entry(r.kind).or_default().push(r);
+    }
+    for (name, expected) in &o.kinds {
+        let rs = by.remove(name).unwrap_or_default();
+        let mut lat: Vec<Duration> = rs.iter().map(|r| r.latency).collect();
+        lat.sort();
+        let ok = rs.iter().filter(|r| r.ok).count();
+        let _ = writeln!(
+            s,
+            "| {name} | {expected} | {} | {ok} | {:.1} ms | {:.1} ms |",
+            rs.len(),
+            percentile(&lat, 0.5).as_secs_f64() * 1e3,
+            percentile(&lat, 0.99).as_secs_f64() * 1e3
+        );
+    }
+    for r in o.records.iter().filter(|r| !r.ok).take(5) {
+        let _ = writeln!(s, "\nunexpected: {} ended {}", r.kind, r.status);
+    }
+    let (b, a) = (&o.before, &o.after);
+    let _ = writeln!(
+        s,
+        "\n| resource (host view) | before | after |\n|---|---|---|\n| descriptors | {} | {} |\n| processes (descendants, fork server aside) | {} | {} |\n| per-run cgroups | {} | {} |\n| mounts | {} | {} |\n| stockade temp entries | {} | {} |",
+        b.fds,
+        a.fds,
+        b.processes,
+        a.processes,
+        b.cgroups,
+        a.cgroups,
+        b.mounts,
+        a.mounts,
+        b.temp_entries,
+        a.temp_entries
+    );
+    let [rss0, rss10, rss_end] = o.rss;
+    // The start is after the warm-up (every kind ran once); the 10% sample is shown, but it
+    // may fall while memory bombs are in flight.
+    let flat = rss_end <= rss0 + (rss0 / 10).max(4096);
+    let _ = writeln!(
+        s,
+        "\nSupervisor RSS: {:.1} MiB at the start, {:.1} MiB at 10%, {:.1} MiB at the end ({}).",
+        rss0 as f64 / 1024.0,
+        rss10 as f64 / 1024.0,
+        rss_end as f64 / 1024.0,
+        if flat { "flat within 10% after warm-up" } else { "GREW more than 10% after warm-up" }
+    );
+    (s, unexpected == 0 && a == b && flat)
+}
+
+async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
+    let scratch = std::env::temp_dir().join(format!("soak-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let mut doc = String::new();
+    let mut ok = true;
+    for tier in &args.tiers {
+        let outcome = soak_tier(tier, &args, server, &scratch).await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Err(e);
+            }
+        };
+        let (table, passed) = judge(&outcome);
+        println!("{table}");
+        ok &= passed;
+        doc.push_str(&table);
+        doc.push('\n');
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(path) = &args.markdown {
+        let header = format!(
+            "`stockade-soak --runs {} --concurrency {} --seed {}` ({}):\n\n",
+            args.runs,
+            args.concurrency,
+            args.seed,
+            if ok { "passed" } else { "FAILED" }
+        );
+        std::fs::write(path, format!("{header}{doc}"))?;
+    }
+    Ok(ok)
+}
+
+fn main() -> ExitCode {
+    stockade_process::helper_main();
+    // First, while single-threaded: every process-tier run's helper is cloned from it.
+    let server = ForkServer::start().ok();
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("stockade-soak: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("stockade-soak: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(soak(args, server)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("stockade-soak: FAILED (an unexpected outcome, a leaked resource or growing RSS; see above)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("stockade-soak: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
