@@ -8,7 +8,8 @@
 //!   `_meta`, results carry `resultType`, and a version this server does not speak is
 //!   refused with `-32022` naming the versions it does.
 //!
-//! Tools (listed only when this host can run them, by the same checks as `stockade doctor`):
+//! Tools (listed only when this host can run them: the tier's checks, as `stockade doctor`
+//! makes them, and one probe run of each interpreter in its sandbox at start):
 //! - `run_code {language, code, stdin?, timeout_ms?, memory_mb?}`: `javascript` in the wasm
 //!   tier's QuickJS guest, `python` (`python3 -c`) and `sh` (`sh -c`) in the process tier, or
 //!   in a container with `--tier docker`;
@@ -222,9 +223,15 @@ async fn build(args: &McpArgs) -> Result<Server> {
         }
     }
     if let Some(r) = &commands {
-        for l in ["python", "sh"] {
-            if wanted(l) {
-                languages.push((l, r.clone()));
+        for (l, program) in [("python", "python3"), ("sh", "sh")] {
+            if !wanted(l) {
+                continue;
+            }
+            // Offered only if its interpreter runs in that sandbox: the host's for the process
+            // tier, the image's for the docker tier (the default busybox image has no python3).
+            match probe(r, program).await {
+                Ok(()) => languages.push((l, r.clone())),
+                Err(why) => eprintln!("stockade mcp: {l} is not offered: {why}"),
             }
         }
     }
@@ -264,6 +271,21 @@ async fn build(args: &McpArgs) -> Result<Server> {
         server.policy = Some((policy, Mutex::new(Ledger::new()), Instant::now()));
     }
     Ok(server)
+}
+
+/// Runs `PROGRAM -c 'exit 0'` once in the runner's sandbox.
+async fn probe(runner: &Runner, program: &str) -> Result<(), String> {
+    let argv = vec![program.to_owned(), "-c".into(), if program == "python3" { "pass" } else { "exit 0" }.into()];
+    let job = job_for(runner, argv, "")?
+        .with_limits(Limits::new().with_wall(Duration::from_secs(20)).map_err(|e| e.to_string())?);
+    let sandbox = match runner {
+        Runner::Command(s) | Runner::Image(s, _) | Runner::Javascript(s) => s,
+    };
+    match sandbox.report(&job).await {
+        Ok(r) if r.status == Status::Exited { code: 0 } => Ok(()),
+        Ok(r) => Err(format!("`{program} -c` did not run in the {} tier: {:?}", sandbox.tier_name(), r.status)),
+        Err(e) => Err(format!("`{program} -c` could not be started: {e}")),
+    }
 }
 
 /// Serves one client until its input ends.

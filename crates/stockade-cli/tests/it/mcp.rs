@@ -249,3 +249,38 @@ fn g8_a_cancelled_call_kills_its_run_and_gets_no_answer_or_progress() {
     assert_eq!(next["id"], "after", "the cancelled call must get no answer and no more progress: {next}");
     s.finish();
 }
+
+#[test]
+fn g8_only_what_this_host_can_run_is_listed() {
+    // The docker tier's default image (busybox) has sh and no python3: python is not offered.
+    let engine = Command::new("docker").args(["image", "inspect", "stockade-busybox:local"]).output();
+    if !engine.is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+            "STOCKADE_REQUIRE_ALL is set but the docker tier's image is missing (cargo xtask images)"
+        );
+        eprintln!("SKIPPED g8_only_what_this_host_can_run_is_listed: no docker engine or image");
+        return;
+    }
+    let mut s = Raw::start(&["--tier", "docker", "--languages", "python,sh"]);
+    s.send(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    let list = s.next();
+    let run_code =
+        list["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "run_code").unwrap().clone();
+    assert_eq!(run_code["inputSchema"]["properties"]["language"]["enum"], json!(["sh"]), "{list}");
+    s.send(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"python","code":"print(1)"}}}"#);
+    let r = s.next();
+    assert_eq!(
+        (&r["result"]["isError"], &r["result"]["structuredContent"]["status"]),
+        (&json!(true), &json!("invalid_arguments")),
+        "{r}"
+    );
+    s.send(br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"sh","code":"echo in-docker"}}}"#);
+    let r = s.next();
+    assert_eq!(
+        (&r["result"]["structuredContent"]["stdout"], &r["result"]["structuredContent"]["tier"]),
+        (&json!("in-docker\n"), &json!("docker")),
+        "{r}"
+    );
+    s.finish();
+}
