@@ -51,6 +51,9 @@ use crate::sys::{caps, fs as sysfs, process};
 /// string, and so on the spec of an executed helper as well.
 pub(crate) const MAX_SPEC: usize = 128 << 10;
 
+/// What the server sends once, when it is isolated and scrubbed.
+const READY: &[u8; 1] = b"R";
+
 /// How long the supervisor waits for the server's answer before it counts the server as
 /// gone: the server answers after one `clone`, so this is only ever reached if it was stopped.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,6 +104,17 @@ pub(crate) fn start() -> Result<&'static Server, LaunchError> {
             drop(theirs);
             rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))
                 .map_err(|e| LaunchError::Internal(format!("fork server socket timeout: {e}")))?;
+            // Wait until it has closed what it inherited and scrubbed its copy of the
+            // environment, so that it holds only its socket once `start` returns.
+            let mut ready = [0u8; 1];
+            match rustix::net::recv(&ours, &mut ready, RecvFlags::empty()) {
+                Ok((1, _)) if ready == *READY => {}
+                other => {
+                    return Err(LaunchError::Internal(format!(
+                        "the fork server (pid {pid}) did not become ready: {other:?}"
+                    )));
+                }
+            }
             let server = Server { sock: Mutex::new(ours), pid: pid as u32, owner, dead: false.into() };
             // Only this (single) thread could have set it in between.
             Ok(SERVER.get_or_init(|| server))
@@ -175,6 +189,10 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
     // Its copy of the command line and environment (and every helper's, cloned from it).
     if crate::launch::scrub_inherited_args().is_err() {
         return 125;
+    }
+    // Ready: isolated and scrubbed (`start` returns only after this).
+    if rustix::net::send(&sock, READY, SendFlags::NOSIGNAL).is_err() {
+        return 0;
     }
     let mut buf = vec![0u8; MAX_SPEC];
     loop {

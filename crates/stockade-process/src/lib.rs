@@ -295,8 +295,9 @@ impl Helper {
 pub struct ForkServer;
 
 impl ForkServer {
-    /// Starts this process's fork server, or returns the running one's pid. Fails with
-    /// [`LaunchError::Misconfigured`] when the process already has more than one thread.
+    /// Starts this process's fork server, or returns the running one's pid; it returns once
+    /// the server has closed what it inherited and scrubbed its copy of the environment. Fails
+    /// with [`LaunchError::Misconfigured`] when the process already has more than one thread.
     pub fn start() -> Result<u32, LaunchError> {
         forkserver::start().map(|s| s.pid)
     }
