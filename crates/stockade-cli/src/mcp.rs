@@ -122,6 +122,15 @@ enum Runner {
     Javascript(Arc<Sandbox>),
 }
 
+impl Runner {
+    /// The sandbox this runner runs in.
+    fn sandbox(&self) -> &Arc<Sandbox> {
+        match self {
+            Self::Command(s) | Self::Image(s, _) | Self::Javascript(s) => s,
+        }
+    }
+}
+
 /// The server's configuration and sandboxes.
 pub(crate) struct Server {
     languages: Vec<(&'static str, Runner)>,
@@ -278,9 +287,7 @@ async fn probe(runner: &Runner, program: &str) -> Result<(), String> {
     let argv = vec![program.to_owned(), "-c".into(), if program == "python3" { "pass" } else { "exit 0" }.into()];
     let job = job_for(runner, argv, "")?
         .with_limits(Limits::new().with_wall(Duration::from_secs(20)).map_err(|e| e.to_string())?);
-    let sandbox = match runner {
-        Runner::Command(s) | Runner::Image(s, _) | Runner::Javascript(s) => s,
-    };
+    let sandbox = runner.sandbox();
     match sandbox.report(&job).await {
         Ok(r) if r.status == Status::Exited { code: 0 } => Ok(()),
         Ok(r) => Err(format!("`{program} -c` did not run in the {} tier: {:?}", sandbox.tier_name(), r.status)),
@@ -620,9 +627,7 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
                 .await;
         }
     };
-    let sandbox = match &runner {
-        Runner::Command(s) | Runner::Image(s, _) | Runner::Javascript(s) => s.clone(),
-    };
+    let sandbox = runner.sandbox();
     let report = tokio::select! {
         r = sandbox.report(&job) => r,
         () = ticking => unreachable!("the ticker never ends"),

@@ -167,17 +167,19 @@ async fn python_door_call(
         };
         let Ok(alloc) = alloc.typed::<i32, i32>(&caller) else { return Ok(FAULT) };
         let place = alloc.call_async(&mut caller, answer_len).await? as u32;
-        let slots = [(place as usize, &answer[..]), (out_ptr_ptr as u32 as usize, &place.to_le_bytes()[..])];
         if place == 0 {
             return Ok(FAULT);
         }
-        for (at, bytes) in slots {
-            if memory.write(&mut caller, at, bytes).is_err() {
+        // The answer, then where it is and how long, each write bounds-checked.
+        let writes = [
+            (place as usize, answer),
+            (out_ptr_ptr as u32 as usize, place.to_le_bytes().to_vec()),
+            (out_len_ptr as u32 as usize, (answer_len as u32).to_le_bytes().to_vec()),
+        ];
+        for (at, bytes) in writes {
+            if memory.write(&mut caller, at, &bytes).is_err() {
                 return Ok(FAULT);
             }
-        }
-        if memory.write(&mut caller, out_len_ptr as u32 as usize, &(answer_len as u32).to_le_bytes()).is_err() {
-            return Ok(FAULT);
         }
         Ok(0)
     }

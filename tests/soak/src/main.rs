@@ -231,28 +231,10 @@ fn count_dir(p: impl AsRef<Path>) -> usize {
     std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0)
 }
 
-/// This process's descendants, the fork server and its clones' parentage aside: the fork
-/// server is a child for the program's whole life.
+/// This process's live descendants, the fork server aside (it is a child for the program's
+/// whole life, and has no children of its own: it clones each helper as ours).
 fn descendants(skip: Option<u32>) -> usize {
-    let me = std::process::id();
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            Some((pid, s.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?))
-        })
-        .collect();
-    let mut found = vec![me];
-    let mut i = 0;
-    while i < found.len() {
-        let p = found[i];
-        found.extend(parents.iter().filter(|(pid, pp)| *pp == p && Some(*pid) != skip).map(|(pid, _)| *pid));
-        i += 1;
-    }
-    found.len() - 1
+    stockade_test_support::descendants(std::process::id()).into_iter().filter(|p| Some(*p) != skip).count()
 }
 
 /// Per-run cgroups of this process (named `stockade-PID-...`) in its v1 memory and pids

@@ -374,3 +374,28 @@ pub fn host_pids(matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
         .filter(|pid| *pid != std::process::id())
         .collect()
 }
+
+/// Every live descendant of process `root`, from the host's `/proc` (each process's `PPid`),
+/// parents before their children; `root` itself is not among them.
+#[must_use]
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            Some((pid, status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}

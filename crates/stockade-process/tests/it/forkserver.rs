@@ -181,7 +181,7 @@ fn g14_the_fork_server_dies_with_its_embedder() {
     e.send(&sh("sleep 30"), "fork");
     let deadline = Instant::now() + Duration::from_secs(10);
     let tree = loop {
-        let tree = descendants(embedder);
+        let tree = stockade_test_support::descendants(embedder);
         if tree.iter().any(|p| comm(*p).as_deref() == Some("sleep")) {
             break tree;
         }
@@ -197,28 +197,6 @@ fn g14_the_fork_server_dies_with_its_embedder() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
-
-/// Every live descendant of `root`, from `/proc`.
-fn descendants(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|d| d.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
-        i += 1;
-    }
-    found.remove(0);
-    found
 }
 
 fn comm(pid: u32) -> Option<String> {
