@@ -403,7 +403,12 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
 /// bench of stockade-process), next to bwrap and a bare spawn from the same program, with
 /// CPU per run measured from the host.
 fn embedder(root: &Path, target: &Path, write: bool) -> Result<()> {
-    let groups = ["process_embedder_true", "process_embedder_python", "process_embedder_8_concurrent"];
+    let groups = [
+        "process_embedder_true",
+        "process_embedder_python",
+        "process_embedder_true_spaced",
+        "process_embedder_8_concurrent",
+    ];
     for g in groups {
         let dir = target.join("criterion").join(g);
         if dir.exists() {
@@ -431,7 +436,13 @@ fn embedder(root: &Path, target: &Path, write: bool) -> Result<()> {
         let per_iter = if group.ends_with("concurrent") { 8.0 } else { 1.0 };
         let bwrap = median_of(group, "bwrap_unshare_all").ok();
         let bwrap_cpu = cpu_of(group, "bwrap_unshare_all");
-        for bench in ["baseline_bare_spawn", "bwrap_unshare_all", "stockade_fork_server", "stockade_exec_helper"] {
+        for bench in [
+            "baseline_bare_spawn",
+            "bwrap_unshare_all",
+            "stockade_fork_server",
+            "stockade_pool",
+            "stockade_exec_helper",
+        ] {
             let Ok(ns) = median_of(group, bench) else { continue };
             let ratio = bwrap.map_or("n/a".to_owned(), |b| format!("{:.2}x", b / ns));
             let c = cpu_of(group, bench);

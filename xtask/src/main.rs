@@ -39,12 +39,12 @@ commands:
                      the OpenAI Python SDK, --mcp the MCP Python SDK (prints its interpreter)
   fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
                      --time SECS sets the duration
-  soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]
+  soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]
                      sustained load on the process and wasm tiers: a seeded mix of jobs, every
                      outcome checked, descriptors, processes, cgroups, mounts and temp entries
                      counted by the host before and after, RSS sampled; --write records it in
                      docs/reliability.md (CI runs 500 per tier)
-  escape [--tier process|process-fork|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
+  escape [--tier process|process-fork|process-pool|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
                      build the static attack programs and run the escape matrix;
                      --markdown rewrites docs/escape-matrix.md, --check-doc fails if it is stale
 ";
@@ -181,6 +181,8 @@ fn ci() -> Result<()> {
                     "--require",
                     "process-fork",
                     "--require",
+                    "process-pool",
+                    "--require",
                     "wasm",
                     "--require",
                     "docker",
@@ -307,7 +309,7 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
-/// `cargo xtask soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// `cargo xtask soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]`:
 /// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
 /// report into docs/reliability.md between the soak markers.
 fn soak(args: &[String]) -> Result<()> {

@@ -17,6 +17,10 @@ use stockade_runtime::protocol::Limits;
 
 use crate::{docker, process, wasm};
 
+/// Sandboxes the agent's process tier keeps built ahead of the next command, per workspace:
+/// an agent runs one command at a time, and the next is usually in the same workspace.
+const AGENT_POOL: usize = 2;
+
 /// Exit code when the run ended without an answer (budget spent, repeated denials, deadline).
 pub(crate) const EXIT_NO_ANSWER: u8 = 3;
 /// Exit code when the endpoint failed (unreachable after retries, auth, a bad response).
@@ -132,7 +136,9 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
             let helper = process::Helper::current_exe()
                 .context("locating the stockade binary for the sandbox helper")?
                 .prefer_fork();
-            tool = tool.confined(Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper)).build()?));
+            // Sandboxes built ahead of each command (G15 of stockade-process).
+            let tier = process::ProcessTier::new(helper).pool(AGENT_POOL);
+            tool = tool.confined(Arc::new(Sandbox::builder().tier(tier).build()?));
         }
         builder = builder.tool(Arc::new(tool));
     }
@@ -243,7 +249,8 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
         let helper = process::Helper::current_exe()
             .context("locating the stockade binary for the sandbox helper")?
             .prefer_fork();
-        let sandbox = Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper)).build()?);
+        let tier = process::ProcessTier::new(helper).pool(AGENT_POOL);
+        let sandbox = Arc::new(Sandbox::builder().tier(tier).build()?);
         for l in [Language::Python, Language::Sh].into_iter().filter(|l| wants(*l)) {
             tool = tool.command(l, sandbox.clone());
         }

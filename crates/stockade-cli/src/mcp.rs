@@ -199,7 +199,10 @@ async fn build(args: &McpArgs) -> Result<Server> {
                     let helper = process::Helper::current_exe()
                         .context("locating the stockade binary for the sandbox helper")?
                         .prefer_fork();
-                    Some(Runner::Command(Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper)).build()?)))
+                    // Sandboxes built ahead of the calls (G15 of stockade-process), as many as
+                    // may run at once, up to 4.
+                    let tier = process::ProcessTier::new(helper).pool(args.max_concurrency.min(4));
+                    Some(Runner::Command(Arc::new(Sandbox::builder().tier(tier).build()?)))
                 }
                 _ => {
                     eprintln!(

@@ -8,11 +8,16 @@
 //! - `bwrap_unshare_all`: `bwrap --unshare-all` with the flags of `research/process-tier.md`
 //!   §6, spawned the same way (skipped, and said so, when bwrap is not installed);
 //! - `stockade_fork_server`: `Helper::fork()`, through the fork server;
+//! - `stockade_pool`: the same with `ProcessTier::pool(8)`: sandboxes built ahead of their
+//!   jobs, each replaced while its run goes on (the replacement's CPU is counted: it is in
+//!   the bench's cgroup);
 //! - `stockade_exec_helper`: `Helper::at(stockade-process-helper)`, an exec of the helper
 //!   binary per run, which is what a multi-threaded embedder paid without the server.
 //!
-//! Groups: `process_embedder_true` and `process_embedder_python` (one run at a time: the
-//! median is the p50 latency) and `process_embedder_8_concurrent` (`/bin/true` with 8 runs
+//! Groups: `process_embedder_true` and `process_embedder_python` (one run at a time, back to
+//! back: the median is the p50 latency), `process_embedder_true_spaced` (one run after each
+//! 10 ms of idle time, which is not timed: the latency of a caller that does something
+//! between runs, and the pool's best case) and `process_embedder_8_concurrent` (`/bin/true` with 8 runs
 //! always in flight; an iteration is 8 runs, so the throughput is in runs/s). CPU per run is measured from the host: this
 //! program moves itself into a cgroup of its own in the v1 `cpuacct` hierarchy before it
 //! starts anything, so that every process it or a run creates is counted there whoever
@@ -166,6 +171,7 @@ fn variants() -> Vec<(&'static str, Variant)> {
         eprintln!("SKIPPED bwrap_unshare_all: bwrap is not installed (cargo xtask bench process installs it)");
     }
     v.push(("stockade_fork_server", Variant::Tier(Arc::new(ProcessTier::new(Helper::fork())))));
+    v.push(("stockade_pool", Variant::Tier(Arc::new(ProcessTier::new(Helper::fork()).pool(8)))));
     v.push((
         "stockade_exec_helper",
         Variant::Tier(Arc::new(ProcessTier::new(Helper::at(env!("CARGO_BIN_EXE_stockade-process-helper"))))),
@@ -197,6 +203,30 @@ fn main() {
         }
         g.finish();
     }
+    // One run after 10 ms of idle time each (not timed): the latency a caller that does
+    // something between runs (an agent waiting for its model) sees, with the pool's
+    // replacement built in the gap.
+    let group = "process_embedder_true_spaced";
+    let mut g = c.benchmark_group(group);
+    g.sample_size(20).measurement_time(Duration::from_secs(4));
+    for (name, variant) in variants().into_iter().filter(|(n, _)| *n != "stockade_exec_helper") {
+        cpu.measure(group, name, &runs, || {
+            g.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        std::thread::sleep(Duration::from_millis(10));
+                        let start = Instant::now();
+                        rt.block_on(variant.run(&["/bin/true"]));
+                        spent += start.elapsed();
+                    }
+                    runs.fetch_add(iters, Ordering::Relaxed);
+                    spent
+                });
+            });
+        });
+    }
+    g.finish();
     let group = "process_embedder_8_concurrent";
     let mut g = c.benchmark_group(group);
     g.sample_size(30).measurement_time(Duration::from_secs(6)).throughput(Throughput::Elements(8));

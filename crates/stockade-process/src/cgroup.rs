@@ -151,6 +151,29 @@ impl Cgroup {
         }
     }
 
+    /// Sets the limits of a cgroup created ahead of its run (a pre-built sandbox's), and on v1
+    /// resets the peak usage, so the report's peak is the run's. The swap limit follows the
+    /// memory limit; on v1 the kernel requires memory <= memory+swap at every step, so the
+    /// order depends on the direction.
+    pub(crate) fn set_limits(&self, memory_bytes: u64, processes: u64) -> std::io::Result<()> {
+        let memory = memory_bytes.to_string();
+        match self.kind {
+            Kind::V2 => fs::write(self.memory.join("memory.max"), &memory)?,
+            Kind::V1 => {
+                let limit = self.memory.join("memory.limit_in_bytes");
+                let swap = self.memory.join("memory.memsw.limit_in_bytes");
+                if fs::write(&limit, &memory).is_err() {
+                    // Raising: memory+swap first.
+                    let _ = fs::write(&swap, &memory);
+                    fs::write(&limit, &memory)?;
+                }
+                let _ = fs::write(&swap, &memory);
+                let _ = fs::write(self.memory.join("memory.max_usage_in_bytes"), "0");
+            }
+        }
+        fs::write(self.pids.join("pids.max"), processes.to_string())
+    }
+
     /// The `cgroup.procs` files the helper joins.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         match self.kind {

@@ -10,8 +10,8 @@
 //! ```
 //!
 //! One request is one `SOCK_SEQPACKET` message from the supervisor: the helper's spec as
-//! JSON, with the guest's stdin, stdout and stderr and the status pipe as four descriptors
-//! (`SCM_RIGHTS`). The server clones a child with `CLONE_PARENT`, which runs the helper
+//! JSON, with the guest's stdin, stdout and stderr, the status pipe and, for a pre-built
+//! sandbox (`pool`), its job pipe, as four or five descriptors (`SCM_RIGHTS`). The server clones a child with `CLONE_PARENT`, which runs the helper
 //! exactly as a forked helper does (`launch::forked_child`), and answers with its pid (or
 //! a negative errno). Because the helper is the supervisor's child, the supervisor waits on
 //! it, kills it and reaps it through a pidfd as it does any helper, the helper's parent-death
@@ -50,6 +50,10 @@ use crate::sys::{caps, fs as sysfs, process};
 /// Largest spec the server accepts: 128 KiB, the limit the kernel puts on one environment
 /// string, and so on the spec of an executed helper as well.
 pub(crate) const MAX_SPEC: usize = 128 << 10;
+
+/// Most descriptors one request carries: stdin, stdout, stderr, status, and the job pipe of a
+/// pre-built sandbox.
+const MAX_FDS: usize = 5;
 
 /// What the server sends once, when it is isolated and scrubbed.
 const READY: &[u8; 1] = b"R";
@@ -133,9 +137,10 @@ pub(crate) enum SpawnError {
 }
 
 impl Server {
-    /// Asks the server for a helper running `spec` with `fds` (stdin, stdout, stderr, status)
-    /// as its descriptors 0–3. Returns the helper's pid: a child of this process.
-    pub(crate) fn spawn(&self, spec: &[u8], fds: [BorrowedFd<'_>; 4]) -> Result<libc::pid_t, SpawnError> {
+    /// Asks the server for a helper running `spec` with `fds` (stdin, stdout, stderr, status,
+    /// and a pre-built sandbox's job pipe) as its descriptors 0, 1, ... Returns the helper's
+    /// pid: a child of this process.
+    pub(crate) fn spawn(&self, spec: &[u8], fds: &[BorrowedFd<'_>]) -> Result<libc::pid_t, SpawnError> {
         if spec.len() > MAX_SPEC {
             return Err(SpawnError::Launch(LaunchError::Misconfigured(format!(
                 "the job's helper spec is {} bytes, over the {MAX_SPEC}-byte limit (arguments, environment and paths together)",
@@ -147,9 +152,9 @@ impl Server {
             self.dead.store(true, std::sync::atomic::Ordering::Relaxed);
             Err(SpawnError::Gone(format!("the fork server (pid {}) {what}: {e}", self.pid)))
         };
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut cmsg = SendAncillaryBuffer::new(&mut space);
-        if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
+        if fds.len() > MAX_FDS || !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
             return Err(SpawnError::Launch(LaunchError::Internal("fork server: ancillary buffer too small".into())));
         }
         loop {
@@ -196,7 +201,7 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
     }
     let mut buf = vec![0u8; MAX_SPEC];
     loop {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let msg =
             match rustix::net::recvmsg(&sock, &mut [IoSliceMut::new(&mut buf)], &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
@@ -216,21 +221,16 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
             // The supervisor's end is closed: it has exited.
             return 0;
         }
-        let answer = if fds.len() != 4 || msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
-            -libc::EINVAL
-        } else {
-            match process::fork_sibling() {
-                Ok(process::Fork::Child) => {
-                    let fds: [OwnedFd; 4] = match fds.try_into() {
-                        Ok(f) => f,
-                        Err(_) => process::exit_now(125),
-                    };
-                    crate::launch::served_child(&buf[..msg.bytes], fds)
+        let answer =
+            if !(4..=MAX_FDS).contains(&fds.len()) || msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
+                -libc::EINVAL
+            } else {
+                match process::fork_sibling() {
+                    Ok(process::Fork::Child) => crate::launch::served_child(&buf[..msg.bytes], fds),
+                    Ok(process::Fork::Parent(pid)) => pid,
+                    Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
                 }
-                Ok(process::Fork::Parent(pid)) => pid,
-                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-            }
-        };
+            };
         drop(fds);
         if rustix::net::send(&sock, &answer.to_ne_bytes(), SendFlags::NOSIGNAL).is_err() {
             return 0;

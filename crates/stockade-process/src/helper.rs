@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use stockade_protocol::Mechanism;
 
 use crate::confine;
-use crate::spec::{Msg, SPEC_VAR, Spec};
+use crate::spec::{Msg, PooledJob, SPEC_VAR, Spec, SpecLimits};
 use crate::sys::{caps, fs as sysfs, mount, process, tty};
 
 /// The uid the guest runs as when stockade itself runs as root: `nobody`.
@@ -492,42 +492,11 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
     ctx(mount::mount(Path::new(""), dst, "", flags, ""), || format!("remounting {}", dst.display()))
 }
 
-/// The guest (pid 2): limits, credentials, landlock, seccomp, exec. Returns only on failure.
+/// The guest (pid 2): credentials, landlock and seccomp (none of which depends on the job),
+/// then, in a pre-built sandbox, the job itself read from the spec's job descriptor, then the
+/// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
+/// dropped unused.
 fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    let l = spec.limits;
-    let mut limits = vec![
-        (libc::RLIMIT_CPU, l.cpu_secs, l.cpu_secs.saturating_add(1)),
-        (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
-        (libc::RLIMIT_FSIZE, l.file_size_bytes, l.file_size_bytes),
-        (libc::RLIMIT_CORE, 0, 0),
-    ];
-    if spec.rlimit_memory {
-        limits.push((libc::RLIMIT_AS, l.memory_bytes, l.memory_bytes));
-    }
-    if spec.rlimit_processes {
-        // Counted per real uid on the host, and init and the helper count too.
-        limits.push((libc::RLIMIT_NPROC, l.processes + 2, l.processes + 2));
-    }
-    for (res, soft, hard) in &limits {
-        if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
-            return rep.fail("rlimits", false, format!("setrlimit({res}): {e}"));
-        }
-    }
-    rep.enforced(
-        Mechanism::Rlimits,
-        format!(
-            "cpu {}s, nofile {}, fsize {}, core 0{}{}",
-            l.cpu_secs,
-            l.open_files,
-            l.file_size_bytes,
-            if spec.rlimit_memory { format!(", as {}", l.memory_bytes) } else { String::new() },
-            if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
-        ),
-    );
-    let cwd = if spec.workspace.is_some() { "/workspace" } else { "/tmp" };
-    if let Err(e) = std::env::set_current_dir(cwd) {
-        return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
-    }
     if let Err(e) = process::setsid() {
         return rep.fail("setsid", false, e);
     }
@@ -564,24 +533,94 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
         Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
         Err(e) => return rep.fail("landlock", true, e),
     }
-    let program = match resolve(&spec.program) {
-        Some(p) => p,
-        None => return rep.fail("exec", false, format!("{}: not found in the sandbox view", spec.program)),
-    };
     match confine::apply_seccomp() {
         Ok(d) => rep.enforced(Mechanism::Seccomp, d),
         Err(e) => return rep.fail("seccomp", true, e),
     }
+    let pooled;
+    let job = match spec.job_fd {
+        None => JobRef { program: &spec.program, args: &spec.args, env: &spec.env, limits: spec.limits },
+        Some(fd) => match read_pooled_job(fd) {
+            Ok(Some(job)) => {
+                pooled = job;
+                JobRef { program: &pooled.program, args: &pooled.args, env: &pooled.env, limits: pooled.limits }
+            }
+            // The pool let this sandbox go unused: nothing to report.
+            Ok(None) => return 0,
+            Err(e) => return rep.fail("job", false, format!("reading the job in a pre-built sandbox: {e}")),
+        },
+    };
+    let l = job.limits;
+    let mut limits = vec![
+        (libc::RLIMIT_CPU, l.cpu_secs, l.cpu_secs.saturating_add(1)),
+        (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
+        (libc::RLIMIT_FSIZE, l.file_size_bytes, l.file_size_bytes),
+        (libc::RLIMIT_CORE, 0, 0),
+    ];
+    if spec.rlimit_memory {
+        limits.push((libc::RLIMIT_AS, l.memory_bytes, l.memory_bytes));
+    }
+    if spec.rlimit_processes {
+        // Counted per real uid on the host, and init and the helper count too.
+        limits.push((libc::RLIMIT_NPROC, l.processes + 2, l.processes + 2));
+    }
+    for (res, soft, hard) in &limits {
+        if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
+            return rep.fail("rlimits", false, format!("setrlimit({res}): {e}"));
+        }
+    }
+    rep.enforced(
+        Mechanism::Rlimits,
+        format!(
+            "cpu {}s, nofile {}, fsize {}, core 0{}{}",
+            l.cpu_secs,
+            l.open_files,
+            l.file_size_bytes,
+            if spec.rlimit_memory { format!(", as {}", l.memory_bytes) } else { String::new() },
+            if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
+        ),
+    );
+    let cwd = if spec.workspace.is_some() { "/workspace" } else { "/tmp" };
+    if let Err(e) = std::env::set_current_dir(cwd) {
+        return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
+    }
+    let Some(program) = resolve(job.program) else {
+        return rep.fail("exec", false, format!("{}: not found in the sandbox view", job.program));
+    };
     if let Err(e) = sysfs::close_from(3, rep.0.as_raw_fd() as u32) {
         return rep.fail("fds", false, e);
     }
     if let Err(e) = process::reset_signals() {
         return rep.fail("signals", false, e);
     }
-    let mut argv = vec![spec.program.clone()];
-    argv.extend(spec.args.iter().cloned());
-    let err = process::exec(&program.to_string_lossy(), &argv, &spec.env);
-    rep.fail("exec", false, format!("{}: {err}", spec.program))
+    let mut argv = vec![job.program.to_owned()];
+    argv.extend(job.args.iter().cloned());
+    let err = process::exec(&program.to_string_lossy(), &argv, job.env);
+    rep.fail("exec", false, format!("{}: {err}", job.program))
+}
+
+/// The job-specific part of a run, from the spec or from a pre-built sandbox's job message.
+struct JobRef<'a> {
+    program: &'a str,
+    args: &'a [String],
+    env: &'a [(String, String)],
+    limits: SpecLimits,
+}
+
+/// Reads a pre-built sandbox's job from `fd` to its end: `None` when it ends with no byte
+/// (the pool dropped the sandbox), else the job, at most [`crate::forkserver::MAX_SPEC`]
+/// bytes of JSON.
+fn read_pooled_job(fd: i32) -> io::Result<Option<PooledJob>> {
+    let file = sysfs::adopt(fd)?;
+    let mut bytes = Vec::new();
+    file.take(crate::forkserver::MAX_SPEC as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    if bytes.len() > crate::forkserver::MAX_SPEC {
+        return Err(io::Error::other("the job is over the spec limit"));
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(io::Error::other)
 }
 
 /// Resolves a bare program name against the view's standard directories.

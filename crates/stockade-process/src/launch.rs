@@ -45,6 +45,59 @@ pub(crate) enum GuestIo {
     Terminal(OwnedFd),
 }
 
+/// A started helper, not yet tied to an async runtime: its pidfd and the supervisor's ends of
+/// its pipes (none for stdio when it has a terminal). Killed and reaped when dropped
+/// unregistered; a pre-built sandbox waits in the pool in this form.
+pub(crate) struct Started {
+    pidfd: Option<OwnedFd>,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    status: Option<OwnedFd>,
+}
+
+impl Started {
+    /// Registers the pidfd and the pipes with the current tokio runtime.
+    pub(crate) fn register(mut self) -> Result<Launched, LaunchError> {
+        let (Some(pidfd), Some(status)) = (self.pidfd.take(), self.status.take()) else {
+            return Err(LaunchError::Internal("a started helper was registered twice".into()));
+        };
+        // From here on the pidfd's owner (a `HelperProcess`) kills and reaps the helper.
+        let pidfd = match process::register_pidfd(pidfd.try_clone().map_err(internal("duplicating the pidfd"))?) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);
+                let _ = process::reap_pidfd(pidfd.as_fd(), false);
+                return Err(LaunchError::Internal(format!("registering the pidfd: {e}")));
+            }
+        };
+        let process = HelperProcess { pidfd, reaped: false };
+        Ok(Launched {
+            process,
+            stdin: self.stdin.take().map(sender).transpose()?,
+            stdout: self.stdout.take().map(receiver).transpose()?,
+            stderr: self.stderr.take().map(receiver).transpose()?,
+            status: receiver(status)?,
+        })
+    }
+
+    /// Whether the helper has exited already (a pre-built sandbox whose setup failed, or that
+    /// was killed from outside).
+    pub(crate) fn exited(&self) -> bool {
+        self.pidfd.as_ref().is_none_or(|p| sysfs::polls_ready(p.as_fd()))
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(pidfd) = self.pidfd.take() {
+            let _ = process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);
+            // SIGKILL cannot be caught; the wait is short.
+            let _ = process::reap_pidfd(pidfd.as_fd(), false);
+        }
+    }
+}
+
 /// A started helper: the process and its pipes (none for stdio when it has a terminal).
 pub(crate) struct Launched {
     pub(crate) process: HelperProcess,
@@ -103,22 +156,25 @@ fn internal(what: &str) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
     move |e| LaunchError::Internal(format!("{what}: {e}"))
 }
 
-/// Starts the helper for `spec`. The spec's `status_fd` is filled in here.
-pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
+/// Starts the helper for `spec`. The spec's `status_fd` (and, for a pre-built sandbox given
+/// the read end of its job pipe as `job`, its `job_fd`) is filled in here.
+pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
     match mode {
-        Mode::Exec(path) => exec(path, spec, io),
+        Mode::Exec(path) => exec(path, spec, io, job),
         Mode::Fork(fallback) => {
             if let Some(server) = forkserver::running() {
                 spec.status_fd = FORK_STATUS_FD;
-                return served(server, spec, io, fallback.as_deref());
+                spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
+                return served(server, spec, io, job, fallback.as_deref());
             }
             let threads = process::thread_count().map_err(internal("counting this process's threads"))?;
             if threads == 1 {
                 spec.status_fd = FORK_STATUS_FD;
-                return fork(spec, io);
+                spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
+                return fork(spec, io, job);
             }
             match fallback {
-                Some(path) => exec(path, spec, io),
+                Some(path) => exec(path, spec, io, job),
                 None => Err(LaunchError::Misconfigured(format!(
                     "Helper::fork() launches only from a single-threaded process or through a fork server, and this one has {threads} threads and no fork server; call ForkServer::start first thing in main, use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
                 ))),
@@ -129,28 +185,31 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo) -> Result<Launche
 
 /// Where the forked helper finds the status pipe.
 const FORK_STATUS_FD: i32 = 3;
+/// Where the forked helper of a pre-built sandbox finds its job pipe.
+const FORK_JOB_FD: i32 = 4;
 
 fn receiver(fd: impl Into<OwnedFd>) -> Result<pipe::Receiver, LaunchError> {
     pipe::Receiver::from_owned_fd(fd.into()).map_err(internal("registering a pipe"))
 }
 
-fn sender(fd: impl Into<OwnedFd>) -> Result<pipe::Sender, LaunchError> {
+pub(crate) fn sender(fd: impl Into<OwnedFd>) -> Result<pipe::Sender, LaunchError> {
     pipe::Sender::from_owned_fd(fd.into()).map_err(internal("registering a pipe"))
 }
 
-fn watch(pid: libc::pid_t) -> Result<HelperProcess, LaunchError> {
-    let pidfd = process::pidfd_open(pid).map_err(|e| {
+/// A pidfd for the helper `pid` (this process's child), or, if none can be opened, the
+/// helper killed and reaped and the error.
+fn watch(pid: libc::pid_t) -> Result<OwnedFd, LaunchError> {
+    process::pidfd_open(pid).map_err(|e| {
         let _ = process::kill(pid, libc::SIGKILL);
         let _ = process::wait(pid);
         LaunchError::Unsupported { mechanism: "pidfd".into(), reason: format!("pidfd_open: {e}") }
-    })?;
-    let pidfd = process::register_pidfd(pidfd).map_err(internal("registering the pidfd"))?;
-    Ok(HelperProcess { pidfd, reaped: false })
+    })
 }
 
-fn exec(path: &Path, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
+fn exec(path: &Path, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     spec.status_fd = status_w.as_raw_fd();
+    spec.job_fd = job.as_ref().map(AsRawFd::as_raw_fd);
     let spec_json = serde_json::to_string(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
     let mut cmd = std::process::Command::new(path);
     cmd.env_clear().env(SPEC_VAR, spec_json);
@@ -164,23 +223,26 @@ fn exec(path: &Path, mut spec: Spec, io: GuestIo) -> Result<Launched, LaunchErro
         }
     }
     sysfs::keep_on_exec(&mut cmd, status_w.as_raw_fd());
+    if let Some(job) = &job {
+        sysfs::keep_on_exec(&mut cmd, job.as_raw_fd());
+    }
     let mut child =
         cmd.spawn().map_err(|e| LaunchError::Misconfigured(format!("spawning the helper {}: {e}", path.display())))?;
-    drop(status_w);
+    drop((status_w, job));
     let pid = child.id() as libc::pid_t;
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     // `child` is dropped without waiting: the pidfd reaps it.
     // `cmd` holds the parent's copies of a pty slave: drop them, so that the master sees the
     // end of output when the run's processes are gone.
     drop(cmd);
-    let process = watch(pid)?;
+    let pidfd = watch(pid)?;
     let (stdin, out, err) = pipes;
-    Ok(Launched {
-        process,
-        stdin: stdin.map(sender).transpose()?,
-        stdout: out.map(receiver).transpose()?,
-        stderr: err.map(receiver).transpose()?,
-        status: receiver(status_r)?,
+    Ok(Started {
+        pidfd: Some(pidfd),
+        stdin: stdin.map(OwnedFd::from),
+        stdout: out.map(OwnedFd::from),
+        stderr: err.map(OwnedFd::from),
+        status: Some(status_r.into()),
     })
 }
 
@@ -216,19 +278,19 @@ impl ForkedIo {
     }
 
     /// The supervisor's side, once the helper holds its copies of the child's ends.
-    fn launched(self, pid: libc::pid_t, status: File) -> Result<Launched, LaunchError> {
+    fn launched(self, pid: libc::pid_t, status: File) -> Result<Started, LaunchError> {
         drop(self.child);
-        Ok(Launched {
-            process: watch(pid)?,
-            stdin: self.stdin.map(sender).transpose()?,
-            stdout: self.stdout.map(receiver).transpose()?,
-            stderr: self.stderr.map(receiver).transpose()?,
-            status: receiver(status)?,
+        Ok(Started {
+            pidfd: Some(watch(pid)?),
+            stdin: self.stdin.map(OwnedFd::from),
+            stdout: self.stdout.map(OwnedFd::from),
+            stderr: self.stderr.map(OwnedFd::from),
+            status: Some(status.into()),
         })
     }
 }
 
-fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
+fn fork(spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
     let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     match process::fork().map_err(internal("fork"))? {
@@ -236,10 +298,12 @@ fn fork(spec: Spec, io: GuestIo) -> Result<Launched, LaunchError> {
             // Single-threaded child of the supervisor: ordinary code is fine, but it must never
             // return into the supervisor's stack (the async runtime), so it always exits here.
             let [i, o, e] = ends.child;
-            forked_child(spec, [i.into(), o.into(), e.into(), status_w.into()], true)
+            let mut fds: Vec<OwnedFd> = vec![i.into(), o.into(), e.into(), status_w.into()];
+            fds.extend(job.map(OwnedFd::from));
+            forked_child(spec, fds, true)
         }
         process::Fork::Parent(pid) => {
-            drop(status_w);
+            drop((status_w, job));
             ends.launched(pid, status_r)
         }
     }
@@ -251,13 +315,15 @@ fn served(
     server: &forkserver::Server,
     spec: Spec,
     io: GuestIo,
+    job: Option<File>,
     fallback: Option<&Path>,
-) -> Result<Launched, LaunchError> {
+) -> Result<Started, LaunchError> {
     let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
-    let fds = [ends.child[0].as_fd(), ends.child[1].as_fd(), ends.child[2].as_fd(), status_w.as_fd()];
-    let pid = server.spawn(&json, fds).map_err(|e| match e {
+    let mut fds = vec![ends.child[0].as_fd(), ends.child[1].as_fd(), ends.child[2].as_fd(), status_w.as_fd()];
+    fds.extend(job.as_ref().map(AsFd::as_fd));
+    let pid = server.spawn(&json, &fds).map_err(|e| match e {
         forkserver::SpawnError::Launch(e) => e,
         forkserver::SpawnError::Gone(why) => LaunchError::Internal(format!(
             "{why}; later runs {}",
@@ -267,26 +333,27 @@ fn served(
             }
         )),
     })?;
-    drop(status_w);
+    drop((status_w, job));
     ends.launched(pid, status_r)
 }
 
 /// In a child cloned by the fork server: the spec arrives as JSON, and the server has
 /// already scrubbed its copy of the supervisor's arguments and environment.
-pub(crate) fn served_child(spec: &[u8], fds: [OwnedFd; 4]) -> ! {
+pub(crate) fn served_child(spec: &[u8], fds: Vec<OwnedFd>) -> ! {
     match serde_json::from_slice::<Spec>(spec) {
         Ok(spec) => forked_child(spec, fds, false),
         Err(_) => process::exit_now(125),
     }
 }
 
-/// The helper in a forked (or served) child. The four descriptors (stdin, stdout, stderr,
-/// status) change hands as plain numbers: `forked_stdio` closes them (with everything else
-/// above 3), so no owner may close them again later.
-fn forked_child(spec: Spec, fds: [OwnedFd; 4], scrub: bool) -> ! {
-    let fds = fds.map(std::os::fd::IntoRawFd::into_raw_fd);
+/// The helper in a forked (or served) child. The descriptors (stdin, stdout, stderr,
+/// status, and a pre-built sandbox's job pipe) change hands as plain numbers:
+/// `forked_stdio` places them at 0, 1, ... and closes everything else, so no owner may close
+/// them again later.
+fn forked_child(spec: Spec, fds: Vec<OwnedFd>, scrub: bool) -> ! {
+    let fds: Vec<std::os::fd::RawFd> = fds.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();
     let code = std::panic::catch_unwind(move || {
-        if forked_stdio(fds).is_err() || (scrub && scrub_inherited_args().is_err()) {
+        if forked_stdio(&fds).is_err() || (scrub && scrub_inherited_args().is_err()) {
             return 125;
         }
         crate::helper::run(spec)
@@ -328,18 +395,19 @@ pub(crate) fn scrub_inherited_args() -> std::io::Result<()> {
     Ok(())
 }
 
-/// In the forked child: stdin, stdout, stderr and the status pipe become descriptors 0–3,
-/// every other descriptor of the supervisor is closed, and signal dispositions and the mask
-/// go back to their defaults, as an exec would leave them.
-fn forked_stdio(fds: [std::os::fd::RawFd; 4]) -> std::io::Result<()> {
-    // First copy all four above the target range, so no dup2 overwrites a source.
-    let mut high = [0; 4];
-    for (h, fd) in high.iter_mut().zip(fds) {
-        *h = sysfs::dup_at_least(fd, 16)?;
+/// In the forked child: stdin, stdout, stderr and the status pipe become descriptors 0–3
+/// (and a pre-built sandbox's job pipe 4), every other descriptor of the supervisor is
+/// closed, and signal dispositions and the mask go back to their defaults, as an exec would
+/// leave them.
+fn forked_stdio(fds: &[std::os::fd::RawFd]) -> std::io::Result<()> {
+    // First copy them all above the target range, so no dup2 overwrites a source.
+    let mut high = Vec::with_capacity(fds.len());
+    for fd in fds {
+        high.push(sysfs::dup_at_least(*fd, 16)?);
     }
     for (target, h) in high.iter().enumerate() {
         sysfs::dup_onto(*h, target as i32)?;
     }
-    sysfs::close_from(4, u32::MAX)?;
+    sysfs::close_from(fds.len() as u32, u32::MAX)?;
     process::reset_signals()
 }

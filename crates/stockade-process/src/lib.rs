@@ -46,7 +46,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-verify`. Used by:
 //! `stockade-runtime`.
-//! API boundary: yes; [`ProcessTier`], [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
+//! API boundary: yes; [`ProcessTier`] (with [`ProcessTier::pool`]), [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
 //!
 //! # Threat model
 //! Trusted: the host kernel, this crate, the helper binary it execs.
@@ -136,9 +136,25 @@
 //!     flight die with the program; and a server killed from outside fails the one launch
 //!     that finds out, by name, after which launches take the fallback.
 //!     (pinned by: tests/it/forkserver.rs::g14_*)
+//! G15. With [`ProcessTier::pool`], a run can take a sandbox built before its job existed:
+//!     the helper joined its cgroup, unshared every namespace, init built the view, and the
+//!     guest process dropped its capabilities, set `no_new_privs` and applied landlock and
+//!     seccomp, then waited for the job; the job's command, environment, stdin, rlimits and
+//!     cgroup limits are handed over when it runs. A pooled run has the mechanisms, view and
+//!     report of a one-shot run: each sandbox serves exactly one run (fresh `/tmp`, pid
+//!     namespace and cgroup), a waiting sandbox serves a workspace only if it was built
+//!     from the inspection the run makes as it starts (the directory's identity, its sockets,
+//!     and for read-write its protected paths), granted runs are one-shot, and a mechanism
+//!     the host cannot enforce fails a pooled run closed as it does a one-shot one. A dropped
+//!     pool leaves no process, cgroup or mount; a SIGKILLed owner's sandboxes die with it and
+//!     their cgroups are stale until the next run removes them.
+//!     (pinned by: tests/it/pool.rs::g15_*)
 //!
 //! # Non-guarantees
-//! Kernel vulnerabilities are out of reach of any of these mechanisms. The fork server is a
+//! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
+//! `/etc` files were bound when it was built: a host file replaced (not edited) in between is
+//! seen as it was. Pooling moves the sandbox's setup off the run's path, not off the CPU: on
+//! a machine whose cores are busy, runs back to back wait for their replacements. The fork server is a
 //! copy of the program as it was when [`ForkServer::start`] ran: what the program held in
 //! memory by then, other than its command line and environment strings, is in the server
 //! and in every helper (and run's pid 1) forked from it, where G11 keeps it from the guest;
@@ -193,6 +209,7 @@ mod confine;
 mod forkserver;
 mod helper;
 mod launch;
+mod pool;
 mod spec;
 mod supervisor;
 mod sys;
@@ -339,6 +356,7 @@ pub struct ProcessTier {
     landlock_abi: u8,
     cgroups: bool,
     tty: bool,
+    pool: Option<std::sync::Arc<pool::Pool>>,
 }
 
 impl ProcessTier {
@@ -353,6 +371,7 @@ impl ProcessTier {
             landlock_abi: DEFAULT_LANDLOCK_ABI,
             cgroups: true,
             tty: false,
+            pool: None,
         }
     }
 
@@ -409,6 +428,67 @@ impl ProcessTier {
     pub fn cgroup_v2_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cgroup_v2_dir = Some(dir.into());
         self
+    }
+
+    /// Keeps `n` sandboxes built ahead of their jobs (see G15), so that a run skips the
+    /// namespaces, the cgroup, the view and the guest's confinement, which are ready when the
+    /// job arrives: each sandbox serves exactly one run and is replaced at once, while that
+    /// run goes on. A pool serves runs through [`run`](Self::run) and
+    /// [`run_live`](Self::run_live) without grants, on a tier without [`tty`](Self::tty),
+    /// with a queue of `n` per workspace (none, or a directory and its access) for the 4 most
+    /// recently used; a waiting sandbox is used only if its view was built from the same
+    /// inspection of the workspace that the run makes as it starts (else it is replaced), so
+    /// a pooled run sees what a one-shot run would. Every other run is one-shot, with the same
+    /// mechanisms. Clones of this tier share the pool. Sandboxes are built at the first run
+    /// (or by [`prebuild`](Self::prebuild)); those left when the last clone is dropped are
+    /// killed and reaped and their cgroups removed, and a SIGKILLed owner's die with it
+    /// (parent-death signals), leaving only cgroups that the next run removes
+    /// ([`reap_stale_cgroups`]). `n` is at least 1. Builder calls after this one change the
+    /// sandboxes the pool builds: set them first.
+    #[must_use]
+    pub fn pool(mut self, n: usize) -> Self {
+        self.pool = Some(pool::Pool::new(n.max(1)));
+        self
+    }
+
+    /// Builds the pool's sandboxes now for jobs with `workspace` (or none), which are
+    /// otherwise built at the first such run, and returns how many wait. They are built on
+    /// the calling thread, and a sandbox's processes die with the thread that started them
+    /// (parent-death signal) unless the helper comes from the [`ForkServer`]: call it from a
+    /// thread that outlives the runs, such as `main`. A tier without a pool returns 0.
+    pub fn prebuild(&self, workspace: Option<(&Path, stockade_protocol::Access)>) -> Result<usize, LaunchError> {
+        let Some(pool) = &self.pool else { return Ok(0) };
+        let key = match workspace {
+            Some((path, access)) => Some((
+                stockade_hostfs::resolve_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+                access == stockade_protocol::Access::ReadWrite,
+            )),
+            None => None,
+        };
+        let (view, _) = pool::View::inspect(key.clone())?;
+        // One built by hand, so that an error is returned rather than swallowed by `refill`.
+        if pool.ready(&key) == 0 {
+            let first = pool.take(self, &view)?;
+            pool.put_back(self, first);
+        }
+        pool.refill(self, &key);
+        Ok(pool.ready(&key))
+    }
+
+    /// The pool's size per workspace and how many sandboxes wait now for jobs without a
+    /// workspace, if this tier has a pool.
+    #[must_use]
+    pub fn pool_status(&self) -> Option<(usize, usize)> {
+        self.pool.as_ref().map(|p| (p.size(), p.ready(&None)))
+    }
+
+    /// How many pre-built sandboxes wait for jobs with the workspace `path` (resolved as a
+    /// run resolves it) and that access, if this tier has a pool.
+    #[must_use]
+    pub fn pool_ready_for(&self, path: &Path, access: stockade_protocol::Access) -> Option<usize> {
+        let pool = self.pool.as_ref()?;
+        let path = stockade_hostfs::resolve_workspace(path).ok()?;
+        Some(pool.ready(&Some((path, access == stockade_protocol::Access::ReadWrite))))
     }
 
     /// How this tier starts each run's helper.

@@ -56,6 +56,22 @@ pub(crate) struct Spec {
     /// `127.0.0.1:PORT` there for the supervisor ([`Msg::Listening`]), and landlock lets the
     /// guest connect to that port only.
     pub(crate) model_port: Option<u16>,
+    /// A pre-built sandbox ([`crate::ProcessTier::pool`]): the guest process is confined
+    /// (everything but its limits) before the job exists, then reads a [`PooledJob`] from this
+    /// descriptor, and its program, arguments, environment and limits replace the spec's. The
+    /// end of the descriptor with no job (the pool was dropped) ends the sandbox quietly.
+    #[serde(default)]
+    pub(crate) job_fd: Option<i32>,
+}
+
+/// What a pre-built sandbox waits for: the job-specific part of a [`Spec`].
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PooledJob {
+    pub(crate) program: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) limits: SpecLimits,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use stockade_protocol::{Captured, Enforced, Job, JobKind, Mechanism, Report, Sta
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cgroup::Cgroup;
-use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, Spec, SpecLimits};
+use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, PooledJob, Spec, SpecLimits};
 use crate::sys::tty;
 use crate::{LaunchError, Loopback, ProcessTier, launch};
 
@@ -47,17 +47,9 @@ pub(crate) async fn run(
         }
         None => None,
     };
-    let sockets = match &workspace {
-        Some((path, _)) => stockade_hostfs::sockets(path, stockade_hostfs::MAX_WALK_ENTRIES)
-            .map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
-        None => Vec::new(),
-    };
-    let guard = match &workspace {
-        Some((path, true)) => {
-            Some(stockade_hostfs::Guarded::inspect(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?)
-        }
-        _ => None,
-    };
+    // The workspace as the run starts: its identity, its sockets and (read-write) its
+    // protected paths, whether the run is one-shot or takes a pre-built sandbox.
+    let (view, guard) = crate::pool::View::inspect(workspace.clone())?;
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
             .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
@@ -75,57 +67,81 @@ pub(crate) async fn run(
         }
     }
     let processes = u64::from(limits.processes());
-    let cgroup = if tier.cgroups {
-        let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
-        Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
+    let env: Vec<(String, String)> = job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect();
+    let spec_limits = SpecLimits {
+        cpu_secs: limits.cpu().as_secs().max(1) + u64::from(limits.cpu().subsec_nanos() > 0),
+        memory_bytes: limits.memory_bytes(),
+        processes,
+        open_files: u64::from(limits.open_files()),
+        file_size_bytes: limits.file_size_bytes(),
+        tmpfs_bytes: tier.tmpfs_bytes,
+    };
+    // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
+    let pool = tier.pool.as_ref().filter(|_| grants_dir.is_none() && loopback.is_none() && !tier.tty);
+    let start;
+    let (launched, master, cgroup) = if let Some(pool) = pool {
+        let crate::pool::Prebuilt { started, job: job_pipe, cgroup, .. } = pool.take(tier, &view)?;
+        if let Some(cg) = cgroup.get() {
+            cg.set_limits(limits.memory_bytes(), processes).map_err(|e| {
+                LaunchError::Internal(format!("setting the limits of a pre-built sandbox's cgroup: {e}"))
+            })?;
+        }
+        let message =
+            serde_json::to_vec(&PooledJob { program: program.clone(), args: args.clone(), env, limits: spec_limits })
+                .map_err(|e| LaunchError::Internal(e.to_string()))?;
+        if message.len() > crate::forkserver::MAX_SPEC {
+            return Err(LaunchError::Misconfigured(format!(
+                "the job is {} bytes, over the {}-byte limit (arguments and environment together)",
+                message.len(),
+                crate::forkserver::MAX_SPEC
+            )));
+        }
+        start = Instant::now();
+        let launched = started.register()?;
+        let mut job_pipe = launch::sender(job_pipe)?;
+        // A sandbox whose setup failed has closed its end: its report says why.
+        let _ = job_pipe.write_all(&message).await;
+        drop(job_pipe);
+        // Its replacement is built now, while this run goes on.
+        pool.refill_later(tier, view.workspace.clone());
+        (launched, None, cgroup)
     } else {
-        None
-    };
-    let spec = Spec {
-        program: program.clone(),
-        args: args.clone(),
-        env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
-        workspace,
-        pinned: guard.as_ref().map(|g| g.pinned().iter().map(|p| (*p).to_owned()).collect()).unwrap_or_default(),
-        protected: guard.as_ref().map(|g| g.present().to_vec()).unwrap_or_default(),
-        protected_detail: guard.as_ref().map(stockade_hostfs::Guarded::describe).unwrap_or_default(),
-        sockets,
-        grants_dir: grants_dir.map(std::path::Path::to_path_buf),
-        status_fd: -1,
-        supervisor_pid: std::process::id() as i32,
-        cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
-        rlimit_memory: cgroup.is_none(),
-        rlimit_processes: cgroup.is_none(),
-        limits: SpecLimits {
-            cpu_secs: limits.cpu().as_secs().max(1) + u64::from(limits.cpu().subsec_nanos() > 0),
-            memory_bytes: limits.memory_bytes(),
-            processes,
-            open_files: u64::from(limits.open_files()),
-            file_size_bytes: limits.file_size_bytes(),
-            tmpfs_bytes: tier.tmpfs_bytes,
-        },
-        hard: !tier.best_effort,
-        landlock_abi: tier.landlock_abi,
-        tty: tier.tty,
-        model_port: loopback.as_ref().map(|l| l.port),
-    };
-    let start = Instant::now();
-    let terminal = if tier.tty { Some(open_terminal()) } else { None }.transpose();
-    let launched = terminal.and_then(|t| {
-        let (io, master) = match t {
+        let cgroup = crate::pool::CgroupGuard(if tier.cgroups {
+            let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
+            Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
+        } else {
+            None
+        });
+        let spec = Spec {
+            program: program.clone(),
+            args: args.clone(),
+            env,
+            workspace,
+            pinned: view.pinned,
+            protected: view.protected,
+            protected_detail: view.protected_detail,
+            sockets: view.sockets,
+            grants_dir: grants_dir.map(std::path::Path::to_path_buf),
+            status_fd: -1,
+            supervisor_pid: std::process::id() as i32,
+            cgroup_procs: cgroup.get().map(Cgroup::procs_files).unwrap_or_default(),
+            rlimit_memory: cgroup.get().is_none(),
+            rlimit_processes: cgroup.get().is_none(),
+            limits: spec_limits,
+            hard: !tier.best_effort,
+            landlock_abi: tier.landlock_abi,
+            tty: tier.tty,
+            model_port: loopback.as_ref().map(|l| l.port),
+            job_fd: None,
+        };
+        start = Instant::now();
+        let (io, master) = match tier.tty.then(open_terminal).transpose()? {
             Some((master, slave)) => (launch::GuestIo::Terminal(slave), Some(master)),
             None => (launch::GuestIo::Pipes { stdin: live_stdin.is_some() || !job.stdin().is_empty() }, None),
         };
-        launch::launch(&tier.helper, spec, io).map(|l| (l, master))
-    });
-    let (launched, master) = match launched {
-        Ok(l) => l,
-        Err(e) => {
-            if let Some(cg) = &cgroup {
-                cg.remove();
-            }
-            return Err(e);
-        }
+        // On an error the guard removes the cgroup.
+        let launched = launch::launch(&tier.helper, spec, io, None)?.register()?;
+        (launched, master, cgroup)
     };
     let launch::Launched { process: mut child, stdin, stdout, stderr, status } = launched;
     // The helper's listener is taken through a duplicate of its pidfd, while it lives.
@@ -149,7 +165,7 @@ pub(crate) async fn run(
             (Box::new(master), Box::new(tokio::io::empty()))
         }
         (None, Some(out), Some(err)) => {
-            if let Some(mut stdin) = stdin {
+            if let Some(mut stdin) = stdin.filter(|_| live_stdin.is_some() || !bytes.is_empty()) {
                 let mut live = live_stdin;
                 tokio::spawn(async move {
                     // A guest that exits without reading its stdin closes the pipe: not an
@@ -196,7 +212,7 @@ pub(crate) async fn run(
     };
     if !matches!(end, End::Exited) {
         child.kill();
-        if let Some(cg) = &cgroup {
+        if let Some(cg) = cgroup.get() {
             cg.kill_all();
         }
     }
@@ -205,8 +221,14 @@ pub(crate) async fn run(
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
     let msgs = status_task.await.unwrap_or_default();
-    let usage = cgroup.as_ref().map(Cgroup::usage);
-    if let Some(cg) = &cgroup {
+    let usage = cgroup.get().map(Cgroup::usage);
+    let cgroup_detail = cgroup.get().map(|cg| cg.detail(limits.memory_bytes(), processes));
+    if pool.is_some() {
+        // Every process of the run is gone; on cgroup v1 the removal can wait behind the
+        // cgroup lock that a replacement sandbox's join holds through an RCU grace period, so
+        // it happens on a blocking thread instead of delaying the report.
+        tokio::task::spawn_blocking(move || drop(cgroup));
+    } else if let Some(cg) = cgroup.get() {
         cg.remove();
     }
     // Every process of the run is gone (the pid namespace's init reaps them all before it is
@@ -231,8 +253,8 @@ pub(crate) async fn run(
             limits.stderr_bytes()
         ),
     ));
-    if let Some(cg) = &cgroup {
-        report = report.with_enforced(Enforced::new(Mechanism::Cgroup, cg.detail(limits.memory_bytes(), processes)));
+    if let Some(detail) = cgroup_detail {
+        report = report.with_enforced(Enforced::new(Mechanism::Cgroup, detail));
     }
     let mut exit = None;
     let mut failure = None;

@@ -1,6 +1,6 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|process-fork|wasm|docker|bwrap|docker-run|all]
+//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|process-fork|process-pool|wasm|docker|bwrap|docker-run|all]
 //! [--attack NAME] [--json] [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
@@ -17,12 +17,35 @@ use stockade_protocol::{Access, Job, Limits, Report, Status};
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
 /// `process` launches each run's helper through a fork server (what a multi-threaded
 /// embedder, the runtime and the CLI use); `process-fork` forks the single-threaded
-/// supervisor directly. Both expect the process tier's outcomes.
-const STOCKADE_TIERS: &[&str] = &["process", "process-fork", "wasm", "docker"];
+/// supervisor directly; `process-pool` runs each attack in a sandbox built before the
+/// attack's job existed (`ProcessTier::pool`, through the fork server). All three expect
+/// the process tier's outcomes.
+const STOCKADE_TIERS: &[&str] = &["process", "process-fork", "process-pool", "wasm", "docker"];
 
 /// Set in a `--*-one` child's environment for the `process-fork` column: it then starts no
 /// fork server, and the helper is forked from the child itself.
 const DIRECT_FORK_VAR: &str = "STOCKADE_ESCAPE_DIRECT_FORK";
+
+/// Set in a `--*-one` child's environment for the `process-pool` column: its tier has a
+/// pool, whose sandbox for the attack's workspace is built before the job is made.
+const POOL_VAR: &str = "STOCKADE_ESCAPE_POOL";
+
+/// How a `--*-one` child launches its runs: the process-tier column it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    /// `process`: through the child's fork server.
+    Server,
+    /// `process-fork`: the single-threaded child forks its helper itself.
+    Direct,
+    /// `process-pool`: a pre-built sandbox, through the fork server.
+    Pool,
+}
+
+/// The process tier of a `--*-one` child, as its column asks.
+fn child_tier() -> ProcessTier {
+    let tier = ProcessTier::new(Helper::fork());
+    if std::env::var_os(POOL_VAR).is_some() { tier.pool(1) } else { tier }
+}
 
 const SECRET_VAR: &str = "STOCKADE_ESCAPE_SUPERVISOR_SECRET";
 
@@ -43,7 +66,13 @@ fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Re
         .with_workspace(ws, access)?
         .with_limits(limits());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    Ok(rt.block_on(ProcessTier::new(Helper::fork()).run(&job)))
+    let tier = child_tier();
+    // The `process-pool` column: the attack's sandbox is built (and confined) before its job
+    // exists, then the job is handed in.
+    if let Err(e) = tier.prebuild(Some((Path::new(ws), access))) {
+        return Ok(Err(e));
+    }
+    Ok(rt.block_on(tier.run(&job)))
 }
 
 /// Where one grants attack writes: its `log` grant's log, the victim run's log, the parent
@@ -128,7 +157,7 @@ fn granted_one(rest: &[String]) -> Result<()> {
             .with_workspace(bin_dir, Access::ReadOnly)?
             .with_limits(limits()))
     };
-    let tier = || ProcessTier::new(Helper::fork());
+    let tier = child_tier;
     let attacker = stockade_runtime::Sandbox::builder().tier(tier()).build()?;
     let victim = stockade_runtime::Sandbox::builder().tier(tier()).grants_dir(&paths.victim_parent).build()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -165,11 +194,11 @@ fn judge_granted(
     judge(world, report, marker, grants, expect, name)
 }
 
-fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
+fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch) -> Result<Cell> {
     let targets = world.targets(entry.name);
     let paths = GrantPaths::new(world, entry.name)?;
     let upstream = stockade_escape::grants::upstream()?;
-    let one = one_child(direct)?
+    let one = one_child(launch)?
         .arg("--granted-one")
         .arg(bin_dir)
         .arg(entry.name)
@@ -262,6 +291,7 @@ fn parse() -> Result<Args> {
         a.tiers = vec![
             "process".into(),
             "process-fork".into(),
+            "process-pool".into(),
             "wasm".into(),
             "docker".into(),
             "bwrap".into(),
@@ -380,9 +410,9 @@ fn classify(status: &Status, output: &[u8]) -> Outcome {
 
 /// Row 47: a stand-in supervisor (this program, re-executed) runs the attack; once the
 /// attack is visible on the host, the supervisor is SIGKILLed, and the attack must die too.
-fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
+fn run_process_killing_supervisor(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch) -> Result<Cell> {
     let targets = world.targets(entry.name);
-    let mut supervisor = one_child(direct)?
+    let mut supervisor = one_child(launch)?
         .arg("--supervise-one")
         .arg(bin_dir)
         .arg(entry.name)
@@ -492,13 +522,13 @@ fn rw_workspace_changed(ws: &Path) -> Option<String> {
     None
 }
 
-/// `direct`: the `process-fork` column (no fork server in the child).
-fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -> Result<Cell> {
+/// `launch`: the process-tier column this is.
+fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch) -> Result<Cell> {
     if entry.setup == Setup::KillSupervisor {
-        return run_process_killing_supervisor(world, bin_dir, entry, direct);
+        return run_process_killing_supervisor(world, bin_dir, entry, launch);
     }
     if entry.setup == Setup::Grants {
-        return run_process_granted(world, bin_dir, entry, direct);
+        return run_process_granted(world, bin_dir, entry, launch);
     }
     let targets = world.targets(entry.name);
     let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name, None)).transpose()?;
@@ -510,7 +540,7 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -
     // its fork server, or (`process-fork`) by forking itself while single-threaded. This
     // harness has other threads, so it could only exec one; the library's exec launch is
     // covered by the tier's own tests.
-    let one = one_child(direct)?
+    let one = one_child(launch)?
         .arg("--process-one")
         .arg(ws)
         .arg(if access == Access::ReadWrite { "rw" } else { "ro" })
@@ -527,11 +557,17 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, direct: bool) -
     judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
 }
 
-/// A `--*-one` child of this binary, for the `process` column or (`direct`) `process-fork`.
-fn one_child(direct: bool) -> Result<Command> {
+/// A `--*-one` child of this binary, for the process-tier column `launch`.
+fn one_child(launch: Launch) -> Result<Command> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    if direct {
-        cmd.env(DIRECT_FORK_VAR, "1");
+    match launch {
+        Launch::Server => {}
+        Launch::Direct => {
+            cmd.env(DIRECT_FORK_VAR, "1");
+        }
+        Launch::Pool => {
+            cmd.env(POOL_VAR, "1");
+        }
     }
     Ok(cmd)
 }
@@ -882,7 +918,7 @@ fn run() -> Result<bool> {
     let mut columns: Vec<(String, Option<String>)> = Vec::new();
     for t in &args.tiers {
         let skip = match t.as_str() {
-            "process" | "process-fork" => {
+            "process" | "process-fork" | "process-pool" => {
                 let p = stockade_process::probe();
                 p.user_namespaces
                     .clone()
@@ -921,8 +957,9 @@ fn run() -> Result<bool> {
                 (_, Some(why)) => {
                     Cell { outcome: Outcome::Skipped(why.clone()), evidence: why.clone(), expected: true }
                 }
-                ("process", None) => run_process(&mut world, &bin_dir, e, false)?,
-                ("process-fork", None) => run_process(&mut world, &bin_dir, e, true)?,
+                ("process", None) => run_process(&mut world, &bin_dir, e, Launch::Server)?,
+                ("process-fork", None) => run_process(&mut world, &bin_dir, e, Launch::Direct)?,
+                ("process-pool", None) => run_process(&mut world, &bin_dir, e, Launch::Pool)?,
                 ("wasm", None) => match &wasm_tier {
                     Some(t) => run_wasm(&mut world, t, &bin_dir, e)?,
                     None => unreachable!("the wasm column has a tier when it is not skipped"),
@@ -1010,7 +1047,7 @@ fn markdown_doc(table: &str) -> String {
     format!(
         "# Escape matrix\n\n\
 Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
-Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image (the protected-path rows with the same read-write workspace the process column gets, bind-mounted); the `process` column runs each attack from a fresh process whose fork server, started first in its `main` as in the `stockade` CLI, clones the run's helper, and `process-fork` from a fresh single-threaded process that forks its helper itself (the two launch paths without an exec); `docker-run` is plain `docker run` for comparison.\n\
+Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image (the protected-path rows with the same read-write workspace the process column gets, bind-mounted); the `process` column runs each attack from a fresh process whose fork server, started first in its `main` as in the `stockade` CLI, clones the run's helper, `process-fork` from a fresh single-threaded process that forks its helper itself (the two launch paths without an exec), and `process-pool` in a sandbox of `ProcessTier::pool` built and confined for the attack's workspace before the attack's job was made, then handed the job (the grants rows run one-shot there: a pool does not serve granted runs); `docker-run` is plain `docker run` for comparison.\n\
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
 The evidence column lists the attack's own attempt results, for reading only.\n\n\
 - **Denied**: every attempt failed and the world is unchanged.\n\

@@ -1,7 +1,7 @@
 //! `stockade-soak`: sustained load on the process and wasm tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|wasm|all] [--runs N] [--concurrency C] [--seed S]
+//! Usage: `stockade-soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S]
 //! [--markdown FILE]`
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
@@ -53,7 +53,7 @@ fn parse() -> Result<Args> {
         }
     }
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "wasm".into()];
+        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into()];
     }
     if a.concurrency == 0 || a.runs == 0 {
         bail!("--runs and --concurrency must be at least 1");
@@ -318,13 +318,21 @@ struct Outcome {
 }
 
 async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path) -> Result<Outcome> {
+    // A pool's waiting sandboxes are resources too: for `process-pool` the count before is
+    // taken before the tier exists, and the one after once it is dropped.
+    let before_tier = resources(server);
     let (runner, kinds) = match tier {
         "process" => {
             let p = stockade_process::probe();
             (Runner::Process(ProcessTier::new(Helper::current_exe()?.prefer_fork())), process_kinds(p.cgroups.is_ok()))
         }
+        "process-pool" => {
+            let p = stockade_process::probe();
+            let tier = ProcessTier::new(Helper::current_exe()?.prefer_fork()).pool(4);
+            (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
+        }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
-        other => bail!("tier {other:?} is not soaked by this program (process or wasm)"),
+        other => bail!("tier {other:?} is not soaked by this program (process, process-pool or wasm)"),
     };
     let total: u64 = kinds.iter().map(|k| k.weight).sum();
     let pick = |n: u64| {
@@ -348,7 +356,8 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         let _ = runner.run(&(k.job)(n, &ws)?).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = resources(server);
+    let pooled = tier == "process-pool";
+    let before = if pooled { before_tier } else { resources(server) };
     let rss_start = rss_kib();
     let picks: Arc<Vec<usize>> = Arc::new((0..args.runs).map(pick).collect());
     let runner = Arc::new(runner);
@@ -395,6 +404,8 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         r??;
     }
     let elapsed = start.elapsed();
+    // The workers are done, so this is the last owner: a pool kills its waiting sandboxes.
+    drop(runner);
     // Let the kernel finish tearing down the last runs' namespaces and cgroups.
     let mut after = resources(server);
     for _ in 0..50 {

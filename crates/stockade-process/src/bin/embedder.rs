@@ -6,7 +6,7 @@
 //! each job it reads on stdin concurrently:
 //!
 //! ```text
-//! → {"job": JOB, "helper": "fork" | "prefer" | "exec"}   one JSON line per job (JOB: protocol's Job)
+//! → {"job": JOB, "helper": "fork" | "prefer" | "exec" | "pool"}   one JSON line per job (JOB: protocol's Job)
 //! ← {"fork_server": PID, "threads": N}                first line: the server, and this process's threads
 //! ← {"line": I, "report": REPORT} | {"line": I, "error": "..."}   one per job, in completion order
 //! ```
@@ -14,7 +14,8 @@
 //! `"fork"` (the default) launches with `Helper::fork()` (through the fork server: there is
 //! no fallback, so a launch that did not use it fails), `"prefer"` with
 //! `Helper::at(this binary).prefer_fork()` (the server, else an exec of this binary), and
-//! `"exec"` with `Helper::at(this binary)`. The crate's
+//! `"exec"` with `Helper::at(this binary)`, and `"pool"` with `Helper::fork()` and
+//! `ProcessTier::pool(N)` (`N` from `STOCKADE_EMBEDDER_POOL`, default 4). The crate's
 //! tests drive it to check the fork server from a real multi-threaded embedder.
 
 use std::io::Write as _;
@@ -56,6 +57,7 @@ async fn serve(server: u32) -> std::process::ExitCode {
         ProcessTier::new(Helper::fork()),
         ProcessTier::new(Helper::at(&exe).prefer_fork()),
         ProcessTier::new(Helper::at(exe)),
+        ProcessTier::new(Helper::fork()).pool(pool_size()),
     ]);
     let threads = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -84,14 +86,22 @@ async fn serve(server: u32) -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// The job and which of the three tiers runs it.
+/// The pool's size: `STOCKADE_EMBEDDER_POOL`, else 4.
+fn pool_size() -> usize {
+    std::env::var("STOCKADE_EMBEDDER_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+}
+
+/// The job and which of the four tiers runs it.
 fn parse(line: &str) -> Result<(Job, usize), String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
     let helper = match v.get("helper").and_then(serde_json::Value::as_str) {
         None | Some("fork") => 0,
         Some("prefer") => 1,
         Some("exec") => 2,
-        Some(other) => return Err(format!("bad request: helper {other:?} is not \"fork\", \"prefer\" or \"exec\"")),
+        Some("pool") => 3,
+        Some(other) => {
+            return Err(format!("bad request: helper {other:?} is not \"fork\", \"prefer\", \"exec\" or \"pool\""));
+        }
     };
     let job = serde_json::from_value(v.get("job").cloned().unwrap_or_default()).map_err(|e| format!("bad job: {e}"))?;
     Ok((job, helper))

@@ -59,6 +59,15 @@ pub(crate) fn peer_closed(fd: RawFd) -> bool {
     r > 0 && (pfd.revents & libc::POLLHUP) != 0
 }
 
+/// True if `fd` (a pidfd) polls readable or hung up: the process has exited.
+pub(crate) fn polls_ready(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
+    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+    r > 0 && (pfd.revents & (libc::POLLIN | libc::POLLHUP)) != 0
+}
+
 /// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec
 /// in the forked child just before exec.
 pub(crate) fn keep_on_exec(cmd: &mut std::process::Command, fd: RawFd) {

@@ -8,3 +8,4 @@ mod confinement;
 mod forkserver;
 mod launch;
 mod limits;
+mod pool;

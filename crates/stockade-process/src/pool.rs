@@ -1,0 +1,394 @@
+//! Pre-built sandboxes ([`crate::ProcessTier::pool`]).
+//!
+//! A pre-built sandbox is a helper started before its job exists, with everything that does
+//! not depend on the job already done: it has joined its per-run cgroup, unshared the user,
+//! pid, mount, net, ipc and uts namespaces, forked the run's init, which has built and pivoted
+//! into the view; and init has forked the guest process, which has started its session,
+//! dropped every capability, set `no_new_privs` and applied landlock and seccomp. The guest
+//! process then blocks reading its job pipe. At run time the supervisor sets the cgroup's
+//! limits to the job's, writes the job (program, arguments, environment, limits) into the
+//! pipe and closes it; the guest applies the job's rlimits, changes directory, closes every
+//! descriptor but 0–2 and execs. Stdin, stdout and stderr are pipes made when the sandbox
+//! was built; the supervisor keeps its ends, so the job's stdin (or a streamed one) is
+//! written, or closed at once, exactly as for a one-shot run.
+//!
+//! Each sandbox serves exactly one run: the pool hands it out once and starts its
+//! replacement at once, in the background of the run (the replacement builds itself in its
+//! own processes while the run goes on). A sandbox left in the pool when the pool is dropped
+//! is killed (its helper takes init and the guest with it) and reaped, and its cgroup
+//! removed; when the owning process is SIGKILLed, parent-death signals end the sandboxes'
+//! processes, their mounts end with their mount namespaces, and their cgroups, named after
+//! the owner's pid and start time, are removed by the next run of any supervisor
+//! (`reap_stale_cgroups`, `stockade gc`).
+//!
+//! Which jobs a pool serves: those run with [`crate::ProcessTier::run`] or `run_live`
+//! without grants or a loopback, on a tier without a terminal. The sandbox depends on the
+//! workspace, so the pool keeps a queue per workspace (none, or a directory and its access),
+//! for the [`MAX_KEYS`] most recently used: an agent that runs every command in one project
+//! finds its sandboxes ready after its first run. A waiting sandbox's view is judged against
+//! the workspace as the run starts, not as it was when the sandbox was built: the run
+//! inspects the workspace as a one-shot run does (the directory's identity, the unix sockets
+//! to cover, and for read-write the protected paths and pinned directories, G1 and G10), and
+//! takes a waiting sandbox only if its view was built from the same inspection; otherwise the
+//! sandbox is killed and the run's own is built then. So a pooled run's view is exactly the
+//! one a one-shot run started at the same moment would have, and the sweep after a
+//! read-write run judges what the guest created against that same inspection.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
+
+use crate::cgroup::Cgroup;
+use crate::launch::{self, Started};
+use crate::spec::{Spec, SpecLimits};
+use crate::{LaunchError, ProcessTier};
+
+/// What makes two tiers build the same sandbox: a pool built for one shape never serves
+/// another (a tier changed after [`crate::ProcessTier::pool`] rebuilds the pool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shape {
+    helper: launch::Mode,
+    best_effort: bool,
+    tmpfs_bytes: u64,
+    cgroup_v2_dir: Option<PathBuf>,
+    landlock_abi: u8,
+    cgroups: bool,
+}
+
+impl Shape {
+    pub(crate) fn of(tier: &ProcessTier) -> Self {
+        Self {
+            helper: tier.helper.clone(),
+            best_effort: tier.best_effort,
+            tmpfs_bytes: tier.tmpfs_bytes,
+            cgroup_v2_dir: tier.cgroup_v2_dir.clone(),
+            landlock_abi: tier.landlock_abi,
+            cgroups: tier.cgroups,
+        }
+    }
+}
+
+/// A queue's key: the resolved workspace and whether it is writable, or none.
+pub(crate) type Key = Option<(PathBuf, bool)>;
+
+/// What the pool's thread is asked: build for this tier and key.
+type Request = (ProcessTier, Key);
+
+/// Most workspaces the pool keeps sandboxes for; the least recently used one's sandboxes go
+/// when another is needed.
+pub(crate) const MAX_KEYS: usize = 4;
+
+/// A sandbox's view of the host, as inspected when it was built or when a run starts: two
+/// equal views build the same sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct View {
+    /// The resolved workspace and whether it is writable (the pool's key).
+    pub(crate) workspace: Key,
+    /// The workspace directory's device and inode: a directory replaced at the same path is
+    /// another workspace.
+    identity: Option<(u64, u64)>,
+    pub(crate) sockets: Vec<String>,
+    pub(crate) pinned: Vec<String>,
+    pub(crate) protected: Vec<String>,
+    pub(crate) protected_detail: String,
+}
+
+impl View {
+    /// Inspects `workspace` (already resolved) as a run about to start does, returning the
+    /// view and, for a read-write workspace, the inspection whose sweep follows the run.
+    pub(crate) fn inspect(
+        workspace: Key,
+    ) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
+        let bad = |e: &dyn std::fmt::Display| LaunchError::Misconfigured(e.to_string());
+        let Some((path, writable)) = &workspace else {
+            let view = Self {
+                workspace: None,
+                identity: None,
+                sockets: Vec::new(),
+                pinned: Vec::new(),
+                protected: Vec::new(),
+                protected_detail: String::new(),
+            };
+            return Ok((view, None));
+        };
+        let meta = std::fs::metadata(path)
+            .map_err(|e| LaunchError::Misconfigured(format!("workspace {}: {e}", path.display())))?;
+        let identity = Some((std::os::unix::fs::MetadataExt::dev(&meta), std::os::unix::fs::MetadataExt::ino(&meta)));
+        let sockets = stockade_hostfs::sockets(path, stockade_hostfs::MAX_WALK_ENTRIES).map_err(|e| bad(&e))?;
+        let guard = if *writable { Some(stockade_hostfs::Guarded::inspect(path).map_err(|e| bad(&e))?) } else { None };
+        let view = Self {
+            identity,
+            sockets,
+            pinned: guard.as_ref().map(|g| g.pinned().iter().map(|p| (*p).to_owned()).collect()).unwrap_or_default(),
+            protected: guard.as_ref().map(|g| g.present().to_vec()).unwrap_or_default(),
+            protected_detail: guard.as_ref().map(stockade_hostfs::Guarded::describe).unwrap_or_default(),
+            workspace,
+        };
+        Ok((view, guard))
+    }
+}
+
+/// One pre-built sandbox: the helper and its pipes, the write end of its job pipe, and its
+/// cgroup. Dropped unused, it is killed and reaped (by [`Started`]), then its cgroup removed.
+pub(crate) struct Prebuilt {
+    // Field order is drop order: the processes go before their cgroup is removed.
+    pub(crate) started: Started,
+    view: View,
+    pub(crate) job: File,
+    pub(crate) cgroup: CgroupGuard,
+}
+
+/// A cgroup removed when dropped.
+pub(crate) struct CgroupGuard(pub(crate) Option<Cgroup>);
+
+impl CgroupGuard {
+    pub(crate) fn get(&self) -> Option<&Cgroup> {
+        self.0.as_ref()
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Some(cg) = self.0.take() {
+            cg.remove();
+        }
+    }
+}
+
+/// The pool: up to `size` sandboxes waiting per workspace, for one shape.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    size: usize,
+    state: Mutex<State>,
+    /// The pool's own thread, which builds replacements ([`Pool::refill_later`]). Its own,
+    /// because a helper's parent-death signal follows the thread that started it: a
+    /// sandbox built on a runtime's blocking thread would die when that thread retires, and
+    /// one built here dies with the pool.
+    refiller: std::sync::OnceLock<std::sync::mpsc::Sender<Request>>,
+    this: std::sync::Weak<Pool>,
+}
+
+#[derive(Default)]
+struct State {
+    shape: Option<Shape>,
+    /// One queue per workspace, most recently used last.
+    queues: Vec<Queue>,
+}
+
+struct Queue {
+    key: Key,
+    ready: VecDeque<Prebuilt>,
+    /// Sandboxes being built by a refill now.
+    building: usize,
+}
+
+impl State {
+    /// The queue for `key`, made the most recently used (created if needed, evicting the
+    /// least recently used beyond [`MAX_KEYS`]); evicted sandboxes are returned to be killed
+    /// outside the lock.
+    fn queue(&mut self, key: &Key) -> (&mut Queue, Vec<Prebuilt>) {
+        let mut evicted = Vec::new();
+        match self.queues.iter().position(|q| q.key == *key) {
+            Some(i) => {
+                let q = self.queues.remove(i);
+                self.queues.push(q);
+            }
+            None => {
+                if self.queues.len() >= MAX_KEYS {
+                    evicted.extend(self.queues.remove(0).ready);
+                }
+                self.queues.push(Queue { key: key.clone(), ready: VecDeque::new(), building: 0 });
+            }
+        }
+        let last = self.queues.len() - 1;
+        (&mut self.queues[last], evicted)
+    }
+
+    /// Forgets every queue if `shape` is not the pool's (a tier changed after `pool`),
+    /// returning their sandboxes to be killed.
+    fn reshape(&mut self, shape: &Shape) -> Vec<Prebuilt> {
+        if self.shape.as_ref() == Some(shape) {
+            return Vec::new();
+        }
+        self.shape = Some(shape.clone());
+        self.queues.drain(..).flat_map(|q| q.ready).collect()
+    }
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ready: Vec<usize> = self.queues.iter().map(|q| q.ready.len()).collect();
+        f.debug_struct("State").field("shape", &self.shape).field("ready", &ready).finish()
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(size: usize) -> std::sync::Arc<Self> {
+        std::sync::Arc::new_cyclic(|this| Self {
+            size,
+            state: Mutex::new(State::default()),
+            refiller: std::sync::OnceLock::new(),
+            this: this.clone(),
+        })
+    }
+
+    /// Replaces what a run took for `key`, off the run's path: on the pool's thread, or, for
+    /// a supervisor that forks itself (single-threaded, no fork server), inline, since a
+    /// thread would end its single-threadedness.
+    pub(crate) fn refill_later(&self, tier: &ProcessTier, key: Key) {
+        if matches!(tier.helper, launch::Mode::Fork(_)) && crate::forkserver::running().is_none() {
+            self.refill(tier, &key);
+            return;
+        }
+        let tx = self.refiller.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Request>();
+            let pool = self.this.clone();
+            // Without a thread, requests go nowhere and every take builds its own sandbox.
+            let _thread = std::thread::Builder::new().name("stockade-pool".into()).spawn(move || {
+                while let Ok((tier, key)) = rx.recv() {
+                    let Some(pool) = pool.upgrade() else { break };
+                    pool.refill(&tier, &key);
+                }
+            });
+            tx
+        });
+        let mut owner = tier.clone();
+        // The request must not keep the pool alive.
+        owner.pool = None;
+        let _ = tx.send((owner, key));
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// How many sandboxes wait for `key` (a workspace, or none).
+    pub(crate) fn ready(&self, key: &Key) -> usize {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.queues.iter().find(|q| q.key == *key).map_or(0, |q| q.ready.len())
+    }
+
+    /// A sandbox for one run of `tier` with `view` (inspected as the run starts): a waiting
+    /// one built from the same view whose helper is still alive, else one started now (whose
+    /// setup error, if the host cannot build it, the run then reports). Waiting sandboxes of
+    /// another view (the workspace changed since they were built) are killed.
+    pub(crate) fn take(&self, tier: &ProcessTier, view: &View) -> Result<Prebuilt, LaunchError> {
+        let shape = Shape::of(tier);
+        let mut discard = Vec::new();
+        let found = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            discard.extend(state.reshape(&shape));
+            let (queue, evicted) = state.queue(&view.workspace);
+            discard.extend(evicted);
+            let mut found = None;
+            while let Some(p) = queue.ready.pop_front() {
+                if p.view == *view && !p.started.exited() {
+                    found = Some(p);
+                    break;
+                }
+                discard.push(p);
+            }
+            found
+        };
+        // Killed outside the lock.
+        drop(discard);
+        match found {
+            Some(p) => Ok(p),
+            None => build(tier, view.clone()),
+        }
+    }
+
+    /// Puts back a sandbox that [`take`](Self::take) handed out and nobody used.
+    pub(crate) fn put_back(&self, tier: &ProcessTier, p: Prebuilt) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.shape.as_ref() == Some(&Shape::of(tier)) {
+            let size = self.size;
+            let (queue, evicted) = state.queue(&p.view.workspace);
+            if queue.ready.len() < size {
+                queue.ready.push_back(p);
+            }
+            drop(state);
+            drop(evicted);
+        }
+    }
+
+    /// Starts sandboxes for `key` until `size` wait (counting those other refills are
+    /// building), each from a fresh inspection of the workspace. A failure stops the refill
+    /// silently: the next take starts its own sandbox and reports why it could not.
+    pub(crate) fn refill(&self, tier: &ProcessTier, key: &Key) {
+        let shape = Shape::of(tier);
+        loop {
+            {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if state.shape.as_ref() != Some(&shape) {
+                    return;
+                }
+                let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
+                if queue.ready.len() + queue.building >= self.size {
+                    return;
+                }
+                queue.building += 1;
+            }
+            let built = View::inspect(key.clone()).and_then(|(view, _)| build(tier, view));
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let same_shape = state.shape.as_ref() == Some(&shape);
+            let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
+            queue.building -= 1;
+            let Ok(p) = built else { return };
+            if !same_shape || queue.ready.len() >= self.size {
+                drop(state);
+                drop(p);
+                return;
+            }
+            queue.ready.push_back(p);
+        }
+    }
+}
+
+/// Starts one pre-built sandbox for `tier`.
+fn build(tier: &ProcessTier, view: View) -> Result<Prebuilt, LaunchError> {
+    let internal = |what: &str, e: std::io::Error| LaunchError::Internal(format!("{what}: {e}"));
+    let defaults = stockade_protocol::Limits::default();
+    let (memory, processes) = (defaults.memory_bytes(), u64::from(defaults.processes()));
+    let cgroup = if tier.cgroups {
+        let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
+        Cgroup::create(tier.cgroup_v2_dir.as_deref(), memory, processes)
+    } else {
+        None
+    };
+    let cgroup = CgroupGuard(cgroup);
+    let (job_r, job_w) = crate::sys::fs::pipe().map_err(|e| internal("job pipe", e))?;
+    let spec = Spec {
+        program: String::new(),
+        args: Vec::new(),
+        env: Vec::new(),
+        workspace: view.workspace.clone(),
+        pinned: view.pinned.clone(),
+        protected: view.protected.clone(),
+        protected_detail: view.protected_detail.clone(),
+        sockets: view.sockets.clone(),
+        grants_dir: None,
+        status_fd: -1,
+        supervisor_pid: std::process::id() as i32,
+        cgroup_procs: cgroup.0.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
+        rlimit_memory: cgroup.0.is_none(),
+        rlimit_processes: cgroup.0.is_none(),
+        // Placeholders: the job's own limits arrive with the job.
+        limits: SpecLimits {
+            cpu_secs: 1,
+            memory_bytes: memory,
+            processes,
+            open_files: 1,
+            file_size_bytes: 0,
+            tmpfs_bytes: tier.tmpfs_bytes,
+        },
+        hard: !tier.best_effort,
+        landlock_abi: tier.landlock_abi,
+        tty: false,
+        model_port: None,
+        job_fd: None,
+    };
+    let started = launch::launch(&tier.helper, spec, launch::GuestIo::Pipes { stdin: true }, Some(job_r))?;
+    Ok(Prebuilt { started, view, job: job_w, cgroup })
+}
