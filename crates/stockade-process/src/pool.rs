@@ -97,9 +97,7 @@ pub(crate) struct View {
 impl View {
     /// Inspects `workspace` (already resolved) as a run about to start does, returning the
     /// view and, for a read-write workspace, the inspection whose sweep follows the run.
-    pub(crate) fn inspect(
-        workspace: Key,
-    ) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
+    pub(crate) fn inspect(workspace: Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
         let bad = |e: &dyn std::fmt::Display| LaunchError::Misconfigured(e.to_string());
         let Some((path, writable)) = &workspace else {
             let view = Self {
