@@ -293,6 +293,30 @@ mod tests {
     }
 
     #[test]
+    fn g8_a_truncated_or_foreign_owned_artifact_is_compiled_again() {
+        // Faults of issue 14: a cache file cut short (a full disk, a copy that stopped) and a
+        // file whose owner was swapped. Neither may be mapped; the run compiles instead.
+        let engine = engine();
+        let dir = fresh("faults");
+        let cache = Cache::open(Some(dir.clone()));
+        let (module, key) = compiled(&engine);
+        cache.store(&key, &module);
+        let file = dir.join(format!("{}.cwasm", key.name));
+        let len = fs::metadata(&file).unwrap().len();
+        OpenOptions::new().write(true).open(&file).unwrap().set_len(len / 2).unwrap();
+        assert!(cache.load(&engine, &key).is_none(), "a truncated artifact was loaded");
+        OpenOptions::new().write(true).open(&file).unwrap().set_len(0).unwrap();
+        assert!(cache.load(&engine, &key).is_none(), "an empty artifact was loaded");
+        // Stored again, it loads; owned by someone else (as root we can hand it over), not.
+        cache.store(&key, &module);
+        assert!(cache.load(&engine, &key).is_some());
+        if std::os::unix::fs::chown(&file, Some(65534), Some(65534)).is_ok() {
+            assert!(cache.load(&engine, &key).is_none(), "a file owned by uid 65534 was loaded");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn g8_the_cache_stays_under_its_size_bound() {
         let engine = engine();
         let dir = fresh("evict");

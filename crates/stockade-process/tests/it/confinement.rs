@@ -350,6 +350,25 @@ print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
 }
 
 #[test]
+fn g5_a_guest_that_stops_reading_stdin_or_closes_its_stdout_is_a_normal_outcome() {
+    require!("g5_a_guest_that_stops_reading_stdin_or_closes_its_stdout_is_a_normal_outcome");
+    // 8 MiB of stdin, of which the guest reads 10 bytes before it closes its stdin and stdout:
+    // the supervisor's writer hits EPIPE and the stdout pipe ends early; the run goes on to its
+    // own end, and nothing is lost of what the guest did write.
+    let job = sh("head -c 10; exec 0<&- 1>&-; sleep 0.2; echo still-here >&2; exit 3")
+        .with_stdin(vec![b'x'; 8 << 20])
+        .unwrap();
+    for (name, tier) in [("one-shot", tier()), ("pooled", tier().pool(1))] {
+        let start = std::time::Instant::now();
+        let r = block_on(tier.run(&job)).unwrap();
+        assert_eq!(r.status, Status::Exited { code: 3 }, "{name}: {r:#?}");
+        assert_eq!(stdout(&r), "xxxxxxxxxx", "{name}");
+        assert_eq!(stderr(&r), "still-here\n", "{name}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{name}: {:?}", start.elapsed());
+    }
+}
+
+#[test]
 fn g5_environment_is_exactly_the_allowlist() {
     require!("g5_environment_is_exactly_the_allowlist");
     let job = Job::command("/usr/bin/env", Vec::<String>::new()).unwrap().with_env("GRANTED", "yes").unwrap();
