@@ -146,8 +146,10 @@
 //!     from the inspection the run makes as it starts (the directory's identity, its sockets,
 //!     and for read-write its protected paths), granted runs are one-shot, and a mechanism
 //!     the host cannot enforce fails a pooled run closed as it does a one-shot one. A dropped
-//!     pool leaves no process, cgroup or mount; a SIGKILLed owner's sandboxes die with it and
-//!     their cgroups are stale until the next run removes them.
+//!     pool leaves no process, cgroup or mount (a replacement still being built when the last
+//!     clone goes is killed by the pool's thread as soon as its build ends); a SIGKILLed
+//!     owner's sandboxes die with it and their cgroups are stale until the next run removes
+//!     them.
 //!     (pinned by: tests/it/pool.rs::g15_*)
 //!
 //! # Non-guarantees
