@@ -405,7 +405,14 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     }
     let elapsed = start.elapsed();
     // The workers are done, so this is the last owner: a pool kills its waiting sandboxes.
-    drop(runner);
+    // Other tiers live on to the end, as they did when the count before was taken (the
+    // wasm tier holds its cache directory open).
+    let runner = if pooled {
+        drop(runner);
+        None
+    } else {
+        Some(runner)
+    };
     // Let the kernel finish tearing down the last runs' namespaces and cgroups.
     let mut after = resources(server);
     for _ in 0..50 {
@@ -415,6 +422,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         tokio::time::sleep(Duration::from_millis(100)).await;
         after = resources(server);
     }
+    drop(runner);
     let records = std::mem::take(&mut *records.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     Ok(Outcome {
         tier: tier.to_owned(),
