@@ -382,7 +382,7 @@ impl ProcessTier {
     #[must_use]
     pub fn best_effort(mut self) -> Self {
         self.best_effort = true;
-        self
+        self.repool()
     }
 
     /// Requires landlock ABI `abi` (default 7): every access right, network control and
@@ -391,7 +391,7 @@ impl ProcessTier {
     #[must_use]
     pub fn landlock_abi(mut self, abi: u8) -> Self {
         self.landlock_abi = abi;
-        self
+        self.repool()
     }
 
     /// Limits memory and processes with `RLIMIT_AS` and `RLIMIT_NPROC` only, even where a
@@ -402,7 +402,7 @@ impl ProcessTier {
     #[must_use]
     pub fn without_cgroups(mut self) -> Self {
         self.cgroups = false;
-        self
+        self.repool()
     }
 
     /// Gives each run a terminal: the guest's stdin, stdout and stderr are one private
@@ -421,7 +421,7 @@ impl ProcessTier {
     #[must_use]
     pub fn tmpfs_bytes(mut self, bytes: u64) -> Self {
         self.tmpfs_bytes = bytes.max(1 << 20);
-        self
+        self.repool()
     }
 
     /// Uses a delegated cgroup v2 directory (writable by this process, with the memory and
@@ -429,7 +429,7 @@ impl ProcessTier {
     #[must_use]
     pub fn cgroup_v2_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cgroup_v2_dir = Some(dir.into());
-        self
+        self.repool()
     }
 
     /// Keeps `n` sandboxes built ahead of their jobs (see G15), so that a run skips the
@@ -445,11 +445,22 @@ impl ProcessTier {
     /// (or by [`prebuild`](Self::prebuild)); those left when the last clone is dropped are
     /// killed and reaped and their cgroups removed, and a SIGKILLed owner's die with it
     /// (parent-death signals), leaving only cgroups that the next run removes
-    /// ([`reap_stale_cgroups`]). `n` is at least 1. Builder calls after this one change the
-    /// sandboxes the pool builds: set them first.
+    /// ([`reap_stale_cgroups`]). `n` is at least 1. A builder call after this one that
+    /// changes the sandboxes (landlock, cgroups, tmpfs, best effort) starts a new, empty pool
+    /// of the same size.
     #[must_use]
     pub fn pool(mut self, n: usize) -> Self {
         self.pool = Some(pool::Pool::new(n.max(1)));
+        self
+    }
+
+    /// A builder call that changes the sandboxes this tier builds gives a tier with a pool a
+    /// new, empty pool of the same size, so a pool never holds sandboxes of another
+    /// configuration (clones made before the call keep the old one).
+    fn repool(mut self) -> Self {
+        if let Some(p) = &self.pool {
+            self.pool = Some(pool::Pool::new(p.size()));
+        }
         self
     }
 
@@ -471,7 +482,7 @@ impl ProcessTier {
         // One built by hand, so that an error is returned rather than swallowed by `refill`.
         if pool.ready(&key) == 0 {
             let first = pool.take(self, &view)?;
-            pool.put_back(self, first);
+            pool.put_back(first);
         }
         pool.refill(self, &key);
         Ok(pool.ready(&key))

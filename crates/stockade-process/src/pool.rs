@@ -44,31 +44,6 @@ use crate::launch::{self, Started};
 use crate::spec::{Spec, SpecLimits};
 use crate::{LaunchError, ProcessTier};
 
-/// What makes two tiers build the same sandbox: a pool built for one shape never serves
-/// another (a tier changed after [`crate::ProcessTier::pool`] rebuilds the pool).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Shape {
-    helper: launch::Mode,
-    best_effort: bool,
-    tmpfs_bytes: u64,
-    cgroup_v2_dir: Option<PathBuf>,
-    landlock_abi: u8,
-    cgroups: bool,
-}
-
-impl Shape {
-    pub(crate) fn of(tier: &ProcessTier) -> Self {
-        Self {
-            helper: tier.helper.clone(),
-            best_effort: tier.best_effort,
-            tmpfs_bytes: tier.tmpfs_bytes,
-            cgroup_v2_dir: tier.cgroup_v2_dir.clone(),
-            landlock_abi: tier.landlock_abi,
-            cgroups: tier.cgroups,
-        }
-    }
-}
-
 /// A queue's key: the resolved workspace and whether it is writable, or none.
 pub(crate) type Key = Option<(PathBuf, bool)>;
 
@@ -154,7 +129,9 @@ impl Drop for CgroupGuard {
     }
 }
 
-/// The pool: up to `size` sandboxes waiting per workspace, for one shape.
+/// The pool: up to `size` sandboxes waiting per workspace. It serves tiers of one
+/// configuration only: a builder call on a tier that has a pool gives it a new pool
+/// (`ProcessTier::repool`), so every tier that shares this one builds the same sandboxes.
 #[derive(Debug)]
 pub(crate) struct Pool {
     size: usize,
@@ -169,7 +146,6 @@ pub(crate) struct Pool {
 
 #[derive(Default)]
 struct State {
-    shape: Option<Shape>,
     /// One queue per workspace, most recently used last.
     queues: Vec<Queue>,
 }
@@ -202,22 +178,12 @@ impl State {
         let last = self.queues.len() - 1;
         (&mut self.queues[last], evicted)
     }
-
-    /// Forgets every queue if `shape` is not the pool's (a tier changed after `pool`),
-    /// returning their sandboxes to be killed.
-    fn reshape(&mut self, shape: &Shape) -> Vec<Prebuilt> {
-        if self.shape.as_ref() == Some(shape) {
-            return Vec::new();
-        }
-        self.shape = Some(shape.clone());
-        self.queues.drain(..).flat_map(|q| q.ready).collect()
-    }
 }
 
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ready: Vec<usize> = self.queues.iter().map(|q| q.ready.len()).collect();
-        f.debug_struct("State").field("shape", &self.shape).field("ready", &ready).finish()
+        f.debug_struct("State").field("ready", &ready).finish()
     }
 }
 
@@ -272,13 +238,9 @@ impl Pool {
     /// setup error, if the host cannot build it, the run then reports). Waiting sandboxes of
     /// another view (the workspace changed since they were built) are killed.
     pub(crate) fn take(&self, tier: &ProcessTier, view: &View) -> Result<Prebuilt, LaunchError> {
-        let shape = Shape::of(tier);
-        let mut discard = Vec::new();
         let found = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            discard.extend(state.reshape(&shape));
-            let (queue, evicted) = state.queue(&view.workspace);
-            discard.extend(evicted);
+            let (queue, mut discard) = state.queue(&view.workspace);
             let mut found = None;
             while let Some(p) = queue.ready.pop_front() {
                 if p.view == *view && !p.started.exited() {
@@ -287,9 +249,10 @@ impl Pool {
                 }
                 discard.push(p);
             }
-            found
+            (found, discard)
         };
         // Killed outside the lock.
+        let (found, discard) = found;
         drop(discard);
         match found {
             Some(p) => Ok(p),
@@ -298,30 +261,24 @@ impl Pool {
     }
 
     /// Puts back a sandbox that [`take`](Self::take) handed out and nobody used.
-    pub(crate) fn put_back(&self, tier: &ProcessTier, p: Prebuilt) {
+    pub(crate) fn put_back(&self, p: Prebuilt) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.shape.as_ref() == Some(&Shape::of(tier)) {
-            let size = self.size;
-            let (queue, evicted) = state.queue(&p.view.workspace);
-            if queue.ready.len() < size {
-                queue.ready.push_back(p);
-            }
-            drop(state);
-            drop(evicted);
+        let size = self.size;
+        let (queue, evicted) = state.queue(&p.view.workspace);
+        if queue.ready.len() < size {
+            queue.ready.push_back(p);
         }
+        drop(state);
+        drop(evicted);
     }
 
     /// Starts sandboxes for `key` until `size` wait (counting those other refills are
     /// building), each from a fresh inspection of the workspace. A failure stops the refill
     /// silently: the next take starts its own sandbox and reports why it could not.
     pub(crate) fn refill(&self, tier: &ProcessTier, key: &Key) {
-        let shape = Shape::of(tier);
         loop {
             {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                if state.shape.as_ref() != Some(&shape) {
-                    return;
-                }
                 let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
                 if queue.ready.len() + queue.building >= self.size {
                     return;
@@ -330,11 +287,10 @@ impl Pool {
             }
             let built = View::inspect(key.clone()).and_then(|(view, _)| build(tier, view));
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            let same_shape = state.shape.as_ref() == Some(&shape);
             let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
             queue.building -= 1;
             let Ok(p) = built else { return };
-            if !same_shape || queue.ready.len() >= self.size {
+            if queue.ready.len() >= self.size {
                 drop(state);
                 drop(p);
                 return;
@@ -349,44 +305,59 @@ fn build(tier: &ProcessTier, view: View) -> Result<Prebuilt, LaunchError> {
     let internal = |what: &str, e: std::io::Error| LaunchError::Internal(format!("{what}: {e}"));
     let defaults = stockade_protocol::Limits::default();
     let (memory, processes) = (defaults.memory_bytes(), u64::from(defaults.processes()));
-    let cgroup = if tier.cgroups {
-        let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
-        Cgroup::create(tier.cgroup_v2_dir.as_deref(), memory, processes)
-    } else {
-        None
-    };
-    let cgroup = CgroupGuard(cgroup);
+    let cgroup = run_cgroup(tier, memory, processes);
     let (job_r, job_w) = crate::sys::fs::pipe().map_err(|e| internal("job pipe", e))?;
-    let spec = Spec {
+    // Placeholders for the job's part: its own limits arrive with it.
+    let limits = SpecLimits {
+        cpu_secs: 1,
+        memory_bytes: memory,
+        processes,
+        open_files: 1,
+        file_size_bytes: 0,
+        tmpfs_bytes: tier.tmpfs_bytes,
+    };
+    let spec = sandbox_spec(tier, view.clone(), &cgroup, limits);
+    let started = launch::launch(&tier.helper, spec, launch::GuestIo::Pipes { stdin: true }, Some(job_r))?;
+    Ok(Prebuilt { started, view, job: job_w, cgroup })
+}
+
+/// A run's cgroup with these limits (none for a tier without cgroups, or a host without
+/// usable controllers), created after the stale cgroups of dead supervisors are reaped, and
+/// removed when the guard drops.
+pub(crate) fn run_cgroup(tier: &ProcessTier, memory_bytes: u64, processes: u64) -> CgroupGuard {
+    CgroupGuard(
+        tier.cgroups
+            .then(|| {
+                let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
+                Cgroup::create(tier.cgroup_v2_dir.as_deref(), memory_bytes, processes)
+            })
+            .flatten(),
+    )
+}
+
+/// The spec of a sandbox with `view` in `cgroup`, with no job, no grants, no terminal and no
+/// loopback: a one-shot run fills those in, a pre-built sandbox gets its job later.
+pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard, limits: SpecLimits) -> Spec {
+    Spec {
         program: String::new(),
         args: Vec::new(),
         env: Vec::new(),
-        workspace: view.workspace.clone(),
-        pinned: view.pinned.clone(),
-        protected: view.protected.clone(),
-        protected_detail: view.protected_detail.clone(),
-        sockets: view.sockets.clone(),
+        workspace: view.workspace,
+        pinned: view.pinned,
+        protected: view.protected,
+        protected_detail: view.protected_detail,
+        sockets: view.sockets,
         grants_dir: None,
         status_fd: -1,
         supervisor_pid: std::process::id() as i32,
-        cgroup_procs: cgroup.0.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
-        rlimit_memory: cgroup.0.is_none(),
-        rlimit_processes: cgroup.0.is_none(),
-        // Placeholders: the job's own limits arrive with the job.
-        limits: SpecLimits {
-            cpu_secs: 1,
-            memory_bytes: memory,
-            processes,
-            open_files: 1,
-            file_size_bytes: 0,
-            tmpfs_bytes: tier.tmpfs_bytes,
-        },
+        cgroup_procs: cgroup.get().map(Cgroup::procs_files).unwrap_or_default(),
+        rlimit_memory: cgroup.get().is_none(),
+        rlimit_processes: cgroup.get().is_none(),
+        limits,
         hard: !tier.best_effort,
         landlock_abi: tier.landlock_abi,
         tty: false,
         model_port: None,
         job_fd: None,
-    };
-    let started = launch::launch(&tier.helper, spec, launch::GuestIo::Pipes { stdin: true }, Some(job_r))?;
-    Ok(Prebuilt { started, view, job: job_w, cgroup })
+    }
 }

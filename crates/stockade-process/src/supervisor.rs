@@ -49,7 +49,7 @@ pub(crate) async fn run(
     };
     // The workspace as the run starts: its identity, its sockets and (read-write) its
     // protected paths, whether the run is one-shot or takes a pre-built sandbox.
-    let (view, guard) = crate::pool::View::inspect(workspace.clone())?;
+    let (view, guard) = crate::pool::View::inspect(workspace)?;
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
             .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
@@ -59,7 +59,7 @@ pub(crate) async fn run(
                 dir.display()
             )));
         }
-        if workspace.as_ref().is_some_and(|(ws, _)| ws.starts_with(dir) || dir.starts_with(ws)) {
+        if view.workspace.as_ref().is_some_and(|(ws, _)| ws.starts_with(dir) || dir.starts_with(ws)) {
             return Err(LaunchError::Misconfigured(format!(
                 "grants directory {} and the workspace must be separate trees",
                 dir.display()
@@ -106,33 +106,15 @@ pub(crate) async fn run(
         pool.refill_later(tier, view.workspace.clone());
         (launched, None, cgroup)
     } else {
-        let cgroup = crate::pool::CgroupGuard(if tier.cgroups {
-            let _ = crate::cgroup::reap_stale(tier.cgroup_v2_dir.as_deref());
-            Cgroup::create(tier.cgroup_v2_dir.as_deref(), limits.memory_bytes(), processes)
-        } else {
-            None
-        });
+        let cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
         let spec = Spec {
             program: program.clone(),
             args: args.clone(),
             env,
-            workspace,
-            pinned: view.pinned,
-            protected: view.protected,
-            protected_detail: view.protected_detail,
-            sockets: view.sockets,
             grants_dir: grants_dir.map(std::path::Path::to_path_buf),
-            status_fd: -1,
-            supervisor_pid: std::process::id() as i32,
-            cgroup_procs: cgroup.get().map(Cgroup::procs_files).unwrap_or_default(),
-            rlimit_memory: cgroup.get().is_none(),
-            rlimit_processes: cgroup.get().is_none(),
-            limits: spec_limits,
-            hard: !tier.best_effort,
-            landlock_abi: tier.landlock_abi,
             tty: tier.tty,
             model_port: loopback.as_ref().map(|l| l.port),
-            job_fd: None,
+            ..crate::pool::sandbox_spec(tier, view, &cgroup, spec_limits)
         };
         start = Instant::now();
         let (io, master) = match tier.tty.then(open_terminal).transpose()? {

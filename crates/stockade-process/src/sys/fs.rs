@@ -51,21 +51,23 @@ pub(crate) fn pipe() -> io::Result<(File, File)> {
     Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
 }
 
-/// True if the write end of the pipe whose read end is `fd` has been closed everywhere.
-pub(crate) fn peer_closed(fd: RawFd) -> bool {
+/// The events `fd` polls with for reading now, without waiting (0 if none).
+fn poll_now(fd: RawFd) -> libc::c_short {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
     let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-    r > 0 && (pfd.revents & libc::POLLHUP) != 0
+    if r > 0 { pfd.revents } else { 0 }
+}
+
+/// True if the write end of the pipe whose read end is `fd` has been closed everywhere.
+pub(crate) fn peer_closed(fd: RawFd) -> bool {
+    poll_now(fd) & libc::POLLHUP != 0
 }
 
 /// True if `fd` (a pidfd) polls readable or hung up: the process has exited.
 pub(crate) fn polls_ready(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
-    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-    r > 0 && (pfd.revents & (libc::POLLIN | libc::POLLHUP)) != 0
+    poll_now(fd.as_raw_fd()) & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
 /// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec
