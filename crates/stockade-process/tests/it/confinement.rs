@@ -10,15 +10,6 @@ use stockade_protocol::{Access, Job, Mechanism, Status};
 
 use crate::support::*;
 
-/// A host directory the guest may be given, owned by whoever runs the tests (as a user's
-/// project directory is): the tier makes it the guest's own.
-fn host_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("stockade-it-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 const PROBE: &str = r#"
 import os, sys, errno
 def attempt(label, fn):

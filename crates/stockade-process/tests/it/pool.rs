@@ -207,7 +207,7 @@ fn g15_a_sigkilled_owner_leaves_nothing_that_the_next_run_does_not_remove() {
 #[test]
 fn g15_a_waiting_sandbox_serves_a_workspace_only_as_the_run_finds_it() {
     require!("g15_a_waiting_sandbox_serves_a_workspace_only_as_the_run_finds_it");
-    let dir = tempfile_dir("g15-ws");
+    let dir = host_dir("g15-ws");
     std::fs::write(dir.join("in.txt"), "first\n").unwrap();
     let tier = pooled(1);
     let ro = || sh("cat /workspace/in.txt").with_workspace(&dir, Access::ReadOnly).unwrap();
@@ -240,7 +240,7 @@ fn g15_a_waiting_sandbox_serves_a_workspace_only_as_the_run_finds_it() {
 #[test]
 fn g15_granted_runs_are_one_shot_and_a_pool_fails_closed() {
     require!("g15_granted_runs_are_one_shot_and_a_pool_fails_closed");
-    let grants = tempfile_dir("g15-grants");
+    let grants = host_dir("g15-grants");
     std::fs::write(grants.join("data.json"), "[1, 2]").unwrap();
     let tier = pooled(1);
     assert_eq!(tier.prebuild(None).unwrap(), 1);
@@ -255,10 +255,4 @@ fn g15_granted_runs_are_one_shot_and_a_pool_fails_closed() {
         Err(LaunchError::Unsupported { mechanism, .. }) => assert_eq!(mechanism, "landlock"),
         other => panic!("expected Unsupported(landlock), got {other:?}"),
     }
-}
-
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("stockade-{name}-{}-{:?}", std::process::id(), Instant::now()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

@@ -51,6 +51,15 @@ pub(crate) fn run(job: Job) -> Report {
     block_on(tier().run(&job)).unwrap()
 }
 
+/// A host directory the guest may be given, owned by whoever runs the tests (as a user's
+/// project directory is): the tier makes it the guest's own.
+pub(crate) fn host_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("stockade-it-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub(crate) fn sh(script: &str) -> Job {
     Job::command("/bin/sh", ["-c", script]).unwrap().with_env("PATH", "/usr/bin:/bin").unwrap()
 }
