@@ -44,19 +44,28 @@
 //!     inspect (out of memory, exit code) and a forced removal with retries, on every path
 //!     out, so no container outlives its run; a run whose future is dropped mid-run (a
 //!     caller's timeout, a cancellation) force-removes its container at once, from a task
-//!     on the caller's runtime.
-//!     (pinned by: tests/it/docker.rs::g3_*)
-//! G4. Containers left behind by a crashed host are reaped by label when the tier connects
-//!     and by [`DockerTier::gc`].
-//!     (pinned by: tests/it/docker.rs::g4_*)
-//! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run.
-//!     (pinned by: tests/it/docker.rs::g5_*)
+//!     on the caller's runtime; a removal the engine cannot take (it went away) is retried
+//!     before the tier's next run, pool container and gc.
+//!     (pinned by: tests/it/docker.rs::g3_*, tests/it/faults.rs::g5_*)
+//! G4. Containers left behind are reaped by label when the tier connects and by
+//!     [`DockerTier::gc`]: at once if their owner label names a process of this boot and
+//!     pid namespace that is gone (a SIGKILLed or crashed supervisor, one-shot runs and
+//!     pool containers alike), otherwise once past their expiry label; a live
+//!     supervisor's containers are never touched.
+//!     (pinned by: src/spec_tests.rs::g4_*, tests/it/docker.rs::g4_*, tests/it/faults.rs::g4_*)
+//! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run;
+//!     an engine that goes away mid-run (its socket cut) ends the run with
+//!     [`DockerError::Engine`] within seconds, never a report, and later runs fail the same
+//!     way until it is back.
+//!     (pinned by: tests/it/docker.rs::g5_*, tests/it/faults.rs::g5_*)
 //! G6. A warm pool ([`pool::DockerPool`]) runs each job as an exec in a started container
 //!     with the same hardening; the deadline and the output budget kill the container
 //!     (Docker cannot kill an exec), and unless the pool is a persistent session each
 //!     container serves one run and is then replaced, so nothing passes between runs;
 //!     containers past their maximum age, or found dead by the idle health check, are
-//!     replaced instead of used.
+//!     replaced instead of used; a run whose process the kernel's OOM killer ended is
+//!     [`Status::OutOfMemory`], as in a one-shot run (the container outlives its exec's
+//!     process, so the engine's `oom` event for the container says it, not its state).
 //!     (pinned by: tests/it/docker.rs::g6_*)
 //! G7. A pool configured with [`pool::PoolConfig::with_workspace`] stages the job's
 //!     workspace instead of mounting it ([`stage`]): the host directory is packed without
@@ -68,7 +77,8 @@
 //!     with plain names are written to the host directory, never through a host symlink and
 //!     never under a protected path (git hooks and config, rc files, ...; never `.git` as a
 //!     file).
-//!     (pinned by: src/stage_tests.rs::g7_*, tests/it/docker.rs::g7_*)
+//!     (pinned by: tests/it/docker.rs::g7_*; the archive side, without a daemon, by
+//!     `stockade-hostfs`'s G5)
 //! G8. A workspace must be a dedicated directory, judged with symlinks resolved by the
 //!     protocol's rule every tier shares. A one-shot run's read-write workspace (a bind
 //!     mount) keeps each protected path that exists in it (git hooks and config, rc files,
@@ -135,12 +145,13 @@ pub mod pool;
 pub mod spec;
 #[cfg(test)]
 mod spec_tests;
-pub mod stage;
-#[cfg(test)]
-mod stage_tests;
+/// Staged workspaces: packing a host directory and applying the container's copy back
+/// (`stockade-hostfs` owns the walks, through cap-std).
+pub use stockade_hostfs::stage;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
@@ -186,6 +197,18 @@ pub(crate) fn engine(e: bollard::errors::Error) -> DockerError {
 pub struct DockerTier {
     docker: Docker,
     hardening: Hardening,
+    /// Containers whose removal failed (the engine was unreachable): retried before every
+    /// run, pool container and gc, so a run cut off from its engine leaves nothing once the
+    /// engine is back.
+    pending: Arc<Mutex<Vec<String>>>,
+}
+
+/// Remembers a container whose removal failed.
+fn remember(pending: &Mutex<Vec<String>>, id: String) {
+    let mut p = pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !p.contains(&id) {
+        p.push(id);
+    }
 }
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
@@ -193,6 +216,7 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 /// Force-removes a container when a run's future is dropped before the run removed it.
 struct RemoveOnDrop {
     docker: Option<Docker>,
+    pending: Arc<Mutex<Vec<String>>>,
     id: String,
 }
 
@@ -200,9 +224,13 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let (Some(docker), Ok(rt)) = (self.docker.take(), tokio::runtime::Handle::try_current()) else { return };
         let id = std::mem::take(&mut self.id);
+        let pending = self.pending.clone();
         rt.spawn(async move {
             let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-            let _ = docker.remove_container(&id, Some(opts)).await;
+            match docker.remove_container(&id, Some(opts)).await {
+                Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+                Err(_) => remember(&pending, id),
+            }
         });
     }
 }
@@ -246,7 +274,7 @@ impl DockerTier {
             })?
             .map_err(unsupported)?;
         docker.ping().await.map_err(unsupported)?;
-        let tier = Self { docker, hardening: Hardening::default() };
+        let tier = Self { docker, hardening: Hardening::default(), pending: Arc::default() };
         tier.gc(false).await?;
         Ok(tier)
     }
@@ -301,9 +329,12 @@ impl DockerTier {
         self.docker.inspect_image(image).await.is_ok()
     }
 
-    /// Removes stockade's containers: those past their expiry label, or with `all`, every
-    /// container carrying the run label. Returns how many were removed.
+    /// Removes stockade's containers: those past their expiry label, those whose owner
+    /// label names a process of this boot and pid namespace that is gone (a supervisor
+    /// that was killed), or with `all`, every container carrying the run label. Returns
+    /// how many were removed.
     pub async fn gc(&self, all: bool) -> Result<usize, DockerError> {
+        self.retry_pending().await;
         let filters = HashMap::from([("label", vec![LABEL_RUN])]);
         let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
         let list = self.docker.list_containers(Some(opts)).await.map_err(engine)?;
@@ -311,7 +342,9 @@ impl DockerTier {
         let mut removed = 0;
         for c in list {
             let expires = c.labels.as_ref().and_then(|l| l.get(LABEL_EXPIRES)).and_then(|v| v.parse::<u64>().ok());
-            if (all || expires.is_none_or(|t| t < now))
+            let orphaned =
+                c.labels.as_ref().and_then(|l| l.get(spec::LABEL_OWNER)).is_some_and(|o| spec::owner_gone(o));
+            if (all || orphaned || expires.is_none_or(|t| t < now))
                 && let Some(id) = c.id
                 && self.remove(&id).await
             {
@@ -322,17 +355,34 @@ impl DockerTier {
     }
 
     /// Force-removes a container (and its anonymous volumes), retrying; true once it is gone.
+    /// One that cannot be removed (the engine is unreachable) is remembered and retried.
     async fn remove(&self, id: &str) -> bool {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
         for attempt in 0..5u32 {
-            match self.docker.remove_container(id, Some(opts.clone())).await {
-                Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-                    return true;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+            if self.remove_once(id).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+        }
+        remember(&self.pending, id.to_owned());
+        false
+    }
+
+    async fn remove_once(&self, id: &str) -> bool {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        matches!(
+            self.docker.remove_container(id, Some(opts)).await,
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+        )
+    }
+
+    /// Retries the removals that failed, once each; those that fail again stay remembered.
+    pub(crate) async fn retry_pending(&self) {
+        let ids = std::mem::take(&mut *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for id in ids {
+            if !self.remove_once(&id).await {
+                remember(&self.pending, id);
             }
         }
-        false
     }
 
     /// Runs an image job. A misbehaving guest is an `Ok` report.
@@ -423,6 +473,7 @@ impl DockerTier {
         netns_of: Option<&str>,
     ) -> Result<Report, DockerError> {
         let job = &*spec::resolve_workspace(job)?;
+        self.retry_pending().await;
         let id = run_id();
         let limits = job.limits();
         let expires = unix_now() + limits.wall().as_secs() + ORPHAN_GRACE.as_secs();
@@ -468,7 +519,8 @@ impl DockerTier {
         };
         // If this future is dropped mid-run (a caller's timeout, an MCP cancellation), the
         // container is force-removed at once instead of running on until its expiry.
-        let mut dropped = RemoveOnDrop { docker: Some(self.docker.clone()), id: container.clone() };
+        let mut dropped =
+            RemoveOnDrop { docker: Some(self.docker.clone()), pending: self.pending.clone(), id: container.clone() };
         let result = self.lifecycle(&container, job).await;
         dropped.docker = None;
         let removed = self.remove(&container).await;

@@ -11,11 +11,9 @@
 //! loopback. The holder's image is built here from a 129-byte static ELF (no registry, no
 //! shell, no libc), and is removed with the run's containers.
 
-use std::collections::HashMap;
-
 use bollard::models::{ContainerCreateBody, HostConfig};
 
-use crate::spec::{LABEL_EXPIRES, LABEL_RUN, hardened_host};
+use crate::spec::hardened_host;
 
 /// The holder's image, built locally from its embedded root filesystem (`docker import`).
 pub const HOLDER_IMAGE: &str = "stockade-netns-holder:1";
@@ -70,10 +68,7 @@ pub(crate) fn holder_body(run_id: &str, expires: u64, uid: u32, gid: u32) -> Con
         cmd: Some(vec!["/pause".into()]),
         entrypoint: Some(Vec::new()),
         user: Some(format!("{uid}:{gid}")),
-        labels: Some(HashMap::from([
-            (LABEL_RUN.to_owned(), run_id.to_owned()),
-            (LABEL_EXPIRES.to_owned(), expires.to_string()),
-        ])),
+        labels: Some(crate::spec::labels(run_id, expires)),
         host_config: Some(host),
         ..Default::default()
     }

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, EventsOptionsBuilder,
+    UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use stockade_protocol::{Access, Enforced, Job, JobKind, Limits, Mechanism, Report, Status};
@@ -128,6 +129,7 @@ impl DockerPool {
 
     /// Creates and starts one idle container.
     async fn start_one(&self) -> Result<Warm, DockerError> {
+        self.tier.retry_pending().await;
         let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])
             .map_err(|e| DockerError::Engine(e.to_string()))?
             .with_limits(self.config.limits);
@@ -317,6 +319,7 @@ impl DockerPool {
         };
         let exec = docker.create_exec(id, config).await.map_err(engine)?;
         let start = Instant::now();
+        let started_unix = crate::unix_now();
         let opts = StartExecOptions { detach: false, tty: false, output_capacity: None };
         let StartExecResults::Attached { output, input } =
             docker.start_exec(&exec.id, Some(opts)).await.map_err(engine)?
@@ -337,14 +340,34 @@ impl DockerPool {
             }
         }
         let wall = start.elapsed();
-        let oom = docker
+        let mut oom = docker
             .inspect_container(id, None)
             .await
             .ok()
             .and_then(|c| c.state)
             .and_then(|s| s.oom_killed)
             .unwrap_or(false);
+        // The kernel's OOM killer picks the exec's process, not the container's init, so the
+        // container's own state does not say it (it is still running): the engine's `oom`
+        // event for the container does. Asked only for an exec ended by SIGKILL that the
+        // deadline or a budget did not send.
+        if !oom && !timed_out && sink.breach.is_none() && code == Some(128 + 9) {
+            oom = self.oom_event_since(id, started_unix).await;
+        }
         Ok(sink.report(timed_out, oom, code.unwrap_or(-1), wall))
+    }
+
+    /// Whether the engine reported an out-of-memory kill in container `id` since
+    /// `since_unix` (its event can trail the exec's exit by a few milliseconds, so the
+    /// query runs to a second past now).
+    async fn oom_event_since(&self, id: &str, since_unix: u64) -> bool {
+        let filters = std::collections::HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
+        let (since, until) = (since_unix.saturating_sub(1).to_string(), (crate::unix_now() + 1).to_string());
+        let opts = EventsOptionsBuilder::default().since(&since).until(&until).filters(&filters).build();
+        let mut events = self.tier.docker.events(Some(opts));
+        // The first event is the answer; the stream ends empty at `until` without one.
+        let first = tokio::time::timeout(Duration::from_secs(3), events.next()).await;
+        matches!(first, Ok(Some(Ok(_))))
     }
 }
 

@@ -57,6 +57,73 @@ pub const LABEL_RUN: &str = "stockade.run-id";
 /// The label with the Unix time after which a container is an orphan to reap.
 pub const LABEL_EXPIRES: &str = "stockade.expires";
 
+/// The label naming the process that created a container, as
+/// `BOOT_ID/PID_NAMESPACE/PID/START_TIME` (see [`owner`]), so that the containers of a
+/// supervisor that died (SIGKILL, a crash) are reaped at the next connect instead of at
+/// their expiry, and those of a live one never are.
+pub const LABEL_OWNER: &str = "stockade.owner";
+
+/// This process as an owner: the kernel's boot id, the inode of its pid namespace, its pid
+/// and its start time in clock ticks since boot (`/proc/self/stat` field 22, which tells a
+/// reused pid apart). `None` if `/proc` cannot say, and then containers carry no owner
+/// label and are reaped by expiry alone.
+#[must_use]
+pub fn owner() -> Option<&'static str> {
+    static OWNER: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    OWNER
+        .get_or_init(|| {
+            let (boot, ns) = here()?;
+            let pid = std::process::id();
+            Some(format!("{boot}/{ns}/{pid}/{}", start_time(pid)?))
+        })
+        .as_deref()
+}
+
+/// This boot's id and this process's pid namespace inode.
+fn here() -> Option<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
+    let ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+    Some((boot, ns))
+}
+
+/// A process's start time (clock ticks after boot), if it exists.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields after its last `)` are
+    // fixed: state is field 3, start time field 22.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether an owner label names a process that is gone. Judged only for a label of this
+/// boot and this pid namespace (elsewhere the pid means nothing here): `false` otherwise,
+/// and for a label that does not parse.
+#[must_use]
+pub fn owner_gone(label: &str) -> bool {
+    let Some((boot, ns)) = here() else { return false };
+    let mut parts = label.split('/');
+    let (Some(b), Some(n), Some(pid), Some(start), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let (Ok(n), Ok(pid), Ok(start)) = (n.parse::<u64>(), pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    b == boot && n == ns && start_time(pid) != Some(start)
+}
+
+/// The labels of a container for run `run_id`, reaped after `expires` (Unix seconds) or
+/// once its owner is gone.
+pub(crate) fn labels(run_id: &str, expires: u64) -> HashMap<String, String> {
+    let mut l =
+        HashMap::from([(LABEL_RUN.to_owned(), run_id.to_owned()), (LABEL_EXPIRES.to_owned(), expires.to_string())]);
+    if let Some(o) = owner() {
+        l.insert(LABEL_OWNER.to_owned(), o.to_owned());
+    }
+    l
+}
+
 /// Grace added to a run's deadline before its container counts as an orphan.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
@@ -324,10 +391,7 @@ pub fn spec(job: &Job, hardening: &Hardening, run_id: &str, expires: u64) -> Res
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        labels: Some(HashMap::from([
-            (LABEL_RUN.to_owned(), run_id.to_owned()),
-            (LABEL_EXPIRES.to_owned(), expires.to_string()),
-        ])),
+        labels: Some(labels(run_id, expires)),
         host_config: Some(host),
         ..Default::default()
     };
@@ -350,7 +414,7 @@ pub fn staged_workspace_mount(
         Access::ReadOnly => (0, 0),
         Access::ReadWrite => (hardening.uid, hardening.gid),
     };
-    let o = format!("size={bytes},{},mode=0755,uid={uid},gid={gid},nosuid,nodev", crate::stage::entry_count_option());
+    let o = format!("size={bytes},{},mode=0755,uid={uid},gid={gid},nosuid,nodev", entry_count_option());
     Ok(Mount {
         target: Some(WORKSPACE.into()),
         typ: Some(MountType::VOLUME),
@@ -423,4 +487,9 @@ pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecErr
     }
     let access = ws.access();
     job.clone().with_workspace(path, access).map(std::borrow::Cow::Owned).map_err(|e| bad(e.to_string()))
+}
+
+/// The tmpfs option that caps the volume's entries (the volume root counts as one).
+pub(crate) fn entry_count_option() -> String {
+    format!("nr_inodes={}", crate::stage::MAX_ENTRIES + 1)
 }

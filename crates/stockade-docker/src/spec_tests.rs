@@ -63,6 +63,10 @@ fn g2_the_create_body_snapshot() {
     let opt = &mut value["HostConfig"]["SecurityOpt"][1];
     assert_eq!(opt.as_str().unwrap(), format!("seccomp={}", spec::seccomp_profile()));
     *opt = serde_json::Value::String("seccomp=<SECCOMP_PROFILE, compacted>".into());
+    // The owner label names this process (boot id, pid namespace, pid, start time).
+    let owner = &mut value["Labels"][spec::LABEL_OWNER];
+    assert_eq!(owner.as_str(), spec::owner());
+    *owner = serde_json::Value::String("<BOOT_ID/PID_NAMESPACE/PID/START_TIME>".into());
     sort(&mut value);
     let got = serde_json::to_string_pretty(&value).unwrap() + "\n";
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/create_body.json");
@@ -118,4 +122,26 @@ fn g2_under_gvisor_the_pids_limit_leaves_room_for_its_kernel() {
     assert_eq!(host.pids_limit, Some(i64::from(Limits::new().processes()) + spec::RUNSC_HOST_TASKS));
     let plain = spec::spec(&job(), &Hardening::default(), "run-1", 1).unwrap().body.host_config.unwrap();
     assert_eq!(plain.pids_limit, Some(i64::from(Limits::new().processes())));
+}
+
+#[test]
+fn g4_the_owner_label_tells_a_dead_supervisor_from_a_live_one() {
+    use crate::spec::{owner, owner_gone};
+    let me = owner().unwrap();
+    assert!(!owner_gone(me), "this process is alive: {me}");
+    let parts: Vec<&str> = me.split('/').collect();
+    assert_eq!(parts.len(), 4, "{me}");
+    // A process that has exited (its pid may be reused: the start time tells them apart).
+    let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    assert!(owner_gone(&format!("{}/{}/{pid}/{}", parts[0], parts[1], parts[3])));
+    // This pid with another start time: a reused pid, so the owner is gone.
+    assert!(owner_gone(&format!("{}/{}/{}/1", parts[0], parts[1], parts[2])));
+    // Another boot or another pid namespace: not judged here, never reaped by owner.
+    assert!(!owner_gone(&format!("another-boot/{}/{pid}/1", parts[1])));
+    assert!(!owner_gone(&format!("{}/1/{pid}/1", parts[0])));
+    for garbage in ["", "a/b", "x/y/z/w", "a/b/c/d/e", &format!("{}/{}/-1/1", parts[0], parts[1])] {
+        assert!(!owner_gone(garbage), "{garbage:?}");
+    }
 }

@@ -1,6 +1,6 @@
 //! Host-directory authority for the tiers: what a tier checks in a read-write workspace
-//! before a run, and repairs after it, through `cap-std`, so that no walk follows a symlink
-//! the guest planted.
+//! before a run, and repairs after it, and a staged workspace's copy in and out
+//! ([`stage`]), all through `cap-std`, so that no walk follows a symlink the guest planted.
 //!
 //! Protected paths ([`stockade_protocol::PROTECTED_PATHS`]) are files and directories whose
 //! change would make the host run code later: git hooks and config, shell start-up files,
@@ -12,14 +12,15 @@
 //! [`Guarded::sweep`].
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol` (the lists). Used by: `stockade-process`,
-//! `stockade-docker`, `stockade-wasm`.
-//! API boundary: yes; [`Guarded`].
+//! Depends on: `stockade-protocol` (the lists), `cap-std`, `tar` (the staged archive).
+//! Used by: `stockade-process`, `stockade-docker`, `stockade-wasm`.
+//! API boundary: yes; [`Guarded`], [`sockets`], [`resolve_workspace`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, and the workspace as it was when [`Guarded::inspect`] ran.
 //! Attacker-controlled: everything in the workspace once the run has started: names, file
-//! types, symlinks (to anywhere), gitfiles.
+//! types, symlinks (to anywhere), gitfiles; and every byte of the archive a staged
+//! workspace comes back as (names, entry types, modes, sizes, truncation).
 //! Out of scope: other host processes acting on the workspace during the run.
 //!
 //! # Guarantees
@@ -40,6 +41,15 @@
 //!     dedicated-directory rule to the result, so every tier judges, and then uses, the
 //!     real directory; each refusal names the path and the reason.
 //!     (pinned by: tests/it/guard.rs::g4_*)
+//! G5. [`stage::pack`] follows no symlink (it stores one as a link), reads no file past the
+//!     size it was listed at, refuses fifos, sockets and devices, and stops at its byte and
+//!     entry caps before anything is returned; [`stage::unpack`] writes only regular files
+//!     and directories with plain names below its destination, never through or onto a
+//!     host symlink (each directory on the way is opened `O_NOFOLLOW | O_DIRECTORY`, each
+//!     file `O_NOFOLLOW`), never under a protected path nor a pinned name as a file, never
+//!     a setuid bit, and answers an archive it cannot read with a typed error, never a
+//!     panic (also fuzzed: `fuzz/fuzz_targets/stage_unpack.rs`).
+//!     (pinned by: tests/it/stage.rs::g5_*)
 //!
 //! # Non-guarantees
 //! Between the guest creating an absent protected path and the sweep, the path exists on the
@@ -59,15 +69,17 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! [`Guarded::inspect`] opens the one directory it is given (`cap_std::ambient_authority`);
-//! every later access is relative to that descriptor.
+//! [`Guarded::inspect`], [`sockets`], [`stage::pack`] and [`stage::unpack`] each open the
+//! one directory they are given (`cap_std::ambient_authority`); every later access is
+//! relative to that descriptor.
 //!
 //! # Feature flags
 //! None.
 //!
 //! # Invariants
-//! Stated as absences: never follows a symlink below the workspace; never writes a file;
-//! removes only paths on the protected list that were absent at inspection.
+//! Stated as absences: never follows a symlink below the workspace; writes a file only in
+//! [`stage::unpack`]; removes only paths on the protected list that were absent at
+//! inspection.
 
 #![forbid(unsafe_code)]
 
@@ -76,6 +88,8 @@ use std::path::{Path, PathBuf};
 
 use cap_std::fs::Dir;
 use stockade_protocol::{PINNED_DIRS, PROTECTED_PATHS};
+
+pub mod stage;
 
 /// What went wrong with a workspace, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -240,7 +254,9 @@ impl Guarded {
             for part in parents {
                 walked = if walked.is_empty() { (*part).to_owned() } else { format!("{walked}/{part}") };
                 match self.kind(&dir, part)? {
-                    Some(Kind::Dir) => dir = dir.open_dir(part).map_err(|e| self.io(&walked, e))?,
+                    Some(Kind::Dir) => {
+                        dir = stage::open_dir_nofollow(&dir, part.as_ref()).map_err(|e| self.io(&walked, e))?
+                    }
                     None => {
                         reached = false;
                         break;
@@ -285,7 +301,9 @@ impl Guarded {
                 None => return Ok(Found::Absent),
                 Some(Kind::Symlink) => return Err(self.symlink(&walked)),
                 Some(_) if last => return Ok(Found::Present),
-                Some(Kind::Dir) => dir = dir.open_dir(part).map_err(|e| self.io(&walked, e))?,
+                Some(Kind::Dir) => {
+                    dir = stage::open_dir_nofollow(&dir, part.as_ref()).map_err(|e| self.io(&walked, e))?
+                }
                 // A file on the way (a gitfile `.git`): nothing below it to protect.
                 Some(Kind::Other) => return Ok(Found::Absent),
             }
@@ -294,9 +312,9 @@ impl Guarded {
     }
 
     /// The type of `name` in `dir`, without following a symlink. A directory found here is
-    /// then opened with `open_dir`, which could follow a symlink swapped in between: no
-    /// guest runs when this crate walks (before the run, or after its last process died),
-    /// and cap-std never resolves outside `dir` anyway.
+    /// then opened with `O_NOFOLLOW | O_DIRECTORY`, so a symlink swapped in between fails
+    /// the walk instead of being followed (and no guest runs when this crate walks: before
+    /// the run, or after its last process died).
     fn kind(&self, dir: &Dir, name: &str) -> Result<Option<Kind>, HostFsError> {
         match dir.symlink_metadata(name) {
             Ok(m) if m.file_type().is_symlink() => Ok(Some(Kind::Symlink)),

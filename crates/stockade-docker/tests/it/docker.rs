@@ -9,14 +9,14 @@ use stockade_docker::{DockerError, DockerTier};
 use stockade_protocol::{Access, Job, Limits, Mechanism, Report, Status, Stream};
 
 /// Docker tests run one at a time: each checks that no stockade container is left.
-static ENGINE: Mutex<()> = Mutex::new(());
+pub(crate) static ENGINE: Mutex<()> = Mutex::new(());
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 /// The tier, or None (SKIPPED) without an engine; `STOCKADE_REQUIRE_ALL` makes that a failure.
-fn tier(test: &str) -> Option<DockerTier> {
+pub(crate) fn tier(test: &str) -> Option<DockerTier> {
     match rt().block_on(DockerTier::connect()) {
         Ok(t) => Some(t),
         Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: {e}"),
@@ -27,18 +27,18 @@ fn tier(test: &str) -> Option<DockerTier> {
     }
 }
 
-fn sh(script: &str) -> Job {
+pub(crate) fn sh(script: &str) -> Job {
     Job::image(DEFAULT_IMAGE, ["/bin/sh", "-c", script]).unwrap()
 }
 
-fn run(tier: &DockerTier, job: &Job) -> Report {
+pub(crate) fn run(tier: &DockerTier, job: &Job) -> Report {
     rt().block_on(tier.run(job)).unwrap()
 }
 
 /// Stockade containers of this test process that the engine still has, counted by the
 /// host (run ids embed the creating process's pid, so other users of the engine do not
 /// count). Waits up to 10 s for background removals.
-fn leftovers() -> usize {
+pub(crate) fn leftovers() -> usize {
     let mine = format!("-{:x}-", std::process::id());
     rt().block_on(async {
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
@@ -62,7 +62,7 @@ fn leftovers() -> usize {
 
 /// Volumes of this test process's containers that the engine still has (labelled with the
 /// run id, like the containers).
-fn leftover_volumes() -> usize {
+pub(crate) fn leftover_volumes() -> usize {
     let mine = format!("-{:x}-", std::process::id());
     rt().block_on(async {
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
@@ -78,7 +78,7 @@ fn leftover_volumes() -> usize {
 }
 
 /// A fresh host directory for a staged workspace.
-fn host_dir(name: &str) -> std::path::PathBuf {
+pub(crate) fn host_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("stockade-docker-it-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -93,7 +93,7 @@ fn stage_detail(r: &Report) -> String {
         .unwrap_or_default()
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
@@ -291,6 +291,9 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         assert!(started.elapsed() < Duration::from_secs(10));
         let flood = sh("yes").with_limits(Limits::new().with_stdout(4096).unwrap());
         assert_eq!(pool.run(&flood).await.unwrap().status, Status::OutputLimit { stream: Stream::Stdout });
+        // The OOM killer ends the exec's shell, not the container's init.
+        let bomb = sh("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done");
+        assert_eq!(pool.run(&bomb).await.unwrap().status, Status::OutOfMemory);
         let other = pool.run(&Job::image("other:local", ["true"]).unwrap()).await;
         assert!(matches!(other, Err(DockerError::Spec(SpecError::Pool(_)))), "{other:?}");
         // A pool without staging takes no workspace.

@@ -3,3 +3,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 
 mod docker;
+mod faults;

@@ -1,3 +1,4 @@
 //! Integration tests for stockade-hostfs.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 mod guard;
+mod stage;

@@ -1,28 +1,30 @@
-//! Staged workspaces: the host directory is copied into a size-capped tmpfs volume through
-//! the archive API instead of being bind-mounted, and for a read-write grant what the run
-//! left there is copied back afterwards. The container never sees a host path.
+//! Staged workspaces: a host directory packed into a tar for a sandbox that must not see a
+//! host path (the docker tier uploads it into a size-capped tmpfs volume), and, for a
+//! read-write grant, the archive the sandbox left applied back to the host directory.
 //!
-//! Both directions are bounded and follow no link:
-//! - [`pack`] walks the host directory without following symlinks (a symlink is stored as a
-//!   symlink, which inside the container resolves in the container's own filesystem), reads
-//!   each regular file through a descriptor opened with `O_NOFOLLOW` and only up to the size
-//!   it had when listed, refuses fifos, sockets and devices, and stops with
+//! Both directions are bounded, and every access goes through a `cap_std::fs::Dir` for the
+//! directory at hand, one name at a time, each opened with `O_NOFOLLOW` (directories with
+//! `O_NOFOLLOW | O_DIRECTORY`), so no walk follows a symlink, even one swapped in between a
+//! check and an open, and none resolves outside the workspace:
+//! - [`pack`] walks the host directory (a symlink is stored as a symlink, which inside the
+//!   container resolves in the container's own filesystem), reads each regular file only up
+//!   to the size it had when listed, refuses fifos, sockets and devices, and stops with
 //!   [`StageError::TooLarge`] or [`StageError::TooManyEntries`] before anything is uploaded.
 //!   A read-only grant gives root-owned files and directories (0444/0555, exec bits kept), so
 //!   the non-root guest can neither change nor add anything; a read-write grant gives them to
 //!   the job user, with setuid, setgid and sticky bits dropped.
 //! - [`unpack`] applies the archive the engine returns to the host directory: only regular
 //!   files and directories, only names made of normal components, never into or through a
-//!   host symlink (each parent is checked, and files are opened with `O_NOFOLLOW`), never a
+//!   host symlink (each parent is opened without following one), never a
 //!   [`PROTECTED_PATHS`] entry, new files without setuid bits, identical files left alone.
 //!   Links, devices and anything else are skipped and listed. Deletions are not replayed:
 //!   results are merged into the host directory, nothing on the host is removed.
 
-use std::fs::{self, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
+use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
 use stockade_protocol::{Access, PINNED_DIRS, PROTECTED_PATHS};
 
 /// Default size of a staged workspace (the tmpfs volume, and the most [`pack`] uploads): 64 MiB.
@@ -35,11 +37,16 @@ pub const MAX_ENTRIES: usize = 16_384;
 /// How many skipped names an [`Applied`] keeps (the count is exact).
 const MAX_LISTED: usize = 16;
 
-/// `O_NOFOLLOW` (the crate has no libc dependency; the value is per architecture).
+/// `O_NOFOLLOW` and `O_DIRECTORY` (the crate has no libc dependency; the values are per
+/// architecture).
 #[cfg(target_arch = "aarch64")]
 const O_NOFOLLOW: i32 = 0o100_000;
 #[cfg(not(target_arch = "aarch64"))]
 const O_NOFOLLOW: i32 = 0o400_000;
+#[cfg(target_arch = "aarch64")]
+const O_DIRECTORY: i32 = 0o40_000;
+#[cfg(not(target_arch = "aarch64"))]
+const O_DIRECTORY: i32 = 0o200_000;
 
 /// A workspace could not be staged, or the container's copy could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -71,15 +78,36 @@ pub enum StageError {
         path: PathBuf,
         /// The error.
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
-    /// The archive the engine returned is malformed or over its bound.
+    /// The archive the sandbox returned is malformed or over its bound.
     #[error("the container's workspace archive: {0}")]
     Archive(String),
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+fn io(path: &Path) -> impl FnOnce(io::Error) -> StageError + '_ {
     move |source| StageError::Io { path: path.to_path_buf(), source }
+}
+
+/// Opens the directory `name` in `dir`, failing (`ELOOP`) if it is a symlink and
+/// (`ENOTDIR`) if it is anything else but a directory.
+pub(crate) fn open_dir_nofollow(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
+    let f = dir.open_with(name, OpenOptions::new().read(true).custom_flags(O_NOFOLLOW | O_DIRECTORY))?;
+    Ok(Dir::from_std_file(f.into_std()))
+}
+
+/// Opens the host directory `root` itself, refusing a symlink or a non-directory.
+fn open_root(root: &Path) -> Result<Dir, StageError> {
+    let meta = std::fs::symlink_metadata(root).map_err(io(root))?;
+    if !meta.is_dir() {
+        return Err(StageError::Refused { path: root.to_path_buf(), why: "is not a directory (or is a symlink)" });
+    }
+    let (Some(parent), Some(name)) = (root.parent(), root.file_name()) else {
+        return Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(io(root));
+    };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let up = Dir::open_ambient_dir(parent, cap_std::ambient_authority()).map_err(io(parent))?;
+    open_dir_nofollow(&up, name).map_err(io(root))
 }
 
 /// A packed workspace: the tar to upload, and what it holds.
@@ -96,28 +124,26 @@ pub struct Packed {
 /// Packs the host directory `root` for upload (see the module docs). `uid`/`gid` own the
 /// entries of a read-write grant.
 pub fn pack(root: &Path, access: Access, uid: u32, gid: u32, limit: u64) -> Result<Packed, StageError> {
-    let meta = fs::symlink_metadata(root).map_err(io(root))?;
-    if !meta.is_dir() {
-        return Err(StageError::Refused { path: root.to_path_buf(), why: "is not a directory (or is a symlink)" });
-    }
+    let top = open_root(root)?;
     let mut builder = tar::Builder::new(Vec::new());
     let (mut entries, mut files, mut bytes, mut staged) = (0usize, 0usize, 0u64, 0u64);
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        let mut names: Vec<_> = fs::read_dir(&dir)
-            .map_err(io(&dir))?
+    let mut stack = vec![(top, PathBuf::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let at = root.join(&rel);
+        let mut names: Vec<_> = dir
+            .entries()
+            .map_err(io(&at))?
             .map(|e| e.map(|e| e.file_name()))
             .collect::<Result<_, _>>()
-            .map_err(io(&dir))?;
+            .map_err(io(&at))?;
         names.sort();
         for name in names {
             entries += 1;
             if entries > MAX_ENTRIES {
                 return Err(StageError::TooManyEntries(MAX_ENTRIES));
             }
-            let (host, rel) = (dir.join(&name), rel.join(&name));
-            let m = fs::symlink_metadata(&host).map_err(io(&host))?;
+            let (host, rel) = (at.join(&name), rel.join(&name));
+            let m = dir.symlink_metadata(&name).map_err(io(&host))?;
             let mut h = tar::Header::new_gnu();
             let (owner, group) = if access == Access::ReadOnly { (0, 0) } else { (uid, gid) };
             h.set_uid(owner.into());
@@ -129,15 +155,16 @@ pub fn pack(root: &Path, access: Access, uid: u32, gid: u32, limit: u64) -> Resu
                 h.set_entry_type(tar::EntryType::Directory);
                 h.set_mode(if access == Access::ReadOnly { 0o555 } else { (m.mode() & 0o755) | 0o700 });
                 h.set_size(0);
-                builder.append_data(&mut h, &rel, std::io::empty()).map_err(io(&host))?;
-                stack.push(rel);
+                builder.append_data(&mut h, &rel, io::empty()).map_err(io(&host))?;
+                stack.push((open_dir_nofollow(&dir, &name).map_err(io(&host))?, rel));
             } else if ft.is_file() {
                 staged += m.len();
                 if staged > limit {
                     return Err(StageError::TooLarge { bytes: staged, limit });
                 }
                 let mut content = Vec::new();
-                let file = OpenOptions::new().read(true).custom_flags(O_NOFOLLOW).open(&host).map_err(io(&host))?;
+                let file =
+                    dir.open_with(&name, OpenOptions::new().read(true).custom_flags(O_NOFOLLOW)).map_err(io(&host))?;
                 file.take(m.len()).read_to_end(&mut content).map_err(io(&host))?;
                 let exec = m.mode() & 0o111;
                 h.set_entry_type(tar::EntryType::Regular);
@@ -147,7 +174,7 @@ pub fn pack(root: &Path, access: Access, uid: u32, gid: u32, limit: u64) -> Resu
                 files += 1;
                 bytes += content.len() as u64;
             } else if ft.is_symlink() {
-                let target = fs::read_link(&host).map_err(io(&host))?;
+                let target = dir.read_link_contents(&name).map_err(io(&host))?;
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_mode(0o777);
                 h.set_size(0);
@@ -199,14 +226,11 @@ impl Applied {
     }
 }
 
-/// Applies the archive the engine returned for the container's `/workspace` to the host
-/// directory `dest` (see the module docs). `archive` must already be bounded by the caller
-/// ([`archive_bound`]).
+/// Applies the archive the sandbox returned for its `/workspace` (entries named
+/// `workspace/...`, as the docker engine names them) to the host directory `dest` (see the
+/// module docs). `archive` must already be bounded by the caller ([`archive_bound`]).
 pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
-    let meta = fs::symlink_metadata(dest).map_err(io(dest))?;
-    if !meta.is_dir() {
-        return Err(StageError::Refused { path: dest.to_path_buf(), why: "is not a directory (or is a symlink)" });
-    }
+    let top = open_root(dest)?;
     let mut applied = Applied::default();
     let mut ar = tar::Archive::new(archive);
     let entries = ar.entries().map_err(|e| StageError::Archive(e.to_string()))?;
@@ -240,42 +264,40 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
             applied.skip(&rel, "not a regular file or directory");
             continue;
         }
-        let Some(parent_ok) = plain_parents(dest, &rel).map_err(io(dest))? else {
+        let target = dest.join(&rel);
+        let Some(dir) = plain_parents(&top, &rel).map_err(io(&target))? else {
             applied.skip(&rel, "a parent is a symlink or not a directory on the host");
             continue;
         };
-        let target = parent_ok.join(rel.file_name().unwrap_or_default());
-        match fs::symlink_metadata(&target) {
+        let name = rel.file_name().unwrap_or_default();
+        match dir.symlink_metadata(name) {
             Ok(m) if kind.is_dir() && m.is_dir() => {}
             Ok(_) if kind.is_dir() => applied.skip(&rel, "exists on the host and is not a directory"),
             Ok(m) if !m.is_file() => applied.skip(&rel, "exists on the host and is not a regular file"),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io(&target)(e)),
             Err(_) if kind.is_dir() => {
-                fs::create_dir(&target).map_err(io(&target))?;
+                dir.create_dir(name).map_err(io(&target))?;
                 applied.dirs += 1;
             }
             existing => {
                 let mut content = Vec::new();
                 entry.read_to_end(&mut content).map_err(|e| StageError::Archive(e.to_string()))?;
-                if existing.as_ref().is_ok_and(|m| m.len() == content.len() as u64)
-                    && fs::read(&target).is_ok_and(|old| old == content)
-                {
+                if existing.as_ref().is_ok_and(|m| m.len() == content.len() as u64) && same(&dir, name, &content) {
                     applied.unchanged += 1;
                     continue;
                 }
                 let mode = entry.header().mode().unwrap_or(0o644) & 0o755;
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(mode)
-                    .custom_flags(O_NOFOLLOW)
-                    .open(&target)
+                let mut f = dir
+                    .open_with(
+                        name,
+                        OpenOptions::new().write(true).create(true).truncate(true).mode(mode).custom_flags(O_NOFOLLOW),
+                    )
                     .map_err(io(&target))?;
                 f.write_all(&content).map_err(io(&target))?;
                 if existing.is_err() {
                     // A new file: its mode as the guest left it, minus setuid and friends
                     // (and whatever the host umask removed at creation).
-                    f.set_permissions(fs::Permissions::from_mode(mode)).map_err(io(&target))?;
+                    f.set_permissions(Permissions::from_mode(mode)).map_err(io(&target))?;
                 }
                 applied.written += 1;
             }
@@ -284,24 +306,32 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
     Ok(applied)
 }
 
-/// Walks `rel`'s parent directories under `dest`, creating missing ones; returns the host
-/// parent directory, or `None` if one of them is a symlink or not a directory.
-fn plain_parents(dest: &Path, rel: &Path) -> std::io::Result<Option<PathBuf>> {
-    let mut at = dest.to_path_buf();
-    let Some(parent) = rel.parent() else { return Ok(Some(at)) };
-    for c in parent.components() {
-        at.push(c);
-        match fs::symlink_metadata(&at) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir(&at)?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Some(at))
+/// Whether the regular file `name` in `dir` holds exactly `content`.
+fn same(dir: &Dir, name: &OsStr, content: &[u8]) -> bool {
+    let Ok(f) = dir.open_with(name, OpenOptions::new().read(true).custom_flags(O_NOFOLLOW)) else { return false };
+    let mut old = Vec::with_capacity(content.len());
+    f.take(content.len() as u64 + 1).read_to_end(&mut old).is_ok() && old == content
 }
 
-/// The tmpfs option that caps the volume's entries (the volume root counts as one).
-pub(crate) fn entry_count_option() -> String {
-    format!("nr_inodes={}", MAX_ENTRIES + 1)
+/// Walks `rel`'s parent directories under `top`, creating missing ones; returns the parent
+/// directory, or `None` if one of them is a symlink or not a directory.
+fn plain_parents(top: &Dir, rel: &Path) -> io::Result<Option<Dir>> {
+    let mut dir = top.try_clone()?;
+    let Some(parent) = rel.parent() else { return Ok(Some(dir)) };
+    for c in parent.components() {
+        let name = c.as_os_str();
+        match dir.symlink_metadata(name) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => dir.create_dir(name)?,
+            Err(e) => return Err(e),
+        }
+        dir = match open_dir_nofollow(&dir, name) {
+            Ok(d) => d,
+            // Swapped for a link or a file since the check: treat it as one.
+            Err(e) if matches!(e.raw_os_error(), Some(40 | 20)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+    }
+    Ok(Some(dir))
 }
