@@ -1,15 +1,17 @@
-//! `stockade-soak`: sustained load on the process and wasm tiers, usually started by
+//! `stockade-soak`: sustained load on the process, wasm and docker tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S]
-//! [--markdown FILE]`
+//! Usage: `stockade-soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N]
+//! [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]`
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
 //! computation whose output is checked, an output flood, a sleep past the deadline, a memory
-//! bomb, and for the process tier a fork bomb and a read-write workspace job). Every outcome
-//! is compared with the one that kind must have. The host counts, before the first run and
-//! after the last: this process's descriptors, its descendants (the fork server aside), its
-//! per-run cgroups, the mounts it sees and stockade's entries in the temp directory; and
+//! bomb, for the process tier a fork bomb, and for the process and docker tiers a read-write
+//! workspace job whose result the host reads back). Every outcome is compared with the one
+//! that kind must have. The host counts, before the first run and after the last: this
+//! process's descriptors, its descendants (the fork server aside), its per-run cgroups, the
+//! mounts it sees, stockade's entries in the temp directory, and (through the docker CLI,
+//! not the tier) stockade's containers and volumes and the engine's images; and
 //! samples its RSS at the start (after a warm-up run of every kind), at 10% of the runs and
 //! at the end. It passes with no unexpected outcome, nothing left behind, and the RSS at the
 //! end within 10% (or 4 MiB) of the RSS at the start.
@@ -26,34 +28,50 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use stockade_docker::DockerTier;
+use stockade_docker::pool::{DockerPool, PoolConfig};
 use stockade_process::{ForkServer, Helper, ProcessTier};
 use stockade_protocol::{Access, Job, Limits, Report, Status, Stream};
 use stockade_wasm::WasmTier;
 
 struct Args {
     tiers: Vec<String>,
+    /// No `--tier` was given: a tier whose host lacks what it needs (no docker engine) is
+    /// skipped with a message instead of failing, unless `STOCKADE_REQUIRE_ALL` is set.
+    defaulted: bool,
     runs: u64,
+    docker_runs: Option<u64>,
     concurrency: usize,
     seed: u64,
     markdown: Option<PathBuf>,
 }
 
 fn parse() -> Result<Args> {
-    let mut a = Args { tiers: Vec::new(), runs: 10_000, concurrency: 8, seed: 0x5eed, markdown: None };
+    let mut a = Args {
+        tiers: Vec::new(),
+        defaulted: false,
+        runs: 10_000,
+        docker_runs: None,
+        concurrency: 8,
+        seed: 0x5eed,
+        markdown: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         let mut value = || it.next().with_context(|| format!("{x} needs a value"));
         match x.as_str() {
             "--tier" => a.tiers.push(value()?),
             "--runs" => a.runs = value()?.parse().context("--runs")?,
+            "--docker-runs" => a.docker_runs = Some(value()?.parse().context("--docker-runs")?),
             "--concurrency" => a.concurrency = value()?.parse().context("--concurrency")?,
             "--seed" => a.seed = value()?.parse().context("--seed")?,
             "--markdown" => a.markdown = Some(value()?.into()),
             other => bail!("unknown argument {other:?}"),
         }
     }
+    a.defaulted = a.tiers.is_empty();
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into()];
+        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into(), "docker-pool".into()];
     }
     if a.concurrency == 0 || a.runs == 0 {
         bail!("--runs and --concurrency must be at least 1");
@@ -71,8 +89,9 @@ fn mix(seed: u64, n: u64) -> u64 {
 
 /// Builds run `n`'s job, with a workspace directory of its worker's.
 type MakeJob = Box<dyn Fn(u64, &Path) -> Result<Job> + Send + Sync>;
-/// Whether run `n`'s report is the one its kind must have.
-type Expect = Box<dyn Fn(&Report, u64) -> bool + Send + Sync>;
+/// Whether run `n`'s report, and what the host finds in the run's workspace directory
+/// afterwards, are what its kind must give.
+type Expect = Box<dyn Fn(&Report, u64, &Path) -> bool + Send + Sync>;
 
 /// One kind of job: its name, its weight in the mix, and what its report must say.
 struct Kind {
@@ -103,14 +122,14 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             name: "true",
             weight: 30,
             job: Box::new(|_, _| Ok(Job::command("/bin/true", Vec::<String>::new())?)),
-            expect: Box::new(|r, _| exited0(r)),
+            expect: Box::new(|r, _, _| exited0(r)),
             expected: "exits 0",
         },
         Kind {
             name: "python",
             weight: 20,
             job: Box::new(move |n, _| Ok(py(&format!("print(sum(range({n} % 1000)))"))?)),
-            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
             expected: "exits 0 and prints the sum it was asked for",
         },
         Kind {
@@ -119,7 +138,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             job: Box::new(move |_, _| {
                 Ok(Job::command("/bin/sh", ["-c", "exec cat /dev/zero"])?.with_limits(flood.clone()?))
             }),
-            expect: Box::new(|r, _| {
+            expect: Box::new(|r, _, _| {
                 r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
             }),
             expected: "output limit on stdout, at most 64 KiB kept",
@@ -128,7 +147,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             name: "sleep",
             weight: 10,
             job: Box::new(|_, _| Ok(Job::command("/bin/sleep", ["30"])?.with_limits(limits(300)?))),
-            expect: Box::new(|r, _| r.status == Status::TimedOut),
+            expect: Box::new(|r, _, _| r.status == Status::TimedOut),
             expected: "timed out at 300 ms",
         },
         Kind {
@@ -137,7 +156,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             job: Box::new(move |_, _| {
                 Ok(py("b = bytearray(1 << 30)")?.with_limits(limits(10_000)?.with_memory(128 << 20)?))
             }),
-            expect: Box::new(move |r, _| {
+            expect: Box::new(move |r, _, _| {
                 if cgroups { r.status == Status::OutOfMemory } else { r.status == Status::Exited { code: 1 } }
             }),
             expected: "out of memory (with a cgroup; MemoryError under RLIMIT_AS without)",
@@ -149,7 +168,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
                 Ok(py("import os, time\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\nexcept OSError:\n    print('capped')")?
                     .with_limits(limits(10_000)?))
             }),
-            expect: Box::new(|r, _| exited0(r) && out(r) == b"capped\n"),
+            expect: Box::new(|r, _, _| exited0(r) && out(r) == b"capped\n"),
             expected: "fork fails at the process limit; the run ends with its guest, children and all",
         },
         Kind {
@@ -162,8 +181,77 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
                 )?
                 .with_workspace(ws, Access::ReadWrite)?)
             }),
-            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{n}\n").as_bytes()),
-            expected: "writes its run number into a read-write workspace and reads it back",
+            expect: Box::new(|r, n, ws| exited0(r) && out(r) == format!("{n}\n").as_bytes() && host_has(ws, n)),
+            expected: "writes its run number into a read-write workspace; the host reads it there",
+        },
+    ]
+}
+
+/// Whether the host finds run `n`'s number in the workspace's `out`.
+fn host_has(ws: &Path, n: u64) -> bool {
+    std::fs::read_to_string(ws.join("out")).is_ok_and(|s| s == format!("{n}\n"))
+}
+
+/// The docker tier's image (`cargo xtask images`).
+const DOCKER_IMAGE: &str = "stockade-busybox:local";
+
+/// The docker pool's mix: every container is created with the pool's limits (64 MiB, 64
+/// processes), so the memory bomb is judged against those; the workspace is staged into
+/// the container's volume and copied back.
+fn docker_kinds() -> Vec<Kind> {
+    let sh = |code: &str| Job::image(DOCKER_IMAGE, ["sh", "-c", code]);
+    vec![
+        Kind {
+            name: "true",
+            weight: 30,
+            job: Box::new(|_, _| Ok(Job::image(DOCKER_IMAGE, ["true"])?)),
+            expect: Box::new(|r, _, _| exited0(r)),
+            expected: "exits 0",
+        },
+        Kind {
+            name: "compute",
+            weight: 20,
+            job: Box::new(move |n, _| {
+                let m = n % 1000;
+                Ok(sh(&format!("s=0; i=0; while [ $i -lt {m} ]; do s=$((s+i)); i=$((i+1)); done; echo $s"))?)
+            }),
+            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expected: "exits 0 and prints the sum it was asked for",
+        },
+        Kind {
+            name: "flood",
+            weight: 10,
+            job: Box::new(move |_, _| Ok(sh("exec cat /dev/zero")?.with_limits(Limits::new().with_stdout(64 << 10)?))),
+            expect: Box::new(|r, _, _| {
+                r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
+            }),
+            expected: "output limit on stdout, at most 64 KiB kept",
+        },
+        Kind {
+            name: "sleep",
+            weight: 10,
+            job: Box::new(|_, _| Ok(Job::image(DOCKER_IMAGE, ["sleep", "30"])?.with_limits(limits(500)?))),
+            expect: Box::new(|r, _, _| r.status == Status::TimedOut),
+            expected: "timed out at 500 ms",
+        },
+        Kind {
+            name: "memory",
+            weight: 10,
+            job: Box::new(move |_, _| {
+                Ok(sh("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")?.with_limits(limits(20_000)?))
+            }),
+            expect: Box::new(|r, _, _| r.status == Status::OutOfMemory),
+            expected: "out of memory at the pool's 64 MiB",
+        },
+        Kind {
+            name: "workspace",
+            weight: 20,
+            job: Box::new(|n, ws| {
+                Ok(Job::image(DOCKER_IMAGE, ["sh", "-c", "echo \"$0\" > out && cat out", &n.to_string()])?
+                    .with_workspace(ws, Access::ReadWrite)?)
+            }),
+            expect: Box::new(|r, n, ws| exited0(r) && out(r) == format!("{n}\n").as_bytes() && host_has(ws, n)),
+            expected: "writes its run number into its staged workspace; the host reads it after the copy back",
         },
     ]
 }
@@ -176,7 +264,7 @@ fn wasm_kinds() -> Result<Vec<Kind>> {
             name: "js_empty",
             weight: 30,
             job: Box::new(move |_, _| js("0")),
-            expect: Box::new(|r, _| exited0(r)),
+            expect: Box::new(|r, _, _| exited0(r)),
             expected: "exits 0",
         },
         Kind {
@@ -185,7 +273,7 @@ fn wasm_kinds() -> Result<Vec<Kind>> {
             job: Box::new(move |n, _| {
                 js(&format!("let s = 0; for (let i = 0; i < {}; i++) s += i; console.log(s)", n % 1000))
             }),
-            expect: Box::new(|r, n| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
             expected: "exits 0 and prints the sum it was asked for",
         },
         Kind {
@@ -194,14 +282,14 @@ fn wasm_kinds() -> Result<Vec<Kind>> {
             job: Box::new(move |_, _| {
                 Ok(js("for (;;) console.log('x'.repeat(1000))")?.with_limits(Limits::new().with_stdout(64 << 10)?))
             }),
-            expect: Box::new(|r, _| r.status == Status::OutputLimit { stream: Stream::Stdout }),
+            expect: Box::new(|r, _, _| r.status == Status::OutputLimit { stream: Stream::Stdout }),
             expected: "output limit on stdout",
         },
         Kind {
             name: "js_spin",
             weight: 15,
             job: Box::new(move |_, _| Ok(js("for (;;) {}")?.with_limits(limits(300)?))),
-            expect: Box::new(|r, _| r.status == Status::TimedOut),
+            expect: Box::new(|r, _, _| r.status == Status::TimedOut),
             expected: "timed out at 300 ms",
         },
         Kind {
@@ -211,7 +299,7 @@ fn wasm_kinds() -> Result<Vec<Kind>> {
                 Ok(js("let a = []; for (;;) a.push(new Array(1 << 20).fill(7))")?
                     .with_limits(limits(10_000)?.with_memory(64 << 20)?))
             }),
-            expect: Box::new(|r, _| r.status == Status::OutOfMemory),
+            expect: Box::new(|r, _, _| r.status == Status::OutOfMemory),
             expected: "out of memory at 64 MiB",
         },
     ])
@@ -225,6 +313,18 @@ struct Resources {
     cgroups: usize,
     mounts: usize,
     temp_entries: usize,
+    /// (stockade containers, stockade volumes, images), counted only for the docker tier.
+    docker: Option<(usize, usize, usize)>,
+}
+
+/// Lines of a docker CLI listing (the host's view, not the tier's).
+fn docker_lines(args: &[&str]) -> usize {
+    std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or(usize::MAX, |o| String::from_utf8_lossy(&o.stdout).lines().count())
 }
 
 fn count_dir(p: impl AsRef<Path>) -> usize {
@@ -262,9 +362,17 @@ fn own_cgroups() -> usize {
     n
 }
 
-fn resources(server: Option<u32>) -> Resources {
+fn resources(server: Option<u32>, docker: bool) -> Resources {
     let tmp = std::env::temp_dir();
+    let label = format!("label={}", stockade_docker::spec::LABEL_RUN);
     Resources {
+        docker: docker.then(|| {
+            (
+                docker_lines(&["ps", "-aq", "--filter", &label]),
+                docker_lines(&["volume", "ls", "-q", "--filter", &label]),
+                docker_lines(&["images", "-aq"]),
+            )
+        }),
         fds: count_dir("/proc/self/fd"),
         processes: descendants(server),
         cgroups: own_cgroups(),
@@ -288,6 +396,7 @@ fn rss_kib() -> u64 {
 enum Runner {
     Process(ProcessTier),
     Wasm(WasmTier),
+    Docker(DockerPool),
 }
 
 impl Runner {
@@ -295,6 +404,7 @@ impl Runner {
         Ok(match self {
             Self::Process(t) => t.run(job).await?,
             Self::Wasm(t) => t.run(job).await?,
+            Self::Docker(p) => p.run(job).await?,
         })
     }
 }
@@ -320,7 +430,8 @@ struct Outcome {
 async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path) -> Result<Outcome> {
     // A pool's waiting sandboxes are resources too: for `process-pool` the count before is
     // taken before the tier exists, and the one after once it is dropped.
-    let before_tier = resources(server);
+    let docker = tier == "docker-pool";
+    let before_tier = resources(server, docker);
     let (runner, kinds) = match tier {
         "process" => {
             let p = stockade_process::probe();
@@ -332,7 +443,18 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
         }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
-        other => bail!("tier {other:?} is not soaked by this program (process, process-pool or wasm)"),
+        "docker-pool" => {
+            let engine =
+                DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?;
+            if !engine.has_image(DOCKER_IMAGE).await {
+                bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
+            }
+            let mut config = PoolConfig::new(4, DOCKER_IMAGE).with_workspace(Access::ReadWrite);
+            config.limits = Limits::new().with_memory(64 << 20)?.with_processes(64)?;
+            config.workspace_bytes = 4 << 20;
+            (Runner::Docker(DockerPool::new(engine, config).await?), docker_kinds())
+        }
+        other => bail!("tier {other:?} is not soaked by this program (process, process-pool, wasm or docker-pool)"),
     };
     let total: u64 = kinds.iter().map(|k| k.weight).sum();
     let pick = |n: u64| {
@@ -356,14 +478,15 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         let _ = runner.run(&(k.job)(n, &ws)?).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pooled = tier == "process-pool";
-    let before = if pooled { before_tier } else { resources(server) };
+    let pooled = tier == "process-pool" || docker;
+    let before = if pooled { before_tier } else { resources(server, docker) };
+    let runs = if docker { args.docker_runs.unwrap_or(args.runs) } else { args.runs };
     let rss_start = rss_kib();
-    let picks: Arc<Vec<usize>> = Arc::new((0..args.runs).map(pick).collect());
+    let picks: Arc<Vec<usize>> = Arc::new((0..runs).map(pick).collect());
     let runner = Arc::new(runner);
     let kinds = Arc::new(kinds);
     let next = Arc::new(AtomicU64::new(0));
-    let records = Arc::new(Mutex::new(Vec::with_capacity(usize::try_from(args.runs).unwrap_or(0))));
+    let records = Arc::new(Mutex::new(Vec::with_capacity(usize::try_from(runs).unwrap_or(0))));
     let rss_tenth = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
@@ -372,7 +495,6 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (runner.clone(), kinds.clone(), next.clone(), records.clone(), rss_tenth.clone(), picks.clone());
         let ws = scratch.join(format!("{tier}-worker-{w}"));
         std::fs::create_dir_all(&ws)?;
-        let runs = args.runs;
         workers.spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
@@ -388,7 +510,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
                 let report = runner.run(&job).await;
                 let latency = t.elapsed();
                 let (ok, status) = match &report {
-                    Ok(r) => ((k.expect)(r, n), format!("{:?}", r.status)),
+                    Ok(r) => ((k.expect)(r, n, &ws), format!("{:?}", r.status)),
                     Err(e) => (false, format!("error: {e}")),
                 };
                 records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record {
@@ -408,25 +530,29 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     // Other tiers live on to the end, as they did when the count before was taken (the
     // wasm tier holds its cache directory open).
     let runner = if pooled {
+        if let Runner::Docker(pool) = &*runner {
+            pool.shutdown().await;
+        }
         drop(runner);
         None
     } else {
         Some(runner)
     };
-    // Let the kernel finish tearing down the last runs' namespaces and cgroups.
-    let mut after = resources(server);
-    for _ in 0..50 {
+    // Let the kernel finish tearing down the last runs' namespaces and cgroups (and the
+    // engine its last containers, whose removal the pool runs in the background).
+    let mut after = resources(server, docker);
+    for _ in 0..if docker { 300 } else { 50 } {
         if after == before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        after = resources(server);
+        after = resources(server, docker);
     }
     drop(runner);
     let records = std::mem::take(&mut *records.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     Ok(Outcome {
         tier: tier.to_owned(),
-        runs: args.runs,
+        runs,
         elapsed,
         records,
         before,
@@ -493,6 +619,12 @@ fn judge(o: &Outcome) -> (String, bool) {
         b.temp_entries,
         a.temp_entries
     );
+    if let (Some((bc, bv, bi)), Some((ac, av, ai))) = (b.docker, a.docker) {
+        let _ = writeln!(
+            s,
+            "| stockade containers (docker CLI) | {bc} | {ac} |\n| stockade volumes | {bv} | {av} |\n| images | {bi} | {ai} |"
+        );
+    }
     let [rss0, rss10, rss_end] = o.rss;
     // The start is after the warm-up (every kind ran once); the 10% sample is shown, but it
     // may fall while memory bombs are in flight.
@@ -514,6 +646,14 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
     let mut doc = String::new();
     let mut ok = true;
     for tier in &args.tiers {
+        if tier == "docker-pool"
+            && args.defaulted
+            && std::env::var_os("STOCKADE_REQUIRE_ALL").is_none()
+            && let Err(e) = DockerTier::connect().await
+        {
+            println!("**docker-pool**: SKIPPED: no docker engine answers ({e}); `--tier docker-pool` requires it.\n");
+            continue;
+        }
         let outcome = soak_tier(tier, &args, server, &scratch).await;
         let outcome = match outcome {
             Ok(o) => o,
@@ -531,8 +671,9 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(path) = &args.markdown {
         let header = format!(
-            "`stockade-soak --runs {} --concurrency {} --seed {}` ({}):\n\n",
+            "`stockade-soak --runs {}{} --concurrency {} --seed {}` ({}):\n\n",
             args.runs,
+            args.docker_runs.map(|d| format!(" --docker-runs {d}")).unwrap_or_default(),
             args.concurrency,
             args.seed,
             if ok { "passed" } else { "FAILED" }
