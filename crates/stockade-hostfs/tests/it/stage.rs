@@ -185,3 +185,23 @@ fn g5_unpack_a_link_to_git_inside_is_no_way_in_and_a_broken_archive_is_typed() {
         }
     }
 }
+
+#[test]
+fn g5_unpack_skips_a_nul_or_overlong_name_and_applies_the_rest() {
+    let dest = scratch("names");
+    let mut b = tar::Builder::new(Vec::new());
+    // A PAX path may carry a NUL (found by fuzz/fuzz_targets/stage_unpack.rs: it failed the
+    // whole apply-back with EINVAL), and a name may exceed NAME_MAX.
+    b.append_pax_extensions([("path", &b"workspace/a\0b"[..])]).unwrap();
+    raw_entry(&mut b, "workspace/placeholder", tar::EntryType::Regular, 0o644, b"nul", "");
+    let long = format!("workspace/{}", "n".repeat(300));
+    b.append_pax_extensions([("path", long.as_bytes())]).unwrap();
+    raw_entry(&mut b, "workspace/placeholder2", tar::EntryType::Regular, 0o644, b"long", "");
+    raw_entry(&mut b, "workspace/kept.txt", tar::EntryType::Regular, 0o644, b"kept", "");
+    let applied = unpack(&b.into_inner().unwrap(), &dest).unwrap();
+    assert_eq!((applied.written, applied.skipped), (1, 2), "{applied:?}");
+    assert_eq!(fs::read_to_string(dest.join("kept.txt")).unwrap(), "kept");
+    assert!(applied.skipped_names.iter().any(|n| n.contains("not a plain relative name")), "{applied:?}");
+    assert!(applied.skipped_names.iter().any(|n| n.contains("longer than the host allows")), "{applied:?}");
+    assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
+}
