@@ -177,10 +177,11 @@ impl Server {
         }
         match i32::from_ne_bytes(answer) {
             pid if pid > 0 => Ok(pid),
-            errno => Err(SpawnError::Launch(LaunchError::Internal(format!(
-                "the fork server could not start a helper: {}",
-                io::Error::from_raw_os_error(-errno)
-            )))),
+            errno => Err(SpawnError::Launch(crate::launch::start_failed(
+                "the fork server could not start a helper",
+                &io::Error::from_raw_os_error(-errno),
+                LaunchError::Internal,
+            ))),
         }
     }
 }

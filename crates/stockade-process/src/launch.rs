@@ -156,6 +156,15 @@ fn internal(what: &str) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
     move |e| LaunchError::Internal(format!("{what}: {e}"))
 }
 
+/// A helper that could not be started: out of processes or memory is
+/// [`LaunchError::Exhausted`]; anything else is `otherwise`.
+pub(crate) fn start_failed(what: &str, e: &std::io::Error, otherwise: fn(String) -> LaunchError) -> LaunchError {
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::ENOMEM) => LaunchError::Exhausted(format!("{what}: {e}")),
+        _ => otherwise(format!("{what}: {e}")),
+    }
+}
+
 /// Starts the helper for `spec`. The spec's `status_fd` (and, for a pre-built sandbox given
 /// the read end of its job pipe as `job`, its `job_fd`) is filled in here.
 pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
@@ -226,8 +235,9 @@ fn exec(path: &Path, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<S
     if let Some(job) = &job {
         sysfs::keep_on_exec(&mut cmd, job.as_raw_fd());
     }
-    let mut child =
-        cmd.spawn().map_err(|e| LaunchError::Misconfigured(format!("spawning the helper {}: {e}", path.display())))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        start_failed(&format!("spawning the helper {}", path.display()), &e, LaunchError::Misconfigured)
+    })?;
     drop((status_w, job));
     let pid = child.id() as libc::pid_t;
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
@@ -293,7 +303,7 @@ impl ForkedIo {
 fn fork(spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
     let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
-    match process::fork().map_err(internal("fork"))? {
+    match process::fork().map_err(|e| start_failed("fork", &e, LaunchError::Internal))? {
         process::Fork::Child => {
             // Single-threaded child of the supervisor: ordinary code is fine, but it must never
             // return into the supervisor's stack (the async runtime), so it always exits here.

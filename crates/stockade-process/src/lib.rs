@@ -80,7 +80,11 @@
 //!     listed by [`stale_cgroups`] and removed by the next run ([`reap_stale_cgroups`]).
 //!     (pinned by: tests/it/limits.rs::g6_*)
 //! G7. Memory, processes, CPU time, open files and file size are limited, and a memory bomb
-//!     is reported as out of memory where a cgroup is available.
+//!     is reported as out of memory where a cgroup is available. When the host (or the
+//!     supervisor's cgroup) runs out of processes, a run that cannot start says so, typed
+//!     ([`LaunchError::Exhausted`], or a `FailedToStart` report naming `EAGAIN`), never as
+//!     a missing mechanism or a misconfiguration; runs already started go on, and none
+//!     leaves a process or cgroup behind.
 //!     (pinned by: tests/it/limits.rs::g7_*)
 //! G8. Fail closed: if a mechanism cannot be enforced, the run does not start and the error
 //!     names the mechanism; best effort is an explicit opt-in whose report lists what is missing.
@@ -343,6 +347,12 @@ pub enum LaunchError {
     /// The job or the tier is set up wrong (a missing workspace, a missing helper).
     #[error("misconfigured: {0}")]
     Misconfigured(String),
+    /// The host, or the supervisor's own cgroup, is out of processes or memory (`EAGAIN`,
+    /// `ENOMEM`) and the run's helper could not be started: nothing of the run exists; retry
+    /// once other runs have ended. (A sandbox process that cannot fork later in the start
+    /// is a [`stockade_protocol::Status::FailedToStart`] report naming the same error.)
+    #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
+    Exhausted(String),
     /// A stockade bug.
     #[error("internal error: {0}")]
     Internal(String),

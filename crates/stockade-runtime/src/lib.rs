@@ -209,6 +209,10 @@ pub enum TierError {
     /// The job or the tier is set up wrong.
     #[error("misconfigured: {0}")]
     Misconfigured(String),
+    /// The host is out of processes or memory and the run did not start; retry once other
+    /// runs have ended.
+    #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
+    Exhausted(String),
     /// A bug in stockade.
     #[error("internal error: {0}")]
     Internal(String),
@@ -481,6 +485,7 @@ fn process_error(e: stockade_process::LaunchError) -> TierError {
             TierError::Unsupported { mechanism, reason }
         }
         stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
+        stockade_process::LaunchError::Exhausted(m) => TierError::Exhausted(m),
         other => TierError::Internal(other.to_string()),
     }
 }

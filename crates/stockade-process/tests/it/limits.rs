@@ -288,3 +288,96 @@ fn g7_without_cgroups_memory_is_limited_by_rlimit_and_reported_so() {
     assert_eq!(r.status, Status::Exited { code: 1 }, "{r:#?}");
     assert!(stderr(&r).contains("MemoryError"));
 }
+
+/// Not a guarantee's test: the supervisor that `g7_when_the_host_runs_out_of_processes...`
+/// starts inside a small pids cgroup. Without `STOCKADE_FAULT_PIDS` it returns at once.
+#[test]
+fn fault_child_pids_exhaustion() {
+    if std::env::var_os("STOCKADE_FAULT_PIDS").is_none() {
+        return;
+    }
+    let outcomes = block_on(async {
+        let tier = tier();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..12 {
+            let t = tier.clone();
+            set.spawn(async move { t.run(&with_wall(sh("sleep 1"), Duration::from_secs(10))).await });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            out.push(r.unwrap());
+        }
+        out
+    });
+    for o in &outcomes {
+        let eagain =
+            |t: &str| ["Resource temporarily unavailable", "can't fork", "Cannot fork"].iter().any(|m| t.contains(m));
+        match o {
+            Ok(r) if r.status == Status::Exited { code: 0 } => println!("outcome ran"),
+            Ok(r) => match &r.status {
+                Status::FailedToStart { reason } if eagain(reason) => println!("outcome refused: {reason}"),
+                // The guest's own shell could not fork its `sleep`: its failure, reported.
+                Status::Exited { .. } if eagain(&stderr(r)) => println!("outcome guest-fork-failed"),
+                other => println!("outcome other: {other:?} {}", stderr(r).trim()),
+            },
+            Err(e @ stockade_process::LaunchError::Exhausted(_)) => println!("outcome refused: {e}"),
+            Err(e) => println!("outcome error: {e}"),
+        }
+    }
+    // The storm is over: the next run has the processes it needs again.
+    let after = run(sh("echo after"));
+    println!("after {:?} {}", after.status, stdout(&after).trim());
+}
+
+#[test]
+fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on() {
+    require!("g7_when_the_host_runs_out_of_processes");
+    // The "host" is a supervisor in a pids cgroup of its own (v1 or v2), small enough that 12
+    // concurrent runs cannot all start; the machine's own pid space is never touched.
+    let me = std::process::id();
+    let (dir, procs) = match std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers") {
+        Ok(c) if c.contains("pids") => {
+            (std::path::PathBuf::from(format!("/sys/fs/cgroup/stockade-fault-{me}")), "cgroup.procs")
+        }
+        _ => (std::path::PathBuf::from(format!("/sys/fs/cgroup/pids/stockade-fault-{me}")), "cgroup.procs"),
+    };
+    let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join("pids.max"), "40"));
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir(&dir);
+        if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
+            panic!("a pids cgroup for the fault ({}): {e}", dir.display());
+        }
+        eprintln!("SKIPPED g7_when_the_host_runs_out_of_processes: cannot make {}: {e}", dir.display());
+        return;
+    }
+    let child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {}/{procs} && exec \"$0\" \"$@\"", dir.display()))
+        .arg(std::env::current_exe().unwrap())
+        .args(["limits::fault_child_pids_exhaustion", "--exact", "--nocapture", "--test-threads=1"])
+        .env("STOCKADE_FAULT_PIDS", "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout).into_owned();
+    let err = String::from_utf8_lossy(&child.stderr).into_owned();
+    let events = std::fs::read_to_string(dir.join("pids.events")).unwrap_or_default();
+    let peak = std::fs::read_to_string(dir.join("pids.peak")).unwrap_or_default();
+    // Every process of the child, the runs' included, is gone: the cgroup can be removed.
+    let removed = std::fs::remove_dir(&dir);
+    assert!(child.status.success(), "the supervisor failed: {}\n{out}\n{err}", child.status);
+    assert!(removed.is_ok(), "processes or cgroups left in the fault's cgroup: {removed:?}");
+    let outcomes: Vec<&str> = out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect();
+    assert_eq!(outcomes.len(), 12, "{out}");
+    let ran = outcomes.iter().filter(|o| **o == "ran").count();
+    let refused = outcomes.iter().filter(|o| o.starts_with("refused") || **o == "guest-fork-failed").count();
+    assert!(
+        refused > 0,
+        "the limit was never reached, so nothing was tested (pids.events {events}, peak {peak}): {out}"
+    );
+    assert!(ran > 0, "no run went on while others could not start: {out}");
+    // Every run that could not get its processes says so: a FailedToStart report naming
+    // EAGAIN, the guest's own failed fork, or LaunchError::Exhausted; never another error
+    // (a missing mechanism, a misconfiguration).
+    assert_eq!(ran + refused, 12, "an outcome of another kind: {out}");
+    assert!(out.contains("after Exited { code: 0 } after"), "{out}");
+}
