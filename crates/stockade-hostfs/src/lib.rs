@@ -48,7 +48,10 @@
 //!     host symlink (each directory on the way is opened `O_NOFOLLOW | O_DIRECTORY`, each
 //!     file `O_NOFOLLOW`), never under a protected path nor a pinned name as a file, never
 //!     a setuid bit, and answers an archive it cannot read with a typed error, never a
-//!     panic (also fuzzed: `fuzz/fuzz_targets/stage_unpack.rs`).
+//!     panic (also fuzzed: `fuzz/fuzz_targets/stage_unpack.rs`); an entry the host cannot
+//!     take (its directory full, a NUL or an overlong name) is skipped and listed with the
+//!     reason while the rest is applied, and a host file is replaced only by a complete
+//!     copy, renamed over it.
 //!     (pinned by: tests/it/stage.rs::g5_*)
 //!
 //! # Non-guarantees

@@ -16,7 +16,10 @@
 //! - [`unpack`] applies the archive the engine returns to the host directory: only regular
 //!   files and directories, only names made of normal components, never into or through a
 //!   host symlink (each parent is opened without following one), never a
-//!   [`PROTECTED_PATHS`] entry, new files without setuid bits, identical files left alone.
+//!   [`PROTECTED_PATHS`] entry, new files without setuid bits, identical files left alone,
+//!   each file written beside its name and renamed over it once complete, so a host
+//!   directory that fills up skips that entry (listed, with the error) and leaves the host
+//!   file as it was.
 //!   Links, devices and anything else are skipped and listed. Deletions are not replayed:
 //!   results are merged into the host directory, nothing on the host is removed.
 
@@ -274,21 +277,30 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
             applied.skip(&rel, "not a regular file or directory");
             continue;
         }
-        let target = dest.join(&rel);
-        let Some(dir) = plain_parents(&top, &rel).map_err(io(&target))? else {
-            applied.skip(&rel, "a parent is a symlink or not a directory on the host");
-            continue;
+        // The host side of one entry: a failure here (the host directory full, a quota, an
+        // I/O error) skips this entry, named with the error, leaves the host file as it was,
+        // and goes on, so whatever fits still comes back.
+        let dir = match plain_parents(&top, &rel) {
+            Ok(Some(dir)) => dir,
+            Ok(None) => {
+                applied.skip(&rel, "a parent is a symlink or not a directory on the host");
+                continue;
+            }
+            Err(e) => {
+                applied.skip(&rel, &format!("host: {e}"));
+                continue;
+            }
         };
         let name = rel.file_name().unwrap_or_default();
         match dir.symlink_metadata(name) {
             Ok(m) if kind.is_dir() && m.is_dir() => {}
             Ok(_) if kind.is_dir() => applied.skip(&rel, "exists on the host and is not a directory"),
             Ok(m) if !m.is_file() => applied.skip(&rel, "exists on the host and is not a regular file"),
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io(&target)(e)),
-            Err(_) if kind.is_dir() => {
-                dir.create_dir(name).map_err(io(&target))?;
-                applied.dirs += 1;
-            }
+            Err(e) if e.kind() != io::ErrorKind::NotFound => applied.skip(&rel, &format!("host: {e}")),
+            Err(_) if kind.is_dir() => match dir.create_dir(name) {
+                Ok(()) => applied.dirs += 1,
+                Err(e) => applied.skip(&rel, &format!("host: {e}")),
+            },
             existing => {
                 let mut content = Vec::new();
                 entry.read_to_end(&mut content).map_err(|e| StageError::Archive(e.to_string()))?;
@@ -296,24 +308,40 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
                     applied.unchanged += 1;
                     continue;
                 }
-                let mode = entry.header().mode().unwrap_or(0o644) & 0o755;
-                let mut f = dir
-                    .open_with(
-                        name,
-                        OpenOptions::new().write(true).create(true).truncate(true).mode(mode).custom_flags(O_NOFOLLOW),
-                    )
-                    .map_err(io(&target))?;
-                f.write_all(&content).map_err(io(&target))?;
-                if existing.is_err() {
-                    // A new file: its mode as the guest left it, minus setuid and friends
-                    // (and whatever the host umask removed at creation).
-                    f.set_permissions(Permissions::from_mode(mode)).map_err(io(&target))?;
+                // A new file keeps its mode as the guest left it, minus setuid and friends; a
+                // changed one keeps the host's mode, minus the same bits.
+                let mode = match &existing {
+                    Ok(m) => m.mode() & 0o777,
+                    Err(_) => entry.header().mode().unwrap_or(0o644) & 0o755,
+                };
+                match replace(&dir, name, &content, mode) {
+                    Ok(()) => applied.written += 1,
+                    Err(e) => applied.skip(&rel, &format!("host: {e}; the host file is unchanged")),
                 }
-                applied.written += 1;
             }
         }
     }
     Ok(applied)
+}
+
+/// Writes `content` to `name` in `dir` through a new file beside it, renamed over `name`
+/// once complete: a write that fails (the host directory full) removes the new file and
+/// leaves `name` as it was.
+fn replace(dir: &Dir, name: &OsStr, content: &[u8], mode: u32) -> io::Result<()> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp =
+        format!(".stockade-apply-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let mut f =
+        dir.open_with(&tmp, OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(O_NOFOLLOW))?;
+    let written = f
+        .write_all(content)
+        .and_then(|()| f.set_permissions(Permissions::from_mode(mode)))
+        .and_then(|()| f.sync_data())
+        .and_then(|()| dir.rename(&tmp, dir, name));
+    if written.is_err() {
+        let _ = dir.remove_file(&tmp);
+    }
+    written
 }
 
 /// Whether the regular file `name` in `dir` holds exactly `content`.

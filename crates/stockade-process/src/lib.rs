@@ -84,7 +84,8 @@
 //!     supervisor's cgroup) runs out of processes, a run that cannot start says so, typed
 //!     ([`LaunchError::Exhausted`], or a `FailedToStart` report naming `EAGAIN`), never as
 //!     a missing mechanism or a misconfiguration; runs already started go on, and none
-//!     leaves a process or cgroup behind.
+//!     leaves a process or cgroup behind A guest that fills its read-write workspace's filesystem
+//!     gets `ENOSPC` like any program; the run ends normally and the next one works.
 //!     (pinned by: tests/it/limits.rs::g7_*)
 //! G8. Fail closed: if a mechanism cannot be enforced, the run does not start and the error
 //!     names the mechanism; best effort is an explicit opt-in whose report lists what is missing.

@@ -64,8 +64,10 @@
 //!     current user that no one else may write, opened without following symlinks, under a
 //!     key that covers the wasmtime version, the engine configuration and the module's
 //!     sha256. Anything else is compiled from the module instead. The cache keeps at most
-//!     2 GiB, dropping the least recently written artifacts first.
-//!     (pinned by: src/cache.rs::g8_*)
+//!     2 GiB, dropping the least recently written artifacts first. A cache directory that
+//!     cannot be made, or whose filesystem is full, costs a compile, never a run, and
+//!     leaves no partial artifact.
+//!     (pinned by: src/cache.rs::g8_*, tests/it/outcomes.rs::g8_*)
 //! G9. The JavaScript guest starts from a pre-initialized snapshot, and `Math.random`
 //!     differs between runs (the PRNG is reseeded on every run).
 //!     (pinned by: tests/it/javascript.rs::g9_*)

@@ -205,3 +205,58 @@ fn g5_unpack_skips_a_nul_or_overlong_name_and_applies_the_rest() {
     assert!(applied.skipped_names.iter().any(|n| n.contains("longer than the host allows")), "{applied:?}");
     assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
 }
+
+/// A tmpfs of `size` mounted at `dir` for the test's life (root only).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok && std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
+            panic!("mounting a tmpfs at {} (the full-filesystem fault needs root)", dir.display());
+        }
+        ok.then(|| Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn g5_unpack_into_a_full_host_directory_skips_what_does_not_fit_and_loses_nothing() {
+    let dest = scratch("full");
+    let Some(_fs) = Tmpfs::mount(&dest, "64k") else {
+        eprintln!("SKIPPED g5_unpack_into_a_full_host_directory: cannot mount a tmpfs (not root)");
+        return;
+    };
+    fs::write(dest.join("keep.txt"), "original").unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    use tar::EntryType::{Directory, Regular};
+    raw_entry(&mut b, "workspace/big.bin", Regular, 0o644, &vec![7u8; 200 << 10], "");
+    raw_entry(&mut b, "workspace/keep.txt", Regular, 0o644, &vec![b'x'; 100 << 10], "");
+    raw_entry(&mut b, "workspace/small.txt", Regular, 0o644, b"fits", "");
+    raw_entry(&mut b, "workspace/dir/", Directory, 0o755, b"", "");
+    raw_entry(&mut b, "workspace/dir/also.txt", Regular, 0o644, b"fits too", "");
+    let applied = unpack(&b.into_inner().unwrap(), &dest).unwrap();
+    assert_eq!((applied.written, applied.skipped), (2, 2), "{applied:?}");
+    assert_eq!(
+        applied.skipped_names.iter().filter(|n| n.contains("No space left on device")).count(),
+        2,
+        "{applied:?}"
+    );
+    // The host's own file is as it was, what fit came back, and no partial file is left.
+    assert_eq!(fs::read_to_string(dest.join("keep.txt")).unwrap(), "original");
+    assert_eq!(fs::read_to_string(dest.join("small.txt")).unwrap(), "fits");
+    assert_eq!(fs::read_to_string(dest.join("dir/also.txt")).unwrap(), "fits too");
+    let mut names: Vec<String> =
+        fs::read_dir(&dest).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["dir", "keep.txt", "small.txt"]);
+}

@@ -381,3 +381,46 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
     assert_eq!(ran + refused, 12, "an outcome of another kind: {out}");
     assert!(out.contains("after Exited { code: 0 } after"), "{out}");
 }
+
+#[test]
+fn g7_a_full_workspace_filesystem_is_the_guests_enospc_and_the_next_run_works() {
+    require!("g7_a_full_workspace_filesystem");
+    let ws = host_dir("full-ws");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs"])
+        .arg(&ws)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "mounting a tmpfs for the fault needs root");
+        eprintln!("SKIPPED g7_a_full_workspace_filesystem: cannot mount a tmpfs (not root)");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let guard = Unmount(ws.clone());
+    std::fs::write(ws.join("notes.txt"), "the user's notes\n").unwrap();
+    let fill = sh("dd if=/dev/zero of=/workspace/fill bs=64k count=16 2>/dev/null; echo dd=$?; echo done > /workspace/after || echo after-failed")
+        .with_workspace(&ws, stockade_protocol::Access::ReadWrite)
+        .unwrap();
+    let r = run(fill);
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{r:#?}");
+    let out = stdout(&r);
+    assert!(out.contains("dd=1"), "dd should have hit ENOSPC: {out}\n{}", stderr(&r));
+    assert!(out.contains("after-failed"), "{out}");
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "the user's notes\n");
+    // The guest frees its space; the next run in the same workspace works.
+    let next = sh("rm /workspace/fill && echo fine > /workspace/after && cat /workspace/after")
+        .with_workspace(&ws, stockade_protocol::Access::ReadWrite)
+        .unwrap();
+    let r = run(next);
+    assert_eq!((r.status.clone(), stdout(&r)), (Status::Exited { code: 0 }, "fine\n".to_owned()), "{r:#?}");
+    // Nothing of either run holds the filesystem: it unmounts at once.
+    drop(guard);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(ws.to_str().unwrap()), "the workspace is still mounted (busy)");
+}

@@ -74,3 +74,18 @@ fn g7_verification_refuses_each_bad_ending_with_its_code() {
     );
     assert_eq!(code(r#"(module (func (export "_start")))"#), 0);
 }
+
+#[test]
+fn g8_a_cache_directory_that_cannot_be_made_costs_a_compile_never_a_run() {
+    // Its parent is a regular file: the directory can never exist.
+    let file = std::env::temp_dir().join(format!("stockade-wasm-not-a-dir-{}", std::process::id()));
+    std::fs::write(&file, "a file").unwrap();
+    let tier = stockade_wasm::WasmTier::builder().cache_dir(file.join("cache")).build().unwrap();
+    assert_eq!(tier.cache_dir(), None, "an unusable cache directory must be reported as no cache");
+    let exit0 = wasi_module(r#"(func (export "_start") (call $proc_exit (i32.const 0)) unreachable)"#);
+    for _ in 0..2 {
+        let r = crate::support::block_on(tier.run(&wat_job(&exit0, "_start"))).unwrap();
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+    }
+    std::fs::remove_file(&file).unwrap();
+}
