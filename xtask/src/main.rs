@@ -387,7 +387,10 @@ fn soak(args: &[String]) -> Result<()> {
     // CI's short form uses the debug build its tests already compiled; the long form, release.
     let release = args.iter().any(|a| a == "--release");
     let profile = if release { "release" } else { "debug" };
-    run(&mut cargo(&["build", "--profile", if release { "release" } else { "dev" }, "--package", "stockade-soak"]))?;
+    // `--workspace` unifies features as the test step does, so CI's short form reuses what
+    // its tests compiled instead of building wasmtime again with another feature set.
+    let profile_arg = if release { "release" } else { "dev" };
+    run(&mut cargo(&["build", "--profile", profile_arg, "--workspace", "--bin", "stockade-soak"]))?;
     let write = args.iter().any(|a| a == "--write");
     let out = target_dir().join("soak.md");
     let mut cmd = Command::new(target_dir().join(profile).join("stockade-soak"));

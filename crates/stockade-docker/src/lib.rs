@@ -76,9 +76,8 @@
 //!     volume comes back through a bounded download and only regular files and directories
 //!     with plain names are written to the host directory, never through a host symlink and
 //!     never under a protected path (git hooks and config, rc files, ...; never `.git` as a
-//!     file).
-//!     (pinned by: tests/it/docker.rs::g7_*; the archive side, without a daemon, by
-//!     `stockade-hostfs`'s G5)
+//!     file). The archive side is `stockade-hostfs`'s G5, pinned there without a daemon.
+//!     (pinned by: tests/it/docker.rs::g7_*)
 //! G8. A workspace must be a dedicated directory, judged with symlinks resolved by the
 //!     protocol's rule every tier shares. A one-shot run's read-write workspace (a bind
 //!     mount) keeps each protected path that exists in it (git hooks and config, rc files,

@@ -431,6 +431,12 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     // A pool's waiting sandboxes are resources too: for `process-pool` the count before is
     // taken before the tier exists, and the one after once it is dropped.
     let docker = tier == "docker-pool";
+    // Connecting reaps what a killed supervisor left on the engine, so it comes first.
+    let engine = if docker {
+        Some(DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?)
+    } else {
+        None
+    };
     let before_tier = resources(server, docker);
     let (runner, kinds) = match tier {
         "process" => {
@@ -444,8 +450,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
         "docker-pool" => {
-            let engine =
-                DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?;
+            let engine = engine.context("connected above")?;
             if !engine.has_image(DOCKER_IMAGE).await {
                 bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
             }
