@@ -202,6 +202,17 @@ pub(crate) async fn run(
     let wall = start.elapsed();
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
+    // A capture drops its pipe the moment its budget is crossed, and the guest may die of
+    // that (SIGPIPE) before the loop above saw the capture end (both ready in one wake-up,
+    // and `select!` picks either): the budget ended the run all the same. A fail-fast
+    // capture is truncated only when its budget was crossed. (The soak caught 3 of 1,025
+    // floods reported as `Signaled(13)`; a guest that exits 0 right after crossing was
+    // reported as `Exited(0)` with its output cut.)
+    let end = match end {
+        End::Exited if stdout.truncated => End::Output(Stream::Stdout),
+        End::Exited if stderr.truncated => End::Output(Stream::Stderr),
+        other => other,
+    };
     let msgs = status_task.await.unwrap_or_default();
     let usage = cgroup.get().map(Cgroup::usage);
     let cgroup_detail = cgroup.get().map(|cg| cg.detail(limits.memory_bytes(), processes));

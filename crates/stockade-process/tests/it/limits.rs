@@ -424,3 +424,27 @@ fn g7_a_full_workspace_filesystem_is_the_guests_enospc_and_the_next_run_works() 
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(ws.to_str().unwrap()), "the workspace is still mounted (busy)");
 }
+
+#[test]
+fn g6_a_guest_that_crosses_its_output_budget_and_exits_at_once_is_an_output_limit() {
+    require!("g6_a_guest_that_crosses_its_output_budget_and_exits_at_once");
+    // The guest writes one byte over the budget and exits by itself (or of the SIGPIPE the
+    // supervisor's closed pipe gives it): the run still ended at the budget. Both endings
+    // reach the supervisor in one wake-up often enough that repeating it shows the race.
+    let job = limited(sh("head -c 65537 /dev/zero"), |l| l.with_stdout(64 << 10).unwrap());
+    let statuses = block_on(async {
+        let tier = tier();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..48 {
+            let (t, j) = (tier.clone(), job.clone());
+            set.spawn(async move { t.run(&j).await.unwrap().status });
+        }
+        let mut out = Vec::new();
+        while let Some(s) = set.join_next().await {
+            out.push(s.unwrap());
+        }
+        out
+    });
+    let wrong: Vec<_> = statuses.iter().filter(|s| **s != Status::OutputLimit { stream: Stream::Stdout }).collect();
+    assert!(wrong.is_empty(), "{} of 48 runs ended otherwise: {wrong:?}", wrong.len());
+}
