@@ -340,35 +340,61 @@ impl DockerPool {
             }
         }
         let wall = start.elapsed();
-        let mut oom = docker
-            .inspect_container(id, None)
-            .await
-            .ok()
-            .and_then(|c| c.state)
-            .and_then(|s| s.oom_killed)
-            .unwrap_or(false);
+        let state = docker.inspect_container(id, None).await.ok().and_then(|c| c.state);
+        let mut oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
         // The kernel's OOM killer picks the exec's process, not the container's init, so the
-        // container's own state does not say it (it is still running): the engine's `oom`
-        // event for the container does. Asked only for an exec ended by SIGKILL that the
-        // deadline or a budget did not send.
+        // container's own state does not say it (it is still running). Asked only for an
+        // exec ended by SIGKILL that the deadline or a budget did not send: the container's
+        // memory cgroup counts its OOM kills, read from the host when the engine is local
+        // (its init's pid is then ours to look up); otherwise the engine's `oom` event.
+        // A container reaches a run only if no earlier run of it was killed for memory (a
+        // persistent session keeps a container only after a run that exited by itself).
         if !oom && !timed_out && sink.breach.is_none() && code == Some(128 + 9) {
-            oom = self.oom_event_since(id, started_unix).await;
+            let pid = state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0);
+            oom = match pid.and_then(host_oom_kills) {
+                Some(kills) => kills > 0,
+                None => self.oom_event_since(id, started_unix).await,
+            };
         }
         Ok(sink.report(timed_out, oom, code.unwrap_or(-1), wall))
     }
 
     /// Whether the engine reported an out-of-memory kill in container `id` since
-    /// `since_unix` (its event can trail the exec's exit by a few milliseconds, so the
-    /// query runs to a second past now).
+    /// `since_unix` (its event can trail the exec's exit, by more under load, so the query
+    /// runs to two seconds past now).
     async fn oom_event_since(&self, id: &str, since_unix: u64) -> bool {
         let filters = std::collections::HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
-        let (since, until) = (since_unix.saturating_sub(1).to_string(), (crate::unix_now() + 1).to_string());
+        let (since, until) = (since_unix.saturating_sub(1).to_string(), (crate::unix_now() + 2).to_string());
         let opts = EventsOptionsBuilder::default().since(&since).until(&until).filters(&filters).build();
         let mut events = self.tier.docker.events(Some(opts));
         // The first event is the answer; the stream ends empty at `until` without one.
-        let first = tokio::time::timeout(Duration::from_secs(3), events.next()).await;
+        let first = tokio::time::timeout(Duration::from_secs(4), events.next()).await;
         matches!(first, Ok(Some(Ok(_))))
     }
+}
+
+/// How many processes the OOM killer ended in the memory cgroup of host process `pid` (a
+/// container's init), read from `/proc` and the cgroup filesystem (v1 `memory.oom_control`,
+/// v2 `memory.events`); `None` when this host cannot see it (a remote engine, another pid
+/// namespace, an old kernel without the counter).
+fn host_oom_kills(pid: i64) -> Option<u64> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let entry = |want: &dyn Fn(&str) -> bool| {
+        cgroups.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            want(controllers).then(|| path.to_owned())
+        })
+    };
+    let counter = |file: String| -> Option<u64> {
+        let text = std::fs::read_to_string(file).ok()?;
+        text.lines().find_map(|l| l.strip_prefix("oom_kill "))?.trim().parse().ok()
+    };
+    if let Some(path) = entry(&|c| c.split(',').any(|c| c == "memory")) {
+        return counter(format!("/sys/fs/cgroup/memory{path}/memory.oom_control"));
+    }
+    let path = entry(&str::is_empty)?;
+    counter(format!("/sys/fs/cgroup{path}/memory.events"))
 }
 
 /// The report line for a staged workspace.
