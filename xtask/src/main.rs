@@ -40,7 +40,8 @@ commands:
   fuzz [TARGET...] [--time SECS] [--smoke]
                      run fuzz targets on nightly (every target unless some are named), each
                      for SECS (default 60; --smoke: 5), corpus kept under the target dir;
-                     prints each target's executions, coverage and corpus size
+                     prints each target's executions, coverage and corpus size; --write
+                     records them in docs/reliability.md
   soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N] [--docker-runs N]
        [--concurrency C] [--seed S] [--release] [--write]
                      sustained load on every tier: a seeded mix of jobs, every outcome
@@ -263,12 +264,13 @@ fn fuzz(args: &[String]) -> Result<()> {
     let mut targets = Vec::new();
     let mut it = args.iter();
     let smoke = args.iter().any(|a| a == "--smoke");
+    let write = args.iter().any(|a| a == "--write");
     if smoke {
         secs = 5;
     }
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--smoke" => {}
+            "--smoke" | "--write" => {}
             "--time" => secs = it.next().context("--time needs SECS")?.parse().context("--time SECS")?,
             t if FUZZ_TARGETS.contains(&t) => targets.push(t.to_owned()),
             other => bail!("unknown fuzz argument {other:?}; targets: {FUZZ_TARGETS:?}"),
@@ -320,10 +322,24 @@ fn fuzz(args: &[String]) -> Result<()> {
         }
         summary.push((t.clone(), fuzz_stats(&text)));
     }
-    println!("| target | seconds | executions | coverage (edges) | features | corpus |");
-    println!("|---|---|---|---|---|---|");
+    let mut table = String::from(
+        "| target | seconds | executions | coverage (edges) | features | corpus (inputs/bytes) |\n|---|---|---|---|---|---|\n",
+    );
     for (t, s) in summary {
-        println!("| {t} | {secs} | {} | {} | {} | {} |", s.runs, s.cov, s.ft, s.corp);
+        table.push_str(&format!("| {t} | {secs} | {} | {} | {} | {} |\n", s.runs, s.cov, s.ft, s.corp));
+    }
+    print!("{table}");
+    if write {
+        let path = root().join("docs/reliability.md");
+        let doc = std::fs::read_to_string(&path)?;
+        let (start, end) = ("<!-- fuzz:start -->", "<!-- fuzz:end -->");
+        let (Some(a), Some(b)) = (doc.find(start), doc.find(end)) else {
+            bail!("docs/reliability.md lacks the {start} ... {end} markers");
+        };
+        let line =
+            format!("`cargo xtask fuzz {} --time {secs}`, one target at a time on one core:\n\n", targets.join(" "));
+        std::fs::write(&path, format!("{}{start}\n{line}{table}{}", &doc[..a], &doc[b..]))?;
+        println!("wrote the fuzz figures to docs/reliability.md");
     }
     Ok(())
 }

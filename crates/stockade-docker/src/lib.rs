@@ -65,7 +65,8 @@
 //!     containers past their maximum age, or found dead by the idle health check, are
 //!     replaced instead of used; a run whose process the kernel's OOM killer ended is
 //!     [`Status::OutOfMemory`], as in a one-shot run (the container outlives its exec's
-//!     process, so the engine's `oom` event for the container says it, not its state).
+//!     process, so its memory cgroup's OOM-kill count says it, or the engine's `oom` event
+//!     where the engine is remote; not its state).
 //!     (pinned by: tests/it/docker.rs::g6_*)
 //! G7. A pool configured with [`pool::PoolConfig::with_workspace`] stages the job's
 //!     workspace instead of mounting it ([`stage`]): the host directory is packed without
