@@ -314,7 +314,7 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
                     Ok(m) => m.mode() & 0o777,
                     Err(_) => entry.header().mode().unwrap_or(0o644) & 0o755,
                 };
-                match replace(&dir, name, &content, mode) {
+                match replace(&dir, name, &content, mode, existing.is_ok()) {
                     Ok(()) => applied.written += 1,
                     Err(e) => applied.skip(&rel, &format!("host: {e}; the host file is unchanged")),
                 }
@@ -327,16 +327,20 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
 /// Writes `content` to `name` in `dir` through a new file beside it, renamed over `name`
 /// once complete: a write that fails (the host directory full) removes the new file and
 /// leaves `name` as it was.
-fn replace(dir: &Dir, name: &OsStr, content: &[u8], mode: u32) -> io::Result<()> {
+fn replace(dir: &Dir, name: &OsStr, content: &[u8], mode: u32, replacing: bool) -> io::Result<()> {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp =
         format!(".stockade-apply-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let mut f =
         dir.open_with(&tmp, OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(O_NOFOLLOW))?;
+    // Replacing a host file, the copy is synced first: a filesystem that reports a full
+    // disk only at writeback (NFS, btrfs) would otherwise rename an incomplete file over the
+    // host's. A new file is not (an fsync per file would make a large apply-back take
+    // seconds, and nothing of the host's is lost if it comes up short).
     let written = f
         .write_all(content)
         .and_then(|()| f.set_permissions(Permissions::from_mode(mode)))
-        .and_then(|()| f.sync_data())
+        .and_then(|()| if replacing { f.sync_data() } else { Ok(()) })
         .and_then(|()| dir.rename(&tmp, dir, name));
     if written.is_err() {
         let _ = dir.remove_file(&tmp);
