@@ -247,23 +247,17 @@ mod tests {
         let engine = engine();
         let dir = fresh("full");
         fs::create_dir_all(&dir).unwrap();
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !mounted {
-            assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "mounting a tmpfs for the fault needs root");
-            eprintln!("SKIPPED g8_a_full_cache_filesystem: cannot mount a tmpfs (not root)");
+        let Some(fs) = stockade_test_support::Tmpfs::mount(&dir, "size=4k,mode=0700", "g8_a_full_cache_filesystem")
+        else {
             return;
-        }
+        };
         let cache = Cache::open(Some(dir.clone()));
         assert!(cache.dir().is_some(), "a private tmpfs is a usable cache directory");
         let (module, key) = compiled(&engine);
         assert!(module.serialize().unwrap().len() > 4096, "the artifact must not fit, or nothing is tested");
         cache.store(&key, &module);
         let left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        let _ = std::process::Command::new("umount").arg(&dir).status();
+        drop(fs);
         assert!(left.is_empty(), "a partial artifact or temp file was left: {left:?}");
         assert!(cache.load(&engine, &key).is_none());
         let _ = fs::remove_dir_all(&dir);

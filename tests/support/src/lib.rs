@@ -399,3 +399,36 @@ pub fn descendants(root: u32) -> Vec<u32> {
     found.remove(0);
     found
 }
+
+/// A tmpfs mounted for a test's life (a full-filesystem fault), unmounted on drop.
+#[derive(Debug)]
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with `options` (e.g. `size=64k,mode=0755`) at `dir`. Mounting needs
+    /// root: without it `test` is SKIPPED (`None`), or fails under `STOCKADE_REQUIRE_ALL`.
+    #[must_use]
+    pub fn mount(dir: &std::path::Path, options: &str, test: &str) -> Option<Self> {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(Self(dir.to_path_buf()));
+        }
+        assert!(
+            std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+            "{test}: mounting a tmpfs at {} for the fault needs root",
+            dir.display()
+        );
+        eprintln!("SKIPPED {test}: cannot mount a tmpfs (not root)");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -206,34 +206,12 @@ fn g5_unpack_skips_a_nul_or_overlong_name_and_applies_the_rest() {
     assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
 }
 
-/// A tmpfs of `size` mounted at `dir` for the test's life (root only).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok && std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
-            panic!("mounting a tmpfs at {} (the full-filesystem fault needs root)", dir.display());
-        }
-        ok.then(|| Self(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn g5_unpack_into_a_full_host_directory_skips_what_does_not_fit_and_loses_nothing() {
     let dest = scratch("full");
-    let Some(_fs) = Tmpfs::mount(&dest, "64k") else {
-        eprintln!("SKIPPED g5_unpack_into_a_full_host_directory: cannot mount a tmpfs (not root)");
+    let Some(_fs) =
+        stockade_test_support::Tmpfs::mount(&dest, "size=64k,mode=0755", "g5_unpack_into_a_full_host_directory")
+    else {
         return;
     };
     fs::write(dest.join("keep.txt"), "original").unwrap();

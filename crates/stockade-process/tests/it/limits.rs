@@ -386,23 +386,10 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
 fn g7_a_full_workspace_filesystem_is_the_guests_enospc_and_the_next_run_works() {
     require!("g7_a_full_workspace_filesystem");
     let ws = host_dir("full-ws");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs"])
-        .arg(&ws)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "mounting a tmpfs for the fault needs root");
-        eprintln!("SKIPPED g7_a_full_workspace_filesystem: cannot mount a tmpfs (not root)");
+    let Some(guard) = stockade_test_support::Tmpfs::mount(&ws, "size=256k,mode=0755", "g7_a_full_workspace_filesystem")
+    else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let guard = Unmount(ws.clone());
+    };
     std::fs::write(ws.join("notes.txt"), "the user's notes\n").unwrap();
     let fill = sh("dd if=/dev/zero of=/workspace/fill bs=64k count=16 2>/dev/null; echo dd=$?; echo done > /workspace/after || echo after-failed")
         .with_workspace(&ws, stockade_protocol::Access::ReadWrite)
