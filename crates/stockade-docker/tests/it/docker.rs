@@ -35,29 +35,38 @@ pub(crate) fn run(tier: &DockerTier, job: &Job) -> Report {
     rt().block_on(tier.run(job)).unwrap()
 }
 
+/// Stockade containers whose run id names process `pid` (run ids embed the creating pid,
+/// so other users of the engine do not count), right now; only running ones with
+/// `running`. The host's count, through the engine's own socket.
+pub(crate) async fn containers_named_for(pid: u32, running: bool) -> usize {
+    let mine = format!("-{pid:x}-");
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let mut filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+    if running {
+        filters.insert("status", vec!["running"]);
+    }
+    let opts = ListContainersOptionsBuilder::default().all(!running).filters(&filters).build();
+    let list = docker.list_containers(Some(opts)).await.unwrap();
+    list.iter().filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine))).count()
+}
+
+/// [`containers_named_for`], every state, from a blocking test.
+pub(crate) fn containers_of(pid: u32) -> usize {
+    rt().block_on(containers_named_for(pid, false))
+}
+
 /// Stockade containers of this test process that the engine still has, counted by the
-/// host (run ids embed the creating process's pid, so other users of the engine do not
-/// count). Waits up to 10 s for background removals.
+/// host. Waits up to 10 s for background removals.
 pub(crate) fn leftovers() -> usize {
-    let mine = format!("-{:x}-", std::process::id());
-    rt().block_on(async {
-        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        let mut count = 0;
-        for _ in 0..50 {
-            let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-            let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
-            let list = docker.list_containers(Some(opts)).await.unwrap();
-            count = list
-                .iter()
-                .filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)))
-                .count();
-            if count == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut count = 0;
+    for _ in 0..50 {
+        count = containers_of(std::process::id());
+        if count == 0 {
+            break;
         }
-        count
-    })
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    count
 }
 
 /// Volumes of this test process's containers that the engine still has (labelled with the
@@ -244,19 +253,8 @@ fn g4_orphans_are_reaped_by_label() {
             docker.create_container(None, body).await.unwrap();
         }
     });
-    let orphans = {
-        // Counted without waiting: they must still be there.
-        let mine = format!("-{:x}-", std::process::id());
-        rt().block_on(async {
-            let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-            let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-            let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
-            let list = docker.list_containers(Some(opts)).await.unwrap();
-            list.iter()
-                .filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)))
-                .count()
-        })
-    };
+    // Counted without waiting: they must still be there.
+    let orphans = containers_of(std::process::id());
     assert_eq!(orphans, 2);
     assert!(rt().block_on(tier.gc(false)).unwrap() >= 2);
     assert_eq!(leftovers(), 0);

@@ -10,27 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::ListContainersOptionsBuilder;
 use stockade_docker::DockerTier;
 use stockade_docker::pool::{DockerPool, PoolConfig};
-use stockade_docker::spec::{DEFAULT_IMAGE, LABEL_RUN};
+use stockade_docker::spec::DEFAULT_IMAGE;
 use stockade_protocol::{Limits, Status};
 
-use crate::docker::{ENGINE, leftover_volumes, leftovers, rt, sh, tier};
-
-/// Containers whose run id names process `pid` (run ids embed the creating pid), right now.
-fn containers_of(pid: u32) -> usize {
-    let mine = format!("-{pid:x}-");
-    rt().block_on(async {
-        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
-        let list = docker.list_containers(Some(opts)).await.unwrap();
-        list.iter()
-            .filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine)))
-            .count()
-    })
-}
+use crate::docker::{ENGINE, containers_named_for, containers_of, leftover_volumes, leftovers, rt, sh, tier};
 
 /// Not a guarantee's test: the supervisor `g4_a_killed_supervisor...` starts and SIGKILLs.
 /// Without `STOCKADE_FAULT_CHILD` it returns at once.
@@ -51,21 +36,12 @@ fn fault_child_supervisor() {
         // The pool's idle container, the one its run took, and the one-shot run's.
         let pid = std::process::id();
         let started = Instant::now();
-        while containers_running(pid).await < 3 && started.elapsed() < Duration::from_secs(60) {
+        while containers_named_for(pid, true).await < 3 && started.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        println!("ready {}", containers_running(pid).await);
+        println!("ready {}", containers_named_for(pid, true).await);
         tokio::time::sleep(Duration::from_secs(600)).await;
     });
-}
-
-async fn containers_running(pid: u32) -> usize {
-    let mine = format!("-{pid:x}-");
-    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN]), ("status", vec!["running"])]);
-    let opts = ListContainersOptionsBuilder::default().filters(&filters).build();
-    let list = docker.list_containers(Some(opts)).await.unwrap();
-    list.iter().filter(|c| c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine))).count()
 }
 
 #[test]
@@ -194,10 +170,10 @@ fn g5_an_engine_gone_mid_run_is_a_typed_error_and_its_container_is_removed_once_
         let t = through.clone();
         let run = tokio::spawn(async move { t.run(&job).await });
         let started = Instant::now();
-        while containers_running(pid).await == 0 && started.elapsed() < Duration::from_secs(30) {
+        while containers_named_for(pid, true).await == 0 && started.elapsed() < Duration::from_secs(30) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(containers_running(pid).await, 1, "the run's container never started");
+        assert_eq!(containers_named_for(pid, true).await, 1, "the run's container never started");
         proxy.cut();
         let cut_at = Instant::now();
         let result =
