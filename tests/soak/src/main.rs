@@ -114,6 +114,16 @@ fn exited0(r: &Report) -> bool {
     r.status == Status::Exited { code: 0 }
 }
 
+/// Run `n`'s computation exited 0 and printed the sum of 0..n % 1000.
+fn prints_sum(r: &Report, n: u64) -> bool {
+    exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()
+}
+
+/// A flood ended at its 64 KiB stdout budget, keeping at most that.
+fn flooded(r: &Report) -> bool {
+    r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
+}
+
 fn process_kinds(cgroups: bool) -> Vec<Kind> {
     let py = |code: &str| Job::command("/usr/bin/python3", ["-c", code]);
     let flood = Limits::new().with_stdout(64 << 10).and_then(|l| l.with_wall(Duration::from_secs(10)));
@@ -129,7 +139,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             name: "python",
             weight: 20,
             job: Box::new(move |n, _| Ok(py(&format!("print(sum(range({n} % 1000)))"))?)),
-            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expect: Box::new(|r, n, _| prints_sum(r, n)),
             expected: "exits 0 and prints the sum it was asked for",
         },
         Kind {
@@ -138,9 +148,7 @@ fn process_kinds(cgroups: bool) -> Vec<Kind> {
             job: Box::new(move |_, _| {
                 Ok(Job::command("/bin/sh", ["-c", "exec cat /dev/zero"])?.with_limits(flood.clone()?))
             }),
-            expect: Box::new(|r, _, _| {
-                r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
-            }),
+            expect: Box::new(|r, _, _| flooded(r)),
             expected: "output limit on stdout, at most 64 KiB kept",
         },
         Kind {
@@ -215,16 +223,14 @@ fn docker_kinds() -> Vec<Kind> {
                 let m = n % 1000;
                 Ok(sh(&format!("s=0; i=0; while [ $i -lt {m} ]; do s=$((s+i)); i=$((i+1)); done; echo $s"))?)
             }),
-            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expect: Box::new(|r, n, _| prints_sum(r, n)),
             expected: "exits 0 and prints the sum it was asked for",
         },
         Kind {
             name: "flood",
             weight: 10,
             job: Box::new(move |_, _| Ok(sh("exec cat /dev/zero")?.with_limits(Limits::new().with_stdout(64 << 10)?))),
-            expect: Box::new(|r, _, _| {
-                r.status == Status::OutputLimit { stream: Stream::Stdout } && r.stdout.bytes.len() <= 64 << 10
-            }),
+            expect: Box::new(|r, _, _| flooded(r)),
             expected: "output limit on stdout, at most 64 KiB kept",
         },
         Kind {
@@ -273,7 +279,7 @@ fn wasm_kinds() -> Result<Vec<Kind>> {
             job: Box::new(move |n, _| {
                 js(&format!("let s = 0; for (let i = 0; i < {}; i++) s += i; console.log(s)", n % 1000))
             }),
-            expect: Box::new(|r, n, _| exited0(r) && out(r) == format!("{}\n", (0..n % 1000).sum::<u64>()).as_bytes()),
+            expect: Box::new(|r, n, _| prints_sum(r, n)),
             expected: "exits 0 and prints the sum it was asked for",
         },
         Kind {
