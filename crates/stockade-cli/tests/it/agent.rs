@@ -47,6 +47,7 @@ fn agent(dir: &Scratch, url: &str, proxy: &str, extra: &[&str]) -> (i32, String,
     let mut args = vec!["agent", "--config", config.to_str().unwrap(), "--base-url", url];
     args.extend_from_slice(extra);
     args.push(PROMPT);
+    let _runs = crate::cli::shared();
     let o = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(&args)
         .env("STEWARD_RAVENS", dir.0.join("ravens.jsonl"))

@@ -2,7 +2,53 @@
 
 use std::process::{Command, Output};
 
+/// Every `stockade run` reaps the stale cgroups of dead supervisors when it starts, so a run
+/// of any test could collect the cgroups `g7_*` checks between doctor naming them and the
+/// host seeing them. Whatever starts `stockade` holds [`shared`] while it runs; `g7_*` holds
+/// [`exclusive`], so no other test's run overlaps it.
+static RUNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+thread_local! {
+    /// Whether this thread holds a guard of [`RUNS`] already: a second read of a lock a writer
+    /// waits for would deadlock, so a nested guard is a no-op.
+    static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A guard of [`RUNS`], shared or exclusive (or none if this thread holds one already).
+pub(crate) struct Runs {
+    _read: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    _write: Option<std::sync::RwLockWriteGuard<'static, ()>>,
+    held: bool,
+}
+
+impl Drop for Runs {
+    fn drop(&mut self) {
+        if self.held {
+            HELD.set(false);
+        }
+    }
+}
+
+/// Held while a test runs `stockade` (see [`RUNS`]).
+pub(crate) fn shared() -> Runs {
+    if HELD.get() {
+        return Runs { _read: None, _write: None, held: false };
+    }
+    let read = RUNS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    HELD.set(true);
+    Runs { _read: Some(read), _write: None, held: true }
+}
+
+/// Held by the one test that needs no other `stockade run` to overlap it (see [`RUNS`]).
+fn exclusive() -> Runs {
+    assert!(!HELD.get(), "exclusive() under another guard of this thread");
+    let write = RUNS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    HELD.set(true);
+    Runs { _read: None, _write: Some(write), held: true }
+}
+
 fn stockade(args: &[&str]) -> Output {
+    let _runs = shared();
     Command::new(env!("CARGO_BIN_EXE_stockade")).args(args).output().unwrap()
 }
 
@@ -270,6 +316,7 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     if !ready() {
         return;
     }
+    let _runs = exclusive();
     // Doctor also says where a run's broker listens, and what a socket in a workspace meets.
     let broker = doctor_row("grants broker");
     assert_eq!(broker["ok"], true, "{broker}");

@@ -213,6 +213,7 @@ fn run_model(url: &str, model: &str, rest: &[&str]) -> (i32, String, String) {
     let mut args =
         vec!["run", "--grant-model", "--base-url", url, "--model", model, "--api-key-env", "STOCKADE_TEST_REAL_KEY"];
     args.extend_from_slice(rest);
+    let _runs = crate::cli::shared();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(&args)
         .env("STOCKADE_TEST_REAL_KEY", REAL_KEY)

@@ -58,6 +58,7 @@ fn g8_the_official_python_client_drives_stockade_mcp() {
     .unwrap();
     let marker = marker();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_client.py");
+    let _runs = crate::cli::shared();
     let mut client = Command::new(&python)
         .arg(script)
         .arg(STOCKADE)
@@ -145,10 +146,12 @@ fn g8_the_official_python_client_drives_stockade_mcp() {
 struct Raw {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
+    _runs: crate::cli::Runs,
 }
 
 impl Raw {
     fn start(args: &[&str]) -> Self {
+        let runs = crate::cli::shared();
         let mut child = Command::new(STOCKADE)
             .arg("mcp")
             .args(args)
@@ -158,7 +161,7 @@ impl Raw {
             .spawn()
             .unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
-        Self { child, out }
+        Self { child, out, _runs: runs }
     }
 
     fn send(&mut self, line: &[u8]) {

@@ -10,6 +10,7 @@ use crate::cli::{check, ready};
 /// `stockade run ARGS` with `input` piped to its stdin (written from a thread, so a large
 /// input streams while the output is read).
 fn piped(args: &[&str], input: Vec<u8>) -> (i32, Vec<u8>, String) {
+    let _runs = crate::cli::shared();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(args)
         .stdin(Stdio::piped())
@@ -73,6 +74,7 @@ fn g5_a_program_that_ignores_stdin_ends_even_if_the_pipe_stays_open() {
     // `sleep 30 | stockade run -- true`: the pipe is never closed while stockade runs.
     let mut feeder = Command::new("sleep").arg("30").stdout(Stdio::piped()).spawn().unwrap();
     let t0 = std::time::Instant::now();
+    let _runs = crate::cli::shared();
     let o = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["run", "--", "true"])
         .stdin(feeder.stdout.take().unwrap())
@@ -111,6 +113,7 @@ fn g5_stderr_arrives_while_the_program_still_runs() {
     if !ready() {
         return;
     }
+    let _runs = crate::cli::shared();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["run", "--timeout", "20s", "--", "sh", "-c", "echo early >&2; sleep 3; echo late >&2"])
         .stdin(Stdio::null())
