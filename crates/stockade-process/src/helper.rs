@@ -149,10 +149,12 @@ pub(crate) fn run(spec: Spec) -> i32 {
         }
         Ok(process::Fork::Parent(pid)) => {
             drop(keep_r);
-            drop(rep);
             drop(ws_tree);
             let code = match process::wait(pid) {
-                Ok(e) => e.code.unwrap_or(128 + e.signal.unwrap_or(0)),
+                Ok(e) => {
+                    rep.send(&Msg::Ended);
+                    e.code.unwrap_or(128 + e.signal.unwrap_or(0))
+                }
                 Err(_) => 125,
             };
             drop(keep_w);

@@ -154,7 +154,11 @@
 //!     pool leaves no process, cgroup or mount (a replacement still being built when the last
 //!     clone goes is killed by the pool's thread as soon as its build ends); a SIGKILLed
 //!     owner's sandboxes die with it and their cgroups are stale until the next run removes
-//!     them.
+//!     them. A pooled run's report comes once its helper has reaped the run's init, when the
+//!     kernel has killed and reaped every other process of the run's pid namespace; the
+//!     helper (killed then, with nothing left to do but exit) and the run's cgroup go right
+//!     after, in the background of the caller's runtime, or at once if that runtime shuts
+//!     down first.
 //!     (pinned by: tests/it/pool.rs::g15_*)
 //!
 //! # Non-guarantees

@@ -99,4 +99,8 @@ pub(crate) enum Msg {
     Listening { fd: i32 },
     /// The guest ended.
     Exit { code: Option<i32>, signal: Option<i32>, cpu_us: u64, max_rss: u64 },
+    /// The helper reaped the run's init, so no process of the run's pid namespace is left
+    /// (the kernel reaps them all before pid 1 can be reaped). The helper's last line: what is
+    /// left of the run is the helper itself and the namespaces its exit tears down.
+    Ended,
 }

@@ -131,7 +131,7 @@ pub(crate) async fn run(
         Some(l) => Some((child.pidfd().map_err(|e| LaunchError::Internal(format!("duplicating a pidfd: {e}")))?, l)),
         None => None,
     };
-    let status_task = tokio::spawn(read_messages(status, take));
+    let mut status_task = tokio::spawn(read_messages(status, take));
     let bytes = job.stdin().to_vec();
     let (mut out, mut err): (Reader, Reader) = match (master, stdout, stderr) {
         (Some(master), _, _) => {
@@ -174,9 +174,19 @@ pub(crate) async fn run(
     tokio::pin!(deadline);
     let mut out_done = None;
     let mut err_done = None;
+    let mut msgs = None;
     let end = loop {
         tokio::select! {
             _ = child.wait() => break End::Exited,
+            // A pooled run ends when the helper has reaped init (every process of the run is
+            // gone); the helper's own exit, which tears down the namespaces, and the cgroup's
+            // removal follow in the background (see `Msg::Ended`).
+            r = &mut status_task, if pool.is_some() && msgs.is_none() => {
+                let r: Vec<Msg> = r.unwrap_or_default();
+                let ended = r.iter().any(|m| matches!(m, Msg::Ended));
+                msgs = Some(r);
+                if ended { break End::Exited; }
+            }
             () = &mut deadline => break End::Deadline,
             r = &mut out_task, if out_done.is_none() => {
                 let r = r.map_err(|e| LaunchError::Internal(e.to_string()))?;
@@ -198,7 +208,10 @@ pub(crate) async fn run(
             cg.kill_all();
         }
     }
-    child.wait().await;
+    let ended = msgs.as_ref().is_some_and(|m| m.iter().any(|m| matches!(m, Msg::Ended)));
+    if !ended {
+        child.wait().await;
+    }
     let wall = start.elapsed();
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
@@ -213,14 +226,27 @@ pub(crate) async fn run(
         End::Exited if stderr.truncated => End::Output(Stream::Stderr),
         other => other,
     };
-    let msgs = status_task.await.unwrap_or_default();
+    let msgs = match msgs {
+        Some(m) => m,
+        None => status_task.await.unwrap_or_default(),
+    };
     let usage = cgroup.get().map(Cgroup::usage);
     let cgroup_detail = cgroup.get().map(|cg| cg.detail(limits.memory_bytes(), processes));
     if pool.is_some() {
-        // Every process of the run is gone; on cgroup v1 the removal can wait behind the
-        // cgroup lock that a replacement sandbox's join holds through an RCU grace period, so
-        // it happens on a blocking thread instead of delaying the report.
-        tokio::task::spawn_blocking(move || drop(cgroup));
+        // Every process of the run is gone. What is left goes in the background: the helper
+        // (killed, since it has nothing left to do but exit; so even a line that only
+        // claimed the end would end the run's tree here) and then the cgroup, whose removal
+        // on cgroup v1 can wait behind the cgroup lock that a replacement sandbox's join
+        // holds through an RCU grace period. A runtime that shuts down first drops the task,
+        // and with it kills and reaps the helper and removes the cgroup at once.
+        tokio::spawn(async move {
+            if ended {
+                child.kill();
+                child.wait().await;
+            }
+            drop(child);
+            let _ = tokio::task::spawn_blocking(move || drop(cgroup)).await;
+        });
     } else if let Some(cg) = cgroup.get() {
         cg.remove();
     }
@@ -262,7 +288,7 @@ pub(crate) async fn run(
                 failure.get_or_insert((stage, unsupported, message));
             }
             Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
-            Msg::Listening { .. } => {}
+            Msg::Listening { .. } | Msg::Ended => {}
         }
     }
     if !swept.is_empty() {
@@ -356,7 +382,11 @@ async fn read_messages(
                     {
                         hand_over(&pidfd, fd, loopback);
                     }
+                    let ended = matches!(msg, Msg::Ended);
                     out.push(msg);
+                    if ended {
+                        break;
+                    }
                 }
             }
         }

@@ -140,6 +140,33 @@ fn g15_each_sandbox_serves_exactly_one_run() {
 }
 
 #[test]
+fn g15_a_pooled_run_returns_when_no_process_of_it_is_left_and_the_rest_follows() {
+    if !available("g15_a_pooled_run_returns_when_no_process_of_it_is_left_and_the_rest_follows") {
+        return;
+    }
+    let _only_us = exclusive();
+    let (procs, cgroups) = (descendants(), own_cgroups());
+    let tier = pooled(1);
+    // A daemon in a session of its own, still running when the guest's shell exits: the
+    // report comes only once the kernel has killed and reaped it with the run's init.
+    let marker = "1207.4343";
+    let want = format!("sleep\0{marker}\0");
+    let r = block_on(async {
+        let r = tier.run(&sh(&format!("setsid sleep {marker} </dev/null >/dev/null 2>&1 & echo started"))).await;
+        // Judged before this runtime (which holds the background end of the run) is gone.
+        let left = stockade_test_support::host_pids(|c| c == want.as_bytes());
+        assert!(left.is_empty(), "the run's daemon outlived its report: {left:?}");
+        r
+    })
+    .unwrap();
+    assert_eq!((r.status.clone(), stdout(&r)), (Status::Exited { code: 0 }, "started\n".to_owned()), "{r:#?}");
+    drop(tier);
+    // The helper's exit and the cgroup's removal, which followed the report, are done too.
+    eventually("the run's helper is reaped, and the sandboxes' processes", || descendants() == procs);
+    eventually("and the cgroups removed", || own_cgroups() == cgroups);
+}
+
+#[test]
 fn g15_a_dropped_pool_leaves_no_process_cgroup_or_mount() {
     if !available("g15_a_dropped_pool_leaves_no_process_cgroup_or_mount") {
         return;
