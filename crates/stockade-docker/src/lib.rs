@@ -421,14 +421,32 @@ impl DockerTier {
         let expires = unix_now() + job.limits().wall().as_secs() + ORPHAN_GRACE.as_secs();
         let body = netns::holder_body(&id, expires, self.hardening.uid, self.hardening.gid);
         let name = format!("stockade-{id}-netns");
-        let holder = self
-            .docker
-            .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
-            .await
-            .map_err(engine)?
-            .id;
+        // The engine, loaded, sometimes fails to start a fresh holder ("cannot start a stopped
+        // process", seen twice in CI over thousands of runs): the holder runs no guest code,
+        // so a new one is made, twice at most, before the run fails with the engine's error.
+        let mut attempt = 0;
+        let holder = loop {
+            let holder = self
+                .docker
+                .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body.clone())
+                .await
+                .map_err(engine)?
+                .id;
+            match self.docker.start_container(&holder, None).await {
+                Err(e) if attempt < 2 && e.to_string().contains("cannot start a stopped process") => {
+                    attempt += 1;
+                    if !self.remove(&holder).await {
+                        return Err(DockerError::Engine(format!("container {holder} could not be removed")));
+                    }
+                }
+                Err(e) => {
+                    let _ = self.remove(&holder).await;
+                    return Err(engine(e));
+                }
+                Ok(()) => break holder,
+            }
+        };
         let joined = async {
-            self.docker.start_container(&holder, None).await.map_err(engine)?;
             let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
             let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
             let pid = pid.ok_or_else(|| DockerError::Engine("the network holder has no pid".into()))?;
