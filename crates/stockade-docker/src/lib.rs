@@ -425,7 +425,7 @@ impl DockerTier {
         // process", seen twice in CI over thousands of runs): the holder runs no guest code,
         // so a new one is made, twice at most, before the run fails with the engine's error.
         let mut attempt = 0;
-        let holder = loop {
+        let (holder, started) = loop {
             let holder = self
                 .docker
                 .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body.clone())
@@ -439,14 +439,11 @@ impl DockerTier {
                         return Err(DockerError::Engine(format!("container {holder} could not be removed")));
                     }
                 }
-                Err(e) => {
-                    let _ = self.remove(&holder).await;
-                    return Err(engine(e));
-                }
-                Ok(()) => break holder,
+                started => break (holder, started.map_err(engine)),
             }
         };
         let joined = async {
+            started?;
             let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
             let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
             let pid = pid.ok_or_else(|| DockerError::Engine("the network holder has no pid".into()))?;

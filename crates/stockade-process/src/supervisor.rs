@@ -175,6 +175,7 @@ pub(crate) async fn run(
     let mut out_done = None;
     let mut err_done = None;
     let mut msgs = None;
+    let mut ended = false;
     let end = loop {
         tokio::select! {
             _ = child.wait() => break End::Exited,
@@ -183,7 +184,7 @@ pub(crate) async fn run(
             // removal follow in the background (see `Msg::Ended`).
             r = &mut status_task, if pool.is_some() && msgs.is_none() => {
                 let r: Vec<Msg> = r.unwrap_or_default();
-                let ended = r.iter().any(|m| matches!(m, Msg::Ended));
+                ended = r.iter().any(|m| matches!(m, Msg::Ended));
                 msgs = Some(r);
                 if ended { break End::Exited; }
             }
@@ -208,7 +209,6 @@ pub(crate) async fn run(
             cg.kill_all();
         }
     }
-    let ended = msgs.as_ref().is_some_and(|m| m.iter().any(|m| matches!(m, Msg::Ended)));
     if !ended {
         child.wait().await;
     }

@@ -16,14 +16,13 @@ thread_local! {
 
 /// A guard of [`RUNS`], shared or exclusive (or none if this thread holds one already).
 pub(crate) struct Runs {
-    _read: Option<std::sync::RwLockReadGuard<'static, ()>>,
-    _write: Option<std::sync::RwLockWriteGuard<'static, ()>>,
-    held: bool,
+    read: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    write: Option<std::sync::RwLockWriteGuard<'static, ()>>,
 }
 
 impl Drop for Runs {
     fn drop(&mut self) {
-        if self.held {
+        if self.read.is_some() || self.write.is_some() {
             HELD.set(false);
         }
     }
@@ -32,11 +31,11 @@ impl Drop for Runs {
 /// Held while a test runs `stockade` (see [`RUNS`]).
 pub(crate) fn shared() -> Runs {
     if HELD.get() {
-        return Runs { _read: None, _write: None, held: false };
+        return Runs { read: None, write: None };
     }
     let read = RUNS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     HELD.set(true);
-    Runs { _read: Some(read), _write: None, held: true }
+    Runs { read: Some(read), write: None }
 }
 
 /// Held by the one test that needs no other `stockade run` to overlap it (see [`RUNS`]).
@@ -44,7 +43,7 @@ fn exclusive() -> Runs {
     assert!(!HELD.get(), "exclusive() under another guard of this thread");
     let write = RUNS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     HELD.set(true);
-    Runs { _read: None, _write: Some(write), held: true }
+    Runs { read: None, write: Some(write) }
 }
 
 fn stockade(args: &[&str]) -> Output {
