@@ -83,9 +83,10 @@ fn parents(v2_dir: Option<&Path>) -> Vec<PathBuf> {
 pub(crate) fn stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for parent in parents(v2_dir) {
+        // The name first, and the type from the directory entry: a cgroup directory holds
+        // dozens of control files, and a stat of each was most of this scan's cost.
         for e in fs::read_dir(&parent).into_iter().flatten().flatten() {
-            let name = e.file_name();
-            if e.path().is_dir() && name.to_str().is_some_and(owner_gone) {
+            if e.file_name().to_str().is_some_and(owner_gone) && e.file_type().is_ok_and(|t| t.is_dir()) {
                 out.push(e.path());
             }
         }
