@@ -172,7 +172,7 @@ fn g3_configuration_errors_name_the_place_and_exit_125() {
 /// anyone but an ally. Prints how many deliveries were read (utility).
 #[test]
 fn g3_real_model_steward_run_is_policed_end_to_end() {
-    let Some(url) = crate::cli::llm_url() else { return };
+    let Some((url, _model)) = crate::cli::llm_url() else { return };
     if !ready() {
         return;
     }

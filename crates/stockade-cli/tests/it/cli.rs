@@ -76,8 +76,12 @@ pub(crate) fn tier_ready(tier: &str, ready: impl Fn(&serde_json::Value) -> bool)
 
 /// The real local model's base URL (`cargo xtask llm --test` starts one and sets
 /// `STOCKADE_LLM_URL`). Prints SKIPPED without one, or fails the test when
-/// `STOCKADE_REQUIRE_LLM` is set.
-pub(crate) fn llm_url() -> Option<String> {
+/// `STOCKADE_REQUIRE_LLM` is set. With the URL comes the model's lock: the local server
+/// answers one request at a time, so two tests sharing it would each wait for the other's
+/// generation inside their own request timeouts (CI13's `g4_real_model_*` timed out so,
+/// queued behind `g3_real_model_*` on a loaded machine).
+pub(crate) fn llm_url() -> Option<(String, std::sync::MutexGuard<'static, ()>)> {
+    static MODEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let url = std::env::var_os("STOCKADE_LLM_URL").and_then(|u| u.into_string().ok());
     if url.is_none() {
         assert!(
@@ -86,7 +90,7 @@ pub(crate) fn llm_url() -> Option<String> {
         );
         eprintln!("SKIPPED real_model: no local model (cargo xtask llm --test runs this test against one)");
     }
-    url
+    url.map(|u| (u, MODEL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)))
 }
 
 pub(crate) fn ready() -> bool {

@@ -464,7 +464,7 @@ fn g4_the_openai_sdk_inside_the_sandbox_reaches_the_model_grant_unconfigured() {
 /// server, whole and streamed.
 #[test]
 fn g4_real_model_reached_by_the_openai_sdk_inside_the_sandbox() {
-    let Some(url) = crate::cli::llm_url() else { return };
+    let Some((url, _model)) = crate::cli::llm_url() else { return };
     let Some(sdk) = openai_sdk() else { return };
     if !ready() {
         return;
