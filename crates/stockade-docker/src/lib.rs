@@ -41,7 +41,10 @@
 //!     (pinned by: src/spec_tests.rs::g2_*, tests/it/docker.rs::g2_*)
 //! G3. A run is create, attach, start, bounded fail-fast capture, SIGKILL at the deadline
 //!     or on an output breach (after dropping the attach stream), wait for not-running,
-//!     inspect (out of memory, exit code) and a forced removal with retries, on every path
+//!     inspect (out of memory, exit code; for a SIGKILL that neither the deadline nor a
+//!     budget sent, also the engine's `oom` event, which can reach the engine after the
+//!     exit, so `OOMKilled` alone missed 4 of 196 memory bombs in the soak) and a forced
+//!     removal with retries, on every path
 //!     out, so no container outlives its run; a run whose future is dropped mid-run (a
 //!     caller's timeout, a cancellation) force-removes its container at once, from a task
 //!     on the caller's runtime; a removal the engine cannot take (it went away) is retried
@@ -157,7 +160,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, EventsOptionsBuilder, KillContainerOptionsBuilder,
     ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
@@ -582,12 +585,12 @@ impl DockerTier {
         if let Err(e) = self.docker.start_container(id, None).await {
             return Ok(Report::new(Status::failed_to_start(e.to_string()), Duration::ZERO));
         }
-        let start = Instant::now();
+        let (start, started_unix) = (Instant::now(), unix_now());
         let (sink, timed_out) = self.drive(id, input, output, stdin, limits, start).await;
         let code = self.wait_not_running(id).await;
         let wall = start.elapsed();
         // An out-of-memory kill never exits 0, so a clean exit needs no inspect.
-        let (oom, code) = match code {
+        let (mut oom, code) = match code {
             Some(0) if !timed_out && sink.breach.is_none() => (false, 0),
             _ => {
                 let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
@@ -595,7 +598,28 @@ impl DockerTier {
                 (oom, code.or_else(|| state.and_then(|s| s.exit_code)).unwrap_or(-1))
             }
         };
+        // The engine sets `OOMKilled` only if the runtime's OOM event reached it before the
+        // exit did, which under load it sometimes does not (the soak saw 4 of 196 memory bombs
+        // end as SIGKILL with `OOMKilled` false). The container's cgroup is gone with it, so
+        // for a SIGKILL that the deadline or a budget did not send, the engine's `oom` event
+        // decides.
+        if !oom && !timed_out && sink.breach.is_none() && code == 128 + 9 {
+            oom = self.oom_event_since(id, started_unix).await;
+        }
         Ok(sink.report(timed_out, oom, code, wall))
+    }
+
+    /// Whether the engine reported an out-of-memory kill in container `id` since
+    /// `since_unix` (its event can trail the process's exit, by more under load, so the
+    /// query runs to two seconds past now).
+    pub(crate) async fn oom_event_since(&self, id: &str, since_unix: u64) -> bool {
+        let filters = HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
+        let (since, until) = (since_unix.saturating_sub(1).to_string(), (unix_now() + 2).to_string());
+        let opts = EventsOptionsBuilder::default().since(&since).until(&until).filters(&filters).build();
+        let mut events = self.docker.events(Some(opts));
+        // The first event is the answer; the stream ends empty at `until` without one.
+        let first = tokio::time::timeout(Duration::from_secs(4), events.next()).await;
+        matches!(first, Ok(Some(Ok(_))))
     }
 
     /// Feeds `stdin` to a started process of `container` and captures its output fail-fast

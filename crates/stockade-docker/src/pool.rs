@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, EventsOptionsBuilder,
-    UploadToContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use stockade_protocol::{Access, Enforced, Job, JobKind, Limits, Mechanism, Report, Status};
@@ -353,23 +352,10 @@ impl DockerPool {
             let pid = state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0);
             oom = match pid.and_then(host_oom_kills) {
                 Some(kills) => kills > 0,
-                None => self.oom_event_since(id, started_unix).await,
+                None => self.tier.oom_event_since(id, started_unix).await,
             };
         }
         Ok(sink.report(timed_out, oom, code.unwrap_or(-1), wall))
-    }
-
-    /// Whether the engine reported an out-of-memory kill in container `id` since
-    /// `since_unix` (its event can trail the exec's exit, by more under load, so the query
-    /// runs to two seconds past now).
-    async fn oom_event_since(&self, id: &str, since_unix: u64) -> bool {
-        let filters = std::collections::HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
-        let (since, until) = (since_unix.saturating_sub(1).to_string(), (crate::unix_now() + 2).to_string());
-        let opts = EventsOptionsBuilder::default().since(&since).until(&until).filters(&filters).build();
-        let mut events = self.tier.docker.events(Some(opts));
-        // The first event is the answer; the stream ends empty at `until` without one.
-        let first = tokio::time::timeout(Duration::from_secs(4), events.next()).await;
-        matches!(first, Ok(Some(Ok(_))))
     }
 }
 
