@@ -42,7 +42,7 @@ commands:
                      for SECS (default 60; --smoke: 5), corpus kept under the target dir;
                      prints each target's executions, coverage and corpus size; --write
                      records them in docs/reliability.md
-  soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N] [--docker-runs N]
+  soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N] [--docker-runs N]
        [--concurrency C] [--seed S] [--release] [--write]
                      sustained load on every tier: a seeded mix of jobs, every outcome
                      checked, descriptors, processes, cgroups, mounts, temp entries, and
@@ -388,16 +388,16 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
-/// `cargo xtask soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// `cargo xtask soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
 /// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
 /// report into docs/reliability.md between the soak markers.
 fn soak(args: &[String]) -> Result<()> {
     run(&mut guests_command())?;
     let tiers: Vec<&str> = args.windows(2).filter(|w| w[0] == "--tier").map(|w| w[1].as_str()).collect();
-    if tiers.is_empty() || tiers.iter().any(|t| *t == "all" || *t == "docker-pool") {
-        // The docker pool's image; without an engine the soak says so itself.
+    if tiers.is_empty() || tiers.iter().any(|t| *t == "all" || t.starts_with("docker")) {
+        // The docker tiers' image; without an engine the soak says so itself.
         if let Err(e) = images::run(&target_dir()) {
-            eprintln!("soak: the docker image could not be built ({e:#}); the docker-pool tier will say why");
+            eprintln!("soak: the docker image could not be built ({e:#}); the docker tiers will say why");
         }
     }
     // CI's short form uses the debug build its tests already compiled; the long form, release.

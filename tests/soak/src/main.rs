@@ -1,8 +1,9 @@
 //! `stockade-soak`: sustained load on the process, wasm and docker tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|process-pool|wasm|docker-pool|all] [--runs N]
-//! [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]`
+//! Usage: `stockade-soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N]
+//! [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]` (`docker` is one-shot
+//! runs, a container each; `--docker-runs` sets the run count of both docker tiers)
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
 //! computation whose output is checked, an output flood, a sleep past the deadline, a memory
@@ -71,7 +72,7 @@ fn parse() -> Result<Args> {
     }
     a.defaulted = a.tiers.is_empty();
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into(), "docker-pool".into()];
+        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into(), "docker".into(), "docker-pool".into()];
     }
     if a.concurrency == 0 || a.runs == 0 {
         bail!("--runs and --concurrency must be at least 1");
@@ -203,16 +204,20 @@ fn host_has(ws: &Path, n: u64) -> bool {
 /// The docker tier's image (`cargo xtask images`).
 const DOCKER_IMAGE: &str = "stockade-busybox:local";
 
-/// The docker pool's mix: every container is created with the pool's limits (64 MiB, 64
-/// processes), so the memory bomb is judged against those; the workspace is staged into
-/// the container's volume and copied back.
-fn docker_kinds() -> Vec<Kind> {
+/// The docker tier's mix. A pool's containers are created with the pool's limits (64 MiB, 64
+/// processes); a one-shot run (`one_shot`) carries the same limits in its job, so the memory
+/// bomb is judged against the same 64 MiB either way. The workspace is staged into the
+/// container's volume and copied back.
+fn docker_kinds(one_shot: bool) -> Vec<Kind> {
     let sh = |code: &str| Job::image(DOCKER_IMAGE, ["sh", "-c", code]);
+    let lim = move |l: Limits| -> Result<Limits> {
+        Ok(if one_shot { l.with_memory(64 << 20)?.with_processes(64)? } else { l })
+    };
     vec![
         Kind {
             name: "true",
             weight: 30,
-            job: Box::new(|_, _| Ok(Job::image(DOCKER_IMAGE, ["true"])?)),
+            job: Box::new(move |_, _| Ok(Job::image(DOCKER_IMAGE, ["true"])?.with_limits(lim(Limits::new())?))),
             expect: Box::new(|r, _, _| exited0(r)),
             expected: "exits 0",
         },
@@ -221,7 +226,8 @@ fn docker_kinds() -> Vec<Kind> {
             weight: 20,
             job: Box::new(move |n, _| {
                 let m = n % 1000;
-                Ok(sh(&format!("s=0; i=0; while [ $i -lt {m} ]; do s=$((s+i)); i=$((i+1)); done; echo $s"))?)
+                Ok(sh(&format!("s=0; i=0; while [ $i -lt {m} ]; do s=$((s+i)); i=$((i+1)); done; echo $s"))?
+                    .with_limits(lim(Limits::new())?))
             }),
             expect: Box::new(|r, n, _| prints_sum(r, n)),
             expected: "exits 0 and prints the sum it was asked for",
@@ -229,14 +235,16 @@ fn docker_kinds() -> Vec<Kind> {
         Kind {
             name: "flood",
             weight: 10,
-            job: Box::new(move |_, _| Ok(sh("exec cat /dev/zero")?.with_limits(Limits::new().with_stdout(64 << 10)?))),
+            job: Box::new(move |_, _| {
+                Ok(sh("exec cat /dev/zero")?.with_limits(lim(Limits::new().with_stdout(64 << 10)?)?))
+            }),
             expect: Box::new(|r, _, _| flooded(r)),
             expected: "output limit on stdout, at most 64 KiB kept",
         },
         Kind {
             name: "sleep",
             weight: 10,
-            job: Box::new(|_, _| Ok(Job::image(DOCKER_IMAGE, ["sleep", "30"])?.with_limits(limits(500)?))),
+            job: Box::new(move |_, _| Ok(Job::image(DOCKER_IMAGE, ["sleep", "30"])?.with_limits(lim(limits(500)?)?))),
             expect: Box::new(|r, _, _| r.status == Status::TimedOut),
             expected: "timed out at 500 ms",
         },
@@ -244,20 +252,31 @@ fn docker_kinds() -> Vec<Kind> {
             name: "memory",
             weight: 10,
             job: Box::new(move |_, _| {
-                Ok(sh("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")?.with_limits(limits(20_000)?))
+                Ok(sh("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")?.with_limits(lim(limits(20_000)?)?))
             }),
             expect: Box::new(|r, _, _| r.status == Status::OutOfMemory),
-            expected: "out of memory at the pool's 64 MiB",
+            expected: "out of memory at 64 MiB",
         },
         Kind {
             name: "workspace",
             weight: 20,
-            job: Box::new(|n, ws| {
+            job: Box::new(move |n, ws| {
+                if one_shot {
+                    // A one-shot run bind-mounts the directory, and the container runs as the
+                    // tier's default user (65534), which must be able to write there, as with
+                    // `docker run --user`; a pool stages the directory into a volume it owns.
+                    std::os::unix::fs::chown(ws, Some(65534), Some(65534))?;
+                }
                 Ok(Job::image(DOCKER_IMAGE, ["sh", "-c", "echo \"$0\" > out && cat out", &n.to_string()])?
-                    .with_workspace(ws, Access::ReadWrite)?)
+                    .with_workspace(ws, Access::ReadWrite)?
+                    .with_limits(lim(Limits::new())?))
             }),
             expect: Box::new(|r, n, ws| exited0(r) && out(r) == format!("{n}\n").as_bytes() && host_has(ws, n)),
-            expected: "writes its run number into its staged workspace; the host reads it after the copy back",
+            expected: if one_shot {
+                "writes its run number into its bind-mounted workspace; the host reads it after the run"
+            } else {
+                "writes its run number into its staged workspace; the host reads it after the copy back"
+            },
         },
     ]
 }
@@ -402,7 +421,8 @@ fn rss_kib() -> u64 {
 enum Runner {
     Process(ProcessTier),
     Wasm(WasmTier),
-    Docker(DockerPool),
+    Docker(DockerTier),
+    DockerPool(DockerPool),
 }
 
 impl Runner {
@@ -410,7 +430,8 @@ impl Runner {
         Ok(match self {
             Self::Process(t) => t.run(job).await?,
             Self::Wasm(t) => t.run(job).await?,
-            Self::Docker(p) => p.run(job).await?,
+            Self::Docker(t) => t.run(job).await?,
+            Self::DockerPool(p) => p.run(job).await?,
         })
     }
 }
@@ -436,7 +457,7 @@ struct Outcome {
 async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path) -> Result<Outcome> {
     // A pool's waiting sandboxes are resources too: for `process-pool` the count before is
     // taken before the tier exists, and the one after once it is dropped.
-    let docker = tier == "docker-pool";
+    let docker = tier == "docker" || tier == "docker-pool";
     // Connecting reaps what a killed supervisor left on the engine, so it comes first.
     let engine = if docker {
         Some(DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?)
@@ -455,6 +476,13 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
         }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
+        "docker" => {
+            let engine = engine.context("connected above")?;
+            if !engine.has_image(DOCKER_IMAGE).await {
+                bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
+            }
+            (Runner::Docker(engine), docker_kinds(true))
+        }
         "docker-pool" => {
             let engine = engine.context("connected above")?;
             if !engine.has_image(DOCKER_IMAGE).await {
@@ -463,9 +491,11 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             let mut config = PoolConfig::new(4, DOCKER_IMAGE).with_workspace(Access::ReadWrite);
             config.limits = Limits::new().with_memory(64 << 20)?.with_processes(64)?;
             config.workspace_bytes = 4 << 20;
-            (Runner::Docker(DockerPool::new(engine, config).await?), docker_kinds())
+            (Runner::DockerPool(DockerPool::new(engine, config).await?), docker_kinds(false))
         }
-        other => bail!("tier {other:?} is not soaked by this program (process, process-pool, wasm or docker-pool)"),
+        other => {
+            bail!("tier {other:?} is not soaked by this program (process, process-pool, wasm, docker or docker-pool)")
+        }
     };
     let total: u64 = kinds.iter().map(|k| k.weight).sum();
     let pick = |n: u64| {
@@ -489,7 +519,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         let _ = runner.run(&(k.job)(n, &ws)?).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pooled = tier == "process-pool" || docker;
+    let pooled = tier == "process-pool" || tier == "docker-pool";
     let before = if pooled { before_tier } else { resources(server, docker) };
     let runs = if docker { args.docker_runs.unwrap_or(args.runs) } else { args.runs };
     let rss_start = rss_kib();
@@ -541,7 +571,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     // Other tiers live on to the end, as they did when the count before was taken (the
     // wasm tier holds its cache directory open).
     let runner = if pooled {
-        if let Runner::Docker(pool) = &*runner {
+        if let Runner::DockerPool(pool) = &*runner {
             pool.shutdown().await;
         }
         drop(runner);
@@ -657,12 +687,12 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
     let mut doc = String::new();
     let mut ok = true;
     for tier in &args.tiers {
-        if tier == "docker-pool"
+        if (tier == "docker" || tier == "docker-pool")
             && args.defaulted
             && std::env::var_os("STOCKADE_REQUIRE_ALL").is_none()
             && let Err(e) = DockerTier::connect().await
         {
-            println!("**docker-pool**: SKIPPED: no docker engine answers ({e}); `--tier docker-pool` requires it.\n");
+            println!("**{tier}**: SKIPPED: no docker engine answers ({e}); `--tier {tier}` requires it.\n");
             continue;
         }
         let outcome = soak_tier(tier, &args, server, &scratch).await;
