@@ -204,15 +204,19 @@ fn host_has(ws: &Path, n: u64) -> bool {
 /// The docker tier's image (`cargo xtask images`).
 const DOCKER_IMAGE: &str = "stockade-busybox:local";
 
-/// The docker tier's mix. A pool's containers are created with the pool's limits (64 MiB, 64
-/// processes); a one-shot run (`one_shot`) carries the same limits in its job, so the memory
-/// bomb is judged against the same 64 MiB either way. The workspace is staged into the
-/// container's volume and copied back.
+/// The docker tiers' memory and process limits, added to `l`: a pool's containers are
+/// created with them, and a one-shot run's job carries them.
+fn docker_limits(l: Limits) -> Result<Limits> {
+    Ok(l.with_memory(64 << 20)?.with_processes(64)?)
+}
+
+/// The docker tiers' mix. A pool's containers carry [`docker_limits`]; a one-shot run
+/// (`one_shot`) carries them in its job, so the memory bomb is judged against the same
+/// 64 MiB either way. The pool stages the workspace into the container's volume and copies
+/// it back; a one-shot run bind-mounts it.
 fn docker_kinds(one_shot: bool) -> Vec<Kind> {
     let sh = |code: &str| Job::image(DOCKER_IMAGE, ["sh", "-c", code]);
-    let lim = move |l: Limits| -> Result<Limits> {
-        Ok(if one_shot { l.with_memory(64 << 20)?.with_processes(64)? } else { l })
-    };
+    let lim = move |l: Limits| if one_shot { docker_limits(l) } else { Ok(l) };
     vec![
         Kind {
             name: "true",
@@ -460,7 +464,11 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     let docker = tier == "docker" || tier == "docker-pool";
     // Connecting reaps what a killed supervisor left on the engine, so it comes first.
     let engine = if docker {
-        Some(DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?)
+        let engine = DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?;
+        if !engine.has_image(DOCKER_IMAGE).await {
+            bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
+        }
+        Some(engine)
     } else {
         None
     };
@@ -476,20 +484,11 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
         }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
-        "docker" => {
-            let engine = engine.context("connected above")?;
-            if !engine.has_image(DOCKER_IMAGE).await {
-                bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
-            }
-            (Runner::Docker(engine), docker_kinds(true))
-        }
+        "docker" => (Runner::Docker(engine.context("connected above")?), docker_kinds(true)),
         "docker-pool" => {
             let engine = engine.context("connected above")?;
-            if !engine.has_image(DOCKER_IMAGE).await {
-                bail!("the engine has no {DOCKER_IMAGE} (cargo xtask images)");
-            }
             let mut config = PoolConfig::new(4, DOCKER_IMAGE).with_workspace(Access::ReadWrite);
-            config.limits = Limits::new().with_memory(64 << 20)?.with_processes(64)?;
+            config.limits = docker_limits(Limits::new())?;
             config.workspace_bytes = 4 << 20;
             (Runner::DockerPool(DockerPool::new(engine, config).await?), docker_kinds(false))
         }
