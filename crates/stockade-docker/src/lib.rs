@@ -34,7 +34,8 @@
 //!     mode `none`), a read-only root, every capability dropped and no-new-privileges, a
 //!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile`, `core`
 //!     and `cpu` (the job's CPU time per process) ulimits, a `/tmp` tmpfs with noexec, nosuid, nodev and a size, log driver
-//!     `none`, an init process, never privileged, and labels for reaping. The engine is
+//!     `none`, an init process, never privileged, an `oom_score_adj` of 1000 (a host short of
+//!     memory loses the container's processes first), and labels for reaping. The engine is
 //!     never asked to pull. [`DockerTier::runtime`] selects another OCI runtime, such as
 //!     `runsc` (gVisor), only if the engine has it registered, and fails closed otherwise;
 //!     under gVisor the pids limit also leaves room for the sandbox kernel's host threads.
@@ -746,6 +747,10 @@ pub(crate) fn enforcement(job: &Job, hardening: &Hardening) -> Vec<Enforced> {
                 l.open_files(),
                 l.cpu().as_secs_f64().ceil()
             ),
+        ),
+        Enforced::new(
+            Mechanism::OomScore,
+            format!("oom_score_adj {}: the host's first out-of-memory victims", spec::OOM_SCORE_ADJ),
         ),
         Enforced::new(Mechanism::Deadline, format!("{} ms, SIGKILL to the container", l.wall().as_millis())),
         Enforced::new(

@@ -459,6 +459,11 @@ pub fn socket_cover_bind(rel: &str) -> String {
 /// What every container of the tier gets, a guest's or [`crate::netns`]'s holder: no
 /// network, a read-only root, no capabilities, no-new-privileges and [`SECCOMP_PROFILE`],
 /// unprivileged, no logs kept, never auto-removed (the tier removes it).
+/// The `oom_score_adj` of every container: the kernel's maximum, so that a host short of
+/// memory loses a container's processes before the supervisor, the engine or any other host
+/// process.
+pub const OOM_SCORE_ADJ: i64 = 1000;
+
 pub(crate) fn hardened_host() -> HostConfig {
     HostConfig {
         network_mode: Some("none".into()),
@@ -468,6 +473,8 @@ pub(crate) fn hardened_host() -> HostConfig {
         privileged: Some(false),
         log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
         auto_remove: Some(false),
+        // The container's processes are the host's first out-of-memory victims.
+        oom_score_adj: Some(OOM_SCORE_ADJ),
         ..Default::default()
     }
 }

@@ -92,6 +92,7 @@ fn g2_hardening_defaults_hold_for_any_job() {
     assert_eq!(opts.len(), 2);
     assert_eq!(h.privileged, Some(false));
     assert_eq!(h.auto_remove, Some(false));
+    assert_eq!(h.oom_score_adj, Some(1000));
     assert_eq!(h.memory, h.memory_swap);
     assert_eq!(h.log_config.as_ref().and_then(|l| l.typ.as_deref()), Some("none"));
     assert!(h.tmpfs.as_ref().unwrap()["/tmp"].contains("noexec"));

@@ -29,6 +29,11 @@ use crate::sys::{caps, fs as sysfs, mount, process, tty};
 /// The uid the guest runs as when stockade itself runs as root: `nobody`.
 pub const NOBODY: u32 = 65534;
 
+/// Every process of a run has this `oom_score_adj`, the kernel's maximum: under memory
+/// pressure the out-of-memory killer picks among them first, so the guest dies and the
+/// supervisor, its other runs and the rest of the host go on.
+const OOM_SCORE_ADJ: i32 = 1000;
+
 /// Runs the helper if this process was started as one, and never returns in that case.
 /// Otherwise returns at once. Binaries that use [`crate::Helper::current_exe`] call this
 /// first thing in `main`.
@@ -71,6 +76,20 @@ pub(crate) fn run(spec: Spec) -> i32 {
     let Ok(status) = sysfs::adopt(spec.status_fd) else { return 125 };
     let _ = sysfs::set_cloexec(spec.status_fd);
     let mut rep = Reporter(status);
+    // First, so that init and the guest inherit it (G16): a host short of memory loses this
+    // run's processes before the supervisor or any other process. Raising one's own score
+    // needs no privilege; it fails only where `/proc` is missing or read-only.
+    match fs::write("/proc/self/oom_score_adj", OOM_SCORE_ADJ.to_string()) {
+        Ok(()) => rep.enforced(
+            Mechanism::OomScore,
+            format!("oom_score_adj {OOM_SCORE_ADJ}: the kernel's first out-of-memory victims, before any host process"),
+        ),
+        Err(e) if spec.hard => {
+            let unsupported = matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ReadOnlyFilesystem);
+            return rep.fail("oom_score_adj", unsupported, format!("writing /proc/self/oom_score_adj: {e}"));
+        }
+        Err(e) => rep.send(&Msg::Missing { mechanism: "oom_score_adj".into(), reason: e.to_string() }),
+    }
     for procs in &spec.cgroup_procs {
         if let Err(e) = fs::write(procs, std::process::id().to_string()) {
             return rep.fail("cgroup", false, format!("joining {}: {e}", procs.display()));

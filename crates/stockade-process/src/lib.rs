@@ -160,6 +160,16 @@
 //!     after, in the background of the caller's runtime, or at once if that runtime shuts
 //!     down first.
 //!     (pinned by: tests/it/pool.rs::g15_*)
+//! G16. Every process of a run (helper, init, the guest and whatever it starts) has
+//!     `oom_score_adj` 1000, the kernel's maximum, set by the helper before anything else, so
+//!     pooled sandboxes have it too: when the host, or a memory cgroup that holds the
+//!     supervisor, runs out of memory, the kernel's out-of-memory killer takes a run's
+//!     largest process before the supervisor or any process whose score was not raised, even
+//!     one many times larger. Such a run ends `OutOfMemory` (the kill is counted in the run's
+//!     own memory cgroup) or, without a cgroup, killed by signal 9; the supervisor and its
+//!     other runs go on, and the next run works. Where `/proc/self/oom_score_adj` cannot be
+//!     written the run fails closed naming it (best effort: reported missing).
+//!     (pinned by: tests/it/limits.rs::g16_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's

@@ -151,6 +151,10 @@ pub enum Mechanism {
     /// A grants broker: the guest reaches its granted data and functions only through
     /// policed calls, with no credential inside.
     GrantsBroker,
+    /// The run's processes are the kernel's first out-of-memory victims (`oom_score_adj`
+    /// 1000): a host short of memory loses the guest, never the supervisor or another host
+    /// process.
+    OomScore,
 }
 
 /// One mechanism that was active during a run, with a free-form detail (e.g. `abi 7`).

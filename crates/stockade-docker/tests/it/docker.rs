@@ -122,6 +122,7 @@ fn g2_every_default_takes_effect_inside() {
         chmod 4755 /tmp/f 2>/dev/null && echo "setuid allowed" || echo "setuid refused"
         chmod 755 /tmp/f && echo "chmod allowed"
         unshare -U true 2>/dev/null && echo "unshare allowed" || echo "unshare refused"
+        echo "oom_score_adj $(cat /proc/self/oom_score_adj)"
     "#;
     let job = sh(script).with_limits(Limits::new().with_processes(32).unwrap().with_open_files(128).unwrap());
     let report = run(&tier, &job);
@@ -135,6 +136,8 @@ fn g2_every_default_takes_effect_inside() {
     assert!(out.contains("NoNewPrivs: 1"), "{out}");
     assert!(out.contains("root read-only") && out.contains("tmp writable") && out.contains("tmp noexec"), "{out}");
     assert!(out.contains("nofile 128") && out.contains("pids 32"), "{out}");
+    assert!(out.contains("oom_score_adj 1000"), "{out}");
+    assert!(report.enforced(Mechanism::OomScore), "{:?}", report.enforcement);
     // The process tier's seccomp policy: a set-id mode and namespace creation refused, an
     // ordinary chmod allowed; `Seccomp: 2` is a filter in force.
     assert!(out.contains("Seccomp: 2"), "{out}");

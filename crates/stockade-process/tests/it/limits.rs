@@ -1,4 +1,4 @@
-//! Limits and lifecycle: G6, G7, G8.
+//! Limits and lifecycle: G6, G7, G8, G16.
 
 use std::time::{Duration, Instant};
 
@@ -379,6 +379,110 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
     // EAGAIN, the guest's own failed fork, or LaunchError::Exhausted; never another error
     // (a missing mechanism, a misconfiguration).
     assert_eq!(ran + refused, 12, "an outcome of another kind: {out}");
+    assert!(out.contains("after Exited { code: 0 } after"), "{out}");
+}
+
+/// Bytes each guest of the memory fault holds; the supervisor holds more than twice as much.
+const FAULT_GUEST_BYTES: u64 = 40 << 20;
+
+#[test]
+fn fault_child_memory_exhaustion() {
+    if std::env::var_os("STOCKADE_FAULT_MEMORY").is_none() {
+        return;
+    }
+    // The supervisor's own heap, every page touched: larger than any run, so without G16 the
+    // kernel's OOM killer would pick this process.
+    let ballast = vec![1u8; 96 << 20];
+    let outcomes = block_on(async {
+        let tier = tier();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..6 {
+            let t = tier.clone();
+            let code = format!("import time\nb = b'x' * {FAULT_GUEST_BYTES}\ntime.sleep(2)\nprint(len(b))");
+            set.spawn(async move { t.run(&with_wall(py(&code), Duration::from_secs(30))).await });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = set.join_next().await {
+            out.push(r.unwrap());
+        }
+        out
+    });
+    for o in &outcomes {
+        match o {
+            Ok(r) if r.status == Status::Exited { code: 0 } && stdout(r) == format!("{FAULT_GUEST_BYTES}\n") => {
+                println!("outcome ran");
+            }
+            Ok(r) if r.status == Status::OutOfMemory => println!("outcome oom"),
+            Ok(r) => println!("outcome other: {:?} {}", r.status, stderr(r).trim()),
+            Err(e) => println!("outcome error: {e}"),
+        }
+    }
+    let adj = outcomes.iter().flatten().filter(|r| r.enforced(Mechanism::OomScore)).count();
+    println!("oom_score reported by {adj}");
+    // The storm is over: the next run has the memory it needs again.
+    let after = run(sh("echo after"));
+    println!("after {:?} {}", after.status, stdout(&after).trim());
+    println!("ballast intact {}", ballast.iter().all(|b| *b == 1));
+}
+
+#[test]
+fn g16_when_the_host_runs_out_of_memory_the_kernel_kills_guests_not_the_supervisor() {
+    require!("g16_when_the_host_runs_out_of_memory");
+    // The "host" is a memory cgroup of its own (v1 or v2) holding a supervisor with a 96 MiB
+    // heap and its runs: 224 MiB, room for the supervisor and two of its six guests of
+    // 40 MiB at once; the machine's own memory is never touched.
+    let me = std::process::id();
+    let (dir, limit) = match std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers") {
+        Ok(c) if c.contains("memory") => {
+            (std::path::PathBuf::from(format!("/sys/fs/cgroup/stockade-fault-mem-{me}")), "memory.max")
+        }
+        _ => (
+            std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/stockade-fault-mem-{me}")),
+            "memory.limit_in_bytes",
+        ),
+    };
+    let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join(limit), (224u64 << 20).to_string()));
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir(&dir);
+        if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
+            panic!("a memory cgroup for the fault ({}): {e}", dir.display());
+        }
+        eprintln!("SKIPPED g16_when_the_host_runs_out_of_memory: cannot make {}: {e}", dir.display());
+        return;
+    }
+    // Swap must not relieve the pressure (each file exists only with swap accounting).
+    let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), (224u64 << 20).to_string());
+    let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+    let child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", dir.display()))
+        .arg(std::env::current_exe().unwrap())
+        .args(["limits::fault_child_memory_exhaustion", "--exact", "--nocapture", "--test-threads=1"])
+        .env("STOCKADE_FAULT_MEMORY", "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout).into_owned();
+    let err = String::from_utf8_lossy(&child.stderr).into_owned();
+    let failcnt = std::fs::read_to_string(dir.join("memory.failcnt")).unwrap_or_default();
+    let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+    // Every process of the child, the runs' included, is gone: the cgroup can be removed.
+    let removed = std::fs::remove_dir(&dir);
+    // The supervisor, the largest process in the cgroup, was not the OOM killer's victim.
+    assert!(child.status.success(), "the supervisor failed: {}\n{out}\n{err}", child.status);
+    assert!(out.contains("ballast intact true"), "{out}");
+    assert!(removed.is_ok(), "processes or cgroups left in the fault's cgroup: {removed:?}");
+    let outcomes: Vec<&str> = out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect();
+    assert_eq!(outcomes.len(), 6, "{out}");
+    let ran = outcomes.iter().filter(|o| **o == "ran").count();
+    let oom = outcomes.iter().filter(|o| **o == "oom").count();
+    assert!(
+        oom > 0,
+        "the host's limit was never reached, so nothing was tested (failcnt {failcnt}, events {events}): {out}"
+    );
+    assert!(ran > 0, "no run went on while others ran out of memory: {out}");
+    // Every run either ran or is reported out of memory, never another error.
+    assert_eq!(ran + oom, 6, "an outcome of another kind: {out}");
+    assert!(out.contains("oom_score reported by 6"), "{out}");
     assert!(out.contains("after Exited { code: 0 } after"), "{out}");
 }
 
