@@ -19,6 +19,8 @@ pub(crate) struct Cgroup {
     kind: Kind,
     memory: PathBuf,
     pids: PathBuf,
+    /// The memory and process limits it was created with.
+    created: (u64, u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +104,7 @@ pub(crate) fn reap_stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     stale(v2_dir)
         .into_iter()
         .filter(|dir| {
-            let cg = Cgroup { kind, memory: dir.clone(), pids: dir.clone() };
+            let cg = Cgroup { kind, memory: dir.clone(), pids: dir.clone(), created: (0, 0) };
             cg.remove();
             !dir.exists()
         })
@@ -120,7 +122,7 @@ impl Cgroup {
         if let Some(base) = v2_dir {
             let dir = base.join(&name);
             fs::create_dir(&dir).ok()?;
-            let cg = Self { kind: Kind::V2, memory: dir.clone(), pids: dir };
+            let cg = Self { kind: Kind::V2, memory: dir.clone(), pids: dir, created: (memory_bytes, processes) };
             let ok = fs::write(cg.memory.join("memory.max"), memory_bytes.to_string()).is_ok()
                 && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
             // Swap must not extend the limit; the file exists only with swap accounting.
@@ -139,7 +141,7 @@ impl Cgroup {
             let _ = fs::remove_dir(&memory);
             return None;
         }
-        let cg = Self { kind: Kind::V1, memory, pids };
+        let cg = Self { kind: Kind::V1, memory, pids, created: (memory_bytes, processes) };
         let ok = fs::write(cg.memory.join("memory.limit_in_bytes"), memory_bytes.to_string()).is_ok()
             && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
         // Swap must not extend the limit; the file exists only with swap accounting.
@@ -152,25 +154,32 @@ impl Cgroup {
         }
     }
 
-    /// Sets the limits of a cgroup created ahead of its run (a pre-built sandbox's), and on v1
-    /// resets the peak usage, so the report's peak is the run's. The swap limit follows the
-    /// memory limit; on v1 the kernel requires memory <= memory+swap at every step, so the
-    /// order depends on the direction.
+    /// Sets the limits of a cgroup created ahead of its run (a pre-built sandbox's), where they
+    /// differ from those it was created with, and on v1 resets the peak usage, so the report's
+    /// peak is the run's. The swap limit follows the memory limit; on v1 the kernel requires
+    /// memory <= memory+swap at every step, so the order depends on the direction.
     pub(crate) fn set_limits(&self, memory_bytes: u64, processes: u64) -> std::io::Result<()> {
         let memory = memory_bytes.to_string();
+        let (created_memory, created_processes) = self.created;
         match self.kind {
-            Kind::V2 => fs::write(self.memory.join("memory.max"), &memory)?,
+            Kind::V2 if memory_bytes != created_memory => fs::write(self.memory.join("memory.max"), &memory)?,
+            Kind::V2 => {}
             Kind::V1 => {
-                let limit = self.memory.join("memory.limit_in_bytes");
-                let swap = self.memory.join("memory.memsw.limit_in_bytes");
-                if fs::write(&limit, &memory).is_err() {
-                    // Raising: memory+swap first.
+                if memory_bytes != created_memory {
+                    let limit = self.memory.join("memory.limit_in_bytes");
+                    let swap = self.memory.join("memory.memsw.limit_in_bytes");
+                    if fs::write(&limit, &memory).is_err() {
+                        // Raising: memory+swap first.
+                        let _ = fs::write(&swap, &memory);
+                        fs::write(&limit, &memory)?;
+                    }
                     let _ = fs::write(&swap, &memory);
-                    fs::write(&limit, &memory)?;
                 }
-                let _ = fs::write(&swap, &memory);
                 let _ = fs::write(self.memory.join("memory.max_usage_in_bytes"), "0");
             }
+        }
+        if processes == created_processes {
+            return Ok(());
         }
         fs::write(self.pids.join("pids.max"), processes.to_string())
     }

@@ -169,6 +169,7 @@ pub(crate) fn run(spec: Spec) -> i32 {
         Ok(process::Fork::Parent(pid)) => {
             drop(keep_r);
             drop(ws_tree);
+            release_stdio(&spec);
             let code = match process::wait(pid) {
                 Ok(e) => {
                     rep.send(&Msg::Ended);
@@ -179,6 +180,24 @@ pub(crate) fn run(spec: Spec) -> i32 {
             drop(keep_w);
             code
         }
+    }
+}
+
+/// Lets go of the guest's stdin, stdout and stderr, which this process (the helper, or init)
+/// holds as descriptors 0–2 only to hand them down: `/dev/null` takes their place. Then the
+/// guest's side is the only one left, so the supervisor reads the end of the guest's output
+/// as soon as the guest and what it started close it (not when the helper exits, which a
+/// pooled run's report no longer waits for), and a stdin writer meets `EPIPE` as soon as
+/// they stop reading. A terminal is left as it is: it is not pooled, and the supervisor reads
+/// its master until the last slave closes. If `/dev/null` cannot be opened, nothing changes
+/// but that timing.
+fn release_stdio(spec: &Spec) {
+    if spec.tty {
+        return;
+    }
+    let Ok(null) = fs::OpenOptions::new().read(true).write(true).open("/dev/null") else { return };
+    for fd in 0..=2 {
+        let _ = sysfs::dup_onto(null.as_raw_fd(), fd);
     }
 }
 
@@ -269,6 +288,7 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
         Ok(process::Fork::Child) => process::exit_now(guest(spec, rep)),
         Ok(process::Fork::Parent(pid)) => pid,
     };
+    release_stdio(spec);
     loop {
         match process::wait(-1) {
             Ok(e) if e.pid == guest => {

@@ -72,7 +72,10 @@
 //!     anything outside the run.
 //!     (pinned by: tests/it/confinement.rs::g4_*)
 //! G5. The environment is exactly the job's allowlist, stdin is the job's bytes or empty, and
-//!     no descriptor but 0–2 reaches the guest.
+//!     no descriptor but 0–2 reaches the guest. Outside a terminal, the guest's stdin, stdout
+//!     and stderr pipes are held in the run by the guest's processes alone (the helper and
+//!     init hand them down and keep `/dev/null` in their place), so the output ends, and a
+//!     stdin writer meets `EPIPE`, as soon as the guest's processes close them.
 //!     (pinned by: tests/it/confinement.rs::g5_*)
 //! G6. At the deadline, on an output-budget breach, or when the supervisor dies, every process
 //!     of the run dies, including `setsid` daemons; the report says which limit ended it. The

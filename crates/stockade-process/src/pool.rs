@@ -201,7 +201,7 @@ impl Pool {
     /// a supervisor that forks itself (single-threaded, no fork server), inline, since a
     /// thread would end its single-threadedness.
     pub(crate) fn refill_later(&self, tier: &ProcessTier, key: Key) {
-        if matches!(tier.helper, launch::Mode::Fork(_)) && crate::forkserver::running().is_none() {
+        if self.builds_inline(tier) {
             self.refill(tier, &key);
             return;
         }
@@ -221,6 +221,12 @@ impl Pool {
         // The request must not keep the pool alive.
         owner.pool = None;
         let _ = tx.send((owner, key));
+    }
+
+    /// Whether [`refill_later`](Self::refill_later) builds in line, on the caller's thread:
+    /// for a supervisor that forks itself (single-threaded, no fork server).
+    pub(crate) fn builds_inline(&self, tier: &ProcessTier) -> bool {
+        matches!(tier.helper, launch::Mode::Fork(_)) && crate::forkserver::running().is_none()
     }
 
     pub(crate) fn size(&self) -> usize {

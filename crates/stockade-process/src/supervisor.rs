@@ -15,6 +15,12 @@ use crate::{LaunchError, Loopback, ProcessTier, launch};
 /// How long output may keep draining after the run's processes are gone: 2 s.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
+/// When a pooled run's replacement is asked for, if the run has not ended by then: 20 ms
+/// after its job was handed over. A short run's replacement is asked for when it ends, so
+/// building it (namespaces, view, confinement: a few milliseconds of CPU) does not compete
+/// with the run for this machine's cores; a long run does not leave its pool short for long.
+const REFILL_AFTER: Duration = Duration::from_millis(20);
+
 enum End {
     Exited,
     Deadline,
@@ -79,6 +85,7 @@ pub(crate) async fn run(
     // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
     let pool = tier.pool.as_ref().filter(|_| grants_dir.is_none() && loopback.is_none() && !tier.tty);
     let start;
+    let mut refill = Refill { pool: None, tier, key: None };
     let (launched, master, cgroup) = if let Some(pool) = pool {
         let crate::pool::Prebuilt { started, job: job_pipe, cgroup, .. } = pool.take(tier, &view)?;
         if let Some(cg) = cgroup.get() {
@@ -102,8 +109,11 @@ pub(crate) async fn run(
         // A sandbox whose setup failed has closed its end: its report says why.
         let _ = job_pipe.write_all(&message).await;
         drop(job_pipe);
-        // Its replacement is built now, while this run goes on.
-        pool.refill_later(tier, view.workspace.clone());
+        refill = Refill { pool: Some(pool), tier, key: view.workspace.clone() };
+        if pool.builds_inline(tier) {
+            // A single-threaded supervisor builds it in line: now, while the guest runs.
+            refill.now();
+        }
         (launched, None, cgroup)
     } else {
         let cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
@@ -172,6 +182,8 @@ pub(crate) async fn run(
 
     let deadline = tokio::time::sleep(limits.wall());
     tokio::pin!(deadline);
+    let refill_at = tokio::time::sleep(REFILL_AFTER);
+    tokio::pin!(refill_at);
     let mut out_done = None;
     let mut err_done = None;
     let mut msgs = None;
@@ -189,6 +201,7 @@ pub(crate) async fn run(
                 if ended { break End::Exited; }
             }
             () = &mut deadline => break End::Deadline,
+            () = &mut refill_at, if refill.pending() => refill.now(),
             r = &mut out_task, if out_done.is_none() => {
                 let r = r.map_err(|e| LaunchError::Internal(e.to_string()))?;
                 let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
@@ -213,6 +226,7 @@ pub(crate) async fn run(
         child.wait().await;
     }
     let wall = start.elapsed();
+    refill.now();
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
     // A capture drops its pipe the moment its budget is crossed, and the guest may die of
@@ -328,6 +342,32 @@ pub(crate) async fn run(
         (End::Exited, _) => Status::failed_to_start("the sandbox ended before reporting the guest's exit"),
     };
     Ok(report)
+}
+
+/// A pooled run's replacement, asked for once: when the run ends, at [`REFILL_AFTER`] if it
+/// goes on, or when the run returns early.
+struct Refill<'a> {
+    pool: Option<&'a crate::pool::Pool>,
+    tier: &'a ProcessTier,
+    key: crate::pool::Key,
+}
+
+impl Refill<'_> {
+    fn pending(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    fn now(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.refill_later(self.tier, std::mem::take(&mut self.key));
+        }
+    }
+}
+
+impl Drop for Refill<'_> {
+    fn drop(&mut self) {
+        self.now();
+    }
 }
 
 async fn finish(

@@ -359,6 +359,56 @@ fn g5_a_guest_that_stops_reading_stdin_or_closes_its_stdout_is_a_normal_outcome(
     }
 }
 
+/// The host's view of `pid`: its parent and what each of its descriptors 0–2 points to.
+fn parent_and_stdio(pid: u32) -> (u32, Vec<String>) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ppid = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let fds = (0..=2)
+        .map(|fd| {
+            std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                .map_or_else(|e| format!("({e})"), |l| l.display().to_string())
+        })
+        .collect();
+    (ppid, fds)
+}
+
+#[test]
+fn g5_the_guests_stdio_pipes_are_held_by_the_guest_alone() {
+    require!("g5_the_guests_stdio_pipes_are_held_by_the_guest_alone");
+    for (name, tier) in [("one-shot", tier()), ("pooled", tier().pool(1))] {
+        let marker = format!("stdio-holders-{name}-{}", std::process::id());
+        let job = sh(&format!("echo started; sleep 3; : {marker}")).with_stdin(b"x".to_vec()).unwrap();
+        let run = std::thread::spawn(move || block_on(tier.run(&job)).unwrap());
+        // The guest, found by the host in /proc, then its parents: init, then the helper.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let guest = loop {
+            let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&cmd).contains(&marker).then_some(pid)
+            });
+            if let Some(pid) = found {
+                break pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "{name}: the guest never showed up");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let (init, pipes) = parent_and_stdio(guest);
+        assert!(pipes.iter().all(|p| p.starts_with("pipe:")), "{name}: the guest's stdio: {pipes:?}");
+        let (helper, init_fds) = parent_and_stdio(init);
+        let (_, helper_fds) = parent_and_stdio(helper);
+        for (who, fds) in [("init", &init_fds), ("helper", &helper_fds)] {
+            assert!(fds.iter().all(|f| f == "/dev/null"), "{name}: {who} holds {fds:?} (the guest's: {pipes:?})");
+        }
+        let r = run.join().unwrap();
+        assert_eq!(
+            (r.status.clone(), stdout(&r)),
+            (Status::Exited { code: 0 }, "started\n".to_owned()),
+            "{name}: {r:#?}"
+        );
+    }
+}
+
 #[test]
 fn g5_environment_is_exactly_the_allowlist() {
     require!("g5_environment_is_exactly_the_allowlist");
