@@ -12,9 +12,10 @@
 //! was built; the supervisor keeps its ends, so the job's stdin (or a streamed one) is
 //! written, or closed at once, exactly as for a one-shot run.
 //!
-//! Each sandbox serves exactly one run: the pool hands it out once and starts its
-//! replacement at once, in the background of the run (the replacement builds itself in its
-//! own processes while the run goes on). A sandbox left in the pool when the pool is dropped
+//! Each sandbox serves exactly one run: the pool hands it out once, and its replacement is
+//! built in the background when the run ends, or 20 ms after its job was handed over if the
+//! run is still going (so that building it does not compete with a short run's guest for
+//! the cores; the replacement builds itself in its own processes). A sandbox left in the pool when the pool is dropped
 //! is killed (its helper takes init and the guest with it) and reaped, and its cgroup
 //! removed; when the owning process is SIGKILLed, parent-death signals end the sandboxes'
 //! processes, their mounts end with their mount namespaces, and their cgroups, named after
