@@ -456,14 +456,14 @@ pub fn socket_cover_bind(rel: &str) -> String {
     format!("/dev/null:{WORKSPACE}/{rel}:ro")
 }
 
-/// What every container of the tier gets, a guest's or [`crate::netns`]'s holder: no
-/// network, a read-only root, no capabilities, no-new-privileges and [`SECCOMP_PROFILE`],
-/// unprivileged, no logs kept, never auto-removed (the tier removes it).
 /// The `oom_score_adj` of every container: the kernel's maximum, so that a host short of
 /// memory loses a container's processes before the supervisor, the engine or any other host
 /// process.
 pub const OOM_SCORE_ADJ: i64 = 1000;
 
+/// What every container of the tier gets, a guest's or [`crate::netns`]'s holder: no
+/// network, a read-only root, no capabilities, no-new-privileges and [`SECCOMP_PROFILE`],
+/// unprivileged, [`OOM_SCORE_ADJ`], no logs kept, never auto-removed (the tier removes it).
 pub(crate) fn hardened_host() -> HostConfig {
     HostConfig {
         network_mode: Some("none".into()),

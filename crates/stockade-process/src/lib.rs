@@ -164,7 +164,7 @@
 //!     down first.
 //!     (pinned by: tests/it/pool.rs::g15_*)
 //! G16. Every process of a run (helper, init, the guest and whatever it starts) has
-//!     `oom_score_adj` 1000, the kernel's maximum, set by the helper before anything else, so
+//!     `oom_score_adj` 1000, the kernel's maximum, set by the helper as its first step, so
 //!     pooled sandboxes have it too: when the host, or a memory cgroup that holds the
 //!     supervisor, runs out of memory, the kernel's out-of-memory killer takes a run's
 //!     largest process before the supervisor or any process whose score was not raised, even

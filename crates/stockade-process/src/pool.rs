@@ -15,9 +15,9 @@
 //! Each sandbox serves exactly one run: the pool hands it out once, and its replacement is
 //! built in the background when the run ends, or 20 ms after its job was handed over if the
 //! run is still going (so that building it does not compete with a short run's guest for
-//! the cores; the replacement builds itself in its own processes). A sandbox left in the pool when the pool is dropped
-//! is killed (its helper takes init and the guest with it) and reaped, and its cgroup
-//! removed; when the owning process is SIGKILLed, parent-death signals end the sandboxes'
+//! the cores; the replacement builds itself in its own processes). A sandbox left in the
+//! pool when the pool is dropped is killed (its helper takes init and the guest with it)
+//! and reaped, and its cgroup removed; when the owning process is SIGKILLed, parent-death signals end the sandboxes'
 //! processes, their mounts end with their mount namespaces, and their cgroups, named after
 //! the owner's pid and start time, are removed by the next run of any supervisor
 //! (`reap_stale_cgroups`, `stockade gc`).
