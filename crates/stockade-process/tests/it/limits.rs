@@ -291,6 +291,62 @@ fn g7_without_cgroups_memory_is_limited_by_rlimit_and_reported_so() {
 
 /// Not a guarantee's test: the supervisor that `g7_when_the_host_runs_out_of_processes...`
 /// starts inside a small pids cgroup. Without `STOCKADE_FAULT_PIDS` it returns at once.
+/// A cgroup of its own for a fault's child supervisor, the fault's "host": at the v2 root if
+/// `controller` is enabled there, else in its v1 hierarchy, with `value` written to its limit
+/// file (`limit`: the v2 name, the v1 name). The machine's own limits are never touched.
+/// `None`, after saying SKIPPED (or failing under `STOCKADE_REQUIRE_ALL`), where it cannot
+/// be made.
+fn fault_cgroup(test: &str, controller: &str, limit: (&str, &str), value: u64) -> Option<std::path::PathBuf> {
+    let me = std::process::id();
+    let (dir, file) = match std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers") {
+        Ok(c) if c.split_whitespace().any(|x| x == controller) => {
+            (std::path::PathBuf::from(format!("/sys/fs/cgroup/stockade-fault-{controller}-{me}")), limit.0)
+        }
+        _ => (std::path::PathBuf::from(format!("/sys/fs/cgroup/{controller}/stockade-fault-{me}")), limit.1),
+    };
+    let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join(file), value.to_string()));
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir(&dir);
+        if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
+            panic!("a {controller} cgroup for the fault ({}): {e}", dir.display());
+        }
+        eprintln!("SKIPPED {test}: cannot make {}: {e}", dir.display());
+        return None;
+    }
+    Some(dir)
+}
+
+/// Runs this test binary's `limits::CHILD` test as a supervisor inside the cgroup `dir`
+/// (with `env` set, so that the child does its part), reads the cgroup's `stats` files, then
+/// removes the cgroup, which works only once every process of the child, the runs' included,
+/// is gone. Checks that the supervisor exited 0 and that the removal worked; returns the
+/// child's stdout and the stats.
+fn fault_child(dir: &std::path::Path, child: &str, env: &str, stats: &[&str]) -> (String, String) {
+    let child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", dir.display()))
+        .arg(std::env::current_exe().unwrap())
+        .args([&format!("limits::{child}"), "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout).into_owned();
+    let err = String::from_utf8_lossy(&child.stderr).into_owned();
+    let stats: Vec<String> = stats
+        .iter()
+        .map(|f| format!("{f}: {}", std::fs::read_to_string(dir.join(f)).unwrap_or_default().trim()))
+        .collect();
+    let removed = std::fs::remove_dir(dir);
+    assert!(child.status.success(), "the supervisor failed: {}\n{out}\n{err}", child.status);
+    assert!(removed.is_ok(), "processes or cgroups left in the fault's cgroup: {removed:?}");
+    (out, stats.join("; "))
+}
+
+/// What a fault's child printed of each run: the word after `outcome `.
+fn outcomes(out: &str) -> Vec<&str> {
+    out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect()
+}
+
 #[test]
 fn fault_child_pids_exhaustion() {
     if std::env::var_os("STOCKADE_FAULT_PIDS").is_none() {
@@ -334,46 +390,16 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
     require!("g7_when_the_host_runs_out_of_processes");
     // The "host" is a supervisor in a pids cgroup of its own (v1 or v2), small enough that 12
     // concurrent runs cannot all start; the machine's own pid space is never touched.
-    let me = std::process::id();
-    let (dir, procs) = match std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers") {
-        Ok(c) if c.contains("pids") => {
-            (std::path::PathBuf::from(format!("/sys/fs/cgroup/stockade-fault-{me}")), "cgroup.procs")
-        }
-        _ => (std::path::PathBuf::from(format!("/sys/fs/cgroup/pids/stockade-fault-{me}")), "cgroup.procs"),
-    };
-    let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join("pids.max"), "40"));
-    if let Err(e) = made {
-        let _ = std::fs::remove_dir(&dir);
-        if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
-            panic!("a pids cgroup for the fault ({}): {e}", dir.display());
-        }
-        eprintln!("SKIPPED g7_when_the_host_runs_out_of_processes: cannot make {}: {e}", dir.display());
+    let Some(dir) = fault_cgroup("g7_when_the_host_runs_out_of_processes", "pids", ("pids.max", "pids.max"), 40) else {
         return;
-    }
-    let child = std::process::Command::new("/bin/sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {}/{procs} && exec \"$0\" \"$@\"", dir.display()))
-        .arg(std::env::current_exe().unwrap())
-        .args(["limits::fault_child_pids_exhaustion", "--exact", "--nocapture", "--test-threads=1"])
-        .env("STOCKADE_FAULT_PIDS", "1")
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&child.stdout).into_owned();
-    let err = String::from_utf8_lossy(&child.stderr).into_owned();
-    let events = std::fs::read_to_string(dir.join("pids.events")).unwrap_or_default();
-    let peak = std::fs::read_to_string(dir.join("pids.peak")).unwrap_or_default();
-    // Every process of the child, the runs' included, is gone: the cgroup can be removed.
-    let removed = std::fs::remove_dir(&dir);
-    assert!(child.status.success(), "the supervisor failed: {}\n{out}\n{err}", child.status);
-    assert!(removed.is_ok(), "processes or cgroups left in the fault's cgroup: {removed:?}");
-    let outcomes: Vec<&str> = out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect();
+    };
+    let (out, stats) =
+        fault_child(&dir, "fault_child_pids_exhaustion", "STOCKADE_FAULT_PIDS", &["pids.events", "pids.peak"]);
+    let outcomes = outcomes(&out);
     assert_eq!(outcomes.len(), 12, "{out}");
     let ran = outcomes.iter().filter(|o| **o == "ran").count();
     let refused = outcomes.iter().filter(|o| o.starts_with("refused") || **o == "guest-fork-failed").count();
-    assert!(
-        refused > 0,
-        "the limit was never reached, so nothing was tested (pids.events {events}, peak {peak}): {out}"
-    );
+    assert!(refused > 0, "the limit was never reached, so nothing was tested ({stats}): {out}");
     assert!(ran > 0, "no run went on while others could not start: {out}");
     // Every run that could not get its processes says so: a FailedToStart report naming
     // EAGAIN, the guest's own failed fork, or LaunchError::Exhausted; never another error
@@ -431,54 +457,29 @@ fn g16_when_the_host_runs_out_of_memory_the_kernel_kills_guests_not_the_supervis
     // The "host" is a memory cgroup of its own (v1 or v2) holding a supervisor with a 96 MiB
     // heap and its runs: 224 MiB, room for the supervisor and two of its six guests of
     // 40 MiB at once; the machine's own memory is never touched.
-    let me = std::process::id();
-    let (dir, limit) = match std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers") {
-        Ok(c) if c.contains("memory") => {
-            (std::path::PathBuf::from(format!("/sys/fs/cgroup/stockade-fault-mem-{me}")), "memory.max")
-        }
-        _ => (
-            std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/stockade-fault-mem-{me}")),
-            "memory.limit_in_bytes",
-        ),
-    };
-    let made = std::fs::create_dir(&dir).and_then(|()| std::fs::write(dir.join(limit), (224u64 << 20).to_string()));
-    if let Err(e) = made {
-        let _ = std::fs::remove_dir(&dir);
-        if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() {
-            panic!("a memory cgroup for the fault ({}): {e}", dir.display());
-        }
-        eprintln!("SKIPPED g16_when_the_host_runs_out_of_memory: cannot make {}: {e}", dir.display());
+    let limit = 224u64 << 20;
+    let Some(dir) =
+        fault_cgroup("g16_when_the_host_runs_out_of_memory", "memory", ("memory.max", "memory.limit_in_bytes"), limit)
+    else {
         return;
-    }
+    };
     // Swap must not relieve the pressure (each file exists only with swap accounting).
-    let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), (224u64 << 20).to_string());
+    let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
     let _ = std::fs::write(dir.join("memory.swap.max"), "0");
-    let child = std::process::Command::new("/bin/sh")
-        .arg("-c")
-        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", dir.display()))
-        .arg(std::env::current_exe().unwrap())
-        .args(["limits::fault_child_memory_exhaustion", "--exact", "--nocapture", "--test-threads=1"])
-        .env("STOCKADE_FAULT_MEMORY", "1")
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&child.stdout).into_owned();
-    let err = String::from_utf8_lossy(&child.stderr).into_owned();
-    let failcnt = std::fs::read_to_string(dir.join("memory.failcnt")).unwrap_or_default();
-    let events = std::fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
-    // Every process of the child, the runs' included, is gone: the cgroup can be removed.
-    let removed = std::fs::remove_dir(&dir);
-    // The supervisor, the largest process in the cgroup, was not the OOM killer's victim.
-    assert!(child.status.success(), "the supervisor failed: {}\n{out}\n{err}", child.status);
+    let (out, stats) = fault_child(
+        &dir,
+        "fault_child_memory_exhaustion",
+        "STOCKADE_FAULT_MEMORY",
+        &["memory.failcnt", "memory.events"],
+    );
+    // The supervisor, the largest process in the cgroup, was not the OOM killer's victim: it
+    // exited 0 (checked above) with its heap intact.
     assert!(out.contains("ballast intact true"), "{out}");
-    assert!(removed.is_ok(), "processes or cgroups left in the fault's cgroup: {removed:?}");
-    let outcomes: Vec<&str> = out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect();
+    let outcomes = outcomes(&out);
     assert_eq!(outcomes.len(), 6, "{out}");
     let ran = outcomes.iter().filter(|o| **o == "ran").count();
     let oom = outcomes.iter().filter(|o| **o == "oom").count();
-    assert!(
-        oom > 0,
-        "the host's limit was never reached, so nothing was tested (failcnt {failcnt}, events {events}): {out}"
-    );
+    assert!(oom > 0, "the host's limit was never reached, so nothing was tested ({stats}): {out}");
     assert!(ran > 0, "no run went on while others ran out of memory: {out}");
     // Every run either ran or is reported out of memory, never another error.
     assert_eq!(ran + oom, 6, "an outcome of another kind: {out}");
