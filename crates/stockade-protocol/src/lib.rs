@@ -43,7 +43,9 @@
 //!     refuses image, audio and file parts, audio output, provider-native and legacy function
 //!     tools.
 //!     (pinned by: tests/it/chat.rs::g6_*)
-//! G7. Encoding then decoding gives back the same value, for frames and every schema.
+//! G7. Encoding then decoding gives back the same value, for frames and every schema; a
+//!     number parses to the correctly rounded `f64`, so its text, written back, parses to the
+//!     same number.
 //!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*)
 //! G8. [`Limits`] has no unlimited value: every limit has a default and a ceiling, and a zero
 //!     or over-ceiling value is refused, in code and on the wire.
