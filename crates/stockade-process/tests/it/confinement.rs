@@ -382,12 +382,7 @@ fn g5_the_guests_stdio_pipes_are_held_by_the_guest_alone() {
         // The guest, found by the host in /proc, then its parents: init, then the helper.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let guest = loop {
-            let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
-                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                String::from_utf8_lossy(&cmd).contains(&marker).then_some(pid)
-            });
-            if let Some(pid) = found {
+            if let Some(&pid) = host_pids_with(&marker).first() {
                 break pid;
             }
             assert!(std::time::Instant::now() < deadline, "{name}: the guest never showed up");

@@ -6,21 +6,6 @@ use stockade_protocol::{Job, Limits, Mechanism, Status, Stream};
 
 use crate::support::*;
 
-/// Host pids whose command line contains `marker`, found by scanning `/proc` (the host's
-/// view, not the guest's word).
-fn host_pids_with(marker: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmd).contains(marker)
-        {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 fn gone_soon(marker: &str) -> bool {
     for _ in 0..50 {
         if host_pids_with(marker).is_empty() {
@@ -289,8 +274,6 @@ fn g7_without_cgroups_memory_is_limited_by_rlimit_and_reported_so() {
     assert!(stderr(&r).contains("MemoryError"));
 }
 
-/// Not a guarantee's test: the supervisor that `g7_when_the_host_runs_out_of_processes...`
-/// starts inside a small pids cgroup. Without `STOCKADE_FAULT_PIDS` it returns at once.
 /// A cgroup of its own for a fault's child supervisor, the fault's "host": at the v2 root if
 /// `controller` is enabled there, else in its v1 hierarchy, with `value` written to its limit
 /// file (`limit`: the v2 name, the v1 name). The machine's own limits are never touched.
@@ -347,6 +330,8 @@ fn outcomes(out: &str) -> Vec<&str> {
     out.lines().filter_map(|l| l.split_once("outcome ").map(|(_, o)| o)).collect()
 }
 
+/// Not a guarantee's test: the supervisor that `g7_when_the_host_runs_out_of_processes...`
+/// starts inside a small pids cgroup. Without `STOCKADE_FAULT_PIDS` it returns at once.
 #[test]
 fn fault_child_pids_exhaustion() {
     if std::env::var_os("STOCKADE_FAULT_PIDS").is_none() {
@@ -411,6 +396,8 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
 /// Bytes each guest of the memory fault holds; the supervisor holds more than twice as much.
 const FAULT_GUEST_BYTES: u64 = 40 << 20;
 
+/// Not a guarantee's test: the supervisor that `g16_when_the_host_runs_out_of_memory...`
+/// starts inside a small memory cgroup. Without `STOCKADE_FAULT_MEMORY` it returns at once.
 #[test]
 fn fault_child_memory_exhaustion() {
     if std::env::var_os("STOCKADE_FAULT_MEMORY").is_none() {
