@@ -58,9 +58,11 @@
 //!     supervisor's containers are never touched.
 //!     (pinned by: src/spec_tests.rs::g4_*, tests/it/docker.rs::g4_*, tests/it/faults.rs::g4_*)
 //! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run;
-//!     an engine that goes away mid-run (its socket cut) ends the run with
-//!     [`DockerError::Engine`] within seconds, never a report, and later runs fail the same
-//!     way until it is back.
+//!     an engine that goes away mid-run (its socket cut, the engine crashed, or it was
+//!     restarted) ends the run, one-shot or pooled, with [`DockerError::Engine`] within
+//!     seconds, never a report (a pool run whose exit code the engine cannot give is an
+//!     error, not a made-up code), and later runs fail the same way until it is back; then
+//!     the next runs work and the containers the outage left are removed.
 //!     (pinned by: tests/it/docker.rs::g5_*, tests/it/faults.rs::g5_*)
 //! G6. A warm pool ([`pool::DockerPool`]) runs each job as an exec in a started container
 //!     with the same hardening; the deadline and the output budget kill the container

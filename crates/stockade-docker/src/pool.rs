@@ -327,17 +327,24 @@ impl DockerPool {
         };
         // A breach or the deadline kills the container, which the pool then replaces.
         let (sink, timed_out) = self.tier.drive(id, input, output, stdin, limits, start).await;
+        // The exit code is the engine's to tell. An engine that cannot (it crashed or was
+        // restarted mid-run, so the output ended with the connection) makes the run an error,
+        // never a report with a made-up code.
         let mut code = None;
         for _ in 0..50 {
-            match docker.inspect_exec(&exec.id).await {
-                Ok(i) if i.running == Some(false) => {
-                    code = i.exit_code;
-                    break;
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                Err(_) => break,
+            let i = docker.inspect_exec(&exec.id).await.map_err(engine)?;
+            if i.running == Some(false) {
+                code = i.exit_code;
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let Some(code) = code else {
+            return Err(DockerError::Engine(format!(
+                "the engine gave no exit code for exec {} in container {id} after its output ended",
+                exec.id
+            )));
+        };
         let wall = start.elapsed();
         let state = docker.inspect_container(id, None).await.ok().and_then(|c| c.state);
         let mut oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
@@ -348,14 +355,14 @@ impl DockerPool {
         // (its init's pid is then ours to look up); otherwise the engine's `oom` event.
         // A container reaches a run only if no earlier run of it was killed for memory (a
         // persistent session keeps a container only after a run that exited by itself).
-        if !oom && !timed_out && sink.breach.is_none() && code == Some(128 + 9) {
+        if !oom && !timed_out && sink.breach.is_none() && code == 128 + 9 {
             let pid = state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0);
             oom = match pid.and_then(host_oom_kills) {
                 Some(kills) => kills > 0,
                 None => self.tier.oom_event_since(id, started_unix).await,
             };
         }
-        Ok(sink.report(timed_out, oom, code.unwrap_or(-1), wall))
+        Ok(sink.report(timed_out, oom, code, wall))
     }
 }
 

@@ -336,6 +336,38 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
     assert_eq!(leftovers(), 0);
 }
 
+/// A guest that closes its stdout and stderr and goes on: the output ends before the run
+/// does. Its exit code is still the report's, in a pool (where the exec's output ends when
+/// the guest closes it) as in a one-shot run, and one that goes on past the deadline is
+/// killed there.
+#[test]
+fn g6_a_guest_that_closes_its_output_early_is_waited_for_one_shot_and_pooled() {
+    use stockade_docker::pool::{DockerPool, PoolConfig};
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g6_a_guest_that_closes_its_output_early") else { return };
+    let rt = rt();
+    rt.block_on(async {
+        let pool = DockerPool::new(tier.clone(), PoolConfig::new(1, DEFAULT_IMAGE)).await.unwrap();
+        let closes = sh("echo before; exec >&- 2>&-; sleep 1; exit 3");
+        let lingers =
+            sh("exec >&- 2>&-; sleep 60").with_limits(Limits::new().with_wall(Duration::from_secs(2)).unwrap());
+        for pooled in [false, true] {
+            let started = std::time::Instant::now();
+            let r = if pooled { pool.run(&closes).await } else { tier.run(&closes).await }.unwrap();
+            assert_eq!(r.status, Status::Exited { code: 3 }, "pooled {pooled}: {r:?}");
+            assert_eq!(text(&r.stdout.bytes), "before\n", "pooled {pooled}");
+            assert!(started.elapsed() >= Duration::from_secs(1), "pooled {pooled}: {:?}", started.elapsed());
+            let started = std::time::Instant::now();
+            let r = if pooled { pool.run(&lingers).await } else { tier.run(&lingers).await }.unwrap();
+            assert_eq!(r.status, Status::TimedOut, "pooled {pooled}: {r:?}");
+            let took = started.elapsed();
+            assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(15), "pooled {pooled}: {took:?}");
+        }
+        pool.shutdown().await;
+    });
+    assert_eq!(leftovers(), 0);
+}
+
 #[test]
 fn g7_a_read_only_staged_workspace_is_seen_and_cannot_change() {
     use stockade_docker::pool::{DockerPool, PoolConfig};

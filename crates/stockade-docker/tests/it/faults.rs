@@ -1,5 +1,6 @@
 //! Faults (issue 14), each injected for real and judged from the host through the engine's
-//! own socket: a supervisor SIGKILLed mid-run, the engine's socket gone mid-run, and a host
+//! own socket: a supervisor SIGKILLed mid-run, the engine's socket gone mid-run, the engine
+//! itself crashed or restarted mid-run (a private engine the test starts), and a host
 //! directory that fills up while a staged workspace comes back.
 
 use std::io::{BufRead, BufReader};
@@ -16,6 +17,7 @@ use stockade_docker::spec::DEFAULT_IMAGE;
 use stockade_protocol::{Limits, Status};
 
 use crate::docker::{ENGINE, containers_named_for, containers_of, leftover_volumes, leftovers, rt, sh, tier};
+use crate::engine::{PrivateEngine, Stop};
 
 /// Not a guarantee's test: the supervisor `g4_a_killed_supervisor...` starts and SIGKILLs.
 /// Without `STOCKADE_FAULT_CHILD` it returns at once.
@@ -194,4 +196,71 @@ fn g5_an_engine_gone_mid_run_is_a_typed_error_and_its_container_is_removed_once_
     assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
     assert_eq!(leftovers(), 0, "the cut run's container was not removed once the engine was back");
     assert_eq!(leftover_volumes(), 0);
+}
+
+/// The engine itself restarted mid-run, on a private engine this test starts (see
+/// [`PrivateEngine`]): crashed (SIGKILL: its containers go on under their shims until it is
+/// back, and it stops them when it restores), then restarted by a service manager
+/// (SIGTERM: it closes its API, stops its containers and exits). Each time a one-shot run
+/// and a pool run are in flight.
+#[test]
+fn g5_an_engine_restarted_mid_run_ends_its_runs_typed_and_once_it_is_back_runs_work_and_nothing_is_left() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let test = "g5_an_engine_restarted_mid_run";
+    // The machine's engine holds the image the private one loads.
+    if tier(test).is_none() {
+        return;
+    }
+    let mut engine = match PrivateEngine::start(DEFAULT_IMAGE) {
+        Ok(e) => e,
+        Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: a private engine: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: no private engine: {e}");
+            return;
+        }
+    };
+    let rt = rt();
+    let tier = rt.block_on(DockerTier::connect_to(&engine.host())).unwrap();
+    let pool = rt.block_on(DockerPool::new(tier.clone(), PoolConfig::new(1, DEFAULT_IMAGE))).unwrap();
+    for how in [Stop::Kill, Stop::Term] {
+        let job = sh("sleep 60").with_limits(Limits::new().with_wall(Duration::from_secs(50)).unwrap());
+        let (one_shot, pooled, took) = rt.block_on(async {
+            let (t, p, a, b) = (tier.clone(), pool.clone(), job.clone(), job.clone());
+            let one_shot = tokio::spawn(async move { t.run(&a).await });
+            let pooled = tokio::spawn(async move { p.run(&b).await });
+            let started = Instant::now();
+            while engine.running("sleep 60").await < 2 && started.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(engine.running("sleep 60").await, 2, "{how:?}: both runs' guests should be running");
+            engine.stop(how);
+            let stopped = Instant::now();
+            let limit = Duration::from_secs(40);
+            let one_shot = tokio::time::timeout(limit, one_shot).await.expect("the one-shot run hung").unwrap();
+            let pooled = tokio::time::timeout(limit, pooled).await.expect("the pool run hung").unwrap();
+            (one_shot, pooled, stopped.elapsed())
+        });
+        for (what, result) in [("one-shot", one_shot), ("pool", pooled)] {
+            let err = result.expect_err(&format!("{how:?}: a {what} run whose engine went away cannot have a report"));
+            assert!(matches!(err, stockade_docker::DockerError::Engine(_)), "{how:?} {what}: {err}");
+        }
+        assert!(took < Duration::from_secs(20), "{how:?}: the runs took {took:?} to end after the engine stopped");
+        // While it is down, runs fail at once, typed.
+        let down = rt.block_on(tier.run(&sh("true")));
+        assert!(matches!(down, Err(stockade_docker::DockerError::Engine(_))), "{how:?}: {down:?}");
+        let down = rt.block_on(pool.run(&sh("true")));
+        assert!(matches!(down, Err(stockade_docker::DockerError::Engine(_))), "{how:?}: {down:?}");
+        // Back: the next runs work, and what the restart left behind is removed.
+        engine.up().unwrap();
+        let r = rt.block_on(tier.run(&sh("echo back"))).unwrap();
+        assert_eq!((&r.status, &r.stdout.bytes[..]), (&Status::Exited { code: 0 }, &b"back\n"[..]), "{how:?}: {r:?}");
+        let r = rt.block_on(pool.run(&sh("echo back"))).unwrap();
+        assert_eq!((&r.status, &r.stdout.bytes[..]), (&Status::Exited { code: 0 }, &b"back\n"[..]), "{how:?}: {r:?}");
+        // Only the pool's replacement container is left (its one idle container).
+        let counts = rt.block_on(engine.counts_settle((1, 0)));
+        assert_eq!(counts, (1, 0), "{how:?}: (containers, volumes) of this process on the engine after the restart");
+    }
+    rt.block_on(pool.shutdown());
+    let counts = rt.block_on(engine.counts_settle((0, 0)));
+    assert_eq!(counts, (0, 0), "(containers, volumes) of this process on the engine after the pool's shutdown");
 }

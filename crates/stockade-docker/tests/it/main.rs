@@ -3,4 +3,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 
 mod docker;
+mod engine;
 mod faults;
