@@ -45,8 +45,22 @@ fn own_cgroups() -> Vec<String> {
     out
 }
 
-fn mounts() -> usize {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count()
+/// The host's mount table: each mount's point, source and type (the ids change with any
+/// remount, so they are left out). A failure shows what differs, since anything that
+/// mounts on the host meanwhile (a docker engine starting a container) changes it too.
+fn mounts() -> std::collections::BTreeMap<String, usize> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let after = f.iter().position(|x| *x == "-").map_or(&[][..], |i| &f[i + 1..]);
+            format!("{} {}", f.get(4).unwrap_or(&""), after.iter().take(2).copied().collect::<Vec<_>>().join(" "))
+        })
+        .fold(std::collections::BTreeMap::new(), |mut m, k| {
+            *m.entry(k).or_insert(0) += 1;
+            m
+        })
 }
 
 /// Waits up to 5 s for `f` to hold.
@@ -184,7 +198,17 @@ fn g15_a_dropped_pool_leaves_no_process_cgroup_or_mount() {
     // until that build is done and then drops it there: the end comes moments later.
     eventually("every sandbox's processes are killed and reaped", || descendants() == procs);
     eventually("and their cgroups removed", || own_cgroups() == cgroups);
-    assert_eq!(mounts(), mounts_before, "the host's mount table never changed");
+    let after = mounts();
+    let differs = |a: &std::collections::BTreeMap<String, usize>, b: &std::collections::BTreeMap<String, usize>| {
+        a.iter().filter(|(k, n)| b.get(*k) != Some(n)).map(|(k, n)| format!("{k} x{n}")).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        after,
+        mounts_before,
+        "the host's mount table changed: now {:?}, before {:?}",
+        differs(&after, &mounts_before),
+        differs(&mounts_before, &after)
+    );
 }
 
 #[test]
