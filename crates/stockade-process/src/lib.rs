@@ -18,7 +18,8 @@
 //! - **namespaces**: user (the guest is never host uid 0: it runs as the invoking uid, or as
 //!   `nobody` when stockade runs as root), pid, mount, net, ipc and uts;
 //! - **a fresh, minimal filesystem view**: a read-only tmpfs root with `/usr`, `/bin`, `/lib*`
-//!   and a few `/etc` files bound read-only and nosuid, a fresh `/proc`, a `/dev` with only
+//!   and a few `/etc` files bound read-only and nosuid (the smallest copied in, and
+//!   `/etc/localtime` kept as the host's link), a fresh `/proc`, a `/dev` with only
 //!   null, zero, full, random and urandom (and `tty`, a private pseudo-terminal that is the
 //!   guest's controlling terminal, only when asked: [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
 //!   the workspace at `/workspace` if granted (nosuid, nodev; id-mapped to the guest when
@@ -176,8 +177,8 @@
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
-//! `/etc` files were bound when it was built: a host file replaced (not edited) in between is
-//! seen as it was. Pooling moves the sandbox's setup off the run's path, not off the CPU: on
+//! `/etc` files were bound or copied when it was built: a host file replaced (not edited) in
+//! between, or any change to a copied one, is seen as it was. Pooling moves the sandbox's setup off the run's path, not off the CPU: on
 //! a machine whose cores are busy, runs back to back wait for their replacements. The fork server is a
 //! copy of the program as it was when [`ForkServer::start`] ran: what the program held in
 //! memory by then, other than its command line and environment strings, is in the server

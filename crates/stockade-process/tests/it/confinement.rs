@@ -44,6 +44,13 @@ attempt("home", lambda: os.listdir("/home"))
 attempt("run", lambda: os.listdir("/run"))
 attempt("var", lambda: os.listdir("/var"))
 print("toplevel", sorted(os.listdir("/")))
+import hashlib
+for name in ["ld.so.cache", "ld.so.conf", "mime.types", "localtime"]:
+    path = "/etc/" + name
+    if os.path.islink(path):
+        print("etc", name, "link", os.readlink(path), os.path.exists(path))
+    elif os.path.exists(path):
+        print("etc", name, "file", hashlib.sha256(open(path, "rb").read()).hexdigest())
 "#,
         canary.display()
     )));
@@ -66,6 +73,25 @@ print("toplevel", sorted(os.listdir("/")))
     want.sort();
     let want = format!("[{}]", want.iter().map(|d| format!("'{d}'")).collect::<Vec<_>>().join(", "));
     assert_eq!(line(&out, "toplevel"), want, "the view's top level");
+    // The host's small /etc files are there, as the host has them: the same bytes, or a
+    // link to the same target that resolves in the view.
+    for name in ["ld.so.cache", "ld.so.conf", "mime.types", "localtime"] {
+        let host = Path::new("/etc").join(name);
+        let want = match std::fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&host).unwrap();
+                Some(format!("link {} {}", target.display(), if host.exists() { "True" } else { "False" }))
+            }
+            Ok(_) => {
+                let sum = std::process::Command::new("sha256sum").arg(&host).output().unwrap();
+                let sum = String::from_utf8(sum.stdout).unwrap();
+                Some(format!("file {}", sum.split_whitespace().next().unwrap()))
+            }
+            Err(_) => None,
+        };
+        let seen = out.lines().find_map(|l| l.strip_prefix(&format!("etc {name} "))).map(str::to_owned);
+        assert_eq!(seen, want, "/etc/{name} in the view: {out}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -78,6 +104,7 @@ fn g1_writes_land_only_in_private_tmp_and_a_writable_workspace() {
 attempt("tmp", lambda: open("/tmp/scratch", "w").write("x"))
 attempt("usr", lambda: open("/usr/evil", "w").write("x"))
 attempt("etc", lambda: open("/etc/passwd", "a").write("x"))
+attempt("etc-copied", lambda: open("/etc/ld.so.cache", "a").write("x"))
 attempt("root", lambda: open("/evil", "w").write("x"))
 attempt("ws", lambda: open("/workspace/out.txt", "w").write("written by guest"))
 attempt("proc", lambda: open("/proc/sys/kernel/core_pattern", "w").write("|/evil"))
@@ -89,7 +116,7 @@ attempt("proc", lambda: open("/proc/sys/kernel/core_pattern", "w").write("|/evil
     let out = stdout(&r);
     assert_eq!(line(&out, "tmp"), "OK", "{out}");
     assert_eq!(line(&out, "ws"), "OK", "{out}");
-    for label in ["usr", "etc", "root", "proc"] {
+    for label in ["usr", "etc", "etc-copied", "root", "proc"] {
         assert!(["EROFS", "EACCES", "EPERM"].contains(&line(&out, label)), "{label}: {out}");
     }
     assert_eq!(std::fs::read_to_string(ws.join("out.txt")).unwrap(), "written by guest");
