@@ -28,8 +28,11 @@
 //! # Guarantees
 //! G1. A job is validated before any call to the engine: the image reference, container
 //!     name, a non-root uid and gid, workspace directories (absolute, dedicated, not
-//!     nested) and every limit's range; a bad job is a typed [`spec::SpecError`].
-//!     (pinned by: src/spec_tests.rs::g1_*)
+//!     nested, and, for a one-shot run's bind on an engine whose container uids are the
+//!     host's, usable by the container's user: readable, and writable for a read-write
+//!     grant, as far as the mode bits decide whatever ACL there is) and every limit's
+//!     range; a bad job is a typed [`spec::SpecError`] that says what to change.
+//!     (pinned by: src/spec_tests.rs::g1_*, tests/it/docker.rs::g1_*)
 //! G2. Every container gets, by default: networking disabled (`NetworkDisabled` and network
 //!     mode `none`), a read-only root, every capability dropped and no-new-privileges, a
 //!     non-root user, memory equal to memory plus swap, cpus, a pids limit, `nofile`, `core`
@@ -207,6 +210,9 @@ pub struct DockerTier {
     /// run, pool container and gc, so a run cut off from its engine leaves nothing once the
     /// engine is back.
     pending: Arc<Mutex<Vec<String>>>,
+    /// Whether the engine maps container uids to other host uids (`userns-remap`, or a
+    /// rootless engine), so that a container's uid is not the host's.
+    remapped: bool,
 }
 
 /// Remembers a container whose removal failed.
@@ -280,7 +286,13 @@ impl DockerTier {
             })?
             .map_err(unsupported)?;
         docker.ping().await.map_err(unsupported)?;
-        let tier = Self { docker, hardening: Hardening::default(), pending: Arc::default() };
+        let info = docker.info().await.map_err(unsupported)?;
+        let remapped = info
+            .security_options
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.contains("name=userns") || o.contains("name=rootless"));
+        let tier = Self { docker, hardening: Hardening::default(), pending: Arc::default(), remapped };
         tier.gc(false).await?;
         Ok(tier)
     }
@@ -506,6 +518,21 @@ impl DockerTier {
         }
         if let (Some(dir), Some(hc)) = (grants_dir, spec.body.host_config.as_mut()) {
             hc.binds.get_or_insert_with(Vec::new).push(spec::grants_bind(dir, job)?);
+        }
+        // The container's user must be able to use the bound directory (where its uid is the
+        // host's): otherwise say so now, not as "Permission denied" inside.
+        if let (Some(ws), false) = (job.workspace(), self.remapped) {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(ws.path())
+                .map_err(|e| SpecError::Unusable(format!("workspace {}: {e}", ws.path().display())))?;
+            spec::check_workspace_access(
+                ws.path(),
+                ws.access(),
+                self.hardening.uid,
+                self.hardening.gid,
+                m.mode(),
+                (m.uid(), m.gid()),
+            )?;
         }
         let guard = match job.workspace() {
             Some(ws) if ws.access() == Access::ReadWrite => {

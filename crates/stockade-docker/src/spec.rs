@@ -496,6 +496,57 @@ pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecErr
     job.clone().with_workspace(path, access).map(std::borrow::Cow::Owned).map_err(|e| bad(e.to_string()))
 }
 
+/// Whether the container's user can use a bind-mounted workspace: read and search it, and
+/// for a read-write grant also write it. A one-shot run bind-mounts the host directory and
+/// runs as `uid:gid` (as `docker run --user` does), so a directory that user cannot open
+/// (a root-owned `mktemp -d` is mode 0700) would fail inside, as "Permission denied" with
+/// no word from stockade; this says it before a container is made, with the fixes.
+///
+/// It refuses only what the mode bits deny for certain, whatever POSIX ACL the directory
+/// may have: for the owner, the owner's bits; for anyone else, access needs the group bits
+/// (the group's, or an ACL's mask, which caps every named entry) or the other bits. Only
+/// for an engine whose container uids are the host's (no `userns-remap`, not rootless);
+/// the caller decides that. Supplementary groups of the image's user are not known here.
+pub fn check_workspace_access(
+    path: &Path,
+    access: Access,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    owner: (u32, u32),
+) -> Result<(), SpecError> {
+    // r-x, and w for a read-write grant.
+    let need = if access == Access::ReadWrite { 0o7 } else { 0o5 };
+    let has = |bits: u32| bits & need == need;
+    let allowed = if uid == owner.0 {
+        has(mode >> 6)
+    } else if gid == owner.1 {
+        has(mode >> 3)
+    } else {
+        has(mode >> 3) || has(mode)
+    };
+    if allowed {
+        return Ok(());
+    }
+    let what = if access == Access::ReadWrite { "read and write" } else { "read" };
+    let fix = if access == Access::ReadWrite {
+        format!("chown {uid}:{gid} it or chmod o+rwx it")
+    } else {
+        "chmod o+rx it".to_owned()
+    };
+    Err(SpecError::Workspace {
+        path: path.display().to_string(),
+        why: format!(
+            "the container's user {uid}:{gid} cannot {what} it (owner {}:{}, mode {:04o}): a one-shot docker run \
+             bind-mounts the directory, as `docker run --user` does; {fix}, or use the process tier (it maps \
+             the directory to the guest's user) or a `DockerPool` (it copies the workspace in and out)",
+            owner.0,
+            owner.1,
+            mode & 0o7777
+        ),
+    })
+}
+
 /// The tmpfs option that caps the volume's entries (the volume root counts as one).
 pub(crate) fn entry_count_option() -> String {
     format!("nr_inodes={}", crate::stage::MAX_ENTRIES + 1)

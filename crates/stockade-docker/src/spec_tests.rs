@@ -22,6 +22,40 @@ fn g1_image_references_are_checked() {
 }
 
 #[test]
+fn g1_a_workspace_the_containers_user_cannot_use_is_refused_with_the_fix() {
+    let check =
+        |access, mode, owner| spec::check_workspace_access(Path::new("/srv/ws"), access, 65534, 65534, mode, owner);
+    let (ro, rw, root, nobody) = (Access::ReadOnly, Access::ReadWrite, (0, 0), (65534, 65534));
+    // Refused: what the mode bits deny whatever ACL the directory has.
+    for (access, mode, owner) in [
+        (ro, 0o700, root),         // a root `mktemp -d`
+        (rw, 0o755, root),         // a root-owned project
+        (rw, 0o700, (1000, 1000)), // a user's `mktemp -d`
+        (ro, 0o075, nobody),       // the owner's bits decide for the owner
+        (rw, 0o707, (0, 65534)),   // the group's bits decide for the group
+        (rw, 0o1755, root),        // sticky, other r-x: not writable
+    ] {
+        let Err(err) = check(access, mode, owner) else { panic!("{access:?} {mode:o} {owner:?} was allowed") };
+        let m = err.to_string();
+        assert!(m.starts_with("workspace /srv/ws: the container's user 65534:65534 cannot "), "{m}");
+        assert!(m.contains(&format!("mode {:04o}", mode)) && m.contains("process tier"), "{m}");
+    }
+    let m = check(rw, 0o755, root).unwrap_err().to_string();
+    assert!(m.contains("cannot read and write it (owner 0:0, mode 0755)") && m.contains("chown 65534:65534"), "{m}");
+    // Allowed: the user's bits grant it, or an ACL could (the group bits are its mask).
+    for (access, mode, owner) in [
+        (ro, 0o755, root),
+        (rw, 0o777, root),
+        (rw, 0o700, nobody),
+        (rw, 0o770, (0, 65534)),
+        (rw, 0o775, (1000, 1000)), // a named-user ACL entry could grant it
+        (ro, 0o705, (1000, 1000)),
+    ] {
+        check(access, mode, owner).unwrap_or_else(|e| panic!("{access:?} {mode:o} {owner:?}: {e}"));
+    }
+}
+
+#[test]
 fn g1_names_users_mounts_and_limits_are_checked() {
     check_name("stockade-1a2b").unwrap();
     for bad in ["", "-x", "a b", "a/b", &"x".repeat(129)] {

@@ -525,6 +525,36 @@ fn g2_the_gvisor_runtime_is_used_when_asked_and_refused_when_missing() {
     assert_eq!(leftovers(), 0);
 }
 
+/// A one-shot run bind-mounts the workspace and runs as uid 65534, as `docker run --user`
+/// does: a directory that user cannot use is refused before any container exists, with the
+/// fixes, instead of "Permission denied" inside.
+#[test]
+fn g1_a_workspace_the_containers_user_cannot_use_is_refused_before_any_container() {
+    use std::os::unix::fs::PermissionsExt;
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g1_a_workspace_the_containers_user_cannot_use") else { return };
+    let ws = host_dir("unusable");
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = sh("echo out > made.txt").with_workspace(&ws, Access::ReadWrite).unwrap();
+    let refused = rt().block_on(tier.run(&job));
+    match &refused {
+        Err(DockerError::Spec(SpecError::Workspace { why, .. })) => {
+            assert!(why.contains("cannot read and write it (owner 0:0, mode 0755)"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(containers_of(std::process::id()), 0, "a container was made for a refused workspace");
+    // Read-only, it can be read; made writable for that user, the run writes it.
+    let ro = sh("ls").with_workspace(&ws, Access::ReadOnly).unwrap();
+    assert_eq!(run(&tier, &ro).status, Status::Exited { code: 0 });
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = run(&tier, &job);
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "out\n");
+    assert_eq!(leftovers(), 0);
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
 #[test]
 fn g8_a_read_write_workspace_keeps_its_protected_paths() {
     let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
