@@ -39,8 +39,12 @@ pub(crate) fn run(tier: &DockerTier, job: &Job) -> Report {
 /// so other users of the engine do not count), right now; only running ones with
 /// `running`. The host's count, through the engine's own socket.
 pub(crate) async fn containers_named_for(pid: u32, running: bool) -> usize {
+    containers_on(&bollard::Docker::connect_with_local_defaults().unwrap(), pid, running).await
+}
+
+/// [`containers_named_for`] on the engine `docker` is connected to.
+pub(crate) async fn containers_on(docker: &bollard::Docker, pid: u32, running: bool) -> usize {
     let mine = format!("-{pid:x}-");
-    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let mut filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
     if running {
         filters.insert("status", vec!["running"]);
@@ -72,18 +76,20 @@ pub(crate) fn leftovers() -> usize {
 /// Volumes of this test process's containers that the engine still has (labelled with the
 /// run id, like the containers).
 pub(crate) fn leftover_volumes() -> usize {
-    let mine = format!("-{:x}-", std::process::id());
-    rt().block_on(async {
-        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-        let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default().filters(&filters).build();
-        let list = docker.list_volumes(Some(opts)).await.unwrap();
-        list.volumes
-            .unwrap_or_default()
-            .iter()
-            .filter(|v| v.labels.get(LABEL_RUN).is_some_and(|r| r.contains(&mine)))
-            .count()
-    })
+    rt().block_on(volumes_on(&bollard::Docker::connect_with_local_defaults().unwrap(), std::process::id()))
+}
+
+/// Volumes of process `pid`'s containers on the engine `docker` is connected to.
+pub(crate) async fn volumes_on(docker: &bollard::Docker, pid: u32) -> usize {
+    let mine = format!("-{pid:x}-");
+    let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
+    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default().filters(&filters).build();
+    let list = docker.list_volumes(Some(opts)).await.unwrap();
+    list.volumes
+        .unwrap_or_default()
+        .iter()
+        .filter(|v| v.labels.get(LABEL_RUN).is_some_and(|r| r.contains(&mine)))
+        .count()
 }
 
 /// A fresh host directory for a staged workspace.

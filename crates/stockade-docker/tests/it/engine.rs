@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListVolumesOptionsBuilder};
-use stockade_docker::spec::LABEL_RUN;
+use bollard::query_parameters::ListContainersOptionsBuilder;
+
+use crate::docker::{containers_on, volumes_on};
 
 pub(crate) struct PrivateEngine {
     dir: PathBuf,
@@ -171,24 +172,18 @@ impl PrivateEngine {
         pids
     }
 
+    /// A client of the private engine.
+    fn client(&self) -> bollard::Docker {
+        let path = self.dir.join("docker.sock");
+        bollard::Docker::connect_with_unix(&path.to_string_lossy(), 30, bollard::API_DEFAULT_VERSION).unwrap()
+    }
+
     /// Stockade containers and volumes of this test process on the private engine, counted
     /// through its own socket.
     pub(crate) async fn counts(&self) -> (usize, usize) {
-        let mine = format!("-{:x}-", std::process::id());
-        let path = self.dir.join("docker.sock");
-        let docker =
-            bollard::Docker::connect_with_unix(&path.to_string_lossy(), 30, bollard::API_DEFAULT_VERSION).unwrap();
-        let filters = std::collections::HashMap::from([("label", vec![LABEL_RUN])]);
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
-        let containers = docker.list_containers(Some(opts)).await.unwrap();
-        let named = |labels: Option<&std::collections::HashMap<String, String>>| {
-            labels.and_then(|l| l.get(LABEL_RUN)).is_some_and(|v| v.contains(&mine))
-        };
-        let c = containers.iter().filter(|c| named(c.labels.as_ref())).count();
-        let opts = ListVolumesOptionsBuilder::default().filters(&filters).build();
-        let volumes = docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default();
-        let v = volumes.iter().filter(|v| named(Some(&v.labels))).count();
-        (c, v)
+        let docker = self.client();
+        let pid = std::process::id();
+        (containers_on(&docker, pid, false).await, volumes_on(&docker, pid).await)
     }
 
     /// [`PrivateEngine::counts`] once they are `want`, or after 10 s (background removals
@@ -208,9 +203,7 @@ impl PrivateEngine {
     /// How many containers of this engine run a process whose command line contains
     /// `command` (the host's view, through the engine's `top`).
     pub(crate) async fn running(&self, command: &str) -> usize {
-        let path = self.dir.join("docker.sock");
-        let docker =
-            bollard::Docker::connect_with_unix(&path.to_string_lossy(), 30, bollard::API_DEFAULT_VERSION).unwrap();
+        let docker = self.client();
         let opts = ListContainersOptionsBuilder::default().build();
         let mut count = 0;
         for c in docker.list_containers(Some(opts)).await.unwrap_or_default() {

@@ -95,14 +95,5 @@ macro_rules! require {
 /// Host pids whose command line contains `marker`, found by scanning `/proc` (the host's
 /// view, not the guest's word).
 pub(crate) fn host_pids_with(marker: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmd).contains(marker)
-        {
-            found.push(pid);
-        }
-    }
-    found
+    stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(marker))
 }
