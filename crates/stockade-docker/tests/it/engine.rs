@@ -161,15 +161,7 @@ impl PrivateEngine {
     /// every one names this engine's directory on its command line.
     pub(crate) fn processes(&self) -> Vec<u32> {
         let mark = self.dir.to_string_lossy().into_owned();
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&mark) {
-                pids.push(pid);
-            }
-        }
-        pids
+        stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(&mark))
     }
 
     /// A client of the private engine.
