@@ -8,12 +8,34 @@ use stockade_protocol::Access;
 
 use stockade_hostfs::stage::{MAX_ENTRIES, StageError, pack, unpack};
 
-/// A fresh directory under the target dir's tmp (removed at the start of each use).
-fn scratch(name: &str) -> PathBuf {
+/// A fresh directory under the temp dir, removed with everything in it when the test ends
+/// (passed or failed), so the suite leaves nothing behind.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("stockade-stage-{}-{name}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 /// (path, kind, mode, uid, link target) of every entry.
@@ -36,7 +58,7 @@ fn listing(tar_bytes: &[u8]) -> Vec<(String, char, u32, u64, String)> {
         .collect()
 }
 
-fn host_tree(name: &str) -> PathBuf {
+fn host_tree(name: &str) -> Scratch {
     let d = scratch(name);
     fs::create_dir(d.join("sub")).unwrap();
     fs::write(d.join("sub/a.txt"), "hello").unwrap();
@@ -75,7 +97,8 @@ fn g5_pack_refuses_oversize_specials_and_a_linked_root() {
     let fifo = d.join("fifo");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     assert!(matches!(pack(&d, Access::ReadOnly, 1, 1, 1 << 20), Err(StageError::Refused { path, .. }) if path == fifo));
-    let link = scratch("linked-root").join("ws");
+    let parent = scratch("linked-root");
+    let link = parent.join("ws");
     symlink(&d, &link).unwrap();
     assert!(matches!(pack(&link, Access::ReadOnly, 1, 1, 1 << 20), Err(StageError::Refused { .. })));
 }
@@ -135,7 +158,8 @@ fn g5_unpack_writes_only_plain_files_inside_and_never_follows_links() {
 #[test]
 fn g5_unpack_refuses_a_destination_that_is_a_link() {
     let real = scratch("real-dest");
-    let link = scratch("link-dest-parent").join("ws");
+    let parent = scratch("link-dest-parent");
+    let link = parent.join("ws");
     symlink(&real, &link).unwrap();
     assert!(matches!(unpack(&[0u8; 1024], Path::new(&link)), Err(StageError::Refused { .. })));
 }
@@ -150,7 +174,6 @@ fn g5_pack_refuses_more_entries_than_the_volume_holds() {
     fs::remove_file(d.join("f0")).unwrap();
     let p = pack(&d, Access::ReadOnly, 1, 1, 1 << 30).unwrap();
     assert_eq!(p.files, MAX_ENTRIES);
-    let _ = fs::remove_dir_all(&d);
 }
 
 #[test]

@@ -502,6 +502,7 @@ fn g7_a_full_workspace_filesystem_is_the_guests_enospc_and_the_next_run_works() 
     drop(guard);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(ws.to_str().unwrap()), "the workspace is still mounted (busy)");
+    std::fs::remove_dir_all(&ws).unwrap();
 }
 
 #[test]
