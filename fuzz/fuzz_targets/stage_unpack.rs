@@ -15,8 +15,12 @@ use stockade_hostfs::stage::{StageError, unpack};
 fn base() -> &'static PathBuf {
     static BASE: OnceLock<PathBuf> = OnceLock::new();
     BASE.get_or_init(|| {
-        // A tmpfs when there is one: every input gets a fresh destination.
-        let tmp = Some(PathBuf::from("/dev/shm")).filter(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
+        // `cargo xtask fuzz` names a scratch directory it removes when the run ends (libFuzzer
+        // exits without running destructors). Otherwise a tmpfs when there is one: every
+        // input gets a fresh destination.
+        let tmp = std::env::var_os("STOCKADE_FUZZ_SCRATCH").map(PathBuf::from).unwrap_or_else(|| {
+            Some(PathBuf::from("/dev/shm")).filter(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir)
+        });
         let b = tmp.join(format!("stockade-fuzz-unpack-{}", std::process::id()));
         let _ = fs::remove_dir_all(&b);
         fs::create_dir_all(b.join("outside")).expect("outside");

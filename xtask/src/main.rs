@@ -294,6 +294,9 @@ fn fuzz(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(target.join("artifacts"))?;
     std::fs::create_dir_all(&logs)?;
     let mut summary = Vec::new();
+    // A tmpfs when there is one: stage_unpack writes a fresh destination per input.
+    let shm = Some(PathBuf::from("/dev/shm")).filter(|p| p.is_dir()).unwrap_or_else(env::temp_dir);
+    let scratch = shm.join(format!("stockade-fuzz-{}", std::process::id()));
     for t in &targets {
         let corpus = target.join("corpus").join(t);
         std::fs::create_dir_all(&corpus)?;
@@ -309,9 +312,15 @@ fn fuzz(args: &[String]) -> Result<()> {
             .arg("--")
             .arg(format!("-max_total_time={secs}"))
             .arg(format!("-artifact_prefix={}/", target.join("artifacts").display()))
+            .env("STOCKADE_FUZZ_SCRATCH", &scratch)
             .stderr(log);
         eprintln!("fuzz: {t} for {secs} s (libFuzzer's output: {})", log_path.display());
-        let status = cmd.status().context("cargo fuzz")?;
+        std::fs::create_dir_all(&scratch)?;
+        let status = cmd.status().context("cargo fuzz");
+        // A target's files on disk (stage_unpack's destinations), which libFuzzer's exit
+        // leaves: removed whatever the outcome.
+        let _ = std::fs::remove_dir_all(&scratch);
+        let status = status?;
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
         if !status.success() {
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
