@@ -25,11 +25,11 @@
 //! Text that looks like a tool call (`<tool_call>` blocks, JSON in `content`) stays text:
 //! attacker-controlled tool output can echo such blocks.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::chat::MAX_CHAT_BYTES;
@@ -264,7 +264,70 @@ struct WireFunction {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
-    arguments: Option<Box<RawValue>>,
+    arguments: Option<WireArguments>,
+}
+
+/// A call's `arguments` as the server sent it. Read without serde_json's `RawValue` on
+/// purpose: its `raw_value` feature makes every `serde_json::Value` in the program read an
+/// object whose first key is `$serde_json::private::RawValue` as the JSON text of its value,
+/// so the text and the parsed value of such an object differ (found by the `broker_frame`
+/// fuzzer: a frame so written did not parse back), and this crate does not enable it.
+enum WireArguments {
+    /// A JSON string: the JSON text of the arguments, as the API specifies.
+    Text(String),
+    /// Any other JSON (some servers send the object itself), with the first key that an
+    /// object in it repeated, if any.
+    Json { value: Value, repeated: Option<String> },
+}
+
+impl<'de> Deserialize<'de> for WireArguments {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WireArgumentsVisitor)
+    }
+}
+
+struct WireArgumentsVisitor;
+
+impl<'de> Visitor<'de> for WireArgumentsVisitor {
+    type Value = WireArguments;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a call's arguments")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<WireArguments, E> {
+        Ok(WireArguments::Text(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<WireArguments, E> {
+        Ok(WireArguments::Text(v))
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::Bool(v), repeated: None })
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::from(v), repeated: None })
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::from(v), repeated: None })
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::from(v), repeated: None })
+    }
+    fn visit_unit<E>(self) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::Null, repeated: None })
+    }
+    fn visit_none<E>(self) -> Result<WireArguments, E> {
+        Ok(WireArguments::Json { value: Value::Null, repeated: None })
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<WireArguments, A::Error> {
+        let repeated = RefCell::new(None);
+        let value = StrictVisitor { repeated: Some(&repeated) }.visit_seq(seq)?;
+        Ok(WireArguments::Json { value, repeated: repeated.into_inner() })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<WireArguments, A::Error> {
+        let repeated = RefCell::new(None);
+        let value = StrictVisitor { repeated: Some(&repeated) }.visit_map(map)?;
+        Ok(WireArguments::Json { value, repeated: repeated.into_inner() })
+    }
 }
 
 #[derive(Deserialize)]
@@ -330,7 +393,7 @@ pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
         };
         let arguments = match raw {
             None => Err(ArgumentsError::Missing),
-            Some(raw) => decode_arguments_raw(raw.get(), &mut quirks),
+            Some(wire) => decode_arguments_wire(wire, &mut quirks),
         };
         calls.push(DecodedCall { provider_id, name: cut(&name, MAX_CALL_NAME_BYTES), arguments });
     }
@@ -347,21 +410,36 @@ pub fn decode_completion(bytes: &[u8]) -> Result<Completion, CompletionError> {
     })
 }
 
-/// The raw JSON of an `arguments` field: a string holding JSON, or JSON itself.
-fn decode_arguments_raw(raw: &str, quirks: &mut Quirks) -> Result<Map<String, Value>, ArgumentsError> {
-    if raw.len() > MAX_ARGUMENT_BYTES.saturating_mul(2) {
-        // An escaped string can be up to about twice its content; anything beyond is over
-        // the cap whatever it holds.
-        return Err(ArgumentsError::TooLarge { len: raw.len() });
+/// An `arguments` field: a string holding JSON, or JSON itself, under the same caps.
+fn decode_arguments_wire(wire: WireArguments, quirks: &mut Quirks) -> Result<Map<String, Value>, ArgumentsError> {
+    let (value, repeated) = match wire {
+        WireArguments::Text(text) => return parse_arguments(&text),
+        WireArguments::Json { value: Value::Null, .. } => return Err(ArgumentsError::Missing),
+        WireArguments::Json { value, repeated } => (value, repeated),
+    };
+    quirks.add(Quirk::ArgumentsAsObject);
+    let len = serde_json::to_string(&value).map_or(usize::MAX, |t| t.len());
+    if len > MAX_ARGUMENT_BYTES {
+        return Err(ArgumentsError::TooLarge { len });
     }
-    if raw.starts_with('"') {
-        let inner: String = serde_json::from_str(raw).map_err(|e| ArgumentsError::Syntax { message: e.to_string() })?;
-        parse_arguments(&inner)
-    } else if raw == "null" {
-        Err(ArgumentsError::Missing)
-    } else {
-        quirks.add(Quirk::ArgumentsAsObject);
-        parse_arguments(raw)
+    if value_depth(&value) > MAX_ARGUMENT_DEPTH {
+        return Err(ArgumentsError::TooDeep);
+    }
+    if let Some(key) = repeated {
+        return Err(ArgumentsError::DuplicateKey { key: cut(&key, 64) });
+    }
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(ArgumentsError::NotObject { found: json_type(&other) }),
+    }
+}
+
+/// How deeply arrays and objects nest in `v`, counted as [`nesting_depth`] counts text.
+fn value_depth(v: &Value) -> usize {
+    match v {
+        Value::Array(items) => 1 + items.iter().map(value_depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(value_depth).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
@@ -378,7 +456,7 @@ pub fn parse_arguments(text: &str) -> Result<Map<String, Value>, ArgumentsError>
         return Err(ArgumentsError::TooDeep);
     }
     let mut de = serde_json::Deserializer::from_str(text);
-    let value = match StrictValue.deserialize(&mut de).and_then(|v| de.end().map(|()| v)) {
+    let value = match (StrictValue { repeated: None }).deserialize(&mut de).and_then(|v| de.end().map(|()| v)) {
         Ok(v) => v,
         Err(e) => {
             let message = e.to_string();
@@ -399,19 +477,27 @@ pub fn parse_arguments(text: &str) -> Result<Map<String, Value>, ArgumentsError>
 const DUPLICATE_PREFIX: &str = "\u{0}duplicate key\u{0}";
 const DUPLICATE_SUFFIX: &str = "\u{0}end\u{0}";
 
-/// Deserializes a [`Value`] but refuses a repeated key in any object.
-struct StrictValue;
+/// Deserializes a [`Value`] but refuses a repeated key in any object, or, given a place to
+/// record it, records the first one and goes on. It never treats a key as special, as
+/// serde_json's own `Value` does under its `raw_value` feature.
+#[derive(Clone, Copy)]
+struct StrictValue<'a> {
+    repeated: Option<&'a RefCell<Option<String>>>,
+}
 
-impl<'de> DeserializeSeed<'de> for StrictValue {
+impl<'de> DeserializeSeed<'de> for StrictValue<'_> {
     type Value = Value;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(StrictVisitor)
+        d.deserialize_any(StrictVisitor { repeated: self.repeated })
     }
 }
 
-struct StrictVisitor;
+#[derive(Clone, Copy)]
+struct StrictVisitor<'a> {
+    repeated: Option<&'a RefCell<Option<String>>>,
+}
 
-impl<'de> Visitor<'de> for StrictVisitor {
+impl<'de> Visitor<'de> for StrictVisitor<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -443,7 +529,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(v) = seq.next_element_seed(StrictValue)? {
+        while let Some(v) = seq.next_element_seed(StrictValue { repeated: self.repeated })? {
             items.push(v);
         }
         Ok(Value::Array(items))
@@ -452,9 +538,14 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if out.contains_key(&key) {
-                return Err(de::Error::custom(format!("{DUPLICATE_PREFIX}{key}{DUPLICATE_SUFFIX}")));
+                match self.repeated {
+                    None => return Err(de::Error::custom(format!("{DUPLICATE_PREFIX}{key}{DUPLICATE_SUFFIX}"))),
+                    Some(first) => {
+                        first.borrow_mut().get_or_insert(key.clone());
+                    }
+                }
             }
-            let value = map.next_value_seed(StrictValue)?;
+            let value = map.next_value_seed(StrictValue { repeated: self.repeated })?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))

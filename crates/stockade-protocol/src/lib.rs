@@ -45,7 +45,8 @@
 //!     (pinned by: tests/it/chat.rs::g6_*)
 //! G7. Encoding then decoding gives back the same value, for frames and every schema; a
 //!     number parses to the correctly rounded `f64`, so its text, written back, parses to the
-//!     same number.
+//!     same number; and no object key is special (serde_json's `raw_value` feature, which
+//!     makes one so in every `Value`, is not enabled).
 //!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*)
 //! G8. [`Limits`] has no unlimited value: every limit has a default and a ceiling, and a zero
 //!     or over-ceiling value is refused, in code and on the wire.

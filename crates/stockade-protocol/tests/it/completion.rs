@@ -60,6 +60,32 @@ fn g9_arguments_as_an_object_are_accepted() {
 }
 
 #[test]
+fn g9_arguments_as_an_object_keep_their_caps_and_no_key_is_special() {
+    let call = |args: &str| {
+        let body = format!(
+            r#"{{"choices":[{{"message":{{"role":"assistant","tool_calls":[{{"id":"a","function":{{"name":"t","arguments":{args}}}}}]}}}}]}}"#
+        );
+        decode_completion(body.as_bytes()).unwrap().calls.remove(0).arguments
+    };
+    // serde_json's raw-value token is an ordinary key, first or not.
+    let token = "$serde_json::private::RawValue";
+    let m = call(&format!(r#"{{"{token}":"[1]","b":2}}"#)).unwrap();
+    assert_eq!((m[token].as_str(), m["b"].as_u64()), (Some("[1]"), Some(2)));
+    // The object form has the string form's caps, each with its own error, per call.
+    assert_eq!(dup_key(&call(r#"{"a":{"k":1,"k":2}}"#)), Some("k"));
+    assert_eq!(not_object(&call("[1]")), Some("an array"));
+    assert_eq!(not_object(&call("7")), Some("a number"));
+    assert_eq!(call("null"), Err(ArgumentsError::Missing));
+    let deep =
+        format!("{}{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH + 1), "1".to_owned() + &"}".repeat(MAX_ARGUMENT_DEPTH + 1));
+    assert_eq!(call(&deep), Err(ArgumentsError::TooDeep));
+    let ok_deep = format!("{}1{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH), "}".repeat(MAX_ARGUMENT_DEPTH));
+    assert!(call(&ok_deep).is_ok());
+    let big = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENT_BYTES));
+    assert!(matches!(call(&big), Err(ArgumentsError::TooLarge { .. })));
+}
+
+#[test]
 fn g9_constant_and_missing_ids_are_recorded_not_trusted() {
     let c = decode("llamacpp_constant_ids.json");
     assert_eq!(c.calls.len(), 2);

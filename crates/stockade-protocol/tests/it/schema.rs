@@ -104,6 +104,27 @@ fn g7_a_number_a_guest_sends_parses_exactly_so_its_text_round_trips() {
 }
 
 #[test]
+fn g7_an_object_whose_first_key_is_serde_jsons_raw_value_token_is_an_ordinary_object() {
+    // Found by the broker_frame fuzzer: with serde_json's `raw_value` feature on anywhere in
+    // the program, a `Value` reads an object whose first key is this token as the JSON text
+    // its value holds. A frame with the token second parsed, and written back (a `Map` sorts
+    // its keys, so the token came first) did not parse; with the token first, a string became
+    // the document it spelled, so what the guest wrote and what the policy saw differed.
+    const TOKEN: &str = "$serde_json::private::RawValue";
+    for args in [format!(r#"{{"a":1,"{TOKEN}":2}}"#), format!(r#"{{"{TOKEN}":"[1,2]"}}"#)] {
+        let text = format!(r#"{{"type":"call","id":2,"grant":"add","args":{args}}}"#);
+        let frame = BrokerFrame::parse(text.as_bytes()).unwrap();
+        let BrokerFrame::Call { args: parsed, .. } = &frame else { panic!("{frame:?}") };
+        assert_eq!(parsed, &serde_json::from_str::<Value>(&args).unwrap(), "{args}");
+        assert!(parsed.get(TOKEN).is_some(), "{args} parsed to {parsed}");
+        assert_eq!(BrokerFrame::parse(&frame.to_bytes()).unwrap(), frame, "{args}");
+    }
+    let reply = format!(r#"{{"type":"reply","id":1,"result":{{"{TOKEN}":"{{}}"}}}}"#);
+    let frame = BrokerFrame::parse(reply.as_bytes()).unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&frame.to_bytes()).unwrap()["result"][TOKEN], "{}");
+}
+
+#[test]
 fn g5_unknown_keys_are_refused_everywhere() {
     let job = serde_json::to_value(sample_job()).unwrap();
     let report = serde_json::to_value(sample_report()).unwrap();
