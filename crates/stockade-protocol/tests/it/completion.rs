@@ -28,6 +28,25 @@ fn not_object<T>(r: &Result<T, ArgumentsError>) -> Option<&'static str> {
     }
 }
 
+/// Argument documents at the caps: one level too deep, exactly as deep as allowed, and one
+/// over the byte cap.
+fn cap_documents() -> (String, String, String) {
+    let deep =
+        format!("{}{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH + 1), "1".to_owned() + &"}".repeat(MAX_ARGUMENT_DEPTH + 1));
+    let ok_deep = format!("{}1{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH), "}".repeat(MAX_ARGUMENT_DEPTH));
+    let big = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENT_BYTES));
+    (deep, ok_deep, big)
+}
+
+/// The decoded arguments of the one call in a completion whose `arguments` field is the JSON
+/// `args` (a string holding JSON, or JSON itself).
+fn call_arguments(args: &str) -> Result<serde_json::Map<String, serde_json::Value>, ArgumentsError> {
+    let body = format!(
+        r#"{{"choices":[{{"message":{{"role":"assistant","tool_calls":[{{"id":"a","function":{{"name":"t","arguments":{args}}}}}]}}}}]}}"#
+    );
+    decode_completion(body.as_bytes()).unwrap().calls.remove(0).arguments
+}
+
 fn names_and_args(c: &Completion) -> Vec<(String, String)> {
     c.calls
         .iter()
@@ -61,28 +80,19 @@ fn g9_arguments_as_an_object_are_accepted() {
 
 #[test]
 fn g9_arguments_as_an_object_keep_their_caps_and_no_key_is_special() {
-    let call = |args: &str| {
-        let body = format!(
-            r#"{{"choices":[{{"message":{{"role":"assistant","tool_calls":[{{"id":"a","function":{{"name":"t","arguments":{args}}}}}]}}}}]}}"#
-        );
-        decode_completion(body.as_bytes()).unwrap().calls.remove(0).arguments
-    };
     // serde_json's raw-value token is an ordinary key, first or not.
     let token = "$serde_json::private::RawValue";
-    let m = call(&format!(r#"{{"{token}":"[1]","b":2}}"#)).unwrap();
+    let m = call_arguments(&format!(r#"{{"{token}":"[1]","b":2}}"#)).unwrap();
     assert_eq!((m[token].as_str(), m["b"].as_u64()), (Some("[1]"), Some(2)));
     // The object form has the string form's caps, each with its own error, per call.
-    assert_eq!(dup_key(&call(r#"{"a":{"k":1,"k":2}}"#)), Some("k"));
-    assert_eq!(not_object(&call("[1]")), Some("an array"));
-    assert_eq!(not_object(&call("7")), Some("a number"));
-    assert_eq!(call("null"), Err(ArgumentsError::Missing));
-    let deep =
-        format!("{}{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH + 1), "1".to_owned() + &"}".repeat(MAX_ARGUMENT_DEPTH + 1));
-    assert_eq!(call(&deep), Err(ArgumentsError::TooDeep));
-    let ok_deep = format!("{}1{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH), "}".repeat(MAX_ARGUMENT_DEPTH));
-    assert!(call(&ok_deep).is_ok());
-    let big = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENT_BYTES));
-    assert!(matches!(call(&big), Err(ArgumentsError::TooLarge { .. })));
+    assert_eq!(dup_key(&call_arguments(r#"{"a":{"k":1,"k":2}}"#)), Some("k"));
+    assert_eq!(not_object(&call_arguments("[1]")), Some("an array"));
+    assert_eq!(not_object(&call_arguments("7")), Some("a number"));
+    assert_eq!(call_arguments("null"), Err(ArgumentsError::Missing));
+    let (deep, ok_deep, big) = cap_documents();
+    assert_eq!(call_arguments(&deep), Err(ArgumentsError::TooDeep));
+    assert!(call_arguments(&ok_deep).is_ok());
+    assert!(matches!(call_arguments(&big), Err(ArgumentsError::TooLarge { .. })));
 }
 
 #[test]
@@ -135,19 +145,11 @@ fn g9_arguments_must_be_one_bounded_object() {
     assert!(matches!(parse_arguments("{} {}"), Err(ArgumentsError::Syntax { .. })), "two documents");
     assert!(matches!(parse_arguments("not json"), Err(ArgumentsError::Syntax { .. })));
     assert_eq!(parse_arguments("").map(|m| m.len()), Ok(0), "empty means no arguments");
-    let deep =
-        format!("{}{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH + 1), "1".to_owned() + &"}".repeat(MAX_ARGUMENT_DEPTH + 1));
+    let (deep, ok_deep, big) = cap_documents();
     assert_eq!(parse_arguments(&deep), Err(ArgumentsError::TooDeep));
-    let ok_deep = format!("{}1{}", "{\"a\":".repeat(MAX_ARGUMENT_DEPTH), "}".repeat(MAX_ARGUMENT_DEPTH));
     assert!(parse_arguments(&ok_deep).is_ok());
-    let big = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGUMENT_BYTES));
     assert!(matches!(parse_arguments(&big), Err(ArgumentsError::TooLarge { .. })));
-    let body = format!(
-        r#"{{"choices":[{{"message":{{"role":"assistant","tool_calls":[{{"id":"a","function":{{"name":"t","arguments":{}}}}}]}}}}]}}"#,
-        serde_json::to_string(&big).unwrap()
-    );
-    let c = decode_completion(body.as_bytes()).unwrap();
-    assert!(matches!(c.calls[0].arguments, Err(ArgumentsError::TooLarge { .. })));
+    assert!(matches!(call_arguments(&serde_json::to_string(&big).unwrap()), Err(ArgumentsError::TooLarge { .. })));
     let missing =
         br#"{"choices":[{"message":{"role":"assistant","tool_calls":[{"id":"a","function":{"name":"t"}}]}}]}"#;
     assert_eq!(decode_completion(missing).unwrap().calls[0].arguments, Err(ArgumentsError::Missing));
