@@ -675,7 +675,11 @@ fn judge(o: &Outcome) -> (String, bool) {
         rss0 as f64 / 1024.0,
         rss10 as f64 / 1024.0,
         rss_end as f64 / 1024.0,
-        if flat { "flat within 10% after warm-up" } else { "GREW more than 10% after warm-up" }
+        if flat {
+            "within 10% or 4 MiB of the start, after warm-up"
+        } else {
+            "GREW by more than 10% and 4 MiB after warm-up"
+        }
     );
     (s, unexpected == 0 && a == b && flat)
 }
