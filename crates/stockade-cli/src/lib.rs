@@ -17,8 +17,9 @@
 //! # Guarantees
 //! G1. `stockade run` writes the program's stdout only when the run is verified; otherwise it
 //!     writes exactly one refusal line to stderr (after the program's own stderr; with
-//!     `--quiet` the line quotes its start, guest bytes escaped) and exits with the
-//!     refusal's stable code (the program's own code for a non-zero exit).
+//!     `--quiet` the line quotes its start, guest bytes escaped), which says how many bytes
+//!     of stdout it withheld, if any, and exits with the refusal's stable code (the
+//!     program's own code for a non-zero exit).
 //!     (pinned by: tests/it/cli.rs::g1_*)
 //! G2. A host that cannot enforce the sandbox is an error naming the missing mechanism
 //!     (exit 125), never an unconfined run.
@@ -576,7 +577,17 @@ fn run(args: RunArgs) -> Result<ExitCode> {
                 }
                 r => r.message(),
             };
-            writeln!(std::io::stderr(), "stockade: refused: {message}")?;
+            // What the program printed is not shown, but the user is told it exists and how
+            // to see it: a test runner that fails writes its report to stdout.
+            let withheld = match report.stdout.bytes.len() {
+                0 => String::new(),
+                _ if args.json => String::new(),
+                n => format!(
+                    "; {n}{} bytes of stdout withheld (--json prints the report with them)",
+                    if report.stdout.truncated { "+" } else { "" }
+                ),
+            };
+            writeln!(std::io::stderr(), "stockade: refused: {message}{withheld}")?;
             Ok(ExitCode::from(refusal.exit_code()))
         }
     }

@@ -184,6 +184,18 @@ fn g1_refusals_print_one_line_and_the_stable_code() {
         "import sys; sys.stderr.write('\\x1b]0;pwned\\x07\\n'); sys.exit(2)",
     ]);
     assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
+    // The refusal says that stdout was withheld, and how much, without a byte of it (a test
+    // runner's failure report is on stdout); with nothing printed it says nothing.
+    let (_, out, err) = check(&["run", "--", "sh", "-c", "echo secret-output; exit 3"]);
+    assert_eq!(out, "");
+    assert_eq!(
+        err,
+        "stockade: refused: exited with code 3; 14 bytes of stdout withheld (--json prints the report with them)\n"
+    );
+    let (_, _, err) = check(&["run", "--max-output", "10", "--", "yes"]);
+    assert!(err.trim_end().ends_with("; 10+ bytes of stdout withheld (--json prints the report with them)"), "{err}");
+    let (_, _, err) = check(&["run", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(err, "stockade: refused: exited with code 3\n");
     // --json shows the whole report, unverified output included, and keeps the exit code.
     let (code, out, _) = check(&["run", "--json", "--", "sh", "-c", "echo visible; exit 3"]);
     assert_eq!(code, 3, "the program's own code passes through");
