@@ -25,7 +25,7 @@ pub(crate) enum PathAccess {
     ReadWriteFile,
     /// Everything: create, remove, write, execute.
     Full,
-    /// Read, write and terminal ioctls (`/dev/tty` when the run has a terminal).
+    /// Read, write and terminal ioctls (`/dev/tty` and `/dev/pts` when the run has a terminal).
     Terminal,
 }
 
@@ -53,6 +53,8 @@ pub(crate) fn landlock_rules(workspace: Option<bool>, grants: bool, tty: bool) -
     ];
     if tty {
         rules.push(("/dev/tty", PathAccess::Terminal));
+        // Holds only the run's own terminal (see the view), when it has a `/dev/pts/N` name.
+        rules.push(("/dev/pts", PathAccess::Terminal));
     }
     if grants {
         rules.push((crate::GRANTS_GUEST_DIR, PathAccess::ReadExec));

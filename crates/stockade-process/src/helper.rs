@@ -17,7 +17,7 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::{Path, PathBuf};
 
 use stockade_protocol::Mechanism;
@@ -308,7 +308,7 @@ fn view_detail(spec: &Spec) -> String {
         Some((_, false)) => ", /workspace read-only",
         None => "",
     };
-    let tty = if spec.tty { ", /dev/tty: a private pty, the guest's controlling terminal" } else { "" };
+    let tty = if spec.tty { ", /dev/tty and /dev/pts/N: a private pty, the guest's controlling terminal" } else { "" };
     let grants = if spec.grants_dir.is_some() { ", /run/stockade (grants) read-only" } else { "" };
     format!(
         "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}{grants}; nothing else of the host",
@@ -344,6 +344,9 @@ impl From<String> for ViewError {
 /// with the rights of the (non-root) user.
 fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<(), ViewError> {
     let none = Path::new("");
+    // The run's terminal, by the name the guest's `ttyname()` reads back from `/proc`
+    // (`/dev/pts/N`), read while the host's `/proc` is still in place.
+    let pts = if spec.tty { pts_name() } else { None };
     ctx(mount::mount(none, Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, ""), || "making / private".into())?;
     let base = Path::new("/tmp");
     ctx(
@@ -429,6 +432,28 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             format!("binding /dev/{node}")
         })?;
     }
+    // The terminal itself at its name, so that `ttyname()` (`tty`, `ssh`, `gpg`) finds it
+    // as under `docker run -t`. The pty's own mount is the host namespace's, which a bind
+    // here cannot take, so the node is bound by its path in this namespace's copy of the
+    // host's `/dev/pts`, and kept only if it is the very file on this process's stdin (the
+    // run's pty, whose number the supervisor's open master keeps from reuse): never another
+    // terminal.
+    if let Some(name) = &pts {
+        let dir = dev.join("pts");
+        ctx(fs::create_dir(&dir), || "mkdir /dev/pts".into())?;
+        let target = dir.join(name);
+        ctx(File::create(&target), || format!("creating /dev/pts/{name}"))?;
+        let mine = ctx(fs::metadata(old.join("proc/self/fd/0")), || "stat of the run's terminal".into())?;
+        ctx(mount::mount(&old.join("dev/pts").join(name), &target, "", libc::MS_BIND, ""), || {
+            format!("binding the run's terminal at /dev/pts/{name}")
+        })?;
+        let bound = ctx(fs::metadata(&target), || format!("stat of /dev/pts/{name}"))?;
+        if (bound.dev(), bound.ino(), bound.rdev()) != (mine.dev(), mine.ino(), mine.rdev()) {
+            return Err(ViewError::Mechanism(format!(
+                "/dev/pts/{name} of this host is not the run's terminal (its pty is in another devpts instance)"
+            )));
+        }
+    }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -511,6 +536,14 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
         "remounting / read-only".into()
     })?;
     Ok(())
+}
+
+/// The number of the pty on this process's stdin, from its `/dev/pts/N` name; `None` when
+/// the name has another form (the terminal then has no name in the view).
+fn pts_name() -> Option<String> {
+    let link = fs::read_link("/proc/self/fd/0").ok()?;
+    let name = link.strip_prefix("/dev/pts").ok()?.to_str()?;
+    (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())).then(|| name.to_owned())
 }
 
 fn bind_if_exists(src: &Path, dst: &Path) -> Result<(), String> {

@@ -50,7 +50,7 @@ pub(crate) struct Spec {
     pub(crate) hard: bool,
     pub(crate) landlock_abi: u8,
     /// stdin, stdout and stderr are a private pty, which becomes the guest's controlling
-    /// terminal, and `/dev/tty` is in the view.
+    /// terminal, and `/dev/tty` and its own `/dev/pts/N` are in the view.
     pub(crate) tty: bool,
     /// A model grant's port: the helper brings the run's loopback up, listens on
     /// `127.0.0.1:PORT` there for the supervisor ([`Msg::Listening`]), and landlock lets the

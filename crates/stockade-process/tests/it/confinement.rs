@@ -477,11 +477,20 @@ fn g5_signals_reach_the_guest_at_their_defaults() {
 fn g1_a_terminal_exists_only_when_asked() {
     require!("g1_a_terminal_exists_only_when_asked");
     let probe = "for fd in 0 1 2; do test -t $fd && echo tty$fd; done; test -e /dev/tty && echo dev-tty; ls /dev | tr '\\n' ' '";
+    // The terminal has its name (ttyname), as under `docker run -t`, and is the only node
+    // under /dev/pts. Opened by that name it is the supervisor's user's pty: the guest of a
+    // non-root supervisor (the same user) writes through it; a root supervisor's guest
+    // (`nobody`) cannot, because the host's pty is never given to another host user (it
+    // writes through /dev/tty instead).
+    let named = "t=$(tty) && case $t in /dev/pts/[0-9]*) echo named;; *) echo \"named $t\";; esac; \
+                 ls /dev/pts | wc -l; { echo via-its-name >\"$t\"; } 2>/dev/null || echo not-its-owner";
+    use std::os::unix::fs::MetadataExt;
+    let by_name = if std::fs::metadata("/proc/self").unwrap().uid() == 0 { "not-its-owner" } else { "via-its-name" };
     let plain = run(sh(probe));
     assert_eq!(stdout(&plain), "fd full null random shm stderr stdin stdout urandom zero ", "{plain:#?}");
     let tier = tier().tty();
     let job = sh(&format!(
-        "{probe}; echo; read line; echo got:$line; echo to-stderr >&2; echo via-dev-tty >/dev/tty; \
+        "{probe}; echo; {named}; read line; echo got:$line; echo to-stderr >&2; echo via-dev-tty >/dev/tty; \
          stty -a | grep -o -- '-echo ' ; read rest || echo eof"
     ))
     .with_stdin(b"typed input\n".to_vec())
@@ -491,8 +500,10 @@ fn g1_a_terminal_exists_only_when_asked() {
     let out = stdout(&r).replace("\r\n", "\n");
     assert_eq!(
         out,
-        "tty0\ntty1\ntty2\ndev-tty\nfd full null random shm stderr stdin stdout tty urandom zero \n\
-         got:typed input\nto-stderr\nvia-dev-tty\n-echo \neof\n",
+        format!(
+            "tty0\ntty1\ntty2\ndev-tty\nfd full null pts random shm stderr stdin stdout tty urandom zero \n\
+             named\n1\n{by_name}\ngot:typed input\nto-stderr\nvia-dev-tty\n-echo \neof\n"
+        ),
         "{r:#?}"
     );
     assert!(r.stderr.bytes.is_empty());
