@@ -432,27 +432,8 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             format!("binding /dev/{node}")
         })?;
     }
-    // The terminal itself at its name, so that `ttyname()` (`tty`, `ssh`, `gpg`) finds it
-    // as under `docker run -t`. The pty's own mount is the host namespace's, which a bind
-    // here cannot take, so the node is bound by its path in this namespace's copy of the
-    // host's `/dev/pts`, and kept only if it is the very file on this process's stdin (the
-    // run's pty, whose number the supervisor's open master keeps from reuse): never another
-    // terminal.
     if let Some(name) = &pts {
-        let dir = dev.join("pts");
-        ctx(fs::create_dir(&dir), || "mkdir /dev/pts".into())?;
-        let target = dir.join(name);
-        ctx(File::create(&target), || format!("creating /dev/pts/{name}"))?;
-        let mine = ctx(fs::metadata(old.join("proc/self/fd/0")), || "stat of the run's terminal".into())?;
-        ctx(mount::mount(&old.join("dev/pts").join(name), &target, "", libc::MS_BIND, ""), || {
-            format!("binding the run's terminal at /dev/pts/{name}")
-        })?;
-        let bound = ctx(fs::metadata(&target), || format!("stat of /dev/pts/{name}"))?;
-        if (bound.dev(), bound.ino(), bound.rdev()) != (mine.dev(), mine.ino(), mine.rdev()) {
-            return Err(ViewError::Mechanism(format!(
-                "/dev/pts/{name} of this host is not the run's terminal (its pty is in another devpts instance)"
-            )));
-        }
+        name_terminal(old, &dev, name)?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -544,6 +525,37 @@ fn pts_name() -> Option<String> {
     let link = fs::read_link("/proc/self/fd/0").ok()?;
     let name = link.strip_prefix("/dev/pts").ok()?.to_str()?;
     (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())).then(|| name.to_owned())
+}
+
+/// Puts the run's terminal at its name, `/dev/pts/NAME` under `dev`, so that `ttyname()`
+/// (`tty`, `ssh`, `gpg`) finds it as under `docker run -t`. The pty's own mount is the host
+/// namespace's, which a bind here cannot take, so the node is bound by its path in this
+/// namespace's copy of the host's `/dev/pts`, and only if that is the very file on this
+/// process's stdin (the run's pty, whose number the supervisor's open master keeps from
+/// reuse): never another terminal. A host whose `/dev/pts` does not hold it (a pty of
+/// another devpts instance) gets no name, as before; the terminal works the same.
+fn name_terminal(old: &Path, dev: &Path, name: &str) -> Result<(), String> {
+    let same = |a: &fs::Metadata, b: &fs::Metadata| (a.dev(), a.ino(), a.rdev()) == (b.dev(), b.ino(), b.rdev());
+    let src = old.join("dev/pts").join(name);
+    let mine = ctx(fs::metadata(old.join("proc/self/fd/0")), || "stat of the run's terminal".into())?;
+    if !fs::metadata(&src).is_ok_and(|m| same(&m, &mine)) {
+        return Ok(());
+    }
+    let dir = dev.join("pts");
+    ctx(fs::create_dir(&dir), || "mkdir /dev/pts".into())?;
+    let target = dir.join(name);
+    ctx(File::create(&target), || format!("creating /dev/pts/{name}"))?;
+    ctx(mount::mount(&src, &target, "", libc::MS_BIND, ""), || {
+        format!("binding the run's terminal at /dev/pts/{name}")
+    })?;
+    // Checked again on the bound node, in case the host's node changed in between.
+    if !fs::metadata(&target).is_ok_and(|m| same(&m, &mine)) {
+        ctx(mount::umount(&target, libc::MNT_DETACH), || {
+            format!("/dev/pts/{name} is not the run's terminal: unmounting it")
+        })?;
+        ctx(fs::remove_file(&target), || format!("removing /dev/pts/{name}"))?;
+    }
+    Ok(())
 }
 
 fn bind_if_exists(src: &Path, dst: &Path) -> Result<(), String> {
