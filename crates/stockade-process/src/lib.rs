@@ -438,10 +438,11 @@ impl ProcessTier {
     /// pseudo-terminal (echo off), which is its controlling terminal, and `/dev/tty` and the
     /// pty's own name, `/dev/pts/N`, exist in the view (so `tty` and `ttyname()` name it; the
     /// pty stays the supervisor's user's, so a root supervisor's guest, `nobody`, opens it
-    /// through `/dev/tty` only). Output is read from the terminal, so the report's stdout holds stdout and
-    /// stderr interleaved, with the terminal's line endings (`\r\n`), and its stderr is
-    /// empty; the job's stdin bytes are typed in, followed by end-of-file (input lines longer
-    /// than the terminal's 4 KiB line buffer are cut). No other pty can be opened in the view.
+    /// through `/dev/tty` only). Output is read from the terminal, so the report's stdout
+    /// holds stdout and stderr interleaved, with the terminal's line endings (`\r\n`), and
+    /// its stderr is empty; the job's stdin bytes are typed in, followed by end-of-file
+    /// (input lines longer than the terminal's 4 KiB line buffer are cut). No other pty can
+    /// be opened in the view.
     #[must_use]
     pub fn tty(mut self) -> Self {
         self.tty = true;
