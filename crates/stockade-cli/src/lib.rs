@@ -51,7 +51,9 @@
 //!     symlinks are resolved by the rule every tier shares, and refuses any other with one
 //!     line naming the path and why (exit 125); a directory the user owns is usable whatever
 //!     its mode, what the program creates there belongs to the user, and no set-uid bit can
-//!     be planted in it.
+//!     be planted in it; what the program created at a protected path that was absent is
+//!     removed when the run ends, and one `stockade:` line on stderr names it (not with
+//!     `--json`, whose report lists it).
 //!     (pinned by: tests/it/workspace.rs::g6_*)
 //! G7. After a `kill -9` of `stockade run`, the run's per-run cgroups (named after the
 //!     supervisor's pid and start time) are reported by `stockade doctor` and removed by the
@@ -542,6 +544,15 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    // What the program planted where the workspace protects an absent path (`git init`
+    // makes `.git/config` and `.git/hooks`) is gone now: say so, or the user finds it missing
+    // and cannot tell why. The names are the protected list's, never the guest's.
+    if let (false, Some(paths)) = (args.json, report.swept()) {
+        writeln!(
+            std::io::stderr(),
+            "stockade: removed from the workspace what the program created at protected paths (git hooks and config, rc files, editor and agent settings stay the host's): {paths}"
+        )?;
+    }
     let outcome = if args.expect_json {
         let mut c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
         if args.grant_strict {

@@ -588,13 +588,7 @@ impl DockerTier {
                 format!("workspace bind-mounted read-write; {}", g.describe()),
             ));
             if !swept.is_empty() {
-                report.enforcement.push(Enforced::new(
-                    Mechanism::ContainerWorkspace,
-                    format!(
-                        "removed after the run, created by the guest where a protected path was absent: {}",
-                        swept.join(" ")
-                    ),
-                ));
+                report.enforcement.push(Enforced::swept(Mechanism::ContainerWorkspace, &swept));
             }
         }
         Ok(report)

@@ -306,13 +306,7 @@ pub(crate) async fn run(
         }
     }
     if !swept.is_empty() {
-        report = report.with_enforced(Enforced::new(
-            Mechanism::MountNamespace,
-            format!(
-                "removed after the run, created by the guest where a protected path was absent: {}",
-                swept.join(" ")
-            ),
-        ));
+        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept));
     }
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !tier.best_effort {

@@ -169,11 +169,23 @@ pub struct Enforced {
     pub detail: String,
 }
 
+/// How the detail of the record that lists what a read-write workspace run removed when it
+/// ended begins (see [`Enforced::swept`]).
+pub const SWEPT_DETAIL: &str = "removed after the run, created by the guest where a protected path was absent: ";
+
 impl Enforced {
     /// A record that `mechanism` was active, with `detail`.
     #[must_use]
     pub fn new(mechanism: Mechanism, detail: impl Into<String>) -> Self {
         Self { mechanism, detail: detail.into() }
+    }
+
+    /// The record that `paths` (relative to the workspace), which the guest created where a
+    /// protected path ([`crate::PROTECTED_PATHS`]) was absent, were removed after the run by
+    /// `mechanism`.
+    #[must_use]
+    pub fn swept(mechanism: Mechanism, paths: &[String]) -> Self {
+        Self::new(mechanism, format!("{SWEPT_DETAIL}{}", paths.join(" ")))
     }
 }
 
@@ -332,6 +344,13 @@ impl Report {
     pub fn with_enforced(mut self, enforced: Enforced) -> Self {
         self.enforcement.push(enforced);
         self
+    }
+
+    /// What the run removed from its workspace when it ended (the paths of the
+    /// [`Enforced::swept`] record, space-separated), if anything.
+    #[must_use]
+    pub fn swept(&self) -> Option<&str> {
+        self.enforcement.iter().find_map(|e| e.detail.strip_prefix(SWEPT_DETAIL))
     }
 
     /// Sets what the broker saw.

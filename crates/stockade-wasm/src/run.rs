@@ -606,14 +606,11 @@ impl Inner {
             let swept = g.sweep().map_err(|e| {
                 WasmError::Internal(format!("removing what the guest planted in the workspace after the run: {e}"))
             })?;
-            let mut detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
-            if !swept.is_empty() {
-                detail.push_str(&format!(
-                    "; removed after the run, created by the guest where a protected path was absent: {}",
-                    swept.join(" ")
-                ));
-            }
+            let detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
             report.enforcement.push(Enforced::new(Mechanism::WasmWorkspace, detail));
+            if !swept.is_empty() {
+                report.enforcement.push(Enforced::swept(Mechanism::WasmWorkspace, &swept));
+            }
         }
         Ok(report)
     }

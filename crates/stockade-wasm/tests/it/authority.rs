@@ -115,9 +115,14 @@ fn g11_protected_paths_in_a_read_write_workspace() {
     let r = rw(".envrc");
     assert_eq!(errnos(&r), [0, 0], "the guest could not even create it");
     assert!(!ws.join(".envrc").exists(), "the planted .envrc is still on the host");
-    let detail =
-        &r.enforcement.iter().find(|e| e.mechanism == stockade_protocol::Mechanism::WasmWorkspace).unwrap().detail;
-    assert!(detail.ends_with("where a protected path was absent: .envrc"), "{detail}");
+    let details: Vec<&str> = r
+        .enforcement
+        .iter()
+        .filter(|e| e.mechanism == stockade_protocol::Mechanism::WasmWorkspace)
+        .map(|e| e.detail.as_str())
+        .collect();
+    assert!(details.iter().any(|d| d.ends_with("where a protected path was absent: .envrc")), "{details:?}");
+    assert_eq!(r.swept(), Some(".envrc"), "{details:?}");
     // One present: the grant is refused before the guest runs, naming it.
     std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
     let job = wat_job(&open_and_write("after.txt", O_CREAT, RIGHT_WRITE), "_start")
