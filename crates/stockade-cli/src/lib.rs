@@ -582,8 +582,11 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Err(refusal) => {
             stdout.flush()?;
             let message = match &refusal {
-                // The user saw the program's stderr as it ran: do not quote it again.
-                stockade_runtime::verify::Refusal::NonZeroExit { code, .. } if live_stderr => {
+                // The user saw the program's stderr as it ran: do not quote it again; and
+                // an empty one is not quoted at all (`--quiet`).
+                stockade_runtime::verify::Refusal::NonZeroExit { code, stderr, .. }
+                    if live_stderr || stderr.is_empty() =>
+                {
                     format!("exited with code {code}")
                 }
                 r => r.message(),

@@ -196,6 +196,11 @@ fn g1_refusals_print_one_line_and_the_stable_code() {
     assert!(err.trim_end().ends_with("; 10+ bytes of stdout withheld (--json prints the report with them)"), "{err}");
     let (_, _, err) = check(&["run", "--", "sh", "-c", "exit 3"]);
     assert_eq!(err, "stockade: refused: exited with code 3\n");
+    // With --quiet the line quotes the program's stderr, and an empty one not at all.
+    let (_, _, err) = check(&["run", "--quiet", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(err, "stockade: refused: exited with code 3\n");
+    let (_, _, err) = check(&["run", "--quiet", "--", "sh", "-c", "echo why >&2; exit 3"]);
+    assert_eq!(err, "stockade: refused: exited with code 3; stderr: why\\n\n");
     // --json shows the whole report, unverified output included, and keeps the exit code.
     let (code, out, _) = check(&["run", "--json", "--", "sh", "-c", "echo visible; exit 3"]);
     assert_eq!(code, 3, "the program's own code passes through");
