@@ -277,7 +277,8 @@ struct RunArgs {
     #[arg(long)]
     raw: bool,
     /// Give the program a terminal (process tier): stdin, stdout and stderr are a private
-    /// pseudo-terminal, so output is stdout and stderr interleaved with `\r\n` line endings.
+    /// pseudo-terminal, so output is stdout and stderr interleaved with `\r\n` line endings;
+    /// its window size is this terminal's, if stockade runs on one.
     #[arg(long)]
     tty: bool,
     /// Grant data as NAME (repeatable): `NAME=@FILE.json` or `NAME=JSON`. The guest reads it
@@ -527,6 +528,14 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         }
         if args.tty {
             tier = tier.tty();
+            // The output is shown on this terminal once verified: size the run's to it.
+            use std::os::fd::AsFd;
+            let size = process::terminal_size(std::io::stdout().as_fd())
+                .or_else(|| process::terminal_size(std::io::stderr().as_fd()))
+                .or_else(|| process::terminal_size(std::io::stdin().as_fd()));
+            if let Some((rows, cols)) = size {
+                tier = tier.tty_size(rows, cols);
+            }
         }
         Sandbox::builder().tier(tier).build()?
     };

@@ -242,6 +242,14 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+
+/// The window size (rows, columns) of the terminal `fd` is, if it is one and has a size:
+/// for [`ProcessTier::tty_size`] from the supervisor's own terminal.
+#[must_use]
+pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
+    use std::os::fd::AsRawFd;
+    sys::tty::window_size(fd.as_raw_fd())
+}
 use stockade_protocol::{Job, LiveIo, Report};
 
 /// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
@@ -387,6 +395,7 @@ pub struct ProcessTier {
     landlock_abi: u8,
     cgroups: bool,
     tty: bool,
+    tty_size: Option<(u16, u16)>,
     pool: Option<std::sync::Arc<pool::Pool>>,
 }
 
@@ -402,6 +411,7 @@ impl ProcessTier {
             landlock_abi: DEFAULT_LANDLOCK_ABI,
             cgroups: true,
             tty: false,
+            tty_size: None,
             pool: None,
         }
     }
@@ -446,6 +456,16 @@ impl ProcessTier {
     #[must_use]
     pub fn tty(mut self) -> Self {
         self.tty = true;
+        self
+    }
+
+    /// Sets the window size (rows, columns) of each run's terminal ([`tty`](Self::tty)), as
+    /// `docker run -t` passes on its client's: `stty size`, `$COLUMNS`-less programs and
+    /// `shutil.get_terminal_size()` see it. Without it the size is 0x0, as of a pty nobody
+    /// sized. [`terminal_size`] reads a terminal's.
+    #[must_use]
+    pub fn tty_size(mut self, rows: u16, cols: u16) -> Self {
+        self.tty_size = Some((rows, cols));
         self
     }
 

@@ -127,7 +127,7 @@ pub(crate) async fn run(
             ..crate::pool::sandbox_spec(tier, view, &cgroup, spec_limits)
         };
         start = Instant::now();
-        let (io, master) = match tier.tty.then(open_terminal).transpose()? {
+        let (io, master) = match tier.tty.then(|| open_terminal(tier.tty_size)).transpose()? {
             Some((master, slave)) => (launch::GuestIo::Terminal(slave), Some(master)),
             None => (launch::GuestIo::Pipes { stdin: live_stdin.is_some() || !job.stdin().is_empty() }, None),
         };
@@ -388,10 +388,10 @@ async fn finish(
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// A private pty for a run that asked for a terminal.
-fn open_terminal() -> Result<(tty::Master, std::os::fd::OwnedFd), LaunchError> {
+fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), LaunchError> {
     let unsupported =
         |e: std::io::Error| LaunchError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
-    let (master, slave) = tty::open_pty().map_err(unsupported)?;
+    let (master, slave) = tty::open_pty(size).map_err(unsupported)?;
     Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }
 

@@ -142,6 +142,15 @@ fn g1_the_cli_forks_its_helper_and_the_guest_sees_none_of_it() {
     let (code, out, err) = check(&["run", "--tty", "--", "sh", "-c", "test -t 0 && test -t 2 && echo on-a-tty"]);
     assert_eq!((code, out.as_str()), (0, "on-a-tty\r\n"), "{err}");
     assert_eq!(check(&["run", "--tier", "wasm", "--tty", "--js", "1"]).0, 125);
+    // On a terminal (util-linux `script` makes one), the run's terminal has its size; off
+    // one, 0x0.
+    assert_eq!(check(&["run", "--tty", "--", "stty", "size"]).1, "0 0\r\n");
+    let inner = format!("stty rows 40 cols 120; {} run --tty -- stty size", env!("CARGO_BIN_EXE_stockade"));
+    let _runs = shared();
+    match Command::new("script").args(["-qc", &inner, "/dev/null"]).stdin(std::process::Stdio::null()).output() {
+        Ok(o) => assert!(String::from_utf8_lossy(&o.stdout).contains("40 120"), "{o:?}"),
+        Err(e) => eprintln!("SKIPPED the terminal size through the CLI: no `script` ({e})"),
+    }
     // That copy of the CLI's memory stays out of the guest's reach.
     let (code, out, err) =
         check(&["run", "--json", "--", "sh", "-c", "cat /proc/1/environ /proc/1/maps; ls /proc/1/fd"]);

@@ -12,9 +12,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::check;
 
+/// The window size (rows, columns) of the terminal on `fd`, if it is one and has a size.
+pub(crate) fn window_size(fd: RawFd) -> Option<(u16, u16)> {
+    let mut w = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes one winsize into `w`, which lives on this frame; on a
+    // descriptor that is not a terminal it fails and writes nothing.
+    check(unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut w) }).ok()?;
+    (w.ws_row > 0 && w.ws_col > 0).then_some((w.ws_row, w.ws_col))
+}
+
 /// A new pty: the master (for the supervisor) and the slave (the guest's stdin, stdout and
-/// stderr), with echo off so the job's stdin does not reappear as output.
-pub(crate) fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
+/// stderr), with echo off so the job's stdin does not reappear as output, and the window
+/// size `size` (rows, columns), or 0x0.
+pub(crate) fn open_pty(size: Option<(u16, u16)>) -> io::Result<(OwnedFd, OwnedFd)> {
     let master: OwnedFd = OpenOptions::new()
         .read(true)
         .write(true)
@@ -38,6 +48,11 @@ pub(crate) fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
     t.c_lflag &= !(libc::ECHO | libc::ECHONL);
     // SAFETY: tcsetattr reads one termios from `t`.
     check(unsafe { libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) })?;
+    if let Some((rows, cols)) = size {
+        let w = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCSWINSZ reads one winsize from `w`, which lives on this frame.
+        check(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &w) })?;
+    }
     Ok((master, slave))
 }
 

@@ -507,6 +507,13 @@ fn g1_a_terminal_exists_only_when_asked() {
         "{r:#?}"
     );
     assert!(r.stderr.bytes.is_empty());
+    // Its window size is 0x0 unless the tier is given one (the CLI gives its own terminal's),
+    // and `terminal_size` finds none on what is not a terminal.
+    let size = sh("stty size");
+    assert_eq!(stdout(&block_on(tier.run(&size)).unwrap()), "0 0\r\n");
+    assert_eq!(stdout(&block_on(tier.clone().tty_size(24, 100).run(&size)).unwrap()), "24 100\r\n");
+    let (reader, _writer) = std::io::pipe().unwrap();
+    assert_eq!(stockade_process::terminal_size(std::os::fd::AsFd::as_fd(&reader)), None);
     // The terminal does not widen the kernel surface: injecting input is still refused.
     let r = block_on(tier.run(&py(
         "import fcntl, termios\ntry:\n fcntl.ioctl(0, termios.TIOCSTI, b'x')\nexcept OSError as e:\n print(e.errno)",
