@@ -242,15 +242,14 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+use stockade_protocol::{Job, LiveIo, Report};
 
 /// The window size (rows, columns) of the terminal `fd` is, if it is one and has a size:
 /// for [`ProcessTier::tty_size`] from the supervisor's own terminal.
 #[must_use]
 pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
-    use std::os::fd::AsRawFd;
-    sys::tty::window_size(fd.as_raw_fd())
+    sys::tty::window_size(fd)
 }
-use stockade_protocol::{Job, LiveIo, Report};
 
 /// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
 pub const GRANTS_GUEST_DIR: &str = "/run/stockade";

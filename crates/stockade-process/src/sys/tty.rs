@@ -2,7 +2,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -13,11 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::check;
 
 /// The window size (rows, columns) of the terminal on `fd`, if it is one and has a size.
-pub(crate) fn window_size(fd: RawFd) -> Option<(u16, u16)> {
-    let mut w = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
-    // SAFETY: TIOCGWINSZ writes one winsize into `w`, which lives on this frame; on a
-    // descriptor that is not a terminal it fails and writes nothing.
-    check(unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut w) }).ok()?;
+pub(crate) fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
+    let w = rustix::termios::tcgetwinsize(fd).ok()?;
     (w.ws_row > 0 && w.ws_col > 0).then_some((w.ws_row, w.ws_col))
 }
 
@@ -48,10 +45,11 @@ pub(crate) fn open_pty(size: Option<(u16, u16)>) -> io::Result<(OwnedFd, OwnedFd
     t.c_lflag &= !(libc::ECHO | libc::ECHONL);
     // SAFETY: tcsetattr reads one termios from `t`.
     check(unsafe { libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) })?;
-    if let Some((rows, cols)) = size {
-        let w = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
-        // SAFETY: TIOCSWINSZ reads one winsize from `w`, which lives on this frame.
-        check(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &w) })?;
+    if let Some((ws_row, ws_col)) = size {
+        rustix::termios::tcsetwinsize(
+            &master,
+            rustix::termios::Winsize { ws_row, ws_col, ws_xpixel: 0, ws_ypixel: 0 },
+        )?;
     }
     Ok((master, slave))
 }
