@@ -43,7 +43,8 @@
 //!     `--stdin FILE`; `--no-stdin` gives `/dev/null`), holding one buffer at a time, and
 //!     does not wait for a stdin the program never read; the program's stderr reaches the
 //!     CLI's stderr as it is written (not with `--quiet`), with control sequences shown as
-//!     text when stderr is a terminal (not with `--raw`) and unchanged into a pipe or file.
+//!     text when stderr is a terminal (not with `--raw`) and unchanged into a pipe or file;
+//!     the verified stdout likewise (control sequences shown as text on a terminal).
 //!     The wasm and docker tiers read a piped stdin whole first (up to 16 MiB) and show
 //!     stderr when the run ends.
 //!     (pinned by: tests/it/stdio.rs::g5_*)
@@ -271,9 +272,9 @@ struct RunArgs {
     /// Do not show the program's stderr as it runs (a refusal's line then quotes its start).
     #[arg(long)]
     quiet: bool,
-    /// Pass the program's stderr to a terminal unchanged; by default control sequences
-    /// (clear screen, titles, clipboard writes, cursor movement) are shown as `^[` text when
-    /// stderr is a terminal. Into a pipe or a file the bytes always pass unchanged.
+    /// Pass the program's stderr and stdout to a terminal unchanged; by default control
+    /// sequences (clear screen, titles, clipboard writes, cursor movement) are shown as `^[`
+    /// text on a terminal. Into a pipe or a file the bytes always pass unchanged.
     #[arg(long)]
     raw: bool,
     /// Give the program a terminal (process tier): stdin, stdout and stderr are a private
@@ -562,6 +563,15 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             "stockade: removed from the workspace what the program created at protected paths (git hooks and config, rc files, editor and agent settings stay the host's): {paths}"
         )?;
     }
+    // What the sweep could not remove stays on the host, where a tool may run it: every
+    // path, with why, in one line (the report in `--json` lists them too).
+    if !args.json && !report.sweep_errors.is_empty() {
+        writeln!(
+            std::io::stderr(),
+            "stockade: could not remove from the workspace what the program created at protected paths; remove them by hand before any tool reads them: {}",
+            report.sweep_errors.join("; ")
+        )?;
+    }
     let outcome = if args.expect_json {
         let mut c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
         if args.grant_strict {
@@ -583,7 +593,19 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     match outcome {
         Ok(bytes) => {
             if !args.json {
-                stdout.write_all(&bytes)?;
+                // Verified is not harmless on a terminal: the program's control sequences
+                // (the clipboard's OSC 52, the window title, cursor moves) are shown as text
+                // there, as its stderr is, unless `--raw`.
+                if std::io::IsTerminal::is_terminal(&stdout) && !args.raw {
+                    let mut shown = Vec::with_capacity(bytes.len());
+                    let pending = term::neutralise(&bytes, false, &mut shown);
+                    if pending {
+                        shown.push(0xc2);
+                    }
+                    stdout.write_all(&shown)?;
+                } else {
+                    stdout.write_all(&bytes)?;
+                }
             }
             stdout.flush()?;
             Ok(ExitCode::SUCCESS)

@@ -546,12 +546,13 @@ impl DockerTier {
         // A host daemon's unix socket in the bound workspace would be reachable from the
         // container (a bind does not stop a connect): `/dev/null` covers each one.
         let sockets = match job.workspace() {
-            Some(ws) => stockade_hostfs::sockets(ws.path(), stockade_hostfs::MAX_WALK_ENTRIES)
+            Some(ws) => stockade_hostfs::specials(ws.path(), stockade_hostfs::MAX_WALK_ENTRIES)
                 .map_err(|e| SpecError::Protected(e.to_string()))?,
             None => Vec::new(),
         };
+        let covers = spec::special_cover_binds(&sockets)?;
         if let Some(hc) = spec.body.host_config.as_mut() {
-            hc.binds.get_or_insert_with(Vec::new).extend(sockets.iter().map(|rel| spec::socket_cover_bind(rel)));
+            hc.binds.get_or_insert_with(Vec::new).extend(covers);
         }
         let name = format!("stockade-{id}");
         let created = self
@@ -574,9 +575,7 @@ impl DockerTier {
         let removed = self.remove(&container).await;
         // The container is gone: what the guest created among the absent protected paths
         // goes now, whatever became of the run.
-        let swept = guard.as_ref().map(stockade_hostfs::Guarded::sweep).transpose().map_err(|e| {
-            DockerError::Engine(format!("removing what the guest planted in the workspace after the run: {e}"))
-        })?;
+        let swept = guard.as_ref().map(stockade_hostfs::Guarded::sweep);
         let mut report = result?;
         if !removed {
             return Err(DockerError::Engine(format!("container {container} could not be removed")));
@@ -587,9 +586,10 @@ impl DockerTier {
                 Mechanism::ContainerWorkspace,
                 format!("workspace bind-mounted read-write; {}", g.describe()),
             ));
-            if !swept.is_empty() {
-                report.enforcement.push(Enforced::swept(Mechanism::ContainerWorkspace, &swept));
+            if !swept.removed.is_empty() {
+                report.enforcement.push(Enforced::swept(Mechanism::ContainerWorkspace, &swept.removed));
             }
+            report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
         }
         Ok(report)
     }

@@ -449,11 +449,39 @@ pub fn protected_binds(host: &Path, pinned: &[&str], present: &[String]) -> Vec<
     pins.chain(present.iter().map(|rel| format!("{}:{WORKSPACE}/{rel}:ro", host.join(rel).display()))).collect()
 }
 
-/// The bind that covers the unix socket at `rel` in the workspace with `/dev/null`, so that
-/// a connect to it is refused.
+/// The bind that covers the unix socket or fifo at `rel` in the workspace with `/dev/null`,
+/// so that a connect to it is refused and a write into it goes nowhere.
 #[must_use]
 pub fn socket_cover_bind(rel: &str) -> String {
     format!("/dev/null:{WORKSPACE}/{rel}:ro")
+}
+
+/// Most unix sockets and fifos a one-shot container's workspace may hold: 256. Each is a
+/// bind of its own in the container's configuration, so a workspace with thousands would
+/// make every later run's create request huge; above this the grant is refused, naming the
+/// count.
+pub const MAX_SPECIAL_COVERS: usize = 256;
+
+/// The binds that cover `specials` (from `stockade_hostfs::specials`), or a refusal naming
+/// the path that a bind string cannot carry (a name that is not UTF-8, or holds `:` or `,`,
+/// the bind syntax's separators) or the count over [`MAX_SPECIAL_COVERS`].
+pub fn special_cover_binds(specials: &[std::path::PathBuf]) -> Result<Vec<String>, SpecError> {
+    if specials.len() > MAX_SPECIAL_COVERS {
+        return Err(SpecError::Protected(format!(
+            "the workspace holds {} unix sockets and fifos, over the docker tier's {MAX_SPECIAL_COVERS} (each is covered by a bind of its own); remove them or use the process tier",
+            specials.len()
+        )));
+    }
+    specials
+        .iter()
+        .map(|p| match p.to_str() {
+            Some(rel) if !rel.contains([':', ',']) => Ok(socket_cover_bind(rel)),
+            _ => Err(SpecError::Protected(format!(
+                "the unix socket or fifo {} in the workspace has a name a docker bind cannot carry (not UTF-8, or with ':' or ','), so it cannot be covered; remove or rename it, or use the process tier",
+                p.display()
+            ))),
+        })
+        .collect()
 }
 
 /// The `oom_score_adj` of every container: the kernel's maximum, so that a host short of

@@ -14,7 +14,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol` (the lists), `cap-std`, `tar` (the staged archive).
 //! Used by: `stockade-process`, `stockade-docker`, `stockade-wasm`.
-//! API boundary: yes; [`Guarded`], [`sockets`], [`resolve_workspace`], [`stage`].
+//! API boundary: yes; [`Guarded`], [`specials`], [`open_workspace`], [`resolve_workspace`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, and the workspace as it was when [`Guarded::inspect`] ran.
@@ -30,16 +30,23 @@
 //!     gitfile) is itself protected.
 //!     (pinned by: tests/it/guard.rs::g1_*)
 //! G2. [`Guarded::sweep`], called once every guest process is gone, removes each protected
-//!     path that was absent and now exists, and any symlink or non-directory the guest put
-//!     on the way to one (a planted `.git` symlink or gitfile); it never follows a symlink,
-//!     never touches a path outside the workspace, and never removes what was present.
+//!     path that was absent and now exists, any symlink or non-directory the guest put on
+//!     the way to one (a planted `.git` symlink or gitfile), and each new top-level entry of
+//!     `.git` that git does not write (`.git/commondir`); it never follows a symlink, never
+//!     touches a path outside the workspace, never removes what was present (a gitfile the
+//!     user had stays), never stops at an error (a tree deeper than the descriptor limit, a
+//!     directory its owner took the rights of: each path is tried, and every failure is
+//!     returned with its path), and holds at most [`MAX_SWEEP_FDS`] descriptors.
 //!     (pinned by: tests/it/guard.rs::g2_*)
-//! G3. [`sockets`] finds every unix socket in a granted tree, however deep, without following
-//!     a symlink, and refuses a tree larger than its entry cap rather than guess.
+//! G3. [`specials`] finds every unix socket and fifo in a granted tree, however deep and
+//!     whatever the bytes of their names, without following a symlink, and refuses a tree
+//!     larger than its entry cap rather than guess.
 //!     (pinned by: tests/it/guard.rs::g3_*)
-//! G4. [`resolve_workspace`] resolves a workspace path and applies the protocol's
-//!     dedicated-directory rule to the result, so every tier judges, and then uses, the
-//!     real directory; each refusal names the path and the reason.
+//! G4. [`open_workspace`] resolves a workspace path, opens the result again from `/` without
+//!     following any symlink (a component swapped for one in between refuses the grant),
+//!     and applies the protocol's dedicated-directory rule to it, so every tier judges the
+//!     directory it holds, and can check by device and inode that what it mounts is that
+//!     directory; each refusal names the path and the reason.
 //!     (pinned by: tests/it/guard.rs::g4_*)
 //! G5. [`stage::pack`] follows no symlink (it stores one as a link), reads no file past the
 //!     size it was listed at, refuses fifos, sockets and devices, and stops at its byte and
@@ -61,8 +68,8 @@
 //! writable directory without a mount point, and a mount point would be an empty file left
 //! in the user's directory (sandbox-runtime's approach, whose users report those files).
 //! Only the workspace's top level is covered: a `.envrc` the guest creates in a subdirectory
-//! stays. A unix socket a host daemon creates in the workspace after [`sockets`] ran is not
-//! covered.
+//! stays. A unix socket or fifo a host process creates in the workspace after [`specials`] ran
+//! is not covered.
 //!
 //! # Failure behaviour
 //! Every error is a [`HostFsError`] naming the path and the reason; a sweep that cannot
@@ -72,9 +79,11 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! [`Guarded::inspect`], [`sockets`], [`stage::pack`] and [`stage::unpack`] each open the
+//! [`open_workspace`], [`Guarded::inspect`], [`specials`], [`stage::pack`] and [`stage::unpack`] each open the
 //! one directory they are given (`cap_std::ambient_authority`); every later access is
-//! relative to that descriptor.
+//! relative to that descriptor, except that [`Guarded::sweep`] climbs back up a planted tree
+//! it walked down with `Dir::open_parent_dir` (`..`), and uses what it opened only if its
+//! device and inode are those of the directory it came down through.
 //!
 //! # Feature flags
 //! None.
@@ -149,19 +158,92 @@ pub enum WorkspaceError {
     /// The directory is not a dedicated one (the protocol's rule).
     #[error("workspace {0}")]
     NotDedicated(#[from] stockade_protocol::NotDedicated),
+    /// A directory on the resolved path was replaced (by a symlink or a file) while it was
+    /// being opened: something is changing the tree, and nothing is mounted.
+    #[error("workspace {}: a directory on the path changed while it was opened (a symlink or a file replaced it); refusing", path.display())]
+    Changed {
+        /// The resolved path.
+        path: PathBuf,
+    },
 }
 
 /// The real directory behind a workspace path (symlinks resolved), if the protocol's rule
 /// ([`stockade_protocol::check_dedicated`]) lets a tier grant it: the one check every tier
-/// makes before it mounts or preopens a workspace, on the path it will then use.
+/// makes before it mounts or preopens a workspace. The path returned is the one judged; see
+/// [`open_workspace`] for the directory itself, held.
 pub fn resolve_workspace(path: &Path) -> Result<PathBuf, WorkspaceError> {
-    let resolved = std::fs::canonicalize(path)
-        .map_err(|source| WorkspaceError::Unreachable { path: path.to_path_buf(), source })?;
+    open_workspace(path).map(|w| w.path)
+}
+
+/// A workspace directory judged and held: the path it had when it was opened, the open
+/// directory, and its device and inode.
+#[derive(Debug)]
+pub struct OpenedWorkspace {
+    path: PathBuf,
+    dir: Dir,
+    id: (u64, u64),
+}
+
+impl OpenedWorkspace {
+    /// The path the directory had when it was opened, symlinks resolved, and judged.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory itself.
+    #[must_use]
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Its device and inode: a mount of another directory has another pair.
+    #[must_use]
+    pub fn id(&self) -> (u64, u64) {
+        self.id
+    }
+}
+
+/// Opens the workspace at `path` and judges the directory it opened, not a name: the path is
+/// resolved (symlinks followed, as the user named it), then opened again from `/` one
+/// component at a time, each `O_NOFOLLOW | O_DIRECTORY`, so a component swapped for a
+/// symlink after the resolution fails the open instead of being followed; the resolved path
+/// is then judged by [`stockade_protocol::check_dedicated`]. What a tier mounts must be this
+/// directory: it compares the device and inode ([`OpenedWorkspace::id`]) with what it mounted.
+///
+/// # Ambient Authority
+/// Resolves `path` in the host's global filesystem namespace.
+pub fn open_workspace(path: &Path) -> Result<OpenedWorkspace, WorkspaceError> {
+    use cap_std::fs::MetadataExt;
+    use std::path::Component;
+    let unreachable = |source| WorkspaceError::Unreachable { path: path.to_path_buf(), source };
+    let resolved = std::fs::canonicalize(path).map_err(unreachable)?;
     if !resolved.is_dir() {
         return Err(WorkspaceError::NotADirectory { path: resolved });
     }
+    let mut dir = Dir::open_ambient_dir("/", cap_std::ambient_authority()).map_err(unreachable)?;
+    for part in resolved.components() {
+        match part {
+            Component::RootDir => {}
+            Component::Normal(name) => {
+                dir = stage::open_dir_nofollow(&dir, name).map_err(|e| {
+                    if e.raw_os_error() == Some(20) || e.raw_os_error() == Some(40) {
+                        // ENOTDIR or ELOOP: not a directory now, or a symlink swapped in.
+                        WorkspaceError::Changed { path: resolved.clone() }
+                    } else {
+                        unreachable(e)
+                    }
+                })?;
+            }
+            _ => return Err(WorkspaceError::Changed { path: resolved }),
+        }
+    }
+    let meta = dir.dir_metadata().map_err(unreachable)?;
+    if !meta.is_dir() {
+        return Err(WorkspaceError::NotADirectory { path: resolved });
+    }
     stockade_protocol::check_dedicated(&resolved, &[])?;
-    Ok(resolved)
+    Ok(OpenedWorkspace { id: (meta.dev(), meta.ino()), path: resolved, dir })
 }
 
 /// What one protected path looked like at inspection.
@@ -169,6 +251,9 @@ pub fn resolve_workspace(path: &Path) -> Result<PathBuf, WorkspaceError> {
 enum Found {
     Present,
     Absent,
+    /// A file stands on the way (a gitfile `.git`): nothing below it exists to protect, and
+    /// the file itself is protected as present.
+    Blocked,
 }
 
 /// A read-write workspace, inspected before a run.
@@ -179,15 +264,47 @@ pub struct Guarded {
     present: Vec<String>,
     absent: Vec<&'static str>,
     pinned: Vec<&'static str>,
+    /// The top-level names of `.git` at inspection, if it was a directory then (or none if
+    /// it was absent): a new name there that git does not write ([`stockade_protocol::GIT_WRITABLE`])
+    /// is swept.
+    git_before: Option<std::collections::HashSet<std::ffi::OsString>>,
 }
+
+/// What a sweep did: every path it removed, and every path it could not remove with the
+/// reason. A sweep never stops at an error: each protected path is tried.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Swept {
+    /// What the guest planted and the sweep removed, relative to the root.
+    pub removed: Vec<String>,
+    /// What the sweep could not remove, each naming the path and the reason.
+    pub errors: Vec<HostFsError>,
+}
+
+/// Most directory descriptors one sweep holds open at once, however deep the tree it
+/// removes: a guest that plants a tree deeper than the process's descriptor limit would
+/// otherwise stop a recursive removal (EMFILE) before the protected paths after it.
+pub const MAX_SWEEP_FDS: usize = 16;
 
 impl Guarded {
     /// Opens the read-write workspace `root` and records which protected paths exist.
     pub fn inspect(root: &Path) -> Result<Self, HostFsError> {
         let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())
             .map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
-        let mut g =
-            Guarded { root: root.to_path_buf(), dir, present: Vec::new(), absent: Vec::new(), pinned: Vec::new() };
+        Self::inspect_dir(root, dir)
+    }
+
+    /// Records which protected paths exist in the read-write workspace `dir`, already open
+    /// (from [`open_workspace`]); `root` names it in messages.
+    pub fn inspect_dir(root: &Path, dir: Dir) -> Result<Self, HostFsError> {
+        let mut g = Guarded {
+            root: root.to_path_buf(),
+            dir,
+            present: Vec::new(),
+            absent: Vec::new(),
+            pinned: Vec::new(),
+            git_before: None,
+        };
         for pin in PINNED_DIRS {
             match g.kind(&g.dir, pin)? {
                 Some(Kind::Dir) => g.pinned.push(pin),
@@ -197,10 +314,19 @@ impl Guarded {
                 None => {}
             }
         }
+        if g.pinned.contains(&".git") {
+            let git = stage::open_dir_nofollow(&g.dir, ".git".as_ref()).map_err(|e| g.io(".git", e))?;
+            let mut names = std::collections::HashSet::new();
+            for entry in git.entries().map_err(|e| g.io(".git", e))? {
+                names.insert(entry.map_err(|e| g.io(".git", e))?.file_name());
+            }
+            g.git_before = Some(names);
+        }
         for rel in PROTECTED_PATHS {
             match g.find(rel)? {
                 Found::Present => g.present.push((*rel).to_owned()),
                 Found::Absent => g.absent.push(rel),
+                Found::Blocked => {}
             }
         }
         Ok(g)
@@ -237,60 +363,232 @@ impl Guarded {
         let list = |v: &[&str]| if v.is_empty() { "none".to_owned() } else { v.join(" ") };
         let present: Vec<&str> = self.present.iter().map(String::as_str).collect();
         format!(
-            "read-only inside the workspace: {}; absent, removed after the run if created: {}",
+            "read-only inside the workspace: {}; absent, removed after the run if created: {} and any new .git entry git does not write",
             list(&present),
             list(&self.absent)
         )
     }
 
     /// After the run, with every guest process gone: removes each protected path that was
-    /// absent and now exists, and any symlink or non-directory planted on the way to one.
-    /// Returns what it removed, relative to the root.
-    pub fn sweep(&self) -> Result<Vec<String>, HostFsError> {
-        let mut removed = Vec::new();
+    /// absent and now exists, any symlink or non-directory planted on the way to one, and
+    /// each new top-level entry of `.git` that git does not write. It never stops at an
+    /// error: each path is tried, a directory the owner may not enter is made enterable, a
+    /// tree of any depth is removed holding at most [`MAX_SWEEP_FDS`] descriptors, and every
+    /// failure is returned, naming its path. It never removes what was present at
+    /// inspection.
+    #[must_use]
+    pub fn sweep(&self) -> Swept {
+        let mut out = Swept::default();
         for rel in &self.absent {
-            let parts: Vec<&str> = rel.split('/').collect();
-            let Some((last, parents)) = parts.split_last() else { continue };
-            let mut dir = self.dir.try_clone().map_err(|e| self.io(rel, e))?;
-            let mut walked = String::new();
-            let mut reached = true;
-            for part in parents {
-                walked = if walked.is_empty() { (*part).to_owned() } else { format!("{walked}/{part}") };
-                match self.kind(&dir, part)? {
-                    Some(Kind::Dir) => {
-                        dir = stage::open_dir_nofollow(&dir, part.as_ref()).map_err(|e| self.io(&walked, e))?
-                    }
-                    None => {
-                        reached = false;
-                        break;
-                    }
-                    Some(Kind::Symlink | Kind::Other) => {
-                        // Was absent or a real directory at inspection (a symlink refused the
-                        // grant, and pinned directories cannot be replaced): planted.
-                        dir.remove_file(part).map_err(|e| self.io(&walked, e))?;
-                        removed.push(walked.clone());
-                        reached = false;
-                        break;
-                    }
-                }
-            }
-            if !reached {
-                continue;
-            }
-            match self.kind(&dir, last)? {
-                None => {}
-                Some(Kind::Dir) => {
-                    dir.remove_dir_all(last).map_err(|e| self.io(rel, e))?;
-                    removed.push((*rel).to_owned());
-                }
-                Some(Kind::Symlink | Kind::Other) => {
-                    dir.remove_file(last).map_err(|e| self.io(rel, e))?;
-                    removed.push((*rel).to_owned());
+            self.sweep_one(rel, &mut out);
+        }
+        self.sweep_git(&mut out);
+        out.removed.sort();
+        out.removed.dedup();
+        out
+    }
+
+    fn sweep_one(&self, rel: &str, out: &mut Swept) {
+        let parts: Vec<&str> = rel.split('/').collect();
+        let Some((last, parents)) = parts.split_last() else { return };
+        let mut dir = match self.dir.try_clone() {
+            Ok(d) => d,
+            Err(e) => return out.errors.push(self.io(rel, e)),
+        };
+        let mut walked = String::new();
+        for part in parents {
+            walked = if walked.is_empty() { (*part).to_owned() } else { format!("{walked}/{part}") };
+            match self.kind(&dir, part) {
+                Err(e) => return out.errors.push(e),
+                Ok(None) => return,
+                Ok(Some(Kind::Dir)) => match self.enter(&dir, part.as_ref(), &walked) {
+                    Ok(d) => dir = d,
+                    Err(e) => return out.errors.push(e),
+                },
+                Ok(Some(Kind::Symlink | Kind::Other)) => {
+                    // Inspection found the way clear or absent (a file on the way makes the
+                    // path `Blocked`, never absent, and a symlink refuses the grant), so this
+                    // was planted.
+                    return self.remove(&dir, part.as_ref(), &walked, out);
                 }
             }
         }
-        removed.dedup();
-        Ok(removed)
+        self.remove(&dir, last.as_ref(), rel, out);
+    }
+
+    /// The new top-level entries of `.git` that git does not write.
+    fn sweep_git(&self, out: &mut Swept) {
+        let git = match self.kind(&self.dir, ".git") {
+            Ok(Some(Kind::Dir)) => match self.enter(&self.dir, ".git".as_ref(), ".git") {
+                Ok(d) => d,
+                Err(e) => return out.errors.push(e),
+            },
+            Ok(_) => return,
+            Err(e) => return out.errors.push(e),
+        };
+        let names = match list(&git) {
+            Ok(n) => n,
+            Err(e) => return out.errors.push(self.io(".git", e)),
+        };
+        for name in names {
+            let before = self.git_before.as_ref().is_some_and(|b| b.contains(&name));
+            if before || stockade_protocol::git_writable(&name) {
+                continue;
+            }
+            let rel = format!(".git/{}", name.to_string_lossy());
+            self.remove(&git, &name, &rel, out);
+        }
+    }
+
+    /// Opens the directory `name` in `dir` for the sweep: a directory the owner may not enter
+    /// (`chmod 0500`, `0000`) is given its owner's rights first.
+    fn enter(&self, dir: &Dir, name: &std::ffi::OsStr, rel: &str) -> Result<Dir, HostFsError> {
+        self.enter_lazy(dir, name, || rel.to_owned())
+    }
+
+    /// [`Guarded::enter`], naming the path (built only for an error) with `rel`.
+    fn enter_lazy(&self, dir: &Dir, name: &std::ffi::OsStr, rel: impl Fn() -> String) -> Result<Dir, HostFsError> {
+        match stage::open_dir_nofollow(dir, name) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                make_owner_rwx(dir, name).map_err(|e| self.io(&rel(), e))?;
+                stage::open_dir_nofollow(dir, name).map_err(|e| self.io(&rel(), e))
+            }
+            r => r.map_err(|e| self.io(&rel(), e)),
+        }
+    }
+
+    /// Removes `name` in `dir` (anything: a file, a link, a tree of any depth), recording it
+    /// or every error on the way.
+    fn remove(&self, dir: &Dir, name: &std::ffi::OsStr, rel: &str, out: &mut Swept) {
+        let before = out.errors.len();
+        match dir.symlink_metadata(name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) => return out.errors.push(self.io(rel, e)),
+            Ok(m) if m.is_dir() => self.remove_tree(dir, name, rel, out),
+            Ok(_) => {
+                if let Err(e) = dir.remove_file(name) {
+                    out.errors.push(self.io(rel, e));
+                }
+            }
+        }
+        if out.errors.len() == before {
+            out.removed.push(rel.to_owned());
+        }
+    }
+
+    /// Removes the directory `name` in `parent` and everything below it, depth first, with
+    /// at most [`MAX_SWEEP_FDS`] descriptors open: a level whose descriptor was closed for
+    /// the cap is reopened by name from `parent`. An entry that cannot be removed is
+    /// recorded and left, and the walk goes on with the rest.
+    fn remove_tree(&self, parent: &Dir, name: &std::ffi::OsStr, rel: &str, out: &mut Swept) {
+        let mut stack = vec![Frame { name: name.to_owned(), id: None, dir: None, pending: None, failed: false }];
+        while let Some(top) = stack.len().checked_sub(1) {
+            if stack[top].dir.is_none() {
+                match self.reopen(parent, &stack, rel, out) {
+                    Some(d) => {
+                        stack[top].id = dir_id(&d);
+                        stack[top].dir = Some(d);
+                    }
+                    None => {
+                        // It cannot be entered: left, with its error recorded.
+                        stack.pop();
+                        if let Some(p) = stack.last_mut() {
+                            p.failed = true;
+                        }
+                        continue;
+                    }
+                }
+                if stack.iter().filter(|f| f.dir.is_some()).count() > MAX_SWEEP_FDS
+                    && let Some(oldest) = stack.iter_mut().find(|f| f.dir.is_some())
+                {
+                    oldest.dir = None;
+                }
+            }
+            if stack[top].pending.is_none() {
+                let here = || path_of(rel, &stack);
+                let mut subdirs = Vec::new();
+                let mut failed = false;
+                if let Some(dir) = stack[top].dir.as_ref() {
+                    match list_typed(dir) {
+                        Ok(entries) => {
+                            for (entry, is_dir) in entries {
+                                if is_dir {
+                                    subdirs.push(entry);
+                                } else if let Err(e) = dir.remove_file(&entry) {
+                                    out.errors.push(self.io(&format!("{}/{}", here(), entry.to_string_lossy()), e));
+                                    failed = true;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            out.errors.push(self.io(&here(), e));
+                            failed = true;
+                        }
+                    }
+                }
+                stack[top].failed |= failed;
+                stack[top].pending = Some(subdirs);
+            }
+            if let Some(sub) = stack[top].pending.as_mut().and_then(Vec::pop) {
+                stack.push(Frame { name: sub, id: None, dir: None, pending: None, failed: false });
+                continue;
+            }
+            // Everything below is gone (or recorded): the directory itself.
+            let Some(done) = stack.pop() else { break };
+            // Climbing back up: a parent whose descriptor was closed for the cap is opened
+            // as `..` of this one (and must be the directory walked down through), not
+            // again from the top, so a deep tree costs one open per level each way.
+            if let (Some(p), Some(d)) = (stack.last_mut(), done.dir.as_ref())
+                && p.dir.is_none()
+                && let Ok(up) = d.open_parent_dir(cap_std::ambient_authority())
+                && dir_id(&up).is_some_and(|id| Some(id) == p.id)
+            {
+                p.dir = Some(up);
+            }
+            drop(done.dir);
+            let removed = !done.failed && {
+                let holder = match stack.last().and_then(|p| p.dir.as_ref()) {
+                    Some(d) => d.try_clone().ok(),
+                    None if stack.is_empty() => parent.try_clone().ok(),
+                    None => self.reopen(parent, &stack, rel, out),
+                };
+                match holder.map(|h| h.remove_dir(&done.name)) {
+                    Some(Ok(())) => true,
+                    Some(Err(e)) => {
+                        let mut here = path_of(rel, &stack);
+                        if !stack.is_empty() {
+                            here.push('/');
+                            here.push_str(&done.name.to_string_lossy());
+                        }
+                        out.errors.push(self.io(&here, e));
+                        false
+                    }
+                    None => false,
+                }
+            };
+            if !removed && let Some(p) = stack.last_mut() {
+                p.failed = true;
+            }
+        }
+    }
+
+    /// The directory of the last frame of `stack`, opened from `parent` by name, one level at
+    /// a time (`O_NOFOLLOW | O_DIRECTORY`, made enterable where its owner may).
+    fn reopen(&self, parent: &Dir, stack: &[Frame], rel: &str, out: &mut Swept) -> Option<Dir> {
+        // Start from the deepest frame still open.
+        let from = stack.iter().rposition(|f| f.dir.is_some());
+        let mut cur = match from {
+            Some(i) => stack[i].dir.as_ref()?.try_clone().ok()?,
+            None => parent.try_clone().ok()?,
+        };
+        let first = from.map_or(0, |i| i + 1);
+        for i in first..stack.len() {
+            cur = self
+                .enter_lazy(&cur, &stack[i].name, || path_of(rel, &stack[..=i]))
+                .map_err(|e| out.errors.push(e))
+                .ok()?;
+        }
+        Some(cur)
     }
 
     fn find(&self, rel: &str) -> Result<Found, HostFsError> {
@@ -307,8 +605,9 @@ impl Guarded {
                 Some(Kind::Dir) => {
                     dir = stage::open_dir_nofollow(&dir, part.as_ref()).map_err(|e| self.io(&walked, e))?
                 }
-                // A file on the way (a gitfile `.git`): nothing below it to protect.
-                Some(Kind::Other) => return Ok(Found::Absent),
+                // A file on the way (a gitfile `.git`): nothing below it to protect, and the
+                // file is never the sweep's to remove.
+                Some(Kind::Other) => return Ok(Found::Blocked),
             }
         }
         Ok(Found::Absent)
@@ -318,13 +617,14 @@ impl Guarded {
     /// then opened with `O_NOFOLLOW | O_DIRECTORY`, so a symlink swapped in between fails
     /// the walk instead of being followed (and no guest runs when this crate walks: before
     /// the run, or after its last process died).
-    fn kind(&self, dir: &Dir, name: &str) -> Result<Option<Kind>, HostFsError> {
+    fn kind<N: AsRef<Path> + ?Sized>(&self, dir: &Dir, name: &N) -> Result<Option<Kind>, HostFsError> {
+        let name = name.as_ref();
         match dir.symlink_metadata(name) {
             Ok(m) if m.file_type().is_symlink() => Ok(Some(Kind::Symlink)),
             Ok(m) if m.is_dir() => Ok(Some(Kind::Dir)),
             Ok(_) => Ok(Some(Kind::Other)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.io(name, e)),
+            Err(e) => Err(self.io(&name.to_string_lossy(), e)),
         }
     }
 
@@ -337,22 +637,83 @@ impl Guarded {
     }
 }
 
-/// Most entries [`sockets`] walks before it gives up (and the grant is refused): a million.
+/// One directory on the sweep's way down a planted tree.
+struct Frame {
+    name: std::ffi::OsString,
+    /// Its device and inode, once opened: a level reopened from below must be this one.
+    id: Option<(u64, u64)>,
+    /// Its descriptor, unless closed to keep within [`MAX_SWEEP_FDS`].
+    dir: Option<Dir>,
+    /// Subdirectories still to remove; `None` until the directory was listed.
+    pending: Option<Vec<std::ffi::OsString>>,
+    /// Something below could not be removed, so neither can this directory.
+    failed: bool,
+}
+
+/// The path of the last frame of `stack`, relative to the workspace (`rel` names the first).
+fn path_of(rel: &str, stack: &[Frame]) -> String {
+    let mut r = rel.to_owned();
+    for f in stack.iter().skip(1) {
+        r.push('/');
+        r.push_str(&f.name.to_string_lossy());
+    }
+    r
+}
+
+/// The device and inode of the open directory `dir`.
+fn dir_id(dir: &Dir) -> Option<(u64, u64)> {
+    use cap_std::fs::MetadataExt;
+    dir.dir_metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The names in `dir`.
+fn list(dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
+    dir.entries()?.map(|e| e.map(|e| e.file_name())).collect()
+}
+
+/// The names in `dir`, each with whether it is a directory (not following a symlink).
+fn list_typed(dir: &Dir) -> io::Result<Vec<(std::ffi::OsString, bool)>> {
+    let mut out = Vec::new();
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let is_dir = entry.file_type()?.is_dir();
+        out.push((entry.file_name(), is_dir));
+    }
+    Ok(out)
+}
+
+/// Gives the owner read, write and search rights on the directory `name` in `dir` (what a
+/// guest took away with `chmod` so a sweep could not enter it). Only the owner, or root,
+/// may; anyone else gets the error.
+fn make_owner_rwx(dir: &Dir, name: &std::ffi::OsStr) -> io::Result<()> {
+    use cap_std::fs::PermissionsExt;
+    let mode = dir.symlink_metadata(name)?.permissions().mode() | 0o700;
+    dir.set_permissions(name, cap_std::fs::Permissions::from_mode(mode))
+}
+
+/// Most entries [`specials`] walks before it gives up (and the grant is refused): a million.
 pub const MAX_WALK_ENTRIES: usize = 1_000_000;
 
-/// Every unix socket in the tree at `root` (relative paths), found by a walk that follows no
-/// symlink and stops with an error after `max_entries` entries. A tier covers each one in
-/// the guest's view, since landlock before its pathname-socket scope cannot stop a
-/// `connect` to a socket inside a granted directory, and a read-only bind does not either.
-pub fn sockets(root: &Path, max_entries: usize) -> Result<Vec<String>, HostFsError> {
-    use cap_std::fs::FileTypeExt;
+/// Every unix socket and fifo in the tree at `root` (relative paths, names as the host has
+/// them, UTF-8 or not), found by a walk that follows no symlink and stops with an error after
+/// `max_entries` entries. A tier covers each one in the guest's view: landlock before its
+/// pathname-socket scope cannot stop a `connect` to a socket inside a granted directory, a
+/// read-only bind does not either, and a fifo's reader on the host would take what the guest
+/// writes into it.
+pub fn specials(root: &Path, max_entries: usize) -> Result<Vec<PathBuf>, HostFsError> {
     let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())
         .map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
-    let io = |rel: &str, source| HostFsError::Io { root: root.to_path_buf(), rel: rel.to_owned(), source };
+    specials_in(root, dir, max_entries)
+}
+
+/// [`specials`] in the directory `dir`, already open; `root` names it in messages.
+pub fn specials_in(root: &Path, dir: Dir, max_entries: usize) -> Result<Vec<PathBuf>, HostFsError> {
+    use cap_std::fs::FileTypeExt;
+    let io = |rel: &Path, source| HostFsError::Io { root: root.to_path_buf(), rel: rel.display().to_string(), source };
     let (mut found, mut seen) = (Vec::new(), 0usize);
-    let mut stack = vec![(dir, String::new())];
+    let mut stack = vec![(dir, PathBuf::new())];
     while let Some((dir, prefix)) = stack.pop() {
-        let at = if prefix.is_empty() { "." } else { prefix.as_str() };
+        let at = if prefix.as_os_str().is_empty() { Path::new(".") } else { prefix.as_path() };
         for entry in dir.entries().map_err(|e| io(at, e))? {
             let entry = entry.map_err(|e| io(at, e))?;
             seen += 1;
@@ -360,15 +721,13 @@ pub fn sockets(root: &Path, max_entries: usize) -> Result<Vec<String>, HostFsErr
                 return Err(io(
                     at,
                     io::Error::other(format!(
-                        "more than {max_entries} entries to check for unix sockets; grant a smaller directory"
+                        "more than {max_entries} entries to check for unix sockets and fifos; grant a smaller directory"
                     )),
                 ));
             }
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let rel = if prefix.is_empty() { name.to_owned() } else { format!("{prefix}/{name}") };
+            let rel = prefix.join(entry.file_name());
             let kind = entry.file_type().map_err(|e| io(&rel, e))?;
-            if kind.is_socket() {
+            if kind.is_socket() || kind.is_fifo() {
                 found.push(rel);
             } else if kind.is_dir() {
                 match entry.open_dir() {

@@ -16,7 +16,7 @@
 //! - [`unpack`] applies the archive the engine returns to the host directory: only regular
 //!   files and directories, only names made of normal components, never into or through a
 //!   host symlink (each parent is opened without following one), never a
-//!   [`PROTECTED_PATHS`] entry, new files without setuid bits, identical files left alone,
+//!   protected path (`stockade_protocol::is_protected`: a listed one, or a new `.git` entry git does not write), new files without setuid bits, identical files left alone,
 //!   each file written beside its name and renamed over it once complete, so a host
 //!   directory that fills up skips that entry (listed, with the error) and leaves the host
 //!   file as it was.
@@ -29,7 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
-use stockade_protocol::{Access, PINNED_DIRS, PROTECTED_PATHS};
+use stockade_protocol::{Access, PINNED_DIRS};
 
 /// Default size of a staged workspace (the tmpfs volume, and the most [`pack`] uploads): 64 MiB.
 pub const DEFAULT_STAGE_BYTES: u64 = 64 << 20;
@@ -269,7 +269,7 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
         // A protected path or anything under it, and a pinned directory's name as anything
         // but a directory (a gitfile would point git at the guest's own hooks).
         let pinned_not_dir = PINNED_DIRS.iter().any(|p| rel == Path::new(p)) && !kind.is_dir();
-        if pinned_not_dir || PROTECTED_PATHS.iter().any(|p| rel.starts_with(p)) {
+        if pinned_not_dir || stockade_protocol::is_protected(&rel) {
             applied.skip(&rel, "protected path");
             continue;
         }

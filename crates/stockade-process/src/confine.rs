@@ -507,6 +507,17 @@ const CLONE_NEW: &[(&str, u64)] = &[
 /// network namespace). Everything else (packet, raw netlink families, bluetooth, ...) is EPERM.
 const SOCKET_FAMILIES: &[(&str, u64)] = &[("AF_UNIX", 1), ("AF_INET", 2), ("AF_INET6", 10), ("AF_NETLINK", 16)];
 
+/// The protocols an inet (IPv4 or IPv6) socket may ask for: the type's default (0), TCP,
+/// UDP and ICMP (ping sockets; ICMPv6). Landlock's network rules cover TCP only, so another
+/// stream protocol would bind and listen where TCP gets EACCES: MPTCP (262) and SCTP (132)
+/// are refused, and so is `SOCK_SEQPACKET`, whose default protocol is SCTP.
+const INET_PROTOCOLS: &[(&str, u64)] =
+    &[("default", 0), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17), ("IPPROTO_ICMP", 1), ("IPPROTO_ICMPV6", 58)];
+/// The inet socket types allowed: stream and datagram (the low four bits of `type`; the
+/// rest are `SOCK_NONBLOCK` and `SOCK_CLOEXEC`).
+const INET_TYPES: &[(&str, u64)] = &[("SOCK_STREAM", 1), ("SOCK_DGRAM", 2)];
+const SOCK_TYPE_MASK: u64 = 0xf;
+
 /// Calls that set a file mode, with the index of the mode argument: a set-uid or set-gid bit
 /// in it is refused. A file the guest makes in a workspace belongs to the invoking user on
 /// the host (root, through the id-mapped mount), so a set-id bit there would hand whoever
@@ -550,7 +561,7 @@ pub(crate) fn seccomp_summary() -> String {
          ENOSYS, so that libraries fall back:{}\n\
          EPERM:{}\n\
          EPERM clone with any of:{}\n\
-         EPERM socket unless family is:{} (netlink: NETLINK_ROUTE only)\n\
+         EPERM socket unless family is:{} (netlink: NETLINK_ROUTE only; inet and inet6: type{} only, protocol{} only)\n\
          EPERM ioctl TIOCSTI, TIOCLINUX\n\
          EPERM personality except 0 and the query 0xffffffff\n\
          EPERM a set-uid or set-gid mode in:{}\n",
@@ -560,6 +571,8 @@ pub(crate) fn seccomp_summary() -> String {
         names(DENIED),
         names(CLONE_NEW),
         names(SOCKET_FAMILIES),
+        names(INET_TYPES),
+        names(INET_PROTOCOLS),
         SETID_MODE_ARG.iter().map(|(n, _, _)| format!(" {n}")).collect::<String>(),
     )
 }
@@ -584,8 +597,18 @@ pub(crate) fn oci_profile() -> serde_json::Value {
     let clone_new = CLONE_NEW.iter().fold(0, |a, (_, f)| a | f);
     rules.push(allow("clone", vec![masked(0, clone_new, 0)]));
     for (name, family) in SOCKET_FAMILIES {
-        let args = if *name == "AF_NETLINK" { vec![eq(0, *family), eq(2, 0)] } else { vec![eq(0, *family)] };
-        rules.push(allow("socket", args));
+        match *name {
+            "AF_NETLINK" => rules.push(allow("socket", vec![eq(0, *family), eq(2, 0)])),
+            "AF_INET" | "AF_INET6" => {
+                for (_, ty) in INET_TYPES {
+                    for (_, proto) in INET_PROTOCOLS {
+                        rules
+                            .push(allow("socket", vec![eq(0, *family), masked(1, SOCK_TYPE_MASK, *ty), eq(2, *proto)]));
+                    }
+                }
+            }
+            _ => rules.push(allow("socket", vec![eq(0, *family)])),
+        }
     }
     for value in [0, PERSONALITY_QUERY] {
         rules.push(allow("personality", vec![eq(0, value)]));
@@ -631,13 +654,27 @@ pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
     for (_, fam) in SOCKET_FAMILIES {
         family_rule.push(cond(0, d.clone(), SeccompCmpOp::Ne, *fam)?);
     }
-    eperm.insert(
-        libc::SYS_socket,
-        vec![
-            rule(family_rule)?,
-            rule(vec![cond(0, d.clone(), SeccompCmpOp::Eq, 16)?, cond(2, d.clone(), SeccompCmpOp::Ne, 0)?])?,
-        ],
-    );
+    let mut socket_rules = vec![
+        rule(family_rule)?,
+        rule(vec![cond(0, d.clone(), SeccompCmpOp::Eq, 16)?, cond(2, d.clone(), SeccompCmpOp::Ne, 0)?])?,
+    ];
+    for family in [2u64, 10] {
+        // An inet protocol not on the list.
+        let mut other_protocol = vec![cond(0, d.clone(), SeccompCmpOp::Eq, family)?];
+        for (_, proto) in INET_PROTOCOLS {
+            other_protocol.push(cond(2, d.clone(), SeccompCmpOp::Ne, *proto)?);
+        }
+        socket_rules.push(rule(other_protocol)?);
+        // An inet type not on the list: one rule per refused value of the type's low bits
+        // (the conditions of one rule are ANDed).
+        for ty in (0..=SOCK_TYPE_MASK).filter(|t| !INET_TYPES.iter().any(|(_, a)| a == t)) {
+            socket_rules.push(rule(vec![
+                cond(0, d.clone(), SeccompCmpOp::Eq, family)?,
+                cond(1, d.clone(), SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), ty)?,
+            ])?);
+        }
+    }
+    eperm.insert(libc::SYS_socket, socket_rules);
     eperm.insert(
         libc::SYS_ioctl,
         vec![

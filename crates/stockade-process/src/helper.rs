@@ -271,15 +271,22 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
     if let Err(e) = caps::set_not_dumpable() {
         return rep.fail("init", false, format!("PR_SET_DUMPABLE 0: {e}"));
     }
-    match build_view(spec, uid, gid, ws_tree) {
-        Ok(()) => {}
+    let covered = match build_view(spec, uid, gid, ws_tree) {
+        Ok(covered) => covered,
         Err(ViewError::Path(e)) => return rep.fail("workspace", false, e),
         Err(ViewError::Mechanism(e)) => return rep.fail("mount", true, e),
-    }
+    };
     let mut protected =
         if spec.protected_detail.is_empty() { String::new() } else { format!("; {}", spec.protected_detail) };
-    if !spec.sockets.is_empty() {
-        protected.push_str(&format!("; unix sockets covered: {}", spec.sockets.join(" ")));
+    if !covered.is_empty() {
+        // Bounded, so the line stays under the report's line cap however many there are.
+        let shown: Vec<String> = covered.iter().take(8).map(|p| p.to_string_lossy().into_owned()).collect();
+        let more = if covered.len() > shown.len() {
+            format!(" and {} more", covered.len() - shown.len())
+        } else {
+            String::new()
+        };
+        protected.push_str(&format!("; unix sockets and fifos covered: {}{more}", shown.join(" ")));
     }
     rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
@@ -341,8 +348,9 @@ impl From<String> for ViewError {
 
 /// Builds the guest's filesystem view and pivots into it (bubblewrap's sequence). `ws_tree`
 /// is the id-mapped workspace of a root supervisor; without it the workspace is bound here,
-/// with the rights of the (non-root) user.
-fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<(), ViewError> {
+/// with the rights of the (non-root) user. Returns the unix sockets and fifos it covered in
+/// the workspace.
+fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<Vec<PathBuf>, ViewError> {
     let none = Path::new("");
     // The run's terminal, by the name the guest's `ttyname()` reads back from `/proc`
     // (`/dev/pts/N`), read while the host's `/proc` is still in place.
@@ -451,6 +459,7 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             format!("mounting /{dir}")
         })?;
     }
+    let mut covered = Vec::new();
     if let Some((host, writable)) = &spec.workspace {
         let ws = new.join("workspace");
         ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
@@ -470,6 +479,19 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             }
         }
         drop(ws_tree);
+        // What is mounted must be the directory the supervisor opened and judged, not
+        // whatever the path names now: a directory on it swapped for a symlink in between
+        // (by a concurrent run's guest) would otherwise mount its target.
+        if let Some(want) = spec.workspace_id {
+            let m = ctx(fs::metadata(&ws), || "stat /workspace".into())?;
+            let got = (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m));
+            if got != want {
+                return Err(ViewError::Path(format!(
+                    "workspace {}: the directory at this path is no longer the one that was checked (something replaced a directory on the path since); nothing was run",
+                    host.display()
+                )));
+            }
+        }
         if *writable {
             // The directories that hold protected paths (`.git`) are pinned: bound writable
             // onto themselves, so they cannot be renamed aside and replaced (EBUSY). Then the
@@ -482,23 +504,32 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
                 spec.pinned.iter().map(|p| (p, true)).chain(spec.protected.iter().map(|p| (p, false)))
             {
                 let p = ws.join(rel);
-                if fs::symlink_metadata(&p).is_ok() {
-                    bind(&p, &p, writable)?;
+                match fs::symlink_metadata(&p) {
+                    // Inspected without a symlink on the way; one now is another run's doing.
+                    Ok(m) if m.file_type().is_symlink() => {
+                        return Err(ViewError::Path(format!(
+                            "{rel} in the workspace became a symlink after it was checked; nothing was run"
+                        )));
+                    }
+                    Ok(_) => bind(&p, &p, writable)?,
+                    Err(_) => {}
                 }
             }
         }
-        // A host daemon's unix socket in the workspace: landlock ABI 7 cannot stop a connect
-        // to it, and neither can a read-only bind, so `/dev/null` covers it (connect then
-        // fails with ECONNREFUSED). The supervisor found them; a socket made after that is
-        // not covered.
-        for rel in &spec.sockets {
+        // A host daemon's unix socket or a host reader's fifo in the workspace: landlock ABI 7
+        // cannot stop a connect to the one, and neither can a read-only bind, nor a write into
+        // the other, so `/dev/null` covers each (a connect then fails with ECONNREFUSED; a
+        // write goes nowhere). Found here, by a walk of what is mounted (names as bytes, no
+        // list in the spec however many there are); one made after this walk is not covered.
+        let found = stockade_hostfs::specials(&ws, stockade_hostfs::MAX_WALK_ENTRIES)
+            .map_err(|e| ViewError::Path(format!("finding the unix sockets and fifos to cover: {e}")))?;
+        for rel in &found {
             let p = ws.join(rel);
-            if fs::symlink_metadata(&p).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
-                ctx(mount::mount(&old.join("dev/null"), &p, "", libc::MS_BIND, ""), || {
-                    format!("covering the unix socket {rel} in the workspace")
-                })?;
-            }
+            ctx(mount::mount(&old.join("dev/null"), &p, "", libc::MS_BIND, ""), || {
+                format!("covering {} in the workspace", rel.display())
+            })?;
         }
+        covered = found;
     }
     if let Some(host) = &spec.grants_dir {
         // The broker's directory: its socket, its client and the data grants, read-only
@@ -516,7 +547,7 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
     ctx(mount::mount(none, Path::new("/"), "", libc::MS_REMOUNT | libc::MS_BIND | RO, ""), || {
         "remounting / read-only".into()
     })?;
-    Ok(())
+    Ok(covered)
 }
 
 /// The number of the pty on this process's stdin, from its `/dev/pts/N` name; `None` when

@@ -59,15 +59,18 @@
 //!
 //! # Guarantees
 //! G1. The guest sees only the view above: host files outside it (a home directory, `/root`,
-//!     `/etc/shadow`, host sockets) do not exist for it, a unix socket inside a granted
-//!     workspace (found when the run starts, at any depth) is covered with `/dev/null`,
+//!     `/etc/shadow`, host sockets) do not exist for it, a unix socket or fifo inside a
+//!     granted workspace (found by the helper in what it mounted, at any depth, whatever
+//!     the bytes of its name, however many) is covered with `/dev/null`,
 //!     system directories are read-only, and writes land only in its private tmpfs or a
 //!     read-write workspace.
-//!     (pinned by: tests/it/confinement.rs::g1_*)
+//!     (pinned by: tests/it/confinement.rs::g1_*, tests/it/workspace.rs::g1_*)
 //! G2. The guest is never host uid 0 and holds no capabilities, and `no_new_privs` is set.
 //!     (pinned by: tests/it/confinement.rs::g2_*)
 //! G3. The guest has no network: no route to the host's loopback listeners, TCP bind and
-//!     connect denied by landlock, and only unix, inet, inet6 and netlink-route sockets.
+//!     connect denied by landlock, and only unix, inet, inet6 and netlink-route sockets,
+//!     inet ones only stream or datagram with the default, TCP, UDP or ICMP protocol (so no
+//!     MPTCP or SCTP socket, which landlock's TCP rules do not cover).
 //!     (pinned by: tests/it/confinement.rs::g3_*)
 //! G4. The seccomp filter refuses each listed syscall, and a process cannot signal or trace
 //!     anything outside the run.
@@ -101,10 +104,16 @@
 //!     stays read-only and can be neither removed nor renamed, and `.git` itself is pinned
 //!     (bound writable onto itself) so it cannot be moved aside and replaced, while git's
 //!     history stays writable (`git commit` works); a protected path reached through a
-//!     symlink refuses the grant; and what the guest creates where a protected path was
-//!     absent is removed when the run is over (`stockade-hostfs`), and the report says what.
-//!     So the guest cannot leave code the host runs later.
-//!     (pinned by: tests/it/confinement.rs::g10_*)
+//!     symlink refuses the grant; what the guest creates where a protected path was
+//!     absent, and any new top-level entry of `.git` that git does not write
+//!     (`.git/commondir`), is removed when the run is over (`stockade-hostfs`), and the
+//!     report says what, with every path the sweep could not remove; a gitfile the user had
+//!     is never removed. The sweep also runs when the run ends early or its future is
+//!     dropped (a cancelled call), once the run's processes are gone. One read-write run
+//!     of a workspace at a time (an exclusive `flock` on the opened directory, held through
+//!     the sweep; read-only runs share it), so a run never inspects what another run's guest
+//!     is planting. So the guest cannot leave code the host runs later.
+//!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
 //!     at every launch); otherwise the launch executes the fallback helper binary, or fails
 //!     with [`LaunchError::Misconfigured`] when there is none. Either way the guest is a fresh
@@ -125,7 +134,11 @@
 //! G13. A workspace is granted only if, with symlinks resolved, it passes the protocol's
 //!     dedicated-directory rule ([`stockade_protocol::check_dedicated`]: no `/`, system
 //!     tree, shared directory or home directory itself, nor an ancestor of one), else
-//!     [`LaunchError::Misconfigured`] names the path. A directory the invoking user owns is
+//!     [`LaunchError::Misconfigured`] names the path. The directory is opened once, without
+//!     following a symlink (`stockade_hostfs::open_workspace`), judged as opened, and the
+//!     helper runs nothing unless the directory it mounted at `/workspace` has that
+//!     directory's device and inode: a directory on the path swapped for a symlink between
+//!     the check and the mount (by another run's guest) is refused, never mounted. A directory the invoking user owns is
 //!     usable whatever its mode: as root, the helper opens it before dropping to `nobody`
 //!     and attaches it as an id-mapped mount (`open_tree`, `mount_setattr(MOUNT_ATTR_IDMAP)`,
 //!     `move_mount`) in which root's files are the guest's own and what the guest creates
@@ -135,7 +148,7 @@
 //!     `fchmod*`, `creat`, `mknod*` and creating `open`/`openat` (and `openat2`, whose mode
 //!     it cannot read, is ENOSYS), so such a file cannot hand its owner's rights to whoever
 //!     runs it on the host.
-//!     (pinned by: tests/it/confinement.rs::g13_*)
+//!     (pinned by: tests/it/confinement.rs::g13_*, tests/it/workspace.rs::g13_*)
 //! G14. A [`ForkServer`], started while the process has one thread (else
 //!     [`LaunchError::Misconfigured`]), lets a multi-threaded program launch every run
 //!     without an exec, with the same mechanisms as an executed helper: each helper is
@@ -187,10 +200,14 @@
 //! umask and working directory are those of that moment too, not later changes. A [`PROTECTED`] path
 //! that does not exist in a read-write workspace can be created by the guest during the run
 //! and exists on the host until the run ends (blocking it would need a mount point, an
-//! empty file left in the user's directory); only the workspace's top level is covered. Landlock ABI 7 cannot
+//! empty file left in the user's directory); only the workspace's top level is covered. A
+//! cancelled run is swept once its helper is reaped and its cgroup removed; without a
+//! per-run cgroup, a process of the run that has not yet received the pid namespace's
+//! SIGKILL could still write in that moment. A supervisor that is SIGKILLed sweeps nothing:
+//! what its guest planted stays until the user removes it (no persisted sweep record yet). Landlock ABI 7 cannot
 //! restrict pathname unix sockets (a later ABI can): the view does not contain host sockets,
-//! and those inside a workspace are covered when the run starts, so a socket a host daemon
-//! creates in the workspace during the run is reachable (sandbox-runtime blocks unix
+//! and those inside a workspace are covered when the run starts, so a socket or fifo a host
+//! process creates in the workspace during the run is reachable (sandbox-runtime blocks unix
 //! sockets with seccomp instead, which would also break the guest's own). `RLIMIT_NPROC` (the fallback without a
 //! cgroup) counts every process of the guest's host uid. Through the id-mapped workspace the
 //! guest acts as the owner of root's files there (that is the point: it can edit the
@@ -522,14 +539,15 @@ impl ProcessTier {
     /// thread that outlives the runs, such as `main`. A tier without a pool returns 0.
     pub fn prebuild(&self, workspace: Option<(&Path, stockade_protocol::Access)>) -> Result<usize, LaunchError> {
         let Some(pool) = &self.pool else { return Ok(0) };
-        let key = match workspace {
+        let opened = match workspace {
             Some((path, access)) => Some((
-                stockade_hostfs::resolve_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+                stockade_hostfs::open_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
                 access == stockade_protocol::Access::ReadWrite,
             )),
             None => None,
         };
-        let (view, _) = pool::View::inspect(key.clone())?;
+        let (view, _) = pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))?;
+        let key = view.workspace.clone();
         // One built by hand, so that an error is returned rather than swallowed by `refill`.
         if pool.ready(&key) == 0 {
             let first = pool.take(self, &view)?;

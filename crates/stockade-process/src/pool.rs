@@ -63,41 +63,61 @@ pub(crate) struct View {
     pub(crate) workspace: Key,
     /// The workspace directory's device and inode: a directory replaced at the same path is
     /// another workspace.
-    identity: Option<(u64, u64)>,
-    pub(crate) sockets: Vec<String>,
+    pub(crate) identity: Option<(u64, u64)>,
+    /// The unix sockets and fifos in the workspace: the helper covers each one it finds
+    /// itself, and a sandbox built before one appeared is not taken.
+    pub(crate) specials: Vec<PathBuf>,
     pub(crate) pinned: Vec<String>,
     pub(crate) protected: Vec<String>,
     pub(crate) protected_detail: String,
 }
 
 impl View {
-    /// Inspects `workspace` (already resolved) as a run about to start does, returning the
-    /// view and, for a read-write workspace, the inspection whose sweep follows the run.
-    pub(crate) fn inspect(workspace: Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
+    /// Inspects the workspace a queue's key names, opened and judged again.
+    pub(crate) fn inspect_key(key: &Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
+        let opened = match key {
+            Some((path, writable)) => Some((
+                stockade_hostfs::open_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+                *writable,
+            )),
+            None => None,
+        };
+        Self::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))
+    }
+
+    /// Inspects the workspace (opened and judged by `stockade_hostfs::open_workspace`) as a
+    /// run about to start does, returning the view and, for a read-write workspace, the
+    /// inspection whose sweep follows the run.
+    pub(crate) fn inspect(
+        workspace: Option<(&stockade_hostfs::OpenedWorkspace, bool)>,
+    ) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
         let bad = |e: &dyn std::fmt::Display| LaunchError::Misconfigured(e.to_string());
-        let Some((path, writable)) = &workspace else {
+        let Some((ws, writable)) = workspace else {
             let view = Self {
                 workspace: None,
                 identity: None,
-                sockets: Vec::new(),
+                specials: Vec::new(),
                 pinned: Vec::new(),
                 protected: Vec::new(),
                 protected_detail: String::new(),
             };
             return Ok((view, None));
         };
-        let meta = std::fs::metadata(path)
-            .map_err(|e| LaunchError::Misconfigured(format!("workspace {}: {e}", path.display())))?;
-        let identity = Some((std::os::unix::fs::MetadataExt::dev(&meta), std::os::unix::fs::MetadataExt::ino(&meta)));
-        let sockets = stockade_hostfs::sockets(path, stockade_hostfs::MAX_WALK_ENTRIES).map_err(|e| bad(&e))?;
-        let guard = if *writable { Some(stockade_hostfs::Guarded::inspect(path).map_err(|e| bad(&e))?) } else { None };
+        let clone = || ws.dir().try_clone().map_err(|e| bad(&format!("workspace {}: {e}", ws.path().display())));
+        let specials = stockade_hostfs::specials_in(ws.path(), clone()?, stockade_hostfs::MAX_WALK_ENTRIES)
+            .map_err(|e| bad(&e))?;
+        let guard = if writable {
+            Some(stockade_hostfs::Guarded::inspect_dir(ws.path(), clone()?).map_err(|e| bad(&e))?)
+        } else {
+            None
+        };
         let view = Self {
-            identity,
-            sockets,
+            identity: Some(ws.id()),
+            specials,
             pinned: guard.as_ref().map(|g| g.pinned().iter().map(|p| (*p).to_owned()).collect()).unwrap_or_default(),
             protected: guard.as_ref().map(|g| g.present().to_vec()).unwrap_or_default(),
             protected_detail: guard.as_ref().map(stockade_hostfs::Guarded::describe).unwrap_or_default(),
-            workspace,
+            workspace: Some((ws.path().to_path_buf(), writable)),
         };
         Ok((view, guard))
     }
@@ -292,7 +312,7 @@ impl Pool {
                 }
                 queue.building += 1;
             }
-            let built = View::inspect(key.clone()).and_then(|(view, _)| build(tier, view));
+            let built = View::inspect_key(key).and_then(|(view, _)| build(tier, view));
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
             queue.building -= 1;
@@ -353,7 +373,7 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
         pinned: view.pinned,
         protected: view.protected,
         protected_detail: view.protected_detail,
-        sockets: view.sockets,
+        workspace_id: view.identity,
         grants_dir: None,
         status_fd: -1,
         supervisor_pid: std::process::id() as i32,

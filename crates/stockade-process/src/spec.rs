@@ -34,9 +34,11 @@ pub(crate) struct Spec {
     pub(crate) protected: Vec<String>,
     #[serde(default)]
     pub(crate) protected_detail: String,
-    /// Unix sockets in the workspace (relative paths), each covered with `/dev/null`.
+    /// The device and inode of the workspace directory the supervisor opened and judged: the
+    /// helper refuses to run unless the directory it mounted at `/workspace` is that one (a
+    /// path re-resolved later can name another directory).
     #[serde(default)]
-    pub(crate) sockets: Vec<String>,
+    pub(crate) workspace_id: Option<(u64, u64)>,
     /// Host directory bound read-only at [`crate::GRANTS_GUEST_DIR`] (the broker's socket,
     /// its client and the data grants).
     pub(crate) grants_dir: Option<PathBuf>,

@@ -43,19 +43,28 @@ pub(crate) async fn run(
         return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
     };
     let limits = job.limits();
-    let workspace = match job.workspace() {
-        Some(ws) => {
-            // Symlinks resolved first, so the rule judges (and the helper binds) the real
-            // directory.
-            let path =
-                stockade_hostfs::resolve_workspace(ws.path()).map_err(|e| LaunchError::Misconfigured(e.to_string()))?;
-            Some((path, ws.access() == stockade_protocol::Access::ReadWrite))
-        }
+    // The workspace is opened once and judged as opened (`open_workspace`): what the helper
+    // mounts must be this directory (it compares the device and inode), never whatever the
+    // path names later.
+    let opened = match job.workspace() {
+        Some(ws) => Some((
+            stockade_hostfs::open_workspace(ws.path()).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+            ws.access() == stockade_protocol::Access::ReadWrite,
+        )),
         None => None,
     };
-    // The workspace as the run starts: its identity, its sockets and (read-write) its
-    // protected paths, whether the run is one-shot or takes a pre-built sandbox.
-    let (view, guard) = crate::pool::View::inspect(workspace)?;
+    // One read-write run at a time per workspace, and no read-only run beside one: the lock
+    // is held until the sweep is done (declared before the sweep guard, so dropped after it).
+    if let Some((ws, writable)) = &opened {
+        lock_workspace(ws, *writable).await?;
+    }
+    // The workspace as the run starts: its identity, its sockets and fifos and (read-write)
+    // its protected paths, whether the run is one-shot or takes a pre-built sandbox.
+    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))?;
+    // The sweep runs once every guest process is gone: at the end of this function, or, if
+    // it returns early or its future is dropped (a cancelled call), when the guard is
+    // dropped, after the helper, init and the run's cgroup (declared later, dropped first).
+    let mut sweep = SweepGuard(guard);
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
             .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
@@ -266,12 +275,7 @@ pub(crate) async fn run(
     }
     // Every process of the run is gone (the pid namespace's init reaps them all before it is
     // reaped): what the guest created among the absent protected paths goes now.
-    let swept = match &guard {
-        Some(g) => g.sweep().map_err(|e| {
-            LaunchError::Internal(format!("removing what the guest planted in the workspace after the run: {e}"))
-        })?,
-        None => Vec::new(),
-    };
+    let swept = sweep.now();
 
     let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
     report = report.with_enforced(Enforced::new(
@@ -305,9 +309,10 @@ pub(crate) async fn run(
             Msg::Listening { .. } | Msg::Ended => {}
         }
     }
-    if !swept.is_empty() {
-        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept));
+    if !swept.removed.is_empty() {
+        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept.removed));
     }
+    report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !tier.best_effort {
             return Err(LaunchError::Unsupported { mechanism: stage, reason: message });
@@ -336,6 +341,41 @@ pub(crate) async fn run(
         (End::Exited, _) => Status::failed_to_start("the sandbox ended before reporting the guest's exit"),
     };
     Ok(report)
+}
+
+/// How long a run waits between tries for a workspace another run holds: 20 ms.
+const LOCK_POLL: Duration = Duration::from_millis(20);
+
+/// Takes the workspace's lock: exclusive for a read-write run, shared for a read-only one
+/// (`flock` on the opened directory, so two runs in one process exclude each other as two
+/// processes do), waiting while another run holds it. Released when the directory is closed.
+async fn lock_workspace(ws: &stockade_hostfs::OpenedWorkspace, writable: bool) -> Result<(), LaunchError> {
+    loop {
+        match crate::sys::fs::try_lock(ws.dir(), writable) {
+            Ok(true) => return Ok(()),
+            Ok(false) => tokio::time::sleep(LOCK_POLL).await,
+            Err(e) => {
+                return Err(LaunchError::Internal(format!("locking the workspace {}: {e}", ws.path().display())));
+            }
+        }
+    }
+}
+
+/// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
+/// or on drop for a run that returned early or was cancelled (whose report is gone, so what
+/// the sweep could not remove is then only on the host).
+struct SweepGuard(Option<stockade_hostfs::Guarded>);
+
+impl SweepGuard {
+    fn now(&mut self) -> stockade_hostfs::Swept {
+        self.0.take().map(|g| g.sweep()).unwrap_or_default()
+    }
+}
+
+impl Drop for SweepGuard {
+    fn drop(&mut self) {
+        let _ = self.now();
+    }
 }
 
 /// A pooled run's replacement, asked for once: when the run ends, at [`REFILL_AFTER`] if it

@@ -10,8 +10,24 @@ use std::path::{Component, Path, PathBuf};
 
 /// System trees: the directory and everything under it are refused.
 pub const SYSTEM_TREES: &[&str] = &[
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin", "/sys", "/usr",
-    "/var/lib", "/var/run",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var/cache",
+    "/var/lib",
+    "/var/log",
+    "/var/run",
+    "/var/spool",
 ];
 
 /// Shared directories: refused themselves, while a directory inside one is fine (`/tmp/job`,
@@ -26,6 +42,23 @@ pub struct NotDedicated {
     pub path: PathBuf,
     /// Why, in a few words.
     pub why: String,
+}
+
+/// The hidden directory of a home (`/root/.NAME` or `/home/USER/.NAME`) that `path` is, or is
+/// inside: `~/.ssh`, `~/.aws`, `~/.config/autostart`, `~/.cache`.
+fn home_dot_dir(path: &Path) -> Option<PathBuf> {
+    let parts: Vec<Component<'_>> = path.components().collect();
+    let home_len = match parts.as_slice() {
+        [Component::RootDir, Component::Normal(root), ..] if *root == "root" => 2,
+        [Component::RootDir, Component::Normal(home), Component::Normal(_), ..] if *home == "home" => 3,
+        _ => return None,
+    };
+    match parts.get(home_len) {
+        Some(Component::Normal(name)) if name.as_encoded_bytes().starts_with(b".") => {
+            Some(parts[..=home_len].iter().collect())
+        }
+        _ => None,
+    }
 }
 
 /// Checks that `resolved` (absolute, symlinks already resolved) is a dedicated directory:
@@ -53,6 +86,16 @@ pub fn check_dedicated(resolved: &Path, also: &[&Path]) -> Result<(), NotDedicat
     }
     if path.parent() == Some(Path::new("/home")) {
         return refuse("it is a home directory itself (a project directory inside it is fine)".into());
+    }
+    if let Some(dot) = home_dot_dir(&path) {
+        return refuse(if dot == path {
+            "it is a home directory's hidden directory, where credentials, caches and start-up settings live".into()
+        } else {
+            format!(
+                "it is inside {}, a home directory's hidden directory, where credentials, caches and start-up settings live",
+                dot.display()
+            )
+        });
     }
     if let Some(a) = also.iter().find(|a| path == **a) {
         return refuse(format!("it is {}, which stockade protects", a.display()));

@@ -78,7 +78,77 @@ pub const PROTECTED_PATHS: &[&str] = &[
     ".ssh",
     ".docker",
     ".kube",
+    // Other version control, build and toolchain configuration that runs code
+    // (Mercurial hooks, cargo's build settings and runners, dev containers' commands,
+    // mise and asdf's tool lists and tasks).
+    ".hg/hgrc",
+    ".cargo/config",
+    ".cargo/config.toml",
+    ".devcontainer",
+    "mise.toml",
+    ".mise.toml",
+    ".tool-versions",
 ];
+
+/// The top-level entries of a pinned `.git` directory that the guest may create and change:
+/// what `git commit`, `git checkout`, `git merge` and `git fetch` of a local remote write
+/// (history, refs, the index, the head and their lock files). Every other new top-level
+/// entry of `.git` is protected: git reads names there that redirect it elsewhere or run
+/// code (`commondir` points git at another directory's `config` and `hooks`), so the list
+/// of what may be written is closed, not the list of what may not. A name ending in `.lock`
+/// (git's lock files, renamed over their target once written) is writable too.
+pub const GIT_WRITABLE: &[&str] = &[
+    "objects",
+    "refs",
+    "logs",
+    "HEAD",
+    "index",
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "COMMIT_EDITMSG",
+    "packed-refs",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "MERGE_RR",
+    "AUTO_MERGE",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "REBASE_HEAD",
+    "rebase-merge",
+    "rebase-apply",
+    "sequencer",
+    "rr-cache",
+    "description",
+    "branches",
+    "shallow",
+    "gc.pid",
+    "gc.log",
+    "lfs",
+];
+
+/// Whether the path `rel`, relative to a workspace's root, is protected: on or under a
+/// [`PROTECTED_PATHS`] entry, or under `.git` but not under one of its [`GIT_WRITABLE`]
+/// entries (or a lock file). `.git` itself is not: it is pinned. The one rule every tier
+/// and the staged apply-back use.
+#[must_use]
+pub fn is_protected(rel: &std::path::Path) -> bool {
+    use std::path::Component;
+    if PROTECTED_PATHS.iter().any(|p| rel.starts_with(p)) {
+        return true;
+    }
+    let mut parts = rel.components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(git)), Some(Component::Normal(top))) if git == ".git" => !git_writable(top),
+        _ => false,
+    }
+}
+
+/// Whether `name`, a top-level entry of `.git`, is one the guest may write ([`GIT_WRITABLE`]).
+#[must_use]
+pub fn git_writable(name: &std::ffi::OsStr) -> bool {
+    GIT_WRITABLE.iter().any(|w| name == *w) || name.as_encoded_bytes().ends_with(b".lock")
+}
 
 /// Directories that hold [`PROTECTED_PATHS`]: a tier pins each one that exists in place
 /// (writable, but not removable or renamable), so the guest cannot move it aside and put its

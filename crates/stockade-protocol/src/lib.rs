@@ -62,11 +62,17 @@
 //!     buffered whole and a stream that ends early refused.
 //!     (pinned by: tests/it/completion.rs::g9_*)
 //! G10. [`check_dedicated`] is the one rule for which host directories a tier may grant: it
-//!     refuses `/`, the system trees and everything under them, the shared directories and
-//!     home directories themselves, the caller's own protected directories, every ancestor of
-//!     these, and any path that is not absolute and resolved; a directory inside `/tmp` or a
-//!     home directory passes. Every message is one line naming the path.
+//!     refuses `/`, the system trees (logs, spools and caches among them) and everything under
+//!     them, the shared directories and home directories themselves, a home's hidden
+//!     directories (`~/.ssh`, `~/.cache`) and everything under them, the caller's own
+//!     protected directories, every ancestor of these, and any path that is not absolute and
+//!     resolved; a directory inside `/tmp` or a home directory passes. Every message is one line naming the path.
 //!     (pinned by: tests/it/dedicated.rs::g10_*)
+//! G11. [`is_protected`] is the one rule for which paths of a read-write workspace the guest
+//!     may not create or change: every [`PROTECTED_PATHS`] entry and what is under it, and
+//!     under `.git` everything but the closed [`GIT_WRITABLE`] list and lock files, so a new
+//!     name git would follow (`.git/commondir`) is protected without being listed.
+//!     (pinned by: tests/it/protected.rs::g11_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
@@ -109,7 +115,10 @@ pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
 pub use dedicated::{NotDedicated, check_dedicated};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
-pub use job::{Access, EnvVar, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace};
+pub use job::{
+    Access, EnvVar, GIT_WRITABLE, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace, git_writable,
+    is_protected,
+};
 pub use json::{JsonError, JsonLimits, parse_untrusted};
 pub use limits::{Limits, LimitsError};
 pub use report::{

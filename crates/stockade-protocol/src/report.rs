@@ -214,6 +214,11 @@ pub struct Report {
     /// The grant calls the guest made through the broker, if the run had grants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grants: Option<GrantsReport>,
+    /// What a read-write workspace run's sweep could not remove of what the guest planted at
+    /// protected paths, one line each naming the path and the reason: these stay on the host
+    /// until the user removes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sweep_errors: Vec<String>,
 }
 
 /// Most grant calls a [`GrantsReport`] lists one by one: 1024. Later calls are still counted.
@@ -314,6 +319,7 @@ impl Report {
             stderr: Captured::default(),
             enforcement: Vec::new(),
             grants: None,
+            sweep_errors: Vec::new(),
         }
     }
 

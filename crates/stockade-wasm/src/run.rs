@@ -603,14 +603,13 @@ impl Inner {
         if let Some(g) = guard {
             // The guest can no longer run: what it created where a protected path was absent
             // goes now.
-            let swept = g.sweep().map_err(|e| {
-                WasmError::Internal(format!("removing what the guest planted in the workspace after the run: {e}"))
-            })?;
+            let swept = g.sweep();
             let detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
             report.enforcement.push(Enforced::new(Mechanism::WasmWorkspace, detail));
-            if !swept.is_empty() {
-                report.enforcement.push(Enforced::swept(Mechanism::WasmWorkspace, &swept));
+            if !swept.removed.is_empty() {
+                report.enforcement.push(Enforced::swept(Mechanism::WasmWorkspace, &swept.removed));
             }
+            report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
         }
         Ok(report)
     }

@@ -130,3 +130,34 @@ fn g5_stderr_arrives_while_the_program_still_runs() {
     assert!(took < std::time::Duration::from_secs(2), "stderr was held until the end: {took:?}");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// hold-the-line, finding 10: the verified stdout reached a terminal raw, so a program could
+/// write the user's clipboard (OSC 52) or the window title once its run was verified. On a
+/// terminal (util-linux `script` makes one) they are shown as text, as stderr's are; `--raw`
+/// passes them; into a pipe they pass unchanged (above).
+#[test]
+fn g5_control_sequences_in_the_verified_stdout_are_shown_as_text_on_a_terminal() {
+    if !ready() {
+        return;
+    }
+    let _runs = crate::cli::shared();
+    let bin = env!("CARGO_BIN_EXE_stockade");
+    let on_terminal = |flags: &str| {
+        let inner = format!("{bin} run {flags} -- printf 'ok\\033]52;c;aGk=\\007\\033]0;title\\007'");
+        let o = Command::new("script").args(["-qc", &inner, "/dev/null"]).stdin(Stdio::null()).output();
+        match o {
+            Ok(o) => Some(o.stdout),
+            Err(e) => {
+                assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "no `script`: {e}");
+                eprintln!("SKIPPED: no `script` ({e})");
+                None
+            }
+        }
+    };
+    let Some(shown) = on_terminal("") else { return };
+    let shown = String::from_utf8_lossy(&shown).into_owned();
+    assert!(shown.contains("ok^[]52;c;aGk=^G^[]0;title^G"), "{shown:?}");
+    assert!(!shown.contains('\x1b'), "an escape reached the terminal: {shown:?}");
+    let raw = on_terminal("--raw").unwrap_or_default();
+    assert!(raw.windows(5).any(|w| w == b"\x1b]52;"), "{:?}", String::from_utf8_lossy(&raw));
+}

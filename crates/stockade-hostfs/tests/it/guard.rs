@@ -81,6 +81,13 @@ fn tree(d: &Path) -> Vec<String> {
     out
 }
 
+/// What a sweep removed, after checking it met no error.
+fn swept(g: &Guarded) -> Vec<String> {
+    let s = g.sweep();
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    s.removed
+}
+
 #[test]
 fn g2_what_the_guest_planted_is_removed_and_nothing_else() {
     let d = repo("sweep");
@@ -99,8 +106,8 @@ fn g2_what_the_guest_planted_is_removed_and_nothing_else() {
     let outside = dir("sweep-outside");
     fs::create_dir_all(outside.join("keep")).unwrap();
     symlink(&outside, d.join(".claude")).unwrap();
-    let removed = g.sweep().unwrap();
-    assert_eq!(removed, [".git/info", ".envrc", ".claude", ".codex"], "{removed:?}");
+    let removed = swept(&g);
+    assert_eq!(removed, [".claude", ".codex", ".envrc", ".git/info"], "{removed:?}");
     let mut expected = before;
     expected.extend([".git/objects/ab".into(), "output.txt".into()]);
     expected.sort();
@@ -108,7 +115,7 @@ fn g2_what_the_guest_planted_is_removed_and_nothing_else() {
     assert!(outside.join("keep").is_dir(), "the sweep followed a symlink");
     // Present paths are never removed, even when changed (the tier keeps them read-only).
     assert_eq!(fs::read_to_string(d.join(".bashrc")).unwrap(), "# rc\n");
-    assert!(g.sweep().unwrap().is_empty(), "a second sweep found more");
+    assert!(swept(&g).is_empty(), "a second sweep found more");
     fs::remove_dir_all(&d).unwrap();
     fs::remove_dir_all(&outside).unwrap();
 }
@@ -125,16 +132,16 @@ fn g2_a_planted_git_redirect_is_removed() {
     fs::write(d.join(".git/hooks/post-checkout"), "evil\n").unwrap();
     fs::write(d.join(".git/config"), "[core]\n\tfsmonitor = evil\n").unwrap();
     fs::write(d.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
-    let removed = g.sweep().unwrap();
+    let removed = swept(&g);
     assert!(removed.contains(&".git/hooks".to_owned()) && removed.contains(&".git/config".to_owned()), "{removed:?}");
     assert_eq!(tree(&d), [".git", ".git/HEAD", ".git/objects"]);
     fs::remove_dir_all(d.join(".git")).unwrap();
     fs::create_dir_all(d.join("evil/hooks")).unwrap();
     symlink("evil", d.join(".git")).unwrap();
-    assert_eq!(g.sweep().unwrap(), [".git"]);
+    assert_eq!(swept(&g), [".git"]);
     assert!(d.join("evil/hooks").is_dir());
     fs::write(d.join(".git"), "gitdir: evil\n").unwrap();
-    assert_eq!(g.sweep().unwrap(), [".git"]);
+    assert_eq!(swept(&g), [".git"]);
     assert!(!d.join(".git").exists());
     fs::remove_dir_all(&d).unwrap();
 }
@@ -150,8 +157,8 @@ fn g3_every_socket_is_found_and_the_walk_is_bounded() {
     let other = dir("sockets-other");
     let _outside = std::os::unix::net::UnixListener::bind(other.join("outside.sock")).unwrap();
     symlink(&other, d.join("a/link")).unwrap();
-    assert_eq!(stockade_hostfs::sockets(&d, 100).unwrap(), ["a/b/c/deep.sock", "daemon.sock"]);
-    let e = stockade_hostfs::sockets(&d, 3).unwrap_err();
+    assert_eq!(stockade_hostfs::specials(&d, 100).unwrap(), [Path::new("a/b/c/deep.sock"), Path::new("daemon.sock")]);
+    let e = stockade_hostfs::specials(&d, 3).unwrap_err();
     assert!(e.to_string().contains("more than 3 entries to check for unix sockets"), "{e}");
     fs::remove_dir_all(&d).unwrap();
     fs::remove_dir_all(&other).unwrap();
@@ -171,5 +178,121 @@ fn g4_a_workspace_is_resolved_then_judged() {
     assert!(e.to_string().ends_with("/file is not a directory"), "{e}");
     let e = stockade_hostfs::resolve_workspace(&d.join("absent")).unwrap_err();
     assert!(e.to_string().contains("absent: No such file or directory"), "{e}");
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// hold-the-line, finding 6: a read-write run in a git worktree or submodule deleted the
+/// user's `.git` gitfile, even `-- true`.
+#[test]
+fn g2_a_users_gitfile_is_never_removed() {
+    let d = dir("gitfile");
+    fs::write(d.join(".git"), "gitdir: /repo/.git/worktrees/wt\n").unwrap();
+    let g = Guarded::inspect(&d).unwrap();
+    assert!(swept(&g).is_empty());
+    assert_eq!(fs::read_to_string(d.join(".git")).unwrap(), "gitdir: /repo/.git/worktrees/wt\n");
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// hold-the-line, finding 2: `.git/commondir` points git at another directory's `config`
+/// and `hooks`; it and every other new top-level name git does not write go, whatever its
+/// name, and what git writes (and what was there) stays.
+#[test]
+fn g2_new_git_entries_git_does_not_write_are_removed() {
+    let d = repo("commondir");
+    fs::write(d.join(".git/description"), "mine\n").unwrap();
+    fs::write(d.join(".git/custom-before"), "the user's\n").unwrap();
+    let g = Guarded::inspect(&d).unwrap();
+    fs::write(d.join(".git/commondir"), "x\n").unwrap();
+    fs::create_dir_all(d.join(".git/x")).unwrap();
+    fs::write(d.join(".git/x/config"), "[core]\n\tfsmonitor = touch /tmp/canary\n").unwrap();
+    fs::write(d.join(".git/index"), "idx").unwrap();
+    fs::write(d.join(".git/index.lock"), "idx").unwrap();
+    fs::write(d.join(".git/ORIG_HEAD"), "abc\n").unwrap();
+    fs::create_dir_all(d.join(".git/refs/heads")).unwrap();
+    fs::write(d.join(".git/refs/heads/main"), "abc\n").unwrap();
+    assert_eq!(swept(&g), [".git/commondir", ".git/x"]);
+    for keep in ["index", "index.lock", "ORIG_HEAD", "refs/heads/main", "description", "custom-before", "HEAD"] {
+        assert!(d.join(".git").join(keep).exists(), ".git/{keep} was removed");
+    }
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// hold-the-line, finding 5: the sweep stopped at its first error, and the guest chose the
+/// error (a tree deeper than the descriptor limit, or a directory it took the rights of),
+/// so every later protected path stayed.
+#[test]
+fn g2_a_deep_tree_and_a_locked_directory_do_not_stop_the_sweep() {
+    use cap_std::fs::Dir;
+    let d = dir("deep");
+    let g = Guarded::inspect(&d).unwrap();
+    // A tree deeper than this process's soft descriptor limit (so a walk holding one per
+    // level fails with EMFILE) and PATH_MAX, made one level at a time.
+    let limits = fs::read_to_string("/proc/self/limits").unwrap();
+    let soft: usize = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1024);
+    let depth = (soft + 64).min(100_000);
+    fs::create_dir(d.join(".claude")).unwrap();
+    let mut cur = Dir::open_ambient_dir(d.join(".claude"), cap_std::ambient_authority()).unwrap();
+    for _ in 0..depth {
+        cur.create_dir("d").unwrap();
+        cur.write("f", "x").unwrap();
+        cur = cur.open_dir("d").unwrap();
+    }
+    drop(cur);
+    // A directory whose owner took its own rights away, with a hook inside.
+    fs::create_dir_all(d.join(".codex/locked")).unwrap();
+    fs::write(d.join(".codex/locked/hook"), "evil").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(d.join(".codex/locked"), fs::Permissions::from_mode(0o500)).unwrap();
+    fs::set_permissions(d.join(".codex"), fs::Permissions::from_mode(0o000)).unwrap();
+    // And the protected paths after them in the list.
+    fs::write(d.join(".envrc"), "evil").unwrap();
+    fs::write(d.join(".mcp.json"), "{}").unwrap();
+    fs::create_dir_all(d.join(".kube")).unwrap();
+    let fds_before = fs::read_dir("/proc/self/fd").unwrap().count();
+    assert_eq!(swept(&g), [".claude", ".codex", ".envrc", ".kube", ".mcp.json"]);
+    assert!(fs::read_dir("/proc/self/fd").unwrap().count() <= fds_before + 2, "descriptors left open");
+    assert_eq!(tree(&d), Vec::<String>::new());
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// hold-the-line, findings 7 and 8: a socket under a name that is not UTF-8 was skipped, and
+/// fifos were not covered at all.
+#[test]
+fn g3_fifos_and_names_that_are_not_utf8_are_found() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = dir("specials");
+    let odd = std::ffi::OsStr::from_bytes(b"odd-\xff.sock");
+    let _sock = std::os::unix::net::UnixListener::bind(d.join(odd)).unwrap();
+    let status = std::process::Command::new("mkfifo").arg(d.join("pipe")).status().unwrap();
+    assert!(status.success());
+    assert_eq!(stockade_hostfs::specials(&d, 100).unwrap(), [Path::new(odd), Path::new("pipe")]);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// hold-the-line, finding 1: a directory on the resolved path swapped for a symlink between
+/// the resolution and the open is refused, not followed, and the opened directory's identity
+/// is the one a tier compares with what it mounts.
+#[test]
+fn g4_the_opened_directory_is_the_judged_one() {
+    use std::os::unix::fs::MetadataExt;
+    let d = dir("open");
+    fs::create_dir(d.join("sub")).unwrap();
+    let w = stockade_hostfs::open_workspace(&d.join("sub")).unwrap();
+    let m = fs::metadata(d.join("sub")).unwrap();
+    assert_eq!(w.id(), (m.dev(), m.ino()));
+    assert_eq!(w.path(), fs::canonicalize(d.join("sub")).unwrap());
+    // The swap the audit raced, done deterministically: after `canonicalize` but before the
+    // open, `sub` becomes a symlink to /etc. A walk by name from `/` meets the symlink.
+    fs::rename(d.join("sub"), d.join("sub-real")).unwrap();
+    symlink("/etc", d.join("sub")).unwrap();
+    // `open_workspace` resolves again, so it judges /etc (and refuses it) rather than the
+    // old name; what matters is that it never hands back /etc's identity under the old path.
+    let e = stockade_hostfs::open_workspace(&d.join("sub")).unwrap_err();
+    assert!(e.to_string().contains("/etc cannot be granted"), "{e}");
     fs::remove_dir_all(&d).unwrap();
 }

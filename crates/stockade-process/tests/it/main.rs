@@ -9,3 +9,4 @@ mod forkserver;
 mod launch;
 mod limits;
 mod pool;
+mod workspace;

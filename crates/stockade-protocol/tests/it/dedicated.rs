@@ -58,6 +58,23 @@ fn g10_root_shared_dirs_homes_and_their_ancestors_are_refused() {
     assert!(refused("/tmp/x/../../etc").contains("not absolute and resolved"));
 }
 
+/// The audit's list (hold-the-line, finding 13): logs, spools, caches and a home's hidden
+/// directories (credentials, start-up settings) were accepted, and as root id-mapped.
+#[test]
+fn g10_logs_spools_caches_and_a_homes_hidden_directories_are_refused() {
+    for p in ["/var/log", "/var/log/apt", "/var/spool/cron/crontabs", "/var/cache", "/var/cache/job"] {
+        assert!(refused(p).contains("system directory"), "{p}: {}", refused(p));
+    }
+    for p in ["/root/.cache", "/root/.ssh", "/home/alice/.aws", "/home/alice/.gnupg"] {
+        let e = refused(p);
+        assert!(e.contains("it is a home directory's hidden directory"), "{p}: {e}");
+    }
+    for (p, dot) in [("/home/alice/.config/autostart", "/home/alice/.config"), ("/root/.cache/x/y", "/root/.cache")] {
+        let e = refused(p);
+        assert!(e.contains(&format!("it is inside {dot}, a home directory's hidden directory")), "{p}: {e}");
+    }
+}
+
 #[test]
 fn g10_dedicated_directories_are_accepted() {
     for p in [
@@ -71,7 +88,8 @@ fn g10_dedicated_directories_are_accepted() {
         "/srv/www",
         "/srv/engine/other",
         "/mnt/data",
-        "/var/cache/job",
+        "/home/alice/src/.hidden-project",
+        "/root/src/.hidden-inside-a-project",
     ] {
         assert_eq!(check_dedicated(Path::new(p), &[Path::new("/srv/engine/sock.d")]), Ok(()), "{p}");
     }

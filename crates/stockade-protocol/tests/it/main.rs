@@ -7,4 +7,5 @@ mod completion;
 mod dedicated;
 mod frame;
 mod json;
+mod protected;
 mod schema;
