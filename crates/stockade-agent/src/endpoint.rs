@@ -440,7 +440,12 @@ impl Endpoint {
                 let completion = decode_completion(&bytes)?;
                 return Ok(Exchange { completion, status: status.as_u16(), attempts: attempt, bytes: bytes.len() });
             }
-            let excerpt = excerpt(&bytes);
+            // Scrubbed whole before it is cut: a key that the cut would split would otherwise
+            // leave its first bytes in the excerpt, where exact matching cannot find them.
+            let excerpt = match &self.key {
+                Some(key) => excerpt(key.scrub(&String::from_utf8_lossy(&bytes)).as_bytes()),
+                None => excerpt(&bytes),
+            };
             let code = status.as_u16();
             match status {
                 StatusCode::TOO_MANY_REQUESTS => {

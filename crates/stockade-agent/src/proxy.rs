@@ -85,6 +85,19 @@ impl Scrubber {
     }
 }
 
+/// `value` with the key (if there is one) replaced by `[redacted]` wherever it appears in its
+/// JSON text (the replacement has no character JSON escapes, so the text stays valid).
+fn scrub_value(key: Option<&crate::secret::ApiKey>, value: Value) -> Value {
+    let Some(key) = key else { return value };
+    let text = value.to_string();
+    let scrubbed = key.scrub(&text);
+    if scrubbed == text {
+        return value;
+    }
+    serde_json::from_str(&scrubbed)
+        .unwrap_or_else(|_| json!({"type": "function", "function": {"name": "[redacted]", "arguments": "{}"}}))
+}
+
 /// `text` with the key (if there is one) replaced by `[redacted]`.
 fn scrub(key: Option<&crate::secret::ApiKey>, text: &str) -> String {
     key.map_or_else(|| text.to_owned(), |k| k.scrub(text))
@@ -277,7 +290,10 @@ impl ModelProxy {
             let outcome = match result {
                 Ok(x) => {
                     let c = x.completion;
-                    for (i, mut call) in tool_calls(&c).into_iter().enumerate() {
+                    for (i, call) in tool_calls(&c).into_iter().enumerate() {
+                        // A tool call's name and arguments are the upstream's text too: an
+                        // upstream that echoes the key into them must not hand it over.
+                        let mut call = scrub_value(endpoint.key().as_deref(), call);
                         call["index"] = json!(i);
                         send(chunk(&model, json!({"tool_calls": [call]}), None));
                     }

@@ -207,3 +207,40 @@ fn g10_the_token_budget_and_streaming() {
     assert_eq!(mock.received().len(), 2);
     assert_eq!(mock.received()[1].body.get("stream"), None);
 }
+
+/// hold-the-line, finding 14: a streamed answer's tool calls were relayed unscrubbed, so an
+/// upstream that echoes the key into a tool call's arguments handed it to the guest; and the
+/// upstream's error excerpt was cut at 256 bytes before it was scrubbed by exact match, so
+/// a key that the cut split left its first bytes. Judged by every byte the guest received.
+#[test]
+fn g10_the_key_is_scrubbed_from_streamed_tool_calls_and_from_a_cut_error_excerpt() {
+    let mock = MockLlm::start(|_, r| {
+        if r.body["stream"] == json!(true) {
+            let args = json!({"token": REAL}).to_string();
+            let chunks = vec![
+                json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                    "function": {"name": "add", "arguments": args}}]}}]}),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            ];
+            Reply::sse(&chunks, true)
+        } else {
+            // The key starts 240 bytes in, so a cut at 256 splits it.
+            Reply::raw(400, format!("{{\"error\":\"{}{REAL} was rejected\"}}", "x".repeat(229)).into_bytes())
+        }
+    })
+    .unwrap();
+    let (seen, _) = run(&mock, 1_000, |sock, key| {
+        vec![
+            post(&sock, &key, &json!({"messages": [user()], "stream": true})),
+            post(&sock, &key, &json!({"messages": [user()]})),
+        ]
+    });
+    let streamed = &seen[0].1;
+    assert!(streamed.contains(r#""name":"add""#), "{streamed}");
+    assert!(!streamed.contains(REAL) && streamed.contains("[redacted]"), "{streamed}");
+    let error = &seen[1].1;
+    assert_ne!(seen[1].0, 200, "{error}");
+    assert!(!error.contains("sk-real-proxy"), "a cut key's prefix reached the guest: {error}");
+    assert!(error.contains("[redacted]"), "{error}");
+}
