@@ -349,8 +349,10 @@ impl DockerTier {
 
     /// Removes stockade's containers: those past their expiry label, those whose owner
     /// label names a process of this boot and pid namespace that is gone (a supervisor
-    /// that was killed), or with `all`, every container carrying the run label. Returns
-    /// how many were removed.
+    /// that was killed), or with `all`, every one. A container is stockade's only if it
+    /// carries the run label and is named after it ([`spec::named_by_stockade`]): a label
+    /// alone is copied from images, so an unrelated container started from one is never
+    /// touched. Returns how many were removed.
     pub async fn gc(&self, all: bool) -> Result<usize, DockerError> {
         self.retry_pending().await;
         let filters = HashMap::from([("label", vec![LABEL_RUN])]);
@@ -359,6 +361,10 @@ impl DockerTier {
         let now = unix_now();
         let mut removed = 0;
         for c in list {
+            let run = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).map_or("", String::as_str);
+            if !spec::named_by_stockade(c.names.as_deref().unwrap_or_default(), run) {
+                continue;
+            }
             let expires = c.labels.as_ref().and_then(|l| l.get(LABEL_EXPIRES)).and_then(|v| v.parse::<u64>().ok());
             let orphaned =
                 c.labels.as_ref().and_then(|l| l.get(spec::LABEL_OWNER)).is_some_and(|o| spec::owner_gone(o));

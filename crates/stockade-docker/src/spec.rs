@@ -113,6 +113,17 @@ pub fn owner_gone(label: &str) -> bool {
     b == boot && n == ns && start_time(pid) != Some(start)
 }
 
+/// Whether a container with these engine names and run label is one stockade created: the
+/// engine copies labels from an image (and `docker commit` copies a stockade container's
+/// into one), so a label proves nothing; stockade also names each container after its run
+/// id (`stockade-ID`, `stockade-pool-ID`, `stockade-ID-netns`), and a container started from
+/// a labelled image has a name of its own.
+#[must_use]
+pub fn named_by_stockade(names: &[String], run_id: &str) -> bool {
+    let ours = [format!("/stockade-{run_id}"), format!("/stockade-pool-{run_id}"), format!("/stockade-{run_id}-netns")];
+    !run_id.is_empty() && names.iter().any(|n| ours.contains(n))
+}
+
 /// The labels of a container for run `run_id`, reaped after `expires` (Unix seconds) or
 /// once its owner is gone.
 pub(crate) fn labels(run_id: &str, expires: u64) -> HashMap<String, String> {

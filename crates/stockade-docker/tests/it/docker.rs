@@ -249,17 +249,22 @@ fn g4_orphans_are_reaped_by_label() {
     let Some(tier) = tier("g4_orphans_are_reaped") else { return };
     rt().block_on(async {
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        for expires in ["1", "not-a-time"] {
+        for (i, expires) in ["1", "not-a-time"].into_iter().enumerate() {
+            let run = format!("orphan-{:x}-{i}", std::process::id());
             let body = bollard::models::ContainerCreateBody {
                 image: Some(DEFAULT_IMAGE.into()),
                 cmd: Some(vec!["true".into()]),
                 labels: Some(std::collections::HashMap::from([
-                    (LABEL_RUN.to_owned(), format!("orphan-{:x}-0", std::process::id())),
+                    (LABEL_RUN.to_owned(), run.clone()),
                     (LABEL_EXPIRES.to_owned(), expires.to_owned()),
                 ])),
                 ..Default::default()
             };
-            docker.create_container(None, body).await.unwrap();
+            // Named as stockade names its containers.
+            let opts = bollard::query_parameters::CreateContainerOptionsBuilder::default()
+                .name(&format!("stockade-{run}"))
+                .build();
+            docker.create_container(Some(opts), body).await.unwrap();
         }
     });
     // Counted without waiting: they must still be there.
@@ -267,6 +272,47 @@ fn g4_orphans_are_reaped_by_label() {
     assert_eq!(orphans, 2);
     assert!(rt().block_on(tier.gc(false)).unwrap() >= 2);
     assert_eq!(leftovers(), 0);
+}
+
+/// bounded (issue 39), finding 3: the reaper force-removed any container carrying the run
+/// label with a missing or past expiry, with its anonymous volumes; labels come from images,
+/// so an unrelated container started from a labelled image was deleted with its data.
+/// Judged by the engine afterwards: the container and its volume are still there after
+/// `gc` and after a run (whose connect runs `gc`).
+#[test]
+fn g4_a_labelled_container_stockade_did_not_start_survives_gc() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g4_a_labelled_container_stockade_did_not_start_survives_gc") else { return };
+    let name = format!("not-stockade-{}", std::process::id());
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let volume = rt().block_on(async {
+        let body = bollard::models::ContainerCreateBody {
+            image: Some(DEFAULT_IMAGE.into()),
+            cmd: Some(vec!["sleep".into(), "300".into()]),
+            // What an image built `FROM` a committed stockade container carries.
+            labels: Some(std::collections::HashMap::from([
+                (LABEL_RUN.to_owned(), format!("copied-{:x}-0", std::process::id())),
+                (LABEL_EXPIRES.to_owned(), "1".to_owned()),
+            ])),
+            volumes: Some(vec!["/data".to_owned()]),
+            ..Default::default()
+        };
+        let opts = bollard::query_parameters::CreateContainerOptionsBuilder::default().name(&name).build();
+        let c = docker.create_container(Some(opts), body).await.unwrap();
+        docker.start_container(&c.id, None).await.unwrap();
+        let info = docker.inspect_container(&c.id, None).await.unwrap();
+        info.mounts.unwrap_or_default().into_iter().find_map(|m| m.name).unwrap()
+    });
+    assert_eq!(rt().block_on(tier.gc(false)).unwrap(), 0, "gc removed a container it did not create");
+    let r = run(&tier, &sh("echo ran"));
+    assert_eq!(text(&r.stdout.bytes), "ran\n");
+    rt().block_on(async {
+        let c = docker.inspect_container(&name, None).await.expect("the unrelated container was removed");
+        assert_eq!(c.state.and_then(|s| s.running), Some(true));
+        docker.inspect_volume(&volume).await.expect("its volume was removed");
+        let opts = bollard::query_parameters::RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        docker.remove_container(&name, Some(opts)).await.unwrap();
+    });
 }
 
 #[test]
