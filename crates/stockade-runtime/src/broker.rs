@@ -8,7 +8,7 @@
 //! deadline and the concurrency bound, cap the reply, record the call, answer.
 
 use std::io;
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -308,7 +308,12 @@ impl GrantsDir {
                 ),
             ));
         }
-        std::fs::create_dir(&path)?;
+        // Made 0700 (a umask can only take bits away) and opened up to its final mode only
+        // once everything inside exists: while it is filled, no other user can enter it, so
+        // none can plant a symlink in `data/` or `bin/` for a write to follow, whatever the
+        // process's umask. Each file is created new (`O_EXCL`, so never through a symlink),
+        // owner-only until it is shared.
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
         let dir = Self { path };
         // The owner of a directory this process just created is its effective uid.
         let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir.path)?) == 0;
@@ -318,23 +323,30 @@ impl GrantsDir {
             }
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
         };
-        share(&dir.path, if root { 0o750 } else { 0o700 })?;
+        let new_dir = |p: &Path| std::fs::DirBuilder::new().mode(0o700).create(p);
+        let new_file = |p: &Path, bytes: &[u8]| -> io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            // `create_new` is `O_CREAT | O_EXCL`: a name that exists, a symlink included, fails.
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(p)?;
+            f.write_all(bytes)
+        };
         if !CLIENT.is_empty() {
             let bin = dir.path.join("bin");
-            std::fs::create_dir(&bin)?;
-            share(&bin, 0o750)?;
+            new_dir(&bin)?;
             let client = bin.join("stockade-call");
-            std::fs::write(&client, CLIENT)?;
+            new_file(&client, CLIENT)?;
             share(&client, 0o750)?;
+            share(&bin, 0o750)?;
         }
         let data = dir.path.join("data");
-        std::fs::create_dir(&data)?;
-        share(&data, 0o750)?;
+        new_dir(&data)?;
         for (name, value) in &grants.data {
             let file = data.join(format!("{name}.json"));
-            std::fs::write(&file, serde_json::to_vec(value).unwrap_or_default())?;
+            new_file(&file, &serde_json::to_vec(value).unwrap_or_default())?;
             share(&file, 0o640)?;
         }
+        share(&data, 0o750)?;
         let socket = dir.path.join(GRANTS_SOCKET);
         let listener = UnixListener::bind(&socket)?;
         share(&socket, 0o660)?;
@@ -347,6 +359,8 @@ impl GrantsDir {
             }
             None => None,
         };
+        // Last: the directory itself, to its final mode.
+        share(&dir.path, if root { 0o750 } else { 0o700 })?;
         Ok((dir, listener, model))
     }
 

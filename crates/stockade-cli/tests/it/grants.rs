@@ -564,3 +564,71 @@ ls /sys/class/net | tr '\n' ' '"#;
     let ps = std::process::Command::new("docker").args(["ps", "-a", "--filter", "name=-netns", "-q"]).output().unwrap();
     assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "a holder container was left");
 }
+
+/// bounded (issue 39), finding 4: the grants directory and its `bin/` and `data/` were made
+/// with the process's umask and restricted afterwards, so under umask 000 another user
+/// could plant a symlink in `data/` in that window. Judged by a watcher on the host that
+/// stats every grants directory and file in a loop while runs start under umask 000: none
+/// is ever more open than its final mode (the directory 0700, or 0750 as root; `bin/` and
+/// `data/` 0750; a data file 0640).
+#[test]
+fn g4_the_grants_directory_is_never_more_open_than_its_final_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !ready() {
+        return;
+    }
+    let parent = std::env::temp_dir().join(format!("stockade-cli-grants-umask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(&parent).unwrap();
+    std::fs::write(parent.join("rows.json"), "[1,2,3]").unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, parent) = (stop.clone(), parent.clone());
+        std::thread::spawn(move || {
+            let mut seen = 0u64;
+            let mut worst: Vec<String> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+                for e in entries.flatten() {
+                    if !e.file_name().to_string_lossy().starts_with("stockade-g-") {
+                        continue;
+                    }
+                    let top = e.path();
+                    for (p, most) in [
+                        (top.clone(), 0o750),
+                        (top.join("data"), 0o750),
+                        (top.join("bin"), 0o750),
+                        (top.join("data/rows.json"), 0o640),
+                        (top.join("bin/stockade-call"), 0o750),
+                    ] {
+                        if let Ok(m) = std::fs::symlink_metadata(&p) {
+                            seen += 1;
+                            let mode = m.permissions().mode() & 0o7777;
+                            if mode & !most != 0 {
+                                worst.push(format!("{} was {mode:o}", p.display()));
+                            }
+                        }
+                    }
+                }
+            }
+            (seen, worst)
+        })
+    };
+    let bin = env!("CARGO_BIN_EXE_stockade");
+    for _ in 0..20 {
+        let script = format!(
+            "umask 000; TMPDIR={} exec {bin} run --grant-data rows=@{} -- sh -c 'cat $STOCKADE_GRANTS/data/rows.json'",
+            parent.display(),
+            parent.join("rows.json").display()
+        );
+        let o =
+            std::process::Command::new("sh").args(["-c", &script]).stdin(std::process::Stdio::null()).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "[1,2,3]", "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (seen, worst) = watcher.join().unwrap();
+    assert!(seen > 0, "the watcher never saw a grants directory");
+    assert!(worst.is_empty(), "more open than its final mode: {worst:?}");
+    let _ = std::fs::remove_dir_all(&parent);
+}
