@@ -144,6 +144,8 @@ pub(crate) struct Server {
     workspace: Option<(PathBuf, Access)>,
     policy: Option<(Policy, Mutex<Ledger>, Instant)>,
     slots: Semaphore,
+    /// The runs that go at once (`--max-concurrency`).
+    max_concurrency: usize,
 }
 
 /// A JSON-RPC error.
@@ -271,6 +273,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
         workspace,
         policy: None,
         slots: Semaphore::new(args.max_concurrency),
+        max_concurrency: args.max_concurrency,
     };
     if let Some(path) = &args.policy {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading the policy {}", path.display()))?;
@@ -298,6 +301,19 @@ async fn probe(runner: &Runner, program: &str) -> Result<(), String> {
     }
 }
 
+/// Most `tools/call` requests one client may have in flight beyond the runs the server's
+/// `--max-concurrency` lets go at once: 32. Each waiting call holds its arguments and its job
+/// (a stdin of up to 1 MiB) while it waits for a run slot, so an unbounded queue was
+/// unbounded host memory (about 2 MiB a call, measured); past the bound a call is answered
+/// with an error at once.
+pub(crate) const MAX_QUEUED_CALLS: usize = 32;
+
+/// Most bytes of `tools/call` messages one client may have in flight at once: 32 MiB.
+pub(crate) const MAX_PENDING_BYTES: usize = 32 << 20;
+
+/// The calls in flight: each one's cancel handle and the size of its message.
+type InFlight = Mutex<HashMap<String, (tokio::task::AbortHandle, usize)>>;
+
 /// Serves one client until its input ends.
 pub(crate) async fn serve<R, W>(mut input: R, output: W, server: Arc<Server>) -> Result<()>
 where
@@ -306,7 +322,7 @@ where
 {
     let (tx, rx) = mpsc::channel::<Value>(256);
     let writer = tokio::spawn(write_all(output, rx));
-    let calls: Arc<Mutex<HashMap<String, tokio::task::AbortHandle>>> = Arc::default();
+    let calls: Arc<InFlight> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         let line = match next_line(&mut input, server.max_line).await? {
@@ -370,7 +386,37 @@ where
         }
         let modern = modern.is_some() || method == "server/discover";
         if method == "tools/call" {
-            let (server, tx2, calls2, key) = (server.clone(), tx.clone(), calls.clone(), id.to_string());
+            let key = id.to_string();
+            let refused = {
+                let in_flight = calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let bytes: usize = in_flight.values().map(|(_, n)| n).sum();
+                let most = server.max_concurrency + MAX_QUEUED_CALLS;
+                if in_flight.contains_key(&key) {
+                    // A second call under one id would make the first one uncancellable.
+                    Some(RpcError::new(-32600, format!("a call with id {key} is already in flight")))
+                } else if in_flight.len() >= most {
+                    Some(RpcError::new(
+                        -32000,
+                        format!("{most} calls are already in flight, this server's limit; retry when one has answered"),
+                    ))
+                } else if bytes + line.len() > MAX_PENDING_BYTES {
+                    Some(RpcError::new(
+                        -32000,
+                        format!(
+                            "the calls in flight already hold {bytes} bytes of arguments, and this one would pass this server's limit of {MAX_PENDING_BYTES}; retry when one has answered"
+                        ),
+                    ))
+                } else {
+                    None
+                }
+            };
+            if let Some(e) = refused {
+                send(&tx, error_message(&id, e)).await;
+                continue;
+            }
+            let size = line.len();
+            let (server, tx2, calls2) = (server.clone(), tx.clone(), calls.clone());
+            let key2 = key.clone();
             let id2 = id.clone();
             let handle = tasks.spawn(async move {
                 let answer = match call(&server, &params, &tx2).await {
@@ -382,10 +428,12 @@ where
                     }
                     Err(e) => error_message(&id2, e),
                 };
-                calls2.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+                calls2.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key2);
                 send(&tx2, answer).await;
             });
-            calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_string(), handle);
+            calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, (handle, size));
+            // Reap finished calls so the set stays small.
+            while tasks.try_join_next().is_some() {}
             continue;
         }
         let answer = match request(&server, method, &params, modern) {
@@ -425,11 +473,11 @@ fn error_message(id: &Value, e: RpcError) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": error})
 }
 
-fn notification(method: &str, params: &Value, calls: &Mutex<HashMap<String, tokio::task::AbortHandle>>) {
+fn notification(method: &str, params: &Value, calls: &InFlight) {
     if method == "notifications/cancelled"
         && let Some(id) = params.get("requestId")
         // Dropping the call's future drops its run, which kills the sandbox.
-        && let Some(h) = calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id.to_string())
+        && let Some((h, _)) = calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id.to_string())
     {
         h.abort();
     }

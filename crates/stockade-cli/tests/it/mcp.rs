@@ -287,3 +287,62 @@ fn g8_only_what_this_host_can_run_is_listed() {
     );
     s.finish();
 }
+
+/// bounded (issue 39), finding 2: each `tools/call` was spawned and its job built before it
+/// waited for a run slot, with nothing limiting how many waited (about 2 MiB of RSS each,
+/// 855 MB at 400), and a duplicate id overwrote the earlier call's cancel handle. Now a call
+/// past the bound is answered with an error at once, a duplicate id of a call in flight is
+/// refused, and the server's RSS, read from the host's /proc, stays bounded under a flood.
+#[test]
+fn g8_a_flood_of_calls_is_bounded_and_a_duplicate_id_is_refused() {
+    let mut s = Raw::start(&["--languages", "sh", "--max-concurrency", "1"]);
+    let marker = marker();
+    // A 900 KiB stdin-sized argument in every call, as the audit's flood carried.
+    let filler = "x".repeat(900 << 10);
+    let call = |id: usize| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"name":"run_code","arguments":{"language":"sh","code":format!("exec sleep 30 # {marker}"),"stdin":filler,"timeout_ms":40000}}})
+        .to_string()
+    };
+    let flood = 200;
+    for id in 0..flood {
+        s.send(call(id).as_bytes());
+    }
+    // The duplicate of a call still in flight (call 0 runs for 30 s).
+    s.send(call(0).as_bytes());
+    let mut refused = Vec::new();
+    let mut duplicate = None;
+    // Every refusal comes back at once; accepted calls answer only when they end.
+    while refused.len() + usize::from(duplicate.is_some()) < flood - 33 + 1 {
+        let v = s.next();
+        let message = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+        if message.contains("already in flight, this server's limit") || message.contains("bytes of arguments") {
+            refused.push(v["id"].as_u64().unwrap());
+        } else if message.contains("a call with id 0 is already in flight") {
+            duplicate = Some(v);
+        } else {
+            panic!("unexpected answer during the flood: {v}");
+        }
+    }
+    assert!(duplicate.is_some());
+    assert_eq!(refused.len(), flood - 33, "1 running + 32 queued are accepted");
+    // Judged from the host: the server holds 33 calls' arguments, not 200.
+    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()))
+        .unwrap();
+    assert!(rss_kib < 200 << 10, "the server's RSS is {rss_kib} KiB under the flood");
+    // The accepted calls are still cancellable, the first one included.
+    for id in 0..33 {
+        s.send(
+            json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":id}})
+                .to_string()
+                .as_bytes(),
+        );
+    }
+    wait_until("the cancelled runs' processes are gone", Duration::from_secs(10), || with_marker(&marker).is_empty());
+    s.send(br#"{"jsonrpc":"2.0","id":"after","method":"ping"}"#);
+    assert_eq!(s.next()["id"], "after");
+    s.finish();
+}
