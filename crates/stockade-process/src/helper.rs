@@ -105,7 +105,8 @@ pub(crate) fn run(spec: Spec) -> i32 {
         },
         _ => None,
     };
-    let (uid, gid) = if uid == 0 {
+    let dropped_root = uid == 0;
+    let (uid, gid) = if dropped_root {
         if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
             return rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}"));
         }
@@ -133,6 +134,14 @@ pub(crate) fn run(spec: Spec) -> i32 {
         .and_then(|()| fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
     if let Err(e) = maps {
         return rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}"));
+    }
+    // A root supervisor's helper runs as host uid 65534 from here, which other processes of
+    // the host may share, while it holds the model grant's listener and (forked) a copy of
+    // the supervisor's memory: not dumpable, its memory and descriptors are for root alone
+    // (the supervisor takes the listener with CAP_SYS_PTRACE). It had to be dumpable until
+    // now, to write its own maps.
+    if dropped_root && let Err(e) = caps::set_not_dumpable() {
+        return rep.fail("credentials", false, format!("PR_SET_DUMPABLE 0: {e}"));
     }
     rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
     // The model grant's listener: created here, in the run's network namespace, and held by

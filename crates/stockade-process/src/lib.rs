@@ -118,13 +118,14 @@
 //!     at every launch); otherwise the launch executes the fallback helper binary, or fails
 //!     with [`LaunchError::Misconfigured`] when there is none. Either way the guest is a fresh
 //!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
-//!     pid 1 of the run (a copy of the supervisor's memory after a fork) is not dumpable and
+//!     pid 1 of the run (a copy of the supervisor's memory after a fork), and under a root
+//!     supervisor the helper too once it has written its id maps as uid 65534, is not dumpable and
 //!     outside the guest's landlock domain, so its memory, environment and descriptors are
 //!     unreadable from the guest; and a forked helper overwrites its copy of the
 //!     supervisor's argument and environment strings first, so `/proc/1/cmdline` (which the
 //!     kernel lets any process of the namespace read) shows none of the supervisor's
 //!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
-//!     (pinned by: tests/it/launch.rs::g11_*)
+//!     (pinned by: tests/it/launch.rs::g11_*, tests/it/workspace.rs::g11_*)
 //! G12. With [`ProcessTier::run_granted_loopback`], the run's own loopback is up and the
 //!     guest can connect to exactly one TCP port on it, where the listener the host serves
 //!     waits; every other port (and the host's loopback, which is not the run's) is refused,

@@ -316,3 +316,63 @@ impl NonBlock for std::fs::OpenOptions {
         std::os::unix::fs::OpenOptionsExt::custom_flags(self, 0o4000)
     }
 }
+
+/// hold-the-line, finding 16: a root supervisor's helper dropped to host uid 65534 and
+/// stayed dumpable for the whole run, while it held the model listener and (forked) a copy
+/// of the supervisor's memory, so any host process of uid 65534 could read it. Judged from
+/// the host's /proc: while the guest runs, every process of the run but the guest itself has
+/// a root-owned /proc/PID/environ (the mark of a process that is not dumpable).
+#[test]
+fn g11_a_root_runs_helper_and_init_are_not_dumpable() {
+    if !available("g11_a_root_runs_helper_and_init_are_not_dumpable") {
+        return;
+    }
+    let _only_us = exclusive();
+    if nix_uid() != 0 {
+        eprintln!("SKIPPED g11_a_root_runs_helper_and_init_are_not_dumpable: not root");
+        return;
+    }
+    let marker = format!("stockade-dumpable-{}", std::process::id());
+    let job = sh(&format!("sleep 3; : {marker}"));
+    let runner = std::thread::spawn(move || run(job));
+    let me = std::process::id();
+    let mut checked = None;
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(20));
+        let tree = stockade_test_support::descendants(me);
+        let guest = tree.iter().find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        });
+        if let Some(guest) = guest {
+            let _ = guest;
+            // The guest's own processes (sh and its sleep) are dumpable, as any exec'd
+            // program is; the rest of the tree is the run's helper and init.
+            let comm = |p: &u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+            let others: Vec<(u32, u32)> = tree
+                .iter()
+                .filter(|p| !["sh\n", "sleep\n"].contains(&comm(p).as_str()))
+                // The files under /proc/PID (not the directory itself, which keeps the euid
+                // for procps) are root's when a process is not dumpable.
+                .filter_map(|p| {
+                    std::fs::metadata(format!("/proc/{p}/environ"))
+                        .ok()
+                        .map(|m| (*p, std::os::unix::fs::MetadataExt::uid(&m)))
+                })
+                .collect();
+            checked = Some(others);
+            break;
+        }
+    }
+    let others = checked.expect("the guest never appeared");
+    assert!(others.len() >= 2, "the helper and init were not found: {others:?}");
+    let described: Vec<String> = others
+        .iter()
+        .map(|(p, uid)| {
+            let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+            format!("{p} {} uid {uid}", comm.trim())
+        })
+        .collect();
+    assert!(others.iter().all(|(_, uid)| *uid == 0), "a process of the run is dumpable: {described:?}");
+    let r = runner.join().unwrap();
+    assert_eq!(r.status, Status::Exited { code: 0 }, "{}", stderr(&r));
+}
