@@ -24,6 +24,11 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
+/// Largest compiled artifact the cache keeps: 64 MiB. A pre-initialized module carries the
+/// memory its initializer left (a guest chooses how much), so without a cap one guest could
+/// fill the cache's disk with one entry.
+pub(crate) const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
+
 /// Most bytes of compiled artifacts kept: 2 GiB (the Python guest alone is about 350 MB).
 const MAX_CACHE_BYTES: u64 = 2 << 30;
 
@@ -177,6 +182,11 @@ impl Cache {
     pub(crate) fn store(&self, key: &Key, module: &Module) {
         let Some(dir) = self.dir.as_deref() else { return };
         let Ok(bytes) = module.serialize() else { return };
+        // A guest's pre-initialized memory is in its artifact: one over the cap is not kept
+        // (the next run pre-initializes again, under its own limits).
+        if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
+            return;
+        }
         let tmp = dir.join(format!(".{}.{}.tmp", key.name, std::process::id()));
         let written = OpenOptions::new()
             .write(true)

@@ -40,12 +40,16 @@
 //! G3. Wall clock: a guest never outlives its deadline by more than a tick (a few
 //!     milliseconds), whether it computes (an epoch callback compares the real clock with
 //!     the deadline; ticks are not counted) or blocks in a host call such as `sleep`
-//!     (the async API under a tokio timeout). The status is `TimedOut`.
+//!     (the async API under a tokio timeout). The status is `TimedOut`. A module's
+//!     `wizer-initialize`, run when it is first loaded, is guest code under the same
+//!     deadline (and the job's fuel and memory): past it, the run fails to start, naming the
+//!     deadline; it holds no lock of the tier while it runs.
 //!     (pinned by: tests/it/limits.rs::g3_*)
 //! G4. Memory: linear memory never grows past the job's memory limit (`StoreLimits`, at
 //!     most 4 GiB, wasm32's own bound); a guest that hits it sees the failed grow, and a run
 //!     that then fails is reported as `OutOfMemory`. Instances, tables and memories per
-//!     store are capped too.
+//!     store are capped too. A pre-initializer grows memory only up to the job's limit, and
+//!     the compiled-module cache keeps no artifact over 64 MiB.
 //!     (pinned by: tests/it/limits.rs::g4_*)
 //! G5. Output: stdout and stderr keep at most their budget; the write that crosses it
 //!     traps at once (the guest cannot keep running) and the report says `OutputLimit`

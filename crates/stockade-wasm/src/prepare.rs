@@ -2,8 +2,11 @@
 //! up to the end of that function and snapshotted, so every run starts from the
 //! initialized state (for QuickJS: a ready runtime and context, 4x faster starts).
 //!
-//! The initializer is guest code and runs under the same walls as a run: no ambient
-//! authority (an empty WASI context), fuel, a real-clock deadline and a memory cap.
+//! The initializer is guest code and runs under the same walls as the run that asked for it:
+//! no ambient authority (an empty WASI context), and that job's fuel, memory and wall clock
+//! ([`InitBudget`]), the wall clock enforced both by epoch checks while wasm runs and by a
+//! timeout around the whole initialization, so a blocking host call (a WASI sleep) is cut
+//! too. It holds no lock of the tier while it runs.
 
 use std::time::{Duration, Instant};
 
@@ -17,9 +20,20 @@ use crate::engine::MAX_LINEAR_MEMORY;
 /// The export that marks a module for pre-initialization.
 pub(crate) const INIT_EXPORT: &str = "wizer-initialize";
 
-/// Budgets for running an initializer.
-const INIT_FUEL: u64 = 40_000_000_000;
-const INIT_DEADLINE: Duration = Duration::from_secs(60);
+/// What an initializer may use: the run's own budgets, never more.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InitBudget {
+    pub(crate) fuel: u64,
+    pub(crate) memory_bytes: u64,
+    pub(crate) wall: Duration,
+}
+
+impl InitBudget {
+    /// For a module warmed before any job (`WasmTier::warm`, the guests stockade builds
+    /// itself): the tier's ceilings.
+    pub(crate) const WARM: Self =
+        Self { fuel: 40_000_000_000, memory_bytes: MAX_LINEAR_MEMORY, wall: Duration::from_secs(60) };
+}
 
 struct InitHost {
     wasi: WasiP1Ctx,
@@ -32,7 +46,18 @@ pub(crate) fn wants_init(module: &Module) -> bool {
 }
 
 /// Runs the initializer of `wasm` and returns the snapshotted module's bytes.
-pub(crate) async fn preinitialize(engine: &wasmtime::Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+pub(crate) async fn preinitialize(
+    engine: &wasmtime::Engine,
+    wasm: &[u8],
+    budget: InitBudget,
+) -> wasmtime::Result<Vec<u8>> {
+    match tokio::time::timeout(budget.wall, initialize(engine, wasm, budget)).await {
+        Ok(r) => r,
+        Err(_) => wasmtime::bail!("the initializer ran past the run's {:?} deadline", budget.wall),
+    }
+}
+
+async fn initialize(engine: &wasmtime::Engine, wasm: &[u8], budget: InitBudget) -> wasmtime::Result<Vec<u8>> {
     let wizer = Wizer::new();
     let (cx, instrumented) = wizer.instrument(wasm)?;
     let module = Module::new(engine, &instrumented)?;
@@ -41,11 +66,12 @@ pub(crate) async fn preinitialize(engine: &wasmtime::Engine, wasm: &[u8]) -> was
     // Pre-initialization has no grants: the door answers "no host calls" (-1).
     linker.func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 { -1 })?;
     linker.func_wrap("host", "reply", |_: i32, _: i32| -> i32 { -2 })?;
-    let limits = StoreLimitsBuilder::new().memory_size(MAX_LINEAR_MEMORY as usize).instances(1).build();
+    let memory = usize::try_from(budget.memory_bytes.min(MAX_LINEAR_MEMORY)).unwrap_or(usize::MAX);
+    let limits = StoreLimitsBuilder::new().memory_size(memory).instances(1).build();
     let mut store = Store::new(engine, InitHost { wasi: WasiCtxBuilder::new().build_p1(), limits });
     store.limiter(|h| &mut h.limits);
-    store.set_fuel(INIT_FUEL)?;
-    let deadline = Instant::now() + INIT_DEADLINE;
+    store.set_fuel(budget.fuel)?;
+    let deadline = Instant::now() + budget.wall;
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |_| {
         Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })

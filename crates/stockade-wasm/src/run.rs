@@ -353,7 +353,7 @@ impl Inner {
     }
 
     pub(crate) async fn warm(&self, path: &Path) -> Result<(), WasmError> {
-        match self.ready(path, None).await {
+        match self.ready(path, None, prepare::InitBudget::WARM).await {
             Ok(_) => Ok(()),
             Err(LoadError::Host(e)) => Err(e),
             Err(LoadError::Guest(reason)) => Err(WasmError::Misconfigured(one_line(&reason))),
@@ -364,7 +364,13 @@ impl Inner {
         let JobKind::Wasm { module, entry, args } = job.kind() else {
             return Err(WasmError::Misconfigured("the wasm tier runs only wasm jobs".into()));
         };
-        let ready = match self.ready(module, Some(entry)).await {
+        let limits = job.limits();
+        let budget = prepare::InitBudget {
+            fuel: self.fuel.for_cpu(limits.cpu()),
+            memory_bytes: limits.memory_bytes(),
+            wall: limits.wall(),
+        };
+        let ready = match self.ready(module, Some(entry), budget).await {
             Ok(r) => r,
             Err(LoadError::Host(e)) => return Err(e),
             Err(LoadError::Guest(reason)) => {
@@ -382,7 +388,12 @@ impl Inner {
     }
 
     /// The ready module for `path`, from memory, the disk cache, or a fresh compile.
-    async fn ready(&self, path: &Path, entry: Option<&str>) -> Result<Arc<Ready>, LoadError> {
+    async fn ready(
+        &self,
+        path: &Path,
+        entry: Option<&str>,
+        budget: prepare::InitBudget,
+    ) -> Result<Arc<Ready>, LoadError> {
         let meta = std::fs::metadata(path)
             .map_err(|e| LoadError::Guest(format!("cannot read module {}: {e}", path.display())))?;
         if !meta.is_file() {
@@ -411,12 +422,17 @@ impl Inner {
         if let Some(r) = cached() {
             return Ok(r);
         }
-        let _compiling = self.compiling.lock().await;
-        if let Some(r) = cached() {
-            return Ok(r);
-        }
         let index = id.index_key();
-        let module = match self.cache.recall(&index).and_then(|sha| self.cached(&sha)) {
+        // The lock covers the lookups, not a compile or a guest's initializer: a module that
+        // takes long (or whose initializer sleeps) holds up no other module's load.
+        let found = {
+            let _compiling = self.compiling.lock().await;
+            if let Some(r) = cached() {
+                return Ok(r);
+            }
+            self.cache.recall(&index).and_then(|sha| self.cached(&sha))
+        };
+        let module = match found {
             Some(m) => m,
             None => {
                 let bytes = std::fs::read(path)
@@ -424,7 +440,7 @@ impl Inner {
                 let sha: [u8; 32] = Sha256::digest(&bytes).into();
                 let module = match self.cached(&sha) {
                     Some(m) => m,
-                    None => self.compile(&bytes, &sha).await?,
+                    None => self.compile(&bytes, &sha, budget).await?,
                 };
                 self.cache.remember(&index, &sha);
                 module
@@ -456,7 +472,7 @@ impl Inner {
             .or_else(|| self.cache.load(engine, &Key::new(engine, "plain", sha)))
     }
 
-    async fn compile(&self, bytes: &[u8], sha: &[u8; 32]) -> Result<Module, LoadError> {
+    async fn compile(&self, bytes: &[u8], sha: &[u8; 32], budget: prepare::InitBudget) -> Result<Module, LoadError> {
         let engine = &self.engine.engine;
         let plain_key = Key::new(engine, "plain", sha);
         let init_key = Key::new(engine, "wizer", sha);
@@ -466,7 +482,7 @@ impl Inner {
             return Ok(module);
         }
         let _active = self.engine.active();
-        let snapshot = prepare::preinitialize(engine, bytes)
+        let snapshot = prepare::preinitialize(engine, bytes, budget)
             .await
             .map_err(|e| LoadError::Guest(format!("pre-initialization failed: {e:#}")))?;
         let module = Module::new(engine, &snapshot)

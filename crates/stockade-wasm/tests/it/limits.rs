@@ -202,3 +202,66 @@ fn g3_deadline_is_listed_with_the_other_mechanisms() {
     }
     let _ = tier();
 }
+
+/// bounded (issue 39), finding 1: a module's `wizer-initialize` ran at load time under a 60 s
+/// check that fired only while wasm code ran, so an initializer that sleeps in the host was
+/// still running 25 s past a 1 s `--timeout`. It now runs under the job's own deadline,
+/// cut in the host call as well.
+#[test]
+fn g3_a_sleeping_initializer_ends_at_the_jobs_deadline() {
+    let wat = wasi_module(
+        r#"(func (export "wizer-initialize")
+             (i32.store8 (i32.const 1032) (i32.const 0))
+             (i32.store (i32.const 1040) (i32.const 1))
+             (i64.store (i32.const 1048) (i64.const 30000000000))
+             (i64.store (i32.const 1056) (i64.const 0))
+             (i32.store16 (i32.const 1064) (i32.const 0))
+             (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 8))))
+           (func (export "_start") (call $num (i32.const 7)))"#,
+    );
+    let job = wat_job(&wat, "_start").with_limits(limits().with_wall(Duration::from_secs(1)).unwrap());
+    let start = std::time::Instant::now();
+    let report = run(&job);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "the initializer outlived the 1 s deadline: {took:?}");
+    match &report.status {
+        Status::FailedToStart { reason } => assert!(reason.contains("deadline"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// bounded (issue 39), finding 1: an initializer that grows its memory ran under the tier's
+/// ceiling, not the job's (a 247-byte module took 4.2 GB of host RSS under `--memory 64M`
+/// and left a 1.07 GB artifact in the cache). Judged by the host: this process's peak RSS,
+/// and the cache directory's largest file.
+#[test]
+fn g4_a_memory_growing_initializer_stays_within_the_jobs_memory_and_the_cache_cap() {
+    let hwm = || -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("VmHWM:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())
+            })
+            .unwrap()
+    };
+    let before = hwm();
+    // Grows 16 pages (1 MiB) at a time until the limiter says no, filling each with bytes.
+    let wat = r#"(module (memory (export "memory") 1)
+      (func (export "wizer-initialize") (local $pages i32)
+        (block $full (loop $l
+          (local.set $pages (memory.grow (i32.const 16)))
+          (br_if $full (i32.eq (local.get $pages) (i32.const -1)))
+          (memory.fill (i32.mul (local.get $pages) (i32.const 65536)) (i32.const 65) (i32.const 1048576))
+          (br $l))))
+      (func (export "_start")))"#;
+    let job = wat_job(wat, "_start").with_limits(limits().with_memory(64 << 20).unwrap());
+    let report = run(&job);
+    let grew = hwm().saturating_sub(before);
+    assert!(grew < 1 << 20, "the host's peak RSS grew by {grew} KiB: {:?}", report.status);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stockade-wasm-cache");
+    let largest = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).max().unwrap_or(0))
+        .unwrap_or(0);
+    assert!(largest <= 64 << 20, "the cache holds an artifact of {largest} bytes");
+}
