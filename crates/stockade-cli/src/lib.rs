@@ -543,10 +543,31 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     let budget = Budget::new(args.timeout, args.max_output);
     let io = live_io(&args, &job)?;
     let live_stderr = io.stderr.is_some();
-    let report = rt.block_on(sandbox.report_live(&job, grants, io));
+    // SIGTERM, SIGINT and SIGHUP stop the run rather than this process alone: its future is
+    // dropped, which kills the sandbox and then sweeps a read-write workspace, and the CLI
+    // exits as a program killed by that signal would (128 + N), as `timeout(1)` passes it on.
+    let stopped = rt.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        anyhow::Ok(tokio::select! {
+            r = sandbox.report_live(&job, grants, io) => Ok(r),
+            _ = term.recv() => Err(("SIGTERM", 15u8)),
+            _ = int.recv() => Err(("SIGINT", 2)),
+            _ = hup.recv() => Err(("SIGHUP", 1)),
+        })
+    })?;
     // A stdin copy may still be blocked reading the CLI's stdin (a pipe nobody closes):
     // leave it behind rather than wait for it.
     rt.shutdown_background();
+    let report = match stopped {
+        Ok(r) => r,
+        Err((name, n)) => {
+            writeln!(std::io::stderr(), "stockade: stopped by {name}: the run was killed")?;
+            return Ok(ExitCode::from(128 + n));
+        }
+    };
     let report = match report {
         Ok(r) => r,
         Err(TierError::Unsupported { mechanism, reason }) => {

@@ -101,3 +101,48 @@ fn g6_system_and_shared_directories_are_refused_in_one_line() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// hold-the-line, finding 4: SIGTERM (or SIGINT) to `stockade run` ended the CLI before the
+/// sweep, so what the program planted at protected paths stayed on the host. Now the signal
+/// stops the run, the workspace is swept, and the CLI exits 128 + N. Judged by the host's
+/// workspace and by the program's processes in the host's /proc.
+#[test]
+fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
+    use std::io::BufRead;
+    if !ready() {
+        return;
+    }
+    let _runs = crate::cli::shared();
+    for (signal, code) in [(15, 143), (2, 130)] {
+        let ws = private_dir(&format!("signal-{signal}"));
+        let marker = format!("stockade-cli-signal-{signal}-{}", std::process::id());
+        let script = format!(
+            "mkdir /workspace/.claude && echo hook > /workspace/.claude/settings.json && echo x > /workspace/.envrc && echo ready >&2 && sleep 30; : {marker}"
+        );
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        assert!(ws.join(".envrc").exists(), "the program did not plant before the signal");
+        // Our own child, by its pid.
+        let status =
+            std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let exit = child.wait().unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+        assert_eq!(exit.code(), Some(code), "{rest}");
+        assert!(rest.contains("stockade: stopped by SIG"), "{rest}");
+        assert!(!ws.join(".claude").exists() && !ws.join(".envrc").exists(), "the signal skipped the sweep");
+        let left = stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(&marker));
+        assert!(left.is_empty(), "the program outlived the CLI: {left:?}");
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+}
