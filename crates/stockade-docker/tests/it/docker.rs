@@ -641,9 +641,9 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
         r.enforcement.iter().map(|e| e.detail.as_str()).filter(|d| d.starts_with("removed")).collect();
     assert_eq!(
         swept,
-        ["removed after the run, created by the guest where a protected path was absent: .envrc .claude"]
+        ["removed after the run, created by the guest where a protected path was absent: .claude .envrc"]
     );
-    assert_eq!(r.swept(), Some(".envrc .claude"));
+    assert_eq!(r.swept(), Some(".claude .envrc"));
     assert!(!ws.join(".envrc").exists() && !ws.join(".claude").exists());
     // The host checks its own files.
     assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");
