@@ -205,9 +205,17 @@ impl Cgroup {
                 let _ = fs::write(self.pids.join("cgroup.kill"), "1");
             }
             Kind::V1 => {
+                // cgroup v1 has no cgroup.kill: each pid listed is signalled. A pid read here
+                // may be reused by an unrelated process before the signal, so it is opened
+                // as a pidfd first (which names that one process for good), checked to be
+                // in this cgroup while the pidfd holds it, and signalled through the pidfd.
+                let Some(name) = self.pids.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
                 if let Ok(list) = fs::read_to_string(self.pids.join("cgroup.procs")) {
                     for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        let _ = crate::sys::process::kill(pid, libc::SIGKILL);
+                        let Ok(fd) = crate::sys::process::pidfd_open(pid) else { continue };
+                        if in_pids_cgroup(pid, &name) {
+                            let _ = crate::sys::process::pidfd_kill(std::os::fd::AsFd::as_fd(&fd), libc::SIGKILL);
+                        }
                     }
                 }
             }
@@ -250,4 +258,17 @@ impl Cgroup {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Whether process `pid` is in the v1 pids cgroup whose directory is named `name` (per-run
+/// cgroup names are unique: the supervisor's pid, start time and a counter).
+fn in_pids_cgroup(pid: i32, name: &str) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
+        text.lines().any(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+            controllers.is_some_and(|c| c.split(',').any(|c| c == "pids"))
+                && path.is_some_and(|p| p.rsplit('/').next() == Some(name))
+        })
+    })
 }
