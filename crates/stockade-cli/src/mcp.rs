@@ -801,6 +801,17 @@ fn result(r: &Report, tier: &str, limits: &Limits) -> Value {
         Status::FailedToStart { reason } => ("failed_to_start", None, None, Some(format!("failed to start: {reason}"))),
         other => ("other", None, None, Some(format!("ended: {other:?}"))),
     };
+    // What a read-write run's sweep could not remove stays in the user's directory: the
+    // server's log (its stderr, which MCP clients keep) names every path, since the client
+    // is a model, not the user.
+    if !r.sweep_errors.is_empty() {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "stockade mcp: could not remove from the workspace what a call's program created at protected paths; remove them by hand before any tool reads them: {}",
+            r.sweep_errors.join("; ")
+        );
+    }
     let text = |c: &stockade_runtime::protocol::Captured| String::from_utf8_lossy(&c.bytes).into_owned();
     let (stdout, stderr) = (text(&r.stdout), text(&r.stderr));
     let enforcement: Vec<Value> =

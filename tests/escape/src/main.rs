@@ -510,6 +510,19 @@ fn rw_workspace_changed(ws: &Path) -> Option<String> {
     if !absent.is_empty() {
         return Some(format!("protected paths were planted in the workspace: {}", absent.join(" ")));
     }
+    // Nothing new at the top of `.git` beyond what git writes (the setup made `hooks` and
+    // `config`): `.git/commondir` would point the host's git at a planted config.
+    let planted: Vec<String> = std::fs::read_dir(ws.join(".git"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| !(n == "hooks" || n == "config" || stockade_protocol::git_writable(n)))
+        .map(|n| format!(".git/{}", n.to_string_lossy()))
+        .collect();
+    if !planted.is_empty() {
+        return Some(format!("new .git entries git does not write were planted: {}", planted.join(" ")));
+    }
     // No set-user-ID or set-group-ID file that the invoking user owns (it would carry the
     // user's rights to whoever runs it).
     let me = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);

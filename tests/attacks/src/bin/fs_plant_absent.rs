@@ -23,6 +23,14 @@ fn main() {
         std::fs::create_dir_all("/workspace/.git/info")
             .and_then(|()| std::fs::write("/workspace/.git/info/attributes", "* filter=evil\n")),
     );
+    // hold-the-line, finding 2: git follows `.git/commondir` to another directory's config,
+    // so a config there with `core.fsmonitor` runs on the host's next `git status`.
+    report(
+        "git_commondir",
+        std::fs::create_dir_all("/workspace/.git/x")
+            .and_then(|()| std::fs::write("/workspace/.git/x/config", "[core]\n\tfsmonitor = touch /tmp/pwned\n"))
+            .and_then(|()| std::fs::write("/workspace/.git/commondir", "x\n")),
+    );
     report("setuid_copy", std::fs::copy("/workspace/fs_plant_absent", "/workspace/tool").map(drop));
     report("setuid_chmod", std::fs::set_permissions("/workspace/tool", std::fs::Permissions::from_mode(0o4755)));
     report(
