@@ -10,7 +10,8 @@ use stockade_protocol::{Access, Job, Mechanism, Status};
 
 use crate::support::*;
 
-const PROBE: &str = r#"
+/// A python prelude: `attempt(label, fn)` prints the label and OK or the errno name.
+pub(crate) const PROBE: &str = r#"
 import os, sys, errno
 def attempt(label, fn):
     try:

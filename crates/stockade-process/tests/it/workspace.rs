@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use stockade_protocol::{Access, Mechanism, Status};
+use stockade_protocol::{Access, Job, Mechanism, Status};
 
+use crate::confinement::PROBE;
 use crate::support::*;
 
 /// A canary directory where no workspace may be granted (`/etc`, a system tree): the race
@@ -126,6 +127,21 @@ fn git() -> Option<&'static str> {
     found
 }
 
+/// The host's own `git` in `dir`, with a fixed author; its stdout, after checking it succeeded.
+fn host_git(git: &str, dir: &Path, args: &[&str]) -> String {
+    let o = std::process::Command::new(git)
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@x")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@x")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Finding 2: `.git/commondir` was not protected; git reads it in every repository and takes
 /// `config` and `hooks` from where it points, so one run planted a `core.fsmonitor` that the
 /// host's next `git status` ran. Judged by the host's own `git status` and a canary file.
@@ -136,11 +152,7 @@ fn g10_new_git_entries_such_as_commondir_never_reach_the_hosts_git() {
     let ws = host_dir("ws-commondir");
     let canary = std::env::temp_dir().join(format!("stockade-it-fsmonitor-canary-{}", std::process::id()));
     let _ = std::fs::remove_file(&canary);
-    let host_git = |args: &[&str]| {
-        let o = std::process::Command::new(git).args(args).current_dir(&ws).output().unwrap();
-        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let host_git = |args: &[&str]| host_git(git, &ws, args);
     host_git(&["init", "-q", "-b", "main"]);
     let script = format!(
         "cd /workspace/.git && mkdir -p x && printf 'x\\n' > commondir && \
@@ -165,19 +177,7 @@ fn g10_a_worktrees_gitfile_survives_a_run() {
     let repo = host_dir("ws-worktree-main");
     let wt = host_dir("ws-worktree");
     std::fs::remove_dir(&wt).unwrap();
-    let g = |dir: &Path, args: &[&str]| {
-        let o = std::process::Command::new(git)
-            .args(args)
-            .current_dir(dir)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@x")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@x")
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let g = |dir: &Path, args: &[&str]| host_git(git, dir, args);
     g(&repo, &["init", "-q", "-b", "main"]);
     std::fs::write(repo.join("a.txt"), "a\n").unwrap();
     g(&repo, &["add", "a.txt"]);
@@ -202,6 +202,7 @@ fn g10_overlapping_runs_take_turns_and_nothing_planted_stays() {
     require!("g10_overlapping_runs_take_turns_and_nothing_planted_stays");
     let ws = host_dir("ws-overlap");
     let tier = tier();
+    let started = std::time::Instant::now();
     let (a, c) = block_on(async {
         let a = sh("mkdir /workspace/.claude && sleep 1").with_workspace(&ws, Access::ReadWrite).unwrap();
         let c = sh("sleep 1.5; mkdir -p /workspace/.claude && echo '{\"hooks\":1}' > /workspace/.claude/settings.json && echo planted")
@@ -219,7 +220,10 @@ fn g10_overlapping_runs_take_turns_and_nothing_planted_stays() {
     assert_eq!(stdout(&c), "planted\n", "{}", stderr(&c));
     assert!(!ws.join(".claude").exists(), "a planted .claude stayed on the host");
     assert_eq!(c.swept(), Some(".claude"));
-    // They took turns: C's wall clock does not include A's second (it waited before starting).
+    // They took turns: side by side both would be done in about 1.8 s (C starts at 0.3 s and
+    // sleeps 1.5 s); C waiting for A's end (1 s) and then running makes it at least 2.5 s.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(2400), "the two runs overlapped: {took:?}");
     let _ = std::fs::remove_dir_all(&ws);
 }
 
@@ -293,18 +297,6 @@ attempt("fifo", fifo)
     }
     let _ = std::fs::remove_dir_all(&ws);
 }
-
-const PROBE: &str = r#"
-import os, sys, errno
-def attempt(label, fn):
-    try:
-        fn()
-        print(label, "OK")
-    except OSError as e:
-        print(label, errno.errorcode.get(e.errno, e.errno))
-"#;
-
-use stockade_protocol::Job;
 
 /// `O_NONBLOCK` for opening a fifo's read end without a writer.
 trait NonBlock {
