@@ -181,8 +181,18 @@ fn g6_a_module_over_the_size_cap_fails_to_start_without_being_read() {
     );
 }
 
+/// Bytes that make a module this test run's own, so that no snapshot an earlier run left in
+/// the compiled-module cache (keyed by the module's hash) stands in for its initializer.
+fn unique() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("run-{}-{nanos}", std::process::id())
+}
+
+/// A fresh directory to grant as a workspace, made where a user's would be (the temporary
+/// directory): the target directory may sit in a home's hidden directory (`~/.cache`), which
+/// no tier grants.
 pub(crate) fn tempdir(tag: &str) -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("stockade-wasm-it-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -217,7 +227,10 @@ fn g3_a_sleeping_initializer_ends_at_the_jobs_deadline() {
              (i64.store (i32.const 1056) (i64.const 0))
              (i32.store16 (i32.const 1064) (i32.const 0))
              (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 8))))
-           (func (export "_start") (call $num (i32.const 7)))"#,
+           (func (export "_start") (call $num (i32.const 7)))
+           (data (i32.const 4096) "{unique}")"#
+            .replace("{unique}", &unique())
+            .as_str(),
     );
     let job = wat_job(&wat, "_start").with_limits(limits().with_wall(Duration::from_secs(1)).unwrap());
     let start = std::time::Instant::now();
@@ -254,8 +267,10 @@ fn g4_a_memory_growing_initializer_stays_within_the_jobs_memory_and_the_cache_ca
           (br_if $full (i32.eq (local.get $pages) (i32.const -1)))
           (memory.fill (i32.mul (local.get $pages) (i32.const 65536)) (i32.const 65) (i32.const 1048576))
           (br $l))))
-      (func (export "_start")))"#;
-    let job = wat_job(wat, "_start").with_limits(limits().with_memory(64 << 20).unwrap());
+      (func (export "_start"))
+      (data (i32.const 0) "{unique}"))"#
+        .replace("{unique}", &unique());
+    let job = wat_job(&wat, "_start").with_limits(limits().with_memory(64 << 20).unwrap());
     let report = run(&job);
     let grew = hwm().saturating_sub(before);
     assert!(grew < 1 << 20, "the host's peak RSS grew by {grew} KiB: {:?}", report.status);
