@@ -342,8 +342,9 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     let json = target.join("bench-process.json");
     // A small project as a read-write workspace: a git repository and 200 files, so the
     // per-run workspace work (id-mapped mount as root, socket walk, protected-path binds and
-    // sweep) is in the figure.
-    let ws = target.join("bench-workspace");
+    // sweep) is in the figure. Under the temporary directory, as a user's would be: the target
+    // directory may sit in a home's hidden directory (`~/.cache`), which no tier grants.
+    let ws = std::env::temp_dir().join(format!("stockade-bench-workspace-{}", std::process::id()));
     let _ = fs::remove_dir_all(&ws);
     fs::create_dir_all(ws.join(".git/hooks"))?;
     fs::write(ws.join(".git/config"), "[core]\n")?;
@@ -351,7 +352,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         fs::create_dir_all(ws.join(format!("src/m{}", i % 10)))?;
         fs::write(ws.join(format!("src/m{}/f{i}.txt", i % 10)), "x")?;
     }
-    let ws = ws.to_str().context("target path is not UTF-8")?.to_owned();
+    let ws = ws.to_str().context("the temporary directory's path is not UTF-8")?.to_owned();
     let mut cmd = std::process::Command::new("hyperfine");
     cmd.args(["-N", "--warmup", "20", "--runs", "300", "--export-json"]).arg(&json);
     for (name, program) in [("true", "/bin/true"), ("python", "/usr/bin/python3 -c pass")] {
@@ -370,6 +371,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     // means). Not shown for bwrap: its pid 1 and the program are reaped by the system's init,
     // so hyperfine misses most of its CPU; the embedder table measures both through a cgroup.
     let cpus = hyperfine_field(&json, |r| Some(r["user"].as_f64()? + r["system"].as_f64()?))?;
+    let _ = fs::remove_dir_all(&ws);
     let median = |name: &str| medians.get(name).copied().with_context(|| format!("no result for {name}"));
     let cpu = |name: &str| cpus.get(name).copied().with_context(|| format!("no cpu for {name}"));
     let mut out = String::from(
