@@ -547,7 +547,7 @@ impl ProcessTier {
             )),
             None => None,
         };
-        let (view, _) = pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))?;
+        let (view, _) = pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), true)?;
         let key = view.workspace.clone();
         // One built by hand, so that an error is returned rather than swallowed by `refill`.
         if pool.ready(&key) == 0 {

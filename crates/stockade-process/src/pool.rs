@@ -64,8 +64,8 @@ pub(crate) struct View {
     /// The workspace directory's device and inode: a directory replaced at the same path is
     /// another workspace.
     pub(crate) identity: Option<(u64, u64)>,
-    /// The unix sockets and fifos in the workspace: the helper covers each one it finds
-    /// itself, and a sandbox built before one appeared is not taken.
+    /// The unix sockets and fifos in the workspace, for a pooled run's view only: the helper
+    /// covers each one it finds itself, and a sandbox built before one appeared is not taken.
     pub(crate) specials: Vec<PathBuf>,
     pub(crate) pinned: Vec<String>,
     pub(crate) protected: Vec<String>,
@@ -82,14 +82,17 @@ impl View {
             )),
             None => None,
         };
-        Self::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))
+        Self::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), true)
     }
 
     /// Inspects the workspace (opened and judged by `stockade_hostfs::open_workspace`) as a
     /// run about to start does, returning the view and, for a read-write workspace, the
-    /// inspection whose sweep follows the run.
+    /// inspection whose sweep follows the run. The sockets and fifos are listed only for a
+    /// view a pool compares (`pooled`): the helper finds and covers them itself, so a
+    /// one-shot run does not walk the tree twice.
     pub(crate) fn inspect(
         workspace: Option<(&stockade_hostfs::OpenedWorkspace, bool)>,
+        pooled: bool,
     ) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
         let bad = |e: &dyn std::fmt::Display| LaunchError::Misconfigured(e.to_string());
         let Some((ws, writable)) = workspace else {
@@ -104,8 +107,11 @@ impl View {
             return Ok((view, None));
         };
         let clone = || ws.dir().try_clone().map_err(|e| bad(&format!("workspace {}: {e}", ws.path().display())));
-        let specials = stockade_hostfs::specials_in(ws.path(), clone()?, stockade_hostfs::MAX_WALK_ENTRIES)
-            .map_err(|e| bad(&e))?;
+        let specials = if pooled {
+            stockade_hostfs::specials_in(ws.path(), clone()?, stockade_hostfs::MAX_WALK_ENTRIES).map_err(|e| bad(&e))?
+        } else {
+            Vec::new()
+        };
         let guard = if writable {
             Some(stockade_hostfs::Guarded::inspect_dir(ws.path(), clone()?).map_err(|e| bad(&e))?)
         } else {

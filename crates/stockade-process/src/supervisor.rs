@@ -60,7 +60,9 @@ pub(crate) async fn run(
     }
     // The workspace as the run starts: its identity, its sockets and fifos and (read-write)
     // its protected paths, whether the run is one-shot or takes a pre-built sandbox.
-    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)))?;
+    // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
+    let pool = tier.pool.as_ref().filter(|_| grants_dir.is_none() && loopback.is_none() && !tier.tty);
+    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), pool.is_some())?;
     // The sweep runs once every guest process is gone: at the end of this function, or, if
     // it returns early or its future is dropped (a cancelled call), when the guard is
     // dropped, after the helper, init and the run's cgroup (declared later, dropped first).
@@ -91,8 +93,6 @@ pub(crate) async fn run(
         file_size_bytes: limits.file_size_bytes(),
         tmpfs_bytes: tier.tmpfs_bytes,
     };
-    // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
-    let pool = tier.pool.as_ref().filter(|_| grants_dir.is_none() && loopback.is_none() && !tier.tty);
     let start;
     let mut refill = Refill { pool: None, tier, key: None };
     let (launched, master, cgroup) = if let Some(pool) = pool {
