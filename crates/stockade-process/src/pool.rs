@@ -175,9 +175,15 @@ pub(crate) struct Pool {
 struct State {
     /// One queue per workspace, most recently used last.
     queues: Vec<Queue>,
+    /// The next queue's [`Queue::id`].
+    next_id: u64,
 }
 
 struct Queue {
+    /// This queue's own number, never reused: a refill that started building for a queue
+    /// since evicted (and perhaps made again for the same key) finds it gone by this, and
+    /// its count of builds is not charged to the new queue.
+    id: u64,
     key: Key,
     ready: VecDeque<Prebuilt>,
     /// Sandboxes being built by a refill now.
@@ -199,11 +205,32 @@ impl State {
                 if self.queues.len() >= MAX_KEYS {
                     evicted.extend(self.queues.remove(0).ready);
                 }
-                self.queues.push(Queue { key: key.clone(), ready: VecDeque::new(), building: 0 });
+                let id = self.next_id;
+                self.next_id += 1;
+                self.queues.push(Queue { id, key: key.clone(), ready: VecDeque::new(), building: 0 });
             }
         }
         let last = self.queues.len() - 1;
         (&mut self.queues[last], evicted)
+    }
+
+    /// Counts one more build for `key`'s queue if it has fewer than `size` sandboxes ready or
+    /// building, and returns the queue's id; none if the queue is gone or full.
+    fn begin_build(&mut self, key: &Key, size: usize) -> Option<u64> {
+        let queue = self.queues.iter_mut().find(|q| q.key == *key)?;
+        if queue.ready.len() + queue.building >= size {
+            return None;
+        }
+        queue.building += 1;
+        Some(queue.id)
+    }
+
+    /// Ends a build [`begin_build`](Self::begin_build) counted: the queue it was for, if it
+    /// still exists (not evicted since), with the build no longer counted.
+    fn end_build(&mut self, id: u64) -> Option<&mut Queue> {
+        let queue = self.queues.iter_mut().find(|q| q.id == id)?;
+        queue.building -= 1;
+        Some(queue)
     }
 }
 
@@ -310,18 +337,20 @@ impl Pool {
     /// silently: the next take starts its own sandbox and reports why it could not.
     pub(crate) fn refill(&self, tier: &ProcessTier, key: &Key) {
         loop {
-            {
+            let id = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
-                if queue.ready.len() + queue.building >= self.size {
-                    return;
-                }
-                queue.building += 1;
-            }
+                let Some(id) = state.begin_build(key, self.size) else { return };
+                id
+            };
             let built = View::inspect_key(key).and_then(|(view, _)| build(tier, view));
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(queue) = state.queues.iter_mut().find(|q| q.key == *key) else { return };
-            queue.building -= 1;
+            // An evicted queue's sandbox is killed (outside the lock), not handed to a queue
+            // made since for the same key.
+            let Some(queue) = state.end_build(id) else {
+                drop(state);
+                drop(built);
+                return;
+            };
             let Ok(p) = built else { return };
             if queue.ready.len() >= self.size {
                 drop(state);
@@ -392,5 +421,45 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
         tty: false,
         model_port: None,
         job_fd: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Some((PathBuf::from(name), true))
+    }
+
+    // The soak's process-pool tier found this: eight workers on eight workspaces evict queues
+    // while their refills build, and a refill that finished for an evicted key took one off
+    // the count of the queue made since for that key, which was 0 (an overflow panic on the
+    // pool's thread, which then built nothing more).
+    #[test]
+    fn a_build_for_an_evicted_queue_is_not_charged_to_its_successor() {
+        let mut state = State::default();
+        let _ = state.queue(&key("/a"));
+        let old = state.begin_build(&key("/a"), 2).expect("room for a build");
+        for other in ["/b", "/c", "/d", "/e"] {
+            let _ = state.queue(&key(other));
+        }
+        assert!(state.queues.iter().all(|q| q.key != key("/a")), "/a is evicted");
+        let _ = state.queue(&key("/a"));
+        assert!(state.end_build(old).is_none(), "the evicted queue is gone, its successor not found by its id");
+        let new = state.queues.iter().find(|q| q.key == key("/a")).expect("made again");
+        assert_eq!(new.building, 0);
+        let id = state.begin_build(&key("/a"), 2).expect("room");
+        assert_eq!(state.end_build(id).map(|q| q.building), Some(0));
+    }
+
+    #[test]
+    fn builds_stop_at_the_size() {
+        let mut state = State::default();
+        let _ = state.queue(&key("/a"));
+        assert!(state.begin_build(&key("/a"), 2).is_some());
+        assert!(state.begin_build(&key("/a"), 2).is_some());
+        assert!(state.begin_build(&key("/a"), 2).is_none());
+        assert!(state.begin_build(&key("/gone"), 2).is_none());
     }
 }

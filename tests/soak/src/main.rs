@@ -15,7 +15,9 @@
 //! not the tier) stockade's containers and volumes and the engine's images; and
 //! samples its RSS at the start (after a warm-up run of every kind), at 10% of the runs and
 //! at the end. It passes with no unexpected outcome, nothing left behind, and the RSS at the
-//! end within 10% (or 4 MiB) of the RSS at the start.
+//! end within 10% (or 4 MiB) of the RSS at the start, and no panic on any of this process's
+//! threads (a tier's background thread that panics stops doing its work, which no outcome
+//! may show).
 //!
 //! `main` starts the process tier's fork server first, while this program is still
 //! single-threaded, as every embedder should.
@@ -415,6 +417,9 @@ fn resources(server: Option<u32>, docker: bool) -> Resources {
     }
 }
 
+/// Panics on any of this process's threads since it started, counted by the hook `main` sets.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -455,6 +460,8 @@ struct Outcome {
     before: Resources,
     after: Resources,
     rss: [u64; 3],
+    /// Panics on this process's threads while the tier was soaked.
+    panics: u64,
     kinds: Vec<(&'static str, &'static str)>,
 }
 
@@ -472,6 +479,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     } else {
         None
     };
+    let panics_before = PANICS.load(Ordering::Relaxed);
     let before_tier = resources(server, docker);
     let (runner, kinds) = match tier {
         "process" => {
@@ -598,6 +606,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         before,
         after,
         rss: [rss_start, rss_tenth.load(Ordering::Relaxed), rss_kib()],
+        panics: PANICS.load(Ordering::Relaxed) - panics_before,
         kinds: kinds.iter().map(|k| (k.name, k.expected)).collect(),
     })
 }
@@ -681,7 +690,10 @@ fn judge(o: &Outcome) -> (String, bool) {
             "GREW by more than 10% and 4 MiB after warm-up"
         }
     );
-    (s, unexpected == 0 && a == b && flat)
+    if o.panics > 0 {
+        let _ = writeln!(s, "\nPANICKED: {} panics on this process's threads (see stderr).", o.panics);
+    }
+    (s, unexpected == 0 && a == b && flat && o.panics == 0)
 }
 
 async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
@@ -729,6 +741,11 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
 
 fn main() -> ExitCode {
     stockade_process::helper_main();
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, Ordering::Relaxed);
+        report(info);
+    }));
     // First, while single-threaded: every process-tier run's helper is cloned from it.
     let server = ForkServer::start().ok();
     let args = match parse() {
