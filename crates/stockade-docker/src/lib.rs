@@ -474,7 +474,18 @@ impl DockerTier {
             join(pid).map_err(|reason| DockerError::Unsupported {
                 mechanism: "a listener in the run's network namespace".into(),
                 reason,
-            })
+            })?;
+            // `join` pinned `pid` and found it alive after opening its namespace; the holder
+            // still running under that pid now means the pid was the holder's all along (a
+            // pid is reused only once its process is gone), so the listener is in the run's
+            // namespace and no other process's.
+            let again = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
+            let still = again.as_ref().is_some_and(|s| s.running == Some(true) && s.pid == Some(i64::from(pid)));
+            if still {
+                Ok(())
+            } else {
+                Err(DockerError::Engine(format!("the network holder left pid {pid} while the listener was placed")))
+            }
         };
         let result = match joined.await {
             Ok(()) => self.run_with(job, Some(grants_dir), Some(&holder)).await,

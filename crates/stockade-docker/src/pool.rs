@@ -46,6 +46,12 @@ pub struct PoolConfig {
     pub max_age: Duration,
     /// Keep using the same container across runs (state persists: one caller's session).
     /// Off by default: each container serves one run.
+    ///
+    /// A persistent pool is single-tenant: what one run leaves (files, background
+    /// processes, which outlive that run's deadline by design) sees every later run,
+    /// including its staged workspace. So it serves one workspace only (or none): the first
+    /// run fixes which, and a run granting another is refused ([`spec::SpecError::Pool`]).
+    /// Keep one persistent pool per caller.
     pub persistent: bool,
     /// A container idle for longer than this is inspected before use, and replaced if it is
     /// no longer running (killed, out of memory, or gone). Default 2 s.
@@ -98,6 +104,9 @@ pub struct DockerPool {
     config: Arc<PoolConfig>,
     idle: Arc<Mutex<VecDeque<Warm>>>,
     closed: Arc<AtomicBool>,
+    /// For a persistent pool: the workspace (host path, or none) its first run granted,
+    /// the only one it serves since.
+    tenant: Arc<std::sync::Mutex<Option<Option<std::path::PathBuf>>>>,
 }
 
 impl DockerPool {
@@ -118,6 +127,7 @@ impl DockerPool {
             config: Arc::new(config),
             idle: Arc::new(Mutex::new(VecDeque::new())),
             closed: Arc::new(AtomicBool::new(false)),
+            tenant: Arc::new(std::sync::Mutex::new(None)),
         };
         for _ in 0..pool.config.size {
             let warm = pool.start_one().await?;
@@ -222,6 +232,24 @@ impl DockerPool {
         }
         if command.is_empty() {
             return Err(DockerError::Spec(spec::SpecError::EmptyCommand));
+        }
+        if self.config.persistent {
+            let this = job.workspace().map(|ws| ws.path().to_path_buf());
+            let mut tenant = self.tenant.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*tenant {
+                None => *tenant = Some(this),
+                Some(first) if *first == this => {}
+                Some(first) => {
+                    let name = |w: &Option<std::path::PathBuf>| {
+                        w.as_ref().map_or("no workspace".to_owned(), |p| p.display().to_string())
+                    };
+                    return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+                        "this persistent pool serves {} (its first run's); its containers keep earlier runs' files and processes, which would see {}: use a pool of its own",
+                        name(first),
+                        name(&this)
+                    ))));
+                }
+            }
         }
         let staged = match (job.workspace(), self.config.workspace) {
             (None, _) => None,

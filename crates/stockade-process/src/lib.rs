@@ -681,6 +681,12 @@ pub fn probe() -> Probe {
 /// `stockade-runtime`. Joins the namespace from a thread of its own for the one `bind`, so
 /// the caller's threads keep theirs; needs `CAP_SYS_ADMIN` over the namespace (root for an
 /// engine's containers).
+///
+/// The process is pinned by a pidfd before its namespace is opened and must be alive after;
+/// a caller that learned `pid` from elsewhere (an engine's inspect) confirms afterwards that
+/// the pid still names the process it meant. Refused with an error: a process in this
+/// process's own network namespace (the listener would be on the host's loopback), or one
+/// that ended.
 pub fn listen_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpListener> {
     sys::net::listen_in_netns(pid, port)
 }

@@ -425,6 +425,7 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 mod tests {
     use super::*;
 

@@ -366,6 +366,32 @@ fn g6_a_warm_pool_runs_each_job_in_a_fresh_container() {
         session.run(&sh("echo kept > /tmp/state")).await.unwrap();
         assert_eq!(text(&session.run(&sh("cat /tmp/state")).await.unwrap().stdout.bytes), "kept\n");
         session.shutdown().await;
+        // It is single-tenant: its first run fixes the workspace it serves, and a run that
+        // grants another (whose staged files the earlier runs' processes would see) is
+        // refused before any container is used.
+        let mut config = PoolConfig::new(1, DEFAULT_IMAGE).with_workspace(Access::ReadOnly);
+        config.persistent = true;
+        let session = DockerPool::new(tier.clone(), config).await.unwrap();
+        let (first, second) = (
+            std::env::temp_dir().join(format!("stockade-tenant-a-{}", std::process::id())),
+            std::env::temp_dir().join(format!("stockade-tenant-b-{}", std::process::id())),
+        );
+        for d in [&first, &second] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(second.join("secret"), "b's").unwrap();
+        let on = |d: &std::path::Path| {
+            sh("cat /workspace/secret 2>/dev/null; true").with_workspace(d, Access::ReadOnly).unwrap()
+        };
+        assert!(session.run(&on(&first)).await.unwrap().status == Status::Exited { code: 0 });
+        let refused = session.run(&on(&second)).await.unwrap_err();
+        assert!(refused.to_string().contains("persistent pool serves"), "{refused}");
+        assert!(session.run(&sh("true")).await.is_err(), "no workspace is another tenant too");
+        assert!(session.run(&on(&first)).await.unwrap().status == Status::Exited { code: 0 });
+        session.shutdown().await;
+        for d in [&first, &second] {
+            let _ = std::fs::remove_dir_all(d);
+        }
         // A container that died while idle is noticed by the health check and replaced.
         let mut config = PoolConfig::new(1, DEFAULT_IMAGE);
         config.health_check_after = Duration::ZERO;

@@ -26,9 +26,27 @@ pub(crate) fn loopback_up() -> io::Result<()> {
 /// from a short-lived thread that joins that namespace (`setns` changes only the calling
 /// thread's network namespace) and ends; the listening socket stays in that namespace.
 /// Needs `CAP_SYS_ADMIN` over the namespace's owner (root, for an engine's containers).
+///
+/// The process is pinned with a pidfd before its namespace is opened, and must still be
+/// alive once it is: so the namespace opened is that process's, not a later one's that took
+/// its pid (the caller, which got `pid` from elsewhere, checks the pid was still its own
+/// after this returns). A namespace that is this process's own is refused: the listener
+/// would be on the host's loopback.
 pub(crate) fn listen_in_netns(pid: u32, port: u16) -> io::Result<std::net::TcpListener> {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::fs::MetadataExt;
+    let raw = libc::pid_t::try_from(pid).map_err(|_| io::Error::other(format!("pid {pid} is out of range")))?;
+    let pinned = super::process::pidfd_open(raw)?;
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    if super::fs::polls_ready(pinned.as_fd()) {
+        return Err(io::Error::other(format!("process {pid} ended before its network namespace was opened")));
+    }
+    let (theirs, ours) = (ns.metadata()?, std::fs::metadata("/proc/self/ns/net")?);
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return Err(io::Error::other(format!(
+            "process {pid} is in this process's own network namespace: a listener there would be on the host's loopback"
+        )));
+    }
     std::thread::spawn(move || {
         // SAFETY: setns takes a descriptor we hold open and a flag; it changes only this
         // thread's network namespace, and this thread does nothing else before it ends.

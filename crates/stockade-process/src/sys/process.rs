@@ -198,8 +198,9 @@ pub(crate) fn reset_signals() -> io::Result<()> {
     check(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) }).map(drop)
 }
 
-/// `pidfd_open(2)`: a descriptor that becomes readable when `pid` (a child of ours, not yet
-/// reaped, so its pid cannot be reused) exits.
+/// `pidfd_open(2)`: a descriptor that becomes readable when `pid` exits. For a child of
+/// ours not yet reaped the pid cannot have been reused; for any other process the caller
+/// confirms, after this, that `pid` is still the process it meant.
 pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: pidfd_open takes integers only.

@@ -8,5 +8,6 @@ mod confinement;
 mod forkserver;
 mod launch;
 mod limits;
+mod netns;
 mod pool;
 mod workspace;
