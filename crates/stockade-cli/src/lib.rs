@@ -593,6 +593,9 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             report.sweep_errors.join("; ")
         )?;
     }
+    if let (false, Some(line)) = (args.json, refs_notice(&report)) {
+        writeln!(std::io::stderr(), "stockade: {line}")?;
+    }
     let outcome = if args.expect_json {
         let mut c: Contract<serde_json::Value> = Contract::json(budget, accept_any).expect_exit(args.expect_exit);
         if args.grant_strict {
@@ -827,4 +830,18 @@ fn doctor(json: bool) -> Result<()> {
         writeln!(out, "docker tier:  {}", if docker_ready { "ready" } else { "NOT ready" })?;
     }
     Ok(())
+}
+
+/// The line that tells the user which git refs a read-write run moved (none if it moved
+/// none): a commit made in the run can bring back, on the user's next checkout or reset,
+/// a protected file the sweep removed, so the user is told how to review it first. The
+/// names and values in the report are escaped already (`stockade-hostfs`).
+pub(crate) fn refs_notice(report: &stockade_runtime::protocol::Report) -> Option<String> {
+    if report.git_refs_moved.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the program changed git refs in the workspace ({}); a commit can restore what the sweep removed on your next checkout or reset: review each with `git log --stat OLD..NEW` first",
+        report.git_refs_moved.join("; ")
+    ))
 }

@@ -812,6 +812,10 @@ fn result(r: &Report, tier: &str, limits: &Limits) -> Value {
             r.sweep_errors.join("; ")
         );
     }
+    if let Some(line) = crate::refs_notice(r) {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "stockade mcp: {line}");
+    }
     let text = |c: &stockade_runtime::protocol::Captured| String::from_utf8_lossy(&c.bytes).into_owned();
     let (stdout, stderr) = (text(&r.stdout), text(&r.stderr));
     let enforcement: Vec<Value> =

@@ -607,6 +607,7 @@ impl DockerTier {
                 report.enforcement.push(Enforced::swept(Mechanism::ContainerWorkspace, &swept.removed));
             }
             report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
+            report.git_refs_moved = swept.refs_moved.clone();
         }
         Ok(report)
     }

@@ -60,8 +60,19 @@
 //!     reason while the rest is applied, and a host file is replaced only by a complete
 //!     copy, renamed over it.
 //!     (pinned by: tests/it/stage.rs::g5_*)
+//! G6. When `.git` is a directory at inspection, [`Guarded::sweep`] also lists in
+//!     [`Swept::refs_moved`] every ref the run created, moved or deleted (`HEAD`, loose refs
+//!     under `refs/`, `packed-refs`), each name and value escaped so that no control byte
+//!     reaches a terminal, read without following a symlink and within [`MAX_REFS`] and
+//!     [`MAX_PACKED_BYTES`] (past them it says the comparison was partial), or why the refs
+//!     could not be compared: a guest's commit of a protected file survives the sweep, and
+//!     the user's `git checkout` would restore it, so the user is told what to review.
+//!     (pinned by: tests/it/guard.rs::g6_*)
 //!
 //! # Non-guarantees
+//! Which of the moved refs' commits touch a protected path is not computed: that would
+//! parse objects the guest wrote (zlib streams, packs) in the supervisor; the user reviews
+//! them with git (`git diff OLD NEW -- PATHS`).
 //! Between the guest creating an absent protected path and the sweep, the path exists on the
 //! host: a host process that reads it during the run (direnv on `cd`, an editor watching
 //! `.vscode`) sees it. No kernel mechanism here blocks the creation of one name in a
@@ -101,6 +112,8 @@ use std::path::{Path, PathBuf};
 use cap_std::fs::Dir;
 use stockade_protocol::{PINNED_DIRS, PROTECTED_PATHS};
 
+mod refs;
+pub use refs::{MAX_PACKED_BYTES, MAX_REFS};
 pub mod stage;
 
 /// What went wrong with a workspace, naming the path.
@@ -268,6 +281,9 @@ pub struct Guarded {
     /// it was absent): a new name there that git does not write ([`stockade_protocol::GIT_WRITABLE`])
     /// is swept.
     git_before: Option<std::collections::HashSet<std::ffi::OsString>>,
+    /// `.git`'s refs at inspection (if `.git` was a directory then), compared after the run
+    /// (G6); or why they could not be read.
+    refs_before: Option<Result<refs::Refs, String>>,
 }
 
 /// What a sweep did: every path it removed, and every path it could not remove with the
@@ -279,6 +295,10 @@ pub struct Swept {
     pub removed: Vec<String>,
     /// What the sweep could not remove, each naming the path and the reason.
     pub errors: Vec<HostFsError>,
+    /// Every git ref the run created, moved or deleted in the workspace's `.git`, one
+    /// escaped line each (`refs/heads/main 1f2e3d4c5b6a..0a1b2c3d4e5f`), or why the refs
+    /// could not be compared: a commit can bring back what the sweep removed (G6).
+    pub refs_moved: Vec<String>,
 }
 
 /// Most directory descriptors one sweep holds open at once, however deep the tree it
@@ -304,6 +324,7 @@ impl Guarded {
             absent: Vec::new(),
             pinned: Vec::new(),
             git_before: None,
+            refs_before: None,
         };
         for pin in PINNED_DIRS {
             match g.kind(&g.dir, pin)? {
@@ -321,6 +342,7 @@ impl Guarded {
                 names.insert(entry.map_err(|e| g.io(".git", e))?.file_name());
             }
             g.git_before = Some(names);
+            g.refs_before = Some(refs::Refs::read(&git).map_err(|e| e.to_string()));
         }
         for rel in PROTECTED_PATHS {
             match g.find(rel)? {
@@ -383,6 +405,7 @@ impl Guarded {
             self.sweep_one(rel, &mut out);
         }
         self.sweep_git(&mut out);
+        out.refs_moved = self.refs_moved();
         out.removed.sort();
         out.removed.dedup();
         out
@@ -414,6 +437,26 @@ impl Guarded {
             }
         }
         self.remove(&dir, last.as_ref(), rel, out);
+    }
+
+    /// What [`Swept::refs_moved`] holds: the refs now against those at inspection.
+    fn refs_moved(&self) -> Vec<String> {
+        let Some(before) = &self.refs_before else { return Vec::new() };
+        let unreadable = |e: &dyn std::fmt::Display| vec![format!("(git refs not compared: {e})")];
+        let before = match before {
+            Ok(b) => b,
+            Err(e) => return unreadable(e),
+        };
+        let after = match stage::open_dir_nofollow(&self.dir, ".git".as_ref()) {
+            Ok(git) => refs::Refs::read(&git),
+            // `.git` itself was pinned for the run: gone or replaced, every ref went with it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(refs::Refs::default()),
+            Err(e) => Err(e),
+        };
+        match after {
+            Ok(after) => before.moved(&after),
+            Err(e) => unreadable(&e),
+        }
     }
 
     /// The new top-level entries of `.git` that git does not write.

@@ -47,9 +47,9 @@ const MAX_LISTED: usize = 16;
 /// `O_NOFOLLOW` and `O_DIRECTORY` (the crate has no libc dependency; the values are per
 /// architecture).
 #[cfg(target_arch = "aarch64")]
-const O_NOFOLLOW: i32 = 0o100_000;
+pub(crate) const O_NOFOLLOW: i32 = 0o100_000;
 #[cfg(not(target_arch = "aarch64"))]
-const O_NOFOLLOW: i32 = 0o400_000;
+pub(crate) const O_NOFOLLOW: i32 = 0o400_000;
 #[cfg(target_arch = "aarch64")]
 const O_DIRECTORY: i32 = 0o40_000;
 #[cfg(not(target_arch = "aarch64"))]

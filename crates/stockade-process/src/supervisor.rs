@@ -313,6 +313,7 @@ pub(crate) async fn run(
         report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept.removed));
     }
     report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
+    report.git_refs_moved = swept.refs_moved.clone();
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !tier.best_effort {
             return Err(LaunchError::Unsupported { mechanism: stage, reason: message });

@@ -219,6 +219,12 @@ pub struct Report {
     /// until the user removes them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sweep_errors: Vec<String>,
+    /// Every git ref a read-write workspace run created, moved or deleted in the
+    /// workspace's `.git` (`refs/heads/main 1f2e3d4c5b6a..0a1b2c3d4e5f`, guest-written
+    /// bytes escaped), or why they could not be compared: a commit made in the run can
+    /// bring back, on the user's next checkout, what the sweep removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub git_refs_moved: Vec<String>,
 }
 
 /// Most grant calls a [`GrantsReport`] lists one by one: 1024. Later calls are still counted.
@@ -320,6 +326,7 @@ impl Report {
             enforcement: Vec::new(),
             grants: None,
             sweep_errors: Vec::new(),
+            git_refs_moved: Vec::new(),
         }
     }
 

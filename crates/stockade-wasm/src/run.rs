@@ -626,6 +626,7 @@ impl Inner {
                 report.enforcement.push(Enforced::swept(Mechanism::WasmWorkspace, &swept.removed));
             }
             report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
+            report.git_refs_moved = swept.refs_moved.clone();
         }
         Ok(report)
     }

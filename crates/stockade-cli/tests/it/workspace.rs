@@ -146,3 +146,65 @@ fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
         let _ = std::fs::remove_dir_all(&ws);
     }
 }
+
+fn host_git(d: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(d)
+        .args(["-c", "user.name=u", "-c", "user.email=u@u", "-c", "commit.gpgsign=false"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// hold-the-line, finding 9: the guest commits the `.envrc` it planted, with the real git
+/// inside the sandbox. The sweep removes the file, but the user's own `git checkout -- .`
+/// would restore it: `stockade run` names the moved ref with the ids the host's git shows,
+/// and `--json` carries it.
+#[test]
+fn g6_a_commit_made_in_a_read_write_run_is_named_with_its_old_and_new_ids() {
+    if !ready() {
+        return;
+    }
+    let d = private_dir("commit");
+    host_git(&d, &["init", "-q", "-b", "main"]);
+    std::fs::write(d.join("a.txt"), "a\n").unwrap();
+    host_git(&d, &["add", "a.txt"]);
+    host_git(&d, &["commit", "-q", "-m", "the user's"]);
+    let before = host_git(&d, &["rev-parse", "HEAD"]);
+    let rw = format!("{}:rw", d.display());
+    let script = "cd /workspace && echo 'touch /tmp/owned' > .envrc && git -c user.name=g -c user.email=g@g add -f .envrc && git -c user.name=g -c user.email=g@g commit -q -m tidy && echo committed";
+    let (code, out, err) = check(&["run", "--workspace", &rw, "--env", "HOME=/tmp", "--", "sh", "-c", script]);
+    assert_eq!((code, out.as_str()), (0, "committed\n"), "{err}");
+    let after = host_git(&d, &["rev-parse", "HEAD"]);
+    assert_ne!(before, after);
+    assert!(!d.join(".envrc").exists(), "swept");
+    let moved = format!("refs/heads/main {}..{}", &before[..12], &after[..12]);
+    assert!(err.contains(&format!("the program changed git refs in the workspace ({moved})")), "{err}");
+    // The report in --json lists it too; a run that commits nothing lists nothing.
+    let (code, out, _) = check(&["run", "--json", "--workspace", &rw, "--", "true"]);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(report.get("git_refs_moved").is_none(), "{report:#}");
+    let (_, out, _) = check(&[
+        "run",
+        "--json",
+        "--workspace",
+        &rw,
+        "--",
+        "sh",
+        "-c",
+        "cd /workspace && git -c user.name=g -c user.email=g@g commit -q --allow-empty -m again",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let newest = host_git(&d, &["rev-parse", "HEAD"]);
+    assert_eq!(
+        report["git_refs_moved"],
+        serde_json::json!([format!("refs/heads/main {}..{}", &after[..12], &newest[..12])])
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

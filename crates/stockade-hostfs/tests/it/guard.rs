@@ -296,3 +296,94 @@ fn g4_the_opened_directory_is_the_judged_one() {
     assert!(e.to_string().contains("/etc cannot be granted"), "{e}");
     fs::remove_dir_all(&d).unwrap();
 }
+
+/// A real repository, with one commit on `main`, made by the host's git.
+fn git_repo(tag: &str) -> PathBuf {
+    let d = dir(tag);
+    git(&d, &["init", "-q", "-b", "main"]);
+    fs::write(d.join("a.txt"), "a\n").unwrap();
+    git(&d, &["add", "a.txt"]);
+    git(&d, &["commit", "-q", "-m", "first"]);
+    d
+}
+
+fn git(d: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(d)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// hold-the-line, finding 9: a guest commits the protected file it planted; the sweep
+/// removes the file, and the user's `git checkout -- .` would restore it. What moved is
+/// reported, with the values the host's git shows.
+#[test]
+fn g6_a_commit_made_during_the_run_is_reported_with_its_old_and_new_ids() {
+    let d = git_repo("refs-commit");
+    git(&d, &["branch", "gone"]);
+    git(&d, &["pack-refs", "--all"]);
+    let before = git(&d, &["rev-parse", "HEAD"]);
+    let g = Guarded::inspect(&d).unwrap();
+    // The guest's work: a planted .envrc committed, a branch made, a packed one deleted.
+    fs::write(d.join(".envrc"), "touch /tmp/canary\n").unwrap();
+    git(&d, &["add", "-f", ".envrc"]);
+    git(&d, &["commit", "-q", "-m", "innocent"]);
+    git(&d, &["branch", "new"]);
+    git(&d, &["branch", "-D", "gone"]);
+    let after = git(&d, &["rev-parse", "HEAD"]);
+    let s = g.sweep();
+    assert_eq!(s.removed, [".envrc"]);
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    let (b, a) = (&before[..12], &after[..12]);
+    assert_eq!(
+        s.refs_moved,
+        [
+            format!("refs/heads/gone {b}..(none)"),
+            format!("refs/heads/main {b}..{a}"),
+            format!("refs/heads/new (none)..{a}")
+        ]
+    );
+    // The file is in the commit: the user's checkout would bring it back.
+    git(&d, &["checkout", "--", "."]);
+    assert!(d.join(".envrc").exists());
+    fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn g6_a_run_that_moves_no_ref_reports_nothing_and_a_moved_head_is_shown_escaped() {
+    let d = git_repo("refs-none");
+    let g = Guarded::inspect(&d).unwrap();
+    fs::write(d.join("a.txt"), "changed, not committed\n").unwrap();
+    assert!(g.sweep().refs_moved.is_empty());
+    // A guest-written name and value: no control byte is shown as it is.
+    fs::write(d.join(".git/refs/heads/\x1b]52;c;eA==\x07"), "\x1b[2J\n").unwrap();
+    fs::write(d.join(".git/HEAD"), "ref: refs/heads/other\n").unwrap();
+    let moved = g.sweep().refs_moved;
+    assert_eq!(
+        moved,
+        ["HEAD ref: refs/heads/main..ref: refs/heads/other", "refs/heads/\\x1b]52;c;eA==\\x07 (none)..\\x1b[2J"]
+    );
+    fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn g6_refs_past_the_bound_are_compared_as_far_as_it_and_said_so() {
+    let d = git_repo("refs-many");
+    let heads = d.join(".git/refs/heads");
+    let g = Guarded::inspect(&d).unwrap();
+    let id = git(&d, &["rev-parse", "HEAD"]);
+    for i in 0..=stockade_hostfs::MAX_REFS {
+        fs::write(heads.join(format!("b{i}")), format!("{id}\n")).unwrap();
+    }
+    let moved = g.sweep().refs_moved;
+    assert!(moved.len() < stockade_hostfs::MAX_REFS + 1, "{}", moved.len());
+    assert!(moved.last().unwrap().contains("only what fits was compared"), "{:?}", moved.last());
+    fs::remove_dir_all(&d).unwrap();
+}
