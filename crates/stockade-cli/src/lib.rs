@@ -113,7 +113,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 pub use stockade_runtime::process;
-use stockade_runtime::protocol::{Access, Job, Limits};
+use stockade_runtime::protocol::{Access, Busy, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
 use stockade_runtime::{Sandbox, TierError};
 use stockade_runtime::{docker, wasm};
@@ -246,6 +246,10 @@ struct RunArgs {
     /// its mode, and what the program creates there is yours.
     #[arg(long, value_name = "DIR[:ro|:rw]")]
     workspace: Option<String>,
+    /// If another run holds the workspace (a read-write run holds its workspace and every
+    /// directory inside it alone until it is done), fail at once (exit 125) instead of waiting.
+    #[arg(long, requires = "workspace")]
+    no_wait: bool,
     /// Grant one environment variable (repeatable); the environment is otherwise empty.
     #[arg(long = "env", value_name = "K=V")]
     env: Vec<String>,
@@ -416,7 +420,8 @@ fn with_grants(mut job: Job, args: &RunArgs) -> Result<Job> {
             _ => (ws.as_str(), Access::ReadOnly),
         };
         let dir = std::fs::canonicalize(PathBuf::from(dir)).with_context(|| format!("workspace {dir}"))?;
-        job = job.with_workspace(dir, access)?;
+        let busy = if args.no_wait { Busy::Refuse } else { Busy::Wait };
+        job = job.with_workspace_when_busy(dir, access, busy)?;
     }
     Ok(job)
 }

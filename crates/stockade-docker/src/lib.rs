@@ -195,6 +195,28 @@ pub enum DockerError {
     /// A staged workspace could not be packed, or the container's copy not applied.
     #[error("staged workspace: {0}")]
     Stage(#[from] stage::StageError),
+    /// Another run holds the workspace and the job asked not to wait; nothing was created.
+    #[error("{0}")]
+    Busy(String),
+}
+
+/// How long a run waits between tries for a workspace another run holds: 20 ms.
+const LOCK_POLL: Duration = Duration::from_millis(20);
+
+/// Takes the lock of `job`'s workspace ([`stockade_hostfs::OpenedWorkspace::lock`]), shared
+/// with the other tiers: held until the run's sweep or apply-back is done, it keeps a
+/// read-write run of a directory above this one from swapping a directory on its path while
+/// the engine binds it by name.
+pub(crate) async fn lock_workspace(job: &Job) -> Result<Option<stockade_hostfs::WorkspaceLock>, DockerError> {
+    let Some(ws) = job.workspace() else { return Ok(None) };
+    let opened = stockade_hostfs::open_workspace(ws.path())
+        .map_err(|e| DockerError::Spec(SpecError::Unusable(e.to_string())))?;
+    let writable = ws.access() == Access::ReadWrite;
+    match opened.lock(writable, ws.busy(), || tokio::time::sleep(LOCK_POLL)).await {
+        Ok(lock) => Ok(Some(lock)),
+        Err(e @ stockade_hostfs::WorkspaceError::Busy { .. }) => Err(DockerError::Busy(e.to_string())),
+        Err(e) => Err(DockerError::Engine(e.to_string())),
+    }
 }
 
 pub(crate) fn engine(e: bollard::errors::Error) -> DockerError {
@@ -523,6 +545,8 @@ impl DockerTier {
         netns_of: Option<&str>,
     ) -> Result<Report, DockerError> {
         let job = &*spec::resolve_workspace(job)?;
+        // Held until the sweep below is done (dropped last).
+        let _lock = lock_workspace(job).await?;
         self.retry_pending().await;
         let id = run_id();
         let limits = job.limits();

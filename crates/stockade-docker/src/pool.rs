@@ -221,6 +221,8 @@ impl DockerPool {
     /// budget returns no files.
     pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
         let job = &*spec::resolve_workspace(job)?;
+        // Held from the pack to the apply-back.
+        let _lock = crate::lock_workspace(job).await?;
         let JobKind::Image { image, command } = job.kind() else {
             return Err(DockerError::Spec(spec::SpecError::NotAnImageJob));
         };

@@ -531,8 +531,11 @@ pub fn resolve_workspace(job: &Job) -> Result<std::borrow::Cow<'_, Job>, SpecErr
     if path == ws.path() {
         return Ok(std::borrow::Cow::Borrowed(job));
     }
-    let access = ws.access();
-    job.clone().with_workspace(path, access).map(std::borrow::Cow::Owned).map_err(|e| bad(e.to_string()))
+    let (access, busy) = (ws.access(), ws.busy());
+    job.clone()
+        .with_workspace_when_busy(path, access, busy)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// Whether the container's user can use a bind-mounted workspace: read and search it, and

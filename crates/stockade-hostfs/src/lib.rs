@@ -14,7 +14,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol` (the lists), `cap-std`, `tar` (the staged archive).
 //! Used by: `stockade-process`, `stockade-docker`, `stockade-wasm`.
-//! API boundary: yes; [`Guarded`], [`specials`], [`open_workspace`], [`resolve_workspace`], [`stage`].
+//! API boundary: yes; [`Guarded`], [`specials`], [`open_workspace`], [`OpenedWorkspace::lock`], [`resolve_workspace`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, and the workspace as it was when [`Guarded::inspect`] ran.
@@ -68,6 +68,13 @@
 //!     could not be compared: a guest's commit of a protected file survives the sweep, and
 //!     the user's `git checkout` would restore it, so the user is told what to review.
 //!     (pinned by: tests/it/guard.rs::g6_*)
+//! G7. [`OpenedWorkspace::lock`] gives a read-write run its workspace alone (`flock` on the
+//!     descriptors [`open_workspace`] opened, not on names): no other run, in this process
+//!     or another, of any tier, holds it or a directory inside it meanwhile, nor runs
+//!     read-write on a directory above it, so no read-write guest can swap a directory on
+//!     the path another run's engine binds by name; read-only runs share. A run waits for
+//!     the holder, or, asked not to, is refused with [`WorkspaceError::Busy`].
+//!     (pinned by: tests/it/guard.rs::g7_*)
 //!
 //! # Non-guarantees
 //! Which of the moved refs' commits touch a protected path is not computed: that would
@@ -81,6 +88,9 @@
 //! Only the workspace's top level is covered: a `.envrc` the guest creates in a subdirectory
 //! stays. A unix socket or fifo a host process creates in the workspace after [`specials`] ran
 //! is not covered.
+//! The lock binds stockade's runs only: a host process that is not a stockade run can still
+//! rename directories above a workspace while the docker or wasm tier opens it by name (the
+//! process tier mounts the descriptor it judged, whatever the name says later).
 //!
 //! # Failure behaviour
 //! Every error is a [`HostFsError`] naming the path and the reason; a sweep that cannot
@@ -171,6 +181,21 @@ pub enum WorkspaceError {
     /// The directory is not a dedicated one (the protocol's rule).
     #[error("workspace {0}")]
     NotDedicated(#[from] stockade_protocol::NotDedicated),
+    /// Another run holds the workspace (or, for a read-write run, a directory above or below
+    /// it), and the run asked not to wait ([`stockade_protocol::Busy::Refuse`]).
+    #[error("workspace {} is held by another run (a read-write run holds its workspace and every directory inside it alone until its sweep is done); refused instead of waiting", path.display())]
+    Busy {
+        /// The resolved path.
+        path: PathBuf,
+    },
+    /// The workspace's lock could not be taken (the kernel refused `flock`).
+    #[error("workspace {}: locking it: {source}", path.display())]
+    Lock {
+        /// The resolved path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// A directory on the resolved path was replaced (by a symlink or a file) while it was
     /// being opened: something is changing the tree, and nothing is mounted.
     #[error("workspace {}: a directory on the path changed while it was opened (a symlink or a file replaced it); refusing", path.display())]
@@ -189,12 +214,29 @@ pub fn resolve_workspace(path: &Path) -> Result<PathBuf, WorkspaceError> {
 }
 
 /// A workspace directory judged and held: the path it had when it was opened, the open
-/// directory, and its device and inode.
+/// directory, its device and inode, and the directories above it (for [`OpenedWorkspace::lock`]).
 #[derive(Debug)]
 pub struct OpenedWorkspace {
     path: PathBuf,
     dir: Dir,
     id: (u64, u64),
+    /// Each directory from the one below `/` to the workspace's parent, as opened on the way.
+    above: Vec<std::fs::File>,
+}
+
+/// A workspace's lock, taken by [`OpenedWorkspace::lock`]: released when dropped.
+#[derive(Debug)]
+pub struct WorkspaceLock {
+    /// Copies of the locked descriptors (each shares its lock with the original).
+    held: Vec<std::fs::File>,
+}
+
+impl Drop for WorkspaceLock {
+    fn drop(&mut self) {
+        for f in self.held.iter().rev() {
+            let _ = f.unlock();
+        }
+    }
 }
 
 impl OpenedWorkspace {
@@ -214,6 +256,51 @@ impl OpenedWorkspace {
     #[must_use]
     pub fn id(&self) -> (u64, u64) {
         self.id
+    }
+
+    /// Takes the workspace's lock for a run: the workspace itself exclusively for a
+    /// read-write run (shared for a read-only one), and every directory above it shared
+    /// (`flock(2)` on the descriptors opened, so a rename of any of them does not escape it).
+    /// So a read-write run excludes every other run of its workspace or of a directory below
+    /// it (whose path its guest could swap for a symlink while another tier binds it by
+    /// name), and every read-write run of a directory above it, while read-only runs share.
+    /// Two runs in one process exclude each other as two processes do.
+    ///
+    /// Another run holding a conflicting lock is waited for, `pause().await` between tries,
+    /// or refused with [`WorkspaceError::Busy`] when `busy` is
+    /// [`stockade_protocol::Busy::Refuse`]. Locks are tried top down and all released
+    /// between tries, so two runs never hold each other's next lock.
+    pub async fn lock<F: std::future::Future<Output = ()>>(
+        &self,
+        writable: bool,
+        busy: stockade_protocol::Busy,
+        mut pause: impl FnMut() -> F,
+    ) -> Result<WorkspaceLock, WorkspaceError> {
+        loop {
+            if let Some(lock) = self.try_lock(writable)? {
+                return Ok(lock);
+            }
+            if busy == stockade_protocol::Busy::Refuse {
+                return Err(WorkspaceError::Busy { path: self.path.clone() });
+            }
+            pause().await;
+        }
+    }
+
+    fn try_lock(&self, writable: bool) -> Result<Option<WorkspaceLock>, WorkspaceError> {
+        let failed = |source| WorkspaceError::Lock { path: self.path.clone(), source };
+        let own = self.dir.try_clone().map_err(failed)?.into_std_file();
+        let mut lock = WorkspaceLock { held: Vec::with_capacity(self.above.len() + 1) };
+        for (i, f) in self.above.iter().chain(std::iter::once(&own)).enumerate() {
+            let exclusive = writable && i == self.above.len();
+            let got = if exclusive { f.try_lock() } else { f.try_lock_shared() };
+            match got {
+                Ok(()) => lock.held.push(f.try_clone().map_err(failed)?),
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => return Err(failed(e)),
+            }
+        }
+        Ok(Some(lock))
     }
 }
 
@@ -235,11 +322,13 @@ pub fn open_workspace(path: &Path) -> Result<OpenedWorkspace, WorkspaceError> {
         return Err(WorkspaceError::NotADirectory { path: resolved });
     }
     let mut dir = Dir::open_ambient_dir("/", cap_std::ambient_authority()).map_err(unreachable)?;
+    let mut above = Vec::new();
+    let mut at_root = true;
     for part in resolved.components() {
         match part {
             Component::RootDir => {}
             Component::Normal(name) => {
-                dir = stage::open_dir_nofollow(&dir, name).map_err(|e| {
+                let next = stage::open_dir_nofollow(&dir, name).map_err(|e| {
                     if e.raw_os_error() == Some(20) || e.raw_os_error() == Some(40) {
                         // ENOTDIR or ELOOP: not a directory now, or a symlink swapped in.
                         WorkspaceError::Changed { path: resolved.clone() }
@@ -247,6 +336,12 @@ pub fn open_workspace(path: &Path) -> Result<OpenedWorkspace, WorkspaceError> {
                         unreachable(e)
                     }
                 })?;
+                // `/` itself is never locked: no workspace is `/`, so no run holds it alone.
+                let parent = std::mem::replace(&mut dir, next);
+                if !at_root {
+                    above.push(parent.into_std_file());
+                }
+                at_root = false;
             }
             _ => return Err(WorkspaceError::Changed { path: resolved }),
         }
@@ -256,7 +351,7 @@ pub fn open_workspace(path: &Path) -> Result<OpenedWorkspace, WorkspaceError> {
         return Err(WorkspaceError::NotADirectory { path: resolved });
     }
     stockade_protocol::check_dedicated(&resolved, &[])?;
-    Ok(OpenedWorkspace { id: (meta.dev(), meta.ino()), path: resolved, dir })
+    Ok(OpenedWorkspace { id: (meta.dev(), meta.ino()), path: resolved, dir, above })
 }
 
 /// What one protected path looked like at inspection.

@@ -110,9 +110,11 @@
 //!     report says what, with every path the sweep could not remove; a gitfile the user had
 //!     is never removed. The sweep also runs when the run ends early or its future is
 //!     dropped (a cancelled call), once the run's processes are gone. One read-write run
-//!     of a workspace at a time (an exclusive `flock` on the opened directory, held through
-//!     the sweep; read-only runs share it), so a run never inspects what another run's guest
-//!     is planting. So the guest cannot leave code the host runs later.
+//!     of a workspace at a time (`stockade_hostfs::OpenedWorkspace::lock`, held through the
+//!     sweep and shared with the other tiers: a run of a directory inside it waits too;
+//!     read-only runs share it; `Busy::Refuse` refuses with [`LaunchError::Busy`] instead of
+//!     waiting), so a run never inspects what another run's guest is planting. So the guest
+//!     cannot leave code the host runs later.
 //!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
 //!     at every launch); otherwise the launch executes the fallback helper binary, or fails
@@ -397,6 +399,10 @@ pub enum LaunchError {
     /// is a [`stockade_protocol::Status::FailedToStart`] report naming the same error.)
     #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
     Exhausted(String),
+    /// Another run holds the workspace and the job asked not to wait
+    /// ([`stockade_protocol::Busy::Refuse`]): nothing of the run exists.
+    #[error("{0}")]
+    Busy(String),
     /// A stockade bug.
     #[error("internal error: {0}")]
     Internal(String),

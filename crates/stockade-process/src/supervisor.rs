@@ -48,16 +48,19 @@ pub(crate) async fn run(
     // path names later.
     let opened = match job.workspace() {
         Some(ws) => Some((
-            stockade_hostfs::open_workspace(ws.path()).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+            stockade_hostfs::open_workspace(ws.path()).map_err(workspace_error)?,
             ws.access() == stockade_protocol::Access::ReadWrite,
         )),
         None => None,
     };
     // One read-write run at a time per workspace, and no read-only run beside one: the lock
     // is held until the sweep is done (declared before the sweep guard, so dropped after it).
-    if let Some((ws, writable)) = &opened {
-        lock_workspace(ws, *writable).await?;
-    }
+    let _lock = match (&opened, job.workspace()) {
+        (Some((ws, writable)), Some(granted)) => {
+            Some(ws.lock(*writable, granted.busy(), || tokio::time::sleep(LOCK_POLL)).await.map_err(workspace_error)?)
+        }
+        _ => None,
+    };
     // The workspace as the run starts: its identity, its sockets and fifos and (read-write)
     // its protected paths, whether the run is one-shot or takes a pre-built sandbox.
     // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
@@ -347,18 +350,13 @@ pub(crate) async fn run(
 /// How long a run waits between tries for a workspace another run holds: 20 ms.
 const LOCK_POLL: Duration = Duration::from_millis(20);
 
-/// Takes the workspace's lock: exclusive for a read-write run, shared for a read-only one
-/// (`flock` on the opened directory, so two runs in one process exclude each other as two
-/// processes do), waiting while another run holds it. Released when the directory is closed.
-async fn lock_workspace(ws: &stockade_hostfs::OpenedWorkspace, writable: bool) -> Result<(), LaunchError> {
-    loop {
-        match crate::sys::fs::try_lock(ws.dir(), writable) {
-            Ok(true) => return Ok(()),
-            Ok(false) => tokio::time::sleep(LOCK_POLL).await,
-            Err(e) => {
-                return Err(LaunchError::Internal(format!("locking the workspace {}: {e}", ws.path().display())));
-            }
-        }
+/// A workspace that cannot be granted is the job's fault; one another run holds is
+/// [`LaunchError::Busy`].
+fn workspace_error(e: stockade_hostfs::WorkspaceError) -> LaunchError {
+    match e {
+        stockade_hostfs::WorkspaceError::Busy { .. } => LaunchError::Busy(e.to_string()),
+        stockade_hostfs::WorkspaceError::Lock { .. } => LaunchError::Internal(e.to_string()),
+        e => LaunchError::Misconfigured(e.to_string()),
     }
 }
 

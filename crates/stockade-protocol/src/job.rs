@@ -31,6 +31,26 @@ pub enum Access {
     ReadWrite,
 }
 
+/// What a run does when another run holds its workspace: a read-write run holds its
+/// workspace and every directory inside it alone (and keeps read-write runs of a directory
+/// above it out), from the moment it opens the workspace until its sweep is done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Busy {
+    /// Wait until the other run is done (the default: a shell's second command waits for
+    /// the first, as `flock(1)` does).
+    #[default]
+    Wait,
+    /// Refuse the run at once, naming the held workspace (`stockade run --no-wait`).
+    Refuse,
+}
+
+impl Busy {
+    fn is_wait(&self) -> bool {
+        *self == Self::Wait
+    }
+}
+
 /// Paths inside a read-write workspace that a tier never lets the guest create or change on
 /// the host, because the host would later run or trust what they say: git's hooks and
 /// configuration (not its history: objects, refs, the index and `HEAD` stay writable, so
@@ -161,6 +181,8 @@ pub const PINNED_DIRS: &[&str] = &[".git"];
 pub struct Workspace {
     path: PathBuf,
     access: Access,
+    #[serde(default, skip_serializing_if = "Busy::is_wait")]
+    busy: Busy,
 }
 
 impl Workspace {
@@ -173,6 +195,11 @@ impl Workspace {
     #[must_use]
     pub fn access(&self) -> Access {
         self.access
+    }
+    /// What the run does when another run holds the workspace.
+    #[must_use]
+    pub fn busy(&self) -> Busy {
+        self.busy
     }
 }
 
@@ -404,14 +431,25 @@ impl Job {
     }
 
     /// Grants the host directory `path` (absolute) as the workspace, with `access`.
-    pub fn with_workspace(mut self, path: impl Into<PathBuf>, access: Access) -> Result<Self, JobError> {
+    pub fn with_workspace(self, path: impl Into<PathBuf>, access: Access) -> Result<Self, JobError> {
+        self.with_workspace_when_busy(path, access, Busy::Wait)
+    }
+
+    /// Grants the host directory `path` (absolute) as the workspace, with `access`, and says
+    /// what the run does if another run holds it.
+    pub fn with_workspace_when_busy(
+        mut self,
+        path: impl Into<PathBuf>,
+        access: Access,
+        busy: Busy,
+    ) -> Result<Self, JobError> {
         let path = path.into();
         if !path.is_absolute() {
             return Err(JobError::RelativeWorkspace { path });
         }
         let text = path.to_str().ok_or(JobError::NotUtf8 { field: "workspace" })?;
         check_str("workspace", text, false)?;
-        self.workspace = Some(Workspace { path, access });
+        self.workspace = Some(Workspace { path, access, busy });
         Ok(self)
     }
 
@@ -477,7 +515,7 @@ impl TryFrom<JobWire> for Job {
             job = job.with_env(var.key, var.value)?;
         }
         if let Some(ws) = w.workspace {
-            job = job.with_workspace(ws.path, ws.access)?;
+            job = job.with_workspace_when_busy(ws.path, ws.access, ws.busy)?;
         }
         Ok(job)
     }

@@ -116,7 +116,7 @@ pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, Captur
 pub use dedicated::{NotDedicated, check_dedicated};
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
 pub use job::{
-    Access, EnvVar, GIT_WRITABLE, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace, git_writable,
+    Access, Busy, EnvVar, GIT_WRITABLE, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace, git_writable,
     is_protected,
 };
 pub use json::{JsonError, JsonLimits, parse_untrusted};

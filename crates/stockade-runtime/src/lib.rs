@@ -213,6 +213,9 @@ pub enum TierError {
     /// runs have ended.
     #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
     Exhausted(String),
+    /// Another run holds the workspace and the job asked not to wait; the run did not start.
+    #[error("{0}")]
+    Busy(String),
     /// A bug in stockade.
     #[error("internal error: {0}")]
     Internal(String),
@@ -486,6 +489,7 @@ fn process_error(e: stockade_process::LaunchError) -> TierError {
         }
         stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
         stockade_process::LaunchError::Exhausted(m) => TierError::Exhausted(m),
+        stockade_process::LaunchError::Busy(m) => TierError::Busy(m),
         other => TierError::Internal(other.to_string()),
     }
 }
@@ -512,6 +516,7 @@ fn wasm_error(e: stockade_wasm::WasmError) -> TierError {
     match e {
         stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
         stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
+        stockade_wasm::WasmError::Busy(m) => TierError::Busy(m),
         other => TierError::Internal(other.to_string()),
     }
 }
@@ -580,6 +585,7 @@ fn docker_error(e: stockade_docker::DockerError) -> TierError {
         stockade_docker::DockerError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
         stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
         stockade_docker::DockerError::Stage(s) => TierError::Misconfigured(s.to_string()),
+        stockade_docker::DockerError::Busy(m) => TierError::Busy(m),
         other => TierError::Internal(other.to_string()),
     }
 }

@@ -171,6 +171,9 @@ pub enum WasmError {
     /// The job is not one this tier runs, or the tier is set up wrong.
     #[error("misconfigured: {0}")]
     Misconfigured(String),
+    /// Another run holds the workspace and the job asked not to wait; the run did not start.
+    #[error("{0}")]
+    Busy(String),
     /// A bug in stockade.
     #[error("internal error: {0}")]
     Internal(String),

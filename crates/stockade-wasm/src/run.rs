@@ -524,14 +524,26 @@ impl Inner {
             }
         }
         let mut guard = None;
+        // Held until the sweep is done (declared before the guard, so dropped after it).
+        let mut _lock = None;
         if let Some(ws) = job.workspace() {
             let perms = match ws.access() {
                 Access::ReadOnly => FsPerms::ReadOnly,
                 Access::ReadWrite => FsPerms::ReadWrite,
             };
-            // Symlinks resolved, then the rule every tier shares: only a dedicated directory.
-            let path =
-                stockade_hostfs::resolve_workspace(ws.path()).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
+            // Symlinks resolved, then the rule every tier shares: only a dedicated directory;
+            // then the lock every tier shares, so no read-write run of a directory above this
+            // one changes the path while wasmtime-wasi opens it by name.
+            let opened =
+                stockade_hostfs::open_workspace(ws.path()).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
+            let writable = ws.access() == Access::ReadWrite;
+            _lock = Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(LOCK_POLL)).await.map_err(
+                |e| match e {
+                    stockade_hostfs::WorkspaceError::Busy { .. } => WasmError::Busy(e.to_string()),
+                    e => WasmError::Internal(e.to_string()),
+                },
+            )?);
+            let path = opened.path().to_path_buf();
             if ws.access() == Access::ReadWrite {
                 guard = Some(protected_free(&path)?);
             }
@@ -631,6 +643,9 @@ impl Inner {
         Ok(report)
     }
 }
+
+/// How long a run waits between tries for a workspace another run holds: 20 ms.
+const LOCK_POLL: Duration = Duration::from_millis(20);
 
 /// Inspects a read-write workspace for the wasm tier, which cannot keep a path read-only
 /// inside a writable WASI preopen (wasmtime-wasi opens the directory itself, with no filter

@@ -208,3 +208,51 @@ fn g6_a_commit_made_in_a_read_write_run_is_named_with_its_old_and_new_ids() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// hold-the-line, "one run at a time per read-write workspace": while a read-write run holds
+/// a workspace, a run of a directory inside it (the audit's race needed exactly this pair)
+/// is refused at once with `--no-wait` (exit 125, one line naming the workspace), and
+/// without it waits until the holder is done. Judged by the holder's exit, seen by the host.
+#[test]
+fn g6_a_run_inside_a_held_read_write_workspace_waits_or_with_no_wait_is_refused() {
+    use std::io::BufRead;
+    if !ready() {
+        return;
+    }
+    let _runs = crate::cli::shared();
+    let ws = private_dir("held");
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    std::fs::write(ws.join("sub/f"), "inside\n").unwrap();
+    let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", "echo ready >&2; sleep 2"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let sub = format!("{}:ro", ws.join("sub").display());
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--workspace", &sub, "--no-wait", "--", "cat", "/workspace/f"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{err}");
+    assert!(err.contains("is held by another run") && err.contains("/sub"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(refused.stdout.is_empty());
+    assert!(holder.try_wait().unwrap().is_none(), "the holder ended before the refusal was judged");
+    let t0 = std::time::Instant::now();
+    let waited = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--workspace", &sub, "--", "cat", "/workspace/f"])
+        .output()
+        .unwrap();
+    assert!(waited.status.success(), "{}", String::from_utf8_lossy(&waited.stderr));
+    assert_eq!(waited.stdout, b"inside\n");
+    // The holder sleeps 2 s after its first line; a run that did not wait takes a fraction.
+    assert!(t0.elapsed() >= std::time::Duration::from_millis(1000), "it did not wait: {:?}", t0.elapsed());
+    assert!(holder.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&ws);
+}

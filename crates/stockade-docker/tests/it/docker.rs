@@ -6,7 +6,7 @@ use std::time::Duration;
 use bollard::query_parameters::ListContainersOptionsBuilder;
 use stockade_docker::spec::{DEFAULT_IMAGE, LABEL_EXPIRES, LABEL_RUN, SpecError};
 use stockade_docker::{DockerError, DockerTier};
-use stockade_protocol::{Access, Job, Limits, Mechanism, Report, Status, Stream};
+use stockade_protocol::{Access, Busy, Job, Limits, Mechanism, Report, Status, Stream};
 
 /// Docker tests run one at a time: each checks that no stockade container is left.
 pub(crate) static ENGINE: Mutex<()> = Mutex::new(());
@@ -687,6 +687,30 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
         matches!(&refused, Err(DockerError::Spec(SpecError::Protected(m))) if m.contains(".bashrc")),
         "{refused:?}"
     );
+    assert_eq!(leftovers(), 0);
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+/// hold-the-line, finding 1 (the docker one-shot binds its workspace by name): a run of a
+/// directory inside a workspace that a read-write run holds (any tier's, here a lock taken
+/// as the process tier takes it) is refused before any container exists when it asks not to
+/// wait, so no guest of the holder can swap the directory the engine binds; once the holder
+/// is done it runs.
+#[test]
+fn g8_a_workspace_inside_a_held_one_is_refused_before_any_container() {
+    let _one = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g8_held_workspace") else { return };
+    let ws = host_dir("held");
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    std::fs::set_permissions(ws.join("sub"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let opened = stockade_hostfs::open_workspace(&ws).unwrap();
+    let held = rt().block_on(opened.lock(true, Busy::Refuse, || async {})).unwrap();
+    let job = sh("ls").with_workspace_when_busy(ws.join("sub"), Access::ReadOnly, Busy::Refuse).unwrap();
+    let refused = rt().block_on(tier.run(&job));
+    assert!(matches!(&refused, Err(DockerError::Busy(m)) if m.contains("held by another run")), "{refused:?}");
+    assert_eq!(containers_of(std::process::id()), 0, "a container was made for a held workspace");
+    drop(held);
+    assert_eq!(run(&tier, &job).status, Status::Exited { code: 0 });
     assert_eq!(leftovers(), 0);
     let _ = std::fs::remove_dir_all(&ws);
 }

@@ -387,3 +387,87 @@ fn g6_refs_past_the_bound_are_compared_as_far_as_it_and_said_so() {
     assert!(moved.last().unwrap().contains("only what fits was compared"), "{:?}", moved.last());
     fs::remove_dir_all(&d).unwrap();
 }
+
+/// Polls a future that never waits on a waker (the lock's tries, and a pause that sleeps the
+/// thread) to its end.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// Takes `path`'s lock for a run, refusing rather than waiting.
+fn lock_now(path: &Path, writable: bool) -> Result<stockade_hostfs::WorkspaceLock, stockade_hostfs::WorkspaceError> {
+    let w = stockade_hostfs::open_workspace(path).unwrap();
+    block_on(w.lock(writable, stockade_protocol::Busy::Refuse, || async {}))
+}
+
+#[test]
+fn g7_a_read_write_run_holds_its_workspace_and_the_tree_below_it_alone() {
+    let d = dir("lock");
+    for sub in ["w/sub/deeper", "sibling"] {
+        fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    let (w, sub, sibling) = (d.join("w"), d.join("w/sub"), d.join("sibling"));
+    let held = lock_now(&w, true).unwrap();
+    // The same workspace, read-write or read-only: refused, naming it.
+    for writable in [true, false] {
+        let e = lock_now(&w, writable).unwrap_err();
+        assert!(matches!(e, stockade_hostfs::WorkspaceError::Busy { .. }), "{e}");
+        assert!(e.to_string().contains(&*w.to_string_lossy()), "{e}");
+    }
+    // Below it (the audit's race: a run granted `W/sub` while a run of `W` swaps `sub`), at
+    // any depth; and a read-write run above it. A read-only run above it shares: its path
+    // is outside what the guest can change.
+    for other in [&sub, &d.join("w/sub/deeper")] {
+        for writable in [true, false] {
+            assert!(
+                lock_now(other, writable).is_err(),
+                "{} beside a read-write run of {}",
+                other.display(),
+                w.display()
+            );
+        }
+    }
+    assert!(lock_now(&d, true).is_err());
+    drop(lock_now(&d, false).unwrap());
+    // A sibling is another tree.
+    drop(lock_now(&sibling, true).unwrap());
+    drop(held);
+    // Released with the lock: read-only runs of one tree share it, and exclude a read-write
+    // run of any part of it.
+    let (a, b) = (lock_now(&w, false).unwrap(), lock_now(&sub, false).unwrap());
+    let c = lock_now(&d, false).unwrap();
+    assert!(lock_now(&w, true).is_err());
+    assert!(lock_now(&sub, true).is_err());
+    drop((a, b, c));
+    drop(lock_now(&sub, true).unwrap());
+    fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn g7_a_waiting_run_starts_once_the_holder_is_done() {
+    let d = dir("lock-wait");
+    fs::create_dir_all(d.join("w/sub")).unwrap();
+    let held = lock_now(&d.join("w"), true).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+    });
+    let t0 = std::time::Instant::now();
+    let w = stockade_hostfs::open_workspace(&d.join("w/sub")).unwrap();
+    let mut tries = 0;
+    let got = block_on(w.lock(false, stockade_protocol::Busy::Wait, || {
+        tries += 1;
+        async { std::thread::sleep(std::time::Duration::from_millis(10)) }
+    }));
+    assert!(got.is_ok());
+    assert!(t0.elapsed() >= std::time::Duration::from_millis(150), "{:?}", t0.elapsed());
+    assert!(tries > 1, "it waited in steps, {tries}");
+    release.join().unwrap();
+    fs::remove_dir_all(&d).unwrap();
+}

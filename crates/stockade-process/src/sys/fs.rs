@@ -93,15 +93,3 @@ pub(crate) fn dup_onto(fd: RawFd, target: RawFd) -> io::Result<()> {
     // SAFETY: dup2 takes integers only; the caller owns both descriptor numbers.
     check(unsafe { libc::dup2(fd, target) }).map(drop)
 }
-
-/// `flock(2)` without waiting: an exclusive lock, or a shared one, on `fd`. `Ok(false)` when
-/// another open file holds a conflicting lock.
-pub(crate) fn try_lock(fd: impl std::os::fd::AsFd, exclusive: bool) -> io::Result<bool> {
-    use rustix::fs::FlockOperation;
-    let op = if exclusive { FlockOperation::NonBlockingLockExclusive } else { FlockOperation::NonBlockingLockShared };
-    match rustix::fs::flock(fd, op) {
-        Ok(()) => Ok(true),
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}

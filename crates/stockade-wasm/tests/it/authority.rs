@@ -140,3 +140,23 @@ fn g11_protected_paths_in_a_read_write_workspace() {
     assert_eq!(errnos(&run(&ro))[0], 0);
     std::fs::remove_dir_all(&ws).unwrap();
 }
+
+/// The workspace lock every tier shares (wasmtime-wasi opens the preopen by name): a run
+/// inside a workspace that a read-write run holds is refused before the guest runs when it
+/// asks not to wait, and runs once the holder is done. Judged by the host's file.
+#[test]
+fn g11_a_workspace_inside_a_held_one_waits_or_is_refused() {
+    let ws = tempdir("g11-held");
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    let opened = stockade_hostfs::open_workspace(&ws).unwrap();
+    let held = crate::support::block_on(opened.lock(true, stockade_protocol::Busy::Refuse, || async {})).unwrap();
+    let job = wat_job(&open_and_write("made.txt", O_CREAT, RIGHT_WRITE), "_start")
+        .with_workspace_when_busy(ws.join("sub"), Access::ReadWrite, stockade_protocol::Busy::Refuse)
+        .unwrap();
+    let err = crate::support::block_on(crate::support::tier().run(&job)).unwrap_err();
+    assert!(matches!(&err, stockade_wasm::WasmError::Busy(m) if m.contains("held by another run")), "{err}");
+    assert!(!ws.join("sub/made.txt").exists());
+    drop(held);
+    assert_eq!(errnos(&run(&job)), [0, 0]);
+    assert_eq!(std::fs::read(ws.join("sub/made.txt")).unwrap(), b"pwned");
+}
