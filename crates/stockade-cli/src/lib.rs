@@ -50,7 +50,10 @@
 //!     (pinned by: tests/it/stdio.rs::g5_*)
 //! G6. `stockade run --workspace DIR` grants only a dedicated directory, judged after
 //!     symlinks are resolved by the rule every tier shares, and refuses any other with one
-//!     line naming the path and why (exit 125); a directory the user owns is usable whatever
+//!     line naming the path and why (exit 125), also a path through a symlink that leads
+//!     out of the directory holding it unless `--follow-workspace-links` (it names the link
+//!     and where it leads); a run of a workspace another run holds waits, or with
+//!     `--no-wait` is refused in one line; a directory the user owns is usable whatever
 //!     its mode, what the program creates there belongs to the user, and no set-uid bit can
 //!     be planted in it; what the program created at a protected path that was absent is
 //!     removed when the run ends, and one `stockade:` line on stderr names it (not with
@@ -250,6 +253,10 @@ struct RunArgs {
     /// directory inside it alone until it is done), fail at once (exit 125) instead of waiting.
     #[arg(long, requires = "workspace")]
     no_wait: bool,
+    /// Follow a symlink on the workspace path that leads out of the directory holding it
+    /// (refused by default: an earlier run's guest could have planted it).
+    #[arg(long, requires = "workspace")]
+    follow_workspace_links: bool,
     /// Grant one environment variable (repeatable); the environment is otherwise empty.
     #[arg(long = "env", value_name = "K=V")]
     env: Vec<String>,
@@ -407,6 +414,61 @@ fn job(args: &RunArgs) -> Result<Job> {
     with_grants(job.with_limits(limits), args)
 }
 
+/// A `--workspace DIR[:ro|:rw]` value: the directory as the user named it, resolved by
+/// [`resolve_as_given`], and the access.
+pub(crate) fn parse_workspace(spec: &str, follow_links: bool) -> Result<(PathBuf, Access)> {
+    let (dir, access) = match spec.rsplit_once(':') {
+        Some((d, "rw")) => (d, Access::ReadWrite),
+        Some((d, "ro")) => (d, Access::ReadOnly),
+        _ => (spec, Access::ReadOnly),
+    };
+    Ok((resolve_as_given(std::path::Path::new(dir), follow_links)?, access))
+}
+
+/// Resolves a workspace path as the user typed it (relative to the current directory, `.`
+/// and `..` as the kernel takes them) to the absolute path with no symlink on it, and refuses
+/// a symlink on the way that leads out of the directory holding it, naming the link and
+/// where the path leads, unless `follow_links`: a guest of an earlier read-write run of `W`
+/// can plant `W/sub -> /home/u/other`, and a later grant of `W/sub` would then be another
+/// tree than the one named. A symlink that stays inside its directory
+/// (`current -> releases/42`), or one directly under `/` (`/home -> /data/home`), is
+/// followed. The tiers then open and judge the result without following any symlink.
+pub(crate) fn resolve_as_given(given: &std::path::Path, follow_links: bool) -> Result<PathBuf> {
+    use std::path::Component;
+    let named = || format!("workspace {}", given.display());
+    let mut at =
+        if given.is_absolute() { PathBuf::from("/") } else { std::fs::canonicalize(".").with_context(named)? };
+    for part in given.components() {
+        match part {
+            Component::RootDir | Component::Prefix(_) => at = PathBuf::from("/"),
+            Component::CurDir => {}
+            // `at` has no symlink on it, so its lexical parent is the kernel's `..`.
+            Component::ParentDir => drop(at.pop()),
+            Component::Normal(name) => {
+                let next = at.join(name);
+                let meta = std::fs::symlink_metadata(&next).with_context(named)?;
+                if !meta.file_type().is_symlink() {
+                    at = next;
+                    continue;
+                }
+                let resolved = std::fs::canonicalize(&next).with_context(named)?;
+                if !follow_links && !resolved.starts_with(&at) {
+                    let whole = std::fs::canonicalize(given).unwrap_or_else(|_| resolved.clone());
+                    bail!(
+                        "workspace {}: {} is a symlink to {}, outside the directory that holds it (an earlier run's guest could have planted it); grant {} itself if that is meant, or pass --follow-workspace-links",
+                        given.display(),
+                        next.display(),
+                        resolved.display(),
+                        whole.display()
+                    );
+                }
+                at = resolved;
+            }
+        }
+    }
+    Ok(at)
+}
+
 /// Adds the environment and workspace grants of `args` to `job`.
 fn with_grants(mut job: Job, args: &RunArgs) -> Result<Job> {
     for kv in &args.env {
@@ -414,12 +476,7 @@ fn with_grants(mut job: Job, args: &RunArgs) -> Result<Job> {
         job = job.with_env(k, v)?;
     }
     if let Some(ws) = &args.workspace {
-        let (dir, access) = match ws.rsplit_once(':') {
-            Some((d, "rw")) => (d, Access::ReadWrite),
-            Some((d, "ro")) => (d, Access::ReadOnly),
-            _ => (ws.as_str(), Access::ReadOnly),
-        };
-        let dir = std::fs::canonicalize(PathBuf::from(dir)).with_context(|| format!("workspace {dir}"))?;
+        let (dir, access) = parse_workspace(ws, args.follow_workspace_links)?;
         let busy = if args.no_wait { Busy::Refuse } else { Busy::Wait };
         job = job.with_workspace_when_busy(dir, access, busy)?;
     }
@@ -849,4 +906,40 @@ pub(crate) fn refs_notice(report: &stockade_runtime::protocol::Report) -> Option
         "the program changed git refs in the workspace ({}); a commit can restore what the sweep removed on your next checkout or reset: review each with `git log --stat OLD..NEW` first",
         report.git_refs_moved.join("; ")
     ))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed step is the test's failure")]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::resolve_as_given;
+
+    /// hold-the-line, finding 13: a symlink an earlier run's guest planted in its workspace
+    /// (`W/sub -> elsewhere`) sent a later grant of `W/sub` to another tree. Now a path as
+    /// given that goes through a symlink out of the directory holding it is refused, naming
+    /// the link and where it leads, unless followed on request; inward links, `.` and `..`
+    /// resolve as the kernel resolves them.
+    #[test]
+    fn a_path_through_a_symlink_that_leaves_its_directory_is_refused_unless_followed() {
+        let d = std::env::temp_dir().join(format!("stockade-cli-as-given-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for sub in ["w/real/deep", "other/x"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        symlink(d.join("other"), d.join("w/sub")).unwrap();
+        symlink("real", d.join("w/current")).unwrap();
+        let e = resolve_as_given(&d.join("w/sub"), false).unwrap_err().to_string();
+        let link = format!("{} is a symlink to {}, outside", d.join("w/sub").display(), d.join("other").display());
+        assert!(e.contains(&link) && e.ends_with("--follow-workspace-links"), "{e}");
+        assert!(resolve_as_given(&d.join("w/sub/x"), false).is_err(), "deeper on the way");
+        assert_eq!(resolve_as_given(&d.join("w/sub"), true).unwrap(), d.join("other"));
+        assert_eq!(resolve_as_given(&d.join("w/current/deep"), false).unwrap(), d.join("w/real/deep"));
+        assert_eq!(resolve_as_given(&d.join("w/./real/deep/.."), false).unwrap(), d.join("w/real"));
+        // `..` after an inward link is the kernel's: the link's target's parent.
+        assert_eq!(resolve_as_given(&d.join("w/current/deep/../.."), false).unwrap(), d.join("w"));
+        let e = resolve_as_given(&d.join("w/missing"), false).unwrap_err().to_string();
+        assert!(e.contains("w/missing"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

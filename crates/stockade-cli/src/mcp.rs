@@ -106,6 +106,10 @@ pub(crate) struct McpArgs {
     /// default) or `DIR:rw`. Not for javascript.
     #[arg(long)]
     workspace: Option<String>,
+    /// Follow a symlink on the workspace path that leads out of the directory holding it
+    /// (refused by default: an earlier run's guest could have planted it).
+    #[arg(long, requires = "workspace")]
+    follow_workspace_links: bool,
     /// A stockade-policy TOML file deciding every call (tools `run_code` and `run_command`).
     #[arg(long)]
     policy: Option<PathBuf>,
@@ -251,15 +255,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
     }
     let workspace = match &args.workspace {
         None => None,
-        Some(w) => {
-            let (dir, access) = match w.rsplit_once(':') {
-                Some((d, "rw")) => (d, Access::ReadWrite),
-                Some((d, "ro")) => (d, Access::ReadOnly),
-                _ => (w.as_str(), Access::ReadOnly),
-            };
-            let dir = std::fs::canonicalize(dir).with_context(|| format!("--workspace {dir}"))?;
-            Some((dir, access))
-        }
+        Some(w) => Some(crate::parse_workspace(w, args.follow_workspace_links).context("--workspace")?),
     };
     let mut server = Server {
         languages,
