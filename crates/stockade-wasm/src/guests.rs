@@ -95,6 +95,25 @@ pub(crate) fn profile(_module: &Path) -> Option<Profile> {
     None
 }
 
+/// Whether `module` is one of the guests stockade builds itself (`cargo xtask guests`), by
+/// its resolved path.
+pub(crate) fn is_own(module: &Path) -> bool {
+    let Ok(module) = std::fs::canonicalize(module) else { return false };
+    let own =
+        |p: Result<PathBuf, WasmError>| p.ok().and_then(|p| std::fs::canonicalize(p).ok()) == Some(module.clone());
+    own(javascript()) || own_python(&own)
+}
+
+#[cfg(feature = "python")]
+fn own_python(own: &dyn Fn(Result<PathBuf, WasmError>) -> bool) -> bool {
+    own(python())
+}
+
+#[cfg(not(feature = "python"))]
+fn own_python(_own: &dyn Fn(Result<PathBuf, WasmError>) -> bool) -> bool {
+    false
+}
+
 /// The JavaScript guest, if it has been built.
 pub fn javascript() -> Result<PathBuf, WasmError> {
     let Some(dir) = dir() else {

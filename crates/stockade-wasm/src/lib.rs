@@ -43,7 +43,9 @@
 //!     (the async API under a tokio timeout). The status is `TimedOut`. A module's
 //!     `wizer-initialize`, run when it is first loaded, is guest code under the same
 //!     deadline (and the job's fuel and memory): past it, the run fails to start, naming the
-//!     deadline; it holds no lock of the tier while it runs.
+//!     deadline; it holds no lock of the tier while it runs. The guests stockade builds
+//!     itself (QuickJS, CPython) are initialized under [`WasmTier::warm`]'s budget instead,
+//!     once, so a short first run does not pay for the runtime's snapshot.
 //!     (pinned by: tests/it/limits.rs::g3_*)
 //! G4. Memory: linear memory never grows past the job's memory limit (`StoreLimits`, at
 //!     most 4 GiB, wasm32's own bound); a guest that hits it sees the failed grow, and a run

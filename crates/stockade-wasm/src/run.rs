@@ -365,10 +365,18 @@ impl Inner {
             return Err(WasmError::Misconfigured("the wasm tier runs only wasm jobs".into()));
         };
         let limits = job.limits();
-        let budget = prepare::InitBudget {
-            fuel: self.fuel.for_cpu(limits.cpu()),
-            memory_bytes: limits.memory_bytes(),
-            wall: limits.wall(),
+        // A guest's initializer runs under its run's budgets; the guests stockade builds
+        // itself (QuickJS, CPython) are initialized as `warm` would, once, whatever the first
+        // run's deadline: a 300 ms run on a loaded machine must not fail to start because
+        // the runtime's one-time snapshot was taken inside it.
+        let budget = if crate::guests::is_own(module) {
+            prepare::InitBudget::WARM
+        } else {
+            prepare::InitBudget {
+                fuel: self.fuel.for_cpu(limits.cpu()),
+                memory_bytes: limits.memory_bytes(),
+                wall: limits.wall(),
+            }
         };
         let ready = match self.ready(module, Some(entry), budget).await {
             Ok(r) => r,
