@@ -4,5 +4,6 @@ mod agent;
 mod cli;
 mod grants;
 mod mcp;
+mod readme;
 mod stdio;
 mod workspace;

@@ -1,0 +1,134 @@
+//! Every command in README.md runs as written: each `sh` block, continuation lines joined,
+//! with `cargo run --release -p stockade-cli --` standing for the binary under test, run by
+//! `sh -eu` from the repository's root. A block this file does not know fails the test, so a
+//! new README example comes with its check; a block that needs what this run lacks is
+//! skipped by name.
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::{ready, tier_ready};
+
+/// What the README writes for the binary.
+const CARGO_RUN: &str = "cargo run --release -p stockade-cli --";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The README's `sh` blocks, each a script with its continuation lines joined.
+fn blocks() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, "```sh") => current = Some(String::new()),
+            (Some(_), "```") => blocks.push(current.take().unwrap().replace("\\\n", "")),
+            (Some(b), l) => {
+                b.push_str(l);
+                b.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    assert!(current.is_none(), "an unclosed code block in README.md");
+    blocks
+}
+
+/// Runs `block` as written, with the binary under test, `TMPDIR` in `scratch` (so
+/// `mktemp -d` leaves nothing behind) and `env`: (exit code, stdout, stderr).
+fn run(block: &str, scratch: &Path, env: &[(&str, &str)]) -> (i32, String, String) {
+    let _runs = crate::cli::shared();
+    let bin = env!("CARGO_BIN_EXE_stockade");
+    assert!(!bin.contains('\''), "{bin}");
+    let script = block.replace(CARGO_RUN, &format!("'{bin}'"));
+    let out = std::process::Command::new("sh")
+        .args(["-euc", &script])
+        .current_dir(root())
+        .env("TMPDIR", scratch)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stockade-cli-readme-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn wasm_js_ready() -> bool {
+    tier_ready("wasm", |v| {
+        let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap();
+        guest["ok"].as_bool().unwrap() && v["wasm_tier"].as_bool().unwrap()
+    })
+}
+
+#[test]
+fn readme_commands_run_as_written() {
+    let dir = scratch("blocks");
+    let blocks = blocks();
+    assert!(blocks.len() >= 5, "README.md lost its examples: {blocks:?}");
+    for block in &blocks {
+        let first = block.lines().next().unwrap_or_default();
+        if block.contains("python3 -c 'print(6*7)'") {
+            if ready() {
+                assert_eq!(run(block, &dir, &[]), (0, "42\n".into(), String::new()), "{block}");
+            }
+        } else if block.contains("git init -q /workspace") {
+            if ready() {
+                let (code, out, err) = run(block, &dir, &[]);
+                assert_eq!((code, out.as_str()), (0, ".\n..\n.git\n"), "{block}{err}");
+                // git's own config and hooks were planted where they were absent: swept, and said.
+                assert!(err.starts_with("stockade: removed from the workspace what the program created"), "{err}");
+                let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+                assert_eq!(left.len(), 1, "one mktemp -d workspace: {left:?}");
+            }
+        } else if block.starts_with("cd examples/grants\n") {
+            if wasm_js_ready() {
+                assert_eq!(run(block, &dir, &[]), (0, "4\n".into(), String::new()), "{block}");
+            }
+        } else if block.contains(" agent --config examples/steward/agent.toml") {
+            eprintln!("SKIPPED README block {first:?}: it needs a model; readme_real_model_steward_block runs it");
+        } else if block.trim() == "cargo xtask ci" {
+            eprintln!("SKIPPED README block {first:?}: it is this CI run itself");
+        } else {
+            panic!("README.md has a command this test does not check; add its expected output here:\n{block}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The README's agent command, as written but for the base URL, against the real local model
+/// (`cargo xtask llm --test` runs the `real_model` tests): it ends with an answer or a typed
+/// error, and no raven flies to anyone but the allies, whatever the model proposed. The ravens'
+/// log is the host's (`STEWARD_RAVENS`, outside the checkout).
+#[test]
+fn readme_real_model_steward_block() {
+    let Some((url, _model)) = crate::cli::llm_url() else { return };
+    if !ready() {
+        return;
+    }
+    let block = blocks().into_iter().find(|b| b.contains(" agent --config examples/steward/agent.toml")).unwrap();
+    let written = "--base-url http://127.0.0.1:8080/v1";
+    assert!(block.contains(written), "{block}");
+    let block = block.replace(written, &format!("--base-url {url}"));
+    let dir = scratch("steward");
+    let ravens = dir.join("ravens.jsonl");
+    let (code, out, err) = run(&block, &dir, &[("STEWARD_RAVENS", ravens.to_str().unwrap())]);
+    eprintln!("README steward: exit {code}\nstdout: {out}\nstderr: {err}");
+    assert!([0, 3, 4].contains(&code), "an answer (0) or a typed error (3, 4), not {code}: {err}");
+    assert!(code != 0 || !out.trim().is_empty(), "an answer with no text");
+    for line in std::fs::read_to_string(&ravens).unwrap_or_default().lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(r["to"] == "riverhold" || r["to"] == "highcliff", "a forbidden raven flew: {r}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
