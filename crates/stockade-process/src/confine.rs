@@ -51,7 +51,11 @@ pub(crate) fn landlock_rules(workspace: Option<bool>, grants: bool, tty: bool) -
         ("/dev/shm", PathAccess::Full),
         ("/tmp", PathAccess::Full),
     ];
-    if tty {
+    if !tty {
+        // With no controlling terminal the open itself fails (ENXIO); landlock lets it get
+        // that far, and no ioctl on a device.
+        rules.push(("/dev/tty", PathAccess::ReadWriteFile));
+    } else {
         rules.push(("/dev/tty", PathAccess::Terminal));
         // Holds only the run's own terminal (see the view), when it has a `/dev/pts/N` name.
         rules.push(("/dev/pts", PathAccess::Terminal));

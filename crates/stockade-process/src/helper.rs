@@ -441,8 +441,11 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
         mount::mount(Path::new("tmpfs"), &dev, "tmpfs", libc::MS_NOSUID | libc::MS_NOEXEC, "size=64k,mode=0755"),
         || "mounting /dev".into(),
     )?;
-    let tty: &[&str] = if spec.tty { &["tty"] } else { &[] };
-    for node in ["null", "zero", "full", "random", "urandom"].iter().chain(tty) {
+    // `/dev/tty` is there with or without a terminal, as in bubblewrap's and Codex's views:
+    // the guest's session has no controlling terminal (the helper and the guest each call
+    // `setsid`), so its open fails with ENXIO, as a program expects with no terminal, not
+    // ENOENT; with `tty` it is the run's own pty.
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let target = dev.join(node);
         ctx(File::create(&target), || format!("creating /dev/{node}"))?;
         ctx(mount::mount(&old.join("dev").join(node), &target, "", libc::MS_BIND, ""), || {

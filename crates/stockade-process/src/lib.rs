@@ -20,8 +20,9 @@
 //! - **a fresh, minimal filesystem view**: a read-only tmpfs root with `/usr`, `/bin`, `/lib*`
 //!   and a few `/etc` files bound read-only and nosuid (the smallest copied in, and
 //!   `/etc/localtime` kept as the host's link), a fresh `/proc`, a `/dev` with only
-//!   null, zero, full, random and urandom (and `tty`, a private pseudo-terminal that is the
-//!   guest's controlling terminal, only when asked: [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
+//!   null, zero, full, random, urandom and `tty` (which opens to ENXIO, since the guest's
+//!   session has no controlling terminal, unless a private pseudo-terminal is asked for:
+//!   [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
 //!   the workspace at `/workspace` if granted (nosuid, nodev; id-mapped to the guest when
 //!   stockade runs as root, see G13), and with [`ProcessTier::run_granted`] the
 //!   run's own grants directory read-only at `/run/stockade`. Nothing else of the host exists

@@ -493,8 +493,8 @@ fn g5_signals_reach_the_guest_at_their_defaults() {
 }
 
 #[test]
-fn g1_a_terminal_exists_only_when_asked() {
-    require!("g1_a_terminal_exists_only_when_asked");
+fn g1_a_terminal_exists_only_when_asked_and_dev_tty_says_enxio_without_one() {
+    require!("g1_a_terminal_exists_only_when_asked_and_dev_tty_says_enxio_without_one");
     let probe = "for fd in 0 1 2; do test -t $fd && echo tty$fd; done; test -e /dev/tty && echo dev-tty; ls /dev | tr '\\n' ' '";
     // The terminal has its name (ttyname), as under `docker run -t`, and is the only node
     // under /dev/pts. Opened by that name it is the supervisor's user's pty: the guest of a
@@ -506,7 +506,12 @@ fn g1_a_terminal_exists_only_when_asked() {
     use std::os::unix::fs::MetadataExt;
     let by_name = if std::fs::metadata("/proc/self").unwrap().uid() == 0 { "not-its-owner" } else { "via-its-name" };
     let plain = run(sh(probe));
-    assert_eq!(stdout(&plain), "fd full null random shm stderr stdin stdout urandom zero ", "{plain:#?}");
+    assert_eq!(stdout(&plain), "dev-tty\nfd full null random shm stderr stdin stdout tty urandom zero ", "{plain:#?}");
+    // Without a terminal, /dev/tty is there and opening it fails as with no controlling
+    // terminal (ENXIO), as Codex's sandbox tests expect, not as a missing file (ENOENT).
+    let open_tty = "import errno, os\nfor flags in (os.O_RDWR, os.O_RDONLY, os.O_WRONLY):\n    try:\n        os.open('/dev/tty', flags)\n        print('opened')\n    except OSError as e:\n        print(errno.errorcode[e.errno])";
+    let r = run(Job::command("/usr/bin/python3", ["-c", open_tty]).unwrap());
+    assert_eq!(stdout(&r), "ENXIO\nENXIO\nENXIO\n", "{r:#?}");
     let tier = tier().tty();
     let job = sh(&format!(
         "{probe}; echo; {named}; read line; echo got:$line; echo to-stderr >&2; echo via-dev-tty >/dev/tty; \
