@@ -95,6 +95,14 @@ pub struct ChatMessage {
     /// Annotations some servers send on assistant messages; kept opaque.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Value>,
+    /// A reasoning model's thinking, which clients send back in the history (vLLM and
+    /// Ollama name it `reasoning_content` or `reasoning`): accepted on assistant messages,
+    /// at most [`MAX_REASONING_BYTES`], and never sent on (the model does not need its old
+    /// thoughts, and a rebuilt request carries only what it must).
+    #[serde(default, skip_serializing)]
+    reasoning_content: Option<String>,
+    #[serde(default, skip_serializing)]
+    reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -109,6 +117,8 @@ impl ChatMessage {
             tool_call_id: None,
             refusal: None,
             annotations: None,
+            reasoning_content: None,
+            reasoning: None,
         }
     }
 
@@ -174,6 +184,10 @@ pub struct Tool {
     pub kind: ToolKind,
     /// The function's definition.
     pub function: FunctionDef,
+    /// `strict` beside `type` and `function`, as vLLM's tests send it: moved into
+    /// [`FunctionDef::strict`] by [`ChatRequest::parse`], never sent here.
+    #[serde(default, skip_serializing)]
+    strict: Option<bool>,
 }
 
 /// A function tool's definition.
@@ -206,6 +220,7 @@ impl Tool {
                 parameters: Some(parameters),
                 strict: None,
             },
+            strict: None,
         }
     }
 }
@@ -220,8 +235,8 @@ pub struct ChatRequest {
     pub model: String,
     /// The conversation.
     pub messages: Vec<ChatMessage>,
-    /// Tools offered.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Tools offered (`null`, as llama.cpp's tests send it, is none).
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Tool>,
     /// `auto`, `none`, `required`, or a named tool; kept opaque.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +296,19 @@ pub struct ChatRequest {
     /// Presence penalty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence_penalty: Option<f64>,
+    /// Top-k sampling of the local servers (llama.cpp, vLLM, Ollama): 0 (off) to
+    /// [`MAX_TOP_K`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Min-p sampling (llama.cpp, vLLM): 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    /// Locally typical sampling (llama.cpp): 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typical_p: Option<f64>,
+    /// Repetition penalty (llama.cpp, Ollama): 0 to [`MAX_REPEAT_PENALTY`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_penalty: Option<f64>,
     /// Fields accepted and dropped: they change only how the provider bills, stores, caches or
     /// logs the request (`store`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
     /// `verbosity`) or biases tokens (`logit_bias`), and a rebuilt request never carries them.
@@ -296,6 +324,19 @@ pub struct ChatRequest {
     verbosity: Option<Value>,
     #[serde(default, skip_serializing)]
     logit_bias: Option<Value>,
+}
+
+/// Largest `top_k`: 1000 (llama.cpp's and vLLM's vocabularies are larger, but no sampler
+/// needs more candidates than this).
+pub const MAX_TOP_K: u32 = 1000;
+/// Largest `repeat_penalty`: 10 (1 is off; llama.cpp's default is 1.1).
+pub const MAX_REPEAT_PENALTY: f64 = 10.0;
+/// Longest reasoning text on one history message: 256 KiB.
+pub const MAX_REASONING_BYTES: usize = 256 << 10;
+
+/// `null` as an empty list.
+fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Most stop sequences: 4 (OpenAI's bound).
@@ -376,6 +417,10 @@ impl ChatRequest {
             reasoning_effort: None,
             frequency_penalty: None,
             presence_penalty: None,
+            top_k: None,
+            min_p: None,
+            typical_p: None,
+            repeat_penalty: None,
             store: None,
             service_tier: None,
             prompt_cache_key: None,
@@ -518,12 +563,16 @@ pub enum ChatError {
         /// The field.
         field: &'static str,
     },
-    /// A tool message lacks its `tool_call_id`.
-    #[error("message {message}: a tool message needs a tool_call_id")]
+    /// A tool message lacks its `tool_call_id`. A `name` alone (Ollama's form) is not taken
+    /// for one: two calls of one tool in a turn would answer each other, and the
+    /// OpenAI-compatible servers the request goes on to need the id.
+    #[error("message {message}: a tool message needs a tool_call_id (the id of the call it answers){}", if *named { "; a tool name alone cannot say which call of that tool it answers" } else { "" })]
     #[non_exhaustive]
     MissingToolCallId {
         /// Index of the message.
         message: usize,
+        /// Whether it named its tool instead.
+        named: bool,
     },
     /// A schema reference keyword points outside the document.
     #[error("tool {tool:?}: `{keyword}` at {pointer} must be a local `#...` reference")]
@@ -531,7 +580,7 @@ pub enum ChatError {
     NonLocalRef {
         /// The tool.
         tool: String,
-        /// The keyword (`$ref`, `$id`, `$schema`, `$dynamicRef`).
+        /// The keyword (`$ref`, `$id`, `$dynamicRef`).
         keyword: String,
         /// JSON pointer to the schema holding it.
         pointer: String,
@@ -621,9 +670,18 @@ fn check_message(i: usize, m: &ChatMessage) -> Result<(), ChatError> {
         check_call_id(i, &call.id)?;
         check_tool_name(&call.function.name)?;
     }
+    for (field, text) in [("reasoning_content", &m.reasoning_content), ("reasoning", &m.reasoning)] {
+        match text {
+            Some(_) if m.role != Role::Assistant => return Err(misplaced(field)),
+            Some(t) if t.len() > MAX_REASONING_BYTES => {
+                return Err(ChatError::TooMany { what: "bytes of reasoning", len: t.len(), max: MAX_REASONING_BYTES });
+            }
+            _ => {}
+        }
+    }
     match (m.role, &m.tool_call_id) {
         (Role::Tool, Some(id)) => check_call_id(i, id),
-        (Role::Tool, None) => Err(ChatError::MissingToolCallId { message: i }),
+        (Role::Tool, None) => Err(ChatError::MissingToolCallId { message: i, named: m.name.is_some() }),
         (_, Some(_)) => Err(misplaced("tool_call_id")),
         (_, None) => Ok(()),
     }
@@ -690,6 +748,25 @@ impl ChatRequest {
                 return bad(field, "must be a number from -2 to 2".into());
             }
         }
+        if self.top_k.is_some_and(|k| k > MAX_TOP_K) {
+            return bad("top_k", format!("must be 0 to {MAX_TOP_K}"));
+        }
+        for (field, v, max) in [
+            ("min_p", self.min_p, 1.0),
+            ("typical_p", self.typical_p, 1.0),
+            ("repeat_penalty", self.repeat_penalty, MAX_REPEAT_PENALTY),
+        ] {
+            if v.is_some_and(|v| !v.is_finite() || !(0.0..=max).contains(&v)) {
+                return bad(field, format!("must be a number from 0 to {max}"));
+            }
+        }
+        for tool in &self.tools {
+            if let (Some(outer), Some(inner)) = (tool.strict, tool.function.strict)
+                && outer != inner
+            {
+                return bad("tools", format!("tool {:?} says strict twice, differently", tool.function.name));
+            }
+        }
         if let Some(ResponseFormat::JsonSchema { json_schema }) = &self.response_format {
             if !is_valid_tool_name(&json_schema.name) {
                 return bad("response_format", "the schema's name must match ^[a-zA-Z0-9_-]{1,64}$".into());
@@ -701,11 +778,42 @@ impl ChatRequest {
         Ok(())
     }
 
-    /// Parses and validates a request from untrusted bytes.
+    /// Parses and validates a request from untrusted bytes, and puts the forms real clients
+    /// send that say nothing the rebuilt request needs into their one form: a tool-level
+    /// `strict` moves into its function, and `$schema` (a dialect name, never fetched) is
+    /// dropped from every schema.
     pub fn parse(bytes: &[u8]) -> Result<Self, ChatError> {
-        let req: Self = parse_untrusted(bytes, chat_limits())?;
+        let mut req: Self = parse_untrusted(bytes, chat_limits())?;
         req.validate()?;
+        for tool in &mut req.tools {
+            if let Some(strict) = tool.strict.take() {
+                tool.function.strict = Some(strict);
+            }
+            if let Some(schema) = &mut tool.function.parameters {
+                drop_dialect(schema);
+            }
+        }
+        if let Some(ResponseFormat::JsonSchema { json_schema }) = &mut req.response_format
+            && let Some(schema) = &mut json_schema.schema
+        {
+            drop_dialect(schema);
+        }
         Ok(req)
+    }
+}
+
+/// Removes `$schema` from every object of `schema` (validated first: depth is bounded).
+fn drop_dialect(schema: &mut Value) {
+    let mut stack = vec![schema];
+    while let Some(node) = stack.pop() {
+        match node {
+            Value::Object(map) => {
+                map.remove("$schema");
+                stack.extend(map.values_mut());
+            }
+            Value::Array(items) => stack.extend(items.iter_mut()),
+            _ => {}
+        }
     }
 }
 
@@ -739,7 +847,7 @@ const SCHEMA_MAP_KEYWORDS: &[&str] =
 /// Keywords whose value is data, never a schema.
 const DATA_KEYWORDS: &[&str] = &["const", "default", "enum", "examples", "required", "description", "title"];
 /// Reference keywords that must be local.
-const REF_KEYWORDS: &[&str] = &["$ref", "$id", "$schema", "$dynamicRef"];
+const REF_KEYWORDS: &[&str] = &["$ref", "$id", "$dynamicRef"];
 
 /// Checks that every reference keyword in every schema position of `schema` is a local
 /// `#...` string.
@@ -762,6 +870,14 @@ pub fn check_schema_refs(tool: &str, schema: &Value) -> Result<(), ChatError> {
         };
         for (key, value) in map {
             let here = format!("{pointer}/{}", escape_pointer(key));
+            // `$schema` names a dialect (zod-to-json-schema writes draft-07's URI); nothing
+            // fetches it, so any string is accepted ([`ChatRequest::parse`] drops it).
+            if key == "$schema" {
+                if !value.is_string() {
+                    return Err(ChatError::Field { field: "$schema", reason: "must be a string".into() });
+                }
+                continue;
+            }
             if REF_KEYWORDS.contains(&key.as_str()) {
                 if !matches!(value, Value::String(s) if s.starts_with('#')) {
                     return Err(ChatError::NonLocalRef {

@@ -35,13 +35,17 @@
 //! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
 //!     [`chat::MAX_TOOL_CALLS`] calls per message and [`chat::MAX_TOOLS`] tools, unique tool
 //!     names matching `^[a-zA-Z0-9_-]{1,64}$`, 1..=128-character call ids, and only local
-//!     `#...` targets for `$ref`, `$id`, `$schema` and `$dynamicRef` in every schema position
-//!     (tools and `json_schema` answer formats). It accepts the Chat Completions surface real
-//!     clients send (the `developer` role, text parts, every `tool_choice` form, streaming,
-//!     sampling and answer-format fields, each bounded, and no `model` as llama.cpp's tests
-//!     send), drops the billing, storage and caching fields a rebuilt request never carries, and
-//!     refuses image, audio and file parts, audio output, provider-native and legacy function
-//!     tools.
+//!     `#...` targets for `$ref`, `$id` and `$dynamicRef` in every schema position (tools and
+//!     `json_schema` answer formats). It accepts the Chat Completions surface real clients
+//!     send (the `developer` role, text parts, every `tool_choice` form, streaming, sampling
+//!     and answer-format fields, each bounded, no `model` and `tools: null` as llama.cpp's
+//!     tests send, the local servers' `top_k`, `min_p`, `typical_p` and `repeat_penalty`,
+//!     assistant `reasoning_content`/`reasoning` up to 256 KiB, a tool-level `strict`, any
+//!     `$schema` string), drops the billing, storage and caching fields, `$schema` and the
+//!     reasoning from the rebuilt request and moves a tool-level `strict` into its function;
+//!     it refuses image, audio and file parts, audio output, provider-native and legacy
+//!     function tools, and a tool message without a `tool_call_id` (a `name` alone cannot
+//!     say which of two calls of one tool it answers).
 //!     (pinned by: tests/it/chat.rs::g6_*)
 //! G7. Encoding then decoding gives back the same value, for frames and every schema; a
 //!     number parses to the correctly rounded `f64`, so its text, written back, parses to the

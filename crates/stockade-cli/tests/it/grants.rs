@@ -416,6 +416,18 @@ except openai.AuthenticationError as e:
 
 /// `stockade run --grant-model` with the OpenAI SDK granted read-only as the workspace.
 fn run_sdk(sdk: &str, base_url: &str, model: &str, timeout: &str) -> (i32, String, String) {
+    run_sdk_script(sdk, base_url, model, timeout, PY_SDK_CLIENT, &[model, "60"])
+}
+
+/// `stockade run --grant-model` running `script` (with `args`) on the OpenAI SDK.
+fn run_sdk_script(
+    sdk: &str,
+    base_url: &str,
+    model: &str,
+    timeout: &str,
+    script: &str,
+    args: &[&str],
+) -> (i32, String, String) {
     // A copy the guest's user can reach (the install lives under the invoking user's home).
     let copy = std::env::temp_dir().join(format!("stockade-cli-sdk-{}-{model}", std::process::id()));
     let _ = std::fs::remove_dir_all(&copy);
@@ -423,7 +435,7 @@ fn run_sdk(sdk: &str, base_url: &str, model: &str, timeout: &str) -> (i32, Strin
     std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let ws = format!("{}:ro", copy.display());
     let rest = ["--workspace", &ws, "--env", "PYTHONPATH=/workspace", "--timeout", timeout, "--memory", "1g"];
-    let out = run_model(base_url, model, &[&rest[..], &["--", "python3", "-c", PY_SDK_CLIENT, model, "60"]].concat());
+    let out = run_model(base_url, model, &[&rest[..], &["--", "python3", "-c", script], args].concat());
     let _ = std::fs::remove_dir_all(&copy);
     out
 }
@@ -483,6 +495,101 @@ fn g4_real_model_reached_by_the_openai_sdk_inside_the_sandbox() {
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[0].starts_with("CHAT "), "{out}");
     assert_eq!(lines[1..], ["STREAM True", "MODELS ['smollm2']", "WRONG KEY 401"], "{out}");
+}
+
+/// The request shapes local servers' clients send (issue 40's fixtures, in
+/// `stockade-protocol/tests/fixtures/requests/`), each sent by the stock OpenAI SDK inside the
+/// sandbox with everything but `model` and `messages` as `extra_body`, as a user of those
+/// servers writes it; prints `OK` or `ERR STATUS MESSAGE` per body.
+const PY_SDK_SHAPES: &str = r#"
+import json, sys, openai
+c = openai.OpenAI(max_retries=0, timeout=120.0)
+for body in json.loads(sys.argv[1]):
+    body.pop("model", None)
+    messages = body.pop("messages")
+    try:
+        r = c.chat.completions.create(model=sys.argv[2], messages=messages, extra_body=body)
+        print("OK", r.choices[0].finish_reason)
+    except openai.APIStatusError as e:
+        print("ERR", e.status_code, str(e)[:300].replace("\n", " "))
+"#;
+
+/// Issue 40's accepted shapes, read from the protocol crate's fixtures, and the refused one.
+fn shapes(max_tokens: Option<u64>) -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../stockade-protocol/tests/fixtures/requests");
+    let bodies: Vec<serde_json::Value> = [
+        "llamacpp_required_tool_top_k.json",
+        "llamacpp_tools_null.json",
+        "zod_schema_dialect.json",
+        "local_sampling_knobs.json",
+        "reasoning_history.json",
+        "vllm_tool_level_strict.json",
+        "ollama_tool_name_no_id.json",
+    ]
+    .iter()
+    .map(|f| {
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(f)).unwrap()).unwrap();
+        if let Some(n) = max_tokens {
+            v["max_tokens"] = n.into();
+        }
+        v
+    })
+    .collect();
+    serde_json::to_string(&bodies).unwrap()
+}
+
+/// real-traffic: each shape reaches the upstream rebuilt (knobs forwarded, `tools: null`,
+/// `$schema` and reasoning dropped, a tool-level `strict` moved), and the one refused by
+/// decision comes back to the SDK as a typed 400 naming why. Judged by what the upstream got.
+#[test]
+fn g4_local_server_request_shapes_pass_the_proxy_rebuilt() {
+    let Some(sdk) = openai_sdk() else { return };
+    if !ready() {
+        return;
+    }
+    let mock = stockade_test_support::MockLlm::start(|_, _| stockade_test_support::Reply::text("ok")).unwrap();
+    let (code, out, err) = run_sdk_script(&sdk, &mock.url(), "smol", "60s", PY_SDK_SHAPES, &[&shapes(None), "smol"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..6], ["OK stop"; 6], "{out}{err}");
+    assert!(lines[6].starts_with("ERR 400 ") && lines[6].contains("a tool name alone cannot say"), "{out}");
+    let got: Vec<serde_json::Value> = mock.received().into_iter().map(|r| r.body).collect();
+    assert_eq!(got.len(), 6, "{got:#?}");
+    assert_eq!(got[0]["top_k"], 1);
+    assert!(got[1].get("tools").is_none(), "{}", got[1]);
+    assert!(!got[2].to_string().contains("$schema"), "{}", got[2]);
+    for (k, v) in [("top_k", 40.0), ("min_p", 0.05), ("typical_p", 1.0), ("repeat_penalty", 1.1)] {
+        assert_eq!(got[3][k].as_f64(), Some(v), "{k}: {}", got[3]);
+    }
+    assert!(!got[4].to_string().contains("reasoning"), "{}", got[4]);
+    assert_eq!(got[5]["tools"][0]["function"]["strict"], true, "{}", got[5]);
+    assert!(got[5]["tools"][0].get("strict").is_none(), "{}", got[5]);
+    assert!(got.iter().all(|b| b["model"] == "smol"));
+}
+
+/// The same shapes against the real local model (`cargo xtask llm --test`): none is refused
+/// by the validator; the server answers those without tools (its sampling knobs included),
+/// and a tool-bearing one it cannot serve comes back as its own error, relayed as a 502.
+#[test]
+fn g4_real_model_answers_local_server_request_shapes() {
+    let Some((url, _model)) = crate::cli::llm_url() else { return };
+    let Some(sdk) = openai_sdk() else { return };
+    if !ready() {
+        return;
+    }
+    let (code, out, err) = run_sdk_script(&sdk, &url, "smollm2", "300s", PY_SDK_SHAPES, &[&shapes(Some(8)), "smollm2"]);
+    eprintln!("real model, request shapes: exit {code}\n{out}{err}");
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 7, "{out}");
+    for line in &lines[..6] {
+        assert!(line.starts_with("OK ") || line.starts_with("ERR 502 "), "{out}");
+    }
+    // No tools: `tools: null`, the sampling knobs, the reasoning history.
+    for i in [1, 3, 4] {
+        assert!(lines[i].starts_with("OK "), "{out}");
+    }
+    assert!(lines[6].starts_with("ERR 400 "), "{out}");
 }
 
 #[test]

@@ -122,7 +122,6 @@ fn g6_schema_references_must_be_local_in_every_position() {
     let remote = "https://attacker.example/schema.json";
     for schema in [
         json!({"$ref": remote}),
-        json!({"$schema": "https://json-schema.org/draft/2020-12/schema"}),
         json!({"$id": "urn:x"}),
         json!({"$dynamicRef": "other.json#meta"}),
         json!({"$ref": 7}),
@@ -139,6 +138,10 @@ fn g6_schema_references_must_be_local_in_every_position() {
         let err = refs(schema.clone()).expect_err(&schema.to_string());
         assert!(matches!(err, ChatError::NonLocalRef { .. }), "{schema}: {err:?}");
     }
+    // `$schema` names a dialect and is never fetched: any string is accepted (and dropped
+    // by `ChatRequest::parse`), anything else is refused.
+    assert!(refs(json!({"$schema": "https://json-schema.org/draft/2020-12/schema"})).is_ok());
+    assert!(refs(json!({"$schema": {"$ref": remote}})).is_err());
     let err = refs(json!({"properties": {"a": {"items": {"$ref": remote}}}})).unwrap_err();
     assert!(err.to_string().contains("/properties/a/items"), "{err}");
     // Data positions are not schemas: a "$ref" inside `default` or `enum` is a value.
@@ -194,6 +197,12 @@ fn g6_real_client_requests_are_accepted() {
         "llamacpp_server_no_model.json",
         "vllm_tool_history.json",
         "ollama_openai_compat.json",
+        "llamacpp_required_tool_top_k.json",
+        "llamacpp_tools_null.json",
+        "zod_schema_dialect.json",
+        "local_sampling_knobs.json",
+        "reasoning_history.json",
+        "vllm_tool_level_strict.json",
     ] {
         let req = ChatRequest::parse(&request_fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         // The rebuilt request validates too, and carries none of the dropped fields.
@@ -205,6 +214,56 @@ fn g6_real_client_requests_are_accepted() {
     }
     let req = ChatRequest::parse(&request_fixture("llamacpp_server_no_model.json")).unwrap();
     assert_eq!((req.model.as_str(), req.stream), ("", Some(true)));
+}
+
+/// real-traffic: the shapes local servers' clients send are accepted and put into one form:
+/// sampling knobs forwarded, `tools: null` none, `$schema` and reasoning dropped, a
+/// tool-level `strict` moved into its function; a tool result named but not linked refused.
+#[test]
+fn g6_local_server_shapes_are_accepted_in_one_form() {
+    let wire = |name: &str| serde_json::to_value(ChatRequest::parse(&request_fixture(name)).unwrap()).unwrap();
+    let w = wire("llamacpp_required_tool_top_k.json");
+    assert_eq!((w["top_k"].as_u64(), w["tool_choice"].as_str()), (Some(1), Some("required")));
+    let w = wire("llamacpp_tools_null.json");
+    assert!(w.get("tools").is_none() && w.get("tool_choice").is_none(), "{w}");
+    let w = wire("zod_schema_dialect.json");
+    assert!(!w.to_string().contains("$schema"), "{w}");
+    assert_eq!(w["tools"][0]["function"]["parameters"]["required"], json!(["city"]));
+    let w = wire("local_sampling_knobs.json");
+    for (k, v) in
+        [("top_k", json!(40)), ("min_p", json!(0.05)), ("typical_p", json!(1.0)), ("repeat_penalty", json!(1.1))]
+    {
+        assert_eq!(w[k], v, "{k}");
+    }
+    let w = wire("reasoning_history.json");
+    assert!(!w.to_string().contains("reasoning"), "{w}");
+    assert_eq!(w["messages"][1]["content"], "9.8 is greater.");
+    let w = wire("vllm_tool_level_strict.json");
+    assert_eq!((w["tools"][0].get("strict"), &w["tools"][0]["function"]["strict"]), (None, &json!(true)));
+    let err = ChatRequest::parse(&request_fixture("ollama_tool_name_no_id.json")).unwrap_err().to_string();
+    assert!(err.contains("needs a tool_call_id") && err.contains("a tool name alone cannot say"), "{err}");
+    // Bounds: each knob's range, reasoning only on the assistant's turns and bounded, one
+    // `strict` meaning, a `$schema` that is not a string.
+    let base = |extra: &str| format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+    for (extra, ok) in [
+        (r#","top_k":0"#, true),
+        (r#","top_k":1001"#, false),
+        (r#","min_p":1.5"#, false),
+        (r#","typical_p":-0.1"#, false),
+        (r#","repeat_penalty":10"#, true),
+        (r#","repeat_penalty":11"#, false),
+        (r#","tools":[{"type":"function","strict":true,"function":{"name":"t","strict":false}}]"#, false),
+        (r#","tools":[{"type":"function","function":{"name":"t","parameters":{"$schema":7}}}]"#, false),
+    ] {
+        assert_eq!(ChatRequest::parse(base(extra).as_bytes()).is_ok(), ok, "{extra}");
+    }
+    let user_reasoning = r#"{"model":"m","messages":[{"role":"user","content":"hi","reasoning_content":"x"}]}"#;
+    assert!(ChatRequest::parse(user_reasoning.as_bytes()).unwrap_err().to_string().contains("reasoning_content"));
+    let long = format!(
+        r#"{{"model":"m","messages":[{{"role":"assistant","content":"a","reasoning":"{}"}}]}}"#,
+        "x".repeat(stockade_protocol::chat::MAX_REASONING_BYTES + 1)
+    );
+    assert!(ChatRequest::parse(long.as_bytes()).unwrap_err().to_string().contains("bytes of reasoning"));
 }
 
 #[test]
