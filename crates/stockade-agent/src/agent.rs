@@ -378,7 +378,7 @@ impl Agent {
                 };
                 t.event(
                     "tool",
-                    json!({"turn": run.turns(), "call": call_id, "tool": tool, "ms": took.as_millis() as u64, "status": status, "bytes": bytes}),
+                    json!({"turn": run.turns(), "call": call_id, "tool": tool, "ms": took.as_millis() as u64, "status": status, "bytes": bytes, "untrusted": run.untrusted(slot)}),
                 );
             }
             run.tool_result(slot, output);

@@ -163,7 +163,7 @@ pub use proxy::{DEFAULT_RUN_TOKENS, MAX_PROXY_BODY, ModelProxy};
 pub use run_code::{Language, MAX_CODE_BYTES, RunCode};
 pub use secret::{ApiKey, KeyError};
 pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust, tool_grant};
-pub use trace::Trace;
+pub use trace::{Observer, Trace};
 
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;

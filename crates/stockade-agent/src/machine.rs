@@ -654,6 +654,12 @@ impl AgentRun {
         }
     }
 
+    /// Whether the tool in `slot` gives untrusted output (marked before the model reads it).
+    #[must_use]
+    pub fn untrusted(&self, slot: usize) -> bool {
+        self.slots.get(slot).is_some_and(|s| s.untrusted)
+    }
+
     /// Records what slot `slot`'s tool returned. Untrusted output is marked here.
     pub fn tool_result(&mut self, slot: usize, output: ToolOutput) {
         let Some(s) = self.slots.get(slot) else { return };

@@ -8,11 +8,15 @@
 //! - `decision`: `turn`, `call` (the host id), `provider_id`, `tool`, `args` (canonical),
 //!   `effect` (`allow`, `ask`, `deny`, `refused`), `rule`, `reason`, `tainted` (argument names);
 //! - `tool`: `turn`, `call`, `tool`, `ms`, `status` (`ok`, `failed`, `timeout`), `bytes`,
-//!   `report` (for run_code: tier, status, wall time);
+//!   `untrusted` (the output was marked), `report` (for run_code: tier, status, wall time);
 //! - `usage`: `turn`, `prompt_tokens`, `completion_tokens`, `total_tokens`, `run_total`;
 //! - `end`: `outcome` (`answer` or the error's text), `turns`, `tool_calls`.
 //!
 //! The key is never written: it is only ever a header, and every line is scrubbed of it too.
+//!
+//! An observer ([`Trace::observer`]) gets each event as it is written, the same fields, for a
+//! display (`stockade agent` shows the steps on a terminal with one); a trace may have a file,
+//! an observer, or both.
 
 use std::io::Write;
 use std::path::Path;
@@ -29,12 +33,25 @@ pub struct Trace {
     inner: Arc<Mutex<Inner>>,
 }
 
-#[derive(Debug)]
+/// Called with each event's name and its line (the fields, `event` and `t_ms`).
+pub type Observer = Arc<dyn Fn(&str, &Value) + Send + Sync>;
+
 struct Inner {
-    out: Box<dyn WriteDebug>,
+    out: Option<Box<dyn WriteDebug>>,
+    observer: Option<Observer>,
     start: Instant,
     key: Option<Arc<ApiKey>>,
     errors: u64,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("out", &self.out)
+            .field("observer", &self.observer.is_some())
+            .field("errors", &self.errors)
+            .finish_non_exhaustive()
+    }
 }
 
 trait WriteDebug: Write + Send + std::fmt::Debug {}
@@ -53,7 +70,25 @@ impl Trace {
 
     /// A trace into any writer.
     pub fn to_writer(out: impl Write + Send + std::fmt::Debug + 'static) -> Self {
-        Self { inner: Arc::new(Mutex::new(Inner { out: Box::new(out), start: Instant::now(), key: None, errors: 0 })) }
+        Self::new(Some(Box::new(out)), None)
+    }
+
+    /// A trace with no file that hands each event to `observer`.
+    pub fn observer(observer: Observer) -> Self {
+        Self::new(None, Some(observer))
+    }
+
+    /// This trace, also handing each event to `observer`.
+    #[must_use]
+    pub fn with_observer(self, observer: Observer) -> Self {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.observer = Some(observer);
+        }
+        self
+    }
+
+    fn new(out: Option<Box<dyn WriteDebug>>, observer: Option<Observer>) -> Self {
+        Self { inner: Arc::new(Mutex::new(Inner { out, observer, start: Instant::now(), key: None, errors: 0 })) }
     }
 
     /// Scrubs `key` from every later line (defence in depth: the key is never put in a line).
@@ -74,10 +109,17 @@ impl Trace {
         if let Some(key) = &inner.key {
             text = key.scrub(&text);
         }
+        if let Some(observer) = inner.observer.clone() {
+            // The scrubbed line, as the file gets it.
+            let seen = serde_json::from_str(&text).unwrap_or(line);
+            observer(event, &seen);
+        }
         text.push('\n');
-        let ok = inner.out.write_all(text.as_bytes()).and_then(|()| inner.out.flush()).is_ok();
-        if !ok {
-            inner.errors += 1;
+        if let Some(out) = inner.out.as_mut() {
+            let ok = out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok();
+            if !ok {
+                inner.errors += 1;
+            }
         }
     }
 }

@@ -55,6 +55,10 @@ pub(crate) struct AgentArgs {
     /// Stream: print the model's text as it arrives (control characters escaped).
     #[arg(long)]
     stream: bool,
+    /// Do not show the steps (each model call, decision and tool run) on stderr; they are
+    /// shown only when stderr is a terminal, and never with --json.
+    #[arg(long, short)]
+    quiet: bool,
     /// The task.
     prompt: String,
 }
@@ -177,9 +181,20 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     }
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     builder = builder.approver(if interactive { Arc::new(TerminalApprover) } else { Arc::new(NoApprover) });
-    if let Some(path) = &args.trace {
-        builder = builder
-            .trace(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?);
+    let file = match &args.trace {
+        Some(path) => {
+            Some(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?)
+        }
+        None => None,
+    };
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let trace = match (file, show) {
+        (Some(t), true) => Some(t.with_observer(Arc::new(show_step))),
+        (None, true) => Some(Trace::observer(Arc::new(show_step))),
+        (file, false) => file,
+    };
+    if let Some(t) = trace {
+        builder = builder.trace(t);
     }
     if args.stream {
         builder = builder.stream(Arc::new(|text: &str| {
@@ -214,6 +229,46 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         }
     }
     Ok(code)
+}
+
+/// One step of the run on stderr, compactly (`stockade agent` on a terminal): each model
+/// call, each proposed call with its canonical arguments (cut at 80 characters) and the
+/// policy's decision with its rule, and each tool run with its status, time and output size,
+/// saying when the output was marked untrusted. Model- and tool-written text has its control
+/// characters made visible, as the run's stderr has.
+fn show_step(event: &str, v: &serde_json::Value) {
+    let s = |k: &str| v[k].as_str().map(visible).unwrap_or_default();
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let line = match event {
+        "request" if n("attempt") <= 1 => format!("turn {}: asking the model", n("turn")),
+        "request" => format!("turn {}: asking the model again (attempt {})", n("turn"), n("attempt")),
+        "decision" => {
+            let args = v["args"].as_str().map_or_else(|| visible(&v["args"].to_string()), visible);
+            let args: String = if args.chars().count() > 80 {
+                args.chars().take(79).chain(std::iter::once('…')).collect()
+            } else {
+                args
+            };
+            format!("  {} {args}: {} (rule {})", s("tool"), s("effect"), s("rule"))
+        }
+        "tool" => format!(
+            "  ran {}: {} in {} ms, {} bytes{}",
+            s("tool"),
+            s("status"),
+            n("ms"),
+            n("bytes"),
+            if v["untrusted"] == serde_json::Value::Bool(true) { ", marked untrusted" } else { "" }
+        ),
+        _ => return,
+    };
+    let _ = writeln!(std::io::stderr().lock(), "stockade: {line}");
+}
+
+/// `text` with every control character made visible, a newline included (a step is one line).
+fn visible(text: &str) -> String {
+    let mut out = Vec::with_capacity(text.len());
+    crate::term::neutralise(text.replace('\n', "\\n").replace('\r', "\\r").as_bytes(), false, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The error as the user reads it ("No answer after 12 turns").

@@ -28,6 +28,9 @@
 //!     it on a terminal), marks untrusted output before the model reads it, takes no proxy
 //!     from the environment, and exits 0 with an answer, 3 with no answer (budget spent), 4
 //!     when the endpoint failed, or 125 on a configuration error naming the line and column.
+//!     On a terminal (and without `--quiet` or `--json`) it shows each step on stderr as it
+//!     happens: the turn, each proposed call with its canonical arguments and the decision
+//!     with its rule, each tool run with its status, time and size; the answer is on stdout.
 //!     (pinned by: tests/it/agent.rs::g3_*)
 //! G4. `stockade run --grant-data/--grant-tool` gives the guest exactly the named grants in
 //!     every tier (files and `stockade-call` in the process and docker tiers, globals in

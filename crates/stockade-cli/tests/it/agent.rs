@@ -290,3 +290,71 @@ fn g3_run_code_runs_in_a_container_when_the_config_says_docker() {
     assert!(result.contains("in-container\n65534\n"), "the docker tier's user: {result}");
     assert!(result.contains("[provenance source=\"run_code\""), "{result}");
 }
+
+/// real-traffic: on a terminal `stockade agent` shows each step on stderr as it happens (the
+/// turn, each proposed call with its canonical arguments and the policy's decision with its
+/// rule, each tool run with its status, time and size, marked untrusted output said so) and
+/// the model's text on stdout; `--quiet` and a stderr that is not a terminal show none.
+/// Driven under `script(1)`, which gives it a terminal, against the scripted endpoint.
+#[test]
+fn g3_on_a_terminal_the_agent_shows_each_step() {
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("steps");
+    let script = || {
+        MockLlm::script(vec![
+            Reply::calls(&[
+                ("read_scroll", json!({"name": "north"})),
+                ("send_raven", json!({"to": "eastwatch", "text": "a\u{1b}]0;title\u{7}b"})),
+            ]),
+            Reply::text("Done: the north scroll is read."),
+        ])
+        .unwrap()
+    };
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let on_terminal = |url: &str, extra: &str| {
+        let config = example();
+        let cmd = format!(
+            "{} agent --config {} --base-url {} {extra} {}",
+            quote(env!("CARGO_BIN_EXE_stockade")),
+            quote(config.to_str().unwrap()),
+            quote(url),
+            quote(PROMPT)
+        );
+        let _runs = crate::cli::shared();
+        let o = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env("STEWARD_RAVENS", dir.0.join("ravens.jsonl"))
+            .env("STEWARD_LOG", dir.0.join("log.jsonl"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).replace("\r\n", "\n"))
+    };
+    let mock = script();
+    let (code, screen) = on_terminal(&mock.url(), "");
+    assert_eq!(code, 0, "{screen}");
+    for line in [
+        "stockade: turn 1: asking the model\n",
+        "stockade:   read_scroll {\"name\":\"north\"}: allow (rule read-scrolls)\n",
+        // Canonical arguments are JSON: the model's escape sequence stays escaped.
+        "stockade:   send_raven {\"text\":\"a\\u001b]0;title\\u0007b\",\"to\":\"eastwatch\"}: deny (rule default-deny)\n",
+        "stockade: turn 2: asking the model\n",
+        "Done: the north scroll is read.\n",
+    ] {
+        assert!(screen.contains(line), "missing {line:?} in:\n{screen}");
+    }
+    let ran = screen.lines().find(|l| l.starts_with("stockade:   ran read_scroll: ok in ")).unwrap_or_default();
+    assert!(ran.ends_with(" bytes, marked untrusted"), "{screen}");
+    assert!(!screen.contains('\u{1b}'), "a raw escape reached the terminal: {screen:?}");
+    // --quiet: the answer only.
+    let mock = script();
+    let (code, screen) = on_terminal(&mock.url(), "--quiet");
+    assert_eq!((code, screen.as_str()), (0, "Done: the north scroll is read.\n"));
+    // Not a terminal: no steps either (the existing tests read stderr whole).
+    let mock = script();
+    let (code, out, err) = agent(&dir, &mock.url(), "http://127.0.0.1:9", &[]);
+    assert_eq!((code, out.as_str()), (0, "Done: the north scroll is read.\n"), "{err}");
+    assert!(!err.contains("asking the model"), "{err}");
+}
