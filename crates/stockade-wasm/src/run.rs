@@ -365,18 +365,10 @@ impl Inner {
             return Err(WasmError::Misconfigured("the wasm tier runs only wasm jobs".into()));
         };
         let limits = job.limits();
-        // A guest's initializer runs under its run's budgets; the guests stockade builds
-        // itself (QuickJS, CPython) are initialized as `warm` would, once, whatever the first
-        // run's deadline: a 300 ms run on a loaded machine must not fail to start because
-        // the runtime's one-time snapshot was taken inside it.
-        let budget = if crate::guests::is_own(module) {
-            prepare::InitBudget::WARM
-        } else {
-            prepare::InitBudget {
-                fuel: self.fuel.for_cpu(limits.cpu()),
-                memory_bytes: limits.memory_bytes(),
-                wall: limits.wall(),
-            }
+        let budget = prepare::InitBudget {
+            fuel: self.fuel.for_cpu(limits.cpu()),
+            memory_bytes: limits.memory_bytes(),
+            wall: limits.wall(),
         };
         let ready = match self.ready(module, Some(entry), budget).await {
             Ok(r) => r,
@@ -446,6 +438,12 @@ impl Inner {
                 let bytes = std::fs::read(path)
                     .map_err(|e| LoadError::Guest(format!("cannot read module {}: {e}", path.display())))?;
                 let sha: [u8; 32] = Sha256::digest(&bytes).into();
+                // A guest's initializer runs under its run's budgets; the guests stockade
+                // builds itself (QuickJS, CPython) are initialized as `warm` would, once,
+                // whatever the first run's deadline: a 300 ms run on a loaded machine must not
+                // fail to start because the runtime's one-time snapshot was taken inside it.
+                // Asked only here, on a compile, never on a run that finds the module ready.
+                let budget = if crate::guests::is_own(path) { prepare::InitBudget::WARM } else { budget };
                 let module = match self.cached(&sha) {
                     Some(m) => m,
                     None => self.compile(&bytes, &sha, budget).await?,
@@ -545,12 +543,14 @@ impl Inner {
             let opened =
                 stockade_hostfs::open_workspace(ws.path()).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
             let writable = ws.access() == Access::ReadWrite;
-            _lock = Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(LOCK_POLL)).await.map_err(
-                |e| match e {
-                    stockade_hostfs::WorkspaceError::Busy { .. } => WasmError::Busy(e.to_string()),
-                    e => WasmError::Internal(e.to_string()),
-                },
-            )?);
+            _lock = Some(
+                opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await.map_err(
+                    |e| match e {
+                        stockade_hostfs::WorkspaceError::Busy { .. } => WasmError::Busy(e.to_string()),
+                        e => WasmError::Internal(e.to_string()),
+                    },
+                )?,
+            );
             let path = opened.path().to_path_buf();
             if ws.access() == Access::ReadWrite {
                 guard = Some(protected_free(&path)?);
@@ -651,9 +651,6 @@ impl Inner {
         Ok(report)
     }
 }
-
-/// How long a run waits between tries for a workspace another run holds: 20 ms.
-const LOCK_POLL: Duration = Duration::from_millis(20);
 
 /// Inspects a read-write workspace for the wasm tier, which cannot keep a path read-only
 /// inside a writable WASI preopen (wasmtime-wasi opens the directory itself, with no filter
