@@ -110,8 +110,11 @@ impl Trace {
             text = key.scrub(&text);
         }
         if let Some(observer) = inner.observer.clone() {
-            // The scrubbed line, as the file gets it.
-            let seen = serde_json::from_str(&text).unwrap_or(line);
+            // The scrubbed line, as the file gets it (read back only when a key was scrubbed).
+            let seen = match &inner.key {
+                Some(_) => serde_json::from_str(&text).unwrap_or(line),
+                None => line,
+            };
             observer(event, &seen);
         }
         text.push('\n');

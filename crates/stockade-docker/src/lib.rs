@@ -200,9 +200,6 @@ pub enum DockerError {
     Busy(String),
 }
 
-/// How long a run waits between tries for a workspace another run holds: 20 ms.
-const LOCK_POLL: Duration = Duration::from_millis(20);
-
 /// Takes the lock of `job`'s workspace ([`stockade_hostfs::OpenedWorkspace::lock`]), shared
 /// with the other tiers: held until the run's sweep or apply-back is done, it keeps a
 /// read-write run of a directory above this one from swapping a directory on its path while
@@ -212,7 +209,7 @@ pub(crate) async fn lock_workspace(job: &Job) -> Result<Option<stockade_hostfs::
     let opened = stockade_hostfs::open_workspace(ws.path())
         .map_err(|e| DockerError::Spec(SpecError::Unusable(e.to_string())))?;
     let writable = ws.access() == Access::ReadWrite;
-    match opened.lock(writable, ws.busy(), || tokio::time::sleep(LOCK_POLL)).await {
+    match opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await {
         Ok(lock) => Ok(Some(lock)),
         Err(e @ stockade_hostfs::WorkspaceError::Busy { .. }) => Err(DockerError::Busy(e.to_string())),
         Err(e) => Err(DockerError::Engine(e.to_string())),

@@ -224,6 +224,10 @@ pub struct OpenedWorkspace {
     above: Vec<std::fs::File>,
 }
 
+/// How long a run waits between tries for a workspace another run holds: 20 ms (the
+/// `pause` every tier passes to [`OpenedWorkspace::lock`]).
+pub const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// A workspace's lock, taken by [`OpenedWorkspace::lock`]: released when dropped.
 #[derive(Debug)]
 pub struct WorkspaceLock {

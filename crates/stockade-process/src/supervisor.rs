@@ -56,9 +56,11 @@ pub(crate) async fn run(
     // One read-write run at a time per workspace, and no read-only run beside one: the lock
     // is held until the sweep is done (declared before the sweep guard, so dropped after it).
     let _lock = match (&opened, job.workspace()) {
-        (Some((ws, writable)), Some(granted)) => {
-            Some(ws.lock(*writable, granted.busy(), || tokio::time::sleep(LOCK_POLL)).await.map_err(workspace_error)?)
-        }
+        (Some((ws, writable)), Some(granted)) => Some(
+            ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
+                .await
+                .map_err(workspace_error)?,
+        ),
         _ => None,
     };
     // The workspace as the run starts: its identity, its sockets and fifos and (read-write)
@@ -346,9 +348,6 @@ pub(crate) async fn run(
     };
     Ok(report)
 }
-
-/// How long a run waits between tries for a workspace another run holds: 20 ms.
-const LOCK_POLL: Duration = Duration::from_millis(20);
 
 /// A workspace that cannot be granted is the job's fault; one another run holds is
 /// [`LaunchError::Busy`].
