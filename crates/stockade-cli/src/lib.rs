@@ -179,8 +179,10 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
     /// Serve the sandboxes as an MCP server on stdio (`run_code`, `run_command`), for Claude
     /// Desktop, Codex and other MCP clients; protocol messages only on stdout, logs on stderr.
     Mcp(Box<mcp::McpArgs>),
-    /// Remove what killed runs left behind: the process tier's per-run cgroups whose
-    /// supervisor is gone, and the docker tier's expired containers (when an engine answers).
+    /// Remove what killed runs left behind: what the guest planted in a read-write workspace
+    /// when its supervisor was killed before the sweep, the process tier's per-run cgroups
+    /// whose supervisor is gone, and the docker tier's expired containers (when an engine
+    /// answers).
     #[command(
         after_help = "Examples:\n  stockade gc\n  stockade doctor   # the `stale cgroups` row says whether there is anything to remove"
     )]
@@ -358,6 +360,12 @@ use stockade_agent::config::{parse_duration, parse_size};
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_) | Command::Agent(_) | Command::Mcp(_)) {
+        // What a killed run left for its sweep is finished before anything else runs.
+        for done in process::finish_killed_sweeps() {
+            let _ = writeln!(std::io::stderr(), "stockade: {done}");
+        }
+    }
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Agent(args) => agent::run(*args),
@@ -783,6 +791,14 @@ fn docker_gc(all: bool) -> Result<()> {
 }
 
 fn gc() -> Result<()> {
+    let sweeps = process::finish_killed_sweeps();
+    let failed = sweeps
+        .iter()
+        .filter(|f| matches!(f, process::FinishedSweep::Swept { swept, .. } if !swept.errors.is_empty()))
+        .count();
+    for done in &sweeps {
+        println!("{done}");
+    }
     let removed = process::reap_stale_cgroups(None);
     let left = process::stale_cgroups(None);
     println!("removed {} stale cgroup(s) of killed supervisors", removed.len());
@@ -794,7 +810,13 @@ fn gc() -> Result<()> {
         Ok(n) => println!("removed {n} expired stockade container(s)"),
         Err(e) => println!("docker: not checked ({e})"),
     }
-    if left.is_empty() { Ok(()) } else { bail!("{} stale cgroup(s) could not be removed", left.len()) }
+    if !left.is_empty() {
+        bail!("{} stale cgroup(s) could not be removed", left.len());
+    }
+    if failed > 0 {
+        bail!("{failed} killed run(s) could not be swept entirely (each line above names what stays)");
+    }
+    Ok(())
 }
 
 /// Whether a run's grants broker can listen where the runtime puts it (a fresh directory

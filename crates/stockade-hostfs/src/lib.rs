@@ -12,9 +12,10 @@
 //! [`Guarded::sweep`].
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol` (the lists), `cap-std`, `tar` (the staged archive).
+//! Depends on: `stockade-protocol` (the lists), `cap-std`, `tar` (the staged archive),
+//! `serde_json` (the sweep record).
 //! Used by: `stockade-process`, `stockade-docker`, `stockade-wasm`.
-//! API boundary: yes; [`Guarded`], [`specials`], [`open_workspace`], [`OpenedWorkspace::lock`], [`resolve_workspace`], [`stage`].
+//! API boundary: yes; [`Guarded`], [`specials`], [`open_workspace`], [`OpenedWorkspace::lock`], [`resolve_workspace`], [`finish_killed_sweeps`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, and the workspace as it was when [`Guarded::inspect`] ran.
@@ -75,6 +76,15 @@
 //!     the path another run's engine binds by name; read-only runs share. A run waits for
 //!     the holder, or, asked not to, is refused with [`WorkspaceError::Busy`].
 //!     (pinned by: tests/it/guard.rs::g7_*)
+//! G8. A run whose supervisor is killed before it sweeps still gets its sweep:
+//!     [`Guarded::record_in`] writes what the inspection found to stockade's state directory
+//!     ([`sweeps_dir`]) before the guest starts, [`Guarded::heartbeat`] keeps it fresh, and
+//!     the sweep removes it. [`finish_killed_sweeps`] finishes each record whose workspace
+//!     lock it can take (so no run holds it: the record's run is dead), in the directory
+//!     with the recorded device and inode only, removing what [`Guarded::sweep`] would and
+//!     leaving, listed in [`Swept::left`], any such path whose inode changed more than
+//!     [`RECORD_GRACE`] after the record was last touched (the user may have made it since).
+//!     (pinned by: tests/it/guard.rs::g8_*)
 //!
 //! # Non-guarantees
 //! Which of the moved refs' commits touch a protected path is not computed: that would
@@ -88,6 +98,10 @@
 //! Only the workspace's top level is covered: a `.envrc` the guest creates in a subdirectory
 //! stays. A unix socket or fifo a host process creates in the workspace after [`specials`] ran
 //! is not covered.
+//! A path the user makes, where a protected path was absent, between the moment a run's
+//! supervisor is killed and [`RECORD_GRACE`] after its record's last heartbeat, is removed
+//! with the guest's by a finished sweep: the file's times cannot tell the two apart. A
+//! record is not synced to disk: a machine that crashes during a run may lose it.
 //! The lock binds stockade's runs only: a host process that is not a stockade run can still
 //! rename directories above a workspace while the docker or wasm tier opens it by name (the
 //! process tier mounts the descriptor it judged, whatever the name says later).
@@ -104,15 +118,18 @@
 //! one directory they are given (`cap_std::ambient_authority`); every later access is
 //! relative to that descriptor, except that [`Guarded::sweep`] climbs back up a planted tree
 //! it walked down with `Dir::open_parent_dir` (`..`), and uses what it opened only if its
-//! device and inode are those of the directory it came down through.
+//! device and inode are those of the directory it came down through. [`Guarded::record_in`]
+//! and [`finish_killed_sweeps`] use the records' directory by path (stockade's own state,
+//! from the environment: [`state_dir`]), and the latter opens each recorded workspace as
+//! [`open_workspace`] does.
 //!
 //! # Feature flags
 //! None.
 //!
 //! # Invariants
 //! Stated as absences: never follows a symlink below the workspace; writes a file only in
-//! [`stage::unpack`]; removes only paths on the protected list that were absent at
-//! inspection.
+//! [`stage::unpack`] and, outside any workspace, a sweep record in [`sweeps_dir`]; removes
+//! only paths on the protected list that were absent at inspection.
 
 #![forbid(unsafe_code)]
 
@@ -122,7 +139,9 @@ use std::path::{Path, PathBuf};
 use cap_std::fs::Dir;
 use stockade_protocol::{PINNED_DIRS, PROTECTED_PATHS};
 
+mod record;
 mod refs;
+pub use record::{Finished, HEARTBEAT, RECORD_GRACE, finish_killed_sweeps, state_dir, sweeps_dir};
 pub use refs::{MAX_PACKED_BYTES, MAX_REFS};
 pub mod stage;
 
@@ -147,6 +166,14 @@ pub enum HostFsError {
         root: PathBuf,
         /// The path inside it (the symlink).
         rel: String,
+    },
+    /// A run's sweep record could not be written (see [`Guarded::record_in`]).
+    #[error("the sweep record in {}: {source}; set STOCKADE_STATE_DIR to a writable directory", path.display())]
+    Record {
+        /// The records' directory.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
     },
     /// A protected path could not be examined or removed.
     #[error("{rel} in the workspace {}: {source}", root.display())]
@@ -373,6 +400,8 @@ enum Found {
 pub struct Guarded {
     root: PathBuf,
     dir: Dir,
+    /// The workspace's device and inode.
+    id: (u64, u64),
     present: Vec<String>,
     absent: Vec<&'static str>,
     pinned: Vec<&'static str>,
@@ -383,6 +412,11 @@ pub struct Guarded {
     /// `.git`'s refs at inspection (if `.git` was a directory then), compared after the run
     /// (G6); or why they could not be read.
     refs_before: Option<Result<refs::Refs, String>>,
+    /// This run's record on disk ([`Guarded::record_in`]), removed by the sweep.
+    record: Option<record::Record>,
+    /// For a sweep finished after its supervisor was killed: the latest moment the run could
+    /// have written; what changed later is left ([`Swept::left`]).
+    written_by: Option<std::time::SystemTime>,
 }
 
 /// What a sweep did: every path it removed, and every path it could not remove with the
@@ -398,6 +432,10 @@ pub struct Swept {
     /// escaped line each (`refs/heads/main 1f2e3d4c5b6a..0a1b2c3d4e5f`), or why the refs
     /// could not be compared: a commit can bring back what the sweep removed (G6).
     pub refs_moved: Vec<String>,
+    /// For a sweep finished after its run's supervisor was killed ([`finish_killed_sweeps`]):
+    /// what it would have removed but left, because it changed after the run could have
+    /// written it (the user may have made it since).
+    pub left: Vec<String>,
 }
 
 /// Most directory descriptors one sweep holds open at once, however deep the tree it
@@ -416,14 +454,22 @@ impl Guarded {
     /// Records which protected paths exist in the read-write workspace `dir`, already open
     /// (from [`open_workspace`]); `root` names it in messages.
     pub fn inspect_dir(root: &Path, dir: Dir) -> Result<Self, HostFsError> {
+        let id = {
+            use cap_std::fs::MetadataExt;
+            let m = dir.dir_metadata().map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
+            (m.dev(), m.ino())
+        };
         let mut g = Guarded {
             root: root.to_path_buf(),
             dir,
+            id,
             present: Vec::new(),
             absent: Vec::new(),
             pinned: Vec::new(),
             git_before: None,
             refs_before: None,
+            record: None,
+            written_by: None,
         };
         for pin in PINNED_DIRS {
             match g.kind(&g.dir, pin)? {
@@ -507,6 +553,9 @@ impl Guarded {
         out.refs_moved = self.refs_moved();
         out.removed.sort();
         out.removed.dedup();
+        if let Some(r) = &self.record {
+            r.remove();
+        }
         out
     }
 
@@ -606,6 +655,7 @@ impl Guarded {
         match dir.symlink_metadata(name) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return,
             Err(e) => return out.errors.push(self.io(rel, e)),
+            Ok(m) if self.written_by.is_some_and(|by| changed_at(&m) > by) => return out.left.push(rel.to_owned()),
             Ok(m) if m.is_dir() => self.remove_tree(dir, name, rel, out),
             Ok(_) => {
                 if let Err(e) = dir.remove_file(name) {
@@ -800,6 +850,15 @@ fn path_of(rel: &str, stack: &[Frame]) -> String {
         r.push_str(&f.name.to_string_lossy());
     }
     r
+}
+
+/// When `m`'s inode last changed (`ctime`: set by the kernel on every write, rename or
+/// change of mode, and by no call a program can make with a time of its choosing).
+fn changed_at(m: &cap_std::fs::Metadata) -> std::time::SystemTime {
+    use cap_std::fs::MetadataExt;
+    let secs = u64::try_from(m.ctime()).unwrap_or(0);
+    let nanos = u32::try_from(m.ctime_nsec()).unwrap_or(0);
+    std::time::SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos)
 }
 
 /// The device and inode of the open directory `dir`.

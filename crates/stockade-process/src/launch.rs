@@ -71,7 +71,7 @@ impl Started {
                 return Err(LaunchError::Internal(format!("registering the pidfd: {e}")));
             }
         };
-        let process = HelperProcess { pidfd, reaped: false };
+        let process = HelperProcess { pidfd, reaped: false, init: None };
         Ok(Launched {
             process,
             stdin: self.stdin.take().map(sender).transpose()?,
@@ -108,24 +108,43 @@ pub(crate) struct Launched {
 }
 
 /// The helper process, killed and reaped when dropped.
+///
+/// Killing it kills the run's pid 1 too, and waits for that process as well as the helper:
+/// the helper is pid 1's parent, outside the run's pid namespace, so its own end says
+/// nothing about the run's; pid 1's end does (the kernel kills and reaps every other
+/// process of a pid namespace before its init exits), so once [`HelperProcess::wait`] or
+/// the drop returns after a kill, no process of the run is left to write in the workspace,
+/// with or without a cgroup.
 pub(crate) struct HelperProcess {
     pidfd: AsyncFd<OwnedFd>,
     reaped: bool,
+    /// The run's pid 1, when a kill found it: waited for after the helper.
+    init: Option<OwnedFd>,
 }
 
+/// Longest a killed run's pid 1 is waited for: SIGKILL cannot be caught, and the kernel
+/// kills the namespace's other processes at once; past this something is wrong (a process
+/// stuck in the kernel) and the caller goes on.
+const INIT_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl HelperProcess {
-    /// Waits until the helper has exited, and reaps it.
+    /// Waits until the helper has exited, and reaps it; after a [`HelperProcess::kill`], also
+    /// until the run's pid 1 has exited.
     pub(crate) async fn wait(&mut self) {
         while !self.reaped {
             let Ok(mut guard) = self.pidfd.readable().await else {
                 // The reactor is gone (runtime shutting down): reap synchronously.
                 self.reaped = process::reap_pidfd(self.pidfd.get_ref().as_fd(), false).is_ok();
-                return;
+                break;
             };
             match process::reap_pidfd(self.pidfd.get_ref().as_fd(), true) {
                 Ok(true) | Err(_) => self.reaped = true,
                 Ok(false) => guard.clear_ready(),
             }
+        }
+        if let Some(init) = self.init.take() {
+            // Dying takes the kernel microseconds; poll off the runtime's threads.
+            let _ = tokio::task::spawn_blocking(move || sysfs::wait_ready(init.as_fd(), INIT_GONE_WITHIN)).await;
         }
     }
 
@@ -134,10 +153,22 @@ impl HelperProcess {
         self.pidfd.get_ref().try_clone()
     }
 
-    /// Sends SIGKILL to the helper, which takes the whole run with it (see `helper`).
-    pub(crate) fn kill(&self) {
-        if !self.reaped {
-            let _ = process::pidfd_kill(self.pidfd.get_ref().as_fd(), libc::SIGKILL);
+    /// Sends SIGKILL to the helper, which takes the whole run with it (see `helper`), and to
+    /// the run's pid 1, found first (the helper's child), so that [`HelperProcess::wait`] can
+    /// wait for the run itself to be gone.
+    pub(crate) fn kill(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let helper = self.pidfd.get_ref().as_fd();
+        if self.init.is_none() {
+            // Looked up while the helper lives: once it is gone, pid 1 has another parent.
+            // A helper that has no child yet has started no process of the run.
+            self.init = process::pidfd_pid(helper).ok().and_then(process::child_pidfd);
+        }
+        let _ = process::pidfd_kill(helper, libc::SIGKILL);
+        if let Some(init) = &self.init {
+            let _ = process::pidfd_kill(init.as_fd(), libc::SIGKILL);
         }
     }
 }
@@ -148,6 +179,9 @@ impl Drop for HelperProcess {
             self.kill();
             // SIGKILL cannot be caught; the wait is short.
             let _ = process::reap_pidfd(self.pidfd.get_ref().as_fd(), false);
+        }
+        if let Some(init) = self.init.take() {
+            sysfs::wait_ready(init.as_fd(), INIT_GONE_WITHIN);
         }
     }
 }
@@ -177,18 +211,41 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>
                 return served(server, spec, io, job, fallback.as_deref());
             }
             let threads = process::thread_count().map_err(internal("counting this process's threads"))?;
-            if threads == 1 {
-                spec.status_fd = FORK_STATUS_FD;
-                spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
-                return fork(spec, io, job);
-            }
-            match fallback {
-                Some(path) => exec(path, spec, io, job),
-                None => Err(LaunchError::Misconfigured(format!(
+            match route(fallback.as_deref(), threads) {
+                Route::Exec(path) => exec(path, spec, io, job),
+                Route::Fork => {
+                    spec.status_fd = FORK_STATUS_FD;
+                    spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
+                    fork(spec, io, job)
+                }
+                Route::Refuse => Err(LaunchError::Misconfigured(format!(
                     "Helper::fork() launches only from a single-threaded process or through a fork server, and this one has {threads} threads and no fork server; call ForkServer::start first thing in main, use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
                 ))),
             }
         }
+    }
+}
+
+/// How a fork launch goes when no fork server is running.
+#[derive(Debug, PartialEq, Eq)]
+enum Route<'a> {
+    /// Execute the fallback binary.
+    Exec(&'a Path),
+    /// Fork this process.
+    Fork,
+    /// Neither is possible.
+    Refuse,
+}
+
+/// A launch with a fallback binary ([`crate::Helper::prefer_fork`]) executes it: a fork of
+/// this process would copy everything it holds by now (an API key read since `main`
+/// started) into the helper and the run's pid 1. Only [`crate::Helper::fork`], which has no
+/// fallback and says so, forks this process, and only while it has one thread.
+fn route(fallback: Option<&Path>, threads: usize) -> Route<'_> {
+    match (fallback, threads) {
+        (Some(path), _) => Route::Exec(path),
+        (None, 1) => Route::Fork,
+        (None, _) => Route::Refuse,
     }
 }
 
@@ -420,4 +477,19 @@ fn forked_stdio(fds: &[std::os::fd::RawFd]) -> std::io::Result<()> {
     }
     sysfs::close_from(fds.len() as u32, u32::MAX)?;
     process::reset_signals()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallback_is_executed_rather_than_forking_a_process_that_may_hold_secrets() {
+        let bin = Path::new("/usr/libexec/helper");
+        // Single-threaded or not, with no fork server a launch that has a binary executes it.
+        assert_eq!(route(Some(bin), 1), Route::Exec(bin));
+        assert_eq!(route(Some(bin), 4), Route::Exec(bin));
+        assert_eq!(route(None, 1), Route::Fork);
+        assert_eq!(route(None, 4), Route::Refuse);
+    }
 }

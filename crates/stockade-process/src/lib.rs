@@ -110,16 +110,22 @@
 //!     (`.git/commondir`), is removed when the run is over (`stockade-hostfs`), and the
 //!     report says what, with every path the sweep could not remove; a gitfile the user had
 //!     is never removed. The sweep also runs when the run ends early or its future is
-//!     dropped (a cancelled call), once the run's processes are gone. One read-write run
+//!     dropped (a cancelled call), once the run's processes are gone (its pid 1 is waited
+//!     for, not only the helper, so this holds without a cgroup too); it is recorded before
+//!     the guest starts, so that a supervisor killed before it swept has it finished later
+//!     ([`finish_killed_sweeps`]). One read-write run
 //!     of a workspace at a time (`stockade_hostfs::OpenedWorkspace::lock`, held through the
 //!     sweep and shared with the other tiers: a run of a directory inside it waits too;
 //!     read-only runs share it; `Busy::Refuse` refuses with [`LaunchError::Busy`] instead of
 //!     waiting), so a run never inspects what another run's guest is planting. So the guest
 //!     cannot leave code the host runs later.
-//!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*)
+//!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*,
+//!     stockade-cli's tests/it/workspace.rs::g6_the_sweep_of_a_sigkilled_stockade_run_*)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
-//!     at every launch); otherwise the launch executes the fallback helper binary, or fails
-//!     with [`LaunchError::Misconfigured`] when there is none. Either way the guest is a fresh
+//!     at every launch), and fails with [`LaunchError::Misconfigured`] otherwise;
+//!     [`Helper::prefer_fork`] never forks the supervisor: without a fork server it
+//!     executes its helper binary, so no copy of what the supervisor read (an API key)
+//!     is in its helpers. Either way the guest is a fresh
 //!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
 //!     pid 1 of the run (a copy of the supervisor's memory after a fork), and under a root
 //!     supervisor the helper too once it has written its id maps as uid 65534, is not dumpable and
@@ -128,7 +134,8 @@
 //!     supervisor's argument and environment strings first, so `/proc/1/cmdline` (which the
 //!     kernel lets any process of the namespace read) shows none of the supervisor's
 //!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
-//!     (pinned by: tests/it/launch.rs::g11_*, tests/it/workspace.rs::g11_*)
+//!     (pinned by: tests/it/launch.rs::g11_*, tests/it/workspace.rs::g11_*,
+//!     src/launch.rs::tests)
 //! G12. With [`ProcessTier::run_granted_loopback`], the run's own loopback is up and the
 //!     guest can connect to exactly one TCP port on it, where the listener the host serves
 //!     waits; every other port (and the host's loopback, which is not the run's) is refused,
@@ -205,10 +212,9 @@
 //! that does not exist in a read-write workspace can be created by the guest during the run
 //! and exists on the host until the run ends (blocking it would need a mount point, an
 //! empty file left in the user's directory); only the workspace's top level is covered. A
-//! cancelled run is swept once its helper is reaped and its cgroup removed; without a
-//! per-run cgroup, a process of the run that has not yet received the pid namespace's
-//! SIGKILL could still write in that moment. A supervisor that is SIGKILLed sweeps nothing:
-//! what its guest planted stays until the user removes it (no persisted sweep record yet). Landlock ABI 7 cannot
+//! supervisor that is SIGKILLed sweeps nothing itself: its run's sweep, recorded before the
+//! guest started, is finished by [`finish_killed_sweeps`] (the CLI's next run or `stockade
+//! gc`), and until then what the guest planted is on the host. Landlock ABI 7 cannot
 //! restrict pathname unix sockets (a later ABI can): the view does not contain host sockets,
 //! and those inside a workspace are covered when the run starts, so a socket or fifo a host
 //! process creates in the workspace during the run is reachable (sandbox-runtime blocks unix
@@ -263,6 +269,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+pub use stockade_hostfs::{Finished as FinishedSweep, Swept};
 use stockade_protocol::{Job, LiveIo, Report};
 
 /// The window size (rows, columns) of the terminal `fd` is, if it is one and has a size:
@@ -307,18 +314,21 @@ impl Helper {
     /// when this process started one; otherwise by forking the calling process, which is
     /// sound only while it has exactly one thread, checked at every launch
     /// (`/proc/self/status`): a launch from a multi-threaded process without a fork server
-    /// fails with [`LaunchError::Misconfigured`]. Meant for command-line programs that run on a
-    /// current-thread runtime and start no threads (the `stockade` CLI). The forked helper
-    /// shares no memory with the guest: the guest is a fresh exec, and landlock forbids it to
-    /// trace or read the memory of the helper or the run's pid 1.
+    /// fails with [`LaunchError::Misconfigured`]. Without a server, the helper and the run's
+    /// pid 1 are copies of the calling process's memory as it is at that launch (secrets
+    /// included); the guest shares none of it (it is a fresh exec, and landlock forbids it
+    /// to trace or read the memory of the helper or the run's pid 1, neither of which is
+    /// dumpable under root), but a program that holds secrets should start a
+    /// [`ForkServer`] or use [`Helper::prefer_fork`], which executes instead.
     #[must_use]
     pub fn fork() -> Self {
         Self(launch::Mode::Fork(None))
     }
 
-    /// Forks through the [`ForkServer`] when one is running, or forks this process when it
-    /// is single-threaded at launch (as [`Helper::fork`]), and otherwise executes this helper
-    /// binary.
+    /// Forks through the [`ForkServer`] when one is running, and otherwise executes this
+    /// helper binary: never a fork of the calling process, which by the time it launches
+    /// may hold what the sandbox must not (an API key it read), even if only in memory the
+    /// guest cannot read.
     #[must_use]
     pub fn prefer_fork(self) -> Self {
         match self.0 {
@@ -710,6 +720,18 @@ pub fn stale_cgroups(v2_dir: Option<&std::path::Path>) -> Vec<std::path::PathBuf
 /// Every run does this first; `stockade gc` does it on demand.
 pub fn reap_stale_cgroups(v2_dir: Option<&std::path::Path>) -> Vec<std::path::PathBuf> {
     cgroup::reap_stale(v2_dir)
+}
+
+/// Finishes the sweep of every read-write run whose supervisor was killed before it swept
+/// (a run records its sweep in [`stockade_hostfs::sweeps_dir`] before its guest starts, and
+/// removes the record once it swept): what the guest planted where a protected path was
+/// absent is removed, unless it changed after the run could have written it, which is left
+/// and listed (see [`stockade_hostfs::finish_killed_sweeps`]). A record whose workspace a run
+/// holds is left for later. `stockade run`, `agent` and `mcp` do this as they start, and
+/// `stockade gc` on demand; an embedder calls it at its start.
+#[must_use]
+pub fn finish_killed_sweeps() -> Vec<stockade_hostfs::Finished> {
+    stockade_hostfs::sweeps_dir().map(|d| stockade_hostfs::finish_killed_sweeps(&d)).unwrap_or_default()
 }
 
 /// The tier's seccomp policy as an OCI runtime seccomp profile (the format of Docker's

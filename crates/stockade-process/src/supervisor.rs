@@ -72,6 +72,16 @@ pub(crate) async fn run(
     // it returns early or its future is dropped (a cancelled call), when the guard is
     // dropped, after the helper, init and the run's cgroup (declared later, dropped first).
     let mut sweep = SweepGuard(guard);
+    // Before the guest starts, the sweep is recorded on disk, so that a supervisor killed
+    // before it swept has its sweep finished later (`stockade_hostfs::finish_killed_sweeps`).
+    if let Some(g) = sweep.0.as_mut() {
+        let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
+            LaunchError::Misconfigured(
+                "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
+            )
+        })?;
+        g.record_in(&dir).map_err(|e| LaunchError::Misconfigured(e.to_string()))?;
+    }
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
             .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
@@ -198,6 +208,9 @@ pub(crate) async fn run(
     tokio::pin!(deadline);
     let refill_at = tokio::time::sleep(REFILL_AFTER);
     tokio::pin!(refill_at);
+    let mut heartbeat = tokio::time::interval(stockade_hostfs::HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let recorded = sweep.0.is_some();
     let mut out_done = None;
     let mut err_done = None;
     let mut msgs = None;
@@ -216,6 +229,7 @@ pub(crate) async fn run(
             }
             () = &mut deadline => break End::Deadline,
             () = &mut refill_at, if refill.pending() => refill.now(),
+            _ = heartbeat.tick(), if recorded => sweep.heartbeat(),
             r = &mut out_task, if out_done.is_none() => {
                 let r = r.map_err(|e| LaunchError::Internal(e.to_string()))?;
                 let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
@@ -367,6 +381,12 @@ struct SweepGuard(Option<stockade_hostfs::Guarded>);
 impl SweepGuard {
     fn now(&mut self) -> stockade_hostfs::Swept {
         self.0.take().map(|g| g.sweep()).unwrap_or_default()
+    }
+
+    fn heartbeat(&self) {
+        if let Some(g) = &self.0 {
+            g.heartbeat();
+        }
     }
 }
 

@@ -169,6 +169,64 @@ fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
     }
 }
 
+/// hold-the-line, finding 4: a `stockade run` that is SIGKILLed gets no chance to sweep, so
+/// what its program planted stayed for good. Now the run's sweep is recorded before the
+/// program starts, and `stockade gc`, or the next `stockade run`, finishes it. Judged by the
+/// host's workspace and the record directory.
+#[test]
+fn g6_the_sweep_of_a_sigkilled_stockade_run_is_finished_by_gc_or_the_next_run() {
+    use std::io::BufRead;
+    if !ready() {
+        return;
+    }
+    let _runs = crate::cli::shared();
+    let state = private_dir("state-killed");
+    let records = || std::fs::read_dir(state.join("sweeps")).map(Iterator::count).unwrap_or(0);
+    for finisher in ["gc", "run"] {
+        let ws = private_dir(&format!("killed-{finisher}"));
+        let marker = format!("stockade-cli-killed-{finisher}-{}", std::process::id());
+        let script = format!(
+            "mkdir /workspace/.claude && echo hook > /workspace/.claude/settings.json && echo x > /workspace/.envrc && echo ready >&2 && sleep 30; : {marker}"
+        );
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", &script])
+            .env("STOCKADE_STATE_DIR", &state)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        // Our own child, by its pid.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The program dies with its supervisor.
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(&marker)).is_empty()
+        });
+        assert!(gone, "the program outlived its killed supervisor");
+        assert!(ws.join(".envrc").exists() && ws.join(".claude").exists(), "nothing was planted, or it was swept");
+        assert_eq!(records(), 1, "the killed run left no sweep record");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(if finisher == "gc" { &["gc"][..] } else { &["run", "--", "true"][..] })
+            .env("STOCKADE_STATE_DIR", &state)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(if finisher == "gc" { &out.stdout } else { &out.stderr }).into_owned();
+        let expected = format!("finished the sweep of a killed run in {}: removed .claude .envrc", ws.display());
+        assert!(said.contains(&expected), "`stockade {finisher}` said: {said}");
+        assert!(!ws.join(".envrc").exists() && !ws.join(".claude").exists(), "`stockade {finisher}` left the plants");
+        assert_eq!(records(), 0, "the finished record stayed");
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+    let _ = std::fs::remove_dir_all(&state);
+}
+
 fn host_git(d: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .arg("-C")

