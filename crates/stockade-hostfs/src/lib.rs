@@ -43,11 +43,14 @@
 //!     whatever the bytes of their names, without following a symlink, and refuses a tree
 //!     larger than its entry cap rather than guess.
 //!     (pinned by: tests/it/guard.rs::g3_*)
-//! G4. [`open_workspace`] resolves a workspace path, opens the result again from `/` without
-//!     following any symlink (a component swapped for one in between refuses the grant),
-//!     and applies the protocol's dedicated-directory rule to it, so every tier judges the
-//!     directory it holds, and can check by device and inode that what it mounts is that
-//!     directory; each refusal names the path and the reason.
+//! G4. [`open_workspace`] takes only a path with no symlink on it (one that leads through a
+//!     symlink is judged by where it leads, then refused, naming it: a concurrent run's
+//!     guest could swap a directory on it for a symlink as this run starts, the audit's
+//!     escape), opens it from `/` without following any symlink (a component swapped for
+//!     one in between refuses the grant), and applies the protocol's dedicated-directory
+//!     rule to it, so every tier judges the directory it holds, and can check by device and
+//!     inode that what it mounts is that directory; each refusal names the path and the
+//!     reason. (`stockade run` resolves the path a user typed once, before the run.)
 //!     (pinned by: tests/it/guard.rs::g4_*)
 //! G5. [`stage::pack`] follows no symlink (it stores one as a link), reads no file past the
 //!     size it was listed at, refuses fifos, sockets and devices, and stops at its byte and
@@ -208,6 +211,15 @@ pub enum WorkspaceError {
     /// The directory is not a dedicated one (the protocol's rule).
     #[error("workspace {0}")]
     NotDedicated(#[from] stockade_protocol::NotDedicated),
+    /// The path leads through a symlink: it is refused rather than followed, since another
+    /// run's guest could swap a directory on it for a symlink while this run starts.
+    #[error("workspace {} leads through a symlink to {}; name the directory itself (a symlink on the way could be swapped for another while the run starts)", path.display(), resolved.display())]
+    ThroughSymlink {
+        /// The path, as given.
+        path: PathBuf,
+        /// Where it led when it was resolved.
+        resolved: PathBuf,
+    },
     /// Another run holds the workspace (or, for a read-write run, a directory above or below
     /// it), and the run asked not to wait ([`stockade_protocol::Busy::Refuse`]).
     #[error("workspace {} is held by another run (a read-write run holds its workspace and every directory inside it alone until its sweep is done); refused instead of waiting", path.display())]
@@ -232,10 +244,10 @@ pub enum WorkspaceError {
     },
 }
 
-/// The real directory behind a workspace path (symlinks resolved), if the protocol's rule
-/// ([`stockade_protocol::check_dedicated`]) lets a tier grant it: the one check every tier
-/// makes before it mounts or preopens a workspace. The path returned is the one judged; see
-/// [`open_workspace`] for the directory itself, held.
+/// The workspace path, if it names a directory with no symlink on the way and the
+/// protocol's rule ([`stockade_protocol::check_dedicated`]) lets a tier grant it: the one
+/// check every tier makes before it mounts or preopens a workspace. The path returned is the
+/// one judged; see [`open_workspace`] for the directory itself, held.
 pub fn resolve_workspace(path: &Path) -> Result<PathBuf, WorkspaceError> {
     open_workspace(path).map(|w| w.path)
 }
@@ -335,11 +347,13 @@ impl OpenedWorkspace {
     }
 }
 
-/// Opens the workspace at `path` and judges the directory it opened, not a name: the path is
-/// resolved (symlinks followed, as the user named it), then opened again from `/` one
-/// component at a time, each `O_NOFOLLOW | O_DIRECTORY`, so a component swapped for a
-/// symlink after the resolution fails the open instead of being followed; the resolved path
-/// is then judged by [`stockade_protocol::check_dedicated`]. What a tier mounts must be this
+/// Opens the workspace at `path` and judges the directory it opened, not a name: the path
+/// must name the directory itself (a path that resolves elsewhere, through a symlink, is
+/// judged by where it leads and then refused with [`WorkspaceError::ThroughSymlink`]: a run
+/// holding a directory on it could have swapped one for a symlink), and is opened from `/`
+/// one component at a time, each `O_NOFOLLOW | O_DIRECTORY`, so a component swapped for a
+/// symlink after the check fails the open instead of being followed; the path is judged by
+/// [`stockade_protocol::check_dedicated`]. What a tier mounts must be this
 /// directory: it compares the device and inode ([`OpenedWorkspace::id`]) with what it mounted.
 ///
 /// # Ambient Authority
@@ -351,6 +365,12 @@ pub fn open_workspace(path: &Path) -> Result<OpenedWorkspace, WorkspaceError> {
     let resolved = std::fs::canonicalize(path).map_err(unreachable)?;
     if !resolved.is_dir() {
         return Err(WorkspaceError::NotADirectory { path: resolved });
+    }
+    if resolved != path {
+        // Judged by where it leads first (the more useful refusal), then refused as a path
+        // whose resolution another run's guest could change between two runs' starts.
+        stockade_protocol::check_dedicated(&resolved, &[])?;
+        return Err(WorkspaceError::ThroughSymlink { path: path.to_path_buf(), resolved });
     }
     let mut dir = Dir::open_ambient_dir("/", cap_std::ambient_authority()).map_err(unreachable)?;
     let mut above = Vec::new();

@@ -106,6 +106,11 @@ pub enum Setup {
     /// and a policy), served by `stockade-runtime`'s broker; the host checks the log, the
     /// report's grants section and the grant's canary key afterwards.
     Grants,
+    /// Two runs at once: the attack in a read-write workspace like [`Setup::RwWorkspace`]'s
+    /// (with a directory `sub`), and, while it runs, other runs granted `sub` read-only that
+    /// print the canary files a swapped-in directory would show; the host checks their
+    /// output and the workspace afterwards.
+    TwoRuns,
 }
 
 /// One attack's expectations, comparison policy and setup.
@@ -141,6 +146,9 @@ pub mod expect {
             Setup::KillSupervisor => {
                 &[NotApplicable("the docker tier's supervisor is the engine, which the harness does not kill")]
             }
+            Setup::TwoRuns => &[NotApplicable(
+                "run in the process columns; the docker tier opens and judges the path with the same stockade-hostfs call (refusing one through a symlink) and takes the same workspace lock before it makes a container (stockade-docker's g8_a_workspace_inside_a_held_one_is_refused_before_any_container)",
+            )],
             _ => &[Denied, Contained],
         };
         (Expectations { process, wasm, docker }, Skip(why), setup)
@@ -203,6 +211,12 @@ pub mod expect {
         NO_PROTECTED_PATHS,
         Setup::RwWorkspace,
         "needs a read-write workspace with protected paths",
+    );
+    pub const fs_race_workspace_swap: Spec = special(
+        &[Denied, Contained],
+        NO_PROTECTED_PATHS,
+        Setup::TwoRuns,
+        "needs two stockade runs of one workspace at once",
     );
     pub const kernel_bpf: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_clone3: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);

@@ -61,10 +61,11 @@ struct Args {
 
 /// Runs one attack from the workspace `ws` in the process tier, from this fresh,
 /// single-threaded process, launching the helper by fork as the `stockade` CLI does.
+/// An `attack` that is an absolute path is run as it is (a reader in the view, for the
+/// two-run race's second runs).
 fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Result<Report, LaunchError>> {
-    let job = Job::command(format!("/workspace/{attack}"), args.iter().cloned())?
-        .with_workspace(ws, access)?
-        .with_limits(limits());
+    let program = if attack.starts_with('/') { attack.to_owned() } else { format!("/workspace/{attack}") };
+    let job = Job::command(program, args.iter().cloned())?.with_workspace(ws, access)?.with_limits(limits());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let tier = child_tier();
     // The `process-pool` column: the attack's sandbox is built (and confined) before its job
@@ -543,6 +544,9 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch)
     if entry.setup == Setup::Grants {
         return run_process_granted(world, bin_dir, entry, launch);
     }
+    if entry.setup == Setup::TwoRuns {
+        return run_process_two_runs(world, bin_dir, entry, launch);
+    }
     let targets = world.targets(entry.name);
     let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name, None)).transpose()?;
     let (ws, access) = match &rw {
@@ -568,6 +572,75 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch)
     };
     let host_changed = || bin_changed(bin_dir, entry.name).or_else(|| rw.as_deref().and_then(rw_workspace_changed));
     judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)
+}
+
+/// Most second runs one two-run race starts.
+const RACE_RUNS: usize = 24;
+
+/// The two-run race ([`Setup::TwoRuns`]): the attack holds the workspace `W` read-write and
+/// swaps `W/sub` with a symlink to the world's home; meanwhile, every 30 ms, a `--*-one`
+/// child of the same column starts a run granted `W/sub` read-only that prints the home's
+/// canary files if they are what it was given. Judged on the host: a canary in any of
+/// their outputs, or a change to the workspace, is an escape.
+fn run_process_two_runs(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch) -> Result<Cell> {
+    let targets = world.targets(entry.name);
+    let ws = rw_workspace(world, bin_dir, entry.name, None)?;
+    std::fs::create_dir(ws.join("sub"))?;
+    std::fs::write(ws.join("sub/inside"), "granted\n")?;
+    let mut attack = one_child(launch)?;
+    attack.arg("--process-one").arg(&ws).arg("rw").arg(entry.name).args(&targets.args).stdin(Stdio::null());
+    let attack = std::thread::spawn(move || attack.stderr(Stdio::inherit()).output());
+    let readers =
+        [".ssh/id_rsa", ".aws/credentials", ".config/gh/hosts.yml", "inside"].map(|f| format!("/workspace/{f}"));
+    let mut second = Vec::new();
+    while !attack.is_finished() && second.len() < RACE_RUNS {
+        let run = one_child(launch)?
+            .arg("--process-one")
+            .arg(ws.join("sub"))
+            .arg("ro")
+            .arg("/bin/cat")
+            .args(&readers)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        second.push(run);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let attack = attack.join().map_err(|_| anyhow::anyhow!("{}: the attack's thread panicked", entry.name))??;
+    // Each second run either read `sub` (after waiting for the attack's run to let go of
+    // the workspace) or was refused as it started (its path met the swapped-in symlink).
+    let (mut seen, mut granted, mut refused) = (Vec::new(), 0, 0);
+    for run in second {
+        let out = run.wait_with_output()?;
+        match child_report(entry.name, "--process-one", &out)? {
+            Ok(report) => {
+                let text = output(&report);
+                granted += usize::from(String::from_utf8_lossy(&text).contains("granted"));
+                seen.extend(text);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    let report = match child_report(entry.name, "--process-one", &attack)? {
+        Ok(r) => r,
+        Err(cell) => return Ok(cell),
+    };
+    let started = seen.len();
+    let leaked = world.check(&seen, &targets.marker);
+    let host_changed = || leaked.or_else(|| bin_changed(bin_dir, entry.name)).or_else(|| rw_workspace_changed(&ws));
+    let mut cell = judge(world, &report, &targets.marker, host_changed, entry.expect.process, entry.name)?;
+    if !matches!(cell.outcome, Outcome::Escaped(_)) {
+        if granted + refused == 0 {
+            bail!("{}: no second run read the directory it was granted or was refused ({started} bytes)", entry.name);
+        }
+        cell.evidence = format!(
+            "of {} runs granted sub read-only while the attack swapped it, {granted} read sub itself and {refused} were refused; {}",
+            granted + refused,
+            cell.evidence
+        );
+    }
+    Ok(cell)
 }
 
 /// A `--*-one` child of this binary, for the process-tier column `launch`.
@@ -1062,6 +1135,7 @@ fn markdown_doc(table: &str) -> String {
 Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
 Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image (the protected-path rows with the same read-write workspace the process column gets, bind-mounted); the `process` column runs each attack from a fresh process whose fork server, started first in its `main` as in the `stockade` CLI, clones the run's helper, `process-fork` from a fresh single-threaded process that forks its helper itself (the two launch paths without an exec), and `process-pool` in a sandbox of `ProcessTier::pool` built and confined for the attack's workspace before the attack's job was made, then handed the job (the grants rows run one-shot there: a pool does not serve granted runs); `docker-run` is plain `docker run` for comparison.\n\
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
+The `fs_race_workspace_swap` row is two runs at once: the attack holds a read-write workspace and swaps a directory in it with a symlink to the world's home (`renameat2(RENAME_EXCHANGE)`), while the harness starts, every 30 ms, runs granted that directory read-only that print the home's canaries if they are given the home; each either waits for the attack's run and reads the directory itself, or is refused as it starts (its path met the symlink).\n\
 The evidence column lists the attack's own attempt results, for reading only.\n\n\
 - **Denied**: every attempt failed and the world is unchanged.\n\
 - **Contained**: something worked, but only inside the sandbox.\n\

@@ -171,7 +171,11 @@ fn g4_a_workspace_is_resolved_then_judged() {
     symlink(d.join("real"), d.join("link")).unwrap();
     symlink("/etc", d.join("etc")).unwrap();
     fs::write(d.join("file"), "x").unwrap();
-    assert_eq!(stockade_hostfs::resolve_workspace(&d.join("link")).unwrap(), fs::canonicalize(d.join("real")).unwrap());
+    assert_eq!(stockade_hostfs::resolve_workspace(&d.join("real")).unwrap(), fs::canonicalize(d.join("real")).unwrap());
+    // A path through a symlink is refused, naming where it leads: another run's guest could
+    // swap a directory on it as this run starts (the two-run race in the escape matrix).
+    let e = stockade_hostfs::resolve_workspace(&d.join("link")).unwrap_err();
+    assert!(e.to_string().contains(&format!("link leads through a symlink to {}", d.join("real").display())), "{e}");
     let e = stockade_hostfs::resolve_workspace(&d.join("etc")).unwrap_err();
     assert!(e.to_string().starts_with("workspace /etc cannot be granted: it is a system directory"), "{e}");
     let e = stockade_hostfs::resolve_workspace(&d.join("file")).unwrap_err();
