@@ -459,6 +459,11 @@ fn escape(args: &[String]) -> Result<()> {
         .arg(&wasm_attacks)
         .arg(root().join("tests/attacks/wasm/attacks.c"))
         .arg("-lwasi-emulated-signal"))?;
+    // The pre-initializer attack: a second module, beside the first (the harness finds it there).
+    run(Command::new("clang")
+        .args(["--target=wasm32-wasi", "-O2", "-o"])
+        .arg(target.join("attacks-wasm/preinit.wasm"))
+        .arg(root().join("tests/attacks/wasm/preinit.c")))?;
     run(&mut cargo(&["build", "--package", "stockade-escape"]))?;
     let harness = target.join("debug/stockade-escape");
     let attacks = static_dir.join("x86_64-unknown-linux-gnu/release");

@@ -111,6 +111,10 @@ pub enum Setup {
     /// print the canary files a swapped-in directory would show; the host checks their
     /// output and the workspace afterwards.
     TwoRuns,
+    /// The wasm column runs a second module (`tests/attacks/wasm/preinit.c`), whose
+    /// `wizer-initialize` export is the attack; the host checks the run's wall time and the
+    /// compiled-module cache afterwards.
+    WasmInitializer,
 }
 
 /// One attack's expectations, comparison policy and setup.
@@ -146,6 +150,7 @@ pub mod expect {
             Setup::KillSupervisor => {
                 &[NotApplicable("the docker tier's supervisor is the engine, which the harness does not kill")]
             }
+            Setup::WasmInitializer => &[NotApplicable(NO_INITIALIZER)],
             Setup::TwoRuns => &[NotApplicable(
                 "run in the process columns; the docker tier opens and judges the path with the same stockade-hostfs call (refusing one through a symlink) and takes the same workspace lock before it makes a container (stockade-docker's g8_a_workspace_inside_a_held_one_is_refused_before_any_container)",
             )],
@@ -154,6 +159,8 @@ pub mod expect {
         (Expectations { process, wasm, docker }, Skip(why), setup)
     }
 
+    const NO_INITIALIZER: &str =
+        "a native program has no pre-initializer: its start-up is part of its run, under the same limits";
     const NO_LIMITS: Comparison = Skip("wrappers without limits would let it harm the host");
 
     /// A grants attack: the comparison wrappers have no broker.
@@ -217,6 +224,12 @@ pub mod expect {
         NO_PROTECTED_PATHS,
         Setup::TwoRuns,
         "needs two stockade runs of one workspace at once",
+    );
+    pub const wasm_preinit_bomb: Spec = special(
+        &[NotApplicable(NO_INITIALIZER)],
+        &[Killed],
+        Setup::WasmInitializer,
+        "a wasm module's pre-initializer; the wrappers run native programs",
     );
     pub const kernel_bpf: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);
     pub const kernel_clone3: Spec = e(&[Denied], NO_SYSCALLS, &[Denied], Run);

@@ -7,7 +7,8 @@
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
 //! computation whose output is checked, an output flood, a sleep past the deadline, a memory
-//! bomb, for the process tier a fork bomb, and for the process and docker tiers a read-write
+//! bomb, for the wasm tier a module whose pre-initializer grows its memory and then sleeps,
+//! for the process tier a fork bomb, and for the process and docker tiers a read-write
 //! workspace job whose result the host reads back). Every outcome is compared with the one
 //! that kind must have. The host counts, before the first run and after the last: this
 //! process's descriptors, its descendants (the fork server aside), its per-run cgroups, the
@@ -287,10 +288,45 @@ fn docker_kinds(one_shot: bool) -> Vec<Kind> {
     ]
 }
 
-fn wasm_kinds() -> Result<Vec<Kind>> {
+/// A module whose pre-initializer (`wizer-initialize`, run as the tier loads it) grows its
+/// memory until refused, filling it, then sleeps 30 s in the host (bounded, issue 39): it
+/// must end at its run's deadline, within its run's memory, every time.
+const PREINIT_BOMB: &str = r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll_oneoff (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "wizer-initialize") (local $pages i32)
+    (block $full (loop $grow
+      (local.set $pages (memory.grow (i32.const 16)))
+      (br_if $full (i32.eq (local.get $pages) (i32.const -1)))
+      (memory.fill (i32.mul (local.get $pages) (i32.const 65536)) (i32.const 65) (i32.const 1048576))
+      (br $grow)))
+    (i32.store8 (i32.const 1032) (i32.const 0))
+    (i32.store (i32.const 1040) (i32.const 1))
+    (i64.store (i32.const 1048) (i64.const 30000000000))
+    (i64.store (i32.const 1056) (i64.const 0))
+    (i32.store16 (i32.const 1064) (i32.const 0))
+    (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 8))))
+  (func (export "_start")))"#;
+
+fn wasm_kinds(scratch: &Path) -> Result<Vec<Kind>> {
     let js = |code: &str| -> Result<Job> { Ok(stockade_wasm::javascript_job(code.as_bytes().to_vec())?) };
     js("0").context("the wasm tier's JavaScript guest (cargo xtask guests)")?;
+    let preinit = scratch.join("preinit-bomb.wasm");
+    std::fs::write(&preinit, wat::parse_str(PREINIT_BOMB)?)?;
     Ok(vec![
+        Kind {
+            name: "wasm_preinit_bomb",
+            weight: 5,
+            job: Box::new(move |_, _| {
+                Ok(Job::wasm(&preinit, "_start", Vec::<String>::new())?
+                    .with_limits(limits(300)?.with_memory(16 << 20)?))
+            }),
+            expect: Box::new(|r, _, _| {
+                matches!(&r.status, Status::FailedToStart { reason } if reason.contains("deadline"))
+                    && r.wall < Duration::from_secs(3)
+            }),
+            expected: "stopped at the 300 ms deadline, within 16 MiB",
+        },
         Kind {
             name: "js_empty",
             weight: 30,
@@ -491,7 +527,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             let tier = ProcessTier::new(Helper::current_exe()?.prefer_fork()).pool(4);
             (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
         }
-        "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds()?),
+        "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds(scratch)?),
         "docker" => (Runner::Docker(engine.context("connected above")?), docker_kinds(true)),
         "docker-pool" => {
             let engine = engine.context("connected above")?;
