@@ -30,9 +30,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Host-directory authority the three tiers share (not a tier: no tier reaches another
     // through it).
     ("stockade-hostfs", &["stockade-protocol"]),
-    ("stockade-process", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
-    ("stockade-wasm", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
-    ("stockade-docker", &["stockade-protocol", "stockade-hostfs", "stockade-verify"]),
+    ("stockade-process", &["stockade-protocol", "stockade-hostfs"]),
+    // verify only as a dev-dependency (dev-dependencies are not checked here).
+    ("stockade-wasm", &["stockade-protocol", "stockade-hostfs"]),
+    ("stockade-docker", &["stockade-protocol", "stockade-hostfs"]),
     (
         "stockade-runtime",
         &[
@@ -44,7 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "stockade-docker",
         ],
     ),
-    ("stockade-agent", &["stockade-protocol", "stockade-policy", "stockade-verify", "stockade-runtime"]),
+    ("stockade-agent", &["stockade-protocol", "stockade-policy", "stockade-runtime"]),
     ("stockade-cli", &["stockade-agent", "stockade-runtime"]),
 ];
 
@@ -121,6 +122,7 @@ fn check_package(root: &Path, pkg: &Value, problems: &mut Vec<String>) -> Result
         check_lib_header(&dir, name, problems)?;
         check_guarantee_tests(&dir, name, problems)?;
         check_single_test_binary(&dir, name, problems)?;
+        check_unused_dependencies(&dir, name, pkg, problems)?;
     } else {
         let version = pkg["version"].as_str().unwrap_or_default();
         let unpublished = pkg["publish"].as_array().is_some_and(Vec::is_empty);
@@ -146,6 +148,45 @@ fn check_package(root: &Path, pkg: &Value, problems: &mut Vec<String>) -> Result
             && *owner != name
         {
             problems.push(format!("{name} depends on {dep_name}, which only {owner} may use (STYLE §2.5)"));
+        }
+    }
+    Ok(())
+}
+
+/// Dependencies a crate declares for what they do to another crate (features, a linked
+/// library), not for code it names: (crate, dependency, why).
+const USED_WITHOUT_NAMING: &[(&str, &str, &str)] = &[];
+
+/// Every normal dependency of a crate under `crates/` is named somewhere in its `src/` (as
+/// `name::`, `use name`, `name!` or in a derive path): one that is not is dead weight in
+/// every build and a false edge in the layering table.
+fn check_unused_dependencies(dir: &Path, name: &str, pkg: &Value, problems: &mut Vec<String>) -> Result<()> {
+    let mut text = String::new();
+    let mut stack = vec![dir.join("src")];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                text.push_str(&fs::read_to_string(&path)?);
+            }
+        }
+    }
+    if let Ok(build) = fs::read_to_string(dir.join("build.rs")) {
+        text.push_str(&build);
+    }
+    for dep in pkg["dependencies"].as_array().into_iter().flatten() {
+        if dep["kind"].as_str().is_some() {
+            continue; // dev and build dependencies
+        }
+        let dep_name = dep["name"].as_str().unwrap_or_default();
+        let ident = dep["rename"].as_str().unwrap_or(dep_name).replace('-', "_");
+        let named = [format!("{ident}::"), format!("use {ident}"), format!("{ident}!")].iter().any(|p| {
+            text.match_indices(p.as_str()).any(|(i, _)| !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+        });
+        if !named && !USED_WITHOUT_NAMING.iter().any(|(c, d, _)| *c == name && *d == dep_name) {
+            problems.push(format!("{name} declares the dependency {dep_name} but its src/ never names it; remove it"));
         }
     }
     Ok(())

@@ -33,7 +33,7 @@
 //! output, a denial, an error) goes back to the model as that call's result.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-runtime`
+//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-runtime`
 //! (tiers by feature). Used by: `stockade-cli` (`stockade agent`).
 //! API boundary: yes; users hold [`Agent`], [`Endpoint`], [`Tool`], [`Answer`] and [`RunError`].
 //! It owns the HTTP client (hyper 1 with hyper-util's client); no other crate may.

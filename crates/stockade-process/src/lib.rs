@@ -46,7 +46,7 @@
 //!   stdout/stderr budgets enforced with fail-fast capture.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-verify`. Used by:
+//! Depends on: `stockade-protocol`, `stockade-hostfs`. Used by:
 //! `stockade-runtime`.
 //! API boundary: yes; [`ProcessTier`] (with [`ProcessTier::pool`]), [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
 //!
@@ -119,8 +119,8 @@
 //!     read-only runs share it; `Busy::Refuse` refuses with [`LaunchError::Busy`] instead of
 //!     waiting), so a run never inspects what another run's guest is planting. So the guest
 //!     cannot leave code the host runs later.
-//!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*,
-//!     stockade-cli's tests/it/workspace.rs::g6_the_sweep_of_a_sigkilled_stockade_run_*)
+//!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*; the killed
+//!     supervisor's record end to end by stockade-cli's `g6_the_sweep_of_a_sigkilled_*`)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
 //!     at every launch), and fails with [`LaunchError::Misconfigured`] otherwise;
 //!     [`Helper::prefer_fork`] never forks the supervisor: without a fork server it
