@@ -428,8 +428,12 @@ fn run_sdk_script(
     script: &str,
     args: &[&str],
 ) -> (i32, String, String) {
-    // A copy the guest's user can reach (the install lives under the invoking user's home).
-    let copy = std::env::temp_dir().join(format!("stockade-cli-sdk-{}-{model}", std::process::id()));
+    // A copy the guest's user can reach (the install lives under the invoking user's home),
+    // one per call: tests that run at once with the same model name once shared one, and one
+    // test's removal pulled modules from under the other's import.
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let copy = std::env::temp_dir().join(format!("stockade-cli-sdk-{}-{n}-{model}", std::process::id()));
     let _ = std::fs::remove_dir_all(&copy);
     assert!(std::process::Command::new("cp").arg("-a").arg(sdk).arg(&copy).status().unwrap().success());
     std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
