@@ -474,11 +474,7 @@ impl Guarded {
     /// Records which protected paths exist in the read-write workspace `dir`, already open
     /// (from [`open_workspace`]); `root` names it in messages.
     pub fn inspect_dir(root: &Path, dir: Dir) -> Result<Self, HostFsError> {
-        let id = {
-            use cap_std::fs::MetadataExt;
-            let m = dir.dir_metadata().map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
-            (m.dev(), m.ino())
-        };
+        let id = dir_id(&dir).map_err(|source| HostFsError::Open { path: root.to_path_buf(), source })?;
         let mut g = Guarded {
             root: root.to_path_buf(),
             dir,
@@ -698,7 +694,7 @@ impl Guarded {
             if stack[top].dir.is_none() {
                 match self.reopen(parent, &stack, rel, out) {
                     Some(d) => {
-                        stack[top].id = dir_id(&d);
+                        stack[top].id = dir_id(&d).ok();
                         stack[top].dir = Some(d);
                     }
                     None => {
@@ -753,7 +749,7 @@ impl Guarded {
             if let (Some(p), Some(d)) = (stack.last_mut(), done.dir.as_ref())
                 && p.dir.is_none()
                 && let Ok(up) = d.open_parent_dir(cap_std::ambient_authority())
-                && dir_id(&up).is_some_and(|id| Some(id) == p.id)
+                && dir_id(&up).is_ok_and(|id| Some(id) == p.id)
             {
                 p.dir = Some(up);
             }
@@ -882,9 +878,9 @@ fn changed_at(m: &cap_std::fs::Metadata) -> std::time::SystemTime {
 }
 
 /// The device and inode of the open directory `dir`.
-fn dir_id(dir: &Dir) -> Option<(u64, u64)> {
+fn dir_id(dir: &Dir) -> io::Result<(u64, u64)> {
     use cap_std::fs::MetadataExt;
-    dir.dir_metadata().ok().map(|m| (m.dev(), m.ino()))
+    dir.dir_metadata().map(|m| (m.dev(), m.ino()))
 }
 
 /// The names in `dir`.

@@ -232,7 +232,8 @@ fn finish_one(record: &Path) -> Option<Finished> {
         }
         Err(e) => return stale(e.to_string()),
     };
-    if opened.path() != workspace || opened.id() != (stored.dev, stored.ino) {
+    // (`open_workspace` takes only the path itself, so it opened `workspace`, not a target.)
+    if opened.id() != (stored.dev, stored.ino) {
         return stale("another directory is at that path now".into());
     }
     // Held: a live run (this record's, or a later one that will sweep for itself).

@@ -124,13 +124,43 @@ fn g6_system_and_shared_directories_are_refused_in_one_line() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A `stockade run` whose program plants `.claude/settings.json` and `.envrc` in the
+/// read-write workspace `ws`, says `ready` on stderr and sleeps (its command line carries
+/// `marker`), with `state` as its state directory if given; returned once it said `ready`,
+/// with the rest of its stderr.
+fn planting_run(
+    ws: &std::path::Path,
+    marker: &str,
+    state: Option<&std::path::Path>,
+) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>) {
+    use std::io::BufRead;
+    let script = format!(
+        "mkdir /workspace/.claude && echo hook > /workspace/.claude/settings.json && echo x > /workspace/.envrc && echo ready >&2 && sleep 30; : {marker}"
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"));
+    cmd.args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", &script]);
+    if let Some(state) = state {
+        cmd.env("STOCKADE_STATE_DIR", state);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    (child, err)
+}
+
 /// hold-the-line, finding 4: SIGTERM (or SIGINT) to `stockade run` ended the CLI before the
 /// sweep, so what the program planted at protected paths stayed on the host. Now the signal
 /// stops the run, the workspace is swept, and the CLI exits 128 + N. Judged by the host's
 /// workspace and by the program's processes in the host's /proc.
 #[test]
 fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
-    use std::io::BufRead;
     if !ready() {
         return;
     }
@@ -138,20 +168,7 @@ fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
     for (signal, code) in [(15, 143), (2, 130)] {
         let ws = private_dir(&format!("signal-{signal}"));
         let marker = format!("stockade-cli-signal-{signal}-{}", std::process::id());
-        let script = format!(
-            "mkdir /workspace/.claude && echo hook > /workspace/.claude/settings.json && echo x > /workspace/.envrc && echo ready >&2 && sleep 30; : {marker}"
-        );
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
-            .args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", &script])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
+        let (mut child, mut err) = planting_run(&ws, &marker, None);
         assert!(ws.join(".envrc").exists(), "the program did not plant before the signal");
         // Our own child, by its pid.
         let status =
@@ -175,7 +192,6 @@ fn g6_sigterm_or_sigint_to_stockade_run_stops_the_run_and_still_sweeps() {
 /// host's workspace and the record directory.
 #[test]
 fn g6_the_sweep_of_a_sigkilled_stockade_run_is_finished_by_gc_or_the_next_run() {
-    use std::io::BufRead;
     if !ready() {
         return;
     }
@@ -185,21 +201,7 @@ fn g6_the_sweep_of_a_sigkilled_stockade_run_is_finished_by_gc_or_the_next_run() 
     for finisher in ["gc", "run"] {
         let ws = private_dir(&format!("killed-{finisher}"));
         let marker = format!("stockade-cli-killed-{finisher}-{}", std::process::id());
-        let script = format!(
-            "mkdir /workspace/.claude && echo hook > /workspace/.claude/settings.json && echo x > /workspace/.envrc && echo ready >&2 && sleep 30; : {marker}"
-        );
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
-            .args(["run", "--workspace", &format!("{}:rw", ws.display()), "--", "sh", "-c", &script])
-            .env("STOCKADE_STATE_DIR", &state)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
+        let (mut child, _err) = planting_run(&ws, &marker, Some(&state));
         // Our own child, by its pid.
         child.kill().unwrap();
         child.wait().unwrap();

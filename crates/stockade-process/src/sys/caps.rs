@@ -52,12 +52,8 @@ pub(crate) fn drop_all() -> io::Result<()> {
 
 /// The effective capability mask of this process (low 64 bits), from `/proc/self/status`.
 pub(crate) fn effective() -> io::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .ok_or_else(|| io::Error::other("no CapEff line in /proc/self/status"))?;
-    u64::from_str_radix(hex.trim(), 16).map_err(io::Error::other)
+    let hex = super::process::proc_field("/proc/self/status", "CapEff:")?;
+    u64::from_str_radix(&hex, 16).map_err(io::Error::other)
 }
 
 /// Marks the process not dumpable: its `/proc/PID` files become root-owned and its memory,

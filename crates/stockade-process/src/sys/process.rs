@@ -165,23 +165,28 @@ pub(crate) fn exec(program: &str, argv: &[String], env: &[(String, String)]) -> 
 
 /// Number of threads of this process, from `/proc/self/status`.
 pub(crate) fn thread_count() -> io::Result<usize> {
-    status_field("/proc/self/status", "Threads:")
+    parsed("/proc/self/status", "Threads:")
 }
 
-/// The number after `key` in the `/proc` file `path` (`status`, `fdinfo`).
-fn status_field<T: std::str::FromStr>(path: &str, key: &str) -> io::Result<T> {
-    let status = std::fs::read_to_string(path)?;
-    status
-        .lines()
+/// The value after `key` in the `/proc` file `path` (`status`, `fdinfo`: `Key:\tvalue`
+/// lines), trimmed: the one reader of those files in this crate.
+pub(crate) fn proc_field(path: &str, key: &str) -> io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
         .find_map(|l| l.strip_prefix(key))
-        .and_then(|n| n.trim().parse().ok())
+        .map(|v| v.trim().to_owned())
         .ok_or_else(|| io::Error::other(format!("no {key} line in {path}")))
+}
+
+/// [`proc_field`] as a number.
+fn parsed<T: std::str::FromStr>(path: &str, key: &str) -> io::Result<T> {
+    proc_field(path, key)?.parse().map_err(|_| io::Error::other(format!("{key} in {path} is not a number")))
 }
 
 /// The pid behind `pidfd`, from its `fdinfo`.
 pub(crate) fn pidfd_pid(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::pid_t> {
     use std::os::fd::AsRawFd;
-    status_field(&format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()), "Pid:")
+    parsed(&format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()), "Pid:")
 }
 
 /// A pidfd for the child of `parent` (a single-threaded process), if it has one now: the
@@ -193,7 +198,7 @@ pub(crate) fn child_pidfd(parent: libc::pid_t) -> Option<std::os::fd::OwnedFd> {
     let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
     let pid: libc::pid_t = children.split_whitespace().next()?.parse().ok()?;
     let fd = pidfd_open(pid).ok()?;
-    let ppid: libc::pid_t = status_field(&format!("/proc/{pid}/status"), "PPid:").ok()?;
+    let ppid: libc::pid_t = parsed(&format!("/proc/{pid}/status"), "PPid:").ok()?;
     (ppid == parent && pidfd_kill(fd.as_fd(), 0).is_ok()).then_some(fd)
 }
 
