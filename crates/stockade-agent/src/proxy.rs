@@ -140,10 +140,14 @@ impl ModelProxy {
     /// One request: the response, and what to record (outcome, rule); `None` when a relay
     /// task records the request itself once the stream has ended.
     async fn handle(&self, req: Request<hyper::body::Incoming>, run: &ModelRun) -> Handled {
+        let (head, body) = req.into_parts();
+        // Read before any answer, refusals included: an answer sent while the client is still
+        // writing its body closes the connection under it, and the client sees a broken pipe
+        // (EPIPE) instead of the refusal (the CLI's key test met it with Python's http.client).
+        let body = Limited::new(body, MAX_PROXY_BODY).collect().await.ok().map(http_body_util::Collected::to_bytes);
         let presented =
-            req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+            head.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let authorised = presented.is_some_and(|k| run.placeholder_matches(k));
-        let route = (req.method().clone(), req.uri().path().to_owned());
         if !authorised {
             let msg = "the broker accepts only this run's placeholder key";
             return (
@@ -157,12 +161,12 @@ impl ModelProxy {
                 Some((GrantOutcome::Refused, "model-bound")),
             );
         }
-        match (route.0, route.1.as_str()) {
-            (Method::GET, "/v1/models") => {
+        match (&head.method, head.uri.path()) {
+            (&Method::GET, "/v1/models") => {
                 let body = json!({"object": "list", "data": [{"id": self.endpoint.model(), "object": "model", "owned_by": "stockade"}]});
                 (ok_json(&body), Some((GrantOutcome::Ok, "model-list")))
             }
-            (Method::POST, "/v1/chat/completions") => self.chat(req, run).await,
+            (&Method::POST, "/v1/chat/completions") => self.chat(body, run).await,
             _ => {
                 let msg = "the broker serves POST /v1/chat/completions and GET /v1/models";
                 (error(StatusCode::NOT_FOUND, "not_found", msg), Some((GrantOutcome::Denied, "model-route")))
@@ -170,10 +174,11 @@ impl ModelProxy {
         }
     }
 
-    async fn chat(&self, req: Request<hyper::body::Incoming>, run: &ModelRun) -> Handled {
-        let body = match Limited::new(req.into_body(), MAX_PROXY_BODY).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
+    /// A chat request, whose body `handle` read within [`MAX_PROXY_BODY`] (or could not).
+    async fn chat(&self, body: Option<Bytes>, run: &ModelRun) -> Handled {
+        let body = match body {
+            Some(b) => b,
+            None => {
                 let msg = format!("the request body is over {MAX_PROXY_BODY} bytes, or was cut short");
                 return Refused::new(
                     StatusCode::PAYLOAD_TOO_LARGE,

@@ -240,6 +240,9 @@ key = os.environ["OPENAI_API_KEY"]
 print("KEY", key.startswith("sk-stockade-"), len(key))
 for body in json.loads(sys.argv[1]):
     k = body.pop("_key", key)
+    pad = body.pop("_pad", 0)
+    if pad:
+        body["pad"] = "x" * pad
     c = Unix("localhost")
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Authorization": "Bearer " + k, "Content-Type": "application/json"})
     r = c.getresponse()
@@ -273,6 +276,9 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
         {"messages": [user], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "http://127.0.0.1:9/s.json"}}}},
         {"messages": [user], "_key": REAL_KEY},
         {"messages": [user], "_key": "sk-stockade-guessed"},
+        // A body larger than the socket's buffer with a wrong key: the refusal must reach the
+        // client, not close the connection while it is still writing (a broken pipe).
+        {"messages": [user], "_key": "sk-stockade-guessed", "_pad": 900_000},
     ])
     .to_string();
     let (code, out, err) = run_with_model(&mock, &["--json", "--", "python3", "-c", PY_CLIENT, &bodies]);
@@ -289,7 +295,7 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
     assert!(stdout.contains("you sent Bearer [redacted]") && !stdout.contains("upstream_error"), "{stdout}");
     let rest: Vec<&str> = lines.iter().filter(|l| l.starts_with(char::is_numeric)).skip(2).copied().collect();
     let statuses: Vec<&str> = rest.iter().map(|l| &l[..3]).collect();
-    assert_eq!(statuses, ["403", "400", "400", "401", "401"], "{stdout}");
+    assert_eq!(statuses, ["403", "400", "400", "401", "401", "401"], "{stdout}");
     // The real key is nowhere the guest could see.
     assert!(!out.contains(REAL_KEY), "the real key reached the sandbox: {out}");
     // Only the two valid requests reached the upstream, rebuilt, with the real key.
@@ -312,6 +318,7 @@ fn g4_a_model_grant_keeps_the_real_key_outside_and_sends_only_validated_requests
             "model-allowlist",
             "model-validator",
             "model-validator",
+            "model-placeholder-key",
             "model-placeholder-key",
             "model-placeholder-key"
         ]
