@@ -199,14 +199,14 @@ impl stockade_agent::runtime::Tier for ProxyTimer {
     async fn run(
         &self,
         _job: &stockade_agent::protocol::Job,
-    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
+    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::RunError> {
         unreachable!()
     }
     async fn run_granted(
         &self,
         job: &stockade_agent::protocol::Job,
         broker: &stockade_agent::runtime::Broker,
-    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::TierError> {
+    ) -> Result<stockade_agent::protocol::Report, stockade_agent::runtime::RunError> {
         let sock = broker.socket_dir()?.join("model.sock");
         let job = broker.guest_job(job, "/run/stockade")?;
         let key = job.env().iter().find(|v| v.key() == "OPENAI_API_KEY").map(|v| v.value().to_owned()).unwrap();

@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::endpoint::Endpoint;
-use crate::machine::{Action, AgentRun, Answer, Dispatch, Profile, RunError, RunLimits, Step};
+use crate::machine::{Action, AgentError, AgentRun, Answer, Dispatch, Profile, RunLimits, Step};
 use crate::tool::{Tool, ToolBox, ToolOutput};
 use crate::trace::Trace;
 
@@ -270,13 +270,13 @@ impl Agent {
     }
 
     /// Runs `prompt` to an answer or a typed error.
-    pub async fn run(&self, prompt: &str) -> Result<Answer, RunError> {
+    pub async fn run(&self, prompt: &str) -> Result<Answer, AgentError> {
         let started = Instant::now();
         let deadline = started + self.deadline;
         let mut run = self.start(prompt);
         let result = match tokio::time::timeout_at(deadline.into(), self.drive(&mut run, started, deadline)).await {
             Ok(r) => r,
-            Err(_) => Err(RunError::Deadline { after: self.deadline }),
+            Err(_) => Err(AgentError::Deadline { after: self.deadline }),
         };
         self.flush(&mut run);
         if let Some(t) = &self.trace {
@@ -298,7 +298,7 @@ impl Agent {
         }
     }
 
-    async fn drive(&self, run: &mut AgentRun, started: Instant, deadline: Instant) -> Result<Answer, RunError> {
+    async fn drive(&self, run: &mut AgentRun, started: Instant, deadline: Instant) -> Result<Answer, AgentError> {
         let mut step = run.next_step();
         loop {
             self.flush(run);

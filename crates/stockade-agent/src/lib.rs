@@ -35,7 +35,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-runtime`
 //! (tiers by feature). Used by: `stockade-cli` (`stockade agent`).
-//! API boundary: yes; users hold [`Agent`], [`Endpoint`], [`Tool`], [`Answer`] and [`RunError`].
+//! API boundary: yes; users hold [`Agent`], [`Endpoint`], [`Tool`], [`Answer`] and [`AgentError`].
 //! It owns the HTTP client (hyper 1 with hyper-util's client); no other crate may.
 //!
 //! # Threat model
@@ -66,7 +66,7 @@
 //!     with `source = "trusted"` do not allow it; the session's read-untrusted flag is set by
 //!     the first untrusted output.
 //!     (pinned by: tests/it/hostile.rs::g4_*)
-//! G5. Only infrastructure failures and spent budgets end a run, with a typed [`RunError`]:
+//! G5. Only infrastructure failures and spent budgets end a run, with a typed [`AgentError`]:
 //!     `max_turns` ("no answer after N turns"), tool calls, tokens, the run's wall time, the
 //!     conversation's length, the same call denied [`MAX_REPEATED_DENIALS`] times in a row; at
 //!     most [`MAX_CALLS_PER_TURN`] calls of one turn run, with bounded parallelism, and
@@ -156,8 +156,8 @@ pub use endpoint::{
     DEFAULT_STREAM_IDLE_TIMEOUT, Endpoint, EndpointError, Exchange,
 };
 pub use machine::{
-    Action, AgentRun, Answer, Dispatch, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, MAX_TAINT_BYTES, MIN_TAINT_CHARS,
-    Profile, RunError, RunLimits, Step, ToolContent,
+    Action, AgentError, AgentRun, Answer, Dispatch, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, MAX_TAINT_BYTES,
+    MIN_TAINT_CHARS, Profile, RunLimits, Step, ToolContent,
 };
 pub use proxy::{DEFAULT_RUN_TOKENS, MAX_PROXY_BODY, ModelProxy};
 pub use run_code::{Language, MAX_CODE_BYTES, RunCode};

@@ -142,7 +142,7 @@ pub struct Answer {
 /// Why a run ended without an answer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RunError {
+pub enum AgentError {
     /// The turn budget is spent.
     #[error("no answer after {turns} turns")]
     #[non_exhaustive]
@@ -205,7 +205,7 @@ pub enum Step {
     /// [`AgentRun::finish_tools`].
     CallTools(Vec<Dispatch>),
     /// The run is over.
-    Done(Result<Answer, RunError>),
+    Done(Result<Answer, AgentError>),
 }
 
 /// One call the driver must resolve.
@@ -380,7 +380,7 @@ impl AgentRun {
         std::mem::take(&mut self.events)
     }
 
-    fn done(&mut self, result: Result<Answer, RunError>) -> Step {
+    fn done(&mut self, result: Result<Answer, AgentError>) -> Step {
         self.phase = Phase::Done;
         Step::Done(result)
     }
@@ -388,14 +388,14 @@ impl AgentRun {
     /// The next step, from the ready state: a model call, or the end of the budget.
     pub fn next_step(&mut self) -> Step {
         if self.phase != Phase::Ready {
-            return self.done(Err(RunError::Internal(format!("next_step in phase {:?}", self.phase))));
+            return self.done(Err(AgentError::Internal(format!("next_step in phase {:?}", self.phase))));
         }
         if self.turns >= self.limits.max_turns {
             let turns = self.turns;
-            return self.done(Err(RunError::NoAnswer { turns }));
+            return self.done(Err(AgentError::NoAnswer { turns }));
         }
         if self.messages.len() >= MAX_MESSAGES {
-            return self.done(Err(RunError::ConversationTooLong));
+            return self.done(Err(AgentError::ConversationTooLong));
         }
         self.turns += 1;
         self.phase = Phase::AwaitModel;
@@ -417,7 +417,7 @@ impl AgentRun {
     /// policy's windows).
     pub fn on_completion(&mut self, completion: Completion, now: Duration) -> Step {
         if self.phase != Phase::AwaitModel {
-            return self.done(Err(RunError::Internal("a completion arrived unasked".into())));
+            return self.done(Err(AgentError::Internal("a completion arrived unasked".into())));
         }
         if let Some(u) = completion.usage {
             self.tokens = self.tokens.saturating_add(u.total_tokens);
@@ -428,7 +428,7 @@ impl AgentRun {
             });
             if self.tokens > self.limits.max_total_tokens {
                 let (used, max) = (self.tokens, self.limits.max_total_tokens);
-                return self.done(Err(RunError::TokenBudget { used, max }));
+                return self.done(Err(AgentError::TokenBudget { used, max }));
             }
         }
         if completion.calls.is_empty() {
@@ -448,7 +448,7 @@ impl AgentRun {
         for (slot, call) in completion.calls.into_iter().take(MAX_CALLS_PER_TURN).enumerate() {
             if self.tool_calls >= self.limits.max_tool_calls {
                 let max = self.limits.max_tool_calls;
-                return self.done(Err(RunError::ToolCallBudget { max }));
+                return self.done(Err(AgentError::ToolCallBudget { max }));
             }
             self.tool_calls += 1;
             self.next_id += 1;
@@ -556,9 +556,9 @@ impl AgentRun {
         };
     }
 
-    fn repeated_denial(&self) -> Option<RunError> {
+    fn repeated_denial(&self) -> Option<AgentError> {
         match &self.denials {
-            Some((canonical, rule, times)) if *times >= MAX_REPEATED_DENIALS => Some(RunError::RepeatedDenial {
+            Some((canonical, rule, times)) if *times >= MAX_REPEATED_DENIALS => Some(AgentError::RepeatedDenial {
                 tool: canonical.split('\0').next().unwrap_or_default().to_owned(),
                 rule: rule.clone(),
                 times: *times,
@@ -740,7 +740,7 @@ impl AgentRun {
     /// the next step. Every slot must have a result by now.
     pub fn finish_tools(&mut self) -> Step {
         if self.phase != Phase::AwaitTools {
-            return self.done(Err(RunError::Internal("finish_tools with no calls pending".into())));
+            return self.done(Err(AgentError::Internal("finish_tools with no calls pending".into())));
         }
         if let Some(err) = self.repeated_denial() {
             return self.done(Err(err));
@@ -749,7 +749,7 @@ impl AgentRun {
         let last = slots.len().saturating_sub(1);
         for (i, s) in slots.into_iter().enumerate() {
             let Some(mut text) = s.result else {
-                return self.done(Err(RunError::Internal(format!("no result for call {}", s.call_id))));
+                return self.done(Err(AgentError::Internal(format!("no result for call {}", s.call_id))));
             };
             if i == last
                 && let Some(note) = self.turn_note.take()

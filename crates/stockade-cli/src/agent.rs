@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use stockade_agent::config::RunCodeConfig;
 use stockade_agent::{
-    Agent, AgentConfig, ApiKey, ApprovalRequest, Approver, Endpoint, Language, NoApprover, RunCode, RunError, Trace,
+    Agent, AgentConfig, AgentError, ApiKey, ApprovalRequest, Approver, Endpoint, Language, NoApprover, RunCode, Trace,
 };
 use stockade_runtime::Sandbox;
 use stockade_runtime::protocol::Limits;
@@ -208,8 +208,8 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let code = match &result {
         Ok(_) => ExitCode::SUCCESS,
-        Err(RunError::Endpoint(_)) => ExitCode::from(EXIT_ENDPOINT),
-        Err(RunError::Internal(_)) => ExitCode::from(crate::EXIT_STOCKADE),
+        Err(AgentError::Endpoint(_)) => ExitCode::from(EXIT_ENDPOINT),
+        Err(AgentError::Internal(_)) => ExitCode::from(crate::EXIT_STOCKADE),
         Err(_) => ExitCode::from(EXIT_NO_ANSWER),
     };
     if args.json {
@@ -272,7 +272,7 @@ fn visible(text: &str) -> String {
 }
 
 /// The error as the user reads it ("No answer after 12 turns").
-fn message(e: &RunError) -> String {
+fn message(e: &AgentError) -> String {
     let text = e.to_string();
     let mut chars = text.chars();
     chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()

@@ -121,7 +121,7 @@ use clap::{Parser, Subcommand};
 pub use stockade_runtime::process;
 use stockade_runtime::protocol::{Access, Busy, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
-use stockade_runtime::{Sandbox, TierError};
+use stockade_runtime::{RunError, Sandbox};
 use stockade_runtime::{docker, wasm};
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
@@ -585,7 +585,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         });
         match connected {
             Ok(t) => Sandbox::builder().tier(t).build()?,
-            Err(docker::DockerError::Unsupported { mechanism, reason }) => {
+            Err(docker::RunError::Unsupported { mechanism, reason }) => {
                 bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
             }
             Err(e) => return Err(e.into()),
@@ -643,7 +643,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     };
     let report = match report {
         Ok(r) => r,
-        Err(TierError::Unsupported { mechanism, reason }) => {
+        Err(RunError::Unsupported { mechanism, reason }) => {
             bail!("this host cannot enforce the sandbox ({mechanism}): {reason}; see `stockade doctor`")
         }
         Err(e) => return Err(e.into()),

@@ -15,7 +15,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-hostfs`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
-//! API boundary: yes; [`DockerTier`], [`DockerError`], [`spec`], [`pool`], [`stage`].
+//! API boundary: yes; [`DockerTier`], [`RunError`], [`spec`], [`pool`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, the Docker engine and its runtime (runc, or runsc), the
@@ -60,9 +60,9 @@
 //!     pool containers alike), otherwise once past their expiry label; a live
 //!     supervisor's containers are never touched.
 //!     (pinned by: src/spec_tests.rs::g4_*, tests/it/docker.rs::g4_*, tests/it/faults.rs::g4_*)
-//! G5. A missing or unreachable engine is [`DockerError::Unsupported`], never a weaker run;
+//! G5. A missing or unreachable engine is [`RunError::Unsupported`], never a weaker run;
 //!     an engine that goes away mid-run (its socket cut, the engine crashed, or it was
-//!     restarted) ends the run, one-shot or pooled, with [`DockerError::Engine`] within
+//!     restarted) ends the run, one-shot or pooled, with [`RunError::Engine`] within
 //!     seconds, never a report (a pool run whose exit code the engine cannot give is an
 //!     error, not a made-up code), and later runs fail the same way until it is back; then
 //!     the next runs work and the containers the outage left are removed.
@@ -129,7 +129,7 @@
 //!
 //! # Failure behaviour
 //! A misbehaving guest is an `Ok(Report)`; an image that does not exist is a
-//! `FailedToStart` report. Engine failures are [`DockerError`].
+//! `FailedToStart` report. Engine failures are [`RunError`].
 //!
 //! # Unsafe
 //! None: `#![forbid(unsafe_code)]`.
@@ -174,50 +174,25 @@ use spec::{Hardening, LABEL_EXPIRES, LABEL_RUN, ORPHAN_GRACE, SpecError};
 use stockade_protocol::{Access, BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, Report, Status, Stream};
 use tokio::io::AsyncWriteExt;
 
-/// The engine could not run a job. A misbehaving guest is never an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DockerError {
-    /// No engine is reachable, or it lacks something the tier needs.
-    #[error("unsupported on this host: {mechanism}: {reason}")]
-    Unsupported {
-        /// The mechanism.
-        mechanism: String,
-        /// Why.
-        reason: String,
-    },
-    /// The job cannot become a container.
-    #[error("misconfigured: {0}")]
-    Spec(#[from] SpecError),
-    /// The engine failed mid-run.
-    #[error("docker engine: {0}")]
-    Engine(String),
-    /// A staged workspace could not be packed, or the container's copy not applied.
-    #[error("staged workspace: {0}")]
-    Stage(#[from] stage::StageError),
-    /// Another run holds the workspace and the job asked not to wait; nothing was created.
-    #[error("{0}")]
-    Busy(String),
-}
+/// The engine could not run a job: the one error every tier returns. A misbehaving guest is
+/// never an error. An engine that is missing or lacks a mechanism is
+/// [`RunError::Unsupported`]; one that fails mid-run is [`RunError::Engine`], whose message
+/// starts with `docker engine:`.
+pub use stockade_protocol::RunError;
 
 /// Takes the lock of `job`'s workspace ([`stockade_hostfs::OpenedWorkspace::lock`]), shared
 /// with the other tiers: held until the run's sweep or apply-back is done, it keeps a
 /// read-write run of a directory above this one from swapping a directory on its path while
 /// the engine binds it by name.
-pub(crate) async fn lock_workspace(job: &Job) -> Result<Option<stockade_hostfs::WorkspaceLock>, DockerError> {
+pub(crate) async fn lock_workspace(job: &Job) -> Result<Option<stockade_hostfs::WorkspaceLock>, RunError> {
     let Some(ws) = job.workspace() else { return Ok(None) };
-    let opened = stockade_hostfs::open_workspace(ws.path())
-        .map_err(|e| DockerError::Spec(SpecError::Unusable(e.to_string())))?;
+    let opened = stockade_hostfs::open_workspace(ws.path())?;
     let writable = ws.access() == Access::ReadWrite;
-    match opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await {
-        Ok(lock) => Ok(Some(lock)),
-        Err(e @ stockade_hostfs::WorkspaceError::Busy { .. }) => Err(DockerError::Busy(e.to_string())),
-        Err(e) => Err(DockerError::Engine(e.to_string())),
-    }
+    Ok(Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?))
 }
 
-pub(crate) fn engine(e: bollard::errors::Error) -> DockerError {
-    DockerError::Engine(e.to_string())
+pub(crate) fn engine(e: bollard::errors::Error) -> RunError {
+    RunError::Engine(format!("docker engine: {e}"))
 }
 
 /// The docker tier: a connection to the engine and the hardening every container gets.
@@ -278,20 +253,20 @@ pub(crate) fn unix_now() -> u64 {
 impl DockerTier {
     /// Connects through `DOCKER_HOST` or the default socket, negotiates the API version,
     /// and reaps expired stockade containers.
-    pub async fn connect() -> Result<Self, DockerError> {
+    pub async fn connect() -> Result<Self, RunError> {
         let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
         Self::connect_to(&host).await
     }
 
     /// Connects to the engine at `host` (`unix:///path/to/docker.sock`), negotiates the API
     /// version, and reaps expired stockade containers.
-    pub async fn connect_to(host: &str) -> Result<Self, DockerError> {
-        let unsupported = |e: bollard::errors::Error| DockerError::Unsupported {
+    pub async fn connect_to(host: &str) -> Result<Self, RunError> {
+        let unsupported = |e: bollard::errors::Error| RunError::Unsupported {
             mechanism: "docker engine".into(),
             reason: format!("{host}: {e}"),
         };
         let Some(path) = host.strip_prefix("unix://") else {
-            return Err(DockerError::Unsupported {
+            return Err(RunError::Unsupported {
                 mechanism: "docker engine".into(),
                 reason: format!("{host}: only unix:// engine addresses are supported"),
             });
@@ -299,7 +274,7 @@ impl DockerTier {
         let docker = Docker::connect_with_unix(path, 30, bollard::API_DEFAULT_VERSION).map_err(unsupported)?;
         let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
             .await
-            .map_err(|_| DockerError::Unsupported {
+            .map_err(|_| RunError::Unsupported {
                 mechanism: "docker engine".into(),
                 reason: "no answer in 10 s".into(),
             })?
@@ -318,14 +293,14 @@ impl DockerTier {
 
     /// Runs every container under the OCI runtime `runtime` (e.g. `runsc`, gVisor: a
     /// user-space kernel between the guest and the host's). The engine must have it
-    /// registered; if not, this fails closed with [`DockerError::Unsupported`] naming the
+    /// registered; if not, this fails closed with [`RunError::Unsupported`] naming the
     /// runtime and the ones the engine has, rather than running under the default.
-    pub async fn runtime(mut self, runtime: &str) -> Result<Self, DockerError> {
+    pub async fn runtime(mut self, runtime: &str) -> Result<Self, RunError> {
         spec::check_name(runtime)?;
         let info = self.docker.info().await.map_err(engine)?;
         let known: Vec<String> = info.runtimes.map(|r| r.into_keys().collect()).unwrap_or_default();
         if !known.iter().any(|k| k == runtime) {
-            return Err(DockerError::Unsupported {
+            return Err(RunError::Unsupported {
                 mechanism: format!("OCI runtime {runtime}"),
                 reason: format!("the engine has no runtime named {runtime} (it has: {})", known.join(", ")),
             });
@@ -342,19 +317,19 @@ impl DockerTier {
 
     /// Whether the engine remaps container root to an unprivileged host range
     /// (`userns-remap`, an engine setting): defense in depth if a container escapes to root.
-    pub async fn userns_remap(&self) -> Result<bool, DockerError> {
+    pub async fn userns_remap(&self) -> Result<bool, RunError> {
         let info = self.docker.info().await.map_err(engine)?;
         Ok(info.security_options.unwrap_or_default().iter().any(|o| o.contains("name=userns")))
     }
 
     /// Requires the engine to run with `userns-remap` (container uids mapped to an
-    /// unprivileged host range), failing closed with [`DockerError::Unsupported`] otherwise.
+    /// unprivileged host range), failing closed with [`RunError::Unsupported`] otherwise.
     /// The remap is the engine's setting (`dockerd --userns-remap`); the tier cannot turn it on.
-    pub async fn require_userns_remap(self) -> Result<Self, DockerError> {
+    pub async fn require_userns_remap(self) -> Result<Self, RunError> {
         if self.userns_remap().await? {
             Ok(self)
         } else {
-            Err(DockerError::Unsupported {
+            Err(RunError::Unsupported {
                 mechanism: "userns-remap".into(),
                 reason: "the engine does not remap container users (start dockerd with --userns-remap)".into(),
             })
@@ -372,7 +347,7 @@ impl DockerTier {
     /// carries the run label and is named after it ([`spec::named_by_stockade`]): a label
     /// alone is copied from images, so an unrelated container started from one is never
     /// touched. Returns how many were removed.
-    pub async fn gc(&self, all: bool) -> Result<usize, DockerError> {
+    pub async fn gc(&self, all: bool) -> Result<usize, RunError> {
         self.retry_pending().await;
         let filters = HashMap::from([("label", vec![LABEL_RUN])]);
         let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
@@ -429,7 +404,7 @@ impl DockerTier {
     }
 
     /// Runs an image job. A misbehaving guest is an `Ok` report.
-    pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
+    pub async fn run(&self, job: &Job) -> Result<Report, RunError> {
         self.run_with(job, None, None).await
     }
 
@@ -437,7 +412,7 @@ impl DockerTier {
     /// [`spec::GRANTS`] (`/broker`): a broker's socket, its client and the job's data grants
     /// (`stockade-runtime` serves them). Connecting to a unix socket needs no write access
     /// to the mount. The directory must be absolute and separate from the workspace.
-    pub async fn run_granted(&self, job: &Job, grants_dir: &std::path::Path) -> Result<Report, DockerError> {
+    pub async fn run_granted(&self, job: &Job, grants_dir: &std::path::Path) -> Result<Report, RunError> {
         self.run_with(job, Some(grants_dir), None).await
     }
 
@@ -445,16 +420,16 @@ impl DockerTier {
     /// reach first (see [`netns`]): a holder container starts, `join` gets its host pid (to
     /// put a listener in its namespace), then the guest container shares that namespace, and
     /// both are removed when the run ends. A `join` that fails ends the run before the guest
-    /// starts ([`DockerError::Unsupported`], with its reason). The engine's default runtime
+    /// starts ([`RunError::Unsupported`], with its reason). The engine's default runtime
     /// only: gVisor's guest has a network stack of its own and would not see that loopback.
     pub async fn run_granted_in_netns(
         &self,
         job: &Job,
         grants_dir: &std::path::Path,
         join: impl FnOnce(u32) -> Result<(), String> + Send,
-    ) -> Result<Report, DockerError> {
+    ) -> Result<Report, RunError> {
         if let Some(rt) = self.oci_runtime() {
-            return Err(DockerError::Unsupported {
+            return Err(RunError::Unsupported {
                 mechanism: "a listener in the run's network namespace".into(),
                 reason: format!("the {rt} runtime gives its guest a network stack of its own"),
             });
@@ -479,7 +454,9 @@ impl DockerTier {
                 Err(e) if attempt < 2 && e.to_string().contains("cannot start a stopped process") => {
                     attempt += 1;
                     if !self.remove(&holder).await {
-                        return Err(DockerError::Engine(format!("container {holder} could not be removed")));
+                        return Err(RunError::Engine(format!(
+                            "docker engine: container {holder} could not be removed"
+                        )));
                     }
                 }
                 started => break (holder, started.map_err(engine)),
@@ -489,8 +466,8 @@ impl DockerTier {
             started?;
             let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
             let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
-            let pid = pid.ok_or_else(|| DockerError::Engine("the network holder has no pid".into()))?;
-            join(pid).map_err(|reason| DockerError::Unsupported {
+            let pid = pid.ok_or_else(|| RunError::Engine("docker engine: the network holder has no pid".into()))?;
+            join(pid).map_err(|reason| RunError::Unsupported {
                 mechanism: "a listener in the run's network namespace".into(),
                 reason,
             })?;
@@ -503,7 +480,9 @@ impl DockerTier {
             if still {
                 Ok(())
             } else {
-                Err(DockerError::Engine(format!("the network holder left pid {pid} while the listener was placed")))
+                Err(RunError::Engine(format!(
+                    "docker engine: the network holder left pid {pid} while the listener was placed"
+                )))
             }
         };
         let result = match joined.await {
@@ -513,18 +492,19 @@ impl DockerTier {
         let removed = self.remove(&holder).await;
         let report = result?;
         if !removed {
-            return Err(DockerError::Engine(format!("container {holder} could not be removed")));
+            return Err(RunError::Engine(format!("docker engine: container {holder} could not be removed")));
         }
         Ok(report)
     }
 
     /// Builds [`netns::HOLDER_IMAGE`] from its embedded root filesystem unless the engine
     /// has it.
-    async fn holder_image(&self) -> Result<(), DockerError> {
+    async fn holder_image(&self) -> Result<(), RunError> {
         if self.docker.inspect_image(netns::HOLDER_IMAGE).await.is_ok() {
             return Ok(());
         }
-        let tar = netns::holder_tar().map_err(|e| DockerError::Engine(format!("building the holder image: {e}")))?;
+        let tar = netns::holder_tar()
+            .map_err(|e| RunError::Engine(format!("docker engine: building the holder image: {e}")))?;
         let (repo, tag) = netns::HOLDER_IMAGE.split_once(':').unwrap_or((netns::HOLDER_IMAGE, "latest"));
         let opts =
             bollard::query_parameters::CreateImageOptionsBuilder::default().from_src("-").repo(repo).tag(tag).build();
@@ -540,7 +520,7 @@ impl DockerTier {
         job: &Job,
         grants_dir: Option<&std::path::Path>,
         netns_of: Option<&str>,
-    ) -> Result<Report, DockerError> {
+    ) -> Result<Report, RunError> {
         let job = &*spec::resolve_workspace(job)?;
         // Held until the sweep below is done (dropped last).
         let _lock = lock_workspace(job).await?;
@@ -616,7 +596,7 @@ impl DockerTier {
         let swept = guard.as_ref().map(stockade_hostfs::Guarded::sweep);
         let mut report = result?;
         if !removed {
-            return Err(DockerError::Engine(format!("container {container} could not be removed")));
+            return Err(RunError::Engine(format!("docker engine: container {container} could not be removed")));
         }
         report.enforcement = enforcement(job, &self.hardening);
         if let (Some(g), Some(swept)) = (guard, swept) {
@@ -633,7 +613,7 @@ impl DockerTier {
         Ok(report)
     }
 
-    async fn lifecycle(&self, id: &str, job: &Job) -> Result<Report, DockerError> {
+    async fn lifecycle(&self, id: &str, job: &Job) -> Result<Report, RunError> {
         let limits = job.limits();
         let stdin = job.stdin().to_vec();
         let attach = AttachContainerOptionsBuilder::default()

@@ -27,7 +27,7 @@ use tokio::sync::Mutex;
 
 use crate::spec::{self, ORPHAN_GRACE};
 use crate::stage;
-use crate::{DockerError, DockerTier, enforcement, engine, run_id, unix_now};
+use crate::{DockerTier, RunError, enforcement, engine, run_id, unix_now};
 
 /// How long a pool container may live (and the expiry label the reaper reads).
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(15 * 60);
@@ -121,7 +121,7 @@ impl DockerPool {
     }
 
     /// Creates and starts `config.size` containers.
-    pub async fn new(tier: DockerTier, config: PoolConfig) -> Result<Self, DockerError> {
+    pub async fn new(tier: DockerTier, config: PoolConfig) -> Result<Self, RunError> {
         let pool = Self {
             tier,
             config: Arc::new(config),
@@ -137,10 +137,10 @@ impl DockerPool {
     }
 
     /// Creates and starts one idle container.
-    async fn start_one(&self) -> Result<Warm, DockerError> {
+    async fn start_one(&self) -> Result<Warm, RunError> {
         self.tier.retry_pending().await;
         let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])
-            .map_err(|e| DockerError::Engine(e.to_string()))?
+            .map_err(|e| RunError::Engine(format!("docker engine: {e}")))?
             .with_limits(self.config.limits);
         let id = run_id();
         let expires = unix_now() + self.config.max_age.as_secs() + ORPHAN_GRACE.as_secs();
@@ -170,7 +170,7 @@ impl DockerPool {
     }
 
     /// Takes a fresh enough idle container, or starts one.
-    async fn take(&self) -> Result<Warm, DockerError> {
+    async fn take(&self) -> Result<Warm, RunError> {
         loop {
             let next = self.idle.lock().await.pop_front();
             match next {
@@ -219,21 +219,21 @@ impl DockerPool {
     /// read-write grant and a run that ended by itself, the volume's contents are applied
     /// back to the host directory (see [`crate::stage`]). A run killed at its deadline or
     /// budget returns no files.
-    pub async fn run(&self, job: &Job) -> Result<Report, DockerError> {
+    pub async fn run(&self, job: &Job) -> Result<Report, RunError> {
         let job = &*spec::resolve_workspace(job)?;
         // Held from the pack to the apply-back.
         let _lock = crate::lock_workspace(job).await?;
         let JobKind::Image { image, command } = job.kind() else {
-            return Err(DockerError::Spec(spec::SpecError::NotAnImageJob));
+            return Err(RunError::from(spec::SpecError::NotAnImageJob));
         };
         if *image != self.config.image {
-            return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+            return Err(RunError::from(spec::SpecError::Pool(format!(
                 "the pool runs {:?}, the job asks for {image:?}",
                 self.config.image
             ))));
         }
         if command.is_empty() {
-            return Err(DockerError::Spec(spec::SpecError::EmptyCommand));
+            return Err(RunError::from(spec::SpecError::EmptyCommand));
         }
         if self.config.persistent {
             let this = job.workspace().map(|ws| ws.path().to_path_buf());
@@ -245,7 +245,7 @@ impl DockerPool {
                     let name = |w: &Option<std::path::PathBuf>| {
                         w.as_ref().map_or("no workspace".to_owned(), |p| p.display().to_string())
                     };
-                    return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+                    return Err(RunError::from(spec::SpecError::Pool(format!(
                         "this persistent pool serves {} (its first run's); its containers keep earlier runs' files and processes, which would see {}: use a pool of its own",
                         name(first),
                         name(&this)
@@ -260,11 +260,11 @@ impl DockerPool {
                     (ws.path().to_path_buf(), self.tier.hardening.clone(), self.config.workspace_bytes);
                 let packed = tokio::task::spawn_blocking(move || stage::pack(&root, access, h.uid, h.gid, bytes))
                     .await
-                    .map_err(|e| DockerError::Engine(e.to_string()))??;
+                    .map_err(|e| RunError::Engine(format!("docker engine: {e}")))??;
                 Some((ws.path().to_path_buf(), access, packed))
             }
             (Some(ws), configured) => {
-                return Err(DockerError::Spec(spec::SpecError::Pool(format!(
+                return Err(RunError::from(spec::SpecError::Pool(format!(
                     "the job grants its workspace {:?}, the pool stages workspaces {configured:?}",
                     ws.access()
                 ))));
@@ -301,7 +301,7 @@ impl DockerPool {
     }
 
     /// Uploads a packed workspace into the container's `/workspace` volume.
-    async fn upload(&self, id: &str, packed: &stage::Packed) -> Result<(), DockerError> {
+    async fn upload(&self, id: &str, packed: &stage::Packed) -> Result<(), RunError> {
         let opts =
             UploadToContainerOptionsBuilder::default().path(spec::WORKSPACE).no_overwrite_dir_non_dir("true").build();
         let body = bollard::body_full(packed.tar.clone());
@@ -310,7 +310,7 @@ impl DockerPool {
 
     /// Downloads the container's `/workspace` (bounded by [`stage::archive_bound`]) and
     /// applies it to `host`.
-    async fn download(&self, id: &str, host: &Path) -> Result<stage::Applied, DockerError> {
+    async fn download(&self, id: &str, host: &Path) -> Result<stage::Applied, RunError> {
         let bound = stage::archive_bound(self.config.workspace_bytes);
         let opts = DownloadFromContainerOptionsBuilder::default().path(spec::WORKSPACE).build();
         let mut stream = self.tier.docker.download_from_container(id, Some(opts));
@@ -318,7 +318,7 @@ impl DockerPool {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(engine)?;
             if archive.len() as u64 + chunk.len() as u64 > bound {
-                return Err(DockerError::Stage(stage::StageError::Archive(format!(
+                return Err(RunError::from(stage::StageError::Archive(format!(
                     "larger than its bound of {bound} bytes"
                 ))));
             }
@@ -327,10 +327,10 @@ impl DockerPool {
         let host = host.to_path_buf();
         Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
             .await
-            .map_err(|e| DockerError::Engine(e.to_string()))??)
+            .map_err(|e| RunError::Engine(format!("docker engine: {e}")))??)
     }
 
-    async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, DockerError> {
+    async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, RunError> {
         let docker = &self.tier.docker;
         let limits = job.limits();
         let stdin = job.stdin().to_vec();
@@ -353,7 +353,7 @@ impl DockerPool {
         let StartExecResults::Attached { output, input } =
             docker.start_exec(&exec.id, Some(opts)).await.map_err(engine)?
         else {
-            return Err(DockerError::Engine("exec started detached".into()));
+            return Err(RunError::Engine("docker engine: exec started detached".into()));
         };
         // A breach or the deadline kills the container, which the pool then replaces.
         let (sink, timed_out) = self.tier.drive(id, input, output, stdin, limits, start).await;
@@ -370,8 +370,8 @@ impl DockerPool {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let Some(code) = code else {
-            return Err(DockerError::Engine(format!(
-                "the engine gave no exit code for exec {} in container {id} after its output ended",
+            return Err(RunError::Engine(format!(
+                "docker engine: the engine gave no exit code for exec {} in container {id} after its output ended",
                 exec.id
             )));
         };
@@ -425,7 +425,7 @@ fn stage_detail(
     access: Access,
     packed: &stage::Packed,
     bytes: u64,
-    back: Option<Result<stage::Applied, DockerError>>,
+    back: Option<Result<stage::Applied, RunError>>,
 ) -> String {
     let grant = match access {
         Access::ReadOnly => "read-only (root-owned)",

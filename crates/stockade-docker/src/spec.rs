@@ -154,6 +154,13 @@ pub fn seccomp_profile() -> &'static str {
     &COMPACT
 }
 
+/// A job that cannot become a container is the job's fault (misconfigured).
+impl From<SpecError> for stockade_protocol::RunError {
+    fn from(e: SpecError) -> Self {
+        Self::Misconfigured(e.to_string())
+    }
+}
+
 /// Why a job cannot become a container.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -190,6 +190,19 @@ pub enum HostFsError {
     },
 }
 
+/// The one mapping every tier makes: a workspace another run holds is
+/// [`RunError::Busy`](stockade_protocol::RunError::Busy), a lock the kernel refused is a
+/// stockade bug, and every other reason is the job's fault (misconfigured).
+impl From<WorkspaceError> for stockade_protocol::RunError {
+    fn from(e: WorkspaceError) -> Self {
+        match e {
+            WorkspaceError::Busy { .. } => Self::Busy(e.to_string()),
+            WorkspaceError::Lock { .. } => Self::Internal(e.to_string()),
+            e => Self::Misconfigured(e.to_string()),
+        }
+    }
+}
+
 /// Why a host directory cannot be granted as a workspace.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

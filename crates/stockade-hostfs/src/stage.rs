@@ -55,6 +55,13 @@ const O_DIRECTORY: i32 = 0o40_000;
 #[cfg(not(target_arch = "aarch64"))]
 const O_DIRECTORY: i32 = 0o200_000;
 
+/// A workspace that cannot be staged is the job's fault (misconfigured).
+impl From<StageError> for stockade_protocol::RunError {
+    fn from(e: StageError) -> Self {
+        Self::Misconfigured(format!("staged workspace: {e}"))
+    }
+}
+
 /// A workspace could not be staged, or the container's copy could not be applied.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -44,7 +44,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
 };
 
-use crate::LaunchError;
+use crate::RunError;
 use crate::sys::{caps, fs as sysfs, process};
 
 /// Largest spec the server accepts: 128 KiB, the limit the kernel puts on one environment
@@ -83,21 +83,21 @@ pub(crate) fn running() -> Option<&'static Server> {
 }
 
 /// Starts the server (once; later calls return the running one).
-pub(crate) fn start() -> Result<&'static Server, LaunchError> {
+pub(crate) fn start() -> Result<&'static Server, RunError> {
     if let Some(s) = running() {
         return Ok(s);
     }
-    let threads = process::thread_count().map_err(|e| LaunchError::Internal(format!("counting threads: {e}")))?;
+    let threads = process::thread_count().map_err(|e| RunError::Internal(format!("counting threads: {e}")))?;
     if threads != 1 {
-        return Err(LaunchError::Misconfigured(format!(
+        return Err(RunError::Misconfigured(format!(
             "ForkServer::start must be called while the process is single-threaded (first thing in main, before any runtime starts), and this one has {threads} threads"
         )));
     }
     let (ours, theirs) =
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-            .map_err(|e| LaunchError::Internal(format!("fork server socketpair: {e}")))?;
+            .map_err(|e| RunError::Internal(format!("fork server socketpair: {e}")))?;
     let owner = std::process::id();
-    match process::fork().map_err(|e| LaunchError::Internal(format!("forking the fork server: {e}")))? {
+    match process::fork().map_err(|e| RunError::Internal(format!("forking the fork server: {e}")))? {
         process::Fork::Child => {
             drop(ours);
             // Never returns into the caller's `main`.
@@ -107,14 +107,14 @@ pub(crate) fn start() -> Result<&'static Server, LaunchError> {
         process::Fork::Parent(pid) => {
             drop(theirs);
             rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT))
-                .map_err(|e| LaunchError::Internal(format!("fork server socket timeout: {e}")))?;
+                .map_err(|e| RunError::Internal(format!("fork server socket timeout: {e}")))?;
             // Wait until it has closed what it inherited and scrubbed its copy of the
             // environment, so that it holds only its socket once `start` returns.
             let mut ready = [0u8; 1];
             match rustix::net::recv(&ours, &mut ready, RecvFlags::empty()) {
                 Ok((1, _)) if ready == *READY => {}
                 other => {
-                    return Err(LaunchError::Internal(format!(
+                    return Err(RunError::Internal(format!(
                         "the fork server (pid {pid}) did not become ready: {other:?}"
                     )));
                 }
@@ -133,7 +133,7 @@ pub(crate) enum SpawnError {
     /// with this, and later launches take the fallback.
     Gone(String),
     /// The request itself failed.
-    Launch(LaunchError),
+    Launch(RunError),
 }
 
 impl Server {
@@ -142,7 +142,7 @@ impl Server {
     /// pid: a child of this process.
     pub(crate) fn spawn(&self, spec: &[u8], fds: &[BorrowedFd<'_>]) -> Result<libc::pid_t, SpawnError> {
         if spec.len() > MAX_SPEC {
-            return Err(SpawnError::Launch(LaunchError::Misconfigured(format!(
+            return Err(SpawnError::Launch(RunError::Misconfigured(format!(
                 "the job's helper spec is {} bytes, over the {MAX_SPEC}-byte limit (arguments, environment and paths together)",
                 spec.len()
             ))));
@@ -155,7 +155,7 @@ impl Server {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let mut cmsg = SendAncillaryBuffer::new(&mut space);
         if fds.len() > MAX_FDS || !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
-            return Err(SpawnError::Launch(LaunchError::Internal("fork server: ancillary buffer too small".into())));
+            return Err(SpawnError::Launch(RunError::Internal("fork server: ancillary buffer too small".into())));
         }
         loop {
             match rustix::net::sendmsg(&*sock, &[IoSlice::new(spec)], &mut cmsg, SendFlags::NOSIGNAL) {
@@ -180,7 +180,7 @@ impl Server {
             errno => Err(SpawnError::Launch(crate::launch::start_failed(
                 "the fork server could not start a helper",
                 &io::Error::from_raw_os_error(-errno),
-                LaunchError::Internal,
+                RunError::Internal,
             ))),
         }
     }

@@ -22,7 +22,7 @@ use tokio::net::unix::pipe;
 
 use crate::spec::{SPEC_VAR, Spec};
 use crate::sys::{fs as sysfs, process};
-use crate::{LaunchError, forkserver};
+use crate::{RunError, forkserver};
 
 /// How the supervisor starts the helper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +58,9 @@ pub(crate) struct Started {
 
 impl Started {
     /// Registers the pidfd and the pipes with the current tokio runtime.
-    pub(crate) fn register(mut self) -> Result<Launched, LaunchError> {
+    pub(crate) fn register(mut self) -> Result<Launched, RunError> {
         let (Some(pidfd), Some(status)) = (self.pidfd.take(), self.status.take()) else {
-            return Err(LaunchError::Internal("a started helper was registered twice".into()));
+            return Err(RunError::Internal("a started helper was registered twice".into()));
         };
         // From here on the pidfd's owner (a `HelperProcess`) kills and reaps the helper.
         let pidfd = match process::register_pidfd(pidfd.try_clone().map_err(internal("duplicating the pidfd"))?) {
@@ -68,7 +68,7 @@ impl Started {
             Err(e) => {
                 let _ = process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);
                 let _ = process::reap_pidfd(pidfd.as_fd(), false);
-                return Err(LaunchError::Internal(format!("registering the pidfd: {e}")));
+                return Err(RunError::Internal(format!("registering the pidfd: {e}")));
             }
         };
         let process = HelperProcess { pidfd, reaped: false, init: None };
@@ -186,22 +186,22 @@ impl Drop for HelperProcess {
     }
 }
 
-fn internal(what: &str) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
-    move |e| LaunchError::Internal(format!("{what}: {e}"))
+fn internal(what: &str) -> impl FnOnce(std::io::Error) -> RunError + '_ {
+    move |e| RunError::Internal(format!("{what}: {e}"))
 }
 
 /// A helper that could not be started: out of processes or memory is
-/// [`LaunchError::Exhausted`]; anything else is `otherwise`.
-pub(crate) fn start_failed(what: &str, e: &std::io::Error, otherwise: fn(String) -> LaunchError) -> LaunchError {
+/// [`RunError::Exhausted`]; anything else is `otherwise`.
+pub(crate) fn start_failed(what: &str, e: &std::io::Error, otherwise: fn(String) -> RunError) -> RunError {
     match e.raw_os_error() {
-        Some(libc::EAGAIN | libc::ENOMEM) => LaunchError::Exhausted(format!("{what}: {e}")),
+        Some(libc::EAGAIN | libc::ENOMEM) => RunError::Exhausted(format!("{what}: {e}")),
         _ => otherwise(format!("{what}: {e}")),
     }
 }
 
 /// Starts the helper for `spec`. The spec's `status_fd` (and, for a pre-built sandbox given
 /// the read end of its job pipe as `job`, its `job_fd`) is filled in here.
-pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
+pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, RunError> {
     match mode {
         Mode::Exec(path) => exec(path, spec, io, job),
         Mode::Fork(fallback) => {
@@ -218,7 +218,7 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>
                     spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
                     fork(spec, io, job)
                 }
-                Route::Refuse => Err(LaunchError::Misconfigured(format!(
+                Route::Refuse => Err(RunError::Misconfigured(format!(
                     "Helper::fork() launches only from a single-threaded process or through a fork server, and this one has {threads} threads and no fork server; call ForkServer::start first thing in main, use Helper::at or Helper::current_exe, or add a fallback with Helper::prefer_fork"
                 ))),
             }
@@ -254,29 +254,29 @@ const FORK_STATUS_FD: i32 = 3;
 /// Where the forked helper of a pre-built sandbox finds its job pipe.
 const FORK_JOB_FD: i32 = 4;
 
-fn receiver(fd: impl Into<OwnedFd>) -> Result<pipe::Receiver, LaunchError> {
+fn receiver(fd: impl Into<OwnedFd>) -> Result<pipe::Receiver, RunError> {
     pipe::Receiver::from_owned_fd(fd.into()).map_err(internal("registering a pipe"))
 }
 
-pub(crate) fn sender(fd: impl Into<OwnedFd>) -> Result<pipe::Sender, LaunchError> {
+pub(crate) fn sender(fd: impl Into<OwnedFd>) -> Result<pipe::Sender, RunError> {
     pipe::Sender::from_owned_fd(fd.into()).map_err(internal("registering a pipe"))
 }
 
 /// A pidfd for the helper `pid` (this process's child), or, if none can be opened, the
 /// helper killed and reaped and the error.
-fn watch(pid: libc::pid_t) -> Result<OwnedFd, LaunchError> {
+fn watch(pid: libc::pid_t) -> Result<OwnedFd, RunError> {
     process::pidfd_open(pid).map_err(|e| {
         let _ = process::kill(pid, libc::SIGKILL);
         let _ = process::wait(pid);
-        LaunchError::Unsupported { mechanism: "pidfd".into(), reason: format!("pidfd_open: {e}") }
+        RunError::Unsupported { mechanism: "pidfd".into(), reason: format!("pidfd_open: {e}") }
     })
 }
 
-fn exec(path: &Path, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
+fn exec(path: &Path, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, RunError> {
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
     spec.status_fd = status_w.as_raw_fd();
     spec.job_fd = job.as_ref().map(AsRawFd::as_raw_fd);
-    let spec_json = serde_json::to_string(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
+    let spec_json = serde_json::to_string(&spec).map_err(|e| RunError::Internal(e.to_string()))?;
     let mut cmd = std::process::Command::new(path);
     cmd.env_clear().env(SPEC_VAR, spec_json);
     match io {
@@ -292,9 +292,9 @@ fn exec(path: &Path, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<S
     if let Some(job) = &job {
         sysfs::keep_on_exec(&mut cmd, job.as_raw_fd());
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        start_failed(&format!("spawning the helper {}", path.display()), &e, LaunchError::Misconfigured)
-    })?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| start_failed(&format!("spawning the helper {}", path.display()), &e, RunError::Misconfigured))?;
     drop((status_w, job));
     let pid = child.id() as libc::pid_t;
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
@@ -323,7 +323,7 @@ struct ForkedIo {
 }
 
 impl ForkedIo {
-    fn new(io: GuestIo) -> Result<Self, LaunchError> {
+    fn new(io: GuestIo) -> Result<Self, RunError> {
         Ok(match io {
             GuestIo::Pipes { stdin } => {
                 let (in_r, in_w) = if stdin {
@@ -345,7 +345,7 @@ impl ForkedIo {
     }
 
     /// The supervisor's side, once the helper holds its copies of the child's ends.
-    fn launched(self, pid: libc::pid_t, status: File) -> Result<Started, LaunchError> {
+    fn launched(self, pid: libc::pid_t, status: File) -> Result<Started, RunError> {
         drop(self.child);
         Ok(Started {
             pidfd: Some(watch(pid)?),
@@ -357,10 +357,10 @@ impl ForkedIo {
     }
 }
 
-fn fork(spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, LaunchError> {
+fn fork(spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, RunError> {
     let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
-    match process::fork().map_err(|e| start_failed("fork", &e, LaunchError::Internal))? {
+    match process::fork().map_err(|e| start_failed("fork", &e, RunError::Internal))? {
         process::Fork::Child => {
             // Single-threaded child of the supervisor: ordinary code is fine, but it must never
             // return into the supervisor's stack (the async runtime), so it always exits here.
@@ -384,15 +384,15 @@ fn served(
     io: GuestIo,
     job: Option<File>,
     fallback: Option<&Path>,
-) -> Result<Started, LaunchError> {
+) -> Result<Started, RunError> {
     let ends = ForkedIo::new(io)?;
     let (status_r, status_w) = sysfs::pipe().map_err(internal("status pipe"))?;
-    let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::Internal(e.to_string()))?;
+    let json = serde_json::to_vec(&spec).map_err(|e| RunError::Internal(e.to_string()))?;
     let mut fds = vec![ends.child[0].as_fd(), ends.child[1].as_fd(), ends.child[2].as_fd(), status_w.as_fd()];
     fds.extend(job.as_ref().map(AsFd::as_fd));
     let pid = server.spawn(&json, &fds).map_err(|e| match e {
         forkserver::SpawnError::Launch(e) => e,
-        forkserver::SpawnError::Gone(why) => LaunchError::Internal(format!(
+        forkserver::SpawnError::Gone(why) => RunError::Internal(format!(
             "{why}; later runs {}",
             match fallback {
                 Some(p) => format!("execute the helper {}", p.display()),

@@ -90,7 +90,7 @@
 //! G7. Memory, processes, CPU time, open files and file size are limited, and a memory bomb
 //!     is reported as out of memory where a cgroup is available. When the host (or the
 //!     supervisor's cgroup) runs out of processes, a run that cannot start says so, typed
-//!     ([`LaunchError::Exhausted`], or a `FailedToStart` report naming `EAGAIN`), never as
+//!     ([`RunError::Exhausted`], or a `FailedToStart` report naming `EAGAIN`), never as
 //!     a missing mechanism or a misconfiguration; runs already started go on, and none
 //!     leaves a process or cgroup behind A guest that fills its read-write workspace's filesystem
 //!     gets `ENOSPC` like any program; the run ends normally and the next one works.
@@ -116,13 +116,13 @@
 //!     ([`finish_killed_sweeps`]). One read-write run
 //!     of a workspace at a time (`stockade_hostfs::OpenedWorkspace::lock`, held through the
 //!     sweep and shared with the other tiers: a run of a directory inside it waits too;
-//!     read-only runs share it; `Busy::Refuse` refuses with [`LaunchError::Busy`] instead of
+//!     read-only runs share it; `Busy::Refuse` refuses with [`RunError::Busy`] instead of
 //!     waiting), so a run never inspects what another run's guest is planting. So the guest
 //!     cannot leave code the host runs later.
 //!     (pinned by: tests/it/confinement.rs::g10_*, tests/it/workspace.rs::g10_*; the killed
 //!     supervisor's record end to end by stockade-cli's `g6_the_sweep_of_a_sigkilled_*`)
 //! G11. [`Helper::fork`] forks the supervisor only while it has exactly one thread (checked
-//!     at every launch), and fails with [`LaunchError::Misconfigured`] otherwise;
+//!     at every launch), and fails with [`RunError::Misconfigured`] otherwise;
 //!     [`Helper::prefer_fork`] never forks the supervisor: without a fork server it
 //!     executes its helper binary, so no copy of what the supervisor read (an API key)
 //!     is in its helpers. Either way the guest is a fresh
@@ -145,7 +145,7 @@
 //! G13. A workspace is granted only if, with symlinks resolved, it passes the protocol's
 //!     dedicated-directory rule ([`stockade_protocol::check_dedicated`]: no `/`, system
 //!     tree, shared directory or home directory itself, nor an ancestor of one), else
-//!     [`LaunchError::Misconfigured`] names the path. The directory is opened once, without
+//!     [`RunError::Misconfigured`] names the path. The directory is opened once, without
 //!     following a symlink (`stockade_hostfs::open_workspace`), judged as opened, and the
 //!     helper runs nothing unless the directory it mounted at `/workspace` has that
 //!     directory's device and inode: a directory on the path swapped for a symlink between
@@ -161,7 +161,7 @@
 //!     runs it on the host.
 //!     (pinned by: tests/it/confinement.rs::g13_*, tests/it/workspace.rs::g13_*)
 //! G14. A [`ForkServer`], started while the process has one thread (else
-//!     [`LaunchError::Misconfigured`]), lets a multi-threaded program launch every run
+//!     [`RunError::Misconfigured`]), lets a multi-threaded program launch every run
 //!     without an exec, with the same mechanisms as an executed helper: each helper is
 //!     cloned by the server as this process's own child and confined as in G11. The server
 //!     holds `/dev/null` as descriptors 0–2 and its socket as 3, and nothing else; its memory
@@ -227,7 +227,7 @@
 //!
 //! # Failure behaviour
 //! A misbehaving guest is a normal outcome reported in the [`Report`]; a host that cannot
-//! enforce a mechanism yields [`LaunchError::Unsupported`] naming it.
+//! enforce a mechanism yields [`RunError::Unsupported`] naming it.
 //!
 //! # Unsafe
 //! Only in `src/sys/` (one file per syscall family), each block with a `// SAFETY:` comment;
@@ -314,7 +314,7 @@ impl Helper {
     /// when this process started one; otherwise by forking the calling process, which is
     /// sound only while it has exactly one thread, checked at every launch
     /// (`/proc/self/status`): a launch from a multi-threaded process without a fork server
-    /// fails with [`LaunchError::Misconfigured`]. Without a server, the helper and the run's
+    /// fails with [`RunError::Misconfigured`]. Without a server, the helper and the run's
     /// pid 1 are copies of the calling process's memory as it is at that launch (secrets
     /// included); the guest shares none of it (it is a fresh exec, and landlock forbids it
     /// to trace or read the memory of the helper or the run's pid 1, neither of which is
@@ -368,7 +368,7 @@ impl Helper {
 /// descriptor; it dies with this process (parent-death SIGKILL, and the end of its socket);
 /// and each helper it starts is this process's own child, confined exactly as a forked
 /// helper (G11). A server that is gone (killed from outside) fails the launch that finds out
-/// with a [`LaunchError::Internal`] naming it; later launches take the fallback. A process
+/// with a [`RunError::Internal`] naming it; later launches take the fallback. A process
 /// forked from this one after `start` does not use it.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -377,8 +377,8 @@ pub struct ForkServer;
 impl ForkServer {
     /// Starts this process's fork server, or returns the running one's pid; it returns once
     /// the server has closed what it inherited and scrubbed its copy of the environment. Fails
-    /// with [`LaunchError::Misconfigured`] when the process already has more than one thread.
-    pub fn start() -> Result<u32, LaunchError> {
+    /// with [`RunError::Misconfigured`] when the process already has more than one thread.
+    pub fn start() -> Result<u32, RunError> {
         forkserver::start().map(|s| s.pid)
     }
 
@@ -389,35 +389,13 @@ impl ForkServer {
     }
 }
 
-/// Launching a run failed before the guest could start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LaunchError {
-    /// This host cannot enforce a mechanism the run requires.
-    #[error("unsupported on this host: {mechanism}: {reason}")]
-    Unsupported {
-        /// The mechanism (or setup stage) that could not be enforced.
-        mechanism: String,
-        /// What the kernel said.
-        reason: String,
-    },
-    /// The job or the tier is set up wrong (a missing workspace, a missing helper).
-    #[error("misconfigured: {0}")]
-    Misconfigured(String),
-    /// The host, or the supervisor's own cgroup, is out of processes or memory (`EAGAIN`,
-    /// `ENOMEM`) and the run's helper could not be started: nothing of the run exists; retry
-    /// once other runs have ended. (A sandbox process that cannot fork later in the start
-    /// is a [`stockade_protocol::Status::FailedToStart`] report naming the same error.)
-    #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
-    Exhausted(String),
-    /// Another run holds the workspace and the job asked not to wait
-    /// ([`stockade_protocol::Busy::Refuse`]): nothing of the run exists.
-    #[error("{0}")]
-    Busy(String),
-    /// A stockade bug.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+/// Launching a run failed before the guest could start: the one error every tier returns
+/// (`stockade_protocol::RunError`). [`RunError::Exhausted`] here means the host, or the
+/// supervisor's own cgroup, is out of processes or memory (`EAGAIN`, `ENOMEM`) and the run's
+/// helper could not be started: nothing of the run exists. (A sandbox process that cannot
+/// fork later in the start is a [`stockade_protocol::Status::FailedToStart`] report naming
+/// the same error.)
+pub use stockade_protocol::RunError;
 
 /// The process tier. Defaults: every mechanism required, 64 MiB tmpfs, cgroups detected.
 #[derive(Debug, Clone)]
@@ -555,11 +533,11 @@ impl ProcessTier {
     /// the calling thread, and a sandbox's processes die with the thread that started them
     /// (parent-death signal) unless the helper comes from the [`ForkServer`]: call it from a
     /// thread that outlives the runs, such as `main`. A tier without a pool returns 0.
-    pub fn prebuild(&self, workspace: Option<(&Path, stockade_protocol::Access)>) -> Result<usize, LaunchError> {
+    pub fn prebuild(&self, workspace: Option<(&Path, stockade_protocol::Access)>) -> Result<usize, RunError> {
         let Some(pool) = &self.pool else { return Ok(0) };
         let opened = match workspace {
             Some((path, access)) => Some((
-                stockade_hostfs::open_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+                stockade_hostfs::open_workspace(path).map_err(|e| RunError::Misconfigured(e.to_string()))?,
                 access == stockade_protocol::Access::ReadWrite,
             )),
             None => None,
@@ -599,7 +577,7 @@ impl ProcessTier {
 
     /// Runs `job` and reports what happened. A misbehaving guest is an `Ok` report; an
     /// `Err` means the run could not be set up as required.
-    pub async fn run(&self, job: &Job) -> Result<Report, LaunchError> {
+    pub async fn run(&self, job: &Job) -> Result<Report, RunError> {
         supervisor::run(self, job, None, None, LiveIo::default()).await
     }
 
@@ -608,7 +586,7 @@ impl ProcessTier {
     /// a broker's socket, its client and the job's data grants reach the guest
     /// (`stockade-runtime` serves them); this crate only makes the directory visible. The
     /// directory must be absolute and must neither contain nor lie inside the workspace.
-    pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, LaunchError> {
+    pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, RunError> {
         supervisor::run(self, job, Some(grants_dir), None, LiveIo::default()).await
     }
 
@@ -624,7 +602,7 @@ impl ProcessTier {
         job: &Job,
         grants_dir: &Path,
         loopback: Loopback,
-    ) -> Result<Report, LaunchError> {
+    ) -> Result<Report, RunError> {
         supervisor::run(self, job, Some(grants_dir), Some(loopback), LiveIo::default()).await
     }
 
@@ -641,9 +619,9 @@ impl ProcessTier {
         grants_dir: Option<&Path>,
         loopback: Option<Loopback>,
         io: LiveIo,
-    ) -> Result<Report, LaunchError> {
+    ) -> Result<Report, RunError> {
         if loopback.is_some() && grants_dir.is_none() {
-            return Err(LaunchError::Misconfigured("a loopback listener needs a grants directory".into()));
+            return Err(RunError::Misconfigured("a loopback listener needs a grants directory".into()));
         }
         supervisor::run(self, job, grants_dir, loopback, io).await
     }

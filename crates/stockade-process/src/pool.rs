@@ -43,7 +43,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::cgroup::Cgroup;
 use crate::launch::{self, Started};
 use crate::spec::{Spec, SpecLimits};
-use crate::{LaunchError, ProcessTier};
+use crate::{ProcessTier, RunError};
 
 /// A queue's key: the resolved workspace and whether it is writable, or none.
 pub(crate) type Key = Option<(PathBuf, bool)>;
@@ -74,10 +74,10 @@ pub(crate) struct View {
 
 impl View {
     /// Inspects the workspace a queue's key names, opened and judged again.
-    pub(crate) fn inspect_key(key: &Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
+    pub(crate) fn inspect_key(key: &Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), RunError> {
         let opened = match key {
             Some((path, writable)) => Some((
-                stockade_hostfs::open_workspace(path).map_err(|e| LaunchError::Misconfigured(e.to_string()))?,
+                stockade_hostfs::open_workspace(path).map_err(|e| RunError::Misconfigured(e.to_string()))?,
                 *writable,
             )),
             None => None,
@@ -93,8 +93,8 @@ impl View {
     pub(crate) fn inspect(
         workspace: Option<(&stockade_hostfs::OpenedWorkspace, bool)>,
         pooled: bool,
-    ) -> Result<(Self, Option<stockade_hostfs::Guarded>), LaunchError> {
-        let bad = |e: &dyn std::fmt::Display| LaunchError::Misconfigured(e.to_string());
+    ) -> Result<(Self, Option<stockade_hostfs::Guarded>), RunError> {
+        let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(e.to_string());
         let Some((ws, writable)) = workspace else {
             let view = Self {
                 workspace: None,
@@ -297,7 +297,7 @@ impl Pool {
     /// one built from the same view whose helper is still alive, else one started now (whose
     /// setup error, if the host cannot build it, the run then reports). Waiting sandboxes of
     /// another view (the workspace changed since they were built) are killed.
-    pub(crate) fn take(&self, tier: &ProcessTier, view: &View) -> Result<Prebuilt, LaunchError> {
+    pub(crate) fn take(&self, tier: &ProcessTier, view: &View) -> Result<Prebuilt, RunError> {
         let found = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let (queue, mut discard) = state.queue(&view.workspace);
@@ -363,8 +363,8 @@ impl Pool {
 }
 
 /// Starts one pre-built sandbox for `tier`.
-fn build(tier: &ProcessTier, view: View) -> Result<Prebuilt, LaunchError> {
-    let internal = |what: &str, e: std::io::Error| LaunchError::Internal(format!("{what}: {e}"));
+fn build(tier: &ProcessTier, view: View) -> Result<Prebuilt, RunError> {
+    let internal = |what: &str, e: std::io::Error| RunError::Internal(format!("{what}: {e}"));
     let defaults = stockade_protocol::Limits::default();
     let (memory, processes) = (defaults.memory_bytes(), u64::from(defaults.processes()));
     let cgroup = run_cgroup(tier, memory, processes);

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::cgroup::Cgroup;
 use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, PooledJob, Spec, SpecLimits};
 use crate::sys::tty;
-use crate::{LaunchError, Loopback, ProcessTier, launch};
+use crate::{Loopback, ProcessTier, RunError, launch};
 
 /// How long output may keep draining after the run's processes are gone: 2 s.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -33,14 +33,14 @@ pub(crate) async fn run(
     grants_dir: Option<&std::path::Path>,
     loopback: Option<Loopback>,
     io: stockade_protocol::LiveIo,
-) -> Result<Report, LaunchError> {
-    io.check(job).map_err(|e| LaunchError::Misconfigured(e.into()))?;
+) -> Result<Report, RunError> {
+    io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
     if io.stdin.is_some() && tier.tty {
-        return Err(LaunchError::Misconfigured("a streamed stdin and a terminal (tty) cannot be combined".into()));
+        return Err(RunError::Misconfigured("a streamed stdin and a terminal (tty) cannot be combined".into()));
     }
     let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
     let JobKind::Command { program, args } = job.kind() else {
-        return Err(LaunchError::Misconfigured("the process tier runs only command jobs".into()));
+        return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
     };
     let limits = job.limits();
     // The workspace is opened once and judged as opened (`open_workspace`): what the helper
@@ -48,7 +48,7 @@ pub(crate) async fn run(
     // path names later.
     let opened = match job.workspace() {
         Some(ws) => Some((
-            stockade_hostfs::open_workspace(ws.path()).map_err(workspace_error)?,
+            stockade_hostfs::open_workspace(ws.path()).map_err(RunError::from)?,
             ws.access() == stockade_protocol::Access::ReadWrite,
         )),
         None => None,
@@ -59,7 +59,7 @@ pub(crate) async fn run(
         (Some((ws, writable)), Some(granted)) => Some(
             ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
                 .await
-                .map_err(workspace_error)?,
+                .map_err(RunError::from)?,
         ),
         _ => None,
     };
@@ -76,23 +76,23 @@ pub(crate) async fn run(
     // before it swept has its sweep finished later (`stockade_hostfs::finish_killed_sweeps`).
     if let Some(g) = sweep.0.as_mut() {
         let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
-            LaunchError::Misconfigured(
+            RunError::Misconfigured(
                 "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
             )
         })?;
-        g.record_in(&dir).map_err(|e| LaunchError::Misconfigured(e.to_string()))?;
+        g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
     if let Some(dir) = grants_dir {
         let meta = std::fs::metadata(dir)
-            .map_err(|e| LaunchError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
+            .map_err(|e| RunError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
         if !meta.is_dir() || !dir.is_absolute() {
-            return Err(LaunchError::Misconfigured(format!(
+            return Err(RunError::Misconfigured(format!(
                 "grants directory {} is not an absolute directory",
                 dir.display()
             )));
         }
         if view.workspace.as_ref().is_some_and(|(ws, _)| ws.starts_with(dir) || dir.starts_with(ws)) {
-            return Err(LaunchError::Misconfigured(format!(
+            return Err(RunError::Misconfigured(format!(
                 "grants directory {} and the workspace must be separate trees",
                 dir.display()
             )));
@@ -113,15 +113,14 @@ pub(crate) async fn run(
     let (launched, master, cgroup) = if let Some(pool) = pool {
         let crate::pool::Prebuilt { started, job: job_pipe, cgroup, .. } = pool.take(tier, &view)?;
         if let Some(cg) = cgroup.get() {
-            cg.set_limits(limits.memory_bytes(), processes).map_err(|e| {
-                LaunchError::Internal(format!("setting the limits of a pre-built sandbox's cgroup: {e}"))
-            })?;
+            cg.set_limits(limits.memory_bytes(), processes)
+                .map_err(|e| RunError::Internal(format!("setting the limits of a pre-built sandbox's cgroup: {e}")))?;
         }
         let message =
             serde_json::to_vec(&PooledJob { program: program.clone(), args: args.clone(), env, limits: spec_limits })
-                .map_err(|e| LaunchError::Internal(e.to_string()))?;
+                .map_err(|e| RunError::Internal(e.to_string()))?;
         if message.len() > crate::forkserver::MAX_SPEC {
-            return Err(LaunchError::Misconfigured(format!(
+            return Err(RunError::Misconfigured(format!(
                 "the job is {} bytes, over the {}-byte limit (arguments and environment together)",
                 message.len(),
                 crate::forkserver::MAX_SPEC
@@ -162,7 +161,7 @@ pub(crate) async fn run(
     let launch::Launched { process: mut child, stdin, stdout, stderr, status } = launched;
     // The helper's listener is taken through a duplicate of its pidfd, while it lives.
     let take = match loopback {
-        Some(l) => Some((child.pidfd().map_err(|e| LaunchError::Internal(format!("duplicating a pidfd: {e}")))?, l)),
+        Some(l) => Some((child.pidfd().map_err(|e| RunError::Internal(format!("duplicating a pidfd: {e}")))?, l)),
         None => None,
     };
     let mut status_task = tokio::spawn(read_messages(status, take));
@@ -195,7 +194,7 @@ pub(crate) async fn run(
             }
             (Box::new(out), Box::new(err))
         }
-        _ => return Err(LaunchError::Internal("helper pipes missing".into())),
+        _ => return Err(RunError::Internal("helper pipes missing".into())),
     };
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
@@ -231,13 +230,13 @@ pub(crate) async fn run(
             () = &mut refill_at, if refill.pending() => refill.now(),
             _ = heartbeat.tick(), if recorded => sweep.heartbeat(),
             r = &mut out_task, if out_done.is_none() => {
-                let r = r.map_err(|e| LaunchError::Internal(e.to_string()))?;
+                let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
                 let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
                 out_done = Some(r);
                 if over { break End::Output(Stream::Stdout); }
             }
             r = &mut err_task, if err_done.is_none() => {
-                let r = r.map_err(|e| LaunchError::Internal(e.to_string()))?;
+                let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
                 let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
                 err_done = Some(r);
                 if over { break End::Output(Stream::Stderr); }
@@ -335,7 +334,7 @@ pub(crate) async fn run(
     report.git_refs_moved = swept.refs_moved.clone();
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !tier.best_effort {
-            return Err(LaunchError::Unsupported { mechanism: stage, reason: message });
+            return Err(RunError::Unsupported { mechanism: stage, reason: message });
         }
         report.status = Status::failed_to_start(format!("{stage}: {message}"));
         return Ok(report);
@@ -361,16 +360,6 @@ pub(crate) async fn run(
         (End::Exited, _) => Status::failed_to_start("the sandbox ended before reporting the guest's exit"),
     };
     Ok(report)
-}
-
-/// A workspace that cannot be granted is the job's fault; one another run holds is
-/// [`LaunchError::Busy`].
-fn workspace_error(e: stockade_hostfs::WorkspaceError) -> LaunchError {
-    match e {
-        stockade_hostfs::WorkspaceError::Busy { .. } => LaunchError::Busy(e.to_string()),
-        stockade_hostfs::WorkspaceError::Lock { .. } => LaunchError::Internal(e.to_string()),
-        e => LaunchError::Misconfigured(e.to_string()),
-    }
 }
 
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
@@ -446,9 +435,9 @@ async fn finish(
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// A private pty for a run that asked for a terminal.
-fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), LaunchError> {
+fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {
     let unsupported =
-        |e: std::io::Error| LaunchError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
+        |e: std::io::Error| RunError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
     let (master, slave) = tty::open_pty(size).map_err(unsupported)?;
     Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }

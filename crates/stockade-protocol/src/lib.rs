@@ -4,8 +4,8 @@
 //! # Position in the stack
 //! Depends on: no workspace crate. Used by: `stockade-verify`, every tier crate,
 //! `stockade-runtime`, `stockade-agent`.
-//! API boundary: yes; users build [`Job`]s and read [`Report`]s, tiers and brokers use the
-//! codecs.
+//! API boundary: yes; users build [`Job`]s and read [`Report`]s (or the [`RunError`] every
+//! tier returns when a run could not happen), tiers and brokers use the codecs.
 //!
 //! # Threat model
 //! Trusted: the host program that calls this crate.
@@ -99,7 +99,7 @@
 //!
 //! # Invariants
 //! Stated as absences: performs no I/O of its own; never allocates more than a codec's
-//! maximum per frame; holds no global state; knows nothing about tiers, policy or proofs.
+//! maximum per frame; holds no global state; knows no tier's mechanics, no policy and no proofs.
 
 #![forbid(unsafe_code)]
 
@@ -109,6 +109,7 @@ pub mod capture;
 pub mod chat;
 pub mod completion;
 pub mod dedicated;
+pub mod error;
 pub mod frame;
 pub mod job;
 pub mod json;
@@ -118,6 +119,7 @@ pub mod report;
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
 pub use dedicated::{NotDedicated, check_dedicated};
+pub use error::RunError;
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};
 pub use job::{
     Access, Busy, EnvVar, GIT_WRITABLE, Job, JobError, JobKind, PINNED_DIRS, PROTECTED_PATHS, Workspace, git_writable,

@@ -20,7 +20,7 @@ use serde_json::json;
 use stockade_policy::allow::{Permit, Policy};
 use stockade_protocol::broker::{BrokerFrame, ReplyBody};
 use stockade_protocol::{FrameCodec, Job, Report, Status};
-use stockade_runtime::{Broker, FunctionGrant, GrantLimits, Grants, Sandbox, Tier, TierError};
+use stockade_runtime::{Broker, FunctionGrant, GrantLimits, Grants, RunError, Sandbox, Tier};
 
 const POLICY: &str = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"adders\"\ntool = \"add\"\neffect = \"allow\"\nargs.a = { maximum = 1000000 }\n";
 
@@ -70,10 +70,10 @@ impl Tier for Timed {
     fn name(&self) -> &'static str {
         "bench"
     }
-    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
         Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
     }
-    async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let iters = *self.iters.lock().unwrap();
         let elapsed = if self.in_process {
             let body = frame();

@@ -65,7 +65,7 @@
 //! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, and each tier
 //! behind its feature (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`,
 //! `stockade-docker` behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
-//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`TierError`], [`Grants`],
+//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`RunError`], [`Grants`],
 //! [`FunctionGrant`], [`Broker`], and the tier and layer crates re-exported as modules.
 //!
 //! # Threat model
@@ -81,7 +81,7 @@
 //! G1. [`Sandbox::run`] returns a `Verified<T>` only through `stockade_verify::verify` on the
 //!     tier's report; the runtime adds no other path to a trusted value.
 //!     (pinned by: tests/it/runtime.rs::g1_*)
-//! G2. A tier that cannot enforce what the job needs yields [`TierError::Unsupported`]
+//! G2. A tier that cannot enforce what the job needs yields [`RunError::Unsupported`]
 //!     naming the mechanism, never a weaker run.
 //!     (pinned by: tests/it/runtime.rs::g2_*)
 //! G3. [`Tier`] is object safe, and a sandbox has exactly one tier, chosen explicitly.
@@ -107,7 +107,7 @@
 //!     duration (the first 1024 one by one, every call counted), and the enforcement list
 //!     names the broker.
 //!     (pinned by: tests/it/grants.rs::g7_*)
-//! G8. A tier that cannot carry grants fails closed with [`TierError::Unsupported`]
+//! G8. A tier that cannot carry grants fails closed with [`RunError::Unsupported`]
 //!     (`grants`). (The wasm tier's Python guest carries them through its own tool door:
 //!     `stockade-wasm`'s G12.)
 //!     (pinned by: tests/it/grants.rs::g8_*)
@@ -194,32 +194,9 @@ pub use stockade_wasm as wasm;
 #[cfg(feature = "docker")]
 pub use stockade_docker as docker;
 
-/// A tier could not run a job.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TierError {
-    /// The host cannot enforce a mechanism the run requires.
-    #[error("unsupported on this host: {mechanism}: {reason}")]
-    Unsupported {
-        /// The mechanism.
-        mechanism: String,
-        /// Why.
-        reason: String,
-    },
-    /// The job or the tier is set up wrong.
-    #[error("misconfigured: {0}")]
-    Misconfigured(String),
-    /// The host is out of processes or memory and the run did not start; retry once other
-    /// runs have ended.
-    #[error("out of resources: {0}; the run did not start (retry once other runs have ended)")]
-    Exhausted(String),
-    /// Another run holds the workspace and the job asked not to wait; the run did not start.
-    #[error("{0}")]
-    Busy(String),
-    /// A bug in stockade.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+/// A tier could not run a job: the one error every tier returns (see
+/// [`protocol::RunError`]).
+pub use stockade_protocol::RunError;
 
 /// An isolation tier: runs a [`Job`] and reports what happened. Tiers enforce; they never
 /// decide what a report proves.
@@ -229,13 +206,13 @@ pub trait Tier: Send + Sync + Debug {
     fn name(&self) -> &'static str;
 
     /// Runs `job`. A misbehaving guest is an `Ok` report.
-    async fn run(&self, job: &Job) -> Result<Report, TierError>;
+    async fn run(&self, job: &Job) -> Result<Report, RunError>;
 
     /// Runs `job` with its guest able to reach `broker` (and nothing else of the host
     /// beyond what [`run`](Self::run) gives). A tier that cannot carry grants fails closed.
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let _ = (job, broker);
-        Err(TierError::Unsupported {
+        Err(RunError::Unsupported {
             mechanism: "grants".into(),
             reason: format!("the {} tier cannot carry grants", self.name()),
         })
@@ -243,15 +220,15 @@ pub trait Tier: Send + Sync + Debug {
 
     /// [`run`](Self::run) or [`run_granted`](Self::run_granted), with live stdio (see
     /// [`LiveIo`]). By default a streamed stdin is read whole first (at most the job's
-    /// limit, [`protocol::job::MAX_STDIN_BYTES`]; more is a [`TierError::Misconfigured`] that
+    /// limit, [`protocol::job::MAX_STDIN_BYTES`]; more is a [`RunError::Misconfigured`] that
     /// says so, never a silent cut) and the stderr copy is written when the run ends; the
     /// process tier streams both.
-    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, TierError> {
-        io.check(job).map_err(|e| TierError::Misconfigured(e.into()))?;
+    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, RunError> {
+        io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
         let LiveIo { stdin, stderr } = io;
         let job = match stdin {
             Some(stdin) => {
-                job.clone().with_stdin(read_stdin(stdin).await?).map_err(|e| TierError::Misconfigured(e.to_string()))?
+                job.clone().with_stdin(read_stdin(stdin).await?).map_err(|e| RunError::Misconfigured(e.to_string()))?
             }
             None => job.clone(),
         };
@@ -267,7 +244,7 @@ pub trait Tier: Send + Sync + Debug {
 }
 
 /// Reads a streamed stdin whole, for a tier that takes the job's bytes only.
-async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Result<Vec<u8>, TierError> {
+async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Result<Vec<u8>, RunError> {
     use tokio::io::AsyncReadExt;
     let max = stockade_protocol::job::MAX_STDIN_BYTES;
     let mut bytes = Vec::new();
@@ -275,9 +252,9 @@ async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Resu
         .take(max as u64 + 1)
         .read_to_end(&mut bytes)
         .await
-        .map_err(|e| TierError::Misconfigured(format!("reading stdin: {e}")))?;
+        .map_err(|e| RunError::Misconfigured(format!("reading stdin: {e}")))?;
     if bytes.len() > max {
-        return Err(TierError::Misconfigured(format!(
+        return Err(RunError::Misconfigured(format!(
             "stdin is over {max} bytes, and this tier takes stdin whole; use the process tier to stream it"
         )));
     }
@@ -306,12 +283,12 @@ impl Debug for Broker {
 }
 
 impl Broker {
-    fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, TierError> {
-        let placeholder = broker::random_hex(24).map_err(|e| TierError::Internal(format!("getrandom: {e}")))?;
+    fn new(grants: Arc<Grants>, parent: PathBuf) -> Result<Self, RunError> {
+        let placeholder = broker::random_hex(24).map_err(|e| RunError::Internal(format!("getrandom: {e}")))?;
         let session = broker::Session::new(grants.clone());
         let placeholder = Arc::from(format!("sk-stockade-{placeholder}"));
         if grants.model.is_some() && grants.functions.contains_key(MODEL_GRANT) {
-            return Err(TierError::Misconfigured(format!(
+            return Err(RunError::Misconfigured(format!(
                 "a function grant is named {MODEL_GRANT:?}, which the model grant answers to: rename it"
             )));
         }
@@ -337,15 +314,15 @@ impl Broker {
     /// ([`GRANTS_SOCKET`]) until the run ends. The directory also holds `bin/stockade-call`
     /// (the client) and `data/NAME.json` for each data grant. Only the invoking user and
     /// the tiers' guest user can enter it; it is removed when the run ends.
-    pub fn socket_dir(&self) -> Result<PathBuf, TierError> {
+    pub fn socket_dir(&self) -> Result<PathBuf, RunError> {
         let (dir, listener, model) = broker::GrantsDir::create(&self.parent, &self.grants).map_err(|e| {
-            TierError::Misconfigured(format!("creating a grants directory in {}: {e}", self.parent.display()))
+            RunError::Misconfigured(format!("creating a grants directory in {}: {e}", self.parent.display()))
         })?;
         let path = dir.path().to_path_buf();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(tasks) = tasks.as_mut() else {
-            return Err(TierError::Misconfigured("the run's broker has already ended".into()));
+            return Err(RunError::Misconfigured("the run's broker has already ended".into()));
         };
         tasks.spawn(broker::serve(listener, self.session.clone()));
         if let Some(model) = model {
@@ -383,10 +360,10 @@ impl Broker {
     /// the job sets no `PATH`, a `PATH` that starts with the client's directory. A job that
     /// sets either of the first two itself is refused: nothing the job carries configures
     /// the broker.
-    pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, TierError> {
+    pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, RunError> {
         let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY", "OPENAI_BASE_URL"];
         if let Some(v) = job.env().iter().find(|v| reserved.contains(&v.key())) {
-            return Err(TierError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
+            return Err(RunError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
         }
         let dir = guest_dir.trim_end_matches('/');
         let mut job = job
@@ -401,7 +378,7 @@ impl Broker {
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
         }
-        job.map_err(|e| TierError::Misconfigured(e.to_string()))
+        job.map_err(|e| RunError::Misconfigured(e.to_string()))
     }
 
     /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,
@@ -454,17 +431,17 @@ impl Tier for stockade_process::ProcessTier {
         "process"
     }
 
-    async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_process::ProcessTier::run(self, job).await.map_err(process_error)
+    async fn run(&self, job: &Job) -> Result<Report, RunError> {
+        stockade_process::ProcessTier::run(self, job).await
     }
 
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         Tier::run_live(self, job, Some(broker), LiveIo::default()).await
     }
 
-    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, TierError> {
+    async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, RunError> {
         let Some(broker) = broker else {
-            return stockade_process::ProcessTier::run_live(self, job, None, None, io).await.map_err(process_error);
+            return stockade_process::ProcessTier::run_live(self, job, None, None, io).await;
         };
         let dir = broker.socket_dir()?;
         let mut job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
@@ -472,25 +449,12 @@ impl Tier for stockade_process::ProcessTier {
             Some((port, serve)) => {
                 job = job
                     .with_env("OPENAI_BASE_URL", Broker::model_base_url())
-                    .map_err(|e| TierError::Misconfigured(e.to_string()))?;
+                    .map_err(|e| RunError::Misconfigured(e.to_string()))?;
                 Some(stockade_process::Loopback::new(port, serve))
             }
             None => None,
         };
-        stockade_process::ProcessTier::run_live(self, &job, Some(&dir), loopback, io).await.map_err(process_error)
-    }
-}
-
-#[cfg(feature = "process")]
-fn process_error(e: stockade_process::LaunchError) -> TierError {
-    match e {
-        stockade_process::LaunchError::Unsupported { mechanism, reason } => {
-            TierError::Unsupported { mechanism, reason }
-        }
-        stockade_process::LaunchError::Misconfigured(m) => TierError::Misconfigured(m),
-        stockade_process::LaunchError::Exhausted(m) => TierError::Exhausted(m),
-        stockade_process::LaunchError::Busy(m) => TierError::Busy(m),
-        other => TierError::Internal(other.to_string()),
+        stockade_process::ProcessTier::run_live(self, &job, Some(&dir), loopback, io).await
     }
 }
 
@@ -501,23 +465,13 @@ impl Tier for stockade_wasm::WasmTier {
         "wasm"
     }
 
-    async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_wasm::WasmTier::run(self, job).await.map_err(wasm_error)
+    async fn run(&self, job: &Job) -> Result<Report, RunError> {
+        stockade_wasm::WasmTier::run(self, job).await
     }
 
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
-        stockade_wasm::WasmTier::run_granted(self, job, calls).await.map_err(wasm_error)
-    }
-}
-
-#[cfg(feature = "wasm")]
-fn wasm_error(e: stockade_wasm::WasmError) -> TierError {
-    match e {
-        stockade_wasm::WasmError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
-        stockade_wasm::WasmError::Misconfigured(m) => TierError::Misconfigured(m),
-        stockade_wasm::WasmError::Busy(m) => TierError::Busy(m),
-        other => TierError::Internal(other.to_string()),
+        stockade_wasm::WasmTier::run_granted(self, job, calls).await
     }
 }
 
@@ -543,11 +497,11 @@ impl Tier for stockade_docker::DockerTier {
         "docker"
     }
 
-    async fn run(&self, job: &Job) -> Result<Report, TierError> {
-        stockade_docker::DockerTier::run(self, job).await.map_err(docker_error)
+    async fn run(&self, job: &Job) -> Result<Report, RunError> {
+        stockade_docker::DockerTier::run(self, job).await
     }
 
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
         // A model grant also answers at OPENAI_BASE_URL: a listener the host puts in the
@@ -559,34 +513,21 @@ impl Tier for stockade_docker::DockerTier {
         if let Some((port, serve)) = broker.model_loopback()
             && self.oci_runtime().is_none()
             && std::os::unix::fs::MetadataExt::uid(
-                &std::fs::metadata("/proc/self").map_err(|e| TierError::Internal(e.to_string()))?,
+                &std::fs::metadata("/proc/self").map_err(|e| RunError::Internal(e.to_string()))?,
             ) == 0
         {
             let job = job
                 .with_env("OPENAI_BASE_URL", Broker::model_base_url())
-                .map_err(|e| TierError::Misconfigured(e.to_string()))?;
+                .map_err(|e| RunError::Misconfigured(e.to_string()))?;
             let join = move |pid: u32| {
                 let listener = stockade_process::listen_in_netns(pid, port)
                     .map_err(|e| format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}"))?;
                 serve(listener);
                 Ok(())
             };
-            return stockade_docker::DockerTier::run_granted_in_netns(self, &job, &dir, join)
-                .await
-                .map_err(docker_error);
+            return stockade_docker::DockerTier::run_granted_in_netns(self, &job, &dir, join).await;
         }
-        stockade_docker::DockerTier::run_granted(self, &job, &dir).await.map_err(docker_error)
-    }
-}
-
-#[cfg(feature = "docker")]
-fn docker_error(e: stockade_docker::DockerError) -> TierError {
-    match e {
-        stockade_docker::DockerError::Unsupported { mechanism, reason } => TierError::Unsupported { mechanism, reason },
-        stockade_docker::DockerError::Spec(m) => TierError::Misconfigured(m.to_string()),
-        stockade_docker::DockerError::Stage(s) => TierError::Misconfigured(s.to_string()),
-        stockade_docker::DockerError::Busy(m) => TierError::Busy(m),
-        other => TierError::Internal(other.to_string()),
+        stockade_docker::DockerTier::run_granted(self, &job, &dir).await
     }
 }
 
@@ -659,12 +600,12 @@ impl Sandbox {
     }
 
     /// Runs `job` and returns the raw report (nothing in it is trusted).
-    pub async fn report(&self, job: &Job) -> Result<Report, TierError> {
+    pub async fn report(&self, job: &Job) -> Result<Report, RunError> {
         self.tier.run(job).await
     }
 
     /// Runs `job` and verifies the report against `contract`.
-    pub async fn run<T: Debug>(&self, job: &Job, contract: &Contract<T>) -> Result<Outcome<T>, TierError> {
+    pub async fn run<T: Debug>(&self, job: &Job, contract: &Contract<T>) -> Result<Outcome<T>, RunError> {
         let report = self.tier.run(job).await?;
         Ok(stockade_verify::verify(report, contract))
     }
@@ -672,12 +613,12 @@ impl Sandbox {
     /// Runs `job` with `grants` served by a broker for this run only, and returns the raw
     /// report, whose `grants` section lists every call. With no grants this is
     /// [`report`](Self::report).
-    pub async fn report_granted(&self, job: &Job, grants: Arc<Grants>) -> Result<Report, TierError> {
+    pub async fn report_granted(&self, job: &Job, grants: Arc<Grants>) -> Result<Report, RunError> {
         self.report_live(job, grants, LiveIo::default()).await
     }
 
     /// [`report_granted`](Self::report_granted) with live stdio (see [`Tier::run_live`]).
-    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, TierError> {
+    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, RunError> {
         if grants.is_empty() {
             return self.tier.run_live(job, None, io).await;
         }
@@ -702,7 +643,7 @@ impl Sandbox {
         job: &Job,
         grants: Arc<Grants>,
         contract: &Contract<T>,
-    ) -> Result<Outcome<T>, TierError> {
+    ) -> Result<Outcome<T>, RunError> {
         let report = self.report_granted(job, grants).await?;
         Ok(stockade_verify::verify(report, contract))
     }

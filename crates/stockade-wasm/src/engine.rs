@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::WasmError;
+use crate::RunError;
 
 /// How often the epoch advances while a run is active. The deadline check compares the
 /// real clock on every tick, so this is the deadline's precision, not its unit.
@@ -62,8 +62,8 @@ impl Drop for Active {
 }
 
 impl Shared {
-    pub(crate) fn new(slots: u32, backtraces: bool) -> Result<Self, WasmError> {
-        let engine = Engine::new(&config(slots, backtraces)).map_err(|e| WasmError::Unsupported {
+    pub(crate) fn new(slots: u32, backtraces: bool) -> Result<Self, RunError> {
+        let engine = Engine::new(&config(slots, backtraces)).map_err(|e| RunError::Unsupported {
             mechanism: "wasmtime engine (pooling allocator)".into(),
             reason: format!("{e:#}"),
         })?;
@@ -73,7 +73,7 @@ impl Shared {
         std::thread::Builder::new()
             .name("stockade-wasm-epoch".into())
             .spawn(move || tick(&weak_engine, &weak_ticker))
-            .map_err(|e| WasmError::Unsupported { mechanism: "epoch ticker thread".into(), reason: e.to_string() })?;
+            .map_err(|e| RunError::Unsupported { mechanism: "epoch ticker thread".into(), reason: e.to_string() })?;
         Ok(Self { engine, ticker })
     }
 

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::WasmError;
+use crate::RunError;
 
 /// The JavaScript guest's file name in the guest directory.
 pub const JAVASCRIPT_FILE: &str = "quickjs-eval.wasm";
@@ -48,8 +48,8 @@ pub const PYTHON_ENTRY: &str = "run";
 
 /// The Python guest's module, if it has been installed.
 #[cfg(feature = "python")]
-pub fn python() -> Result<PathBuf, WasmError> {
-    let missing = |reason: String| WasmError::Unsupported { mechanism: "python guest".into(), reason };
+pub fn python() -> Result<PathBuf, RunError> {
+    let missing = |reason: String| RunError::Unsupported { mechanism: "python guest".into(), reason };
     let dir =
         dir().ok_or_else(|| missing("no guest directory: set STOCKADE_GUESTS_DIR or HOME".into()))?.join(PYTHON_DIR);
     let module = dir.join(PYTHON_FILE);
@@ -99,25 +99,24 @@ pub(crate) fn profile(_module: &Path) -> Option<Profile> {
 /// its resolved path.
 pub(crate) fn is_own(module: &Path) -> bool {
     let Ok(module) = std::fs::canonicalize(module) else { return false };
-    let own =
-        |p: Result<PathBuf, WasmError>| p.ok().and_then(|p| std::fs::canonicalize(p).ok()) == Some(module.clone());
+    let own = |p: Result<PathBuf, RunError>| p.ok().and_then(|p| std::fs::canonicalize(p).ok()) == Some(module.clone());
     own(javascript()) || own_python(&own)
 }
 
 #[cfg(feature = "python")]
-fn own_python(own: &dyn Fn(Result<PathBuf, WasmError>) -> bool) -> bool {
+fn own_python(own: &dyn Fn(Result<PathBuf, RunError>) -> bool) -> bool {
     own(python())
 }
 
 #[cfg(not(feature = "python"))]
-fn own_python(_own: &dyn Fn(Result<PathBuf, WasmError>) -> bool) -> bool {
+fn own_python(_own: &dyn Fn(Result<PathBuf, RunError>) -> bool) -> bool {
     false
 }
 
 /// The JavaScript guest, if it has been built.
-pub fn javascript() -> Result<PathBuf, WasmError> {
+pub fn javascript() -> Result<PathBuf, RunError> {
     let Some(dir) = dir() else {
-        return Err(WasmError::Unsupported {
+        return Err(RunError::Unsupported {
             mechanism: "javascript guest".into(),
             reason: "no guest directory: set STOCKADE_GUESTS_DIR or HOME".into(),
         });
@@ -126,7 +125,7 @@ pub fn javascript() -> Result<PathBuf, WasmError> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(WasmError::Unsupported {
+        Err(RunError::Unsupported {
             mechanism: "javascript guest".into(),
             reason: format!("{} is missing: build it with `cargo xtask guests`", path.display()),
         })

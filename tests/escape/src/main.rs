@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use stockade_escape::world::World;
 use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
-use stockade_process::{Helper, LaunchError, ProcessTier};
+use stockade_process::{Helper, ProcessTier, RunError};
 use stockade_protocol::{Access, Job, Limits, Report, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
@@ -63,7 +63,7 @@ struct Args {
 /// single-threaded process, launching the helper by fork as the `stockade` CLI does.
 /// An `attack` that is an absolute path is run as it is (a reader in the view, for the
 /// two-run race's second runs).
-fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Result<Report, LaunchError>> {
+fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Result<Report, RunError>> {
     let program = if attack.starts_with('/') { attack.to_owned() } else { format!("/workspace/{attack}") };
     let job = Job::command(program, args.iter().cloned())?.with_workspace(ws, access)?.with_limits(limits());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

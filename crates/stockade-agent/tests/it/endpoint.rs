@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stockade_agent::protocol::chat::{ChatMessage, ChatRequest, Role, Tool as ChatTool};
-use stockade_agent::{ApiKey, Endpoint, EndpointError, RunError, Trace};
+use stockade_agent::{AgentError, ApiKey, Endpoint, EndpointError, Trace};
 use stockade_test_support::{MockLlm, Reply};
 
 use crate::support::{World, agent, block_on, builder, policy};
@@ -142,7 +142,7 @@ fn g7_the_key_goes_only_into_the_authorization_header() {
         agent.policy_toml(&policy()).unwrap().trace(Trace::create_ambient(&trace_path).unwrap()).build().unwrap();
     assert!(!format!("{agent:?}").contains(KEY));
     let err = block_on(agent.run("go")).unwrap_err();
-    assert!(matches!(err, RunError::Endpoint(EndpointError::Auth { status: 401, .. })), "{err:?}");
+    assert!(matches!(err, AgentError::Endpoint(EndpointError::Auth { status: 401, .. })), "{err:?}");
     assert!(!err.to_string().contains(KEY) && !format!("{err:?}").contains(KEY));
     let got = mock.received();
     assert_eq!(got.len(), 2);
@@ -168,7 +168,7 @@ fn g7_the_key_goes_only_into_the_authorization_header() {
     let _ = builder;
 }
 
-async fn agent_without_key(url: &str, world: &World) -> Result<stockade_agent::Answer, RunError> {
+async fn agent_without_key(url: &str, world: &World) -> Result<stockade_agent::Answer, AgentError> {
     agent(url, world).run("hi").await
 }
 

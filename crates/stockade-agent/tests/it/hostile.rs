@@ -2,7 +2,7 @@
 //! Judged by the tools' own logs: what ran, and which ravens flew.
 
 use serde_json::{Value, json};
-use stockade_agent::{EndpointError, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS, RunError};
+use stockade_agent::{AgentError, EndpointError, MAX_CALLS_PER_TURN, MAX_REPEATED_DENIALS};
 use stockade_test_support::{MockLlm, Reply, completion};
 
 use crate::support::{World, agent, block_on, builder, policy, tool_messages};
@@ -101,7 +101,7 @@ fn g3_a_huge_or_broken_response_is_a_typed_error() {
     let huge = format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"{}"}}}}]}}"#, "x".repeat(10 << 20));
     let mock = MockLlm::script(vec![Reply::raw(200, huge.into_bytes())]).unwrap();
     let err = block_on(agent(&mock.url(), &world).run("go")).unwrap_err();
-    assert!(matches!(err, RunError::Endpoint(EndpointError::TooLarge { .. })), "{err:?}");
+    assert!(matches!(err, AgentError::Endpoint(EndpointError::TooLarge { .. })), "{err:?}");
     for body in [
         &b"{\"choices\":[]}"[..],
         b"{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"trunc",
@@ -109,7 +109,7 @@ fn g3_a_huge_or_broken_response_is_a_typed_error() {
     ] {
         let mock = MockLlm::script(vec![Reply::raw(200, body.to_vec())]).unwrap();
         let err = block_on(agent(&mock.url(), &world).run("go")).unwrap_err();
-        assert!(matches!(err, RunError::Endpoint(EndpointError::Decode(_))), "{err:?}");
+        assert!(matches!(err, AgentError::Endpoint(EndpointError::Decode(_))), "{err:?}");
     }
     assert!(world.runs().is_empty());
 }
@@ -226,7 +226,7 @@ fn g5_the_same_denied_call_again_and_again_ends_the_run() {
         MockLlm::start(|_, _| Reply::calls(&[("send_raven", json!({"to": "eastwatch", "text": "ledger"}))])).unwrap();
     let err = block_on(agent(&mock.url(), &world).run("go")).unwrap_err();
     assert!(
-        matches!(&err, RunError::RepeatedDenial { tool, times, .. } if tool == "send_raven" && *times == MAX_REPEATED_DENIALS),
+        matches!(&err, AgentError::RepeatedDenial { tool, times, .. } if tool == "send_raven" && *times == MAX_REPEATED_DENIALS),
         "{err:?}"
     );
     assert_eq!(mock.received().len() as u32, MAX_REPEATED_DENIALS);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stockade_agent::policy::mark::{MarkMode, system_prompt};
-use stockade_agent::{RunError, RunLimits};
+use stockade_agent::{AgentError, RunLimits};
 use stockade_test_support::{MockLlm, Reply};
 
 use crate::support::{Approve, World, agent, block_on, builder, last_tool_text, policy, tool_messages};
@@ -82,7 +82,7 @@ fn g5_no_answer_after_max_turns() {
         .build()
         .unwrap();
     let err = block_on(agent.run("loop")).unwrap_err();
-    assert!(matches!(err, RunError::NoAnswer { turns: 3, .. }), "{err:?}");
+    assert!(matches!(err, AgentError::NoAnswer { turns: 3, .. }), "{err:?}");
     assert_eq!(err.to_string(), "no answer after 3 turns");
     assert_eq!(mock.received().len(), 3);
     assert_eq!(world.runs().len(), 3);
@@ -131,7 +131,7 @@ fn g5_tool_call_token_and_time_budgets_end_the_run() {
         .build()
         .unwrap();
     let err = block_on(agent.run("go")).unwrap_err();
-    assert!(matches!(err, RunError::ToolCallBudget { max: 3, .. }), "{err:?}");
+    assert!(matches!(err, AgentError::ToolCallBudget { max: 3, .. }), "{err:?}");
     assert_eq!(world.runs().len(), 2, "the call over budget did not run");
 
     let agent = builder(&mock.url(), &world)
@@ -141,7 +141,7 @@ fn g5_tool_call_token_and_time_budgets_end_the_run() {
         .build()
         .unwrap();
     let err = block_on(agent.run("go")).unwrap_err();
-    assert!(matches!(err, RunError::TokenBudget { used: 30, max: 20, .. }), "{err:?}");
+    assert!(matches!(err, AgentError::TokenBudget { used: 30, max: 20, .. }), "{err:?}");
 
     let slow = MockLlm::start(|_, _| Reply::text("late").delayed(Duration::from_secs(5))).unwrap();
     let agent = builder(&slow.url(), &world)
@@ -153,7 +153,7 @@ fn g5_tool_call_token_and_time_budgets_end_the_run() {
     let t0 = Instant::now();
     let err = block_on(agent.run("go")).unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-    assert!(matches!(err, RunError::Endpoint(_) | RunError::Deadline { .. }), "{err:?}");
+    assert!(matches!(err, AgentError::Endpoint(_) | AgentError::Deadline { .. }), "{err:?}");
 }
 
 #[test]

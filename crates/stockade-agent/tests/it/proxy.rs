@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use stockade_agent::runtime::{Broker, Grants, Sandbox, Tier, TierError};
+use stockade_agent::runtime::{Broker, Grants, RunError, Sandbox, Tier};
 use stockade_agent::{ApiKey, Endpoint, ModelProxy};
 use stockade_protocol::{Job, Report, Status};
 use stockade_test_support::{MockLlm, Reply};
@@ -33,10 +33,10 @@ impl Tier for HttpTier {
     fn name(&self) -> &'static str {
         "http-test"
     }
-    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
         Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
     }
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, "/run/stockade")?;
         let key = job.env().iter().find(|v| v.key() == "OPENAI_API_KEY").map(|v| v.value().to_owned()).unwrap();

@@ -183,11 +183,11 @@ fn g5_an_engine_gone_mid_run_is_a_typed_error_and_its_container_is_removed_once_
         (result.unwrap(), cut_at.elapsed())
     });
     let err = result.expect_err("a run whose engine went away cannot have a report");
-    assert!(matches!(err, stockade_docker::DockerError::Engine(_)), "{err}");
+    assert!(matches!(err, stockade_docker::RunError::Engine(_)), "{err}");
     assert!(took < Duration::from_secs(20), "the run took {took:?} to notice the engine was gone");
     // While it is gone, a run fails at once, typed, and starts nothing.
     let gone = rt.block_on(through.run(&sh("true")));
-    assert!(matches!(gone, Err(stockade_docker::DockerError::Engine(_))), "{gone:?}");
+    assert!(matches!(gone, Err(stockade_docker::RunError::Engine(_))), "{gone:?}");
     // The container of the cut run is still on the engine (its removal could not reach it).
     assert_eq!(containers_of(pid), 1, "expected the cut run's container to be left for now");
     // Back: the next run works, and removes what the cut left behind.
@@ -242,14 +242,14 @@ fn g5_an_engine_restarted_mid_run_ends_its_runs_typed_and_once_it_is_back_runs_w
         });
         for (what, result) in [("one-shot", one_shot), ("pool", pooled)] {
             let err = result.expect_err(&format!("{how:?}: a {what} run whose engine went away cannot have a report"));
-            assert!(matches!(err, stockade_docker::DockerError::Engine(_)), "{how:?} {what}: {err}");
+            assert!(matches!(err, stockade_docker::RunError::Engine(_)), "{how:?} {what}: {err}");
         }
         assert!(took < Duration::from_secs(20), "{how:?}: the runs took {took:?} to end after the engine stopped");
         // While it is down, runs fail at once, typed.
         let down = rt.block_on(tier.run(&sh("true")));
-        assert!(matches!(down, Err(stockade_docker::DockerError::Engine(_))), "{how:?}: {down:?}");
+        assert!(matches!(down, Err(stockade_docker::RunError::Engine(_))), "{how:?}: {down:?}");
         let down = rt.block_on(pool.run(&sh("true")));
-        assert!(matches!(down, Err(stockade_docker::DockerError::Engine(_))), "{how:?}: {down:?}");
+        assert!(matches!(down, Err(stockade_docker::RunError::Engine(_))), "{how:?}: {down:?}");
         // Back: the next runs work, and what the restart left behind is removed.
         engine.up().unwrap();
         let r = rt.block_on(tier.run(&sh("echo back"))).unwrap();

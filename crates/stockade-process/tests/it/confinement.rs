@@ -631,7 +631,7 @@ attempt("ordinary", lambda: open("/workspace/notes.txt", "w").write("fine"))
     std::os::unix::fs::symlink("/tmp", linked.join(".git")).unwrap();
     let refused = block_on(tier().run(&sh("echo ran").with_workspace(&linked, Access::ReadWrite).unwrap()));
     assert!(
-        matches!(&refused, Err(stockade_process::LaunchError::Misconfigured(m)) if m.contains(".git in the read-write workspace")),
+        matches!(&refused, Err(stockade_process::RunError::Misconfigured(m)) if m.contains(".git in the read-write workspace")),
         "{refused:?}"
     );
     let _ = std::fs::remove_dir_all(&ws);
@@ -834,7 +834,7 @@ fn g13_only_dedicated_directories_are_granted() {
     let refused = |path: &Path, access: Access| {
         let job = sh("true").with_workspace(path, access).unwrap();
         match block_on(tier().run(&job)) {
-            Err(stockade_process::LaunchError::Misconfigured(m)) => m,
+            Err(stockade_process::RunError::Misconfigured(m)) => m,
             other => panic!("{} was granted: {other:?}", path.display()),
         }
     };

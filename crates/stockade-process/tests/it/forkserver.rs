@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stockade_process::{ForkServer, LaunchError};
+use stockade_process::{ForkServer, RunError};
 use stockade_protocol::{Mechanism, Report, Status};
 
 use crate::support::*;
@@ -84,7 +84,7 @@ fn ended(pid: u32) -> bool {
 fn g14_start_refuses_a_multi_threaded_process() {
     // This test binary runs each test on a thread of its own, so it is never single-threaded.
     match ForkServer::start() {
-        Err(LaunchError::Misconfigured(m)) => assert!(m.contains("single-threaded"), "{m}"),
+        Err(RunError::Misconfigured(m)) => assert!(m.contains("single-threaded"), "{m}"),
         other => panic!("expected Misconfigured, got {other:?}"),
     }
     assert_eq!(ForkServer::pid(), None);

@@ -3,7 +3,7 @@
 //! exercised from single-threaded processes by the `stockade` CLI's tests and by every
 //! process-tier row of `cargo xtask escape`.
 
-use stockade_process::{Helper, LaunchError, ProcessTier};
+use stockade_process::{Helper, ProcessTier, RunError};
 use stockade_protocol::Status;
 
 use crate::support::*;
@@ -14,7 +14,7 @@ fn g11_fork_launch_refuses_a_multi_threaded_process() {
     let tier = ProcessTier::new(Helper::fork());
     let err = block_on(tier.run(&sh("echo never"))).expect_err("a fork from a multi-threaded process must be refused");
     match err {
-        LaunchError::Misconfigured(m) => assert!(m.contains("single-threaded") && m.contains("threads"), "{m}"),
+        RunError::Misconfigured(m) => assert!(m.contains("single-threaded") && m.contains("threads"), "{m}"),
         other => panic!("expected Misconfigured, got {other:?}"),
     }
 }

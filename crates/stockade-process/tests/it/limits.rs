@@ -203,7 +203,7 @@ fn g8_a_missing_mechanism_fails_closed_and_names_it() {
     let err = block_on(tier.run(&sh("echo should not run"))).unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(err, stockade_process::LaunchError::Unsupported { ref mechanism, .. } if mechanism == "landlock"),
+        matches!(err, stockade_process::RunError::Unsupported { ref mechanism, .. } if mechanism == "landlock"),
         "{text}"
     );
     // Best effort is an explicit opt-in, and the report says what was missing.
@@ -216,9 +216,9 @@ fn g8_a_missing_mechanism_fails_closed_and_names_it() {
 #[test]
 fn g8_bad_jobs_are_typed_errors() {
     let err = block_on(tier().run(&Job::wasm("/m.wasm", "_start", Vec::<String>::new()).unwrap())).unwrap_err();
-    assert!(matches!(err, stockade_process::LaunchError::Misconfigured(_)), "{err}");
+    assert!(matches!(err, stockade_process::RunError::Misconfigured(_)), "{err}");
     let job = sh("true").with_workspace("/nonexistent/stockade", stockade_protocol::Access::ReadOnly).unwrap();
-    assert!(matches!(block_on(tier().run(&job)), Err(stockade_process::LaunchError::Misconfigured(_))));
+    assert!(matches!(block_on(tier().run(&job)), Err(stockade_process::RunError::Misconfigured(_))));
     if available("g8_bad_jobs_are_typed_errors") {
         let _runs = shared();
         let r = run(Job::command("no-such-program", Vec::<String>::new()).unwrap());
@@ -361,7 +361,7 @@ fn fault_child_pids_exhaustion() {
                 Status::Exited { .. } if eagain(&stderr(r)) => println!("outcome guest-fork-failed"),
                 other => println!("outcome other: {other:?} {}", stderr(r).trim()),
             },
-            Err(e @ stockade_process::LaunchError::Exhausted(_)) => println!("outcome refused: {e}"),
+            Err(e @ stockade_process::RunError::Exhausted(_)) => println!("outcome refused: {e}"),
             Err(e) => println!("outcome error: {e}"),
         }
     }
@@ -387,7 +387,7 @@ fn g7_when_the_host_runs_out_of_processes_a_run_fails_typed_and_the_rest_go_on()
     assert!(refused > 0, "the limit was never reached, so nothing was tested ({stats}): {out}");
     assert!(ran > 0, "no run went on while others could not start: {out}");
     // Every run that could not get its processes says so: a FailedToStart report naming
-    // EAGAIN, the guest's own failed fork, or LaunchError::Exhausted; never another error
+    // EAGAIN, the guest's own failed fork, or RunError::Exhausted; never another error
     // (a missing mechanism, a misconfiguration).
     assert_eq!(ran + refused, 12, "an outcome of another kind: {out}");
     assert!(out.contains("after Exited { code: 0 } after"), "{out}");

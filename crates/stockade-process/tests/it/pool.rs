@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use stockade_process::{LaunchError, ProcessTier, stale_cgroups};
+use stockade_process::{ProcessTier, RunError, stale_cgroups};
 use stockade_protocol::{Access, Limits, Mechanism, Report, Status};
 
 use crate::support::*;
@@ -303,7 +303,7 @@ fn g15_granted_runs_are_one_shot_and_a_pool_fails_closed() {
     // one-shot run (landlock ABI 99 does not exist).
     let strict = crate::support::tier().landlock_abi(99).pool(1);
     match block_on(strict.run(&sh("true"))) {
-        Err(LaunchError::Unsupported { mechanism, .. }) => assert_eq!(mechanism, "landlock"),
+        Err(RunError::Unsupported { mechanism, .. }) => assert_eq!(mechanism, "landlock"),
         other => panic!("expected Unsupported(landlock), got {other:?}"),
     }
 }

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use stockade_policy::allow::{Permit, Policy};
 use stockade_protocol::{GrantOutcome, Job, Report, Status};
-use stockade_runtime::{Broker, FunctionGrant, GrantError, GrantLimits, Grants, Sandbox, Tier, TierError};
+use stockade_runtime::{Broker, FunctionGrant, GrantError, GrantLimits, Grants, RunError, Sandbox, Tier};
 
 type Guest = Arc<dyn Fn(PathBuf) -> Vec<Value> + Send + Sync>;
 
@@ -47,10 +47,10 @@ impl Tier for SocketTier {
     fn name(&self) -> &'static str {
         "socket-test"
     }
-    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
         Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
     }
-    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, "/run/stockade")?;
         *self.env.lock().unwrap() = job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect();
@@ -72,10 +72,10 @@ impl Tier for InProcess {
     fn name(&self) -> &'static str {
         "in-process-test"
     }
-    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
         Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
     }
-    async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, TierError> {
+    async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, RunError> {
         for frame in self.0.iter() {
             let r = broker.call(frame).await.map(|b| serde_json::from_slice(&b).unwrap());
             self.1.lock().unwrap().push(r);
@@ -492,10 +492,10 @@ fn g6_a_call_after_the_run_has_ended_is_refused() {
         fn name(&self) -> &'static str {
             "keeper"
         }
-        async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        async fn run(&self, _job: &Job) -> Result<Report, RunError> {
             unreachable!()
         }
-        async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, TierError> {
+        async fn run_granted(&self, _job: &Job, broker: &Broker) -> Result<Report, RunError> {
             *self.0.lock().unwrap() = Some(broker.caller());
             Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
         }
@@ -518,7 +518,7 @@ fn g6_nothing_the_job_carries_configures_the_broker() {
     let job = job().with_env("STOCKADE_BROKER", "/tmp/elsewhere.sock").unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let err = rt().block_on(sandbox.report_granted(&job, Arc::new(grants(&log)))).unwrap_err();
-    assert!(matches!(err, TierError::Misconfigured(ref m) if m.contains("set by the broker")), "{err}");
+    assert!(matches!(err, RunError::Misconfigured(ref m) if m.contains("set by the broker")), "{err}");
 }
 
 #[test]
@@ -563,14 +563,14 @@ fn g8_a_tier_without_grants_support_fails_closed() {
         fn name(&self) -> &'static str {
             "plain"
         }
-        async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+        async fn run(&self, _job: &Job) -> Result<Report, RunError> {
             Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
         }
     }
     let log = Arc::new(Mutex::new(Vec::new()));
     let sandbox = Sandbox::builder().tier(Plain).build().unwrap();
     let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap_err();
-    assert!(matches!(err, TierError::Unsupported { ref mechanism, .. } if mechanism == "grants"), "{err}");
+    assert!(matches!(err, RunError::Unsupported { ref mechanism, .. } if mechanism == "grants"), "{err}");
 }
 
 /// A model service that answers calls with what it was asked, and counts them.
@@ -653,5 +653,5 @@ fn g9_a_function_grant_may_not_take_the_model_grants_name() {
     let tier = InProcess(Arc::new(Vec::new()), Arc::default());
     let sandbox = Sandbox::builder().tier(tier).build().unwrap();
     let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap_err();
-    assert!(matches!(&err, TierError::Misconfigured(m) if m.contains("\"model\"")), "{err}");
+    assert!(matches!(&err, RunError::Misconfigured(m) if m.contains("\"model\"")), "{err}");
 }

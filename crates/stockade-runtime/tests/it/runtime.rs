@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use stockade_protocol::{Captured, Job, Report, Status};
-use stockade_runtime::{BuildError, Sandbox, Tier, TierError};
+use stockade_runtime::{BuildError, RunError, Sandbox, Tier};
 use stockade_verify::{Budget, Contract, Outcome, Refusal};
 
 #[derive(Debug)]
@@ -16,10 +16,10 @@ impl Tier for Scripted {
     fn name(&self) -> &'static str {
         "scripted"
     }
-    async fn run(&self, _job: &Job) -> Result<Report, TierError> {
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
         match &self.0 {
             Ok(r) => Ok(r.clone()),
-            Err(m) => Err(TierError::Unsupported { mechanism: (*m).to_owned(), reason: "scripted".into() }),
+            Err(m) => Err(RunError::Unsupported { mechanism: (*m).to_owned(), reason: "scripted".into() }),
         }
     }
 }
@@ -57,7 +57,7 @@ fn g2_unsupported_is_an_error_not_a_weaker_run() {
     let job = Job::command("x", Vec::<String>::new()).unwrap();
     let s = Sandbox::builder().tier(Scripted(Err("landlock"))).build().unwrap();
     let err = rt().block_on(s.run(&job, &contract())).unwrap_err();
-    assert!(matches!(err, TierError::Unsupported { ref mechanism, .. } if mechanism == "landlock"), "{err}");
+    assert!(matches!(err, RunError::Unsupported { ref mechanism, .. } if mechanism == "landlock"), "{err}");
 }
 
 #[test]

@@ -130,7 +130,7 @@ fn g11_protected_paths_in_a_read_write_workspace() {
         .unwrap();
     let err = crate::support::block_on(crate::support::tier().run(&job)).unwrap_err();
     assert!(
-        matches!(&err, stockade_wasm::WasmError::Unsupported { reason, .. } if reason.contains("holds .git .git/hooks")),
+        matches!(&err, stockade_wasm::RunError::Unsupported { reason, .. } if reason.contains("holds .git .git/hooks")),
         "{err}"
     );
     assert!(!ws.join("after.txt").exists());
@@ -154,7 +154,7 @@ fn g11_a_workspace_inside_a_held_one_waits_or_is_refused() {
         .with_workspace_when_busy(ws.join("sub"), Access::ReadWrite, stockade_protocol::Busy::Refuse)
         .unwrap();
     let err = crate::support::block_on(crate::support::tier().run(&job)).unwrap_err();
-    assert!(matches!(&err, stockade_wasm::WasmError::Busy(m) if m.contains("held by another run")), "{err}");
+    assert!(matches!(&err, stockade_wasm::RunError::Busy(m) if m.contains("held by another run")), "{err}");
     assert!(!ws.join("sub/made.txt").exists());
     drop(held);
     assert_eq!(errnos(&run(&job)), [0, 0]);

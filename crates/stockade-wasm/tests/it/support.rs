@@ -66,7 +66,7 @@ pub(crate) fn js(test: &str, src: &str) -> Option<Job> {
 
 /// The job, or None (printing SKIPPED) when its guest is not installed; under
 /// `STOCKADE_REQUIRE_ALL` a missing guest fails the test.
-pub(crate) fn guest_job(test: &str, job: Result<Job, stockade_wasm::WasmError>) -> Option<Job> {
+pub(crate) fn guest_job(test: &str, job: Result<Job, stockade_wasm::RunError>) -> Option<Job> {
     match job {
         Ok(job) => Some(job),
         Err(e) if std::env::var_os("STOCKADE_REQUIRE_ALL").is_some() => panic!("{test}: {e}"),
