@@ -248,7 +248,7 @@ fn model_proxy(c: &mut Criterion) {
     g.bench_function("through_the_proxy", |b| {
         b.iter_custom(|iters| {
             timer.0.lock().unwrap().0 = iters;
-            rt.block_on(sandbox.report_granted(&job, grants.clone())).unwrap();
+            rt.block_on(sandbox.report(stockade_agent::runtime::RunRequest::new(&job).grants(grants.clone()))).unwrap();
             timer.0.lock().unwrap().1
         })
     });

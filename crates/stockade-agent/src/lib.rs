@@ -160,7 +160,7 @@ pub use machine::{
     MIN_TAINT_CHARS, Profile, RunLimits, Step, ToolContent,
 };
 pub use proxy::{DEFAULT_RUN_TOKENS, MAX_PROXY_BODY, ModelProxy};
-pub use run_code::{Language, MAX_CODE_BYTES, RunCode};
+pub use run_code::{Language, MAX_CODE_BYTES, RunCode, Runner};
 pub use secret::{ApiKey, KeyError};
 pub use tool::{FnTool, Tool, ToolBox, ToolDef, ToolOutput, Trust, tool_grant};
 pub use trace::{Observer, Trace};

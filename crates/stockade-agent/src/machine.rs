@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use stockade_policy::allow::{Approval, ApprovalKey, Context, Decision, Ledger, Permit, Policy, Source, ToolCall};
+use stockade_policy::allow::{Approval, ApprovalKey, Decision, Gate, Permit, Policy, Source, ToolCall};
 use stockade_policy::mark::{MarkMode, Provenance, Untrusted, mark_json, mark_with};
 use stockade_protocol::chat::{
     ChatMessage, ChatRequest, Content, MAX_MESSAGES, MAX_TOOL_CALLS, Role, Tool as ChatTool, ToolCall as ChatToolCall,
@@ -266,7 +266,8 @@ struct Slot {
 /// The state of one agent run.
 #[derive(Debug)]
 pub struct AgentRun {
-    policy: Arc<Policy>,
+    /// The policy and this run's ledger, and whether untrusted output has been read.
+    gate: Gate,
     tools: Vec<ChatTool>,
     trust: HashMap<String, Trust>,
     model: String,
@@ -274,8 +275,6 @@ pub struct AgentRun {
     profile: Profile,
     mark_mode: MarkMode,
     messages: Vec<ChatMessage>,
-    ledger: Ledger,
-    read_untrusted: bool,
     taint: Vec<(String, String)>,
     taint_bytes: usize,
     turns: u32,
@@ -312,7 +311,7 @@ impl AgentRun {
         let mut nonce = [0u8; 4];
         let _ = getrandom::fill(&mut nonce);
         Self {
-            policy,
+            gate: Gate::new(policy),
             tools: tools.into_iter().map(|(t, _)| t).collect(),
             trust,
             model: model.into(),
@@ -320,8 +319,6 @@ impl AgentRun {
             profile,
             mark_mode,
             messages: vec![ChatMessage::text(Role::System, system), ChatMessage::text(Role::User, prompt)],
-            ledger: Ledger::new(),
-            read_untrusted: false,
             taint: Vec::new(),
             taint_bytes: 0,
             turns: 0,
@@ -353,7 +350,7 @@ impl AgentRun {
             "turns": self.turns,
             "tool_calls": self.tool_calls,
             "tokens": self.tokens,
-            "read_untrusted": self.read_untrusted,
+            "read_untrusted": self.gate.has_read_untrusted(),
             "phase": format!("{:?}", self.phase),
         })
     }
@@ -361,7 +358,7 @@ impl AgentRun {
     /// Whether untrusted output has been read.
     #[must_use]
     pub fn has_read_untrusted(&self) -> bool {
-        self.read_untrusted
+        self.gate.has_read_untrusted()
     }
 
     /// Model calls made.
@@ -523,8 +520,7 @@ impl AgentRun {
             }
         };
         let (tool_call, tainted) = self.with_provenance(&call.name, args);
-        let ctx = Context::new(&self.ledger, now).read_untrusted(self.read_untrusted);
-        let decision = self.policy.authorize(&tool_call, &ctx);
+        let decision = self.gate.decide(&tool_call, now);
         self.events.push(Event {
             kind: "decision",
             fields: json!({"turn": self.turns, "call": call_id, "provider_id": call.provider_id, "tool": call.name,
@@ -533,7 +529,6 @@ impl AgentRun {
         });
         match decision {
             Decision::Allow(permit) => {
-                self.ledger.record(&permit, now);
                 self.denials = None;
                 Ok(Action::Run(permit))
             }
@@ -638,10 +633,8 @@ impl AgentRun {
             self.slots[slot].result = Some(text);
             return None;
         }
-        let ctx = Context::new(&self.ledger, now).read_untrusted(self.read_untrusted);
-        match self.policy.authorize_approved(&call, &ctx, Approval::grant(key)) {
+        match self.gate.decide_approved(&call, now, Approval::grant(key)) {
             Decision::Allow(permit) => {
-                self.ledger.record(&permit, now);
                 self.events.push(Event { kind: "decision", fields: json!({"turn": self.turns, "call": self.slots[slot].call_id, "tool": call.tool(), "effect": "allow", "rule": permit.rule(), "reason": "approved by a human"}) });
                 Some(permit)
             }
@@ -679,7 +672,7 @@ impl AgentRun {
                 ToolOutput::Failed { reason, output: Some(o) } => format!("Error: {reason}\n{o}"),
             };
         }
-        self.read_untrusted = true;
+        self.gate.set_read_untrusted();
         let provenance = || Provenance::tool(tool, call_id);
         match output {
             ToolOutput::Text(t) => {

@@ -55,16 +55,52 @@ impl Language {
     }
 }
 
-/// Where each language runs.
+/// Where a program runs: one sandbox, and how a program becomes a job in it. The one
+/// mapping from a language to a job, shared by the agent's `run_code` and `stockade mcp`.
 #[derive(Debug, Clone)]
-enum Runner {
-    /// python and sh as commands in this sandbox (the process tier).
+#[non_exhaustive]
+pub enum Runner {
+    /// A command (python and sh, or any argv) in this sandbox (the process tier).
     Command(Arc<Sandbox>),
     /// javascript in this sandbox (the wasm tier).
     Javascript(Arc<Sandbox>),
-    /// A command in an image in this sandbox (the docker tier).
-    #[cfg_attr(not(feature = "docker"), allow(dead_code, reason = "built only with the docker feature"))]
+    /// A command in this image in this sandbox (the docker tier).
     Image(Arc<Sandbox>, String),
+}
+
+impl Runner {
+    /// The sandbox it runs in.
+    #[must_use]
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        match self {
+            Self::Command(s) | Self::Javascript(s) | Self::Image(s, _) => s,
+        }
+    }
+
+    /// The job that runs `argv` here (a command or an image runner).
+    pub fn command_job(&self, argv: Vec<String>) -> Result<Job, String> {
+        let job = match self {
+            Self::Command(_) => {
+                let (program, args) = argv.split_first().ok_or("the command is empty")?;
+                Job::command(program.clone(), args.iter().cloned())
+            }
+            Self::Image(_, image) => Job::image(image.clone(), argv),
+            Self::Javascript(_) => return Err("the wasm tier runs javascript, not commands".into()),
+        };
+        job.map_err(|e| format!("the job could not be built: {e}"))
+    }
+
+    /// The job that runs `code` in `language` here: `python3 -c CODE`, `sh -c CODE`, or the
+    /// QuickJS guest for javascript.
+    pub fn code_job(&self, language: Language, code: &str) -> Result<Job, String> {
+        let argv = |program: &str| vec![program.to_owned(), "-c".to_owned(), code.to_owned()];
+        match (language, self) {
+            (Language::Javascript, Self::Javascript(_)) => javascript_job(code),
+            (Language::Javascript, _) => Err("javascript runs in the wasm tier".into()),
+            (Language::Python, _) => self.command_job(argv("python3")),
+            (Language::Sh, _) => self.command_job(argv("sh")),
+        }
+    }
 }
 
 /// The built-in `run_code` tool.
@@ -130,7 +166,6 @@ impl RunCode {
     }
 
     /// Runs `language` (python or sh) as a command in `image` in `sandbox` (the docker tier).
-    #[cfg(feature = "docker")]
     #[must_use]
     pub fn image(self, language: Language, sandbox: Arc<Sandbox>, image: impl Into<String>) -> Self {
         self.add(language, Runner::Image(sandbox, image.into()))
@@ -141,19 +176,21 @@ impl RunCode {
         self.runners.iter().map(|(l, _)| *l)
     }
 
-    fn job(&self, runner: &Runner, language: Language, code: &str) -> Result<Job, String> {
-        let argv = |program: &str, flag: &str| vec![program.to_owned(), flag.to_owned(), code.to_owned()];
-        let command = match language {
-            Language::Python => argv("python3", "-c"),
-            Language::Sh => argv("sh", "-c"),
-            Language::Javascript => Vec::new(),
-        };
-        let job = match runner {
-            Runner::Command(_) => Job::command(command[0].clone(), command[1..].iter().cloned()),
-            Runner::Image(_, image) => Job::image(image.clone(), command),
-            Runner::Javascript(_) => return javascript_job(code),
-        };
-        job.map_err(|e| format!("the job could not be built: {e}"))
+    /// Where `language` runs, if it is offered.
+    #[must_use]
+    pub fn runner(&self, language: Language) -> Option<&Runner> {
+        self.runners.iter().find(|(l, _)| *l == language).map(|(_, r)| r)
+    }
+
+    /// The job for `code` in `language` (at most [`MAX_CODE_BYTES`]), with this tool's
+    /// limits, and where it runs.
+    pub fn job(&self, language: Language, code: &str) -> Result<(Job, &Runner), String> {
+        let runner =
+            self.runner(language).ok_or_else(|| format!("{} is not available on this host", language.name()))?;
+        if code.len() > MAX_CODE_BYTES {
+            return Err(format!("the code is longer than {MAX_CODE_BYTES} bytes"));
+        }
+        Ok((runner.code_job(language, code)?.with_limits(self.limits), runner))
     }
 }
 
@@ -179,15 +216,9 @@ impl Tool for RunCode {
         let Some(language) = args.get("language").and_then(Value::as_str).and_then(Language::parse) else {
             return ToolOutput::failed("language must be one of the listed languages");
         };
-        let Some((_, runner)) = self.runners.iter().find(|(l, _)| *l == language) else {
-            return ToolOutput::failed(format!("{} is not available on this host", language.name()));
-        };
         let code = args.get("code").and_then(Value::as_str).unwrap_or_default();
-        if code.len() > MAX_CODE_BYTES {
-            return ToolOutput::failed(format!("the code is longer than {MAX_CODE_BYTES} bytes"));
-        }
-        let mut job = match self.job(runner, language, code) {
-            Ok(job) => job.with_limits(self.limits),
+        let (mut job, runner) = match self.job(language, code) {
+            Ok(j) => j,
             Err(e) => return ToolOutput::failed(e),
         };
         if let Some(stdin) = args.get("stdin").and_then(Value::as_str) {
@@ -196,9 +227,7 @@ impl Tool for RunCode {
                 Err(e) => return ToolOutput::failed(format!("stdin refused: {e}")),
             };
         }
-        let sandbox = match runner {
-            Runner::Command(s) | Runner::Javascript(s) | Runner::Image(s, _) => s,
-        };
+        let sandbox = runner.sandbox();
         run_verified(sandbox, &job, "the run").await
     }
 }

@@ -12,10 +12,9 @@ use stockade_agent::config::RunCodeConfig;
 use stockade_agent::{
     Agent, AgentConfig, AgentError, ApiKey, ApprovalRequest, Approver, Endpoint, Language, NoApprover, RunCode, Trace,
 };
-use stockade_runtime::Sandbox;
 use stockade_runtime::protocol::Limits;
 
-use crate::{docker, process, wasm};
+use crate::{docker, wasm};
 
 /// Sandboxes the agent's process tier keeps built ahead of the next command, per workspace:
 /// an agent runs one command at a time, and the next is usually in the same workspace.
@@ -137,12 +136,8 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     for c in &config.commands {
         let mut tool = c.tool_ambient();
         if c.confine.as_deref() == Some("process") {
-            let helper = process::Helper::current_exe()
-                .context("locating the stockade binary for the sandbox helper")?
-                .prefer_fork();
             // Sandboxes built ahead of each command (G15 of stockade-process).
-            let tier = process::ProcessTier::new(helper).pool(AGENT_POOL);
-            tool = tool.confined(Arc::new(Sandbox::builder().tier(tier).build()?));
+            tool = tool.confined(crate::tiers::process_pool(AGENT_POOL)?);
         }
         builder = builder.tool(Arc::new(tool));
     }
@@ -289,8 +284,7 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
     let mut tool = RunCode::new(limits);
     let wants = |l| rc.languages.contains(&l);
     if rc.tier == "docker" {
-        let tier = docker::DockerTier::connect().await.map_err(|e| anyhow::anyhow!("run_code's docker tier: {e}"))?;
-        let sandbox = Arc::new(Sandbox::builder().tier(tier).build()?);
+        let sandbox = crate::tiers::docker().await.map_err(|e| anyhow::anyhow!("run_code's docker tier: {e}"))?;
         let image = rc.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned());
         for l in [Language::Sh, Language::Python].into_iter().filter(|l| wants(*l)) {
             tool = tool.image(l, sandbox.clone(), image.clone());
@@ -301,11 +295,7 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
         return Ok(tool);
     }
     if wants(Language::Python) || wants(Language::Sh) {
-        let helper = process::Helper::current_exe()
-            .context("locating the stockade binary for the sandbox helper")?
-            .prefer_fork();
-        let tier = process::ProcessTier::new(helper).pool(AGENT_POOL);
-        let sandbox = Arc::new(Sandbox::builder().tier(tier).build()?);
+        let sandbox = crate::tiers::process_pool(AGENT_POOL)?;
         for l in [Language::Python, Language::Sh].into_iter().filter(|l| wants(*l)) {
             tool = tool.command(l, sandbox.clone());
         }
@@ -313,8 +303,7 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
     if wants(Language::Javascript) {
         match wasm::guests::javascript() {
             Ok(_) => {
-                let sandbox = Arc::new(Sandbox::builder().tier(wasm::WasmTier::new()?).build()?);
-                tool = tool.javascript(sandbox);
+                tool = tool.javascript(crate::tiers::wasm()?);
             }
             Err(e) => {
                 writeln!(std::io::stderr(), "stockade: run_code will not offer javascript: {e}")?;

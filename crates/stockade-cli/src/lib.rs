@@ -110,6 +110,7 @@
 mod agent;
 mod mcp;
 mod term;
+mod tiers;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -121,8 +122,9 @@ use clap::{Parser, Subcommand};
 pub use stockade_runtime::process;
 use stockade_runtime::protocol::{Access, Busy, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
-use stockade_runtime::{RunError, Sandbox};
+use stockade_runtime::{RunError, RunRequest, Sandbox};
 use stockade_runtime::{docker, wasm};
+use tiers::TierKind;
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
 pub(crate) const EXIT_STOCKADE: u8 = 125;
@@ -213,8 +215,8 @@ enum DockerCommand {
 struct RunArgs {
     /// The isolation tier: `process` (a confined Linux process) or `wasm` (a WebAssembly
     /// guest in wasmtime).
-    #[arg(long, default_value = "process", value_parser = ["process", "wasm", "docker"])]
-    tier: String,
+    #[arg(long, value_enum, default_value_t = TierKind::Process)]
+    tier: TierKind,
     /// The image for `--tier docker` (built locally; nothing is pulled).
     #[arg(long, default_value = docker::spec::DEFAULT_IMAGE)]
     image: String,
@@ -391,20 +393,20 @@ fn job(args: &RunArgs) -> Result<Job> {
         (None, Some(file)) => Some(std::fs::read(file).with_context(|| format!("reading {}", file.display()))?),
         (None, None) => None,
     };
-    if args.tty && args.tier != "process" {
+    if args.tty && args.tier != TierKind::Process {
         bail!("--tty needs --tier process");
     }
     if let Some(code) = &args.python {
-        if args.tier != "wasm" {
+        if args.tier != TierKind::Wasm {
             bail!("--python needs --tier wasm");
         }
         let granted = !args.grant_data.is_empty() || !args.grant_tool.is_empty() || args.grant_model;
         return with_grants(python_job(code, granted)?.with_limits(limits), args);
     }
-    let job = match (args.tier.as_str(), script) {
-        ("wasm", Some(script)) => wasm::javascript_job(script)?,
+    let job = match (args.tier, script) {
+        (TierKind::Wasm, Some(script)) => wasm::javascript_job(script)?,
         (_, Some(_)) => bail!("--js and --js-file need --tier wasm"),
-        ("wasm", None) => {
+        (TierKind::Wasm, None) => {
             let (module, rest) = match &args.module {
                 Some(m) => (m.clone(), args.command.as_slice()),
                 None => {
@@ -416,7 +418,7 @@ fn job(args: &RunArgs) -> Result<Job> {
             Job::wasm(module, args.entry.clone(), rest.iter().cloned())?
         }
         (_, None) if args.module.is_some() => bail!("a module file needs --tier wasm"),
-        ("docker", None) => Job::image(args.image.clone(), args.command.iter().cloned())?,
+        (TierKind::Docker, None) => Job::image(args.image.clone(), args.command.iter().cloned())?,
         _ => {
             let (program, rest) = args.command.split_first().context("no command given")?;
             Job::command(program.clone(), rest.iter().cloned())?
@@ -573,9 +575,9 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
     let grants = std::sync::Arc::new(grants(&args)?);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let sandbox = if args.tier == "wasm" {
+    let sandbox = if args.tier == TierKind::Wasm {
         Sandbox::builder().tier(wasm::WasmTier::new()?).build()?
-    } else if args.tier == "docker" {
+    } else if args.tier == TierKind::Docker {
         let connected = rt.block_on(async {
             let tier = docker::DockerTier::connect().await?;
             match &args.docker_runtime {
@@ -591,12 +593,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             Err(e) => return Err(e.into()),
         }
     } else {
-        // The helper is forked by the fork server `main` started (or, without one, by this
-        // process while it is single-threaded); this binary is executed as the helper otherwise.
-        let helper = process::Helper::current_exe()
-            .context("locating the stockade binary for the sandbox helper")?
-            .prefer_fork();
-        let mut tier = process::ProcessTier::new(helper).landlock_abi(args.landlock_abi);
+        let mut tier = process::ProcessTier::new(tiers::helper()?).landlock_abi(args.landlock_abi);
         if args.no_cgroup {
             tier = tier.without_cgroups();
         }
@@ -625,7 +622,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut hup = signal(SignalKind::hangup())?;
         anyhow::Ok(tokio::select! {
-            r = sandbox.report_live(&job, grants, io) => Ok(r),
+            r = sandbox.report(RunRequest::new(&job).grants(grants).live(io)) => Ok(r),
             _ = term.recv() => Err(("SIGTERM", 15u8)),
             _ = int.recv() => Err(("SIGINT", 2)),
             _ = hup.recv() => Err(("SIGHUP", 1)),

@@ -43,12 +43,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Map, Value, json};
-use stockade_agent::policy::allow::{Context, Decision, Ledger, Policy, Registry, Source, ToolCall, ToolSpec};
-use stockade_runtime::Sandbox;
+use stockade_agent::policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall, ToolSpec};
+use stockade_agent::{Language, RunCode, Runner};
 use stockade_runtime::protocol::{Access, Job, Limits, Report, Status};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 
+use crate::tiers::{self, TierKind};
 use crate::{docker, process, wasm};
 
 /// The handshake-era versions answered by `initialize`, newest first.
@@ -68,8 +69,8 @@ const VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 pub(crate) struct McpArgs {
     /// Where python and sh run: `process` (a confined Linux process) or `docker` (a
     /// container; javascript still runs in the wasm tier).
-    #[arg(long, default_value = "process")]
-    tier: String,
+    #[arg(long, value_enum, default_value_t = TierKind::Process)]
+    tier: TierKind,
     /// The image for `--tier docker` (built locally; nothing is pulled).
     #[arg(long)]
     image: Option<String>,
@@ -115,29 +116,10 @@ pub(crate) struct McpArgs {
     policy: Option<PathBuf>,
 }
 
-/// Where a language runs.
-#[derive(Clone)]
-enum Runner {
-    /// A command (`python3 -c`, `sh -c`, or `argv`) in this sandbox.
-    Command(Arc<Sandbox>),
-    /// A command in this image in this (docker) sandbox.
-    Image(Arc<Sandbox>, String),
-    /// JavaScript in this (wasm) sandbox.
-    Javascript(Arc<Sandbox>),
-}
-
-impl Runner {
-    /// The sandbox this runner runs in.
-    fn sandbox(&self) -> &Arc<Sandbox> {
-        match self {
-            Self::Command(s) | Self::Image(s, _) | Self::Javascript(s) => s,
-        }
-    }
-}
-
 /// The server's configuration and sandboxes.
 pub(crate) struct Server {
-    languages: Vec<(&'static str, Runner)>,
+    /// The agent's own `run_code`: which languages run where, and how code becomes a job.
+    run_code: RunCode,
     command: Option<Runner>,
     default_timeout: u64,
     max_timeout: u64,
@@ -146,7 +128,8 @@ pub(crate) struct Server {
     output_bytes: u64,
     max_line: usize,
     workspace: Option<(PathBuf, Access)>,
-    policy: Option<(Policy, Mutex<Ledger>, Instant)>,
+    /// With `--policy`: the gate every call passes, and the session's clock.
+    gate: Option<(Mutex<Gate>, Instant)>,
     slots: Semaphore,
     /// The runs that go at once (`--max-concurrency`).
     max_concurrency: usize,
@@ -170,7 +153,7 @@ pub(crate) fn run(args: McpArgs) -> Result<std::process::ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         let server = Arc::new(build(&args).await?);
-        let names: Vec<&str> = server.languages.iter().map(|(l, _)| *l).collect();
+        let names: Vec<&str> = server.run_code.languages().map(Language::name).collect();
         eprintln!(
             "stockade mcp: serving on stdio; run_code languages: {}; run_command: {}",
             if names.is_empty() { "none".to_owned() } else { names.join(", ") },
@@ -197,18 +180,14 @@ async fn build(args: &McpArgs) -> Result<Server> {
             bail!("--languages: {l:?} is not javascript, python or sh");
         }
     }
-    let commands = match args.tier.as_str() {
-        "process" => {
+    let commands = match args.tier {
+        TierKind::Process => {
             let p = process::probe();
             match (&p.user_namespaces, p.landlock_abi, p.seccomp) {
+                // Sandboxes built ahead of the calls (G15 of stockade-process), as many as
+                // may run at once, up to 4.
                 (Ok(()), abi, true) if abi >= 6 => {
-                    let helper = process::Helper::current_exe()
-                        .context("locating the stockade binary for the sandbox helper")?
-                        .prefer_fork();
-                    // Sandboxes built ahead of the calls (G15 of stockade-process), as many as
-                    // may run at once, up to 4.
-                    let tier = process::ProcessTier::new(helper).pool(args.max_concurrency.min(4));
-                    Some(Runner::Command(Arc::new(Sandbox::builder().tier(tier).build()?)))
+                    Some(Runner::Command(tiers::process_pool(args.max_concurrency.min(4))?))
                 }
                 _ => {
                     eprintln!(
@@ -218,38 +197,37 @@ async fn build(args: &McpArgs) -> Result<Server> {
                 }
             }
         }
-        "docker" => match docker::DockerTier::connect().await {
-            Ok(t) => {
+        TierKind::Docker => match tiers::docker().await {
+            Ok(sandbox) => {
                 let image = args.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned());
-                Some(Runner::Image(Arc::new(Sandbox::builder().tier(t).build()?), image))
+                Some(Runner::Image(sandbox, image))
             }
             Err(e) => {
                 eprintln!("stockade mcp: the docker tier is unavailable: {e}: no python, sh or run_command");
                 None
             }
         },
-        other => bail!("--tier {other:?}: use process or docker"),
+        TierKind::Wasm => bail!("--tier wasm: use process or docker (javascript runs in the wasm tier either way)"),
     };
-    let mut languages = Vec::new();
+    // The limits are each call's (set in `prepare`), so the tool's own are the defaults.
+    let mut run_code = RunCode::new(Limits::new());
     if wanted("javascript") {
         match wasm::guests::javascript() {
-            Ok(_) => languages.push((
-                "javascript",
-                Runner::Javascript(Arc::new(Sandbox::builder().tier(wasm::WasmTier::new()?).build()?)),
-            )),
+            Ok(_) => run_code = run_code.javascript(tiers::wasm()?),
             Err(e) => eprintln!("stockade mcp: no javascript: {e}"),
         }
     }
     if let Some(r) = &commands {
-        for (l, program) in [("python", "python3"), ("sh", "sh")] {
-            if !wanted(l) {
+        for (l, program) in [(Language::Python, "python3"), (Language::Sh, "sh")] {
+            if !wanted(l.name()) {
                 continue;
             }
             // Offered only if its interpreter runs in that sandbox: the host's for the process
             // tier, the image's for the docker tier (the default busybox image has no python3).
-            match probe(r, program).await {
-                Ok(()) => languages.push((l, r.clone())),
-                Err(why) => eprintln!("stockade mcp: {l} is not offered: {why}"),
+            match (probe(r, program).await, r) {
+                (Ok(()), Runner::Image(sandbox, image)) => run_code = run_code.image(l, sandbox.clone(), image.clone()),
+                (Ok(()), _) => run_code = run_code.command(l, r.sandbox().clone()),
+                (Err(why), _) => eprintln!("stockade mcp: {} is not offered: {why}", l.name()),
             }
         }
     }
@@ -258,7 +236,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
         Some(w) => Some(crate::parse_workspace(w, args.follow_workspace_links).context("--workspace")?),
     };
     let mut server = Server {
-        languages,
+        run_code,
         command: commands.filter(|_| !args.no_run_command),
         default_timeout: args.timeout_ms,
         max_timeout: args.max_timeout_ms,
@@ -267,7 +245,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
         output_bytes: args.output_bytes,
         max_line: args.max_line_bytes,
         workspace,
-        policy: None,
+        gate: None,
         slots: Semaphore::new(args.max_concurrency),
         max_concurrency: args.max_concurrency,
     };
@@ -279,7 +257,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
             registry = registry.with(ToolSpec::from_json_schema(name, &tool["inputSchema"])?.untrusted_output());
         }
         let policy = Policy::from_toml(&text, &registry).with_context(|| format!("the policy {}", path.display()))?;
-        server.policy = Some((policy, Mutex::new(Ledger::new()), Instant::now()));
+        server.gate = Some((Mutex::new(Gate::new(policy)), Instant::now()));
     }
     Ok(server)
 }
@@ -287,7 +265,8 @@ async fn build(args: &McpArgs) -> Result<Server> {
 /// Runs `PROGRAM -c 'exit 0'` once in the runner's sandbox.
 async fn probe(runner: &Runner, program: &str) -> Result<(), String> {
     let argv = vec![program.to_owned(), "-c".into(), if program == "python3" { "pass" } else { "exit 0" }.into()];
-    let job = job_for(runner, argv, "")?
+    let job = runner
+        .command_job(argv)?
         .with_limits(Limits::new().with_wall(Duration::from_secs(20)).map_err(|e| e.to_string())?);
     let sandbox = runner.sandbox();
     match sandbox.report(&job).await {
@@ -543,8 +522,8 @@ impl Server {
         let annotations =
             json!({"readOnlyHint": false, "destructiveHint": false, "idempotentHint": false, "openWorldHint": false});
         let mut tools = Vec::new();
-        if !self.languages.is_empty() {
-            let names: Vec<&str> = self.languages.iter().map(|(l, _)| *l).collect();
+        let names: Vec<&str> = self.run_code.languages().map(Language::name).collect();
+        if !names.is_empty() {
             let mut props = json!({
                 "language": {"type": "string", "enum": names},
                 "code": {"type": "string", "maxLength": MAX_CODE, "description": "the program (python3 -c, sh -c, or a QuickJS script)"},
@@ -626,7 +605,7 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
         .and_then(Value::as_str)
         .ok_or_else(|| RpcError::new(-32602, "tools/call needs a tool name"))?;
     let known = match name {
-        "run_code" => !server.languages.is_empty(),
+        "run_code" => server.run_code.languages().next().is_some(),
         "run_command" => server.command.is_some(),
         _ => false,
     };
@@ -635,27 +614,32 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
     }
     let empty = Value::Object(Map::new());
     let args = params.get("arguments").unwrap_or(&empty);
-    let (job, runner) = match prepare(server, name, args) {
+    // The arguments are checked against the schema and the server's caps first, so that a
+    // bad call gets the same answer with and without a policy.
+    let (mut job, mut runner) = match prepare(server, name, args) {
         Ok(j) => j,
         Err(reason) => return Ok(refused("invalid_arguments", &format!("invalid arguments: {reason}"))),
     };
-    if let Some((policy, ledger, start)) = &server.policy {
+    if let Some((gate, start)) = &server.gate {
         let call = ToolCall::from_json(name, args, &Source::Tool("mcp-client".into()))
             .ok_or_else(|| RpcError::new(-32602, "arguments must be an object"))?;
-        let mut ledger = ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = start.elapsed();
-        match policy.authorize(&call, &Context::new(&ledger, now)) {
-            Decision::Allow(permit) => ledger.record(&permit, now),
-            Decision::Deny { rule, reason } => {
-                return Ok(refused("denied", &format!("denied by the policy (rule {rule}): {reason}")));
-            }
-            Decision::Ask { rule, .. } => {
+        let decided =
+            gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decide_unattended(&call, start.elapsed());
+        let permit = match decided {
+            Ok(permit) => permit,
+            Err(r) if r.kind == RefusalKind::NeedsApproval => {
                 return Ok(refused(
                     "denied",
-                    &format!("denied: the policy's rule {rule} asks for approval, which MCP mode does not do"),
+                    &format!("denied: the policy's rule {} asks for approval, which MCP mode does not do", r.rule),
                 ));
             }
-        }
+            Err(r) => return Ok(refused("denied", &format!("denied by the policy (rule {}): {}", r.rule, r.reason))),
+        };
+        // What runs is built from the permit: the arguments the policy decided on.
+        (job, runner) = match prepare(server, name, &permit.call().args_json()) {
+            Ok(j) => j,
+            Err(reason) => return Ok(refused("invalid_arguments", &format!("invalid arguments: {reason}"))),
+        };
     }
     let _slot = server.slots.acquire().await.map_err(|_| RpcError::new(-32603, "the server is shutting down"))?;
     let progress = params.get("_meta").and_then(|m| m.get("progressToken")).cloned();
@@ -715,20 +699,14 @@ fn prepare(server: &Server, tool: &str, args: &Value) -> Result<(Job, Runner), S
     };
     let (job, runner) = if tool == "run_code" {
         let language = obj.get("language").and_then(Value::as_str).ok_or("language must be a string")?;
-        let (_, runner) = server
-            .languages
-            .iter()
-            .find(|(l, _)| *l == language)
-            .ok_or_else(|| format!("language {language:?} is not one of the listed languages"))?;
+        let listed = Language::parse(language).filter(|l| l.name() == language && server.run_code.runner(*l).is_some());
+        let language = listed.ok_or_else(|| format!("language {language:?} is not one of the listed languages"))?;
         let code = obj.get("code").and_then(Value::as_str).ok_or("code must be a string")?;
         if code.len() > MAX_CODE {
             return Err(format!("code is longer than {MAX_CODE} bytes"));
         }
-        let argv = match language {
-            "python" => vec!["python3".to_owned(), "-c".into(), code.into()],
-            _ => vec!["sh".to_owned(), "-c".into(), code.into()],
-        };
-        (job_for(runner, argv, code)?, runner.clone())
+        let (job, runner) = server.run_code.job(language, code)?;
+        (job, runner.clone())
     } else {
         let argv = obj.get("argv").and_then(Value::as_array).ok_or("argv must be an array of strings")?;
         if argv.is_empty() || argv.len() > MAX_ARGV {
@@ -740,7 +718,7 @@ fn prepare(server: &Server, tool: &str, args: &Value) -> Result<(Job, Runner), S
             .collect::<Option<_>>()
             .ok_or("argv must be an array of strings")?;
         let runner = server.command.as_ref().ok_or("run_command is not offered")?;
-        (job_for(runner, argv, "")?, runner.clone())
+        (runner.command_job(argv)?, runner.clone())
     };
     let wall = Duration::from_millis(timeout);
     let limits = Limits::new()
@@ -758,14 +736,6 @@ fn prepare(server: &Server, tool: &str, args: &Value) -> Result<(Job, Runner), S
         job = job.with_workspace(dir, *access).map_err(|e| format!("workspace: {e}"))?;
     }
     Ok((job, runner))
-}
-
-fn job_for(runner: &Runner, argv: Vec<String>, code: &str) -> Result<Job, String> {
-    match runner {
-        Runner::Command(_) => Job::command(argv[0].clone(), argv[1..].iter().cloned()).map_err(|e| e.to_string()),
-        Runner::Image(_, image) => Job::image(image.clone(), argv).map_err(|e| e.to_string()),
-        Runner::Javascript(_) => wasm::javascript_job(code.as_bytes().to_vec()).map_err(|e| e.to_string()),
-    }
 }
 
 /// The tool result of a finished run.

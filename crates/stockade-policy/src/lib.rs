@@ -42,7 +42,7 @@
 //! # Position in the stack
 //! Depends on: no workspace crate. Used by: `stockade-runtime` (grants), `stockade-agent`.
 //! API boundary: yes; users hold [`mark::Untrusted`], [`mark::Marked`], [`allow::Policy`],
-//! [`allow::Decision`] and [`allow::Permit`].
+//! [`allow::Gate`], [`allow::Decision`] and [`allow::Permit`].
 //!
 //! # Threat model
 //! Trusted: the host program, the policy author, the tool registry.
@@ -95,6 +95,11 @@
 //!     (pinned by: tests/it/document.rs::g12_*)
 //! G13. Call limits are decided from the caller-owned `Ledger`, whose memory is bounded per tool.
 //!     (pinned by: tests/it/allow.rs::g13_*)
+//! G14. [`allow::Gate`] is the one way from a call to a permit for the crates above: it
+//!     records every allowed call in its ledger before the permit leaves it, records nothing
+//!     else, and refuses an `ask` it has no one to put to ([`allow::Gate::decide_unattended`]),
+//!     telling an argument error from a denial by kind, not by the caller reading rule names.
+//!     (pinned by: tests/it/allow.rs::g14_*)
 //!
 //! # Non-guarantees
 //! MARK does not make a model obey: it is hygiene, and must never be the only control before

@@ -100,13 +100,44 @@ impl From<GrantName> for String {
     }
 }
 
+/// Why a grant call failed, as a stable machine-readable code (guests match on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReplyCode {
+    /// The policy denied the call, or the run has no such grant.
+    Denied,
+    /// The arguments are not the grant's (not one JSON object, or not its schema).
+    BadArgs,
+    /// The call ran and failed, or timed out.
+    Failed,
+    /// The result is over the reply limit.
+    TooLarge,
+    /// The run has ended; nothing is served any more.
+    Refused,
+}
+
+impl ReplyCode {
+    /// The wire name (`denied`, `bad_args`, `failed`, `too_large`, `refused`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Denied => "denied",
+            Self::BadArgs => "bad_args",
+            Self::Failed => "failed",
+            Self::TooLarge => "too_large",
+            Self::Refused => "refused",
+        }
+    }
+}
+
 /// Why a grant call failed, as told to the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ReplyError {
-    /// A stable machine-readable code (`denied`, `bad_args`, `unavailable`, `internal`).
-    pub code: String,
+    /// The machine-readable code.
+    pub code: ReplyCode,
     /// A human-readable message, at most [`MAX_BROKER_MESSAGE_LEN`] bytes.
     pub message: String,
 }
@@ -114,10 +145,10 @@ pub struct ReplyError {
 impl ReplyError {
     /// An error with `code` and `message`; the message is cut to [`MAX_BROKER_MESSAGE_LEN`].
     #[must_use]
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: ReplyCode, message: impl Into<String>) -> Self {
         let mut message = message.into();
         crate::report::truncate_at_char(&mut message, MAX_BROKER_MESSAGE_LEN);
-        Self { code: code.into(), message }
+        Self { code, message }
     }
 }
 

@@ -116,7 +116,7 @@ pub mod json;
 pub mod limits;
 pub mod report;
 
-pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyError};
+pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyCode, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
 pub use dedicated::{NotDedicated, check_dedicated};
 pub use error::RunError;

@@ -20,7 +20,7 @@ use serde_json::json;
 use stockade_policy::allow::{Permit, Policy};
 use stockade_protocol::broker::{BrokerFrame, ReplyBody};
 use stockade_protocol::{FrameCodec, Job, Report, Status};
-use stockade_runtime::{Broker, FunctionGrant, GrantLimits, Grants, RunError, Sandbox, Tier};
+use stockade_runtime::{Broker, FunctionGrant, GrantLimits, Grants, RunError, RunRequest, Sandbox, Tier};
 
 const POLICY: &str = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"adders\"\ntool = \"add\"\neffect = \"allow\"\nargs.a = { maximum = 1000000 }\n";
 
@@ -104,7 +104,7 @@ fn timed_runs(c: &mut Criterion, group: &str, name: &str, in_process: bool) {
     c.benchmark_group(group).bench_function(name, |b| {
         b.iter_custom(|iters| {
             *tier.iters.lock().unwrap() = iters;
-            rt.block_on(sandbox.report_granted(&job, grants.clone())).unwrap();
+            rt.block_on(sandbox.report(RunRequest::new(&job).grants(grants.clone()))).unwrap();
             *tier.elapsed.lock().unwrap()
         });
     });
@@ -161,15 +161,15 @@ fn wasm_js(c: &mut Criterion) {
     );
     let grants = grants();
     // Compile and cache the guest first.
-    rt.block_on(sandbox.report_granted(&local, grants.clone())).unwrap();
+    rt.block_on(sandbox.report(RunRequest::new(&local).grants(grants.clone()))).unwrap();
     let mut g = c.benchmark_group("grants_wasm_js");
     g.sample_size(30);
     g.bench_function("baseline_1000_local_calls", |b| {
-        b.iter(|| rt.block_on(sandbox.report_granted(&local, grants.clone())).unwrap())
+        b.iter(|| rt.block_on(sandbox.report(RunRequest::new(&local).grants(grants.clone()))).unwrap())
     });
     g.bench_function("granted_1000_add_calls", |b| {
         b.iter(|| {
-            let r = rt.block_on(sandbox.report_granted(&granted, grants.clone())).unwrap();
+            let r = rt.block_on(sandbox.report(RunRequest::new(&granted).grants(grants.clone()))).unwrap();
             assert_eq!(r.stdout.bytes, b"3000\n");
         })
     });

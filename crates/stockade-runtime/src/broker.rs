@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use serde_json::Value;
-use stockade_policy::allow::{Context, Decision, Ledger, Policy, Registry, Source, ToolCall};
-use stockade_protocol::broker::{BrokerFrame, GRANTS_SOCKET, LIST_GRANT, ReplyBody, ReplyError};
+use stockade_policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall};
+use stockade_protocol::broker::{BrokerFrame, GRANTS_SOCKET, LIST_GRANT, ReplyBody, ReplyCode, ReplyError};
 use stockade_protocol::{DecodeError, FrameCodec, GrantCall, GrantOutcome, GrantsReport};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
@@ -36,7 +36,8 @@ const NOBODY: u32 = 65534;
 pub(crate) struct Ended(pub(crate) String);
 
 struct State {
-    ledger: Ledger,
+    /// The grants policy and this run's ledger: every function call passes through it.
+    gate: Gate,
     report: GrantsReport,
     calls: u64,
 }
@@ -44,7 +45,6 @@ struct State {
 /// One run's broker session. Shared by every connection (and every `host.call`) of the run.
 pub(crate) struct Session {
     grants: Arc<Grants>,
-    policy: Arc<Policy>,
     start: Instant,
     state: Mutex<State>,
     slots: Semaphore,
@@ -59,7 +59,7 @@ fn reply(id: u64, body: ReplyBody) -> Vec<u8> {
     BrokerFrame::Reply { id, body }.to_bytes()
 }
 
-fn error(code: &str, message: impl Into<String>) -> ReplyBody {
+fn error(code: ReplyCode, message: impl Into<String>) -> ReplyBody {
     ReplyBody::Error(ReplyError::new(code, message))
 }
 
@@ -69,9 +69,8 @@ impl Session {
         let slots = Semaphore::new(grants.limits.concurrency.max(1));
         Arc::new(Self {
             grants,
-            policy,
             start: Instant::now(),
-            state: Mutex::new(State { ledger: Ledger::new(), report: GrantsReport::default(), calls: 0 }),
+            state: Mutex::new(State { gate: Gate::new(policy), report: GrantsReport::default(), calls: 0 }),
             slots,
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
@@ -184,7 +183,7 @@ impl Session {
         };
         let name = grant.as_str();
         if self.closed.load(Ordering::SeqCst) {
-            return Ok(reply(id, error("refused", "the run has ended")));
+            return Ok(reply(id, error(ReplyCode::Refused, "the run has ended")));
         }
         if let Err(reason) = self.count_call() {
             self.record(name, GrantOutcome::Refused, "max-calls", (payload.len() as u64, 0), t0.elapsed());
@@ -198,7 +197,7 @@ impl Session {
                 out.len(),
                 self.grants.limits.max_reply_bytes
             );
-            out = reply(id, error("too_large", msg));
+            out = reply(id, error(ReplyCode::TooLarge, msg));
             (GrantOutcome::Failed, "reply-too-large".to_owned())
         } else {
             (outcome, rule)
@@ -220,42 +219,37 @@ impl Session {
             let _slot = self.slots.acquire().await;
             return match service.complete(args, run).await {
                 Ok(v) => (GrantOutcome::Ok, "model-call".into(), ReplyBody::Result(v)),
-                Err(message) => (GrantOutcome::Failed, "model-call".into(), error("failed", message)),
+                Err(message) => (GrantOutcome::Failed, "model-call".into(), error(ReplyCode::Failed, message)),
             };
         }
         if let Some(value) = self.grants.data.get(name) {
             return (GrantOutcome::Ok, "data-grant".into(), ReplyBody::Result(value.clone()));
         }
         let Some(function) = self.grants.functions.get(name) else {
-            let body = error("denied", format!("this run has no grant named {name:?}"));
+            let body = error(ReplyCode::Denied, format!("this run has no grant named {name:?}"));
             return (GrantOutcome::Denied, "unknown-grant".into(), body);
         };
         let Some(call) = ToolCall::from_json(name, &args, &Source::Sandbox) else {
-            let body = error("bad_args", "a function grant takes its arguments as one JSON object");
+            let body = error(ReplyCode::BadArgs, "a function grant takes its arguments as one JSON object");
             return (GrantOutcome::Denied, "bad-args".into(), body);
         };
         let now = self.start.elapsed();
-        let decision = {
-            let mut st = self.state();
-            let decision = self.policy.authorize(&call, &Context::new(&st.ledger, now));
-            if let Decision::Allow(permit) = &decision {
-                st.ledger.record(permit, now);
-            }
-            decision
-        };
-        let rule = decision.rule().to_owned();
-        let permit = match decision {
-            Decision::Allow(permit) => permit,
-            Decision::Ask { rule, .. } => {
-                let msg = format!("rule `{rule}` asks for approval, and a sandbox call has no one to ask");
-                return (GrantOutcome::Denied, rule, error("denied", msg));
-            }
-            Decision::Deny { rule, reason } => {
-                let code =
-                    if matches!(rule.as_str(), "bad-argument" | "unknown-argument") { "bad_args" } else { "denied" };
-                return (GrantOutcome::Denied, rule, error(code, reason));
+        let decided = self.state().gate.decide_unattended(&call, now);
+        let permit = match decided {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let (code, msg) = match refused.kind {
+                    RefusalKind::NeedsApproval => (
+                        ReplyCode::Denied,
+                        format!("rule `{}` asks for approval, and a sandbox call has no one to ask", refused.rule),
+                    ),
+                    RefusalKind::BadArguments => (ReplyCode::BadArgs, refused.reason),
+                    _ => (ReplyCode::Denied, refused.reason),
+                };
+                return (GrantOutcome::Denied, refused.rule, error(code, msg));
             }
         };
+        let rule = permit.rule().to_owned();
         let timeout = self.grants.limits.call_timeout;
         let run = async {
             let _slot = self.slots.acquire().await;
@@ -263,10 +257,12 @@ impl Session {
         };
         match tokio::time::timeout(timeout, run).await {
             Ok(Ok(value)) => (GrantOutcome::Ok, rule, ReplyBody::Result(value)),
-            Ok(Err(message)) => (GrantOutcome::Failed, rule, error("failed", message)),
-            Err(_) => {
-                (GrantOutcome::Failed, rule, error("failed", format!("timed out after {} ms", timeout.as_millis())))
-            }
+            Ok(Err(message)) => (GrantOutcome::Failed, rule, error(ReplyCode::Failed, message)),
+            Err(_) => (
+                GrantOutcome::Failed,
+                rule,
+                error(ReplyCode::Failed, format!("timed out after {} ms", timeout.as_millis())),
+            ),
         }
     }
 }

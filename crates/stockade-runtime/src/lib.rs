@@ -26,7 +26,7 @@
 //! # Grants
 //! A job may be given [`Grants`]: named JSON data, named host functions with a JSON Schema
 //! for their arguments, and the [`policy::allow::Policy`] that decides every function call.
-//! [`Sandbox::report_granted`] serves them for that one run through a broker that speaks
+//! [`Sandbox::report`] of a [`RunRequest`] with grants serves them for that one run through a broker that speaks
 //! `stockade_protocol::broker`'s wire protocol:
 //!
 //! | tier | how the guest reaches the broker | data grants |
@@ -65,7 +65,7 @@
 //! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, and each tier
 //! behind its feature (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`,
 //! `stockade-docker` behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
-//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`RunError`], [`Grants`],
+//! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`RunRequest`], [`RunError`], [`Grants`],
 //! [`FunctionGrant`], [`Broker`], and the tier and layer crates re-exported as modules.
 //!
 //! # Threat model
@@ -263,7 +263,7 @@ async fn read_stdin(stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin>) -> Resu
 
 /// A run's broker, as a tier sees it: a directory to show the guest (with the broker's
 /// socket, its client and the data grants), or in-process calls. Made by
-/// [`Sandbox::report_granted`]; everything it serves ends with the run.
+/// [`Sandbox::report`] for a request with grants; everything it serves ends with the run.
 pub struct Broker {
     session: Arc<broker::Session>,
     grants: Arc<Grants>,
@@ -599,29 +599,17 @@ impl Sandbox {
         self.tier.name()
     }
 
-    /// Runs `job` and returns the raw report (nothing in it is trusted).
-    pub async fn report(&self, job: &Job) -> Result<Report, RunError> {
-        self.tier.run(job).await
-    }
-
-    /// Runs `job` and verifies the report against `contract`.
-    pub async fn run<T: Debug>(&self, job: &Job, contract: &Contract<T>) -> Result<Outcome<T>, RunError> {
-        let report = self.tier.run(job).await?;
-        Ok(stockade_verify::verify(report, contract))
-    }
-
-    /// Runs `job` with `grants` served by a broker for this run only, and returns the raw
-    /// report, whose `grants` section lists every call. With no grants this is
-    /// [`report`](Self::report).
-    pub async fn report_granted(&self, job: &Job, grants: Arc<Grants>) -> Result<Report, RunError> {
-        self.report_live(job, grants, LiveIo::default()).await
-    }
-
-    /// [`report_granted`](Self::report_granted) with live stdio (see [`Tier::run_live`]).
-    pub async fn report_live(&self, job: &Job, grants: Arc<Grants>, io: LiveIo) -> Result<Report, RunError> {
-        if grants.is_empty() {
-            return self.tier.run_live(job, None, io).await;
-        }
+    /// Runs `request` (a `&Job`, or a [`RunRequest`] with grants or live stdio) and returns
+    /// the raw report (nothing in it is trusted). With grants, a broker serves them for this
+    /// run only, and the report's `grants` section lists every call.
+    pub async fn report<'a>(&self, request: impl Into<RunRequest<'a>>) -> Result<Report, RunError> {
+        let RunRequest { job, grants, io } = request.into();
+        let Some(grants) = grants.filter(|g| !g.is_empty()) else {
+            return match io {
+                LiveIo { stdin: None, stderr: None } => self.tier.run(job).await,
+                io => self.tier.run_live(job, None, io).await,
+            };
+        };
         let broker = Broker::new(grants.clone(), self.grants_parent.clone())?;
         let result = self.tier.run_live(job, Some(&broker), io).await;
         // Calls still in flight when the guest ended are refused from here on.
@@ -637,14 +625,55 @@ impl Sandbox {
         Ok(report.with_enforced(Enforced::new(Mechanism::GrantsBroker, detail)).with_grants(seen))
     }
 
-    /// Runs `job` with `grants` and verifies the report against `contract`.
-    pub async fn run_granted<T: Debug>(
+    /// Runs `request` and verifies the report against `contract`.
+    pub async fn run<'a, T: Debug>(
         &self,
-        job: &Job,
-        grants: Arc<Grants>,
+        request: impl Into<RunRequest<'a>>,
         contract: &Contract<T>,
     ) -> Result<Outcome<T>, RunError> {
-        let report = self.report_granted(job, grants).await?;
+        let report = self.report(request).await?;
         Ok(stockade_verify::verify(report, contract))
+    }
+}
+
+/// One run, as a [`Sandbox`] takes it: the job, and optionally the [`Grants`] served to it
+/// and live stdio ([`LiveIo`]). A `&Job` is a request with neither.
+pub struct RunRequest<'a> {
+    job: &'a Job,
+    grants: Option<Arc<Grants>>,
+    io: LiveIo,
+}
+
+impl<'a> RunRequest<'a> {
+    /// A request to run `job`.
+    #[must_use]
+    pub fn new(job: &'a Job) -> Self {
+        Self { job, grants: None, io: LiveIo::default() }
+    }
+
+    /// Serves `grants` to this run (none, if they are empty).
+    #[must_use]
+    pub fn grants(mut self, grants: Arc<Grants>) -> Self {
+        self.grants = Some(grants);
+        self
+    }
+
+    /// Streams stdin to the guest and shows its stderr as it arrives (see [`Tier::run_live`]).
+    #[must_use]
+    pub fn live(mut self, io: LiveIo) -> Self {
+        self.io = io;
+        self
+    }
+}
+
+impl<'a> From<&'a Job> for RunRequest<'a> {
+    fn from(job: &'a Job) -> Self {
+        Self::new(job)
+    }
+}
+
+impl Debug for RunRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRequest").field("job", self.job).field("grants", &self.grants).finish_non_exhaustive()
     }
 }

@@ -127,12 +127,12 @@ async fn granted(
             // Let the victim's broker come up first.
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        attacker.report_granted(job, grants).await
+        attacker.report(stockade_runtime::RunRequest::new(job).grants(grants)).await
     };
     let report = match victim {
         Some((sandbox, vjob)) => {
             let vgrants = std::sync::Arc::new(stockade_escape::grants::grants(&paths.victim_log, &paths.key)?);
-            let (v, a) = tokio::join!(sandbox.report_granted(&vjob, vgrants), attack);
+            let (v, a) = tokio::join!(sandbox.report(stockade_runtime::RunRequest::new(&vjob).grants(vgrants)), attack);
             v?;
             a?
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use stockade_agent::runtime::{Broker, Grants, RunError, Sandbox, Tier};
+use stockade_agent::runtime::{Broker, Grants, RunError, RunRequest, Sandbox, Tier};
 use stockade_agent::{ApiKey, Endpoint, ModelProxy};
 use stockade_protocol::{Job, Report, Status};
 use stockade_test_support::{MockLlm, Reply};
@@ -73,7 +73,7 @@ fn run(
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let job = Job::command("guest", Vec::<String>::new()).unwrap();
-    let report = rt.block_on(sandbox.report_granted(&job, Arc::new(grants))).unwrap();
+    let report = rt.block_on(sandbox.report(RunRequest::new(&job).grants(Arc::new(grants)))).unwrap();
     let seen = tier.1.lock().unwrap().clone();
     (seen, report)
 }

@@ -14,6 +14,7 @@
 //! 6. otherwise: deny (`default-deny`).
 
 mod document;
+mod gate;
 mod ledger;
 mod predicate;
 mod registry;
@@ -26,6 +27,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub use document::{Location, MAX_POLICY_BYTES, MAX_RULE_ID_LEN, PolicyError, PolicyErrorKind};
+pub use gate::{Gate, RefusalKind, Refused};
 pub use ledger::{Ledger, MAX_LEDGER_WINDOW};
 pub use predicate::{MAX_REGEX_SIZE, Predicate, SourceReq, normalise_path};
 pub use registry::{ArgSpec, ArgType, MAX_ARG_TYPE_DEPTH, Registry, SchemaError, ToolSpec};

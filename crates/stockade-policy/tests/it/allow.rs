@@ -1,4 +1,4 @@
-//! ALLOW: G6-G11, G13.
+//! ALLOW: G6-G11, G13, G14.
 
 use std::time::Duration;
 
@@ -6,8 +6,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use static_assertions::assert_not_impl_any;
 use stockade_policy::allow::{
-    Approval, ArgType, Context, Decision, Effect, Ledger, Limit, Permit, Policy, Predicate, Registry, Rule, Source,
-    SourceReq, ToolCall, ToolPattern, ToolSpec, normalise_path,
+    Approval, ArgType, Context, Decision, Effect, Gate, Ledger, Limit, Permit, Policy, Predicate, RefusalKind,
+    Registry, Rule, Source, SourceReq, ToolCall, ToolPattern, ToolSpec, normalise_path,
 };
 
 assert_not_impl_any!(Permit: Clone, Default, serde::de::DeserializeOwned);
@@ -269,6 +269,56 @@ fn g13_ledger_memory_is_bounded() {
     }
     assert_eq!(ledger.calls("send_raven"), 10_000);
     assert_eq!(ledger.kept_times("send_raven"), stockade_policy::allow::MAX_LEDGER_WINDOW);
+}
+
+#[test]
+fn g14_the_gate_counts_every_allowed_call_and_nothing_else() {
+    let p = Policy::new(
+        registry(),
+        vec![
+            rule("ravens", "send_raven", Effect::Allow).arg("to", allies()).limit(Limit::new(2, None)),
+            rule("ask-reads", "read_file", Effect::Ask),
+        ],
+        None,
+    )
+    .unwrap();
+    let mut gate = Gate::new(p);
+    let at = Duration::from_secs(1);
+    assert!(matches!(gate.decide(&raven("riverhold"), at), Decision::Allow(_)));
+    assert_eq!(gate.ledger().calls("send_raven"), 1, "an allow is recorded before the permit leaves the gate");
+    assert!(matches!(gate.decide(&raven("the-enemy"), at), Decision::Deny { .. }));
+    let read = ToolCall::new("read_file").arg("path", json!("/x"), Source::User);
+    assert!(matches!(gate.decide(&read, at), Decision::Ask { .. }));
+    assert_eq!(
+        (gate.ledger().calls("send_raven"), gate.ledger().calls("read_file")),
+        (1, 0),
+        "a deny or an ask counts nothing"
+    );
+    assert!(gate.decide_unattended(&raven("riverhold"), at).is_ok());
+    // The limit of two is reached through the gate's own ledger.
+    let limited = gate.decide_unattended(&raven("riverhold"), at).unwrap_err();
+    assert_eq!((limited.kind, limited.rule.as_str()), (RefusalKind::Denied, "ravens"));
+    assert_eq!(gate.decide_unattended(&read, at).unwrap_err().kind, RefusalKind::NeedsApproval);
+    let mistyped = ToolCall::new("send_raven").arg("to", json!(7), Source::User);
+    assert_eq!(gate.decide_unattended(&mistyped, at).unwrap_err().kind, RefusalKind::BadArguments);
+    let unknown = raven("riverhold").arg("seal", json!("red"), Source::User);
+    assert_eq!(gate.decide_unattended(&unknown, at).unwrap_err().kind, RefusalKind::BadArguments);
+    let Decision::Ask { approval_key, .. } = gate.decide(&read, at) else { panic!("ask") };
+    assert!(matches!(gate.decide_approved(&read, at, Approval::grant(approval_key)), Decision::Allow(_)));
+    assert_eq!(gate.ledger().calls("read_file"), 1, "an approved call is counted too");
+}
+
+#[test]
+fn g14_the_gate_applies_read_untrusted_rules_once_the_session_read_untrusted_output() {
+    let p = policy(vec![
+        rule("ravens", "send_raven", Effect::Allow).arg("to", allies()).when_read_untrusted(false),
+        rule("ask-after-untrusted", "send_raven", Effect::Ask).arg("to", allies()).when_read_untrusted(true),
+    ]);
+    let mut gate = Gate::new(p);
+    assert!(matches!(gate.decide(&raven("riverhold"), Duration::ZERO), Decision::Allow(_)));
+    gate.set_read_untrusted();
+    assert!(gate.has_read_untrusted());
+    assert!(matches!(gate.decide(&raven("riverhold"), Duration::ZERO), Decision::Ask { .. }));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use stockade_protocol::job::{MAX_ENV_VARS, MAX_STDIN_BYTES};
 use stockade_protocol::limits::{MAX_DURATION, MAX_OUTPUT_BYTES};
 use stockade_protocol::{
     Access, BrokerFrame, Captured, Enforced, GrantName, Job, JobError, JsonLimits, Limits, LimitsError, Mechanism,
-    ReplyBody, ReplyError, Report, Status, Stream, parse_untrusted,
+    ReplyBody, ReplyCode, ReplyError, Report, Status, Stream, parse_untrusted,
 };
 
 fn parse<T: DeserializeOwned>(v: Value) -> Result<T, String> {
@@ -81,7 +81,7 @@ fn g7_broker_frames_round_trip_and_read_plainly() {
     );
     let ok = BrokerFrame::Reply { id: 7, body: ReplyBody::Result(Value::Null) };
     assert_eq!(String::from_utf8(ok.to_bytes()).unwrap(), r#"{"type":"reply","id":7,"result":null}"#);
-    let err = BrokerFrame::Reply { id: 8, body: ReplyBody::Error(ReplyError::new("denied", "no")) };
+    let err = BrokerFrame::Reply { id: 8, body: ReplyBody::Error(ReplyError::new(ReplyCode::Denied, "no")) };
     for frame in [call, ok, err] {
         assert_eq!(BrokerFrame::parse(&frame.to_bytes()).unwrap(), frame);
     }
@@ -148,18 +148,20 @@ fn g5_unknown_keys_are_refused_everywhere() {
     }
     assert!(BrokerFrame::parse(br#"{"type":"call","id":1,"grant":"g","args":{},"x":1}"#).is_err());
     assert!(BrokerFrame::parse(br#"{"type":"reply","id":1,"result":1,"x":1}"#).is_err());
-    assert!(BrokerFrame::parse(br#"{"type":"reply","id":1,"error":{"code":"c","message":"m","x":1}}"#).is_err());
+    assert!(BrokerFrame::parse(br#"{"type":"reply","id":1,"error":{"code":"denied","message":"m","x":1}}"#).is_err());
 }
 
 #[test]
 fn g5_broker_replies_carry_exactly_one_body_and_bounded_names() {
     assert!(BrokerFrame::parse(br#"{"type":"reply","id":1}"#).is_err());
-    assert!(BrokerFrame::parse(br#"{"type":"reply","id":1,"result":1,"error":{"code":"c","message":"m"}}"#).is_err());
+    assert!(
+        BrokerFrame::parse(br#"{"type":"reply","id":1,"result":1,"error":{"code":"denied","message":"m"}}"#).is_err()
+    );
     assert!(matches!(
         BrokerFrame::parse(br#"{"type":"reply","id":1,"result":null}"#),
         Ok(BrokerFrame::Reply { body: ReplyBody::Result(Value::Null), .. })
     ));
-    let long = format!(r#"{{"type":"reply","id":1,"error":{{"code":"c","message":"{}"}}}}"#, "m".repeat(5000));
+    let long = format!(r#"{{"type":"reply","id":1,"error":{{"code":"denied","message":"{}"}}}}"#, "m".repeat(5000));
     assert!(BrokerFrame::parse(long.as_bytes()).is_err());
     for bad in ["", "a b", "../x", &"g".repeat(65), "naïve"] {
         assert!(GrantName::new(bad).is_err(), "{bad:?} accepted");

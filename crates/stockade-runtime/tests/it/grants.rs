@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use stockade_policy::allow::{Permit, Policy};
 use stockade_protocol::{GrantOutcome, Job, Report, Status};
-use stockade_runtime::{Broker, FunctionGrant, GrantError, GrantLimits, Grants, RunError, Sandbox, Tier};
+use stockade_runtime::{Broker, FunctionGrant, GrantError, GrantLimits, Grants, RunError, RunRequest, Sandbox, Tier};
 
 type Guest = Arc<dyn Fn(PathBuf) -> Vec<Value> + Send + Sync>;
 
@@ -164,7 +164,7 @@ fn grants(log: &Arc<Mutex<Vec<String>>>) -> Grants {
 
 fn run(tier: SocketTier, grants: Grants) -> (Report, SocketTier) {
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
-    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap();
+    let report = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants)))).unwrap();
     (report, tier)
 }
 
@@ -351,7 +351,7 @@ fn g5_ten_thousand_calls_are_counted_and_the_records_are_bounded() {
     let tier = InProcess(Arc::new(frames), Arc::default());
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
     let grants = grants(&log).limits(GrantLimits::default().max_calls(20_000));
-    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap();
+    let report = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants)))).unwrap();
     let g = report.grants.unwrap();
     assert_eq!(g.total, 10_000);
     assert_eq!(g.calls.len(), stockade_protocol::MAX_GRANT_RECORDS);
@@ -502,7 +502,7 @@ fn g6_a_call_after_the_run_has_ended_is_refused() {
     }
     let sandbox = Sandbox::builder().tier(Keeper(kept.clone())).build().unwrap();
     let rt = rt();
-    rt.block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap();
+    rt.block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants(&log))))).unwrap();
     let caller = kept.lock().unwrap().clone().unwrap();
     let reply = rt.block_on(caller.call(&call_frame(9, "add", json!({"a": 1, "b": 1})))).unwrap();
     let reply: Value = serde_json::from_slice(&reply).unwrap();
@@ -517,7 +517,7 @@ fn g6_nothing_the_job_carries_configures_the_broker() {
     let sandbox = Sandbox::builder().tier(tier).build().unwrap();
     let job = job().with_env("STOCKADE_BROKER", "/tmp/elsewhere.sock").unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let err = rt().block_on(sandbox.report_granted(&job, Arc::new(grants(&log)))).unwrap_err();
+    let err = rt().block_on(sandbox.report(RunRequest::new(&job).grants(Arc::new(grants(&log))))).unwrap_err();
     assert!(matches!(err, RunError::Misconfigured(ref m) if m.contains("set by the broker")), "{err}");
 }
 
@@ -548,7 +548,7 @@ fn g7_the_report_lists_each_call_and_the_broker_is_enforced() {
                 .tier(SocketTier::new(|_| Vec::new()))
                 .build()
                 .unwrap()
-                .report_granted(&job(), Arc::new(Grants::new())),
+                .report(RunRequest::new(&job()).grants(Arc::new(Grants::new()))),
         )
         .unwrap();
     assert!(plain.grants.is_none() && !plain.enforced(stockade_protocol::Mechanism::GrantsBroker));
@@ -569,7 +569,7 @@ fn g8_a_tier_without_grants_support_fails_closed() {
     }
     let log = Arc::new(Mutex::new(Vec::new()));
     let sandbox = Sandbox::builder().tier(Plain).build().unwrap();
-    let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap_err();
+    let err = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants(&log))))).unwrap_err();
     assert!(matches!(err, RunError::Unsupported { ref mechanism, .. } if mechanism == "grants"), "{err}");
 }
 
@@ -615,7 +615,7 @@ fn g9_a_model_grant_answers_calls_in_process_through_its_service() {
     let tier = InProcess(Arc::new(frames), Arc::default());
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
     let with_model = Grants::new().model(Arc::new(EchoModel(asked.clone())));
-    let report = rt().block_on(sandbox.report_granted(&job(), Arc::new(with_model))).unwrap();
+    let report = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(with_model)))).unwrap();
     let replies: Vec<Value> = tier.1.lock().unwrap().iter().map(|r| r.clone().unwrap()).collect();
     // The manifest names `model`, so the JavaScript guest gets a `model()` global.
     let names: Vec<&str> =
@@ -631,8 +631,9 @@ fn g9_a_model_grant_answers_calls_in_process_through_its_service() {
     // A service that speaks only HTTP refuses the call; the run goes on.
     let tier = InProcess(Arc::new(vec![call_frame(1, "model", json!({}))]), Arc::default());
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
-    let report =
-        rt().block_on(sandbox.report_granted(&job(), Arc::new(Grants::new().model(Arc::new(SocketOnly))))).unwrap();
+    let report = rt()
+        .block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(Grants::new().model(Arc::new(SocketOnly))))))
+        .unwrap();
     let reply = tier.1.lock().unwrap()[0].clone().unwrap();
     assert_eq!(reply["error"]["code"], "failed");
     assert!(reply["error"]["message"].as_str().unwrap().contains("only on its socket"), "{reply}");
@@ -641,7 +642,7 @@ fn g9_a_model_grant_answers_calls_in_process_through_its_service() {
     let tier = InProcess(Arc::new(vec![call_frame(1, "model", json!({}))]), Arc::default());
     let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    rt().block_on(sandbox.report_granted(&job(), Arc::new(grants(&log)))).unwrap();
+    rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants(&log))))).unwrap();
     assert_eq!(tier.1.lock().unwrap()[0].clone().unwrap()["error"]["code"], "denied");
 }
 
@@ -652,6 +653,6 @@ fn g9_a_function_grant_may_not_take_the_model_grants_name() {
     let grants = Grants::new().function(f).unwrap().model(Arc::new(SocketOnly));
     let tier = InProcess(Arc::new(Vec::new()), Arc::default());
     let sandbox = Sandbox::builder().tier(tier).build().unwrap();
-    let err = rt().block_on(sandbox.report_granted(&job(), Arc::new(grants))).unwrap_err();
+    let err = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants)))).unwrap_err();
     assert!(matches!(&err, RunError::Misconfigured(m) if m.contains("\"model\"")), "{err}");
 }
