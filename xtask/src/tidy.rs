@@ -30,16 +30,20 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Host-directory authority the three tiers share (not a tier: no tier reaches another
     // through it).
     ("stockade-hostfs", &["stockade-protocol"]),
-    ("stockade-process", &["stockade-protocol", "stockade-hostfs"]),
+    // Host process and cgroup facts (safe /proc readers) the process and docker tiers and
+    // the runtime share.
+    ("stockade-sys", &[]),
+    ("stockade-process", &["stockade-protocol", "stockade-hostfs", "stockade-sys"]),
     // verify only as a dev-dependency (dev-dependencies are not checked here).
     ("stockade-wasm", &["stockade-protocol", "stockade-hostfs"]),
-    ("stockade-docker", &["stockade-protocol", "stockade-hostfs"]),
+    ("stockade-docker", &["stockade-protocol", "stockade-hostfs", "stockade-sys"]),
     (
         "stockade-runtime",
         &[
             "stockade-protocol",
             "stockade-policy",
             "stockade-verify",
+            "stockade-sys",
             "stockade-process",
             "stockade-wasm",
             "stockade-docker",
@@ -70,6 +74,7 @@ const OWNERS: &[(&str, &str)] = &[
 const FORBID_UNSAFE: &[&str] = &[
     "stockade-protocol",
     "stockade-hostfs",
+    "stockade-sys",
     "stockade-policy",
     "stockade-verify",
     "stockade-docker",

@@ -371,10 +371,8 @@ impl Agent {
                 let (status, bytes) = match &output {
                     ToolOutput::Text(s) => ("ok", s.len()),
                     ToolOutput::Json(v) => ("ok", v.to_string().len()),
-                    ToolOutput::Failed { reason, output } => (
-                        if reason.contains("timed out") { "timeout" } else { "failed" },
-                        output.as_ref().map_or(0, String::len),
-                    ),
+                    ToolOutput::Failed { output, .. } => ("failed", output.as_ref().map_or(0, String::len)),
+                    ToolOutput::TimedOut { .. } => ("timeout", 0),
                 };
                 t.event(
                     "tool",

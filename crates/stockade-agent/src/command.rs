@@ -152,7 +152,7 @@ impl CommandTool {
             (out, err, status)
         };
         match tokio::time::timeout(self.timeout, work).await {
-            Err(_) => ToolOutput::failed(format!("the tool timed out after {:?}", self.timeout)),
+            Err(_) => ToolOutput::TimedOut { reason: format!("the tool timed out after {:?}", self.timeout) },
             Ok(((out, out_over), (err, _), status)) => {
                 let err = String::from_utf8_lossy(&err).into_owned();
                 let output = (!err.trim().is_empty()).then_some(err);

@@ -668,7 +668,9 @@ impl AgentRun {
             return match output {
                 ToolOutput::Text(t) => t,
                 ToolOutput::Json(v) => v.to_string(),
-                ToolOutput::Failed { reason, output: None } => format!("Error: {reason}"),
+                ToolOutput::Failed { reason, output: None } | ToolOutput::TimedOut { reason } => {
+                    format!("Error: {reason}")
+                }
                 ToolOutput::Failed { reason, output: Some(o) } => format!("Error: {reason}\n{o}"),
             };
         }
@@ -691,7 +693,7 @@ impl AgentRun {
                     |m| m.to_string(),
                 )
             }
-            ToolOutput::Failed { reason, output: None } => format!("Error: {reason}"),
+            ToolOutput::Failed { reason, output: None } | ToolOutput::TimedOut { reason } => format!("Error: {reason}"),
             ToolOutput::Failed { reason, output: Some(o) } => {
                 let marked = mark_with(&Untrusted::new(o.clone(), provenance()), self.mark_mode);
                 self.remember(tool, o);

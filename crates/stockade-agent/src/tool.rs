@@ -86,6 +86,12 @@ pub enum ToolOutput {
         /// The tool's own bytes, if any (bounded by the tool).
         output: Option<String>,
     },
+    /// The tool did not answer within its time and was stopped; `reason` is written by
+    /// trusted code (the model reads it as a failure, the trace as a timeout).
+    TimedOut {
+        /// Why, in the tool's trusted words.
+        reason: String,
+    },
 }
 
 impl ToolOutput {
@@ -202,7 +208,7 @@ pub fn tool_grant(tool: Arc<dyn Tool>) -> Result<stockade_runtime::FunctionGrant
             match tool.call(permit).await {
                 ToolOutput::Json(v) => Ok(v),
                 ToolOutput::Text(t) => Ok(serde_json::from_str::<Value>(t.trim()).unwrap_or(Value::String(t))),
-                ToolOutput::Failed { reason, .. } => Err(reason),
+                ToolOutput::Failed { reason, .. } | ToolOutput::TimedOut { reason } => Err(reason),
             }
         }
     })

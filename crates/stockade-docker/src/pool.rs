@@ -387,37 +387,13 @@ impl DockerPool {
         // persistent session keeps a container only after a run that exited by itself).
         if !oom && !timed_out && sink.breach.is_none() && code == 128 + 9 {
             let pid = state.as_ref().and_then(|s| s.pid).filter(|p| *p > 0);
-            oom = match pid.and_then(host_oom_kills) {
+            oom = match pid.and_then(|p| stockade_sys::cgroup::memory_oom_kills(&p.to_string())) {
                 Some(kills) => kills > 0,
                 None => self.tier.oom_event_since(id, started_unix).await,
             };
         }
         Ok(sink.report(timed_out, oom, code, wall))
     }
-}
-
-/// How many processes the OOM killer ended in the memory cgroup of host process `pid` (a
-/// container's init), read from `/proc` and the cgroup filesystem (v1 `memory.oom_control`,
-/// v2 `memory.events`); `None` when this host cannot see it (a remote engine, another pid
-/// namespace, an old kernel without the counter).
-fn host_oom_kills(pid: i64) -> Option<u64> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let entry = |want: &dyn Fn(&str) -> bool| {
-        cgroups.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            want(controllers).then(|| path.to_owned())
-        })
-    };
-    let counter = |file: String| -> Option<u64> {
-        let text = std::fs::read_to_string(file).ok()?;
-        text.lines().find_map(|l| l.strip_prefix("oom_kill "))?.trim().parse().ok()
-    };
-    if let Some(path) = entry(&|c| c.split(',').any(|c| c == "memory")) {
-        return counter(format!("/sys/fs/cgroup/memory{path}/memory.oom_control"));
-    }
-    let path = entry(&str::is_empty)?;
-    counter(format!("/sys/fs/cgroup{path}/memory.events"))
 }
 
 /// The report line for a staged workspace.

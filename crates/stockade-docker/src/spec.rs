@@ -74,25 +74,14 @@ pub fn owner() -> Option<&'static str> {
         .get_or_init(|| {
             let (boot, ns) = here()?;
             let pid = std::process::id();
-            Some(format!("{boot}/{ns}/{pid}/{}", start_time(pid)?))
+            Some(format!("{boot}/{ns}/{pid}/{}", stockade_sys::proc::start_time("self")?))
         })
         .as_deref()
 }
 
 /// This boot's id and this process's pid namespace inode.
 fn here() -> Option<(String, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
-    let ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
-    Some((boot, ns))
-}
-
-/// A process's start time (clock ticks after boot), if it exists.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses; the fields after its last `)` are
-    // fixed: state is field 3, start time field 22.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    Some((stockade_sys::proc::boot_id()?, stockade_sys::proc::pid_namespace()?))
 }
 
 /// Whether an owner label names a process that is gone. Judged only for a label of this
@@ -110,7 +99,7 @@ pub fn owner_gone(label: &str) -> bool {
     let (Ok(n), Ok(pid), Ok(start)) = (n.parse::<u64>(), pid.parse::<u32>(), start.parse::<u64>()) else {
         return false;
     };
-    b == boot && n == ns && start_time(pid) != Some(start)
+    b == boot && n == ns && stockade_sys::proc::gone(&pid.to_string(), start)
 }
 
 /// Whether a container with these engine names and run label is one stockade created: the

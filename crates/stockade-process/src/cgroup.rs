@@ -35,26 +35,6 @@ pub(crate) struct Usage {
     pub(crate) peak_bytes: Option<u64>,
 }
 
-fn own_v1_path(controller: &str) -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| {
-        let mut parts = l.splitn(3, ':');
-        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
-        ctrls
-            .split(',')
-            .any(|c| c == controller)
-            .then(|| Path::new("/sys/fs/cgroup").join(controller).join(path.trim_start_matches('/')))
-    })
-}
-
-/// This process's start time (`/proc/self/stat` field 22, clock ticks since boot): with the
-/// pid, it names the owner of a cgroup in a way a recycled pid cannot fake.
-fn start_time(pid: &str) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Whether the supervisor that named a cgroup `stockade-PID-START-N` is gone: no process
 /// PID, or one that started at another time (the pid was reused). Names of another form are
 /// not stockade's, and are never judged stale.
@@ -65,9 +45,9 @@ fn owner_gone(name: &str) -> bool {
         return false;
     }
     match parts.as_slice() {
-        [pid, start, _] => start_time(pid).is_none_or(|t| t.to_string() != *start),
+        [pid, start, _] => start.parse().is_ok_and(|start| stockade_sys::proc::gone(pid, start)),
         // An earlier release named them `stockade-PID-N`: stale once that pid is gone.
-        [pid, _] => start_time(pid).is_none(),
+        [pid, _] => stockade_sys::proc::start_time(pid).is_none(),
         _ => false,
     }
 }
@@ -77,7 +57,7 @@ fn owner_gone(name: &str) -> bool {
 fn parents(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     match v2_dir {
         Some(d) => vec![d.to_path_buf()],
-        None => ["memory", "pids"].iter().filter_map(|c| own_v1_path(c)).collect(),
+        None => ["memory", "pids"].iter().filter_map(|c| stockade_sys::cgroup::v1_dir("self", c)).collect(),
     }
 }
 
@@ -117,7 +97,7 @@ impl Cgroup {
     /// supervisors first, so a `kill -9` leaves them behind only until the next run; the
     /// probe does not, so `stockade doctor` can report them.)
     pub(crate) fn create(v2_dir: Option<&Path>, memory_bytes: u64, processes: u64) -> Option<Self> {
-        let start = start_time("self").unwrap_or(0);
+        let start = stockade_sys::proc::start_time("self").unwrap_or(0);
         let name = format!("stockade-{}-{start}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         if let Some(base) = v2_dir {
             let dir = base.join(&name);
@@ -134,8 +114,8 @@ impl Cgroup {
                 None
             };
         }
-        let memory = own_v1_path("memory")?.join(&name);
-        let pids = own_v1_path("pids")?.join(&name);
+        let memory = stockade_sys::cgroup::v1_dir("self", "memory")?.join(&name);
+        let pids = stockade_sys::cgroup::v1_dir("self", "pids")?.join(&name);
         fs::create_dir(&memory).ok()?;
         if fs::create_dir(&pids).is_err() {
             let _ = fs::remove_dir(&memory);
@@ -225,21 +205,18 @@ impl Cgroup {
     /// Reads the out-of-memory count and the peak usage.
     pub(crate) fn usage(&self) -> Usage {
         let read = |p: PathBuf| fs::read_to_string(p).unwrap_or_default();
-        let field = |text: &str, key: &str| {
-            text.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()))
-        };
         match self.kind {
             Kind::V1 => {
                 let oom = read(self.memory.join("memory.oom_control"));
                 Usage {
-                    oom_killed: field(&oom, "oom_kill ").is_some_and(|n| n > 0),
+                    oom_killed: stockade_sys::cgroup::oom_kills(&oom).is_some_and(|n| n > 0),
                     peak_bytes: read(self.memory.join("memory.max_usage_in_bytes")).trim().parse().ok(),
                 }
             }
             Kind::V2 => {
                 let events = read(self.memory.join("memory.events"));
                 Usage {
-                    oom_killed: field(&events, "oom_kill ").is_some_and(|n| n > 0),
+                    oom_killed: stockade_sys::cgroup::oom_kills(&events).is_some_and(|n| n > 0),
                     peak_bytes: read(self.memory.join("memory.peak")).trim().parse().ok(),
                 }
             }

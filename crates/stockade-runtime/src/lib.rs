@@ -512,9 +512,7 @@ impl Tier for stockade_docker::DockerTier {
         #[cfg(feature = "process")]
         if let Some((port, serve)) = broker.model_loopback()
             && self.oci_runtime().is_none()
-            && std::os::unix::fs::MetadataExt::uid(
-                &std::fs::metadata("/proc/self").map_err(|e| RunError::Internal(e.to_string()))?,
-            ) == 0
+            && stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?
         {
             let job = job
                 .with_env("OPENAI_BASE_URL", Broker::model_base_url())

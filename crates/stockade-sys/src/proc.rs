@@ -1,0 +1,43 @@
+//! Process facts from `/proc`.
+
+use std::os::unix::fs::MetadataExt;
+
+/// The fields of `/proc/PID/stat` (`pid` may be `self`) after the command name: the name is
+/// in parentheses and may itself hold spaces and parentheses, so the fields start after its
+/// last `)`; the first one returned is field 3 (the state).
+fn stat_fields(pid: &str) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_owned).collect())
+}
+
+/// A process's start time (`/proc/PID/stat` field 22, clock ticks after boot), if it exists;
+/// `pid` may be `self`. With the pid, it names one process in a way a reused pid cannot fake.
+#[must_use]
+pub fn start_time(pid: &str) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// Whether the process that had `pid` and started at `start` is gone: no such pid, or one
+/// that started at another time (the pid was reused).
+#[must_use]
+pub fn gone(pid: &str, start: u64) -> bool {
+    start_time(pid) != Some(start)
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+#[must_use]
+pub fn boot_id() -> Option<String> {
+    Some(std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned())
+}
+
+/// The inode of this process's pid namespace (`/proc/self/ns/pid`).
+#[must_use]
+pub fn pid_namespace() -> Option<u64> {
+    Some(std::fs::metadata("/proc/self/ns/pid").ok()?.ino())
+}
+
+/// Whether this process runs as root (the owner of `/proc/self`, its effective uid), or why
+/// that cannot be read.
+pub fn is_root() -> std::io::Result<bool> {
+    Ok(std::fs::metadata("/proc/self")?.uid() == 0)
+}

@@ -1,0 +1,3 @@
+//! stockade-sys: G1, G2.
+
+mod sys;

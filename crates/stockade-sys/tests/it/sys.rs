@@ -1,0 +1,77 @@
+//! The /proc and cgroup readers, against this machine's own processes.
+
+use std::process::Command;
+
+use stockade_sys::{cgroup, proc};
+
+#[test]
+fn g1_a_start_time_names_one_process_and_a_reaped_one_is_gone() {
+    let own = proc::start_time("self").expect("this process's start time");
+    assert_eq!(proc::start_time(&std::process::id().to_string()), Some(own));
+    assert!(!proc::gone("self", own));
+    assert!(proc::gone("self", own + 1), "another start time is another process");
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id().to_string();
+    let start = proc::start_time(&pid).expect("a live child's start time");
+    assert!(start >= own);
+    assert!(!proc::gone(&pid, start));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(proc::gone(&pid, start), "a reaped child is gone");
+    assert_eq!(proc::start_time("no-such-pid"), None);
+}
+
+#[test]
+fn g1_a_command_name_with_spaces_and_parentheses_does_not_move_the_fields() {
+    // The kernel takes a process's name from the file it executes: run a copy of `sleep`
+    // named `) 1 2 (x`.
+    let dir = std::env::temp_dir().join(format!("stockade-sys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let odd = dir.join(") 1 2 (x");
+    std::fs::copy("/bin/sleep", &odd).unwrap();
+    let mut child = Command::new(&odd).arg("30").spawn().unwrap();
+    let pid = child.id().to_string();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert!(stat.contains(") 1 2 (x)"), "{stat}");
+    let start = proc::start_time(&pid).unwrap();
+    assert!(start >= proc::start_time("self").unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn g1_boot_and_namespace_are_readable_and_stable() {
+    assert_eq!(proc::boot_id(), proc::boot_id());
+    assert_eq!(proc::boot_id().map(|b| b.len()), Some(36), "a uuid");
+    assert!(proc::pid_namespace().is_some());
+    assert!(proc::is_root().is_ok());
+}
+
+#[test]
+fn g2_cgroup_lines_are_found_by_exact_controller() {
+    let v1 = "12:pids:/user.slice\n11:memory:/stockade/a\n4:cpu,cpuacct:/x\n1:name=systemd:/y\n";
+    assert_eq!(cgroup::find(v1, Some("memory")).as_deref(), Some("/stockade/a"));
+    assert_eq!(cgroup::find(v1, Some("cpu")).as_deref(), Some("/x"));
+    assert_eq!(cgroup::find(v1, Some("mem")), None, "a prefix is not a controller");
+    assert_eq!(cgroup::find(v1, None), None, "no v2 line");
+    let v2 = "0::/system.slice/docker-abc.scope\n";
+    assert_eq!(cgroup::find(v2, None).as_deref(), Some("/system.slice/docker-abc.scope"));
+    assert_eq!(cgroup::find("garbage", Some("memory")), None);
+    // This process's own: one of the two forms exists.
+    assert!(cgroup::path_of("self", Some("memory")).is_some() || cgroup::path_of("self", None).is_some());
+}
+
+#[test]
+fn g2_the_oom_kill_counter_is_read_by_its_exact_key() {
+    let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+    assert_eq!(cgroup::oom_kills(v1), Some(3));
+    let v2 = "low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n";
+    assert_eq!(cgroup::oom_kills(v2), Some(1));
+    assert_eq!(cgroup::oom_kills("oom_kill_disable 0\n"), None, "a longer key is not the counter");
+    assert_eq!(cgroup::oom_kills("oom_kill x\n"), None);
+    // A live process of this machine has a readable counter where a memory cgroup exists.
+    if let Some(n) = cgroup::memory_oom_kills("self") {
+        assert!(n < u64::MAX);
+    }
+}
