@@ -13,7 +13,7 @@
 //! ```
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-hostfs`; `bollard` (this crate is its only owner).
+//! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-sys`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
 //! API boundary: yes; [`DockerTier`], [`RunError`], [`spec`], [`pool`], [`stage`].
 //!

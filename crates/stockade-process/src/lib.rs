@@ -46,7 +46,7 @@
 //!   stdout/stderr budgets enforced with fail-fast capture.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-hostfs`. Used by:
+//! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-sys` (the /proc and cgroup readers). Used by:
 //! `stockade-runtime`.
 //! API boundary: yes; [`ProcessTier`] (with [`ProcessTier::pool`]), [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
 //!

@@ -62,7 +62,7 @@
 //! process tier's seccomp filter allows unix sockets, so nothing is lost.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, and each tier
+//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-sys`, and each tier
 //! behind its feature (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`,
 //! `stockade-docker` behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
 //! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`RunRequest`], [`RunError`], [`Grants`],
