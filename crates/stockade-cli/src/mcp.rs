@@ -233,7 +233,7 @@ async fn build(args: &McpArgs) -> Result<Server> {
     }
     let workspace = match &args.workspace {
         None => None,
-        Some(w) => Some(crate::parse_workspace(w, args.follow_workspace_links).context("--workspace")?),
+        Some(w) => Some(crate::run::parse_workspace(w, args.follow_workspace_links).context("--workspace")?),
     };
     let mut server = Server {
         run_code,
@@ -778,7 +778,7 @@ fn result(r: &Report, tier: &str, limits: &Limits) -> Value {
             r.sweep_errors.join("; ")
         );
     }
-    if let Some(line) = crate::refs_notice(r) {
+    if let Some(line) = crate::run::refs_notice(r) {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "stockade mcp: {line}");
     }

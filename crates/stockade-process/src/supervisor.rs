@@ -83,31 +83,11 @@ pub(crate) async fn run(
         g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
     if let Some(dir) = grants_dir {
-        let meta = std::fs::metadata(dir)
-            .map_err(|e| RunError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
-        if !meta.is_dir() || !dir.is_absolute() {
-            return Err(RunError::Misconfigured(format!(
-                "grants directory {} is not an absolute directory",
-                dir.display()
-            )));
-        }
-        if view.workspace.as_ref().is_some_and(|(ws, _)| ws.starts_with(dir) || dir.starts_with(ws)) {
-            return Err(RunError::Misconfigured(format!(
-                "grants directory {} and the workspace must be separate trees",
-                dir.display()
-            )));
-        }
+        check_grants_dir(dir, view.workspace.as_ref().map(|(ws, _)| ws.as_path()))?;
     }
     let processes = u64::from(limits.processes());
     let env: Vec<(String, String)> = job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect();
-    let spec_limits = SpecLimits {
-        cpu_secs: limits.cpu().as_secs().max(1) + u64::from(limits.cpu().subsec_nanos() > 0),
-        memory_bytes: limits.memory_bytes(),
-        processes,
-        open_files: u64::from(limits.open_files()),
-        file_size_bytes: limits.file_size_bytes(),
-        tmpfs_bytes: tier.tmpfs_bytes,
-    };
+    let spec_limits = spec_limits(tier, limits);
     let start;
     let mut refill = Refill { pool: None, tier, key: None };
     let (launched, master, cgroup) = if let Some(pool) = pool {
@@ -165,37 +145,7 @@ pub(crate) async fn run(
         None => None,
     };
     let mut status_task = tokio::spawn(read_messages(status, take));
-    let bytes = job.stdin().to_vec();
-    let (mut out, mut err): (Reader, Reader) = match (master, stdout, stderr) {
-        (Some(master), _, _) => {
-            // Typed into the terminal, then end-of-file: ^D ends a line in progress, a second
-            // one (at the start of a line) is the end of input.
-            if let Ok(mut typist) = master.try_clone() {
-                let eof: &[u8] = if bytes.is_empty() || bytes.ends_with(b"\n") { b"\x04" } else { b"\x04\x04" };
-                tokio::spawn(async move {
-                    let _ = typist.write_all(&bytes).await;
-                    let _ = typist.write_all(eof).await;
-                });
-            }
-            (Box::new(master), Box::new(tokio::io::empty()))
-        }
-        (None, Some(out), Some(err)) => {
-            if let Some(mut stdin) = stdin.filter(|_| live_stdin.is_some() || !bytes.is_empty()) {
-                let mut live = live_stdin;
-                tokio::spawn(async move {
-                    // A guest that exits without reading its stdin closes the pipe: not an
-                    // error. A streamed stdin is copied as the guest reads it (one buffer at a
-                    // time), and the pipe closes at its end.
-                    let _ = match live.as_mut() {
-                        Some(src) => tokio::io::copy(src, &mut stdin).await.map(drop),
-                        None => stdin.write_all(&bytes).await,
-                    };
-                });
-            }
-            (Box::new(out), Box::new(err))
-        }
-        _ => return Err(RunError::Internal("helper pipes missing".into())),
-    };
+    let (mut out, mut err) = wire_stdio(master, (stdin, stdout, stderr), job.stdin().to_vec(), live_stdin)?;
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
     let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
@@ -295,71 +245,7 @@ pub(crate) async fn run(
     // reaped): what the guest created among the absent protected paths goes now.
     let swept = sweep.now();
 
-    let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
-    report = report.with_enforced(Enforced::new(
-        Mechanism::Deadline,
-        format!("{:?} wall clock; the whole pid namespace dies with it", limits.wall()),
-    ));
-    report = report.with_enforced(Enforced::new(
-        Mechanism::OutputBudget,
-        format!(
-            "stdout {} bytes, stderr {} bytes; the run is killed at the first byte over",
-            limits.stdout_bytes(),
-            limits.stderr_bytes()
-        ),
-    ));
-    if let Some(detail) = cgroup_detail {
-        report = report.with_enforced(Enforced::new(Mechanism::Cgroup, detail));
-    }
-    let mut exit = None;
-    let mut failure = None;
-    for msg in msgs {
-        match msg {
-            Msg::Enforced { mechanism, detail } => report = report.with_enforced(Enforced::new(mechanism, detail)),
-            Msg::Missing { mechanism, reason } => {
-                report =
-                    report.with_enforced(Enforced::new(Mechanism::Rlimits, format!("MISSING {mechanism}: {reason}")));
-            }
-            Msg::Error { stage, unsupported, message } => {
-                failure.get_or_insert((stage, unsupported, message));
-            }
-            Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
-            Msg::Listening { .. } | Msg::Ended => {}
-        }
-    }
-    if !swept.removed.is_empty() {
-        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept.removed));
-    }
-    report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
-    report.git_refs_moved = swept.refs_moved.clone();
-    if let Some((stage, unsupported, message)) = failure {
-        if unsupported && !tier.best_effort {
-            return Err(RunError::Unsupported { mechanism: stage, reason: message });
-        }
-        report.status = Status::failed_to_start(format!("{stage}: {message}"));
-        return Ok(report);
-    }
-    if let Some((_, _, cpu_us, max_rss)) = exit {
-        report = report.with_cpu(Duration::from_micros(cpu_us));
-        report = report.with_peak_memory(max_rss);
-    }
-    if let Some(peak) = usage.as_ref().and_then(|u| u.peak_bytes) {
-        report.peak_memory_bytes = Some(peak);
-    }
-    report.status = match (end, exit) {
-        (End::Deadline, _) => Status::TimedOut,
-        (End::Output(stream), _) => Status::OutputLimit { stream },
-        _ if usage.as_ref().is_some_and(|u| u.oom_killed) => Status::OutOfMemory,
-        (End::Exited, Some((_, Some(sig), cpu_us, _)))
-            if sig == libc::SIGXCPU || (sig == libc::SIGKILL && cpu_us >= limits.cpu().as_micros() as u64) =>
-        {
-            Status::CpuLimit
-        }
-        (End::Exited, Some((_, Some(signal), _, _))) => Status::Signaled { signal },
-        (End::Exited, Some((Some(code), None, _, _))) => Status::Exited { code },
-        (End::Exited, _) => Status::failed_to_start("the sandbox ended before reporting the guest's exit"),
-    };
-    Ok(report)
+    assemble(Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept }, limits, tier.best_effort)
 }
 
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
@@ -409,6 +295,167 @@ impl Drop for Refill<'_> {
     fn drop(&mut self) {
         self.now();
     }
+}
+
+/// What the run left for its report: how it ended, its output, the helper's messages, the
+/// cgroup's reading and the sweep's.
+struct Ended {
+    end: End,
+    wall: Duration,
+    stdout: Captured,
+    stderr: Captured,
+    msgs: Vec<Msg>,
+    usage: Option<crate::cgroup::Usage>,
+    cgroup_detail: Option<String>,
+    swept: stockade_hostfs::Swept,
+}
+
+/// The report phase: turns what the run left into its [`Report`] (or, for a mechanism the
+/// helper could not apply and the tier requires, [`RunError::Unsupported`]).
+fn assemble(ended: Ended, limits: &stockade_protocol::Limits, best_effort: bool) -> Result<Report, RunError> {
+    let Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept } = ended;
+    let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
+    report = report.with_enforced(Enforced::new(
+        Mechanism::Deadline,
+        format!("{:?} wall clock; the whole pid namespace dies with it", limits.wall()),
+    ));
+    report = report.with_enforced(Enforced::new(
+        Mechanism::OutputBudget,
+        format!(
+            "stdout {} bytes, stderr {} bytes; the run is killed at the first byte over",
+            limits.stdout_bytes(),
+            limits.stderr_bytes()
+        ),
+    ));
+    if let Some(detail) = cgroup_detail {
+        report = report.with_enforced(Enforced::new(Mechanism::Cgroup, detail));
+    }
+    let mut exit = None;
+    let mut failure = None;
+    for msg in msgs {
+        match msg {
+            Msg::Enforced { mechanism, detail } => report = report.with_enforced(Enforced::new(mechanism, detail)),
+            Msg::Missing { mechanism, reason } => {
+                report =
+                    report.with_enforced(Enforced::new(Mechanism::Rlimits, format!("MISSING {mechanism}: {reason}")));
+            }
+            Msg::Error { stage, unsupported, message } => {
+                failure.get_or_insert((stage, unsupported, message));
+            }
+            Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
+            Msg::Listening { .. } | Msg::Ended => {}
+        }
+    }
+    if !swept.removed.is_empty() {
+        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept.removed));
+    }
+    report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
+    report.git_refs_moved = swept.refs_moved.clone();
+    if let Some((stage, unsupported, message)) = failure {
+        if unsupported && !best_effort {
+            return Err(RunError::Unsupported { mechanism: stage, reason: message });
+        }
+        report.status = Status::failed_to_start(format!("{stage}: {message}"));
+        return Ok(report);
+    }
+    if let Some((_, _, cpu_us, max_rss)) = exit {
+        report = report.with_cpu(Duration::from_micros(cpu_us));
+        report = report.with_peak_memory(max_rss);
+    }
+    if let Some(peak) = usage.as_ref().and_then(|u| u.peak_bytes) {
+        report.peak_memory_bytes = Some(peak);
+    }
+    report.status = match (end, exit) {
+        (End::Deadline, _) => Status::TimedOut,
+        (End::Output(stream), _) => Status::OutputLimit { stream },
+        _ if usage.as_ref().is_some_and(|u| u.oom_killed) => Status::OutOfMemory,
+        (End::Exited, Some((_, Some(sig), cpu_us, _)))
+            if sig == libc::SIGXCPU || (sig == libc::SIGKILL && cpu_us >= limits.cpu().as_micros() as u64) =>
+        {
+            Status::CpuLimit
+        }
+        (End::Exited, Some((_, Some(signal), _, _))) => Status::Signaled { signal },
+        (End::Exited, Some((Some(code), None, _, _))) => Status::Exited { code },
+        (End::Exited, _) => Status::failed_to_start("the sandbox ended before reporting the guest's exit"),
+    };
+    Ok(report)
+}
+
+/// A grants directory must be an absolute directory, in a tree of its own apart from the
+/// workspace.
+fn check_grants_dir(dir: &std::path::Path, workspace: Option<&std::path::Path>) -> Result<(), RunError> {
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| RunError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
+    if !meta.is_dir() || !dir.is_absolute() {
+        return Err(RunError::Misconfigured(format!(
+            "grants directory {} is not an absolute directory",
+            dir.display()
+        )));
+    }
+    if workspace.is_some_and(|ws| ws.starts_with(dir) || dir.starts_with(ws)) {
+        return Err(RunError::Misconfigured(format!(
+            "grants directory {} and the workspace must be separate trees",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The limits the helper and the guest apply (the CPU limit rounded up to whole seconds).
+fn spec_limits(tier: &ProcessTier, limits: &stockade_protocol::Limits) -> SpecLimits {
+    SpecLimits {
+        cpu_secs: limits.cpu().as_secs().max(1) + u64::from(limits.cpu().subsec_nanos() > 0),
+        memory_bytes: limits.memory_bytes(),
+        processes: u64::from(limits.processes()),
+        open_files: u64::from(limits.open_files()),
+        file_size_bytes: limits.file_size_bytes(),
+        tmpfs_bytes: tier.tmpfs_bytes,
+    }
+}
+
+/// The start phase's stdio: a terminal's master (typed into, then end-of-file) or the
+/// guest's pipes (stdin fed from the job's bytes or the streamed stdin), as the two readers
+/// the capture takes.
+fn wire_stdio(
+    master: Option<tty::Master>,
+    (stdin, stdout, stderr): (
+        Option<tokio::net::unix::pipe::Sender>,
+        Option<tokio::net::unix::pipe::Receiver>,
+        Option<tokio::net::unix::pipe::Receiver>,
+    ),
+    bytes: Vec<u8>,
+    live_stdin: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+) -> Result<(Reader, Reader), RunError> {
+    Ok(match (master, stdout, stderr) {
+        (Some(master), _, _) => {
+            // Typed into the terminal, then end-of-file: ^D ends a line in progress, a second
+            // one (at the start of a line) is the end of input.
+            if let Ok(mut typist) = master.try_clone() {
+                let eof: &[u8] = if bytes.is_empty() || bytes.ends_with(b"\n") { b"\x04" } else { b"\x04\x04" };
+                tokio::spawn(async move {
+                    let _ = typist.write_all(&bytes).await;
+                    let _ = typist.write_all(eof).await;
+                });
+            }
+            (Box::new(master), Box::new(tokio::io::empty()))
+        }
+        (None, Some(out), Some(err)) => {
+            if let Some(mut stdin) = stdin.filter(|_| live_stdin.is_some() || !bytes.is_empty()) {
+                let mut live = live_stdin;
+                tokio::spawn(async move {
+                    // A guest that exits without reading its stdin closes the pipe: not an
+                    // error. A streamed stdin is copied as the guest reads it (one buffer at a
+                    // time), and the pipe closes at its end.
+                    let _ = match live.as_mut() {
+                        Some(src) => tokio::io::copy(src, &mut stdin).await.map(drop),
+                        None => stdin.write_all(&bytes).await,
+                    };
+                });
+            }
+            (Box::new(out), Box::new(err))
+        }
+        _ => return Err(RunError::Internal("helper pipes missing".into())),
+    })
 }
 
 async fn finish(

@@ -681,12 +681,14 @@ fn g12_a_loopback_listener_is_the_hosts_and_the_only_port_the_guest_reaches() {
     let grants = host_dir("loopback-grants");
     let (tx, rx) = std::sync::mpsc::channel();
     let loopback = stockade_process::Loopback::new(8765, move |l: TcpListener| {
-        // The host serves the listener: one line back per connection, and it records each.
+        // The host serves the listener: it records each connection, then sends one line back
+        // (recorded first: the guest may read the line and end the run before a send after
+        // the write, seen once on a loaded machine).
         std::thread::spawn(move || {
             for conn in l.incoming().flatten() {
                 let mut conn = conn;
-                let _ = std::io::Write::write_all(&mut conn, b"host-side\n");
                 let _ = tx.send(());
+                let _ = std::io::Write::write_all(&mut conn, b"host-side\n");
             }
         });
     });

@@ -1,0 +1,161 @@
+//! `stockade doctor`, `stockade gc` and `stockade docker gc`: what this host can enforce,
+//! and what killed runs left.
+
+use std::io::Write;
+
+use anyhow::{Result, bail};
+use stockade_runtime::{docker, wasm};
+
+use crate::process;
+
+/// The docker tier: a reachable engine (API negotiated) and the default image.
+fn docker_status() -> Result<String, String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let tier = docker::DockerTier::connect().await.map_err(|e| e.to_string())?;
+        let image = docker::spec::DEFAULT_IMAGE;
+        if tier.has_image(image).await {
+            let gvisor = if tier.clone().runtime("runsc").await.is_ok() { "registered" } else { "not registered" };
+            let remap = if tier.userns_remap().await.unwrap_or(false) { "on" } else { "off" };
+            Ok(format!("engine reachable; image {image} present; gVisor runtime runsc {gvisor}; userns-remap {remap}"))
+        } else {
+            Err(format!("engine reachable, but image {image} is missing: cargo xtask images"))
+        }
+    })
+}
+
+pub(crate) fn docker_gc(all: bool) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let removed = rt.block_on(async { docker::DockerTier::connect().await?.gc(all).await })?;
+    println!("removed {removed} stockade container(s)");
+    Ok(())
+}
+
+pub(crate) fn gc() -> Result<()> {
+    let sweeps = process::finish_killed_sweeps();
+    let failed = sweeps
+        .iter()
+        .filter(|f| matches!(f, process::FinishedSweep::Swept { swept, .. } if !swept.errors.is_empty()))
+        .count();
+    for done in &sweeps {
+        println!("{done}");
+    }
+    let removed = process::reap_stale_cgroups(None);
+    let left = process::stale_cgroups(None);
+    println!("removed {} stale cgroup(s) of killed supervisors", removed.len());
+    for dir in &left {
+        println!("could not remove {}", dir.display());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match rt.block_on(async { docker::DockerTier::connect().await?.gc(false).await }) {
+        Ok(n) => println!("removed {n} expired stockade container(s)"),
+        Err(e) => println!("docker: not checked ({e})"),
+    }
+    if !left.is_empty() {
+        bail!("{} stale cgroup(s) could not be removed", left.len());
+    }
+    if failed > 0 {
+        bail!("{failed} killed run(s) could not be swept entirely (each line above names what stays)");
+    }
+    Ok(())
+}
+
+/// Whether a run's grants broker can listen where the runtime puts it (a fresh directory
+/// under the temporary directory, with a unix socket), and how each tier reaches a model.
+fn broker_status() -> Result<String, String> {
+    let parent = std::env::temp_dir();
+    let dir = parent.join(format!("stockade-doctor-{}", std::process::id()));
+    let tried =
+        std::fs::create_dir(&dir).and_then(|()| std::os::unix::net::UnixListener::bind(dir.join("grants.sock")));
+    let _ = std::fs::remove_dir_all(&dir);
+    match tried {
+        Ok(_) => Ok(format!(
+            "grants directories under {}; a model grant answers on model.sock and OPENAI_BASE_URL (process; docker as root), model() (wasm)",
+            parent.display()
+        )),
+        Err(e) => Err(format!("cannot listen on a unix socket under {}: {e}", parent.display())),
+    }
+}
+
+/// The opt-in Python guest: whether this build has it and whether it is installed.
+fn python_status() -> Result<String, String> {
+    let path = wasm::guests::dir().map(|d| d.join(wasm::guests::PYTHON_DIR).join(wasm::guests::PYTHON_FILE));
+    let installed = path.as_ref().is_some_and(|p| p.is_file());
+    match (cfg!(feature = "python"), installed) {
+        (true, true) => Ok(format!("CPython guest at {}", path.unwrap_or_default().display())),
+        (true, false) => Err("not installed: cargo xtask guests --python".into()),
+        (false, true) => Err("installed, but this stockade was built without --features python".into()),
+        (false, false) => Err("opt-in: build with --features python, then cargo xtask guests --python".into()),
+    }
+}
+
+pub(crate) fn doctor(json: bool) -> Result<()> {
+    let stale = process::stale_cgroups(None);
+    let stale_detail = match stale.len() {
+        0 => "none left by killed supervisors".to_owned(),
+        n => format!(
+            "{n} left by killed supervisors (the next run removes them, or `stockade gc`): {}",
+            stale.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" ")
+        ),
+    };
+    let p = process::probe();
+    let broker = broker_status();
+    let docker = docker_status();
+    let wasm_engine = wasm::WasmTier::new().map_err(|e| e.to_string()).map(|t| match t.cache_dir() {
+        Some(dir) => format!("wasmtime 48 engine ready; compiled modules cached in {}", dir.display()),
+        None => "wasmtime 48 engine ready; no usable cache directory (modules compile on every start)".into(),
+    });
+    let python = python_status();
+    let js_guest =
+        wasm::guests::javascript().map(|p| format!("QuickJS-ng at {}", p.display())).map_err(|e| e.to_string());
+    let rows: Vec<(&str, bool, String)> = vec![
+        ("landlock", p.landlock_abi >= 6, format!("abi {}", p.landlock_abi)),
+        ("seccomp", p.seccomp, if p.seccomp { "filters available".into() } else { "not available".into() }),
+        (
+            "user namespaces",
+            p.user_namespaces.is_ok(),
+            p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
+        ),
+        ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
+        ("stale cgroups", stale.is_empty(), stale_detail),
+        ("grants broker", broker.is_ok(), broker.clone().unwrap_or_else(|e| e)),
+        (
+            "unix sockets",
+            true,
+            format!(
+                "landlock abi {} cannot restrict connecting to a pathname socket (a later ABI can): sockets in a granted workspace are covered when the run starts",
+                p.landlock_abi
+            ),
+        ),
+        ("docker tier", docker.is_ok(), docker.clone().unwrap_or_else(|e| e)),
+        ("wasm tier", wasm_engine.is_ok(), wasm_engine.clone().unwrap_or_else(|e| e)),
+        ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),
+        ("wasm python", python.is_ok(), python.unwrap_or_else(|e| e)),
+    ];
+    let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
+    let wasm_ready = wasm_engine.is_ok();
+    let docker_ready = docker.is_ok();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let value = serde_json::json!({
+            "process_tier": process_ready,
+            "wasm_tier": wasm_ready,
+            "docker_tier": docker_ready,
+            "checks": rows.iter().map(|(name, ok, detail)| serde_json::json!({"name": name, "ok": ok, "detail": detail})).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
+    } else {
+        writeln!(out, "{:<16} {:<4} detail", "check", "ok")?;
+        for (name, ok, detail) in &rows {
+            writeln!(out, "{name:<16} {:<4} {detail}", if *ok { "yes" } else { "no" })?;
+        }
+        writeln!(
+            out,
+            "\nprocess tier: {}",
+            if process_ready { "ready (every mechanism enforced)" } else { "NOT ready: runs fail closed" }
+        )?;
+        writeln!(out, "wasm tier:    {}", if wasm_ready { "ready" } else { "NOT ready" })?;
+        writeln!(out, "docker tier:  {}", if docker_ready { "ready" } else { "NOT ready" })?;
+    }
+    Ok(())
+}
