@@ -24,12 +24,12 @@
 //!   session has no controlling terminal, unless a private pseudo-terminal is asked for:
 //!   [`ProcessTier::tty`]), private size-capped tmpfs `/tmp` and `/dev/shm`, and
 //!   the workspace at `/workspace` if granted (nosuid, nodev; id-mapped to the guest when
-//!   stockade runs as root, see G13), and with [`ProcessTier::run_granted`] the
+//!   stockade runs as root, see G13), and with a grants directory ([`ProcessTier::run_live`]) the
 //!   run's own grants directory read-only at `/run/stockade`. Nothing else of the host exists
 //!   in the view: no `/home`, `/root`, the rest of `/run`, `/var`, and so no host sockets
 //!   such as `docker.sock`;
 //! - **landlock** (ABI 7): filesystem rules matching the view, TCP bind and connect denied
-//!   (connect allowed to the one port of [`ProcessTier::run_granted_loopback`]'s listener,
+//!   (connect allowed to the one port of a [`Loopback`] listener,
 //!   when asked), abstract unix sockets and signals scoped;
 //! - **seccomp**: an allowlist of about 280 syscalls; anything else (among them `io_uring_*`,
 //!   `clone3` and the x32 ABI) fails with ENOSYS, so libraries fall back; ptrace, `process_vm_*`, bpf,
@@ -136,7 +136,7 @@
 //!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
 //!     (pinned by: tests/it/launch.rs::g11_*, tests/it/workspace.rs::g11_*,
 //!     src/launch.rs::tests)
-//! G12. With [`ProcessTier::run_granted_loopback`], the run's own loopback is up and the
+//! G12. With a [`Loopback`] ([`ProcessTier::run_live`]), the run's own loopback is up and the
 //!     guest can connect to exactly one TCP port on it, where the listener the host serves
 //!     waits; every other port (and the host's loopback, which is not the run's) is refused,
 //!     binding any port is denied, and the listener is created by the helper before init
@@ -279,7 +279,7 @@ pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
     sys::tty::window_size(fd)
 }
 
-/// Where [`ProcessTier::run_granted`] binds the grants directory in the guest's view.
+/// Where [`ProcessTier::run_live`] binds a grants directory in the guest's view.
 pub const GRANTS_GUEST_DIR: &str = "/run/stockade";
 
 /// Default size of each private tmpfs (`/tmp`, `/dev/shm`): 64 MiB.
@@ -581,38 +581,24 @@ impl ProcessTier {
         supervisor::run(self, job, None, None, LiveIo::default()).await
     }
 
-    /// Runs `job` with the host directory `grants_dir` bound read-only (nosuid, nodev) at
-    /// [`GRANTS_GUEST_DIR`], where the guest may read and execute but not write. This is how
-    /// a broker's socket, its client and the job's data grants reach the guest
-    /// (`stockade-runtime` serves them); this crate only makes the directory visible. The
-    /// directory must be absolute and must neither contain nor lie inside the workspace.
-    pub async fn run_granted(&self, job: &Job, grants_dir: &Path) -> Result<Report, RunError> {
-        supervisor::run(self, job, Some(grants_dir), None, LiveIo::default()).await
-    }
-
-    /// [`run_granted`](Self::run_granted), plus a TCP listener on `127.0.0.1:PORT` in the
-    /// run's own network namespace, handed to `loopback` for the host to serve (a model
-    /// grant, for clients that speak only TCP). The run's loopback is brought up, landlock
-    /// lets the guest connect to that one port (and bind none), and the listener is created
-    /// by the helper and held by neither init nor the guest; the host takes it with
-    /// `pidfd_getfd` as soon as it is reported. The guest can reach nothing through it but
-    /// what the host serves on it.
-    pub async fn run_granted_loopback(
-        &self,
-        job: &Job,
-        grants_dir: &Path,
-        loopback: Loopback,
-    ) -> Result<Report, RunError> {
-        supervisor::run(self, job, Some(grants_dir), Some(loopback), LiveIo::default()).await
-    }
-
-    /// [`run`](Self::run), [`run_granted`](Self::run_granted) or
-    /// [`run_granted_loopback`](Self::run_granted_loopback) (by which of `grants_dir` and
-    /// `loopback` are given), with live stdio: `io.stdin`, if any, is streamed to the guest
-    /// as it reads (instead of the job's stdin bytes; the guest still holds only a pipe),
-    /// and `io.stderr`, if any, sees the guest's stderr as it arrives (the report still
-    /// captures it within budget). A streamed stdin and [`tty`](Self::tty) cannot be
-    /// combined.
+    /// [`run`](Self::run), with what a granted run adds, and with live stdio:
+    ///
+    /// - `grants_dir`: the host directory bound read-only (nosuid, nodev) at
+    ///   [`GRANTS_GUEST_DIR`], where the guest may read and execute but not write. This is how
+    ///   a broker's socket, its client and the job's data grants reach the guest
+    ///   (`stockade-runtime` serves them); this crate only makes the directory visible. The
+    ///   directory must be absolute and must neither contain nor lie inside the workspace.
+    /// - `loopback` (with a grants directory): a TCP listener on `127.0.0.1:PORT` in the run's
+    ///   own network namespace, handed to it for the host to serve (a model grant, for clients
+    ///   that speak only TCP). The run's loopback is brought up, landlock lets the guest
+    ///   connect to that one port (and bind none), and the listener is created by the helper
+    ///   and held by neither init nor the guest; the host takes it with `pidfd_getfd` as soon
+    ///   as it is reported. The guest can reach nothing through it but what the host serves
+    ///   on it.
+    /// - `io`: `io.stdin`, if any, is streamed to the guest as it reads (instead of the job's
+    ///   stdin bytes; the guest still holds only a pipe), and `io.stderr`, if any, sees the
+    ///   guest's stderr as it arrives (the report still captures it within budget). A
+    ///   streamed stdin and [`tty`](Self::tty) cannot be combined.
     pub async fn run_live(
         &self,
         job: &Job,
@@ -628,7 +614,7 @@ impl ProcessTier {
 }
 
 /// A listener the host serves inside one run's network namespace (see
-/// [`ProcessTier::run_granted_loopback`]).
+/// [`ProcessTier::run_live`]).
 pub struct Loopback {
     port: u16,
     serve: Box<dyn FnOnce(std::net::TcpListener) + Send>,

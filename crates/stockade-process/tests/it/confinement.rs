@@ -713,7 +713,8 @@ print("sockets", sum(l.startswith("socket:") for d in ("/proc/self/fd", "/proc/1
 print("init fds", len(links("/proc/1/fd")))
 "#
     ));
-    let r = block_on(tier().run_granted_loopback(&job, &grants, loopback)).unwrap();
+    let r =
+        block_on(tier().run_live(&job, Some(&grants), Some(loopback), stockade_protocol::LiveIo::default())).unwrap();
     let out = stdout(&r);
     assert_eq!(line(&out, "served"), "OK", "{out}{}", stderr(&r));
     assert_ne!(line(&out, "host"), "OK", "{out}");

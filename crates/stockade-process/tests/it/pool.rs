@@ -295,7 +295,13 @@ fn g15_granted_runs_are_one_shot_and_a_pool_fails_closed() {
     std::fs::write(grants.join("data.json"), "[1, 2]").unwrap();
     let tier = pooled(1);
     assert_eq!(tier.prebuild(None).unwrap(), 1);
-    let r = block_on(tier.run_granted(&sh("cat /run/stockade/data.json"), &grants)).unwrap();
+    let r = block_on(tier.run_live(
+        &sh("cat /run/stockade/data.json"),
+        Some(&grants),
+        None,
+        stockade_protocol::LiveIo::default(),
+    ))
+    .unwrap();
     assert_eq!(stdout(&r), "[1, 2]", "{r:#?}");
     assert_eq!(tier.pool_status(), Some((1, 1)), "the waiting sandbox was not used");
     std::fs::remove_dir_all(&grants).unwrap();
