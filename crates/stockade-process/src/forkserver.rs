@@ -12,7 +12,7 @@
 //! One request is one `SOCK_SEQPACKET` message from the supervisor: the helper's spec as
 //! JSON, with the guest's stdin, stdout and stderr, the status pipe and, for a pre-built
 //! sandbox (`pool`), its job pipe, as four or five descriptors (`SCM_RIGHTS`). The server clones a child with `CLONE_PARENT`, which runs the helper
-//! exactly as a forked helper does (`launch::forked_child`), and answers with its pid (or
+//! exactly as a forked helper does (`child::forked_child`), and answers with its pid (or
 //! a negative errno). Because the helper is the supervisor's child, the supervisor waits on
 //! it, kills it and reaps it through a pidfd as it does any helper, the helper's parent-death
 //! signal follows the supervisor, and the server never has a child of its own to reap.
@@ -47,9 +47,7 @@ use rustix::net::{
 use crate::RunError;
 use crate::sys::{caps, fs as sysfs, process};
 
-/// Largest spec the server accepts: 128 KiB, the limit the kernel puts on one environment
-/// string, and so on the spec of an executed helper as well.
-pub(crate) const MAX_SPEC: usize = 128 << 10;
+use crate::spec::MAX_SPEC;
 
 /// Most descriptors one request carries: stdin, stdout, stderr, status, and the job pipe of a
 /// pre-built sandbox.
@@ -177,7 +175,7 @@ impl Server {
         }
         match i32::from_ne_bytes(answer) {
             pid if pid > 0 => Ok(pid),
-            errno => Err(SpawnError::Launch(crate::launch::start_failed(
+            errno => Err(SpawnError::Launch(crate::child::start_failed(
                 "the fork server could not start a helper",
                 &io::Error::from_raw_os_error(-errno),
                 RunError::Internal,
@@ -193,7 +191,7 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
     }
     let Ok(sock) = isolate(sock) else { return 125 };
     // Its copy of the command line and environment (and every helper's, cloned from it).
-    if crate::launch::scrub_inherited_args().is_err() {
+    if crate::child::scrub_inherited_args().is_err() {
         return 125;
     }
     // Ready: isolated and scrubbed (`start` returns only after this).
@@ -227,7 +225,7 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
                 -libc::EINVAL
             } else {
                 match process::fork_sibling() {
-                    Ok(process::Fork::Child) => crate::launch::served_child(&buf[..msg.bytes], fds),
+                    Ok(process::Fork::Child) => crate::child::served_child(&buf[..msg.bytes], fds),
                     Ok(process::Fork::Parent(pid)) => pid,
                     Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
                 }

@@ -766,16 +766,16 @@ struct JobRef<'a> {
 }
 
 /// Reads a pre-built sandbox's job from `fd` to its end: `None` when it ends with no byte
-/// (the pool dropped the sandbox), else the job, at most [`crate::forkserver::MAX_SPEC`]
+/// (the pool dropped the sandbox), else the job, at most [`crate::spec::MAX_SPEC`]
 /// bytes of JSON.
 fn read_pooled_job(fd: i32) -> io::Result<Option<PooledJob>> {
     let file = sysfs::adopt(fd)?;
     let mut bytes = Vec::new();
-    file.take(crate::forkserver::MAX_SPEC as u64 + 1).read_to_end(&mut bytes)?;
+    file.take(crate::spec::MAX_SPEC as u64 + 1).read_to_end(&mut bytes)?;
     if bytes.is_empty() {
         return Ok(None);
     }
-    if bytes.len() > crate::forkserver::MAX_SPEC {
+    if bytes.len() > crate::spec::MAX_SPEC {
         return Err(io::Error::other("the job is over the spec limit"));
     }
     serde_json::from_slice(&bytes).map(Some).map_err(io::Error::other)

@@ -257,6 +257,7 @@
 #![deny(unsafe_code)]
 
 mod cgroup;
+mod child;
 mod confine;
 mod forkserver;
 mod helper;

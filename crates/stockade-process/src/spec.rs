@@ -9,6 +9,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use stockade_protocol::Mechanism;
 
+/// Largest spec a helper takes: 128 KiB, the limit the kernel puts on one environment
+/// string, and so on the spec of an executed helper as well.
+pub(crate) const MAX_SPEC: usize = 128 << 10;
+
 /// The environment variable that carries the spec to the helper.
 pub(crate) const SPEC_VAR: &str = "STOCKADE_PROCESS_HELPER_SPEC";
 

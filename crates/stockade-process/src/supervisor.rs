@@ -99,11 +99,11 @@ pub(crate) async fn run(
         let message =
             serde_json::to_vec(&PooledJob { program: program.clone(), args: args.clone(), env, limits: spec_limits })
                 .map_err(|e| RunError::Internal(e.to_string()))?;
-        if message.len() > crate::forkserver::MAX_SPEC {
+        if message.len() > crate::spec::MAX_SPEC {
             return Err(RunError::Misconfigured(format!(
                 "the job is {} bytes, over the {}-byte limit (arguments and environment together)",
                 message.len(),
-                crate::forkserver::MAX_SPEC
+                crate::spec::MAX_SPEC
             )));
         }
         start = Instant::now();
