@@ -431,10 +431,11 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     // What the program planted where the workspace protects an absent path (`git init`
     // makes `.git/config` and `.git/hooks`) is gone now: say so, or the user finds it missing
     // and cannot tell why. The names are the protected list's, never the guest's.
-    if let (false, Some(paths)) = (args.json, report.swept()) {
+    if !args.json && !report.swept.is_empty() {
         writeln!(
             std::io::stderr(),
-            "stockade: removed from the workspace what the program created at protected paths (git hooks and config, rc files, editor and agent settings stay the host's): {paths}"
+            "stockade: removed from the workspace what the program created at protected paths (git hooks and config, rc files, editor and agent settings stay the host's): {}",
+            report.swept.join(" ")
         )?;
     }
     // What the sweep could not remove stays on the host, where a tool may run it: every

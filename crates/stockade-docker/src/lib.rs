@@ -604,11 +604,7 @@ impl DockerTier {
                 Mechanism::ContainerWorkspace,
                 format!("workspace bind-mounted read-write; {}", g.describe()),
             ));
-            if !swept.removed.is_empty() {
-                report.enforcement.push(Enforced::swept(Mechanism::ContainerWorkspace, &swept.removed));
-            }
-            report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
-            report.git_refs_moved = swept.refs_moved.clone();
+            swept.record(&mut report, Mechanism::ContainerWorkspace);
         }
         Ok(report)
     }

@@ -471,6 +471,20 @@ pub struct Swept {
     pub left: Vec<String>,
 }
 
+impl Swept {
+    /// Writes this sweep into a run's `report`, the one way every tier does it: what it
+    /// removed ([`Report::swept`](stockade_protocol::Report::swept), and the enforcement
+    /// record naming `mechanism`), what it could not remove, and the git refs the run moved.
+    pub fn record(&self, report: &mut stockade_protocol::Report, mechanism: stockade_protocol::Mechanism) {
+        if !self.removed.is_empty() {
+            report.enforcement.push(stockade_protocol::Enforced::swept(mechanism, &self.removed));
+        }
+        report.swept.clone_from(&self.removed);
+        report.sweep_errors = self.errors.iter().map(ToString::to_string).collect();
+        report.git_refs_moved.clone_from(&self.refs_moved);
+    }
+}
+
 /// Most directory descriptors one sweep holds open at once, however deep the tree it
 /// removes: a guest that plants a tree deeper than the process's descriptor limit would
 /// otherwise stop a recursive removal (EMFILE) before the protected paths after it.

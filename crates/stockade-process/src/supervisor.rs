@@ -346,11 +346,7 @@ fn assemble(ended: Ended, limits: &stockade_protocol::Limits, best_effort: bool)
             Msg::Listening { .. } | Msg::Ended => {}
         }
     }
-    if !swept.removed.is_empty() {
-        report = report.with_enforced(Enforced::swept(Mechanism::MountNamespace, &swept.removed));
-    }
-    report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
-    report.git_refs_moved = swept.refs_moved.clone();
+    swept.record(&mut report, Mechanism::MountNamespace);
     if let Some((stage, unsupported, message)) = failure {
         if unsupported && !best_effort {
             return Err(RunError::Unsupported { mechanism: stage, reason: message });

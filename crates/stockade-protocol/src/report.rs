@@ -214,6 +214,11 @@ pub struct Report {
     /// The grant calls the guest made through the broker, if the run had grants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grants: Option<GrantsReport>,
+    /// What a read-write workspace run removed when it ended: what the guest created where a
+    /// protected path ([`crate::PROTECTED_PATHS`]) was absent, relative to the workspace
+    /// (the enforcement list names the same paths in its [`Enforced::swept`] record).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub swept: Vec<String>,
     /// What a read-write workspace run's sweep could not remove of what the guest planted at
     /// protected paths, one line each naming the path and the reason: these stay on the host
     /// until the user removes them.
@@ -325,6 +330,7 @@ impl Report {
             stderr: Captured::default(),
             enforcement: Vec::new(),
             grants: None,
+            swept: Vec::new(),
             sweep_errors: Vec::new(),
             git_refs_moved: Vec::new(),
         }
@@ -357,13 +363,6 @@ impl Report {
     pub fn with_enforced(mut self, enforced: Enforced) -> Self {
         self.enforcement.push(enforced);
         self
-    }
-
-    /// What the run removed from its workspace when it ended (the paths of the
-    /// [`Enforced::swept`] record, space-separated), if anything.
-    #[must_use]
-    pub fn swept(&self) -> Option<&str> {
-        self.enforcement.iter().find_map(|e| e.detail.strip_prefix(SWEPT_DETAIL))
     }
 
     /// Sets what the broker saw.

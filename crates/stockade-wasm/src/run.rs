@@ -634,11 +634,7 @@ impl Inner {
             let swept = g.sweep();
             let detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
             report.enforcement.push(Enforced::new(Mechanism::WasmWorkspace, detail));
-            if !swept.removed.is_empty() {
-                report.enforcement.push(Enforced::swept(Mechanism::WasmWorkspace, &swept.removed));
-            }
-            report.sweep_errors = swept.errors.iter().map(ToString::to_string).collect();
-            report.git_refs_moved = swept.refs_moved.clone();
+            swept.record(&mut report, Mechanism::WasmWorkspace);
         }
         Ok(report)
     }

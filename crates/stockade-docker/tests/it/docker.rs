@@ -669,7 +669,7 @@ fn g8_a_read_write_workspace_keeps_its_protected_paths() {
         swept,
         ["removed after the run, created by the guest where a protected path was absent: .claude .envrc"]
     );
-    assert_eq!(r.swept(), Some(".claude .envrc"));
+    assert_eq!(r.swept, [".claude", ".envrc"]);
     assert!(!ws.join(".envrc").exists() && !ws.join(".claude").exists());
     // The host checks its own files.
     assert_eq!(std::fs::read_to_string(ws.join(".git/config")).unwrap(), "[core]\n");

@@ -162,7 +162,7 @@ fn g10_new_git_entries_such_as_commondir_never_reach_the_hosts_git() {
     let r = run(sh(&script).with_workspace(&ws, Access::ReadWrite).unwrap());
     assert_eq!(stdout(&r), "planted\n", "{}", stderr(&r));
     assert!(!ws.join(".git/commondir").exists(), "commondir stayed");
-    assert_eq!(r.swept().unwrap_or(""), ".git/commondir .git/x");
+    assert_eq!(r.swept, [".git/commondir", ".git/x"]);
     host_git(&["status", "--short"]);
     assert!(!canary.exists(), "the host's git ran the guest's fsmonitor");
     let _ = std::fs::remove_dir_all(&ws);
@@ -187,7 +187,7 @@ fn g10_a_worktrees_gitfile_survives_a_run() {
     let r = run(sh("true").with_workspace(&wt, Access::ReadWrite).unwrap());
     assert_eq!(r.status, Status::Exited { code: 0 }, "{}", stderr(&r));
     assert_eq!(std::fs::read_to_string(wt.join(".git")).unwrap(), gitfile, "the gitfile changed or vanished");
-    assert_eq!(r.swept(), None);
+    assert!(r.swept.is_empty());
     assert_eq!(g(&wt, &["status", "--short"]), "");
     let _ = std::fs::remove_dir_all(&wt);
     let _ = std::fs::remove_dir_all(&repo);
@@ -219,7 +219,7 @@ fn g10_overlapping_runs_take_turns_and_nothing_planted_stays() {
     assert_eq!(a.status, Status::Exited { code: 0 }, "{}", stderr(&a));
     assert_eq!(stdout(&c), "planted\n", "{}", stderr(&c));
     assert!(!ws.join(".claude").exists(), "a planted .claude stayed on the host");
-    assert_eq!(c.swept(), Some(".claude"));
+    assert_eq!(c.swept, [".claude"]);
     // They took turns: side by side both would be done in about 1.8 s (C starts at 0.3 s and
     // sleeps 1.5 s); C waiting for A's end (1 s) and then running makes it at least 2.5 s.
     let took = started.elapsed();
