@@ -29,7 +29,18 @@ fn g1_a_command_name_with_spaces_and_parentheses_does_not_move_the_fields() {
     std::fs::create_dir_all(&dir).unwrap();
     let odd = dir.join(") 1 2 (x");
     std::fs::copy("/bin/sleep", &odd).unwrap();
-    let mut child = Command::new(&odd).arg("30").spawn().unwrap();
+    // Another test's thread may fork while the copy's write descriptor is still open, and
+    // the child holds it until it execs: exec then fails with ETXTBSY for a moment.
+    let mut tries = 0;
+    let mut child = loop {
+        match Command::new(&odd).arg("30").spawn() {
+            Err(e) if e.raw_os_error() == Some(26) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            spawned => break spawned.unwrap(),
+        }
+    };
     let pid = child.id().to_string();
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     assert!(stat.contains(") 1 2 (x)"), "{stat}");
