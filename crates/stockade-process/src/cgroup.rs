@@ -240,12 +240,5 @@ impl Cgroup {
 /// Whether process `pid` is in the v1 pids cgroup whose directory is named `name` (per-run
 /// cgroup names are unique: the supervisor's pid, start time and a counter).
 fn in_pids_cgroup(pid: i32, name: &str) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
-        text.lines().any(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
-            controllers.is_some_and(|c| c.split(',').any(|c| c == "pids"))
-                && path.is_some_and(|p| p.rsplit('/').next() == Some(name))
-        })
-    })
+    stockade_sys::cgroup::path_of(&pid.to_string(), Some("pids")).is_some_and(|p| p.rsplit('/').next() == Some(name))
 }

@@ -54,12 +54,10 @@ pub(crate) const FORKED_CMDLINE: &[u8] = b"stockade-sandbox-init (forked helper)
 /// copies are the child's own (copy-on-write): the supervisor keeps its arguments.
 pub(crate) fn scrub_inherited_args() -> std::io::Result<()> {
     use std::io::{Seek, SeekFrom, Write};
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
     let bad = || std::io::Error::other("unexpected /proc/self/stat");
-    // Fields after the command name (which may hold spaces) start at field 3; arg_start is
-    // field 48, arg_end 49, env_start 50, env_end 51 (proc_pid_stat(5)).
-    let rest = stat.rsplit_once(')').ok_or_else(bad)?.1;
-    let f: Vec<u64> = rest.split_whitespace().skip(45).take(4).map(|v| v.parse().unwrap_or(0)).collect();
+    // arg_start is field 48, arg_end 49, env_start 50, env_end 51 (proc_pid_stat(5)).
+    let fields = stockade_sys::proc::stat_fields("self").ok_or_else(bad)?;
+    let f: Vec<u64> = fields.iter().skip(48 - 3).take(4).map(|v| v.parse().unwrap_or(0)).collect();
     let [arg_start, arg_end, env_start, env_end] = f[..] else { return Err(bad()) };
     let mut mem = std::fs::OpenOptions::new().write(true).open("/proc/self/mem")?;
     for (start, end, text) in [(arg_start, arg_end, FORKED_CMDLINE), (env_start, env_end, &b""[..])] {

@@ -2,8 +2,9 @@
 //! each, shared by the tiers and the runtime (tiers may not depend on each other, and the
 //! runtime enforces nothing, so these readers live below them all).
 //!
-//! - [`proc`]: a process's start time, this boot's id, this process's pid namespace, whether
-//!   a process named by pid and start time is gone, whether this process runs as root;
+//! - [`proc`]: the fields of `/proc/PID/stat` and a `Key:` line of `/proc/PID/status` (or
+//!   `fdinfo`), a process's start time, this boot's id, this process's pid namespace,
+//!   whether a process named by pid and start time is gone, whether this process runs as root;
 //! - [`cgroup`]: a process's cgroup path for a controller (v1) or the unified one (v2), and
 //!   the out-of-memory kill counter of a memory cgroup.
 //!

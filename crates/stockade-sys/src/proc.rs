@@ -4,8 +4,9 @@ use std::os::unix::fs::MetadataExt;
 
 /// The fields of `/proc/PID/stat` (`pid` may be `self`) after the command name: the name is
 /// in parentheses and may itself hold spaces and parentheses, so the fields start after its
-/// last `)`; the first one returned is field 3 (the state).
-fn stat_fields(pid: &str) -> Option<Vec<String>> {
+/// last `)`; the first one returned is field 3 (the state), so field N is at index N - 3.
+#[must_use]
+pub fn stat_fields(pid: &str) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_owned).collect())
 }
@@ -14,7 +15,7 @@ fn stat_fields(pid: &str) -> Option<Vec<String>> {
 /// `pid` may be `self`. With the pid, it names one process in a way a reused pid cannot fake.
 #[must_use]
 pub fn start_time(pid: &str) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
+    stat_fields(pid)?.get(22 - 3)?.parse().ok()
 }
 
 /// Whether the process that had `pid` and started at `start` is gone: no such pid, or one
@@ -40,4 +41,14 @@ pub fn pid_namespace() -> Option<u64> {
 /// that cannot be read.
 pub fn is_root() -> std::io::Result<bool> {
     Ok(std::fs::metadata("/proc/self")?.uid() == 0)
+}
+
+/// The value after `key` in a `/proc` file of `Key:\tvalue` lines (`/proc/PID/status`,
+/// `/proc/self/fdinfo/FD`), trimmed.
+pub fn field(path: &str, key: &str) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_owned())
+        .ok_or_else(|| std::io::Error::other(format!("no {key} line in {path}")))
 }

@@ -52,7 +52,7 @@ pub(crate) fn drop_all() -> io::Result<()> {
 
 /// The effective capability mask of this process (low 64 bits), from `/proc/self/status`.
 pub(crate) fn effective() -> io::Result<u64> {
-    let hex = super::process::proc_field("/proc/self/status", "CapEff:")?;
+    let hex = stockade_sys::proc::field("/proc/self/status", "CapEff:")?;
     u64::from_str_radix(&hex, 16).map_err(io::Error::other)
 }
 

@@ -168,19 +168,11 @@ pub(crate) fn thread_count() -> io::Result<usize> {
     parsed("/proc/self/status", "Threads:")
 }
 
-/// The value after `key` in the `/proc` file `path` (`status`, `fdinfo`: `Key:\tvalue`
-/// lines), trimmed: the one reader of those files in this crate.
-pub(crate) fn proc_field(path: &str, key: &str) -> io::Result<String> {
-    let text = std::fs::read_to_string(path)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .map(|v| v.trim().to_owned())
-        .ok_or_else(|| io::Error::other(format!("no {key} line in {path}")))
-}
-
-/// [`proc_field`] as a number.
+/// [`stockade_sys::proc::field`] as a number.
 fn parsed<T: std::str::FromStr>(path: &str, key: &str) -> io::Result<T> {
-    proc_field(path, key)?.parse().map_err(|_| io::Error::other(format!("{key} in {path} is not a number")))
+    stockade_sys::proc::field(path, key)?
+        .parse()
+        .map_err(|_| io::Error::other(format!("{key} in {path} is not a number")))
 }
 
 /// The pid behind `pidfd`, from its `fdinfo`.

@@ -19,6 +19,11 @@ fn g1_a_start_time_names_one_process_and_a_reaped_one_is_gone() {
     child.wait().unwrap();
     assert!(proc::gone(&pid, start), "a reaped child is gone");
     assert_eq!(proc::start_time("no-such-pid"), None);
+    // Field N of `stat` is at index N - 3; a `Key:` line of `status` is read by its key.
+    let fields = proc::stat_fields("self").unwrap();
+    assert_eq!(fields[22 - 3], own.to_string());
+    assert_eq!(proc::field("/proc/self/status", "Pid:").unwrap(), std::process::id().to_string());
+    assert!(proc::field("/proc/self/status", "NoSuchKey:").is_err());
 }
 
 #[test]
