@@ -45,14 +45,6 @@ pub enum RunError {
     Internal(String),
 }
 
-impl RunError {
-    /// [`RunError::Unsupported`].
-    #[must_use]
-    pub fn unsupported(mechanism: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Unsupported { mechanism: mechanism.into(), reason: reason.into() }
-    }
-}
-
 impl From<JobError> for RunError {
     fn from(e: JobError) -> Self {
         Self::Misconfigured(e.to_string())
