@@ -191,7 +191,7 @@ pub(crate) async fn lock_workspace(job: &Job) -> Result<Option<stockade_hostfs::
     Ok(Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?))
 }
 
-pub(crate) fn engine(e: bollard::errors::Error) -> RunError {
+pub(crate) fn engine(e: impl std::fmt::Display) -> RunError {
     RunError::Engine(format!("docker engine: {e}"))
 }
 
@@ -454,9 +454,7 @@ impl DockerTier {
                 Err(e) if attempt < 2 && e.to_string().contains("cannot start a stopped process") => {
                     attempt += 1;
                     if !self.remove(&holder).await {
-                        return Err(RunError::Engine(format!(
-                            "docker engine: container {holder} could not be removed"
-                        )));
+                        return Err(engine(format!("container {holder} could not be removed")));
                     }
                 }
                 started => break (holder, started.map_err(engine)),
@@ -466,7 +464,7 @@ impl DockerTier {
             started?;
             let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
             let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
-            let pid = pid.ok_or_else(|| RunError::Engine("docker engine: the network holder has no pid".into()))?;
+            let pid = pid.ok_or_else(|| engine("the network holder has no pid"))?;
             join(pid).map_err(|reason| RunError::Unsupported {
                 mechanism: "a listener in the run's network namespace".into(),
                 reason,
@@ -480,9 +478,7 @@ impl DockerTier {
             if still {
                 Ok(())
             } else {
-                Err(RunError::Engine(format!(
-                    "docker engine: the network holder left pid {pid} while the listener was placed"
-                )))
+                Err(engine(format!("the network holder left pid {pid} while the listener was placed")))
             }
         };
         let result = match joined.await {
@@ -492,7 +488,7 @@ impl DockerTier {
         let removed = self.remove(&holder).await;
         let report = result?;
         if !removed {
-            return Err(RunError::Engine(format!("docker engine: container {holder} could not be removed")));
+            return Err(engine(format!("container {holder} could not be removed")));
         }
         Ok(report)
     }
@@ -503,8 +499,7 @@ impl DockerTier {
         if self.docker.inspect_image(netns::HOLDER_IMAGE).await.is_ok() {
             return Ok(());
         }
-        let tar = netns::holder_tar()
-            .map_err(|e| RunError::Engine(format!("docker engine: building the holder image: {e}")))?;
+        let tar = netns::holder_tar().map_err(|e| engine(format!("building the holder image: {e}")))?;
         let (repo, tag) = netns::HOLDER_IMAGE.split_once(':').unwrap_or((netns::HOLDER_IMAGE, "latest"));
         let opts =
             bollard::query_parameters::CreateImageOptionsBuilder::default().from_src("-").repo(repo).tag(tag).build();
@@ -596,7 +591,7 @@ impl DockerTier {
         let swept = guard.as_ref().map(stockade_hostfs::Guarded::sweep);
         let mut report = result?;
         if !removed {
-            return Err(RunError::Engine(format!("docker engine: container {container} could not be removed")));
+            return Err(engine(format!("container {container} could not be removed")));
         }
         report.enforcement = enforcement(job, &self.hardening);
         if let (Some(g), Some(swept)) = (guard, swept) {

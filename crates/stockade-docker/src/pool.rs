@@ -140,7 +140,7 @@ impl DockerPool {
     async fn start_one(&self) -> Result<Warm, RunError> {
         self.tier.retry_pending().await;
         let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])
-            .map_err(|e| RunError::Engine(format!("docker engine: {e}")))?
+            .map_err(engine)?
             .with_limits(self.config.limits);
         let id = run_id();
         let expires = unix_now() + self.config.max_age.as_secs() + ORPHAN_GRACE.as_secs();
@@ -260,7 +260,7 @@ impl DockerPool {
                     (ws.path().to_path_buf(), self.tier.hardening.clone(), self.config.workspace_bytes);
                 let packed = tokio::task::spawn_blocking(move || stage::pack(&root, access, h.uid, h.gid, bytes))
                     .await
-                    .map_err(|e| RunError::Engine(format!("docker engine: {e}")))??;
+                    .map_err(engine)??;
                 Some((ws.path().to_path_buf(), access, packed))
             }
             (Some(ws), configured) => {
@@ -325,9 +325,7 @@ impl DockerPool {
             archive.extend_from_slice(&chunk);
         }
         let host = host.to_path_buf();
-        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
-            .await
-            .map_err(|e| RunError::Engine(format!("docker engine: {e}")))??)
+        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host)).await.map_err(engine)??)
     }
 
     async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, RunError> {
@@ -353,7 +351,7 @@ impl DockerPool {
         let StartExecResults::Attached { output, input } =
             docker.start_exec(&exec.id, Some(opts)).await.map_err(engine)?
         else {
-            return Err(RunError::Engine("docker engine: exec started detached".into()));
+            return Err(engine("exec started detached"));
         };
         // A breach or the deadline kills the container, which the pool then replaces.
         let (sink, timed_out) = self.tier.drive(id, input, output, stdin, limits, start).await;
@@ -370,8 +368,8 @@ impl DockerPool {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let Some(code) = code else {
-            return Err(RunError::Engine(format!(
-                "docker engine: the engine gave no exit code for exec {} in container {id} after its output ended",
+            return Err(engine(format!(
+                "the engine gave no exit code for exec {} in container {id} after its output ended",
                 exec.id
             )));
         };
