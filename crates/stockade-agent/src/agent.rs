@@ -385,6 +385,6 @@ impl Agent {
 }
 
 fn approval_request(call: &ToolCall, rule: &str, reason: &str) -> ApprovalRequest {
-    let arguments = crate::machine::canonical_args(call);
+    let arguments = call.canonical_args();
     ApprovalRequest { tool: call.tool().to_owned(), arguments, rule: rule.to_owned(), reason: reason.to_owned() }
 }

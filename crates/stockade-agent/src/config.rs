@@ -161,6 +161,28 @@ struct ToolSection {
     confine: Option<String>,
 }
 
+/// The tier a configured run goes to (`tier` and `confine` in `agent.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfinedTier {
+    /// The process tier (`"process"`).
+    Process,
+    /// The docker tier (`"docker"`, with an image).
+    Docker,
+}
+
+impl ConfinedTier {
+    /// The tier `name` names in `agent.toml`.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "process" => Some(Self::Process),
+            "docker" => Some(Self::Docker),
+            _ => None,
+        }
+    }
+}
+
 /// The built-in `run_code`'s configuration.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -168,7 +190,7 @@ pub struct RunCodeConfig {
     /// The languages offered.
     pub languages: Vec<Language>,
     /// `process` (python and sh as commands; javascript in wasm) or `docker`.
-    pub tier: String,
+    pub tier: ConfinedTier,
     /// The image for `docker`.
     pub image: Option<String>,
     /// Each run's deadline.
@@ -185,7 +207,7 @@ impl RunCodeConfig {
     pub fn all() -> Self {
         Self {
             languages: vec![Language::Python, Language::Javascript, Language::Sh],
-            tier: "process".into(),
+            tier: ConfinedTier::Process,
             image: None,
             timeout: Duration::from_secs(10),
             memory: 256 << 20,
@@ -208,8 +230,8 @@ pub struct CommandConfig {
     pub timeout: Duration,
     /// The stdout cap.
     pub max_output: u64,
-    /// Run it in this tier (`process`) instead of on the host.
-    pub confine: Option<String>,
+    /// Run it in this tier (only [`ConfinedTier::Process`]) instead of on the host.
+    pub confine: Option<ConfinedTier>,
 }
 
 /// A loaded `agent.toml`.
@@ -273,10 +295,11 @@ impl AgentConfig {
                             })
                             .collect::<Result<_, _>>()?,
                     };
-                    let tier = t.tier.clone().unwrap_or_else(|| "process".into());
-                    if tier != "process" && tier != "docker" {
-                        return Err(err(at, place(&format!("tier {tier:?} is not process or docker"))));
-                    }
+                    let tier = match t.tier.as_deref() {
+                        None => ConfinedTier::Process,
+                        Some(name) => ConfinedTier::parse(name)
+                            .ok_or_else(|| err(at, place(&format!("tier {name:?} is not process or docker"))))?,
+                    };
                     names.push("run_code".to_owned());
                     run_code = Some(RunCodeConfig {
                         languages,
@@ -325,12 +348,16 @@ impl AgentConfig {
                     };
                     let def = ToolDef::new(name.clone(), t.description.clone().unwrap_or_default(), parameters, trust);
                     def.spec().map_err(|e| err(at, place(&e.to_string())))?;
-                    if let Some(c) = t.confine.as_deref().filter(|c| *c != "process") {
-                        return Err(err(
-                            at,
-                            place(&format!("confine = {c:?}: the only tier for a command tool is \"process\"")),
-                        ));
-                    }
+                    let confine = match t.confine.as_deref() {
+                        None => None,
+                        Some("process") => Some(ConfinedTier::Process),
+                        Some(c) => {
+                            return Err(err(
+                                at,
+                                place(&format!("confine = {c:?}: the only tier for a command tool is \"process\"")),
+                            ));
+                        }
+                    };
                     names.push(name);
                     commands.push(CommandConfig {
                         def,
@@ -338,7 +365,7 @@ impl AgentConfig {
                         env: t.env.clone(),
                         timeout: t.timeout.unwrap_or(Duration::from_secs(10)),
                         max_output: t.max_output.unwrap_or(64 << 10),
-                        confine: t.confine.clone(),
+                        confine,
                     });
                 }
             }

@@ -524,7 +524,7 @@ impl AgentRun {
         self.events.push(Event {
             kind: "decision",
             fields: json!({"turn": self.turns, "call": call_id, "provider_id": call.provider_id, "tool": call.name,
-                           "args": canonical_args(&tool_call), "effect": format!("{:?}", decision.effect()).to_lowercase(),
+                           "args": tool_call.canonical_args(), "effect": format!("{:?}", decision.effect()).to_lowercase(),
                            "rule": decision.rule(), "reason": reason_of(&decision), "tainted": tainted}),
         });
         match decision {
@@ -762,11 +762,6 @@ impl AgentRun {
     pub fn untrusted_tools(&self) -> BTreeSet<&str> {
         self.trust.iter().filter(|(_, t)| **t == Trust::Untrusted).map(|(n, _)| n.as_str()).collect()
     }
-}
-
-/// A call's canonical arguments (the part after the tool name): what a human approves.
-pub(crate) fn canonical_args(call: &ToolCall) -> String {
-    call.canonical().split_once('\0').map(|(_, a)| a.to_owned()).unwrap_or_default()
 }
 
 fn reason_of(d: &Decision) -> String {

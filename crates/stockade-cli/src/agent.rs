@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
-use stockade_agent::config::RunCodeConfig;
+use stockade_agent::config::{ConfinedTier, RunCodeConfig};
 use stockade_agent::{
     Agent, AgentConfig, AgentError, ApiKey, ApprovalRequest, Approver, Endpoint, Language, NoApprover, RunCode, Trace,
 };
@@ -135,7 +135,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         Agent::builder(endpoint).system_prompt(config.agent.system_prompt.clone()).profile(config.profile());
     for c in &config.commands {
         let mut tool = c.tool_ambient();
-        if c.confine.as_deref() == Some("process") {
+        if c.confine == Some(ConfinedTier::Process) {
             // Sandboxes built ahead of each command (G15 of stockade-process).
             tool = tool.confined(crate::tiers::process_pool(AGENT_POOL)?);
         }
@@ -283,7 +283,7 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
         .with_stdout(rc.max_output)?;
     let mut tool = RunCode::new(limits);
     let wants = |l| rc.languages.contains(&l);
-    if rc.tier == "docker" {
+    if rc.tier == ConfinedTier::Docker {
         let sandbox = crate::tiers::docker().await.map_err(|e| anyhow::anyhow!("run_code's docker tier: {e}"))?;
         let image = rc.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned());
         for l in [Language::Sh, Language::Python].into_iter().filter(|l| wants(*l)) {

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Map, Value, json};
 use stockade_agent::policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall, ToolSpec};
-use stockade_agent::{Language, RunCode, Runner};
+use stockade_agent::{Language, RunCode, Runner, Trace};
 use stockade_runtime::protocol::{Access, Job, Limits, Report, Status};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
@@ -114,6 +114,11 @@ pub(crate) struct McpArgs {
     /// A stockade-policy TOML file deciding every call (tools `run_code` and `run_command`).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Write a JSONL trace (mode 0600) of every call: its decision under --policy and its
+    /// run, as `decision` and `tool` events with `stockade agent --trace`'s fields (`call` is
+    /// the JSON-RPC id).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 /// The server's configuration and sandboxes.
@@ -130,6 +135,8 @@ pub(crate) struct Server {
     workspace: Option<(PathBuf, Access)>,
     /// With `--policy`: the gate every call passes, and the session's clock.
     gate: Option<(Mutex<Gate>, Instant)>,
+    /// With `--trace`: every call's decision and run.
+    trace: Option<Trace>,
     slots: Semaphore,
     /// The runs that go at once (`--max-concurrency`).
     max_concurrency: usize,
@@ -246,6 +253,12 @@ async fn build(args: &McpArgs) -> Result<Server> {
         max_line: args.max_line_bytes,
         workspace,
         gate: None,
+        trace: match &args.trace {
+            Some(path) => {
+                Some(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?)
+            }
+            None => None,
+        },
         slots: Semaphore::new(args.max_concurrency),
         max_concurrency: args.max_concurrency,
     };
@@ -394,7 +407,7 @@ where
             let key2 = key.clone();
             let id2 = id.clone();
             let handle = tasks.spawn(async move {
-                let answer = match call(&server, &params, &tx2).await {
+                let answer = match call(&server, &id2, &params, &tx2).await {
                     Ok(mut result) => {
                         if modern {
                             result["resultType"] = json!("complete");
@@ -599,7 +612,7 @@ fn refused(status: &str, reason: &str) -> Value {
     json!({"content": [{"type": "text", "text": reason}], "structuredContent": structured, "isError": true})
 }
 
-async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Result<Value, RpcError> {
+async fn call(server: &Server, id: &Value, params: &Value, tx: &mpsc::Sender<Value>) -> Result<Value, RpcError> {
     let name = params
         .get("name")
         .and_then(Value::as_str)
@@ -625,6 +638,18 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
             .ok_or_else(|| RpcError::new(-32602, "arguments must be an object"))?;
         let decided =
             gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decide_unattended(&call, start.elapsed());
+        if let Some(trace) = &server.trace {
+            let (effect, rule, reason) = match &decided {
+                Ok(permit) => ("allow", permit.rule(), ""),
+                Err(r) if r.kind == RefusalKind::NeedsApproval => ("ask", r.rule.as_str(), r.reason.as_str()),
+                Err(r) if r.kind == RefusalKind::BadArguments => ("refused", r.rule.as_str(), r.reason.as_str()),
+                Err(r) => ("deny", r.rule.as_str(), r.reason.as_str()),
+            };
+            trace.event(
+                "decision",
+                json!({"call": id, "tool": name, "args": call.canonical_args(), "effect": effect, "rule": rule, "reason": reason}),
+            );
+        }
         let permit = match decided {
             Ok(permit) => permit,
             Err(r) if r.kind == RefusalKind::NeedsApproval => {
@@ -659,10 +684,27 @@ async fn call(server: &Server, params: &Value, tx: &mpsc::Sender<Value>) -> Resu
         }
     };
     let sandbox = runner.sandbox();
+    let started = Instant::now();
     let report = tokio::select! {
         r = sandbox.report(&job) => r,
         () = ticking => unreachable!("the ticker never ends"),
     };
+    if let Some(trace) = &server.trace {
+        let (status, detail) = match &report {
+            Ok(r) if matches!(r.status, Status::TimedOut) => (
+                "timeout",
+                json!({"tier": sandbox.tier_name(), "status": r.status, "wall_ms": r.wall.as_millis() as u64}),
+            ),
+            Ok(r) => {
+                ("ok", json!({"tier": sandbox.tier_name(), "status": r.status, "wall_ms": r.wall.as_millis() as u64}))
+            }
+            Err(e) => ("failed", json!({"tier": sandbox.tier_name(), "error": e.to_string()})),
+        };
+        trace.event(
+            "tool",
+            json!({"call": id, "tool": name, "ms": started.elapsed().as_millis() as u64, "status": status, "report": detail}),
+        );
+    }
     Ok(match report {
         Ok(r) => result(&r, sandbox.tier_name(), job.limits()),
         Err(e) => refused("failed_to_start", &format!("the sandbox could not run it: {e}")),

@@ -139,9 +139,7 @@ impl DockerPool {
     /// Creates and starts one idle container.
     async fn start_one(&self) -> Result<Warm, RunError> {
         self.tier.retry_pending().await;
-        let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])
-            .map_err(engine)?
-            .with_limits(self.config.limits);
+        let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])?.with_limits(self.config.limits);
         let id = run_id();
         let expires = unix_now() + self.config.max_age.as_secs() + ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(&keeper, &self.tier.hardening, &id, expires)?;
@@ -260,7 +258,7 @@ impl DockerPool {
                     (ws.path().to_path_buf(), self.tier.hardening.clone(), self.config.workspace_bytes);
                 let packed = tokio::task::spawn_blocking(move || stage::pack(&root, access, h.uid, h.gid, bytes))
                     .await
-                    .map_err(engine)??;
+                    .map_err(|e| RunError::Internal(format!("packing the workspace: {e}")))??;
                 Some((ws.path().to_path_buf(), access, packed))
             }
             (Some(ws), configured) => {
@@ -325,7 +323,9 @@ impl DockerPool {
             archive.extend_from_slice(&chunk);
         }
         let host = host.to_path_buf();
-        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host)).await.map_err(engine)??)
+        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
+            .await
+            .map_err(|e| RunError::Internal(format!("unpacking the workspace: {e}")))??)
     }
 
     async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, RunError> {

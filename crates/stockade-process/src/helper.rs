@@ -76,9 +76,62 @@ pub(crate) fn run(spec: Spec) -> i32 {
     let Ok(status) = sysfs::adopt(spec.status_fd) else { return 125 };
     let _ = sysfs::set_cloexec(spec.status_fd);
     let mut rep = Reporter(status);
-    // First, so that init and the guest inherit it (G16): a host short of memory loses this
-    // run's processes before the supervisor or any other process. Raising one's own score
-    // needs no privilege; it fails only where `/proc` is missing or read-only.
+    match prepare(&spec, &mut rep) {
+        Ok(ready) => start_init(&spec, &mut rep, ready),
+        Err(code) => code,
+    }
+}
+
+/// What the helper holds once it is in the run's namespaces, for init.
+struct InNamespaces {
+    /// The guest's ids inside.
+    ids: (u32, u32),
+    /// A root supervisor's id-mapped workspace.
+    ws_tree: Option<OwnedFd>,
+    /// The model grant's listener, held here for the supervisor to take.
+    listener: Option<std::net::TcpListener>,
+}
+
+/// The helper's phases before init: the OOM score and the cgroups, the workspace opened and
+/// root dropped, then the namespaces, each reported as enforced. `Err` is the exit code of a
+/// failed phase (already reported).
+fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
+    join_limits(spec, rep)?;
+    let (uid, gid) = process::ids();
+    // As root, the workspace is opened now, before the drop to `nobody`, and id-mapped so
+    // that the invoking user's files are the guest's own (see `idmapped_workspace`).
+    let ws_tree = match (&spec.workspace, uid) {
+        (Some((host, writable)), 0) => match idmapped_workspace(host, *writable) {
+            Ok(tree) => Some(tree),
+            Err((unsupported, e)) => return Err(rep.fail("workspace", unsupported, e)),
+        },
+        _ => None,
+    };
+    let dropped_root = uid == 0;
+    let (uid, gid) = if dropped_root {
+        if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
+            return Err(rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}")));
+        }
+        (NOBODY, NOBODY)
+    } else {
+        (uid, gid)
+    };
+    if caps::set_parent_death_kill().is_err() || process::parent_pid() != spec.supervisor_pid {
+        return Err(125);
+    }
+    if let Err(e) = process::setsid() {
+        return Err(rep.fail("setsid", false, e));
+    }
+    enter_namespaces(rep, (uid, gid), dropped_root)?;
+    let listener = listen_for_model(spec, rep)?;
+    Ok(InNamespaces { ids: (uid, gid), ws_tree, listener })
+}
+
+/// The OOM score and the run's cgroups, first, so that init and the guest inherit them.
+fn join_limits(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
+    // G16: a host short of memory loses this run's processes before the supervisor or any
+    // other process. Raising one's own score needs no privilege; it fails only where `/proc`
+    // is missing or read-only.
     match fs::write("/proc/self/oom_score_adj", OOM_SCORE_ADJ.to_string()) {
         Ok(()) => rep.enforced(
             Mechanism::OomScore,
@@ -86,40 +139,20 @@ pub(crate) fn run(spec: Spec) -> i32 {
         ),
         Err(e) if spec.hard => {
             let unsupported = matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ReadOnlyFilesystem);
-            return rep.fail("oom_score_adj", unsupported, format!("writing /proc/self/oom_score_adj: {e}"));
+            return Err(rep.fail("oom_score_adj", unsupported, format!("writing /proc/self/oom_score_adj: {e}")));
         }
         Err(e) => rep.send(&Msg::Missing { mechanism: "oom_score_adj".into(), reason: e.to_string() }),
     }
     for procs in &spec.cgroup_procs {
         if let Err(e) = fs::write(procs, std::process::id().to_string()) {
-            return rep.fail("cgroup", false, format!("joining {}: {e}", procs.display()));
+            return Err(rep.fail("cgroup", false, format!("joining {}: {e}", procs.display())));
         }
     }
-    let (uid, gid) = process::ids();
-    // As root, the workspace is opened now, before the drop to `nobody`, and id-mapped so
-    // that the invoking user's files are the guest's own (see `idmapped_workspace`).
-    let ws_tree = match (&spec.workspace, uid) {
-        (Some((host, writable)), 0) => match idmapped_workspace(host, *writable) {
-            Ok(tree) => Some(tree),
-            Err((unsupported, e)) => return rep.fail("workspace", unsupported, e),
-        },
-        _ => None,
-    };
-    let dropped_root = uid == 0;
-    let (uid, gid) = if dropped_root {
-        if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
-            return rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}"));
-        }
-        (NOBODY, NOBODY)
-    } else {
-        (uid, gid)
-    };
-    if caps::set_parent_death_kill().is_err() || process::parent_pid() != spec.supervisor_pid {
-        return 125;
-    }
-    if let Err(e) = process::setsid() {
-        return rep.fail("setsid", false, e);
-    }
+    Ok(())
+}
+
+/// A user namespace mapping only `ids`, with fresh mount, pid, net, ipc and uts namespaces.
+fn enter_namespaces(rep: &mut Reporter, (uid, gid): (u32, u32), dropped_root: bool) -> Result<(), i32> {
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -127,13 +160,13 @@ pub(crate) fn run(spec: Spec) -> i32 {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
     if let Err(e) = mount::unshare(flags) {
-        return rep.fail("namespaces", true, format!("unshare(user, mount, pid, net, ipc, uts): {e}"));
+        return Err(rep.fail("namespaces", true, format!("unshare(user, mount, pid, net, ipc, uts): {e}")));
     }
     let maps = fs::write("/proc/self/setgroups", "deny")
         .and_then(|()| fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
         .and_then(|()| fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
     if let Err(e) = maps {
-        return rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}"));
+        return Err(rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}")));
     }
     // A root supervisor's helper runs as host uid 65534 from here, which other processes of
     // the host may share, while it holds the model grant's listener and (forked) a copy of
@@ -141,11 +174,16 @@ pub(crate) fn run(spec: Spec) -> i32 {
     // (the supervisor takes the listener with CAP_SYS_PTRACE). It had to be dumpable until
     // now, to write its own maps.
     if dropped_root && let Err(e) = caps::set_not_dumpable() {
-        return rep.fail("credentials", false, format!("PR_SET_DUMPABLE 0: {e}"));
+        return Err(rep.fail("credentials", false, format!("PR_SET_DUMPABLE 0: {e}")));
     }
     rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
-    // The model grant's listener: created here, in the run's network namespace, and held by
-    // this process (never by init or the guest) for the supervisor to take.
+    Ok(())
+}
+
+/// The model grant's listener: created here, in the run's network namespace, and held by
+/// this process (never by init or the guest) for the supervisor to take. Reports the
+/// namespaces as enforced, the network one with what it holds.
+fn listen_for_model(spec: &Spec, rep: &mut Reporter) -> Result<Option<std::net::TcpListener>, i32> {
     let (listener, net) = match spec.model_port {
         Some(port) => match model_listener(port) {
             Ok(l) => {
@@ -154,7 +192,7 @@ pub(crate) fn run(spec: Spec) -> i32 {
                     format!("empty network namespace; loopback up for the model grant's listener on 127.0.0.1:{port}");
                 (Some(l), net)
             }
-            Err(e) => return rep.fail("model listener", false, e),
+            Err(e) => return Err(rep.fail("model listener", false, e)),
         },
         None => (None, "empty network namespace (loopback down)".into()),
     };
@@ -166,19 +204,26 @@ pub(crate) fn run(spec: Spec) -> i32 {
     ] {
         rep.enforced(m, d);
     }
+    Ok(listener)
+}
+
+/// Forks init (pid 1 of the run's pid namespace), lets go of the guest's stdio, and waits
+/// for it: its exit code is the helper's.
+fn start_init(spec: &Spec, rep: &mut Reporter, ready: InNamespaces) -> i32 {
+    let InNamespaces { ids, ws_tree, listener } = ready;
     let Ok((keep_r, keep_w)) = sysfs::pipe() else { return rep.fail("init", false, "pipe") };
     match process::fork() {
         Err(e) => rep.fail("init", false, format!("fork: {e}")),
         Ok(process::Fork::Child) => {
             drop(keep_w);
             drop(listener);
-            let code = init(&spec, &mut rep, &keep_r, (uid, gid), ws_tree);
+            let code = init(spec, rep, &keep_r, ids, ws_tree);
             process::exit_now(code)
         }
         Ok(process::Fork::Parent(pid)) => {
             drop(keep_r);
             drop(ws_tree);
-            release_stdio(&spec);
+            release_stdio(spec);
             let code = match process::wait(pid) {
                 Ok(e) => {
                     rep.send(&Msg::Ended);
@@ -187,6 +232,7 @@ pub(crate) fn run(spec: Spec) -> i32 {
                 Err(_) => 125,
             };
             drop(keep_w);
+            drop(listener);
             code
         }
     }
@@ -360,10 +406,29 @@ impl From<String> for ViewError {
 /// with the rights of the (non-root) user. Returns the unix sockets and fifos it covered in
 /// the workspace.
 fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<Vec<PathBuf>, ViewError> {
-    let none = Path::new("");
     // The run's terminal, by the name the guest's `ttyname()` reads back from `/proc`
     // (`/dev/pts/N`), read while the host's `/proc` is still in place.
     let pts = if spec.tty { pts_name() } else { None };
+    stage()?;
+    let old = Path::new("/oldroot");
+    let new = Path::new("/newroot");
+    mount_root(old, new)?;
+    write_etc(old, new, uid, gid)?;
+    mount_proc_and_dev(old, new, pts.as_deref())?;
+    mount_scratch(new, spec.limits.tmpfs_bytes)?;
+    let covered = match &spec.workspace {
+        Some((host, writable)) => mount_workspace(spec, old, new, host, *writable, uid, ws_tree)?,
+        None => Vec::new(),
+    };
+    bind_grants(spec, old, new)?;
+    enter(new)?;
+    Ok(covered)
+}
+
+/// The view's phase 1: `/` made private, then a small staging tmpfs pivoted into, with the
+/// host root at `/oldroot` and the view's root to be built at `/newroot`.
+fn stage() -> Result<(), ViewError> {
+    let none = Path::new("");
     ctx(mount::mount(none, Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, ""), || "making / private".into())?;
     let base = Path::new("/tmp");
     ctx(
@@ -374,9 +439,12 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
     ctx(fs::create_dir(base.join("oldroot")), || "mkdir oldroot".into())?;
     ctx(mount::pivot_root(base, &base.join("oldroot")), || "pivot_root into staging".into())?;
     ctx(std::env::set_current_dir("/"), || "chdir /".into())?;
-    let old = Path::new("/oldroot");
-    let new = Path::new("/newroot");
-    let size = spec.limits.tmpfs_bytes;
+    Ok(())
+}
+
+/// Phase 2: the view's root tmpfs, with the host's system directories bound read-only (or
+/// recreated as the links they are).
+fn mount_root(old: &Path, new: &Path) -> Result<(), ViewError> {
     ctx(mount::mount(Path::new("tmpfs"), new, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "size=4m,mode=0755"), || {
         "mounting the root tmpfs".into()
     })?;
@@ -391,7 +459,11 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             _ => {}
         }
     }
-    // /etc: generated identity files and a few read-only binds that programs need.
+    Ok(())
+}
+
+/// Phase 3: `/etc`.
+fn write_etc(old: &Path, new: &Path, uid: u32, gid: u32) -> Result<(), ViewError> {
     let etc = new.join("etc");
     ctx(fs::create_dir(&etc), || "mkdir /etc".into())?;
     let passwd = format!(
@@ -427,6 +499,11 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             }
         }
     }
+    Ok(())
+}
+
+/// Phase 4: a fresh `/proc` and a `/dev` of harmless devices (and the run's terminal).
+fn mount_proc_and_dev(old: &Path, new: &Path, pts: Option<&str>) -> Result<(), ViewError> {
     // /proc: a fresh procfs of the run's pid namespace.
     let proc_dir = new.join("proc");
     ctx(fs::create_dir(&proc_dir), || "mkdir /proc".into())?;
@@ -452,7 +529,7 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             format!("binding /dev/{node}")
         })?;
     }
-    if let Some(name) = &pts {
+    if let Some(name) = pts {
         name_terminal(old, &dev, name)?;
     }
     for (link, target) in [
@@ -463,6 +540,11 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
     ] {
         ctx(symlink(target, dev.join(link)), || format!("symlink /dev/{link}"))?;
     }
+    Ok(())
+}
+
+/// Phase 5: `/tmp` and `/dev/shm`, tmpfs of the job's size.
+fn mount_scratch(new: &Path, size: u64) -> Result<(), ViewError> {
     let tmp_opts = format!("size={size},mode=1777");
     for dir in ["dev/shm", "tmp"] {
         let d = new.join(dir);
@@ -471,78 +553,90 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
             format!("mounting /{dir}")
         })?;
     }
-    let mut covered = Vec::new();
-    if let Some((host, writable)) = &spec.workspace {
-        let ws = new.join("workspace");
-        ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
-        match &ws_tree {
-            Some(tree) => {
-                ctx(mount::move_mount_onto(tree.as_fd(), &ws), || "attaching the id-mapped workspace".into())?
-            }
-            None => {
-                let src = old.join(host.strip_prefix("/").unwrap_or(host));
-                if let Err(e) = fs::metadata(&src).and_then(|m| fs::read_dir(&src).map(|_| m)) {
-                    return Err(ViewError::Path(format!(
-                        "workspace {}: {e} (the sandbox runs as uid {uid}, which must be able to open it)",
-                        host.display()
-                    )));
-                }
-                bind(&src, &ws, *writable)?;
-            }
-        }
-        drop(ws_tree);
-        // What is mounted must be the directory the supervisor opened and judged, not
-        // whatever the path names now: a directory on it swapped for a symlink in between
-        // (by a concurrent run's guest) would otherwise mount its target.
-        if let Some(want) = spec.workspace_id {
-            let m = ctx(fs::metadata(&ws), || "stat /workspace".into())?;
-            let got = (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m));
-            if got != want {
+    Ok(())
+}
+
+/// Phase 6: the workspace at `/workspace`, checked to be the directory the supervisor
+/// judged; in a read-write one, the protected paths pinned or made read-only; then its unix
+/// sockets and fifos covered. Returns what was covered.
+fn mount_workspace(
+    spec: &Spec,
+    old: &Path,
+    new: &Path,
+    host: &Path,
+    writable: bool,
+    uid: u32,
+    ws_tree: Option<OwnedFd>,
+) -> Result<Vec<PathBuf>, ViewError> {
+    let ws = new.join("workspace");
+    ctx(fs::create_dir(&ws), || "mkdir /workspace".into())?;
+    match &ws_tree {
+        Some(tree) => ctx(mount::move_mount_onto(tree.as_fd(), &ws), || "attaching the id-mapped workspace".into())?,
+        None => {
+            let src = old.join(host.strip_prefix("/").unwrap_or(host));
+            if let Err(e) = fs::metadata(&src).and_then(|m| fs::read_dir(&src).map(|_| m)) {
                 return Err(ViewError::Path(format!(
-                    "workspace {}: the directory at this path is no longer the one that was checked (something replaced a directory on the path since); nothing was run",
+                    "workspace {}: {e} (the sandbox runs as uid {uid}, which must be able to open it)",
                     host.display()
                 )));
             }
+            bind(&src, &ws, writable)?;
         }
-        if *writable {
-            // The directories that hold protected paths (`.git`) are pinned: bound writable
-            // onto themselves, so they cannot be renamed aside and replaced (EBUSY). Then the
-            // paths whose change would outlive the run and run code on the host later (git
-            // hooks and config, shell rc files, editor and agent settings): read-only, each
-            // bound onto itself, so they can be neither written, removed nor renamed. The
-            // supervisor inspected them (no symlink anywhere on the way) and sweeps what the
-            // guest creates among the absent ones after the run.
-            for (rel, writable) in
-                spec.pinned.iter().map(|p| (p, true)).chain(spec.protected.iter().map(|p| (p, false)))
-            {
-                let p = ws.join(rel);
-                match fs::symlink_metadata(&p) {
-                    // Inspected without a symlink on the way; one now is another run's doing.
-                    Ok(m) if m.file_type().is_symlink() => {
-                        return Err(ViewError::Path(format!(
-                            "{rel} in the workspace became a symlink after it was checked; nothing was run"
-                        )));
-                    }
-                    Ok(_) => bind(&p, &p, writable)?,
-                    Err(_) => {}
+    }
+    drop(ws_tree);
+    // What is mounted must be the directory the supervisor opened and judged, not
+    // whatever the path names now: a directory on it swapped for a symlink in between
+    // (by a concurrent run's guest) would otherwise mount its target.
+    if let Some(want) = spec.workspace_id {
+        let m = ctx(fs::metadata(&ws), || "stat /workspace".into())?;
+        let got = (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m));
+        if got != want {
+            return Err(ViewError::Path(format!(
+                "workspace {}: the directory at this path is no longer the one that was checked (something replaced a directory on the path since); nothing was run",
+                host.display()
+            )));
+        }
+    }
+    if writable {
+        // The directories that hold protected paths (`.git`) are pinned: bound writable
+        // onto themselves, so they cannot be renamed aside and replaced (EBUSY). Then the
+        // paths whose change would outlive the run and run code on the host later (git
+        // hooks and config, shell rc files, editor and agent settings): read-only, each
+        // bound onto itself, so they can be neither written, removed nor renamed. The
+        // supervisor inspected them (no symlink anywhere on the way) and sweeps what the
+        // guest creates among the absent ones after the run.
+        for (rel, writable) in spec.pinned.iter().map(|p| (p, true)).chain(spec.protected.iter().map(|p| (p, false))) {
+            let p = ws.join(rel);
+            match fs::symlink_metadata(&p) {
+                // Inspected without a symlink on the way; one now is another run's doing.
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(ViewError::Path(format!(
+                        "{rel} in the workspace became a symlink after it was checked; nothing was run"
+                    )));
                 }
+                Ok(_) => bind(&p, &p, writable)?,
+                Err(_) => {}
             }
         }
-        // A host daemon's unix socket or a host reader's fifo in the workspace: landlock ABI 7
-        // cannot stop a connect to the one, and neither can a read-only bind, nor a write into
-        // the other, so `/dev/null` covers each (a connect then fails with ECONNREFUSED; a
-        // write goes nowhere). Found here, by a walk of what is mounted (names as bytes, no
-        // list in the spec however many there are); one made after this walk is not covered.
-        let found = stockade_hostfs::specials(&ws, stockade_hostfs::MAX_WALK_ENTRIES)
-            .map_err(|e| ViewError::Path(format!("finding the unix sockets and fifos to cover: {e}")))?;
-        for rel in &found {
-            let p = ws.join(rel);
-            ctx(mount::mount(&old.join("dev/null"), &p, "", libc::MS_BIND, ""), || {
-                format!("covering {} in the workspace", rel.display())
-            })?;
-        }
-        covered = found;
     }
+    // A host daemon's unix socket or a host reader's fifo in the workspace: landlock ABI 7
+    // cannot stop a connect to the one, and neither can a read-only bind, nor a write into
+    // the other, so `/dev/null` covers each (a connect then fails with ECONNREFUSED; a
+    // write goes nowhere). Found here, by a walk of what is mounted (names as bytes, no
+    // list in the spec however many there are); one made after this walk is not covered.
+    let found = stockade_hostfs::specials(&ws, stockade_hostfs::MAX_WALK_ENTRIES)
+        .map_err(|e| ViewError::Path(format!("finding the unix sockets and fifos to cover: {e}")))?;
+    for rel in &found {
+        let p = ws.join(rel);
+        ctx(mount::mount(&old.join("dev/null"), &p, "", libc::MS_BIND, ""), || {
+            format!("covering {} in the workspace", rel.display())
+        })?;
+    }
+    Ok(found)
+}
+
+/// Phase 7: the broker's directory at [`crate::GRANTS_GUEST_DIR`].
+fn bind_grants(spec: &Spec, old: &Path, new: &Path) -> Result<(), ViewError> {
     if let Some(host) = &spec.grants_dir {
         // The broker's directory: its socket, its client and the data grants, read-only
         // (connecting to a socket needs no write access to the mount), never the workspace.
@@ -552,6 +646,12 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
         ctx(fs::create_dir(&dst), || format!("mkdir {}", crate::GRANTS_GUEST_DIR))?;
         bind(&old.join(host.strip_prefix("/").unwrap_or(host)), &dst, false)?;
     }
+    Ok(())
+}
+
+/// Phase 8: pivot into the view, detach the host root, and remount `/` read-only.
+fn enter(new: &Path) -> Result<(), ViewError> {
+    let none = Path::new("");
     ctx(std::env::set_current_dir(new), || "chdir /newroot".into())?;
     ctx(mount::pivot_root(Path::new("."), Path::new(".")), || "pivot_root into the view".into())?;
     ctx(mount::umount(Path::new("."), libc::MNT_DETACH), || "detaching the host root".into())?;
@@ -559,7 +659,7 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
     ctx(mount::mount(none, Path::new("/"), "", libc::MS_REMOUNT | libc::MS_BIND | RO, ""), || {
         "remounting / read-only".into()
     })?;
-    Ok(covered)
+    Ok(())
 }
 
 /// The number of the pty on this process's stdin, from its `/dev/pts/N` name; `None` when
@@ -655,45 +755,8 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
 /// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
 /// dropped unused.
 fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    if let Err(e) = process::setsid() {
-        return rep.fail("setsid", false, e);
-    }
-    if spec.tty
-        && let Err(e) = tty::set_controlling(0)
-    {
-        return rep.fail("terminal", false, format!("TIOCSCTTY: {e}"));
-    }
-    if let Err(e) = caps::drop_all() {
-        return rep.fail("capabilities", true, e);
-    }
-    match caps::effective() {
-        Ok(0) => rep.enforced(
-            Mechanism::CapabilitiesDropped,
-            "bounding, ambient, effective, permitted and inheritable sets empty",
-        ),
-        Ok(mask) => return rep.fail("capabilities", false, format!("capabilities remain: {mask:#x}")),
-        Err(e) => return rep.fail("capabilities", false, e),
-    }
-    if let Err(e) = caps::set_no_new_privs() {
-        return rep.fail("no_new_privs", true, e);
-    }
-    rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
-    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    match confine::apply_landlock(
-        ws,
-        spec.grants_dir.is_some(),
-        spec.tty,
-        spec.model_port,
-        spec.hard,
-        spec.landlock_abi,
-    ) {
-        Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
-        Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
-        Err(e) => return rep.fail("landlock", true, e),
-    }
-    match confine::apply_seccomp() {
-        Ok(d) => rep.enforced(Mechanism::Seccomp, d),
-        Err(e) => return rep.fail("seccomp", true, e),
+    if let Err(code) = confine_guest(spec, rep) {
+        return code;
     }
     let pooled;
     let job = match spec.job_fd {
@@ -708,7 +771,61 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
             Err(e) => return rep.fail("job", false, format!("reading the job in a pre-built sandbox: {e}")),
         },
     };
-    let l = job.limits;
+    if let Err(code) = set_rlimits(spec, rep, job.limits) {
+        return code;
+    }
+    exec_job(spec, rep, &job)
+}
+
+/// The guest's confinement, which no job changes: a session of its own (with the run's
+/// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
+/// of a failed step (already reported).
+fn confine_guest(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
+    if let Err(e) = process::setsid() {
+        return Err(rep.fail("setsid", false, e));
+    }
+    if spec.tty
+        && let Err(e) = tty::set_controlling(0)
+    {
+        return Err(rep.fail("terminal", false, format!("TIOCSCTTY: {e}")));
+    }
+    if let Err(e) = caps::drop_all() {
+        return Err(rep.fail("capabilities", true, e));
+    }
+    match caps::effective() {
+        Ok(0) => rep.enforced(
+            Mechanism::CapabilitiesDropped,
+            "bounding, ambient, effective, permitted and inheritable sets empty",
+        ),
+        Ok(mask) => return Err(rep.fail("capabilities", false, format!("capabilities remain: {mask:#x}"))),
+        Err(e) => return Err(rep.fail("capabilities", false, e)),
+    }
+    if let Err(e) = caps::set_no_new_privs() {
+        return Err(rep.fail("no_new_privs", true, e));
+    }
+    rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
+    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
+    match confine::apply_landlock(
+        ws,
+        spec.grants_dir.is_some(),
+        spec.tty,
+        spec.model_port,
+        spec.hard,
+        spec.landlock_abi,
+    ) {
+        Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
+        Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
+        Err(e) => return Err(rep.fail("landlock", true, e)),
+    }
+    match confine::apply_seccomp() {
+        Ok(d) => rep.enforced(Mechanism::Seccomp, d),
+        Err(e) => return Err(rep.fail("seccomp", true, e)),
+    }
+    Ok(())
+}
+
+/// The job's rlimits (memory and processes where the spec asks for them).
+fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32> {
     let mut limits = vec![
         (libc::RLIMIT_CPU, l.cpu_secs, l.cpu_secs.saturating_add(1)),
         (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
@@ -724,7 +841,7 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     for (res, soft, hard) in &limits {
         if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
-            return rep.fail("rlimits", false, format!("setrlimit({res}): {e}"));
+            return Err(rep.fail("rlimits", false, format!("setrlimit({res}): {e}")));
         }
     }
     rep.enforced(
@@ -738,6 +855,12 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
             if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
         ),
     );
+    Ok(())
+}
+
+/// The working directory, the program found in the view, every other descriptor closed and
+/// the signals reset, then the exec. Returns only on failure.
+fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
     let cwd = if spec.workspace.is_some() { "/workspace" } else { "/tmp" };
     if let Err(e) = std::env::set_current_dir(cwd) {
         return rep.fail("guest", false, format!("chdir {cwd}: {e}"));

@@ -537,10 +537,9 @@ impl ProcessTier {
     pub fn prebuild(&self, workspace: Option<(&Path, stockade_protocol::Access)>) -> Result<usize, RunError> {
         let Some(pool) = &self.pool else { return Ok(0) };
         let opened = match workspace {
-            Some((path, access)) => Some((
-                stockade_hostfs::open_workspace(path).map_err(|e| RunError::Misconfigured(e.to_string()))?,
-                access == stockade_protocol::Access::ReadWrite,
-            )),
+            Some((path, access)) => {
+                Some((stockade_hostfs::open_workspace(path)?, access == stockade_protocol::Access::ReadWrite))
+            }
             None => None,
         };
         let (view, _) = pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), true)?;

@@ -76,10 +76,7 @@ impl View {
     /// Inspects the workspace a queue's key names, opened and judged again.
     pub(crate) fn inspect_key(key: &Key) -> Result<(Self, Option<stockade_hostfs::Guarded>), RunError> {
         let opened = match key {
-            Some((path, writable)) => Some((
-                stockade_hostfs::open_workspace(path).map_err(|e| RunError::Misconfigured(e.to_string()))?,
-                *writable,
-            )),
+            Some((path, writable)) => Some((stockade_hostfs::open_workspace(path)?, *writable)),
             None => None,
         };
         Self::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), true)

@@ -30,8 +30,9 @@
 //! G4. Untrusted JSON over its byte cap or its depth cap is refused before serde parses it.
 //!     (pinned by: tests/it/json.rs::g4_*)
 //! G5. Every schema read from an untrusted sender rejects unknown keys and out-of-bound
-//!     counts, sizes and strings.
-//!     (pinned by: tests/it/schema.rs::g5_*)
+//!     counts, sizes and strings (the Python guest's [`door`] frames are read as that
+//!     guest's own host reads them, ignoring unknown keys, under the same JSON caps).
+//!     (pinned by: tests/it/schema.rs::g5_*, src/door.rs)
 //! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
 //!     [`chat::MAX_TOOL_CALLS`] calls per message and [`chat::MAX_TOOLS`] tools, unique tool
 //!     names matching `^[a-zA-Z0-9_-]{1,64}$`, 1..=128-character call ids, and only local
@@ -109,6 +110,7 @@ pub mod capture;
 pub mod chat;
 pub mod completion;
 pub mod dedicated;
+pub mod door;
 pub mod error;
 pub mod frame;
 pub mod job;

@@ -227,9 +227,7 @@ pub trait Tier: Send + Sync + Debug {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
         let LiveIo { stdin, stderr } = io;
         let job = match stdin {
-            Some(stdin) => {
-                job.clone().with_stdin(read_stdin(stdin).await?).map_err(|e| RunError::Misconfigured(e.to_string()))?
-            }
+            Some(stdin) => job.clone().with_stdin(read_stdin(stdin).await?)?,
             None => job.clone(),
         };
         let report = match broker {
@@ -378,7 +376,7 @@ impl Broker {
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
         }
-        job.map_err(|e| RunError::Misconfigured(e.to_string()))
+        Ok(job?)
     }
 
     /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,

@@ -497,6 +497,8 @@ impl Inner {
         Ok(module)
     }
 
+    /// Runs `ready`'s entry point once, in phases: the WASI context, the workspace, the store
+    /// with every budget, the call under the deadline, then the report (and the sweep).
     async fn execute(
         &self,
         job: &Job,
@@ -505,62 +507,59 @@ impl Inner {
         args: &[String],
         calls: Option<Arc<dyn crate::HostCalls>>,
     ) -> Result<Report, RunError> {
-        let (pre, argv0, profile) = (&ready.pre, ready.argv0.as_str(), &ready.profile);
         let limits = job.limits();
         let stdout = CappedOut::new(limits.stdout_bytes());
         let stderr = CappedOut::new(limits.stderr_bytes());
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.stdin(MemoryInputPipe::new(job.stdin().to_vec())).stdout(stdout.clone()).stderr(stderr.clone());
-        let mut argv = Vec::with_capacity(args.len() + 1);
-        argv.push(argv0);
-        argv.extend(args.iter().map(String::as_str));
-        wasi.args(&argv);
-        for (k, v) in &profile.env {
-            wasi.env(k, v);
-        }
-        for var in job.env() {
-            wasi.env(var.key(), var.value());
-        }
-        for (host, guest) in &profile.read_only_dirs {
-            if let Err(e) = wasi.preopened_dir(host, guest, FsPerms::ReadOnly) {
-                return Err(RunError::Unsupported {
-                    mechanism: "guest runtime directory".into(),
-                    reason: format!("{}: {e:#}", host.display()),
-                });
-            }
-        }
-        let mut guard = None;
-        // Held until the sweep is done (declared before the guard, so dropped after it).
-        let mut _lock = None;
-        if let Some(ws) = job.workspace() {
-            let perms = match ws.access() {
-                Access::ReadOnly => FsPerms::ReadOnly,
-                Access::ReadWrite => FsPerms::ReadWrite,
-            };
-            // Symlinks resolved, then the rule every tier shares: only a dedicated directory;
-            // then the lock every tier shares, so no read-write run of a directory above this
-            // one changes the path while wasmtime-wasi opens it by name.
-            let opened = stockade_hostfs::open_workspace(ws.path())?;
-            let writable = ws.access() == Access::ReadWrite;
-            _lock = Some(opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?);
-            let path = opened.path().to_path_buf();
-            if ws.access() == Access::ReadWrite {
-                guard = Some(protected_free(&path)?);
-            }
-            if let Err(e) = wasi.preopened_dir(&path, WORKSPACE_GUEST_PATH, perms) {
-                return Ok(Report::new(
-                    Status::failed_to_start(format!("cannot open workspace {}: {e:#}", ws.path().display())),
-                    Duration::ZERO,
-                ));
-            }
-        }
+        let mut wasi = wasi_context(job, ready, args, &stdout, &stderr)?;
+        // Held until the sweep is done.
+        let workspace = match mount_workspace(job, &mut wasi).await? {
+            Mounted::Ready(workspace) => workspace,
+            Mounted::Refused(report) => return Ok(report),
+        };
         if let Some(seed) = self.deterministic {
             deterministic(&mut wasi, seed);
         }
-        let mut wasi = wasi.build_p1();
-        wasi.ctx().table.set_max_capacity(limits.open_files() as usize + TABLE_SLACK);
-
         let memory = limits.memory_bytes().min(engine::MAX_LINEAR_MEMORY);
+        let mut store = self.store(wasi, limits.open_files(), memory, ready.profile.own_host_door, calls);
+        let fuel = self.fuel.for_cpu(limits.cpu());
+        store.set_fuel(fuel).map_err(internal)?;
+
+        let _active = self.engine.active();
+        let start = Instant::now();
+        let deadline = start + limits.wall();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            // The real clock decides; ticks only say when to look.
+            Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
+        });
+        let ended = tokio::time::timeout_at(deadline.into(), call_entry(&mut store, &ready.pre, job, shape)).await;
+        let wall = start.elapsed();
+        let remaining = store.get_fuel().ok();
+        let host = store.data();
+        let status = classify(ended, &stdout, &stderr, host.limiter.denied);
+        let peak = host.limiter.peak as u64;
+        let used = remaining.map(|r| fuel.saturating_sub(r));
+        let mut report = Report::new(status, wall).with_output(stdout.captured(), stderr.captured());
+        report.peak_memory_bytes = Some(peak);
+        report.enforcement =
+            enforcement(fuel, used, limits.wall(), memory, limits.stdout_bytes(), limits.stderr_bytes());
+        drop(store);
+        workspace.sweep(&mut report);
+        Ok(report)
+    }
+
+    /// A store over `wasi` with every budget but fuel and the deadline, which the caller sets.
+    fn store(
+        &self,
+        wasi: WasiCtxBuilder,
+        open_files: u32,
+        memory: u64,
+        python_door: bool,
+        calls: Option<Arc<dyn crate::HostCalls>>,
+    ) -> Store<Host> {
+        let mut wasi = wasi;
+        let mut wasi = wasi.build_p1();
+        wasi.ctx().table.set_max_capacity(open_files as usize + TABLE_SLACK);
         let store_limits = StoreLimitsBuilder::new()
             .memory_size(usize::try_from(memory).unwrap_or(usize::MAX))
             .table_elements(engine::TABLE_ELEMENTS)
@@ -577,67 +576,128 @@ impl Inner {
                 calls,
                 pending: None,
                 ended: false,
-                python_door: ready.profile.own_host_door,
+                python_door,
                 door_ids: 0,
             },
         );
         store.limiter(|h| &mut h.limiter);
-        let fuel = self.fuel.for_cpu(limits.cpu());
-        store.set_fuel(fuel).map_err(internal)?;
+        store
+    }
+}
 
-        let _active = self.engine.active();
-        let start = Instant::now();
-        let deadline = start + limits.wall();
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            // The real clock decides; ticks only say when to look.
-            Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
-        });
-        let call = async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            if let Some(init) = instance.get_func(&mut store, "_initialize") {
-                init.call_async(&mut store, &[], &mut []).await?;
-            }
-            let entry = match job.kind() {
-                JobKind::Wasm { entry, .. } => entry.as_str(),
-                _ => "_start",
-            };
-            let func = instance
-                .get_func(&mut store, entry)
-                .ok_or_else(|| wasmtime::format_err!("no exported function `{entry}`"))?;
-            let mut results = [Val::I32(0)];
-            let results: &mut [Val] = match shape {
-                EntryShape::Unit => &mut [],
-                EntryShape::Code => &mut results,
-            };
-            func.call_async(&mut store, &[], results).await?;
-            Ok::<i32, wasmtime::Error>(match results.first() {
-                Some(Val::I32(code)) => *code,
-                _ => 0,
-            })
-        };
-        let ended = tokio::time::timeout_at(deadline.into(), call).await;
-        let wall = start.elapsed();
-        let remaining = store.get_fuel().ok();
-        let host = store.data();
-        let status = classify(ended, &stdout, &stderr, host.limiter.denied);
-        let peak = host.limiter.peak as u64;
-        let used = remaining.map(|r| fuel.saturating_sub(r));
-        let mut report = Report::new(status, wall).with_output(stdout.captured(), stderr.captured());
-        report.peak_memory_bytes = Some(peak);
-        report.enforcement =
-            enforcement(fuel, used, limits.wall(), memory, limits.stdout_bytes(), limits.stderr_bytes());
-        drop(store);
-        if let Some(g) = guard {
-            // The guest can no longer run: what it created where a protected path was absent
-            // goes now.
+/// The guest's WASI context: stdio into the capped captures, argv, the profile's and the
+/// job's environment, and the guest runtime's read-only directories.
+fn wasi_context(
+    job: &Job,
+    ready: &Ready,
+    args: &[String],
+    stdout: &CappedOut,
+    stderr: &CappedOut,
+) -> Result<WasiCtxBuilder, RunError> {
+    let profile = &ready.profile;
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdin(MemoryInputPipe::new(job.stdin().to_vec())).stdout(stdout.clone()).stderr(stderr.clone());
+    let mut argv = Vec::with_capacity(args.len() + 1);
+    argv.push(ready.argv0.as_str());
+    argv.extend(args.iter().map(String::as_str));
+    wasi.args(&argv);
+    for (k, v) in &profile.env {
+        wasi.env(k, v);
+    }
+    for var in job.env() {
+        wasi.env(var.key(), var.value());
+    }
+    for (host, guest) in &profile.read_only_dirs {
+        if let Err(e) = wasi.preopened_dir(host, guest, FsPerms::ReadOnly) {
+            return Err(RunError::Unsupported {
+                mechanism: "guest runtime directory".into(),
+                reason: format!("{}: {e:#}", host.display()),
+            });
+        }
+    }
+    Ok(wasi)
+}
+
+/// The job's workspace as mounted for one run: its lock, and for a read-write one the guard
+/// whose sweep runs once the guest can no longer run.
+#[derive(Default)]
+struct Workspace {
+    guard: Option<stockade_hostfs::Guarded>,
+    /// Held until the sweep is done (declared after the guard, so dropped after it).
+    _lock: Option<stockade_hostfs::WorkspaceLock>,
+}
+
+impl Workspace {
+    /// Sweeps a read-write workspace (what the guest created where a protected path was
+    /// absent goes now) and records it in `report`.
+    fn sweep(self, report: &mut Report) {
+        if let Some(g) = self.guard {
             let swept = g.sweep();
             let detail = format!("read-write preopen at {WORKSPACE_GUEST_PATH}; {}", g.describe());
             report.enforcement.push(Enforced::new(Mechanism::WasmWorkspace, detail));
-            swept.record(&mut report, Mechanism::WasmWorkspace);
+            swept.record(report, Mechanism::WasmWorkspace);
         }
-        Ok(report)
     }
+}
+
+/// What mounting the workspace came to.
+enum Mounted {
+    Ready(Workspace),
+    /// The directory could not be preopened: the run fails to start.
+    Refused(Report),
+}
+
+/// Preopens the job's workspace at [`WORKSPACE_GUEST_PATH`]: symlinks resolved, then the rule
+/// every tier shares (only a dedicated directory), then the lock every tier shares, so no
+/// read-write run of a directory above this one changes the path while wasmtime-wasi opens it
+/// by name.
+async fn mount_workspace(job: &Job, wasi: &mut WasiCtxBuilder) -> Result<Mounted, RunError> {
+    let Some(ws) = job.workspace() else { return Ok(Mounted::Ready(Workspace::default())) };
+    let (perms, writable) = match ws.access() {
+        Access::ReadOnly => (FsPerms::ReadOnly, false),
+        Access::ReadWrite => (FsPerms::ReadWrite, true),
+    };
+    let opened = stockade_hostfs::open_workspace(ws.path())?;
+    let lock = opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?;
+    let path = opened.path().to_path_buf();
+    let guard = if writable { Some(protected_free(&path)?) } else { None };
+    if let Err(e) = wasi.preopened_dir(&path, WORKSPACE_GUEST_PATH, perms) {
+        return Ok(Mounted::Refused(Report::new(
+            Status::failed_to_start(format!("cannot open workspace {}: {e:#}", ws.path().display())),
+            Duration::ZERO,
+        )));
+    }
+    Ok(Mounted::Ready(Workspace { guard, _lock: Some(lock) }))
+}
+
+/// Instantiates the module, runs `_initialize` when it has one, then calls the job's entry
+/// point; its exit code, or the trap.
+async fn call_entry(
+    store: &mut Store<Host>,
+    pre: &InstancePre<Host>,
+    job: &Job,
+    shape: EntryShape,
+) -> wasmtime::Result<i32> {
+    let instance = pre.instantiate_async(&mut *store).await?;
+    if let Some(init) = instance.get_func(&mut *store, "_initialize") {
+        init.call_async(&mut *store, &[], &mut []).await?;
+    }
+    let entry = match job.kind() {
+        JobKind::Wasm { entry, .. } => entry.as_str(),
+        _ => "_start",
+    };
+    let func =
+        instance.get_func(&mut *store, entry).ok_or_else(|| wasmtime::format_err!("no exported function `{entry}`"))?;
+    let mut results = [Val::I32(0)];
+    let results: &mut [Val] = match shape {
+        EntryShape::Unit => &mut [],
+        EntryShape::Code => &mut results,
+    };
+    func.call_async(&mut *store, &[], results).await?;
+    Ok(match results.first() {
+        Some(Val::I32(code)) => *code,
+        _ => 0,
+    })
 }
 
 /// Inspects a read-write workspace for the wasm tier, which cannot keep a path read-only

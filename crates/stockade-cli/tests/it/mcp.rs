@@ -346,3 +346,51 @@ fn g8_a_flood_of_calls_is_bounded_and_a_duplicate_id_is_refused() {
     assert_eq!(s.next()["id"], "after");
     s.finish();
 }
+
+#[test]
+fn g8_a_trace_records_every_decision_and_run_and_what_runs_is_what_was_decided() {
+    let dir = std::env::temp_dir().join(format!("stockade-mcp-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"sh-only\"\ntool = \"run_code\"\neffect = \"allow\"\nargs.language = { one_of = [\"sh\"] }\n",
+    )
+    .unwrap();
+    let trace = dir.join("trace.jsonl");
+    let mut s = Raw::start(&[
+        "--languages",
+        "sh,python",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    s.send(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"sh","code":"echo traced"}}}"#);
+    assert_eq!(s.next()["result"]["structuredContent"]["stdout"], "traced\n");
+    s.send(br#"{"jsonrpc":"2.0","id":"two","method":"tools/call","params":{"name":"run_code","arguments":{"language":"python","code":"print(1)"}}}"#);
+    assert_eq!(s.next()["result"]["structuredContent"]["status"], "denied");
+    s.finish();
+    let lines: Vec<Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    let events: Vec<(&str, &Value)> = lines.iter().map(|l| (l["event"].as_str().unwrap(), &l["call"])).collect();
+    assert_eq!(
+        events,
+        [("decision", &json!(1)), ("tool", &json!(1)), ("decision", &json!("two"))],
+        "a denied call is decided and never run: {lines:#?}"
+    );
+    assert_eq!(
+        (&lines[0]["effect"], &lines[0]["rule"], &lines[0]["args"]),
+        (&json!("allow"), &json!("sh-only"), &json!(r#"{"code":"echo traced","language":"sh"}"#)),
+        "{}",
+        lines[0]
+    );
+    assert_eq!((&lines[1]["status"], &lines[1]["report"]["tier"]), (&json!("ok"), &json!("process")), "{}", lines[1]);
+    assert_eq!((&lines[2]["effect"], &lines[2]["rule"]), (&json!("deny"), &json!("default-deny")), "{}", lines[2]);
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&trace).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let _ = std::fs::remove_dir_all(&dir);
+}

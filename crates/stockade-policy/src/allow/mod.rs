@@ -159,6 +159,15 @@ impl ToolCall {
         // Only UTF-8 went in: the tool name, JSON punctuation and serde_json's output.
         String::from_utf8(out).unwrap_or_default()
     }
+
+    /// The arguments of [`ToolCall::canonical`] alone: JSON with object keys sorted at every
+    /// level and no whitespace.
+    #[must_use]
+    pub fn canonical_args(&self) -> String {
+        let mut out = Vec::with_capacity(64);
+        canonical_object(self.args.iter().map(|(k, a)| (k.as_str(), &a.value)), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
 }
 
 /// The value at `rest` inside a top-level argument.
