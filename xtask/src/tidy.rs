@@ -37,11 +37,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     // verify only as a dev-dependency (dev-dependencies are not checked here).
     ("stockade-wasm", &["stockade-protocol", "stockade-hostfs"]),
     ("stockade-docker", &["stockade-protocol", "stockade-hostfs", "stockade-sys"]),
+    // The network grant's proxy: decisions on connections (not a tier: it isolates nothing).
+    ("stockade-egress", &["stockade-protocol", "stockade-policy"]),
     (
         "stockade-runtime",
         &[
             "stockade-protocol",
             "stockade-policy",
+            "stockade-egress",
             "stockade-verify",
             "stockade-sys",
             "stockade-process",
@@ -75,6 +78,7 @@ const FORBID_UNSAFE: &[&str] = &[
     "stockade-protocol",
     "stockade-hostfs",
     "stockade-sys",
+    "stockade-egress",
     "stockade-policy",
     "stockade-verify",
     "stockade-docker",

@@ -75,8 +75,16 @@
 //!     results with `isError` and a one-line reason, while a line that is not JSON gets
 //!     -32700, an oversized line -32600 (never held whole), and the session goes on;
 //!     `notifications/cancelled` kills that call's run and sends no answer; calls run
-//!     concurrently up to a cap.
+//!     concurrently up to a cap; with `--trace FILE` (mode 0600) each call's decision and
+//!     run are `decision` and `tool` records, and a denied call has no `tool` record.
 //!     (pinned by: tests/it/mcp.rs::g8_*)
+//! G9. `stockade run --allow-net` gives the run's clients (curl, pip, Python, busybox wget)
+//!     the network grant's proxy through the environment alone, reaches only the hosts it
+//!     names (a denied one is a line on stderr and no connection upstream, a name that
+//!     resolves to loopback is refused without `--net-resolve`, a tunnel whose TLS names
+//!     another host reaches nothing), lists every connection in `--json`, and without it
+//!     nothing changes: no proxy variable, no listener, no route.
+//!     (pinned by: tests/it/net.rs::g9_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What

@@ -10,7 +10,7 @@ use stockade_agent::config::{parse_duration, parse_size};
 use stockade_runtime::protocol::{Access, Busy, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract, accept_any};
 use stockade_runtime::{RunError, RunRequest, Sandbox};
-use stockade_runtime::{docker, wasm};
+use stockade_runtime::{docker, egress, wasm};
 
 use crate::tiers::{self, TierKind};
 use crate::{process, term};
@@ -148,6 +148,27 @@ pub(crate) struct RunArgs {
     /// Tokens the guest may use through --grant-model in one run.
     #[arg(long, value_name = "N", default_value_t = stockade_agent::DEFAULT_RUN_TOKENS, requires = "grant_model")]
     grant_model_tokens: u64,
+    /// Let the program reach SPEC through a policed proxy on the run's own loopback
+    /// (repeatable; process tier, and docker as root): `host` (ports 80 and 443),
+    /// `host:port`, `*.domain` (subdomains only), an address or a CIDR block. Every
+    /// connection is decided, names are resolved on the host and never to a private address
+    /// (see --net-resolve), and a tunnel to a name must carry TLS naming it. HTTP_PROXY,
+    /// HTTPS_PROXY and ALL_PROXY (socks5h) are set: curl, pip, git, Python's urllib,
+    /// requests and httpx, and Go honour them. Clients that do not: Node's fetch before 24
+    /// (set NODE_USE_ENV_PROXY=1 on 24+, or use undici's EnvHttpProxyAgent), the JVM (pass
+    /// -Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=8765), and anything that opens raw
+    /// sockets; they reach nothing, since the run has no route out.
+    #[arg(long = "allow-net", value_name = "SPEC")]
+    allow_net: Vec<String>,
+    /// The full form of --allow-net: a stockade-policy TOML file over the tool
+    /// `net.connect` (arguments host, port, scheme, and for plain http method and path),
+    /// with allow and deny rules, limits and examples.
+    #[arg(long = "net-policy", value_name = "FILE", conflicts_with = "allow_net")]
+    net_policy: Option<PathBuf>,
+    /// Point HOST:PORT at ADDRESS, as curl's --resolve does: the one way a name reaches a
+    /// loopback or private address (repeatable).
+    #[arg(long = "net-resolve", value_name = "HOST:PORT:ADDRESS")]
+    net_resolve: Vec<String>,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -346,7 +367,33 @@ fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
     } else if !args.grant_tool.is_empty() {
         let _ = writeln!(std::io::stderr(), "stockade: no --grant-policy: every call of a granted tool is denied");
     }
+    if let Some(net) = net_grant(args)? {
+        grants = grants.net(net);
+    }
     Ok(grants)
+}
+
+/// The network grant of `--allow-net` or `--net-policy`, with `--net-resolve`; each
+/// connection it refuses is one line on stderr as it happens.
+fn net_grant(args: &RunArgs) -> Result<Option<egress::NetGrant>> {
+    let policy = match (&args.net_policy, args.allow_net.is_empty()) {
+        (Some(file), _) => {
+            let text =
+                std::fs::read_to_string(file).with_context(|| format!("reading the net policy {}", file.display()))?;
+            egress::NetPolicy::from_toml(&text).map_err(|e| anyhow::anyhow!("net policy {}: {e}", file.display()))?
+        }
+        (None, false) => {
+            let rules = args.allow_net.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>()?;
+            egress::NetPolicy::allow(&rules)?
+        }
+        (None, true) if !args.net_resolve.is_empty() => bail!("--net-resolve needs --allow-net or --net-policy"),
+        (None, true) => return Ok(None),
+    };
+    let resolve = args.net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e))?;
+    let shown: egress::OnRefused = std::sync::Arc::new(|c| {
+        let _ = writeln!(std::io::stderr(), "stockade: {}", egress::denied_line(c));
+    });
+    Ok(Some(egress::NetGrant::new(policy).resolve(resolve).on_refused(shown)))
 }
 
 /// The sandbox of `--tier`, as the run's flags set it up.

@@ -35,7 +35,10 @@
 //! Argument predicates (all must hold; the key may be a dotted path into an object):
 //! `const`, `one_of`, `minimum`/`maximum`, `max_len`, `pattern` (anchored, linear-time),
 //! `path_prefix` (checked lexically after normalisation), `url_hosts` (checked on the parsed
-//! URL; `*.example.org` allows subdomains) and `source` (`trusted`, `user`, `config`).
+//! URL; `*.example.org` allows subdomains), `hosts` (a network host as a connection names
+//! it: `example.org`, `*.example.org` for its subdomains only, an address or a CIDR block
+//! matched against address literals; see [`allow::HostPattern`]) and `source` (`trusted`,
+//! `user`, `config`).
 //! Examples run when the policy loads; `_source`, `_session` and `_tool` set provenance,
 //! session facts and the tool. `policies/steward.toml` is a worked example.
 //!
@@ -87,7 +90,8 @@
 //!     (pinned by: tests/it/allow.rs::g10_*)
 //! G11. `path_prefix` is decided lexically after normalisation, so `..` tricks fail without
 //!     touching the filesystem; `url_hosts` is decided on the parsed URL, never on the raw
-//!     string; `pattern` is anchored.
+//!     string; `hosts` never matches a name against an address block, nor a `*.` entry
+//!     against its bare domain; `pattern` is anchored.
 //!     (pinned by: tests/it/allow.rs::g11_*)
 //! G12. Loading a policy rejects unknown tools and arguments, mistyped values, invalid
 //!     regexes and rules that can never match, naming the line and column, and runs every

@@ -288,6 +288,68 @@ pub struct GrantsReport {
     /// lying length, a flood): the reason. The run itself goes on without its grants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_ended: Option<String>,
+    /// The network grant's connections (the first [`MAX_GRANT_RECORDS`] one by one), in the
+    /// order they ended; empty without a network grant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<NetConnection>,
+    /// Every connection the network grant was asked for, including those beyond
+    /// [`MAX_GRANT_RECORDS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub connections_total: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// How the network grant decided a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum NetDecision {
+    /// The policy allowed it and the proxy connected (`address` is where).
+    Allowed,
+    /// The policy denied it (`rule` says which rule, or `default-deny`).
+    Denied,
+    /// The proxy refused it before or after the policy: a malformed request, a name that
+    /// resolves only to addresses the grant does not reach, a TLS name that is not the
+    /// host's, a bound of the run, or an upstream that could not be reached.
+    Refused,
+}
+
+/// One connection the sandbox asked the network grant for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct NetConnection {
+    /// The host the guest named (a DNS name or an address literal), at most 255 bytes.
+    pub host: String,
+    /// The port it named.
+    pub port: u16,
+    /// How it asked: `https` (a CONNECT tunnel), `http` (one plain request), `socks`.
+    pub scheme: String,
+    /// The address the proxy connected to, exactly the one it checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The decision.
+    pub decision: NetDecision,
+    /// The rule that decided, or the proxy's own reason (`bad-request`, `private-address`,
+    /// `sni-mismatch`, `max-connections`, `unreachable`, ...).
+    pub rule: String,
+    /// Why, in one line.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Bytes from the guest to the upstream.
+    pub bytes_up: u64,
+    /// Bytes from the upstream to the guest.
+    pub bytes_down: u64,
+    /// From the guest's request to the connection's end.
+    #[serde(with = "micros")]
+    pub duration: Duration,
+    /// Why an allowed connection ended, when the proxy ended it (`idle`, `max-duration`,
+    /// `max-bytes`, `run-ended`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<String>,
 }
 
 impl GrantCall {
@@ -304,6 +366,27 @@ impl GrantCall {
     }
 }
 
+impl NetConnection {
+    /// A connection to `host:port` asked for by `scheme`, not yet decided (refused, no rule,
+    /// no bytes).
+    #[must_use]
+    pub fn new(host: impl Into<String>, port: u16, scheme: impl Into<String>) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            scheme: scheme.into(),
+            address: None,
+            decision: NetDecision::Refused,
+            rule: String::new(),
+            reason: String::new(),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration: Duration::ZERO,
+            cut: None,
+        }
+    }
+}
+
 impl GrantsReport {
     /// Records one call, listing it if there is room.
     pub fn record(&mut self, call: GrantCall) {
@@ -313,6 +396,14 @@ impl GrantsReport {
         }
         if self.calls.len() < MAX_GRANT_RECORDS {
             self.calls.push(call);
+        }
+    }
+
+    /// Records one network connection, listing it if there is room.
+    pub fn record_connection(&mut self, connection: NetConnection) {
+        self.connections_total += 1;
+        if self.connections.len() < MAX_GRANT_RECORDS {
+            self.connections.push(connection);
         }
     }
 }

@@ -12,7 +12,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stockade_policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall};
@@ -404,6 +404,46 @@ pub(crate) async fn serve_model<L: Listen>(listener: L, session: Arc<Session>, r
     accept(listener, &session, |stream| service.serve(Box::new(stream), run.clone())).await;
 }
 
+/// Serves the run's loopback listener until the session ends: each connection goes, by its
+/// first bytes, to the network grant's proxy (a CONNECT, an absolute-form URL, SOCKS5) or to
+/// the model grant (origin-form HTTP); a connection neither grant takes is closed.
+pub(crate) async fn serve_loopback(
+    listener: tokio::net::TcpListener,
+    session: Arc<Session>,
+    run: crate::grants::ModelRun,
+    egress: Option<stockade_egress::Egress>,
+) {
+    let model = session.grants.model.clone();
+    accept(listener, &session, move |stream| {
+        let (model, run, egress) = (model.clone(), run.clone(), egress.clone());
+        async move {
+            let mut prefix = [0u8; 16];
+            let kind = loop {
+                // Peeked, not read: the chosen service reads the request whole.
+                let n = match tokio::time::timeout(LOOPBACK_FIRST_BYTES, stream.peek(&mut prefix)).await {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+                match stockade_egress::classify(&prefix[..n]) {
+                    stockade_egress::Kind::NeedMore if n == 0 => return,
+                    stockade_egress::Kind::NeedMore => tokio::time::sleep(Duration::from_millis(2)).await,
+                    kind => break kind,
+                }
+            };
+            match (kind, model, egress) {
+                (stockade_egress::Kind::Proxy, _, Some(egress)) => egress.serve(stream).await,
+                (stockade_egress::Kind::Origin, Some(model), _) => model.serve(Box::new(stream), run).await,
+                (_, _, Some(egress)) => egress.serve(stream).await,
+                _ => {}
+            }
+        }
+    })
+    .await;
+}
+
+/// How long the loopback waits for a connection's first bytes.
+const LOOPBACK_FIRST_BYTES: Duration = Duration::from_secs(30);
+
 /// Serves `session`'s frame protocol on `listener` until the session ends or the task is
 /// aborted.
 pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
@@ -425,7 +465,9 @@ where
     F: Fn(L::Stream) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1)));
+    // The network grant's proxy bounds its own connections (and records what it refuses).
+    let proxied = session.grants.net.as_ref().map_or(0, |n| n.net_limits().max_concurrent.saturating_add(1));
+    let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1).saturating_add(proxied)));
     let mut ended = session.watch_end();
     let mut conns = JoinSet::new();
     loop {

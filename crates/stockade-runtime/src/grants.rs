@@ -275,6 +275,7 @@ pub struct Grants {
     pub(crate) policy: Option<Arc<Policy>>,
     pub(crate) limits: GrantLimits,
     pub(crate) model: Option<Arc<dyn ModelService>>,
+    pub(crate) net: Option<stockade_egress::NetGrant>,
 }
 
 impl fmt::Debug for Grants {
@@ -285,6 +286,7 @@ impl fmt::Debug for Grants {
             .field("policy", &self.policy.is_some())
             .field("limits", &self.limits)
             .field("model", &self.model.is_some())
+            .field("net", &self.net)
             .finish()
     }
 }
@@ -368,6 +370,23 @@ impl Grants {
         self
     }
 
+    /// Grants the network through a policed proxy on the run's own loopback (see
+    /// `stockade_egress`): `HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY` point the guest's
+    /// clients at it, and every connection is decided by `net`'s policy. Process tier, and
+    /// docker tier as root under the engine's default runtime; elsewhere the run fails
+    /// closed.
+    #[must_use]
+    pub fn net(mut self, net: stockade_egress::NetGrant) -> Self {
+        self.net = Some(net);
+        self
+    }
+
+    /// True if the network is granted.
+    #[must_use]
+    pub fn has_net(&self) -> bool {
+        self.net.is_some()
+    }
+
     /// True if a model is granted.
     #[must_use]
     pub fn has_model(&self) -> bool {
@@ -377,7 +396,7 @@ impl Grants {
     /// True if nothing is granted.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty() && self.functions.is_empty() && self.model.is_none()
+        self.data.is_empty() && self.functions.is_empty() && self.model.is_none() && self.net.is_none()
     }
 
     /// The data grants' names.

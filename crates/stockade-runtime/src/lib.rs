@@ -44,7 +44,7 @@
 //! own network namespace, created there by the tier's helper and taken by the host with
 //! `pidfd_getfd`, so it works without root and without `setns`, and no code inside the
 //! sandbox relays anything; landlock lets the guest connect to that port only (see
-//! [`Broker::model_loopback`]). In the docker tier (as root, under the engine's default
+//! [`Broker::loopback`]). In the docker tier (as root, under the engine's default
 //! runtime, with the `process` feature) the
 //! same listener is put, with `stockade_process::listen_in_netns`, in the network namespace
 //! of a holder container that the guest container then joins
@@ -62,7 +62,8 @@
 //! process tier's seccomp filter allows unix sockets, so nothing is lost.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-sys`, and each tier
+//! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-sys`,
+//! `stockade-egress` (the network grant), and each tier
 //! behind its feature (`stockade-process` behind `process`, `stockade-wasm` behind `wasm`,
 //! `stockade-docker` behind `docker`). Used by: `stockade-agent`, `stockade-cli`.
 //! API boundary: yes; [`Tier`], [`Sandbox`], [`SandboxBuilder`], [`RunRequest`], [`RunError`], [`Grants`],
@@ -118,6 +119,14 @@
 //!     token budget with the sockets), and recorded as `model-call`; a service that speaks
 //!     only HTTP refuses it, and no function grant may take the name.
 //!     (pinned by: tests/it/grants.rs::g9_*)
+//! G10. A network grant ([`Grants::net`], `stockade_egress`) is served on the run's loopback
+//!     beside the model grant: each connection goes, by its first bytes, to the run's own
+//!     proxy (CONNECT, an absolute-form URL, SOCKS5) or to the model (origin-form HTTP); the
+//!     guest gets the proxy's variables, a job that sets them itself is refused, and the
+//!     report's grants section lists every connection. A tier that cannot put the proxy's
+//!     listener in the run's namespace (wasm; docker without root or under gVisor) fails
+//!     closed with [`RunError::Unsupported`].
+//!     (pinned by: tests/it/grants.rs::g10_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -164,6 +173,7 @@ pub use grants::{
     FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
     MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
 };
+pub use stockade_egress as egress;
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
 pub use stockade_protocol::LiveIo;
@@ -272,6 +282,8 @@ pub struct Broker {
     /// The model grant's per-run state (its placeholder key among it), shared by every
     /// listener of the run.
     model_run: ModelRun,
+    /// The network grant's proxy for this run.
+    egress: Option<stockade_egress::Egress>,
 }
 
 impl Debug for Broker {
@@ -292,12 +304,14 @@ impl Broker {
         }
         let model_run = ModelRun { placeholder, session: session.clone(), tokens: Arc::default() };
         session.set_model(model_run.placeholder.clone(), model_run.tokens.clone());
+        let egress = grants.net.as_ref().map(stockade_egress::NetGrant::start);
         Ok(Self {
             session,
             grants,
             parent,
             dirs: Mutex::new(Vec::new()),
             tasks: Arc::new(Mutex::new(Some(tokio::task::JoinSet::new()))),
+            egress,
             model_run,
         })
     }
@@ -329,25 +343,49 @@ impl Broker {
         Ok(path)
     }
 
-    /// For a model grant: the loopback TCP port a tier may listen on inside the run's own
-    /// network namespace, and the sink that serves a listener there as the model grant
-    /// (the same service, placeholder, call bound and token budget as `model.sock`) until
-    /// the run ends. `None` without a model grant.
+    /// For a model or network grant: the loopback TCP port a tier may listen on inside the
+    /// run's own network namespace, and the sink that serves a listener there until the run
+    /// ends: as the model grant (the same service, placeholder, call bound and token budget
+    /// as `model.sock`) for origin-form HTTP, and as the network grant's proxy for proxy
+    /// requests. `None` with neither grant. A tier that serves it adds
+    /// [`loopback_env`](Self::loopback_env) to the guest's job.
     #[must_use]
-    pub fn model_loopback(&self) -> Option<(u16, impl FnOnce(std::net::TcpListener) + Send + 'static)> {
-        self.grants.model.as_ref()?;
+    pub fn loopback(&self) -> Option<(u16, impl FnOnce(std::net::TcpListener) + Send + 'static)> {
+        if self.grants.model.is_none() && self.egress.is_none() {
+            return None;
+        }
         let (tasks, session, run) = (self.tasks.clone(), self.session.clone(), self.model_run.clone());
+        let egress = self.egress.clone();
         Some((broker::MODEL_PORT, move |listener: std::net::TcpListener| {
             let listener = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener));
             let Ok(listener) = listener else { return };
             if let Some(tasks) = tasks.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
-                tasks.spawn(broker::serve_model(listener, session, run));
+                tasks.spawn(broker::serve_loopback(listener, session, run, egress));
             }
         }))
     }
 
-    /// The `OPENAI_BASE_URL` a guest uses to reach [`model_loopback`](Self::model_loopback)'s
-    /// listener.
+    /// The variables a guest whose tier serves [`loopback`](Self::loopback) gets:
+    /// `OPENAI_BASE_URL` with a model grant, and the proxy variables
+    /// (`stockade_egress::proxy_env`) with a network grant.
+    #[must_use]
+    pub fn loopback_env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if self.grants.model.is_some() {
+            env.push(("OPENAI_BASE_URL".to_owned(), Self::model_base_url()));
+        }
+        if self.egress.is_some() {
+            env.extend(stockade_egress::proxy_env(broker::MODEL_PORT));
+        }
+        env
+    }
+
+    /// `job` with [`loopback_env`](Self::loopback_env) added.
+    fn with_loopback_env(&self, job: Job) -> Result<Job, RunError> {
+        self.loopback_env().into_iter().try_fold(job, |j, (k, v)| Ok(j.with_env(k, v)?))
+    }
+
+    /// The `OPENAI_BASE_URL` a guest uses to reach [`loopback`](Self::loopback)'s listener.
     #[must_use]
     pub fn model_base_url() -> String {
         format!("http://127.0.0.1:{}/v1", broker::MODEL_PORT)
@@ -360,7 +398,10 @@ impl Broker {
     /// the broker.
     pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, RunError> {
         let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY", "OPENAI_BASE_URL"];
-        if let Some(v) = job.env().iter().find(|v| reserved.contains(&v.key())) {
+        let proxy = self.egress.as_ref().map(|_| stockade_egress::proxy_env(broker::MODEL_PORT)).unwrap_or_default();
+        if let Some(v) =
+            job.env().iter().find(|v| reserved.contains(&v.key()) || proxy.iter().any(|(k, _)| k == v.key()))
+        {
             return Err(RunError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
         }
         let dir = guest_dir.trim_end_matches('/');
@@ -395,7 +436,10 @@ impl Broker {
         if let Some(mut tasks) = self.tasks.lock().unwrap_or_else(PoisonError::into_inner).take() {
             tasks.abort_all();
         }
-        let report = self.session.close();
+        let mut report = self.session.close();
+        if let Some(egress) = &self.egress {
+            egress.record_into(&mut report);
+        }
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).clear();
         report
     }
@@ -443,11 +487,9 @@ impl Tier for stockade_process::ProcessTier {
         };
         let dir = broker.socket_dir()?;
         let mut job = broker.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
-        let loopback = match broker.model_loopback() {
+        let loopback = match broker.loopback() {
             Some((port, serve)) => {
-                job = job
-                    .with_env("OPENAI_BASE_URL", Broker::model_base_url())
-                    .map_err(|e| RunError::Misconfigured(e.to_string()))?;
+                job = broker.with_loopback_env(job)?;
                 Some(stockade_process::Loopback::new(port, serve))
             }
             None => None,
@@ -468,6 +510,13 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
+        if broker.grants().has_net() {
+            return Err(RunError::Unsupported {
+                mechanism: "network grant".into(),
+                reason: "the wasm tier has no sockets and its fetch() is not built yet; use the process or docker tier"
+                    .into(),
+            });
+        }
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
         stockade_wasm::WasmTier::run_granted(self, job, calls).await
     }
@@ -502,19 +551,32 @@ impl Tier for stockade_docker::DockerTier {
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
-        // A model grant also answers at OPENAI_BASE_URL: a listener the host puts in the
-        // run's network namespace (held by a holder container the guest then joins). That
-        // takes root (joining a container's namespace), the process tier's `setns` and the
-        // engine's default runtime (gVisor's guest has a network stack of its own); without
-        // them the guest has `model.sock` and `stockade-call model` only.
+        // A model grant also answers at OPENAI_BASE_URL, and a network grant's proxy is only
+        // there: a listener the host puts in the run's network namespace (held by a holder
+        // container the guest then joins). That takes root (joining a container's
+        // namespace), the process tier's `setns` and the engine's default runtime (gVisor's
+        // guest has a network stack of its own); without them the guest has `model.sock`
+        // and `stockade-call model` only, and a network grant fails closed.
+        let root = stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?;
+        let holder = cfg!(feature = "process") && root && self.oci_runtime().is_none();
+        if broker.grants().has_net() && !holder {
+            let why = if !root {
+                "it needs root, to put the proxy's listener in the container's network namespace (setns)"
+            } else if self.oci_runtime().is_some() {
+                "gVisor's guest has a network stack of its own, where the host cannot put the proxy's listener"
+            } else {
+                "this build has no process tier, whose setns puts the proxy's listener in the container's network namespace"
+            };
+            return Err(RunError::Unsupported {
+                mechanism: "network grant in the docker tier".into(),
+                reason: why.into(),
+            });
+        }
         #[cfg(feature = "process")]
-        if let Some((port, serve)) = broker.model_loopback()
-            && self.oci_runtime().is_none()
-            && stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?
+        if let Some((port, serve)) = broker.loopback()
+            && holder
         {
-            let job = job
-                .with_env("OPENAI_BASE_URL", Broker::model_base_url())
-                .map_err(|e| RunError::Misconfigured(e.to_string()))?;
+            let job = broker.with_loopback_env(job)?;
             let join = move |pid: u32| {
                 let listener = stockade_process::listen_in_netns(pid, port)
                     .map_err(|e| format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}"))?;

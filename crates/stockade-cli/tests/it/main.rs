@@ -4,6 +4,7 @@ mod agent;
 mod cli;
 mod grants;
 mod mcp;
+mod net;
 mod readme;
 mod stdio;
 mod workspace;

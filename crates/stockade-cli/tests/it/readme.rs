@@ -95,6 +95,18 @@ fn readme_commands_run_as_written() {
             if wasm_js_ready() {
                 assert_eq!(run(block, &dir, &[]), (0, "4\n".into(), String::new()), "{block}");
             }
+        } else if block.contains("run --allow-net pypi.org") {
+            // As written, but pypi.org and files.pythonhosted.org are the local stand-in:
+            // tests send nothing past loopback.
+            if ready()
+                && let Some(index) = crate::net::PypiStandin::start()
+            {
+                let block =
+                    block.replace(" run --allow-net pypi.org", &format!(" run {} --allow-net pypi.org", index.flags()));
+                let (code, out, err) = run(&block, &dir, &[]);
+                assert_eq!(code, 0, "{block}{out}{err}{}", index.requests());
+                assert!(out.contains("Successfully installed requests-99.0.0"), "{out}");
+            }
         } else if block.contains(" agent --config examples/steward/agent.toml") {
             eprintln!("SKIPPED README block {first:?}: it needs a model; readme_real_model_steward_block runs it");
         } else if block.trim() == "cargo xtask ci" {

@@ -244,6 +244,7 @@ struct PredDoc {
     pattern: Option<String>,
     path_prefix: Option<String>,
     url_hosts: Option<Vec<String>>,
+    hosts: Option<Vec<String>>,
     source: Option<String>,
 }
 
@@ -309,6 +310,9 @@ fn predicates(rule: &str, path: &str, doc: &PredDoc) -> Result<Vec<Predicate>, P
         }
         out.push(Predicate::url_hosts(hosts.iter().cloned()));
     }
+    if let Some(hosts) = &doc.hosts {
+        out.push(Predicate::hosts(hosts.iter().map(String::as_str)).map_err(invalid)?);
+    }
     if let Some(s) = &doc.source {
         let req = match s.as_str() {
             "trusted" => SourceReq::Trusted,
@@ -344,6 +348,7 @@ fn predicate_name(p: &Predicate) -> &'static str {
         Predicate::Pattern(_) => "pattern",
         Predicate::PathPrefix(_) => "path_prefix",
         Predicate::UrlHost(_) => "url_hosts",
+        Predicate::Hosts(_) => "hosts",
         Predicate::Source(_) => "source",
     }
 }

@@ -60,6 +60,9 @@ pub enum Predicate {
     /// An `http` or `https` URL whose parsed host is one of these (a `*.` entry also allows
     /// its subdomains).
     UrlHost(Vec<String>),
+    /// A network host (a DNS name or an IP literal, as a connection names it) that one of
+    /// these patterns matches: see [`HostPattern`].
+    Hosts(Vec<HostPattern>),
     /// The argument came from an accepted source.
     Source(SourceReq),
 }
@@ -87,6 +90,11 @@ impl Predicate {
         Self::UrlHost(hosts.into_iter().map(|h| h.into().to_ascii_lowercase()).collect())
     }
 
+    /// A network-host predicate; `Err` names the first entry that is not a [`HostPattern`].
+    pub fn hosts<'a, I: IntoIterator<Item = &'a str>>(patterns: I) -> Result<Self, String> {
+        patterns.into_iter().map(HostPattern::parse).collect::<Result<_, _>>().map(Self::Hosts)
+    }
+
     /// True if `value` (from `source`) satisfies the predicate.
     pub(crate) fn holds(&self, value: &Value, source: &Source) -> bool {
         self.holds_memo(value, source, &Memo::default())
@@ -110,6 +118,7 @@ impl Predicate {
                 memo.path(value, |p| p.len() >= prefix.len() && p.iter().zip(prefix).all(|(a, b)| *a == b.as_str()))
             }
             Self::UrlHost(hosts) => memo.host(value, |h| host_allowed(h, hosts)),
+            Self::Hosts(patterns) => value.as_str().is_some_and(|h| HostPattern::any_matches(patterns, h)),
             Self::Source(req) => req.accepts(source),
         }
     }
@@ -121,7 +130,9 @@ impl Predicate {
             Self::OneOf(vs) => vs.iter().all(|v| super::registry::check_value(ty, v, "").is_ok()),
             Self::Range { .. } => matches!(ty, ArgType::Integer | ArgType::Number),
             Self::MaxLen(_) => matches!(ty, ArgType::String | ArgType::Array(_)),
-            Self::Pattern(_) | Self::PathPrefix(_) | Self::UrlHost(_) => matches!(ty, ArgType::String),
+            Self::Pattern(_) | Self::PathPrefix(_) | Self::UrlHost(_) | Self::Hosts(_) => {
+                matches!(ty, ArgType::String)
+            }
             Self::Source(_) => true,
         }
     }
@@ -141,6 +152,7 @@ impl Predicate {
             Self::OneOf(vs) => vs.is_empty(),
             Self::Range { min: Some(lo), max: Some(hi) } => lo > hi,
             Self::UrlHost(hosts) => hosts.is_empty(),
+            Self::Hosts(patterns) => patterns.is_empty(),
             _ => false,
         }
     }
@@ -236,4 +248,90 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
         }
         None => host == a,
     })
+}
+
+/// One entry of a `hosts` predicate, matched against the host a connection names.
+///
+/// - `example.org`: that name only (compared in lower case, a trailing dot ignored);
+/// - `*.example.org`: its subdomains only, never `example.org` itself (list it too for both);
+/// - `192.0.2.7`, `2001:db8::1`: that address only, when the connection names it literally;
+/// - `192.0.2.0/24`, `2001:db8::/32`: an address literal inside the block.
+///
+/// A name never matches an address pattern: what a name resolves to is the resolver's to
+/// say, decided after this (a name is matched on the name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostPattern {
+    /// A DNS name, exactly.
+    Name(String),
+    /// A DNS name's subdomains (the base, without `*.`).
+    Subdomains(String),
+    /// An address block (an address is a block of its full length).
+    Block(std::net::IpAddr, u8),
+}
+
+impl HostPattern {
+    /// Parses one entry; the error says why it is none of the forms.
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let bad = |why: &str| Err(format!("{entry:?} is not a host pattern: {why}"));
+        if let Some((addr, len)) = entry.split_once('/') {
+            let Ok(addr) = addr.parse::<std::net::IpAddr>() else { return bad("a block is ADDRESS/LENGTH") };
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            return match len.parse::<u8>() {
+                Ok(len) if len <= max => Ok(Self::Block(addr, len)),
+                _ => bad("the block's length is out of range"),
+            };
+        }
+        if let Ok(addr) = entry.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+            return Ok(Self::Block(addr, if addr.is_ipv4() { 32 } else { 128 }));
+        }
+        let (wild, name) = match entry.strip_prefix("*.") {
+            Some(base) => (true, base),
+            None => (false, entry),
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+            return bad(
+                "a name is dot-separated labels of letters, digits, `-` and `_` (a `*.` prefix for subdomains)",
+            );
+        }
+        Ok(if wild { Self::Subdomains(name) } else { Self::Name(name) })
+    }
+
+    /// True if this pattern matches `host` (a name or an address literal, IPv6 with or
+    /// without brackets).
+    #[must_use]
+    pub fn matches(&self, host: &str) -> bool {
+        Self::any_matches(std::slice::from_ref(self), host)
+    }
+
+    fn any_matches(patterns: &[Self], host: &str) -> bool {
+        let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().ok();
+        let name = host.trim_end_matches('.').to_ascii_lowercase();
+        patterns.iter().any(|p| match (p, literal) {
+            (Self::Block(block, len), Some(addr)) => in_block(addr, *block, *len),
+            (Self::Name(n), None) => *n == name,
+            (Self::Subdomains(base), None) => host_allowed(&name, std::slice::from_ref(&format!("*.{base}"))),
+            _ => false,
+        })
+    }
+}
+
+/// True if `addr` lies in `block/len` (an IPv4-mapped IPv6 address is never an IPv4 one).
+fn in_block(addr: std::net::IpAddr, block: std::net::IpAddr, len: u8) -> bool {
+    use std::net::IpAddr;
+    match (addr, block) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
 }

@@ -217,6 +217,48 @@ fn g11_url_hosts_are_checked_on_the_parsed_url() {
 }
 
 #[test]
+fn g11_hosts_match_names_subdomains_and_address_blocks_and_nothing_else() {
+    let reg = Registry::new().with(ToolSpec::new("net.connect").arg("host", ArgType::String, true));
+    let entries = ["pypi.org", "*.github.com", "192.0.2.7", "198.51.100.0/24", "2001:db8::/32"];
+    let p = Policy::new(
+        reg,
+        vec![rule("net", "net.connect", Effect::Allow).arg("host", Predicate::hosts(entries).unwrap())],
+        None,
+    )
+    .unwrap();
+    let connect = |host: &str| check(&p, &ToolCall::new("net.connect").arg("host", json!(host), Source::Config));
+    for ok in [
+        "pypi.org",
+        "PyPI.org.",
+        "api.github.com",
+        "a.b.github.com",
+        "192.0.2.7",
+        "198.51.100.255",
+        "2001:db8::1",
+        "[2001:db8:ffff::2]",
+    ] {
+        assert_eq!(connect(ok), "allow:net", "{ok}");
+    }
+    for bad in [
+        "github.com",
+        "xgithub.com",
+        "pypi.org.evil.test",
+        "evil.pypi.org",
+        "192.0.2.8",
+        "198.51.101.1",
+        "::ffff:192.0.2.7",
+        "2001:db9::1",
+        "198.51.100.0.nip.io",
+        "",
+    ] {
+        assert_eq!(connect(bad), "deny:default-deny", "{bad:?}");
+    }
+    for bad in ["", "*.", "a..b", "10.0.0.0/33", "x/8", "exa mple.org", "under*.org", "http://a.org"] {
+        assert!(Predicate::hosts([bad]).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
 fn g11_patterns_are_anchored_and_nested_paths_work() {
     let p = policy(vec![
         rule("digits", "read_file", Effect::Allow).arg("path", Predicate::pattern("[0-9]+").unwrap()),

@@ -80,7 +80,7 @@ fn g12_errors_name_line_and_column() {
         (rule("tool = \"send_raven\"\neffect = \"allow\"\nargs.to = {}"), "line 8, column 6: rule \"r\": argument \"to\": a predicate table needs at least one condition"),
         (rule("tool = \"send_raven\"\neffect = \"maybe\""), "line 7, column 10: unknown variant `maybe`, expected one of `allow`, `ask`, `deny`"),
         (rule("tool = \"send_raven\"\neffect = \"allow\"\nlimits = { max_calls = 0 }"), "line 8, column 10: invalid limit: max_calls must be 1..=4096, not 0"),
-        (rule("tool = \"send_raven\"\neffect = \"allow\"\nargs.to = { enum = [\"a\"] }"), "line 8, column 13: unknown field `enum`, expected one of `const`, `one_of`, `minimum`, `maximum`, `max_len`, `pattern`, `path_prefix`, `url_hosts`, `source`"),
+        (rule("tool = \"send_raven\"\neffect = \"allow\"\nargs.to = { enum = [\"a\"] }"), "line 8, column 13: unknown field `enum`, expected one of `const`, `one_of`, `minimum`, `maximum`, `max_len`, `pattern`, `path_prefix`, `url_hosts`, `hosts`, `source`"),
         (rule("tool = \"send_raven\"\neffect = \"allow\"\nunless = true"), "line 8, column 1: unknown field `unless`, expected one of `id`, `tool`, `effect`, `description`, `args`, `when`, `limits`, `examples`"),
         ("version = 2\n".to_owned(), "line 1, column 11: unsupported policy version 2; this engine reads version 1"),
         ("default = \"allow\"\n".to_owned(), "line 1, column 11: `default` must be \"deny\" (got \"allow\"); the engine denies by default and nothing else"),

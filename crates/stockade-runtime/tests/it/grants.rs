@@ -656,3 +656,103 @@ fn g9_a_function_grant_may_not_take_the_model_grants_name() {
     let err = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants)))).unwrap_err();
     assert!(matches!(&err, RunError::Misconfigured(m) if m.contains("\"model\"")), "{err}");
 }
+
+/// A model service that answers every HTTP connection with `model here` and counts them.
+struct HttpModel(Arc<AtomicUsize>);
+
+impl stockade_runtime::ModelService for HttpModel {
+    fn serve(
+        &self,
+        mut conn: stockade_runtime::ModelConn,
+        _run: stockade_runtime::ModelRun,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nmodel here").await;
+        })
+    }
+}
+
+/// A tier that serves the broker's loopback on a host listener and is its own guest: it
+/// sends each of `requests` on a connection of its own and keeps the answers.
+#[derive(Debug, Clone)]
+struct LoopbackGuest(Arc<Vec<Vec<u8>>>, Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<(String, String)>>>);
+
+#[async_trait]
+impl Tier for LoopbackGuest {
+    fn name(&self) -> &'static str {
+        "loopback-guest"
+    }
+    async fn run(&self, _job: &Job) -> Result<Report, RunError> {
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+    async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        broker.guest_job(job, "/run/stockade")?;
+        *self.2.lock().unwrap() = broker.loopback_env();
+        let (_port, serve) = broker.loopback().expect("a model or network grant has a loopback");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve(listener);
+        for request in self.0.iter() {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(request).await.unwrap();
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
+            self.1.lock().unwrap().push(String::from_utf8_lossy(&out).into_owned());
+        }
+        Ok(Report::new(Status::Exited { code: 0 }, Duration::ZERO))
+    }
+}
+
+#[test]
+fn g10_the_loopback_serves_the_model_and_the_network_grant_by_what_each_connection_asks() {
+    use stockade_runtime::egress::{NetGrant, NetPolicy, NetRule, Resolve};
+    let upstream = std::net::TcpListener::bind("127.0.0.8:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in upstream.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nupstream");
+        }
+    });
+    let policy = NetPolicy::allow(&[NetRule::parse(&format!("up.test:{port}")).unwrap()]).unwrap();
+    let net = NetGrant::new(policy).resolve(Resolve::new().entry(&format!("up.test:{port}:127.0.0.8")).unwrap());
+    let served = Arc::new(AtomicUsize::new(0));
+    let requests = vec![
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8765\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        format!("GET http://up.test:{port}/x HTTP/1.1\r\nHost: up.test:{port}\r\n\r\n").into_bytes(),
+        format!("GET http://down.test:{port}/x HTTP/1.1\r\nHost: down.test:{port}\r\n\r\n").into_bytes(),
+    ];
+    let tier = LoopbackGuest(Arc::new(requests), Arc::default(), Arc::default());
+    let sandbox = Sandbox::builder().tier(tier.clone()).build().unwrap();
+    let grants = Grants::new().model(Arc::new(HttpModel(served.clone()))).net(net);
+    let report = rt().block_on(sandbox.report(RunRequest::new(&job()).grants(Arc::new(grants)))).unwrap();
+    let answers = tier.1.lock().unwrap().clone();
+    assert!(answers[0].ends_with("model here"), "origin-form HTTP is the model's: {answers:?}");
+    assert!(answers[1].ends_with("upstream"), "a proxy request is the network grant's: {answers:?}");
+    assert!(answers[2].starts_with("HTTP/1.1 403"), "{answers:?}");
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    let env = tier.2.lock().unwrap().clone();
+    for want in ["OPENAI_BASE_URL", "HTTP_PROXY", "https_proxy", "ALL_PROXY", "NO_PROXY"] {
+        assert!(env.iter().any(|(k, _)| k == want), "{want} missing from {env:?}");
+    }
+    assert!(env.iter().any(|(k, v)| k == "ALL_PROXY" && v == "socks5h://127.0.0.1:8765"), "{env:?}");
+    let g = report.grants.unwrap();
+    let seen: Vec<(&str, stockade_protocol::NetDecision)> =
+        g.connections.iter().map(|c| (c.host.as_str(), c.decision)).collect();
+    assert_eq!(
+        seen,
+        [("up.test", stockade_protocol::NetDecision::Allowed), ("down.test", stockade_protocol::NetDecision::Denied)]
+    );
+    // A job may not set the proxy's variables itself.
+    let job = Job::command("guest", Vec::<String>::new()).unwrap().with_env("HTTPS_PROXY", "http://evil:1").unwrap();
+    let policy = NetPolicy::allow(&[]).unwrap();
+    let err = rt()
+        .block_on(sandbox.report(RunRequest::new(&job).grants(Arc::new(Grants::new().net(NetGrant::new(policy))))))
+        .unwrap_err();
+    assert!(matches!(err, RunError::Misconfigured(ref m) if m.contains("HTTPS_PROXY")), "{err}");
+}

@@ -1,0 +1,379 @@
+//! `stockade run --allow-net`: real clients inside the process tier (curl, Python), real
+//! upstreams this test starts on 127.0.0.x (an HTTP server, a TLS server with a test
+//! certificate), every verdict from what the upstream's own log saw.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::cli::check;
+
+/// An HTTP upstream on `ip`: logs every request line, answers each with `hello from IP`.
+struct HttpUpstream {
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl HttpUpstream {
+    fn start(ip: &str) -> Self {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (l, ip) = (log.clone(), ip.to_owned());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                l.lock().unwrap().push(line.trim_end().to_owned());
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let body = format!("hello from {ip}\n");
+                let _ = write!(conn, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            }
+        });
+        Self { port, log }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// A TLS upstream on 127.0.0.3 for `name` (Python's ssl with a certificate openssl made),
+/// logging each accepted connection; with the certificate's path for the client.
+struct TlsUpstream {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl TlsUpstream {
+    fn start(name: &str) -> Option<Self> {
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("SKIPPED tls upstream: no openssl");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("stockade-net-tls-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj"])
+            .arg(format!("/CN={name}"))
+            .args(["-addext"])
+            .arg(format!("subjectAltName=DNS:{name}"))
+            .arg("-keyout")
+            .arg(dir.join("key.pem"))
+            .arg("-out")
+            .arg(dir.join("cert.pem"))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let log = dir.join("accepted.log");
+        let script = r#"
+import socket, ssl, sys
+d = sys.argv[1]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(d + "/cert.pem", d + "/key.pem")
+s = socket.socket(); s.bind(("127.0.0.3", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    open(d + "/accepted.log", "a").write("accepted\n")
+    try:
+        t = ctx.wrap_socket(c, server_side=True)
+        t.recv(65536)
+        t.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello by tls")
+        t.close()
+    except Exception as e:
+        open(d + "/accepted.log", "a").write("failed %s\n" % e)
+"#;
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        Some(Self { child, port: line.trim().parse().unwrap(), log, dir })
+    }
+
+    fn accepted(&self) -> usize {
+        std::fs::read_to_string(&self.log).map(|s| s.lines().count()).unwrap_or(0)
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn g9_curl_reaches_an_allowed_host_and_nothing_else() {
+    let up = HttpUpstream::start("127.0.0.2");
+    let port = up.port.to_string();
+    let allow = format!("api.test:{port}");
+    let resolve = format!("api.test:{port}:127.0.0.2");
+    let run = |cmd: &str| {
+        check(&["run", "--allow-net", &allow, "--net-resolve", &resolve, "--max-output", "64K", "--", "sh", "-c", cmd])
+    };
+    let (code, out, err) = run(&format!("curl -sS http://api.test:{port}/allowed"));
+    assert_eq!((code, out.as_str()), (0, "hello from 127.0.0.2\n"), "{err}");
+    assert_eq!(up.requests(), ["GET /allowed HTTP/1.1"]);
+    // A name the grant does not name: the proxy answers 403, says so on stderr, and the
+    // upstream (which that name would also resolve to) sees nothing.
+    let (code, out, err) = run(&format!(
+        "curl -sS -o /dev/null -w '%{{http_code}}' --resolve other.test:{port}:127.0.0.2 http://other.test:{port}/denied"
+    ));
+    assert_eq!((code, out.as_str()), (0, "403"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "stockade: denied connect other.test:{port} (no rule allows it; --allow-net other.test:{port} to allow)"
+        )),
+        "{err}"
+    );
+    // Around the proxy: straight to the upstream's address, to the host's loopback, and to
+    // an IPv6 literal. There is no route; nothing arrives.
+    for direct in [
+        format!("curl -sS --noproxy '*' --max-time 3 http://127.0.0.2:{port}/direct"),
+        format!("curl -sS --noproxy '*' --max-time 3 http://[::1]:{port}/direct6"),
+        format!("python3 -c \"import socket; socket.create_connection(('127.0.0.2', {port}), 3)\""),
+    ] {
+        let (code, _, err) = run(&direct);
+        assert_ne!(code, 0, "{direct} connected: {err}");
+    }
+    // A name that resolves to loopback, with no --net-resolve for it, is refused.
+    let (code, out, err) = check(&[
+        "run",
+        "--allow-net",
+        &format!("localhost:{port}"),
+        "--",
+        "curl",
+        "-sS",
+        "--noproxy",
+        "",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("http://localhost:{port}/loopback"),
+    ]);
+    assert_eq!((code, out.as_str()), (0, "403"), "{err}");
+    assert!(err.contains("loopback"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(up.requests(), ["GET /allowed HTTP/1.1"], "only the allowed request arrived");
+}
+
+#[test]
+fn g9_https_goes_through_a_tunnel_whose_tls_names_its_host() {
+    let Some(up) = TlsUpstream::start("tls.test") else { return };
+    let port = up.port.to_string();
+    let allow = format!("tls.test:{port}");
+    let resolve = format!("tls.test:{port}:127.0.0.3");
+    let ws = up.dir.to_str().unwrap().to_owned();
+    let run = |cmd: &str| {
+        check(&["run", "--allow-net", &allow, "--net-resolve", &resolve, "--workspace", &ws, "--", "sh", "-c", cmd])
+    };
+    let (code, out, err) = run(&format!("curl -sS --cacert /workspace/cert.pem https://tls.test:{port}/"));
+    assert_eq!((code, out.as_str()), (0, "hello by tls"), "{err}");
+    assert_eq!(up.accepted(), 1);
+    // A tunnel opened for tls.test whose ClientHello names another host: refused before
+    // anything reaches the upstream.
+    let sni = format!(
+        r#"python3 -c "
+import socket, ssl
+s = socket.create_connection(('127.0.0.1', 8765))
+s.sendall(b'CONNECT tls.test:{port} HTTP/1.1\r\n\r\n')
+assert s.recv(100).startswith(b'HTTP/1.1 200')
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+try:
+    ctx.wrap_socket(s, server_hostname='evil.test')
+    print('handshake completed')
+except Exception as e:
+    print('refused', type(e).__name__)
+""#
+    );
+    let (code, out, err) = run(&sni);
+    assert_eq!((code, out.starts_with("refused")), (0, true), "{out} {err}");
+    assert!(err.contains("sni-mismatch"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(up.accepted(), 1, "the mismatched tunnel reached the upstream");
+    let mut log = String::new();
+    let _ = std::fs::File::open(&up.log).and_then(|mut f| f.read_to_string(&mut log));
+    assert!(!log.contains("failed"), "{log}");
+}
+
+#[test]
+fn g9_the_report_lists_every_connection() {
+    let up = HttpUpstream::start("127.0.0.4");
+    let port = up.port.to_string();
+    let (code, out, err) = check(&[
+        "run",
+        "--json",
+        "--allow-net",
+        &format!("rec.test:{port}"),
+        "--net-resolve",
+        &format!("rec.test:{port}:127.0.0.4"),
+        "--",
+        "sh",
+        "-c",
+        &format!("curl -sS http://rec.test:{port}/a; curl -sS http://nope.test:{port}/b"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let conns = report["grants"]["connections"].as_array().unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(conns.len(), 2, "{conns:#?}");
+    assert_eq!(
+        (&conns[0]["host"], &conns[0]["decision"], &conns[0]["address"], &conns[0]["scheme"]),
+        (
+            &serde_json::json!("rec.test"),
+            &serde_json::json!("allowed"),
+            &serde_json::json!(format!("127.0.0.4:{port}")),
+            &serde_json::json!("http")
+        ),
+        "{conns:#?}"
+    );
+    assert!(conns[0]["bytes_down"].as_u64().unwrap() > 20, "{conns:#?}");
+    assert_eq!(
+        (&conns[1]["decision"], &conns[1]["rule"]),
+        (&serde_json::json!("denied"), &serde_json::json!("default-deny"))
+    );
+    // Without a grant nothing changes: no proxy variable, no listener.
+    let (code, out, err) = check(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "env | grep -ci proxy; curl -sS --max-time 2 http://127.0.0.1:8765/ >/dev/null 2>&1 || echo unreachable",
+    ]);
+    assert_eq!((code, out.as_str()), (0, "0\nunreachable\n"), "{err}");
+}
+
+/// One stand-in index at a time: it listens on 127.0.0.9:443.
+static STANDIN: Mutex<()> = Mutex::new(());
+
+/// The PyPI stand-in (`pypi_standin.py`): pypi.org and files.pythonhosted.org on
+/// 127.0.0.9:443 over TLS with a test certificate, serving one real wheel.
+pub(crate) struct PypiStandin {
+    child: Child,
+    dir: std::path::PathBuf,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+impl PypiStandin {
+    /// `None` (skipped, said on stderr) where port 443 cannot be bound: not root.
+    pub(crate) fn start() -> Option<Self> {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")));
+        if !root {
+            assert!(
+                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+                "the PyPI stand-in listens on port 443: run as root"
+            );
+            eprintln!("SKIPPED pypi stand-in: it listens on port 443, which needs root");
+            return None;
+        }
+        let one = STANDIN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dir = std::env::temp_dir().join(format!("stockade-net-pypi-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/pypi_standin.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the PyPI stand-in did not start");
+        Some(Self { child, dir, _one: one })
+    }
+
+    /// The `stockade run` flags that point both names here and trust its certificate.
+    pub(crate) fn flags(&self) -> String {
+        format!(
+            "--net-resolve pypi.org:443:127.0.0.9 --net-resolve files.pythonhosted.org:443:127.0.0.9 --workspace {} --env PIP_CERT=/workspace/cert.pem",
+            self.dir.display()
+        )
+    }
+
+    /// What it was asked for: `HOST METHOD PATH` lines.
+    pub(crate) fn requests(&self) -> String {
+        std::fs::read_to_string(self.dir.join("requests.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PypiStandin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn g9_pip_installs_from_an_index_through_the_proxy() {
+    if !crate::cli::ready() {
+        return;
+    }
+    let Some(index) = PypiStandin::start() else { return };
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--allow-net".into(),
+        "pypi.org".into(),
+        "--allow-net".into(),
+        "files.pythonhosted.org".into(),
+    ];
+    args.extend(index.flags().split(' ').map(str::to_owned));
+    args.extend(["--timeout", "60s", "--", "sh", "-c", "pip install --no-cache-dir --target /tmp/lib requests && PYTHONPATH=/tmp/lib python3 -c 'import requests; print(requests.STANDIN)'"].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = check(&args);
+    assert_eq!(code, 0, "{out}\n{err}\n{}", index.requests());
+    assert!(out.contains("Successfully installed requests-99.0.0") && out.ends_with("stockade test index\n"), "{out}");
+    let log = index.requests();
+    assert!(log.contains("pypi.org GET /simple/requests/"), "{log}");
+    assert!(log.contains("files.pythonhosted.org GET /packages/requests-99.0.0-py3-none-any.whl"), "{log}");
+}
+
+#[test]
+fn g9_busybox_wget_in_the_docker_tier_goes_through_the_proxy() {
+    if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let up = HttpUpstream::start("127.0.0.5");
+    let port = up.port.to_string();
+    let (code, out, err) = check(&[
+        "run",
+        "--tier",
+        "docker",
+        "--allow-net",
+        &format!("box.test:{port}"),
+        "--net-resolve",
+        &format!("box.test:{port}:127.0.0.5"),
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "wget -q -O - http://box.test:{port}/docker; wget -q -O - -T 3 http://127.0.0.5:{port}/direct 2>&1 || echo direct-failed"
+        ),
+    ]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.starts_with("hello from 127.0.0.5\n") && out.ends_with("direct-failed\n"), "{out}");
+    assert_eq!(up.requests(), ["GET /docker HTTP/1.1"]);
+}

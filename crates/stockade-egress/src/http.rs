@@ -1,0 +1,323 @@
+//! HTTP/1.1 request heads as a forward proxy reads them (G1, G5), and the response head it
+//! passes back.
+
+/// Most headers a head may carry.
+const MAX_HEADERS: usize = 100;
+
+/// Headers that belong to one hop and are not forwarded (RFC 9110 §7.6.1), plus the proxy's own.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// How a request's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// No body, or exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// What a request asks the proxy for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// `CONNECT host:port`.
+    Connect { host: String, port: u16 },
+    /// A plain request in absolute form: `head` is what goes upstream (origin form, the
+    /// hop-by-hop headers gone, `Connection: close` added).
+    Forward { method: String, host: String, port: u16, path: String, head: Vec<u8>, body: Body },
+}
+
+/// Why a request is refused: the status to answer with, and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) status: u16,
+    pub(crate) reason: String,
+}
+
+fn refuse<T>(status: u16, reason: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal { status, reason: reason.into() })
+}
+
+/// The end of the head in `buf` (the index just past `\r\n\r\n`), if it is there.
+pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// Reads the request head `head` (up to and including its blank line).
+pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return refuse(400, "the request head is incomplete"),
+        Err(httparse::Error::TooManyHeaders) => return refuse(431, "the request has over 100 headers"),
+        Err(e) => return refuse(400, format!("the request head is malformed: {e}")),
+    }
+    // HTTP/1.0 too: urllib3 (pip, requests) sends its CONNECT as 1.0.
+    let (Some(method), Some(target), Some(0 | 1)) = (req.method, req.path, req.version) else {
+        return refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
+    };
+    let value = |name: &str| -> Vec<&[u8]> {
+        req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value).collect()
+    };
+    if method == "CONNECT" {
+        let (host, port) = authority(target).ok_or_else(|| Refusal {
+            status: 400,
+            reason: format!("CONNECT needs host:port, not {:?}", cut(target)),
+        })?;
+        return Ok(Request::Connect { host, port });
+    }
+    let Some(rest) = target.strip_prefix("http://") else {
+        return refuse(400, format!("a proxy request names an http:// URL, not {:?}", cut(target)));
+    };
+    let (auth, path) = match rest.find(['/', '?']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i..]),
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if auth.contains('@') {
+        return refuse(400, "a URL with credentials is not forwarded");
+    }
+    let path = if path.starts_with('?') { format!("/{path}") } else { path.to_owned() };
+    if path.contains('#') {
+        return refuse(400, "a request target has no fragment");
+    }
+    let with_port = if auth.starts_with('[') && !auth.contains("]:") || !auth.starts_with('[') && !auth.contains(':') {
+        format!("{auth}:80")
+    } else {
+        auth.to_owned()
+    };
+    let (host, port) = authority(&with_port)
+        .ok_or_else(|| Refusal { status: 400, reason: format!("the URL's host is not valid: {:?}", cut(auth)) })?;
+    // The Host header must be the target (RFC 9112 §3.2.2 lets a proxy replace it; refusing
+    // a mismatch instead keeps what the upstream sees equal to what was decided).
+    let hosts = value("host");
+    let [given] = hosts.as_slice() else {
+        return refuse(400, "a request needs exactly one Host header");
+    };
+    let given = std::str::from_utf8(given).unwrap_or("").to_ascii_lowercase();
+    let given_full =
+        if given.starts_with('[') && !given.contains("]:") || !given.starts_with('[') && !given.contains(':') {
+            format!("{given}:80")
+        } else {
+            given.clone()
+        };
+    if authority(&given_full) != Some((host.clone(), port)) {
+        return refuse(400, format!("the Host header {:?} is not the request's target {auth:?}", cut(&given)));
+    }
+    let body = framing(&value("content-length"), &value("transfer-encoding"))?;
+    if !value("upgrade").is_empty() {
+        return refuse(400, "a forwarded request cannot upgrade the connection");
+    }
+    // Headers the Connection header names are hop-by-hop too.
+    let named: Vec<String> = value("connection")
+        .iter()
+        .flat_map(|v| std::str::from_utf8(v).unwrap_or("").split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = Vec::with_capacity(head.len() + 32);
+    out.extend_from_slice(format!("{method} {path} HTTP/1.1\r\n").as_bytes());
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if HOP_BY_HOP.contains(&name.as_str()) || named.contains(&name) {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(Request::Forward { method: method.to_owned(), host, port, path, head: out, body })
+}
+
+/// The body framing of a request, or the refusal of an ambiguous one (G5).
+fn framing(lengths: &[&[u8]], encodings: &[&[u8]]) -> Result<Body, Refusal> {
+    match (lengths, encodings) {
+        ([], []) => Ok(Body::Length(0)),
+        ([], [te]) if te.eq_ignore_ascii_case(b"chunked") => Ok(Body::Chunked),
+        ([], _) => refuse(501, "the only transfer coding forwarded is a single `chunked`"),
+        (_, []) => {
+            let mut n = None;
+            for v in lengths {
+                let Some(len) = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                else {
+                    return refuse(400, "a Content-Length is not a number");
+                };
+                if n.is_some_and(|n| n != len) {
+                    return refuse(400, "two Content-Lengths differ");
+                }
+                n = Some(len);
+            }
+            Ok(Body::Length(n.unwrap_or(0)))
+        }
+        _ => refuse(400, "a request with both Content-Length and Transfer-Encoding is refused (request smuggling)"),
+    }
+}
+
+/// `host:port` (an IPv6 host in brackets) as a lower-case host without brackets and a port.
+pub(crate) fn authority(s: &str) -> Option<(String, u16)> {
+    let (host, port) = match s.strip_prefix('[') {
+        Some(rest) => {
+            let (h, p) = rest.split_once("]:")?;
+            h.parse::<std::net::Ipv6Addr>().ok()?;
+            (h, p)
+        }
+        None => s.rsplit_once(':')?,
+    };
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && (host.parse::<std::net::IpAddr>().is_ok()
+            || host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+    ok.then_some((host, port))
+}
+
+/// The response head `head` with its hop-by-hop headers gone and `Connection: close`.
+pub(crate) fn rewrite_response(head: &[u8]) -> Option<Vec<u8>> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    if !matches!(res.parse(head), Ok(httparse::Status::Complete(_))) {
+        return None;
+    }
+    let (code, reason) = (res.code?, res.reason.unwrap_or(""));
+    let mut out = Vec::with_capacity(head.len() + 32);
+    out.extend_from_slice(format!("HTTP/1.1 {code} {reason}\r\n").as_bytes());
+    for h in res.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if matches!(name.as_str(), "connection" | "keep-alive" | "proxy-connection") {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    Some(out)
+}
+
+/// A reply the proxy writes itself.
+pub(crate) fn reply(status: u16, reason: &str) -> Vec<u8> {
+    let phrase = match status {
+        200 => "Connection established",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    };
+    if status == 200 {
+        return b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec();
+    }
+    let body = format!("stockade: {reason}\n");
+    format!(
+        "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// At most 80 characters of guest text, for a message.
+pub(crate) fn cut(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::{Body, Request, authority, parse_request};
+
+    fn forward(head: &str) -> Request {
+        parse_request(head.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn connect_and_absolute_requests_parse_and_are_rewritten_for_the_upstream() {
+        assert_eq!(
+            forward("CONNECT PyPI.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n"),
+            Request::Connect { host: "pypi.org".into(), port: 443 }
+        );
+        assert_eq!(
+            forward("CONNECT [2001:db8::1]:8443 HTTP/1.1\r\n\r\n"),
+            Request::Connect { host: "2001:db8::1".into(), port: 8443 }
+        );
+        let Request::Forward { method, host, port, path, head, body } = forward(
+            "POST http://a.test:8080/x?y=1 HTTP/1.1\r\nHost: a.test:8080\r\nProxy-Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\nContent-Length: 3\r\n\r\n",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            (method.as_str(), host.as_str(), port, path.as_str(), body),
+            ("POST", "a.test", 8080, "/x?y=1", Body::Length(3))
+        );
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "POST /x?y=1 HTTP/1.1\r\nHost: a.test:8080\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+        );
+        let Request::Forward { port, path, .. } = forward("GET http://a.test HTTP/1.1\r\nHost: a.test\r\n\r\n") else {
+            panic!()
+        };
+        assert_eq!((port, path.as_str()), (80, "/"));
+    }
+
+    #[test]
+    fn ambiguous_or_mismatched_requests_are_refused() {
+        for (head, status) in [
+            ("GET http://a.test/ HTTP/1.1\r\nHost: b.test\r\n\r\n", 400),
+            ("GET http://a.test/ HTTP/1.1\r\nHost: a.test:81\r\n\r\n", 400),
+            ("GET http://a.test/ HTTP/1.1\r\n\r\n", 400),
+            ("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nHost: a.test\r\n\r\n", 400),
+            (
+                "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+                400,
+            ),
+            ("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n", 400),
+            ("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: +4\r\n\r\n", 400),
+            ("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
+            (
+                "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                501,
+            ),
+            ("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\n\r\n", 400),
+            ("GET http://user@a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", 400),
+            ("GET /origin-form HTTP/1.1\r\nHost: a.test\r\n\r\n", 400),
+            ("GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", 400),
+            ("GET http://a.test/ HTTP/2.0\r\nHost: a.test\r\n\r\n", 400),
+            ("CONNECT a.test HTTP/1.1\r\n\r\n", 400),
+            ("CONNECT a.test:0 HTTP/1.1\r\n\r\n", 400),
+            ("GET http://a.test/ HTTP/1.1\r\nHost : a.test\r\n\r\n", 400),
+        ] {
+            let r = parse_request(head.as_bytes()).unwrap_err();
+            assert_eq!(r.status, status, "{head:?}: {}", r.reason);
+        }
+    }
+
+    #[test]
+    fn authorities_are_names_or_addresses_with_a_port() {
+        assert_eq!(authority("Example.ORG.:443"), Some(("example.org".into(), 443)));
+        assert_eq!(authority("[::1]:80"), Some(("::1".into(), 80)));
+        for bad in ["a.test", ":443", "a b:1", "a.test:65536", "[zz]:1", "evil/x:80"] {
+            assert_eq!(authority(bad), None, "{bad}");
+        }
+    }
+}

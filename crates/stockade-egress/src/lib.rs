@@ -1,0 +1,102 @@
+//! Policed network egress: a forward proxy, served on a run's own loopback, through which a
+//! sandbox reaches the network one decided connection at a time.
+//!
+//! A sandbox has no route out. A network grant gives it one door: a listener on the run's
+//! loopback (the process tier's, or the docker tier's holder namespace) that speaks the
+//! three proxy protocols clients honour from the environment (`HTTP_PROXY`, `HTTPS_PROXY`,
+//! `ALL_PROXY`, see [`proxy_env`]):
+//!
+//! - `CONNECT host:port` (HTTPS and any TLS): decided on the name, then the guest's TLS
+//!   ClientHello is read and its SNI must be that name, before anything reaches upstream;
+//! - HTTP in absolute form (`GET http://host/path`): one request per connection, decided
+//!   with its method and path, its `Host` equal to the target, its framing unambiguous;
+//! - SOCKS5 with a name (`socks5h://`): decided like CONNECT.
+//!
+//! Every connection is a `net.connect` call to a [`stockade_policy`] policy ([`NetPolicy`]):
+//! the same engine, rules, limits and load-time examples as every tool call. `--allow-net`
+//! entries ([`NetRule`]) are a policy written for the user. Names are resolved on the host,
+//! after the decision, and the proxy connects to exactly the address it checked.
+//!
+//! # Position in the stack
+//! Depends on: `stockade-policy`, `stockade-protocol`. Used by: `stockade-runtime` (the
+//! network grant). Beside the tiers: it isolates nothing; it decides and carries what a
+//! tier's guest may send out of the one door the tier leaves.
+//! API boundary: yes; [`NetPolicy`], [`NetRule`], [`Resolve`], [`NetLimits`], [`NetGrant`] and
+//! the per-run [`Egress`] it starts.
+//!
+//! # Threat model
+//! Trusted: the host program, the policy and its author, the host's resolver (for names the
+//! policy allowed) and the upstreams the policy names.
+//! Attacker-controlled: every byte the guest sends to the proxy: request heads, names,
+//! ports, TLS ClientHellos, SOCKS frames, bodies, and their timing and number.
+//! Out of scope: what an allowed upstream does with what it is sent (exfiltration to an
+//! allowed host is the grant's own residual); timing channels.
+//!
+//! # Guarantees
+//! G1. No connection to a host the policy did not allow: every CONNECT, SOCKS5 request and
+//!     plain HTTP request is decided before any upstream is resolved or reached; a plain
+//!     request's `Host` must equal its target, and each connection carries one request
+//!     (the proxy answers `Connection: close`), so no request rides on another's decision.
+//!     (pinned by: tests/it/proxy.rs::g1_*)
+//! G2. No DNS from the sandbox: names are resolved here, only for allowed connections (the
+//!     sandbox has no resolver of its own; its tier gives it no route).
+//!     (pinned by: tests/it/proxy.rs::g2_*)
+//! G3. No way back in: a name that resolves to a loopback, private, link-local, CGNAT,
+//!     multicast, unspecified, documentation, ULA or IPv4-mapped address is refused
+//!     ([`reachable`]), unless the grant names that address literally or [`Resolve`] points
+//!     the name there (curl's `--resolve`); the proxy connects to the address it checked.
+//!     (pinned by: tests/it/proxy.rs::g3_*, src/addr.rs)
+//! G4. What goes inside a tunnel to a name is TLS for that name: the ClientHello's SNI must
+//!     equal the decided host, and a tunnel to a name without SNI is refused, before the
+//!     upstream is connected.
+//!     (pinned by: tests/it/proxy.rs::g4_*, src/tls.rs)
+//! G5. Request smuggling is refused: a head over [`NetLimits`]' size, both `Content-Length`
+//!     and `Transfer-Encoding`, a `Transfer-Encoding` other than `chunked`, differing
+//!     `Content-Length`s, or an upgrade; a body is forwarded by its own framing, no byte
+//!     past it.
+//!     (pinned by: tests/it/proxy.rs::g5_*)
+//! G6. Bounded per run: connections in all and at once, bytes each way, idle and total time
+//!     per connection, head sizes; a guest past a bound is cut off and the cut recorded.
+//!     (pinned by: tests/it/proxy.rs::g6_*)
+//! G7. Every connection is on the record ([`Egress::take_records`]): host, port, scheme,
+//!     the address used, the decision and its rule, bytes each way, duration, and why the
+//!     proxy cut it.
+//!     (pinned by: tests/it/proxy.rs::g7_*)
+//!
+//! # Non-guarantees
+//! Domain fronting past the SNI (an HTTP `Host` inside the tunnel that differs) and
+//! Encrypted ClientHello's outer name are not seen: the decision is on the name the tunnel
+//! was opened for. Exfiltration to an allowed host is allowed. A client that ignores the
+//! proxy variables reaches nothing (its tier gives it no route), rather than the network.
+//!
+//! # Failure behaviour
+//! A bad request gets an HTTP or SOCKS error reply and one record; nothing the guest sends
+//! panics the proxy or affects another connection or run.
+//!
+//! # Unsafe
+//! None: `#![forbid(unsafe_code)]`.
+//!
+//! # Ambient authority
+//! Resolves names with the host's resolver and opens TCP connections to the addresses it
+//! allowed; nothing else.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! Stated as absences: resolves no name and opens no upstream before the policy allowed the
+//! connection; never connects to an address it did not check; holds no state beyond one
+//! run's [`Egress`]; writes no file.
+
+#![forbid(unsafe_code)]
+
+mod addr;
+mod http;
+mod policy;
+mod proxy;
+mod socks;
+mod tls;
+
+pub use addr::reachable;
+pub use policy::{NET_TOOL, NetPolicy, NetPolicyError, NetRule, Resolve};
+pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, classify, denied_line, proxy_env};

@@ -1,0 +1,874 @@
+//! One run's proxy: each guest connection read, decided, resolved, checked and carried.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stockade_policy::allow::{Gate, RefusalKind, Source, ToolCall};
+use stockade_protocol::{GrantsReport, NetConnection, NetDecision};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+use crate::http::{self, Body, Request};
+use crate::policy::{NET_TOOL, NetPolicy, Resolve};
+use crate::socks;
+use crate::tls::{self, Hello};
+
+/// Bytes read or written at a time.
+const CHUNK: usize = 64 << 10;
+
+/// A run's network bounds (G6). Every bound has a default; none is unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NetLimits {
+    /// Connections the run may ask for in all (denied ones count): 1024.
+    pub max_connections: u64,
+    /// Connections open at once: 64.
+    pub max_concurrent: usize,
+    /// Bytes from the guest to all upstreams: 1 GiB.
+    pub max_bytes_up: u64,
+    /// Bytes from all upstreams to the guest: 4 GiB.
+    pub max_bytes_down: u64,
+    /// A connection with no byte either way for this long is cut: 60 s.
+    pub idle: Duration,
+    /// A connection open this long is cut: 10 min.
+    pub max_duration: Duration,
+    /// Largest request or response head, and SOCKS request: 16 KiB.
+    pub max_head_bytes: usize,
+    /// Time to resolve a name and connect upstream: 10 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_concurrent: 64,
+            max_bytes_up: 1 << 30,
+            max_bytes_down: 4 << 30,
+            idle: Duration::from_secs(60),
+            max_duration: Duration::from_secs(600),
+            max_head_bytes: 16 << 10,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the first bytes of a connection to the run's loopback ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A proxy request (CONNECT, an absolute-form URL, SOCKS5): the network grant's.
+    Proxy,
+    /// An origin-form HTTP request (`POST /v1/chat/completions`): another service's.
+    Origin,
+    /// Too few bytes to tell.
+    NeedMore,
+}
+
+/// Tells a proxy request from an origin-form one by its first bytes.
+#[must_use]
+pub fn classify(prefix: &[u8]) -> Kind {
+    match prefix.first() {
+        None => return Kind::NeedMore,
+        Some(5) => return Kind::Proxy,
+        Some(_) => {}
+    }
+    let Some(space) = prefix.iter().position(|b| *b == b' ') else {
+        return if prefix.len() < 16 { Kind::NeedMore } else { Kind::Origin };
+    };
+    if &prefix[..space] == b"CONNECT" {
+        return Kind::Proxy;
+    }
+    let target = &prefix[space + 1..];
+    let scheme = b"http://";
+    let n = target.len().min(scheme.len());
+    if !target[..n].eq_ignore_ascii_case(&scheme[..n]) {
+        Kind::Origin
+    } else if n < scheme.len() {
+        Kind::NeedMore
+    } else {
+        Kind::Proxy
+    }
+}
+
+/// The variables that point a guest's clients at the proxy on `127.0.0.1:port`, in upper
+/// and lower case: `HTTP_PROXY` and `HTTPS_PROXY` (`http://`), `ALL_PROXY` (`socks5h://`, so
+/// names are resolved here), and `NO_PROXY` for loopback.
+#[must_use]
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let http = format!("http://127.0.0.1:{port}");
+    let socks = format!("socks5h://127.0.0.1:{port}");
+    let mut out = Vec::new();
+    for (k, v) in [
+        ("HTTP_PROXY", &http),
+        ("HTTPS_PROXY", &http),
+        ("ALL_PROXY", &socks),
+        ("NO_PROXY", &"localhost,127.0.0.1,::1".to_owned()),
+    ] {
+        out.push((k.to_owned(), v.clone()));
+        out.push((k.to_ascii_lowercase(), v.clone()));
+    }
+    out
+}
+
+/// Called with each connection that was denied or refused, as it is decided (a CLI prints
+/// one line for it).
+pub type OnRefused = Arc<dyn Fn(&NetConnection) + Send + Sync>;
+
+/// One run's network grant: serve each guest connection with [`Egress::serve`]; the
+/// connections are on the record ([`Egress::record_into`]).
+#[derive(Clone)]
+pub struct Egress {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    gate: Mutex<Gate>,
+    resolve: Resolve,
+    limits: NetLimits,
+    start: Instant,
+    opened: AtomicU64,
+    up: AtomicU64,
+    down: AtomicU64,
+    slots: Semaphore,
+    records: Mutex<GrantsReport>,
+    on_refused: Option<OnRefused>,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress").field("limits", &self.inner.limits).finish_non_exhaustive()
+    }
+}
+
+/// A connection's record, written when it is dropped (so a connection the run's end cuts
+/// is recorded too).
+struct Conn {
+    egress: Arc<Inner>,
+    record: NetConnection,
+    started: Instant,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.record.duration = self.started.elapsed();
+        let record = std::mem::replace(&mut self.record, blank());
+        self.egress.records.lock().unwrap_or_else(PoisonError::into_inner).record_connection(record);
+    }
+}
+
+fn blank() -> NetConnection {
+    empty_record(String::new(), 0, "")
+}
+
+fn empty_record(host: String, port: u16, scheme: &str) -> NetConnection {
+    NetConnection::new(host, port, scheme)
+}
+
+impl Conn {
+    fn refuse(&mut self, decision: NetDecision, rule: &str, reason: impl Into<String>) {
+        self.record.decision = decision;
+        self.record.rule = rule.to_owned();
+        self.record.reason = reason.into();
+        if let Some(cb) = &self.egress.on_refused {
+            cb(&self.record);
+        }
+    }
+}
+
+/// Reads from `s` into `buf` until `done` says how much is enough, within `limit` bytes and
+/// the idle deadline. `Ok(false)`: the stream ended, or the limit was reached, first.
+async fn read_until<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut Vec<u8>,
+    limit: usize,
+    idle: Duration,
+    mut done: impl FnMut(&[u8]) -> bool,
+) -> std::io::Result<bool> {
+    let mut chunk = [0u8; 4096];
+    while !done(buf) {
+        if buf.len() >= limit {
+            return Ok(false);
+        }
+        let room = (limit - buf.len()).min(chunk.len());
+        let n = tokio::time::timeout(idle, s.read(&mut chunk[..room]))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "idle"))??;
+        if n == 0 {
+            return Ok(false);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(true)
+}
+
+/// A network grant: what every run it is given to may reach, and how much. Each run gets
+/// its own [`Egress`] ([`NetGrant::start`]), with its own ledger, bounds and record.
+#[derive(Clone)]
+pub struct NetGrant {
+    policy: NetPolicy,
+    resolve: Resolve,
+    limits: NetLimits,
+    on_refused: Option<OnRefused>,
+}
+
+impl std::fmt::Debug for NetGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetGrant").field("resolve", &self.resolve).field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl NetGrant {
+    /// A grant deciding by `policy`, with no [`Resolve`] entries and the default bounds.
+    #[must_use]
+    pub fn new(policy: NetPolicy) -> Self {
+        Self { policy, resolve: Resolve::new(), limits: NetLimits::default(), on_refused: None }
+    }
+
+    /// Resolves with `resolve`'s entries first.
+    #[must_use]
+    pub fn resolve(mut self, resolve: Resolve) -> Self {
+        self.resolve = resolve;
+        self
+    }
+
+    /// Bounds each run by `limits`.
+    #[must_use]
+    pub fn limits(mut self, limits: NetLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Calls `f` with each connection denied or refused, as it is decided.
+    #[must_use]
+    pub fn on_refused(mut self, f: OnRefused) -> Self {
+        self.on_refused = Some(f);
+        self
+    }
+
+    /// The bounds.
+    #[must_use]
+    pub fn net_limits(&self) -> &NetLimits {
+        &self.limits
+    }
+
+    /// One run's proxy.
+    #[must_use]
+    pub fn start(&self) -> Egress {
+        let limits = self.limits;
+        Egress {
+            inner: Arc::new(Inner {
+                gate: Mutex::new(Gate::new(self.policy.policy().clone())),
+                resolve: self.resolve.clone(),
+                slots: Semaphore::new(limits.max_concurrent.max(1)),
+                limits,
+                start: Instant::now(),
+                opened: AtomicU64::new(0),
+                up: AtomicU64::new(0),
+                down: AtomicU64::new(0),
+                records: Mutex::new(GrantsReport::default()),
+                on_refused: self.on_refused.clone(),
+            }),
+        }
+    }
+}
+
+impl Egress {
+    /// Moves the connections recorded so far into `report`.
+    pub fn record_into(&self, report: &mut GrantsReport) {
+        let mut records = self.inner.records.lock().unwrap_or_else(PoisonError::into_inner);
+        report.connections_total += records.connections_total;
+        report.connections.append(&mut records.connections);
+        report.connections.truncate(stockade_protocol::MAX_GRANT_RECORDS);
+        records.connections_total = 0;
+    }
+
+    /// Serves one guest connection to the proxy, to its end. Every way it can end is a
+    /// normal outcome, recorded; nothing is returned.
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, mut stream: S) {
+        let inner = &self.inner;
+        let mut conn =
+            Conn { egress: inner.clone(), record: empty_record(String::new(), 0, ""), started: Instant::now() };
+        let mut buf = Vec::with_capacity(1024);
+        let limits = inner.limits;
+        if inner.opened.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
+            conn.refuse(
+                NetDecision::Refused,
+                "max-connections",
+                format!("the run's {} connections are used up", limits.max_connections),
+            );
+            let _ = stream.write_all(&http::reply(429, &conn.record.reason)).await;
+            return;
+        }
+        let Ok(_slot) = inner.slots.try_acquire() else {
+            conn.refuse(
+                NetDecision::Refused,
+                "max-concurrent",
+                format!("{} connections are already open", limits.max_concurrent),
+            );
+            let _ = stream.write_all(&http::reply(429, &conn.record.reason)).await;
+            return;
+        };
+        // The first byte tells SOCKS5 from HTTP.
+        match read_until(&mut stream, &mut buf, 1, limits.idle, |b| !b.is_empty()).await {
+            Ok(true) => {}
+            _ => {
+                conn.record.rule = "no-request".into();
+                return;
+            }
+        }
+        if buf[0] == 5 {
+            let mut s = Prefixed { head: std::mem::take(&mut buf), at: 0, inner: &mut stream };
+            let asked = tokio::time::timeout(limits.idle, socks::handshake(&mut s)).await;
+            let (host, port) = match asked {
+                Ok(Ok(Ok(target))) => target,
+                Ok(Ok(Err((code, why)))) => {
+                    conn.refuse(NetDecision::Refused, "bad-request", why);
+                    let _ = stream.write_all(&socks::reply(code)).await;
+                    return;
+                }
+                _ => {
+                    conn.refuse(NetDecision::Refused, "bad-request", "the SOCKS5 handshake did not complete");
+                    return;
+                }
+            };
+            conn.record = empty_record(host, port, "socks");
+            self.tunnel(&mut conn, &mut stream, true).await;
+            return;
+        }
+        let head =
+            read_until(&mut stream, &mut buf, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some())
+                .await;
+        let Some(end) = head.ok().filter(|ok| *ok).and_then(|_| http::head_end(&buf)) else {
+            conn.refuse(
+                NetDecision::Refused,
+                "bad-request",
+                format!("no complete request head within {} bytes", limits.max_head_bytes),
+            );
+            let _ = stream.write_all(&http::reply(431, &conn.record.reason)).await;
+            return;
+        };
+        let request = match http::parse_request(&buf[..end]) {
+            Ok(r) => r,
+            Err(r) => {
+                conn.refuse(NetDecision::Refused, "bad-request", r.reason.clone());
+                let _ = stream.write_all(&http::reply(r.status, &r.reason)).await;
+                return;
+            }
+        };
+        match request {
+            Request::Connect { host, port } => {
+                conn.record = empty_record(host, port, "https");
+                if end < buf.len() {
+                    // Bytes after a CONNECT head before its answer: a client that does not
+                    // wait; they would go upstream undecided.
+                    conn.refuse(NetDecision::Refused, "bad-request", "bytes were sent after CONNECT before its answer");
+                    let _ = stream.write_all(&http::reply(400, &conn.record.reason)).await;
+                    return;
+                }
+                self.tunnel(&mut conn, &mut stream, false).await;
+            }
+            Request::Forward { method, host, port, path, head, body } => {
+                conn.record = empty_record(host, port, "http");
+                let rest = buf.split_off(end);
+                self.forward(&mut conn, &mut stream, (&method, &path), &head, body, rest).await;
+            }
+        }
+    }
+
+    /// The policy's decision on `conn`'s target; `Err` has been recorded.
+    fn decide(&self, conn: &mut Conn, extra: Option<(&str, &str)>) -> Result<(), ()> {
+        let r = &conn.record;
+        let mut args = json!({"host": r.host, "port": r.port, "scheme": r.scheme});
+        if let Some((method, path)) = extra {
+            args["method"] = json!(method);
+            args["path"] = json!(path);
+        }
+        let now = self.inner.start.elapsed();
+        let decided = ToolCall::from_json(NET_TOOL, &args, &Source::Sandbox)
+            .ok_or(())
+            .map(|call| self.inner.gate.lock().unwrap_or_else(PoisonError::into_inner).decide_unattended(&call, now));
+        match decided {
+            Ok(Ok(permit)) => {
+                conn.record.rule = permit.rule().to_owned();
+                Ok(())
+            }
+            Ok(Err(refused)) => {
+                let reason = match refused.kind {
+                    RefusalKind::NeedsApproval => {
+                        format!("rule {} asks for approval, which a sandbox's connection cannot get", refused.rule)
+                    }
+                    _ => refused.reason,
+                };
+                let decision =
+                    if refused.kind == RefusalKind::BadArguments { NetDecision::Refused } else { NetDecision::Denied };
+                conn.refuse(decision, &refused.rule, reason);
+                Err(())
+            }
+            Err(()) => {
+                conn.refuse(NetDecision::Refused, "bad-request", "the connection's arguments are not an object");
+                Err(())
+            }
+        }
+    }
+
+    /// The addresses `host:port` may be connected at (G3): a literal the policy allowed, a
+    /// [`Resolve`] entry, or what the host's resolver says, less every address a name may
+    /// not reach. `Err` has been recorded.
+    async fn addresses(&self, conn: &mut Conn) -> Result<Vec<SocketAddr>, ()> {
+        let (host, port) = (conn.record.host.clone(), conn.record.port);
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        if let Some(ip) = self.inner.resolve.lookup(&host, port) {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        let looked =
+            tokio::time::timeout(self.inner.limits.connect_timeout, tokio::net::lookup_host((host.as_str(), port)))
+                .await;
+        let all: Vec<SocketAddr> = match looked {
+            Ok(Ok(addrs)) => addrs.collect(),
+            Ok(Err(e)) => {
+                conn.refuse(NetDecision::Refused, "unresolved", format!("{host} does not resolve: {e}"));
+                return Err(());
+            }
+            Err(_) => {
+                conn.refuse(NetDecision::Refused, "unresolved", format!("resolving {host} timed out"));
+                return Err(());
+            }
+        };
+        let mut why = None;
+        let ok: Vec<SocketAddr> = all
+            .iter()
+            .filter(|a| match crate::addr::reachable(a.ip()) {
+                Ok(()) => true,
+                Err(kind) => {
+                    why.get_or_insert((a.ip(), kind));
+                    false
+                }
+            })
+            .copied()
+            .collect();
+        if ok.is_empty() {
+            let reason = match why {
+                Some((ip, kind)) => format!(
+                    "{host} resolves to {ip}, a {kind} address, which a name may not reach; --net-resolve {host}:{port}:{ip} to allow it"
+                ),
+                None => format!("{host} resolves to no address"),
+            };
+            conn.refuse(NetDecision::Refused, "private-address", reason);
+            return Err(());
+        }
+        Ok(ok)
+    }
+
+    /// Connects to the first of `addrs` that answers; `Err` has been recorded.
+    async fn connect(&self, conn: &mut Conn, addrs: &[SocketAddr]) -> Result<TcpStream, ()> {
+        let mut last = String::from("no address");
+        for addr in addrs {
+            match tokio::time::timeout(self.inner.limits.connect_timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    conn.record.address = Some(addr.to_string());
+                    conn.record.decision = NetDecision::Allowed;
+                    return Ok(s);
+                }
+                Ok(Err(e)) => last = format!("{addr}: {e}"),
+                Err(_) => last = format!("{addr}: timed out"),
+            }
+        }
+        conn.refuse(
+            NetDecision::Refused,
+            "unreachable",
+            format!("cannot connect to {}:{}: {last}", conn.record.host, conn.record.port),
+        );
+        Err(())
+    }
+
+    /// A CONNECT or SOCKS5 tunnel: decided, resolved, answered, its ClientHello checked
+    /// (G4), then connected and carried.
+    async fn tunnel<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, conn: &mut Conn, stream: &mut S, socks: bool) {
+        if self.decide(conn, None).is_err() {
+            let body = if socks {
+                socks::reply(socks::Reply::NotAllowed).to_vec()
+            } else {
+                http::reply(403, &denied_line(&conn.record))
+            };
+            let _ = stream.write_all(&body).await;
+            return;
+        }
+        let Ok(addrs) = self.addresses(conn).await else {
+            let body = if socks {
+                socks::reply(socks::Reply::HostUnreachable).to_vec()
+            } else {
+                http::reply(403, &conn.record.reason)
+            };
+            let _ = stream.write_all(&body).await;
+            return;
+        };
+        let ok = if socks { socks::reply(socks::Reply::Succeeded).to_vec() } else { http::reply(200, "") };
+        if stream.write_all(&ok).await.is_err() {
+            return;
+        }
+        let named = conn.record.host.parse::<IpAddr>().is_err();
+        let limits = self.inner.limits;
+        let mut hello = Vec::new();
+        let mut want = 1;
+        let verdict = loop {
+            match read_until(stream, &mut hello, want, limits.idle, |b| b.len() >= want).await {
+                Ok(true) => {}
+                _ => break Hello::NotTls("the tunnel ended before its ClientHello"),
+            }
+            match tls::client_hello(&hello) {
+                Hello::NeedMore(n) => want = n,
+                other => break other,
+            }
+        };
+        let refused = match (&verdict, named) {
+            (Hello::Sni(sni), true) if *sni != conn.record.host => Some((
+                "sni-mismatch",
+                format!("the TLS server name {sni:?} is not the tunnel's host {:?}", conn.record.host),
+            )),
+            (Hello::NoSni, true) => Some((
+                "no-sni",
+                "a tunnel to a name must carry TLS naming it (the ClientHello has no server name)".to_owned(),
+            )),
+            (Hello::NotTls(why), true) => {
+                Some(("not-tls", format!("a tunnel to a name must carry TLS naming it: {why}")))
+            }
+            _ => None,
+        };
+        if let Some((rule, reason)) = refused {
+            conn.refuse(NetDecision::Refused, rule, reason);
+            return;
+        }
+        let Ok(mut upstream) = self.connect(conn, &addrs).await else { return };
+        if !self.charge_up(conn, hello.len()) || upstream.write_all(&hello).await.is_err() {
+            return;
+        }
+        self.splice(conn, stream, &mut upstream).await;
+    }
+
+    /// One plain HTTP request: decided with its method and path, resolved, connected,
+    /// forwarded with its body by its own framing (G5), and the response carried back.
+    async fn forward<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        conn: &mut Conn,
+        stream: &mut S,
+        (method, path): (&str, &str),
+        head: &[u8],
+        body: Body,
+        rest: Vec<u8>,
+    ) {
+        if self.decide(conn, Some((method, path))).is_err() {
+            let _ = stream.write_all(&http::reply(403, &denied_line(&conn.record))).await;
+            return;
+        }
+        let Ok(addrs) = self.addresses(conn).await else {
+            let _ = stream.write_all(&http::reply(403, &conn.record.reason)).await;
+            return;
+        };
+        let Ok(mut upstream) = self.connect(conn, &addrs).await else {
+            let _ = stream.write_all(&http::reply(502, &conn.record.reason)).await;
+            return;
+        };
+        if !self.charge_up(conn, head.len()) || upstream.write_all(head).await.is_err() {
+            return;
+        }
+        let mut client = Prefixed { head: rest, at: 0, inner: stream };
+        let sent = match body {
+            Body::Length(n) => self.copy_exact(conn, &mut client, &mut upstream, n).await,
+            Body::Chunked => self.copy_chunked(conn, &mut client, &mut upstream).await,
+        };
+        if let Err(cut) = sent {
+            conn.record.cut = Some(cut.into());
+            return;
+        }
+        // The response head, rewritten to close; then the rest as it comes.
+        let limits = self.inner.limits;
+        let mut head = Vec::new();
+        let got =
+            read_until(&mut upstream, &mut head, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some())
+                .await;
+        let Some(end) = got.ok().filter(|ok| *ok).and_then(|_| http::head_end(&head)) else {
+            conn.record.cut = Some("bad-response".into());
+            let _ = client
+                .inner
+                .write_all(&http::reply(502, "the upstream's response head is malformed or too large"))
+                .await;
+            return;
+        };
+        let Some(rewritten) = http::rewrite_response(&head[..end]) else {
+            conn.record.cut = Some("bad-response".into());
+            let _ = client.inner.write_all(&http::reply(502, "the upstream's response head is malformed")).await;
+            return;
+        };
+        if !self.charge_down(conn, head.len())
+            || client.inner.write_all(&rewritten).await.is_err()
+            || client.inner.write_all(&head[end..]).await.is_err()
+        {
+            return;
+        }
+        let cut = self.pump_down(conn, &mut upstream, client.inner).await;
+        conn.record.cut = cut.map(str::to_owned);
+        let _ = client.inner.shutdown().await;
+    }
+
+    /// Copies exactly `n` body bytes from the guest upstream.
+    async fn copy_exact<C: AsyncRead + Unpin, U: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        from: &mut C,
+        to: &mut U,
+        mut n: u64,
+    ) -> Result<(), &'static str> {
+        let mut buf = vec![0u8; CHUNK];
+        while n > 0 {
+            let want = usize::try_from(n).unwrap_or(CHUNK).min(CHUNK);
+            let got = tokio::time::timeout(self.inner.limits.idle, from.read(&mut buf[..want]))
+                .await
+                .map_err(|_| "idle")?
+                .map_err(|_| "client-error")?;
+            if got == 0 {
+                return Err("body-cut-short");
+            }
+            if !self.charge_up(conn, got) {
+                return Err("max-bytes");
+            }
+            to.write_all(&buf[..got]).await.map_err(|_| "upstream-error")?;
+            n -= got as u64;
+        }
+        Ok(())
+    }
+
+    /// Copies a chunked body upstream, chunk by chunk, to its last chunk and trailers.
+    async fn copy_chunked<C: AsyncRead + Unpin, U: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        from: &mut C,
+        to: &mut U,
+    ) -> Result<(), &'static str> {
+        let limits = self.inner.limits;
+        loop {
+            let mut line = Vec::new();
+            if !read_line(from, &mut line, limits).await? {
+                return Err("body-cut-short");
+            }
+            let text = std::str::from_utf8(&line).map_err(|_| "bad-chunk")?;
+            let size_text = text.trim_end_matches("\r\n").split(';').next().unwrap_or("").trim();
+            let size = u64::from_str_radix(size_text, 16).map_err(|_| "bad-chunk")?;
+            if size_text.is_empty() || size_text.len() > 16 {
+                return Err("bad-chunk");
+            }
+            if !self.charge_up(conn, line.len()) {
+                return Err("max-bytes");
+            }
+            to.write_all(&line).await.map_err(|_| "upstream-error")?;
+            if size == 0 {
+                // Trailers, to the blank line.
+                loop {
+                    let mut t = Vec::new();
+                    if !read_line(from, &mut t, limits).await? {
+                        return Err("body-cut-short");
+                    }
+                    to.write_all(&t).await.map_err(|_| "upstream-error")?;
+                    if t == b"\r\n" {
+                        return Ok(());
+                    }
+                }
+            }
+            self.copy_exact(conn, from, to, size).await?;
+            let mut crlf = Vec::new();
+            if !read_line(from, &mut crlf, limits).await? || crlf != b"\r\n" {
+                return Err("bad-chunk");
+            }
+            to.write_all(b"\r\n").await.map_err(|_| "upstream-error")?;
+        }
+    }
+
+    fn charge_up(&self, conn: &mut Conn, n: usize) -> bool {
+        conn.record.bytes_up += n as u64;
+        let total = self.inner.up.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+        total <= self.inner.limits.max_bytes_up
+    }
+
+    fn charge_down(&self, conn: &mut Conn, n: usize) -> bool {
+        conn.record.bytes_down += n as u64;
+        let total = self.inner.down.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+        total <= self.inner.limits.max_bytes_down
+    }
+
+    /// Carries the upstream's bytes to the guest until the upstream ends; the cut, if the
+    /// proxy made one.
+    async fn pump_down<U: AsyncRead + Unpin, C: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        up: &mut U,
+        client: &mut C,
+    ) -> Option<&'static str> {
+        let limits = self.inner.limits;
+        let deadline = tokio::time::Instant::from_std(conn.started + limits.max_duration);
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return Some("max-duration"),
+                r = tokio::time::timeout(limits.idle, up.read(&mut buf)) => match r {
+                    Err(_) => return Some("idle"),
+                    Ok(Ok(0) | Err(_)) => return None,
+                    Ok(Ok(n)) => n,
+                },
+            };
+            if !self.charge_down(conn, n) {
+                return Some("max-bytes");
+            }
+            if client.write_all(&buf[..n]).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Carries bytes both ways until both sides have ended, or a bound cuts it (G6).
+    async fn splice<C: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        conn: &mut Conn,
+        client: &mut C,
+        upstream: &mut TcpStream,
+    ) {
+        let limits = self.inner.limits;
+        let deadline = tokio::time::Instant::from_std(conn.started + limits.max_duration);
+        let (mut ur, mut uw) = upstream.split();
+        let (mut cr, mut cw) = tokio::io::split(client);
+        let (mut cbuf, mut ubuf) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+        let (mut up_open, mut down_open) = (true, true);
+        let cut = loop {
+            if !up_open && !down_open {
+                break None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => break Some("max-duration"),
+                () = tokio::time::sleep(limits.idle) => break Some("idle"),
+                r = cr.read(&mut cbuf), if up_open => match r {
+                    Ok(0) | Err(_) => {
+                        up_open = false;
+                        let _ = uw.shutdown().await;
+                    }
+                    Ok(n) => {
+                        if !self.charge_up(conn, n) {
+                            break Some("max-bytes");
+                        }
+                        if uw.write_all(&cbuf[..n]).await.is_err() {
+                            break None;
+                        }
+                    }
+                },
+                r = ur.read(&mut ubuf), if down_open => match r {
+                    Ok(0) | Err(_) => {
+                        down_open = false;
+                        let _ = cw.shutdown().await;
+                    }
+                    Ok(n) => {
+                        if !self.charge_down(conn, n) {
+                            break Some("max-bytes");
+                        }
+                        if cw.write_all(&ubuf[..n]).await.is_err() {
+                            break None;
+                        }
+                    }
+                },
+            }
+        };
+        conn.record.cut = cut.map(str::to_owned);
+    }
+}
+
+/// Reads one line (to `\n`) of at most the head limit.
+async fn read_line<C: AsyncRead + Unpin>(
+    from: &mut C,
+    line: &mut Vec<u8>,
+    limits: NetLimits,
+) -> Result<bool, &'static str> {
+    let mut byte = [0u8; 1];
+    loop {
+        let n = tokio::time::timeout(limits.idle, from.read(&mut byte))
+            .await
+            .map_err(|_| "idle")?
+            .map_err(|_| "client-error")?;
+        if n == 0 {
+            return Ok(false);
+        }
+        line.push(byte[0]);
+        if byte[0] == b'\n' {
+            return Ok(true);
+        }
+        if line.len() > limits.max_head_bytes {
+            return Err("bad-chunk");
+        }
+    }
+}
+
+/// The one line a denial is shown as (`stockade: denied connect evil.example:443 (...)`).
+#[must_use]
+pub fn denied_line(r: &NetConnection) -> String {
+    if r.host.is_empty() {
+        return format!("refused a proxy request ({}: {})", r.rule, r.reason);
+    }
+    let target =
+        if r.host.contains(':') { format!("[{}]:{}", r.host, r.port) } else { format!("{}:{}", r.host, r.port) };
+    let hint = if r.rule == "default-deny" {
+        let entry = if matches!(r.port, 80 | 443) { r.host.clone() } else { target.clone() };
+        format!("no rule allows it; --allow-net {entry} to allow")
+    } else {
+        format!("rule {}: {}", r.rule, r.reason)
+    };
+    format!("denied connect {target} ({hint})")
+}
+
+/// A stream with some of its bytes already read: those first, then the stream.
+struct Prefixed<'a, S> {
+    head: Vec<u8>,
+    at: usize,
+    inner: &'a mut S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<'_, S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = (self.head.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut *self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<'_, S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+}

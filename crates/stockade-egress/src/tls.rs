@@ -1,0 +1,182 @@
+//! The server name in a TLS ClientHello (G4), read from the first handshake record.
+
+/// A TLS record header: type, version, length.
+const RECORD_HEADER: usize = 5;
+/// Largest TLS plaintext record (RFC 8446 §5.1).
+pub(crate) const MAX_RECORD: usize = 1 << 14;
+
+/// What the first bytes of a tunnel say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Hello {
+    /// Not all of the first record has arrived: at least this many bytes in all are needed.
+    NeedMore(usize),
+    /// A ClientHello naming this server (lower case, no trailing dot).
+    Sni(String),
+    /// A ClientHello with no server name.
+    NoSni,
+    /// Not a TLS ClientHello (or a malformed one): the reason.
+    NotTls(&'static str),
+}
+
+/// Reads the ClientHello at the start of `buf`. The whole ClientHello must be in the first
+/// record (clients send it so; one record holds 16 KiB).
+pub(crate) fn client_hello(buf: &[u8]) -> Hello {
+    if buf.len() < RECORD_HEADER {
+        return Hello::NeedMore(RECORD_HEADER);
+    }
+    if buf[0] != 0x16 {
+        return Hello::NotTls("the first record is not a TLS handshake");
+    }
+    if buf[1] != 0x03 {
+        return Hello::NotTls("the record's version is not TLS");
+    }
+    let len = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
+    if len == 0 || len > MAX_RECORD {
+        return Hello::NotTls("the first record's length is out of range");
+    }
+    if buf.len() < RECORD_HEADER + len {
+        return Hello::NeedMore(RECORD_HEADER + len);
+    }
+    match parse(&buf[RECORD_HEADER..RECORD_HEADER + len]) {
+        Ok(Some(name)) => Hello::Sni(name),
+        Ok(None) => Hello::NoSni,
+        Err(why) => Hello::NotTls(why),
+    }
+}
+
+/// A cursor over a byte slice that fails rather than reads past the end.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        if self.0.len() < n {
+            return Err("the ClientHello is cut short");
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<usize, &'static str> {
+        Ok(usize::from(self.take(1)?[0]))
+    }
+    fn u16(&mut self) -> Result<usize, &'static str> {
+        let b = self.take(2)?;
+        Ok(usize::from(u16::from_be_bytes([b[0], b[1]])))
+    }
+    fn u24(&mut self) -> Result<usize, &'static str> {
+        let b = self.take(3)?;
+        Ok((usize::from(b[0]) << 16) | (usize::from(b[1]) << 8) | usize::from(b[2]))
+    }
+    /// A vector with a length prefix of `width` bytes.
+    fn vec(&mut self, width: usize) -> Result<Reader<'a>, &'static str> {
+        let n = match width {
+            1 => self.u8()?,
+            2 => self.u16()?,
+            _ => self.u24()?,
+        };
+        Ok(Reader(self.take(n)?))
+    }
+}
+
+fn parse(record: &[u8]) -> Result<Option<String>, &'static str> {
+    let mut r = Reader(record);
+    if r.u8()? != 1 {
+        return Err("the first handshake message is not a ClientHello");
+    }
+    let mut hello = r.vec(3)?;
+    hello.take(2 + 32)?; // legacy_version, random
+    hello.vec(1)?; // legacy_session_id
+    hello.vec(2)?; // cipher_suites
+    hello.vec(1)?; // legacy_compression_methods
+    if hello.0.is_empty() {
+        return Ok(None);
+    }
+    let mut extensions = hello.vec(2)?;
+    let mut found = None;
+    while !extensions.0.is_empty() {
+        let kind = extensions.u16()?;
+        let mut body = extensions.vec(2)?;
+        if kind != 0 {
+            continue;
+        }
+        if found.is_some() {
+            return Err("the ClientHello has two server_name extensions");
+        }
+        let mut names = body.vec(2)?;
+        while !names.0.is_empty() {
+            let name_type = names.u8()?;
+            let name = names.vec(2)?.0;
+            if name_type != 0 {
+                continue;
+            }
+            if found.is_some() {
+                return Err("the ClientHello names two hosts");
+            }
+            let name = std::str::from_utf8(name).map_err(|_| "the server name is not ASCII")?;
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
+                return Err("the server name is not a DNS name");
+            }
+            found = Some(name.trim_end_matches('.').to_ascii_lowercase());
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Hello, client_hello};
+
+    /// A ClientHello record with these extensions.
+    fn record(extensions: &[u8]) -> Vec<u8> {
+        let mut body = vec![0x03, 0x03];
+        body.extend([7u8; 32]);
+        body.extend([0]); // session id
+        body.extend([0, 2, 0x13, 0x01]); // one cipher suite
+        body.extend([1, 0]); // null compression
+        body.extend((extensions.len() as u16).to_be_bytes());
+        body.extend(extensions);
+        let mut hs = vec![1];
+        hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+        hs.extend(body);
+        let mut rec = vec![0x16, 0x03, 0x01];
+        rec.extend((hs.len() as u16).to_be_bytes());
+        rec.extend(hs);
+        rec
+    }
+
+    fn sni(names: &[&str]) -> Vec<u8> {
+        let mut list = Vec::new();
+        for n in names {
+            list.push(0);
+            list.extend((n.len() as u16).to_be_bytes());
+            list.extend(n.as_bytes());
+        }
+        let mut ext = vec![0, 0];
+        ext.extend(((list.len() + 2) as u16).to_be_bytes());
+        ext.extend((list.len() as u16).to_be_bytes());
+        ext.extend(list);
+        ext
+    }
+
+    #[test]
+    fn the_server_name_is_read_and_every_malformation_is_refused() {
+        let mut ext = vec![0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]; // supported_versions first
+        ext.extend(sni(&["Pypi.org."]));
+        let good = record(&ext);
+        assert_eq!(client_hello(&good), Hello::Sni("pypi.org".into()));
+        for cut in [0, 3, 5, 40, good.len() - 1] {
+            assert!(matches!(client_hello(&good[..cut]), Hello::NeedMore(n) if n > cut), "{cut}");
+        }
+        assert_eq!(client_hello(&record(&[])), Hello::NoSni);
+        assert!(matches!(client_hello(&record(&sni(&["a.org", "b.org"]))), Hello::NotTls(_)));
+        let mut twice = sni(&["a.org"]);
+        twice.extend(sni(&["b.org"]));
+        assert!(matches!(client_hello(&record(&twice)), Hello::NotTls(_)));
+        assert!(matches!(client_hello(&record(&sni(&["evil\0.org"]))), Hello::NotTls(_)));
+        assert!(matches!(client_hello(b"GET / HTTP/1.1\r\n\r\n"), Hello::NotTls(_)));
+        // A lying inner length is cut short, never read past.
+        let mut lie = good.clone();
+        lie[7] = 0xff;
+        assert!(matches!(client_hello(&lie), Hello::NotTls(_)));
+    }
+}

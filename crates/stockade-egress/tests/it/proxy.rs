@@ -1,0 +1,389 @@
+//! G1–G7 of stockade-egress.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stockade_egress::{Egress, NetGrant, NetLimits, NetPolicy, NetRule, Resolve};
+use stockade_protocol::{GrantsReport, NetDecision};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// An upstream on `ip`: records every connection's bytes, answers each with `answer`.
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Upstream {
+    async fn start(ip: &str, answer: impl Into<Vec<u8>>) -> Self {
+        let answer: Arc<[u8]> = answer.into().into();
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut c, _)) = listener.accept().await else { return };
+                let (s, answer) = (s.clone(), answer.clone());
+                tokio::spawn(async move {
+                    let i = {
+                        let mut v = s.lock().unwrap();
+                        v.push(Vec::new());
+                        v.len() - 1
+                    };
+                    let mut buf = [0u8; 65536];
+                    let mut answered = false;
+                    loop {
+                        let n = match tokio::time::timeout(Duration::from_millis(300), c.read(&mut buf)).await {
+                            Ok(Ok(0) | Err(_)) => break,
+                            Ok(Ok(n)) => n,
+                            Err(_) if !answered => {
+                                answered = true;
+                                let _ = c.write_all(&answer).await;
+                                let _ = c.shutdown().await;
+                                continue;
+                            }
+                            Err(_) => break,
+                        };
+                        s.lock().unwrap()[i].extend_from_slice(&buf[..n]);
+                    }
+                    if !answered {
+                        let _ = c.write_all(&answer).await;
+                    }
+                });
+            }
+        });
+        Self { addr, seen }
+    }
+
+    fn connections(&self) -> Vec<String> {
+        self.seen.lock().unwrap().iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+    }
+}
+
+/// A proxy on 127.0.0.1 serving `egress`.
+async fn proxy(egress: Egress) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((c, _)) = listener.accept().await else { return };
+            let e = egress.clone();
+            tokio::spawn(async move { e.serve(c).await });
+        }
+    });
+    addr
+}
+
+fn allow(entries: &[&str]) -> NetPolicy {
+    NetPolicy::allow(&entries.iter().map(|e| NetRule::parse(e).unwrap()).collect::<Vec<_>>()).unwrap()
+}
+
+/// Sends `bytes` and reads until the proxy closes (or 2 s pass).
+async fn exchange(proxy: SocketAddr, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    c.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn records(e: &Egress) -> GrantsReport {
+    let mut r = GrantsReport::default();
+    e.record_into(&mut r);
+    r
+}
+
+/// A TLS ClientHello record naming `sni` (none when `None`).
+fn client_hello(sni: Option<&str>) -> Vec<u8> {
+    let mut ext = Vec::new();
+    if let Some(n) = sni {
+        let mut list = vec![0];
+        list.extend((n.len() as u16).to_be_bytes());
+        list.extend(n.as_bytes());
+        ext.extend([0, 0]);
+        ext.extend(((list.len() + 2) as u16).to_be_bytes());
+        ext.extend((list.len() as u16).to_be_bytes());
+        ext.extend(list);
+    }
+    let mut body = vec![3, 3];
+    body.extend([9u8; 32]);
+    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend((ext.len() as u16).to_be_bytes());
+    body.extend(ext);
+    let mut hs = vec![1];
+    hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend(body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend((hs.len() as u16).to_be_bytes());
+    rec.extend(hs);
+    rec
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+#[tokio::test]
+async fn g1_only_allowed_hosts_are_reached_and_each_plain_request_is_decided() {
+    let up =
+        Upstream::start("127.0.0.2", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok").await;
+    let port = up.addr.port();
+    let resolve = Resolve::new()
+        .entry(&format!("allowed.test:{port}:127.0.0.2"))
+        .unwrap()
+        .entry(&format!("denied.test:{port}:127.0.0.2"))
+        .unwrap();
+    let e = NetGrant::new(allow(&[&format!("allowed.test:{port}")])).resolve(resolve).start();
+    let p = proxy(e.clone()).await;
+    // A denied name, a denied port, a denied CONNECT: answered 403, and nothing upstream.
+    let d =
+        exchange(p, format!("GET http://denied.test:{port}/ HTTP/1.1\r\nHost: denied.test:{port}\r\n\r\n").as_bytes())
+            .await;
+    assert!(d.starts_with("HTTP/1.1 403"), "{d}");
+    assert!(d.contains(&format!("--allow-net denied.test:{port}")), "{d}");
+    let d = exchange(p, b"GET http://allowed.test:81/ HTTP/1.1\r\nHost: allowed.test:81\r\n\r\n").await;
+    assert!(d.starts_with("HTTP/1.1 403"), "{d}");
+    let d = exchange(p, format!("CONNECT denied.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await;
+    assert!(d.starts_with("HTTP/1.1 403"), "{d}");
+    settle().await;
+    assert!(up.connections().is_empty(), "a denied request reached the upstream: {:?}", up.connections());
+    // Allowed: forwarded in origin form, closed after one response; a second request
+    // pipelined behind the first is not forwarded on its decision.
+    let two = format!(
+        "GET http://allowed.test:{port}/first HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\nGET http://allowed.test:{port}/second HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n"
+    );
+    let ok = exchange(p, two.as_bytes()).await;
+    assert!(
+        ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.contains("Connection: close\r\n") && ok.ends_with("ok"),
+        "{ok}"
+    );
+    assert!(!ok.contains("keep-alive"), "{ok}");
+    settle().await;
+    let seen = up.connections();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].starts_with("GET /first HTTP/1.1\r\n") && seen[0].contains("Connection: close"), "{seen:?}");
+    assert!(!seen[0].contains("second"), "a pipelined request rode on the first one's decision: {seen:?}");
+    let r = records(&e);
+    let rules: Vec<(&str, NetDecision)> = r.connections.iter().map(|c| (c.rule.as_str(), c.decision)).collect();
+    assert!(rules.contains(&("default-deny", NetDecision::Denied)), "{rules:?}");
+    assert!(rules.contains(&(format!("allow-net-allowed.test-{port}").as_str(), NetDecision::Allowed)), "{rules:?}");
+}
+
+#[tokio::test]
+async fn g2_a_denied_name_is_never_resolved() {
+    let e = NetGrant::new(allow(&["allowed.test"])).start();
+    let p = proxy(e.clone()).await;
+    let d = exchange(p, b"CONNECT exfil-a1b2c3.never-resolved.invalid:443 HTTP/1.1\r\n\r\n").await;
+    assert!(d.starts_with("HTTP/1.1 403"), "{d}");
+    let r = records(&e);
+    // Decided (denied) by the policy, not "unresolved": the lookup never happened.
+    assert_eq!((r.connections[0].rule.as_str(), r.connections[0].address.as_deref()), ("default-deny", None));
+}
+
+#[tokio::test]
+async fn g3_a_name_that_resolves_inward_is_refused_unless_pointed_there() {
+    let up = Upstream::start("127.0.0.3", b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let port = up.addr.port();
+    // `localhost` resolves to loopback: allowed by the policy, refused by the address check.
+    let e = NetGrant::new(allow(&[&format!("localhost:{port}")])).start();
+    let p = proxy(e.clone()).await;
+    let d = exchange(p, format!("GET http://localhost:{port}/ HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n").as_bytes())
+        .await;
+    assert!(d.starts_with("HTTP/1.1 403") && d.contains("loopback"), "{d}");
+    let r = records(&e);
+    assert_eq!(r.connections[0].rule, "private-address");
+    // A literal the grant names, and a name pointed with --net-resolve, are reached.
+    let e = NetGrant::new(allow(&[&format!("127.0.0.3:{port}"), &format!("svc.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("svc.test:{port}:127.0.0.3")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    for host in ["127.0.0.3", "svc.test"] {
+        let ok =
+            exchange(p, format!("GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes()).await;
+        assert!(ok.starts_with("HTTP/1.1 204"), "{host}: {ok}");
+    }
+    settle().await;
+    assert_eq!(up.connections().len(), 2);
+    let r = records(&e);
+    assert!(r.connections.iter().all(|c| c.address.as_deref() == Some(&*format!("127.0.0.3:{port}"))), "{r:?}");
+}
+
+#[tokio::test]
+async fn g4_a_tunnel_carries_tls_for_its_own_name_or_nothing() {
+    let up = Upstream::start("127.0.0.4", b"server-hello").await;
+    let port = up.addr.port();
+    let e = NetGrant::new(allow(&[&format!("good.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("good.test:{port}:127.0.0.4")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    let connect = format!("CONNECT good.test:{port} HTTP/1.1\r\nHost: good.test:{port}\r\n\r\n");
+    for (inner, rule) in [
+        (client_hello(Some("evil.test")), "sni-mismatch"),
+        (client_hello(None), "no-sni"),
+        (b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n".to_vec(), "not-tls"),
+    ] {
+        let mut c = TcpStream::connect(p).await.unwrap();
+        c.write_all(connect.as_bytes()).await.unwrap();
+        let mut ok = [0u8; 39];
+        c.read_exact(&mut ok).await.unwrap();
+        assert!(ok.starts_with(b"HTTP/1.1 200"));
+        c.write_all(&inner).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut rest)).await;
+        assert!(rest.is_empty(), "{rule}: {rest:?}");
+        let r = records(&e);
+        assert_eq!(r.connections.last().unwrap().rule, rule);
+    }
+    settle().await;
+    assert!(up.connections().is_empty(), "a refused tunnel reached the upstream: {:?}", up.connections());
+    // The right name: the hello and what follows reach the upstream; its answer comes back.
+    let mut c = TcpStream::connect(p).await.unwrap();
+    c.write_all(connect.as_bytes()).await.unwrap();
+    let mut ok = [0u8; 39];
+    c.read_exact(&mut ok).await.unwrap();
+    let hello = client_hello(Some("Good.Test"));
+    c.write_all(&hello).await.unwrap();
+    c.write_all(b"more").await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut back)).await.unwrap().unwrap();
+    assert_eq!(back, b"server-hello");
+    settle().await;
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].starts_with(&hello) && seen[0].ends_with(b"more"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn g5_smuggling_is_refused_and_a_body_goes_by_its_own_framing() {
+    let up = Upstream::start("127.0.0.5", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let e = NetGrant::new(allow(&[&format!("api.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.5")).unwrap())
+        .start();
+    let p = proxy(e).await;
+    let host = format!("api.test:{port}");
+    for smuggle in [
+        format!(
+            "POST http://{host}/ HTTP/1.1\r\nHost: {host}\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        ),
+        format!(
+            "POST http://{host}/ HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"
+        ),
+        format!("POST http://{host}/ HTTP/1.1\r\nHost: {host}\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd"),
+        format!("GET http://{host}/ HTTP/1.1\r\nHost: other.test\r\n\r\n"),
+    ] {
+        let d = exchange(p, smuggle.as_bytes()).await;
+        assert!(d.starts_with("HTTP/1.1 400") || d.starts_with("HTTP/1.1 501"), "{smuggle:?} -> {d}");
+    }
+    settle().await;
+    assert!(up.connections().is_empty(), "{:?}", up.connections());
+    // A chunked body is forwarded to its last chunk; what follows it is not.
+    let body = format!(
+        "POST http://{host}/up HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    );
+    let ok = exchange(p, body.as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let body = format!(
+        "POST http://{host}/len HTTP/1.1\r\nHost: {host}\r\nContent-Length: 3\r\n\r\nabcGET /smuggled HTTP/1.1\r\n\r\n"
+    );
+    let ok = exchange(p, body.as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    settle().await;
+    let seen = up.connections();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|s| !s.contains("smuggled")), "{seen:?}");
+    assert!(seen.iter().any(|s| s.ends_with("\r\n\r\n5\r\nhello\r\n0\r\n\r\n")), "{seen:?}");
+    assert!(seen.iter().any(|s| s.ends_with("\r\n\r\nabc")), "{seen:?}");
+}
+
+#[tokio::test]
+async fn g6_the_run_s_bounds_cut_off_a_greedy_guest() {
+    let mut big = b"HTTP/1.1 200 OK\r\nContent-Length: 60000\r\n\r\n".to_vec();
+    big.extend([b'x'; 60_000]);
+    let up = Upstream::start("127.0.0.6", big).await;
+    let port = up.addr.port();
+    let mut limits = NetLimits::default();
+    limits.max_connections = 3;
+    limits.max_bytes_down = 100_000;
+    limits.idle = Duration::from_millis(800);
+    let e = NetGrant::new(allow(&[&format!("big.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("big.test:{port}:127.0.0.6")).unwrap())
+        .limits(limits)
+        .start();
+    let p = proxy(e.clone()).await;
+    let get = format!("GET http://big.test:{port}/ HTTP/1.1\r\nHost: big.test:{port}\r\n\r\n");
+    // 60 000 bytes fit; the second response passes the run's 100 000 and is cut.
+    let first = exchange(p, get.as_bytes()).await;
+    assert!(first.len() >= 60_000, "{}", first.len());
+    let second = exchange(p, get.as_bytes()).await;
+    assert!(second.len() < 60_000, "{}", second.len());
+    // A guest that opens a tunnel and sends nothing is cut when idle.
+    let mut idle = TcpStream::connect(p).await.unwrap();
+    idle.write_all(format!("CONNECT big.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut out))
+        .await
+        .expect("an idle tunnel was not cut")
+        .unwrap();
+    // The run's connections are used up.
+    let d = exchange(p, get.as_bytes()).await;
+    assert!(d.starts_with("HTTP/1.1 429"), "{d}");
+    let r = records(&e);
+    let cuts: Vec<Option<&str>> = r.connections.iter().map(|c| c.cut.as_deref()).collect();
+    assert!(cuts.contains(&Some("max-bytes")), "{r:?}");
+    assert!(r.connections.iter().any(|c| c.rule == "max-connections"), "{r:?}");
+    assert!(r.connections.iter().any(|c| c.rule == "not-tls"), "the idle tunnel: {r:?}");
+}
+
+#[tokio::test]
+async fn g7_every_connection_is_on_the_record_and_socks5_is_decided_like_connect() {
+    let up = Upstream::start("127.0.0.7", b"pong").await;
+    let port = up.addr.port();
+    let seen_refusals = Arc::new(Mutex::new(Vec::new()));
+    let s = seen_refusals.clone();
+    let e = NetGrant::new(allow(&[&format!("socks.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("socks.test:{port}:127.0.0.7")).unwrap())
+        .on_refused(Arc::new(move |c| s.lock().unwrap().push(stockade_egress::denied_line(c))))
+        .start();
+    let p = proxy(e.clone()).await;
+    let socks = |host: &str| {
+        let mut req = vec![5, 1, 0, 5, 1, 0, 3, host.len() as u8];
+        req.extend(host.as_bytes());
+        req.extend(port.to_be_bytes());
+        req
+    };
+    // Denied by name: the SOCKS reply is "not allowed" (2).
+    let mut c = TcpStream::connect(p).await.unwrap();
+    c.write_all(&socks("evil.test")).await.unwrap();
+    let mut r = [0u8; 12];
+    c.read_exact(&mut r).await.unwrap();
+    assert_eq!((r[0], r[1], r[2], r[3]), (5, 0, 5, 2), "{r:?}");
+    // Allowed: succeeded (0), then TLS for the name goes through.
+    let mut c = TcpStream::connect(p).await.unwrap();
+    c.write_all(&socks("socks.test")).await.unwrap();
+    c.read_exact(&mut r).await.unwrap();
+    assert_eq!((r[2], r[3]), (5, 0), "{r:?}");
+    c.write_all(&client_hello(Some("socks.test"))).await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut back)).await.unwrap().unwrap();
+    assert_eq!(back, b"pong");
+    drop(c);
+    settle().await;
+    let r = records(&e);
+    assert_eq!(r.connections_total, 2);
+    let denied = &r.connections[0];
+    assert_eq!(
+        (denied.host.as_str(), denied.port, denied.scheme.as_str(), denied.decision, denied.rule.as_str()),
+        ("evil.test", port, "socks", NetDecision::Denied, "default-deny")
+    );
+    let ok = &r.connections[1];
+    assert_eq!((ok.decision, ok.address.clone()), (NetDecision::Allowed, Some(format!("127.0.0.7:{port}"))));
+    assert_eq!((ok.bytes_up as usize, ok.bytes_down), (client_hello(Some("socks.test")).len(), 4));
+    assert!(ok.duration > Duration::ZERO);
+    assert_eq!(
+        seen_refusals.lock().unwrap().as_slice(),
+        [format!("denied connect evil.test:{port} (no rule allows it; --allow-net evil.test:{port} to allow)")]
+    );
+}
