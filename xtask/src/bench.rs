@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -15,6 +15,7 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
     ("verify", "stockade-verify", "verify", "", &["verify_small_json"]),
     ("policy", "stockade-policy", "authorize", "", &["authorize_100_rules"]),
     ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
+    ("net", "stockade-egress", "net", "", &["net_download_100mib", "net_connect", "net_decide"]),
     ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm", "agent_model_proxy"]),
     (
         "grants",
@@ -50,7 +51,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, docker, agent, grants, mcp, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {

@@ -18,7 +18,7 @@ use crate::socks;
 use crate::tls::{self, Hello};
 
 /// Bytes read or written at a time.
-const CHUNK: usize = 64 << 10;
+const CHUNK: usize = 256 << 10;
 
 /// A run's network bounds (G6). Every bound has a default; none is unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -518,14 +518,20 @@ impl Egress {
         let limits = self.inner.limits;
         let mut hello = Vec::new();
         let mut want = 1;
-        let verdict = loop {
-            match read_until(stream, &mut hello, want, limits.idle, |b| b.len() >= want).await {
-                Ok(true) => {}
-                _ => break Hello::NotTls("the tunnel ended before its ClientHello"),
-            }
-            match tls::client_hello(&hello) {
-                Hello::NeedMore(n) => want = n,
-                other => break other,
+        // A tunnel to an address the policy named literally carries whatever the guest sends:
+        // there is no name for its TLS to match.
+        let verdict = if !named {
+            Hello::NoSni
+        } else {
+            loop {
+                match read_until(stream, &mut hello, want, limits.idle, |b| b.len() >= want).await {
+                    Ok(true) => {}
+                    _ => break Hello::NotTls("the tunnel ended before its ClientHello"),
+                }
+                match tls::client_hello(&hello) {
+                    Hello::NeedMore(n) => want = n,
+                    other => break other,
+                }
             }
         };
         let refused = match (&verdict, named) {

@@ -21,11 +21,13 @@ pub(crate) enum Hello {
 /// Reads the ClientHello at the start of `buf`. The whole ClientHello must be in the first
 /// record (clients send it so; one record holds 16 KiB).
 pub(crate) fn client_hello(buf: &[u8]) -> Hello {
+    match buf.first() {
+        None => return Hello::NeedMore(1),
+        Some(0x16) => {}
+        Some(_) => return Hello::NotTls("the first record is not a TLS handshake"),
+    }
     if buf.len() < RECORD_HEADER {
         return Hello::NeedMore(RECORD_HEADER);
-    }
-    if buf[0] != 0x16 {
-        return Hello::NotTls("the first record is not a TLS handshake");
     }
     if buf[1] != 0x03 {
         return Hello::NotTls("the record's version is not TLS");
@@ -164,6 +166,7 @@ mod tests {
         ext.extend(sni(&["Pypi.org."]));
         let good = record(&ext);
         assert_eq!(client_hello(&good), Hello::Sni("pypi.org".into()));
+        assert!(matches!(client_hello(b"g"), Hello::NotTls(_)), "one byte that is not a handshake is enough to tell");
         for cut in [0, 3, 5, 40, good.len() - 1] {
             assert!(matches!(client_hello(&good[..cut]), Hello::NeedMore(n) if n > cut), "{cut}");
         }

@@ -387,3 +387,38 @@ async fn g7_every_connection_is_on_the_record_and_socks5_is_decided_like_connect
         [format!("denied connect evil.test:{port} (no rule allows it; --allow-net evil.test:{port} to allow)")]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_large_download_goes_through_whole_within_its_bounds() {
+    // The upstream sends 32 MiB after the first byte; the guest reads them all.
+    let listener = TcpListener::bind("127.0.0.8:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut c, _) = listener.accept().await.unwrap();
+        let mut first = [0u8; 1];
+        c.read_exact(&mut first).await.unwrap();
+        let chunk = vec![9u8; 1 << 20];
+        for _ in 0..32 {
+            c.write_all(&chunk).await.unwrap();
+        }
+    });
+    let e = NetGrant::new(allow(&[&format!("127.0.0.8:{port}")])).start();
+    let p = proxy(e.clone()).await;
+    let mut c = TcpStream::connect(p).await.unwrap();
+    c.write_all(format!("CONNECT 127.0.0.8:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut ok = [0u8; 39];
+    c.read_exact(&mut ok).await.unwrap();
+    c.write_all(b"g").await.unwrap();
+    let started = std::time::Instant::now();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    while got < 32 << 20 {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("the download stalled")
+            .unwrap();
+        assert!(n > 0, "the tunnel ended after {got} bytes");
+        got += n;
+    }
+    eprintln!("32 MiB through the proxy in {:?}", started.elapsed());
+}

@@ -1,0 +1,203 @@
+#![allow(missing_docs, reason = "criterion_main generates an undocumented main")]
+#![allow(clippy::unwrap_used, reason = "a bench fails loudly")]
+//! The network grant's costs, each next to a baseline measured in the same run:
+//! - `net_download_100mib`: 100 MiB from a local upstream through a CONNECT tunnel (an
+//!   address-literal grant, so the bytes are not TLS), next to the same download straight
+//!   from the upstream;
+//! - `net_connect`: one allowed connection's setup (CONNECT, the decision, the ClientHello's
+//!   SNI check, the upstream's connect) and a one-byte answer, next to a direct connect and
+//!   the same ClientHello and answer;
+//! - `net_decide`: one connection's policy decision under 10 `--allow-net` rules, next to
+//!   building the call alone.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use serde_json::json;
+use stockade_egress::{NetGrant, NetPolicy, NetRule, Resolve};
+use stockade_policy::allow::{Gate, Source, ToolCall};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const DOWNLOAD: usize = 100 << 20;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// An upstream that writes `DOWNLOAD` bytes to each connection after reading one byte, or,
+/// for a ClientHello (0x16), answers one byte.
+async fn upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let chunk = vec![7u8; 1 << 20];
+        loop {
+            let (mut c, _) = l.accept().await.unwrap();
+            let chunk = chunk.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 512];
+                let Ok(n) = c.read(&mut first).await else { return };
+                if n > 0 && first[0] == 0x16 {
+                    let _ = c.write_all(b"k").await;
+                    return;
+                }
+                for _ in 0..DOWNLOAD / chunk.len() {
+                    if c.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn proxy(grant: NetGrant) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let egress = grant.start();
+        loop {
+            let (c, _) = l.accept().await.unwrap();
+            let e = egress.clone();
+            tokio::spawn(async move { e.serve(c).await });
+        }
+    });
+    addr
+}
+
+fn grant(up: SocketAddr) -> NetGrant {
+    let mut limits = stockade_egress::NetLimits::default();
+    limits.max_connections = u64::MAX;
+    limits.max_bytes_down = u64::MAX;
+    limits.max_bytes_up = u64::MAX;
+    let rules =
+        [format!("127.0.0.2:{}", up.port()), format!("bench.test:{}", up.port())].map(|e| NetRule::parse(&e).unwrap());
+    NetGrant::new(NetPolicy::allow(&rules).unwrap())
+        .resolve(Resolve::new().entry(&format!("bench.test:{}:127.0.0.2", up.port())).unwrap())
+        .limits(limits)
+}
+
+async fn drain(s: &mut TcpStream) -> usize {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0;
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 || total + n >= DOWNLOAD {
+            return total + n;
+        }
+        total += n;
+    }
+}
+
+/// A minimal ClientHello naming `bench.test`.
+fn client_hello() -> Vec<u8> {
+    let name = b"bench.test";
+    let mut ext = vec![0, 0];
+    ext.extend(((name.len() + 5) as u16).to_be_bytes());
+    ext.extend(((name.len() + 3) as u16).to_be_bytes());
+    ext.push(0);
+    ext.extend((name.len() as u16).to_be_bytes());
+    ext.extend(name);
+    let mut body = vec![3, 3];
+    body.extend([1u8; 32]);
+    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend((ext.len() as u16).to_be_bytes());
+    body.extend(ext);
+    let mut hs = vec![1];
+    hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend(body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend((hs.len() as u16).to_be_bytes());
+    rec.extend(hs);
+    rec
+}
+
+fn download(c: &mut Criterion) {
+    let rt = rt();
+    let up = rt.block_on(upstream());
+    let p = rt.block_on(proxy(grant(up)));
+    let mut g = c.benchmark_group("net_download_100mib");
+    g.sample_size(10).throughput(Throughput::Bytes(DOWNLOAD as u64)).measurement_time(Duration::from_secs(20));
+    g.bench_function("baseline_direct", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut s = TcpStream::connect(up).await.unwrap();
+                s.write_all(b"g").await.unwrap();
+                assert!(drain(&mut s).await >= DOWNLOAD);
+            })
+        });
+    });
+    g.bench_function("through_the_proxy", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut s = TcpStream::connect(p).await.unwrap();
+                s.write_all(format!("CONNECT 127.0.0.2:{} HTTP/1.1\r\n\r\n", up.port()).as_bytes()).await.unwrap();
+                let mut ok = [0u8; 39];
+                s.read_exact(&mut ok).await.unwrap();
+                s.write_all(b"g").await.unwrap();
+                assert!(drain(&mut s).await >= DOWNLOAD);
+            })
+        });
+    });
+    g.finish();
+}
+
+fn connect(c: &mut Criterion) {
+    let rt = rt();
+    let up = rt.block_on(upstream());
+    let p = rt.block_on(proxy(grant(up)));
+    let hello = client_hello();
+    let mut g = c.benchmark_group("net_connect");
+    g.bench_function("baseline_direct", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut s = TcpStream::connect(up).await.unwrap();
+                s.write_all(&hello).await.unwrap();
+                let mut k = [0u8; 1];
+                s.read_exact(&mut k).await.unwrap();
+            })
+        });
+    });
+    g.bench_function("connect_sni_checked", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut s = TcpStream::connect(p).await.unwrap();
+                s.write_all(format!("CONNECT bench.test:{} HTTP/1.1\r\n\r\n", up.port()).as_bytes()).await.unwrap();
+                let mut ok = [0u8; 39];
+                s.read_exact(&mut ok).await.unwrap();
+                s.write_all(&hello).await.unwrap();
+                let mut k = [0u8; 1];
+                s.read_exact(&mut k).await.unwrap();
+            })
+        });
+    });
+    g.finish();
+}
+
+fn decide(c: &mut Criterion) {
+    let rules: Vec<NetRule> = (0..9)
+        .map(|i| NetRule::parse(&format!("host{i}.example.org")).unwrap())
+        .chain([NetRule::parse("*.pythonhosted.org").unwrap()])
+        .collect();
+    let policy = NetPolicy::allow(&rules).unwrap();
+    let mut gate = Gate::new(policy.policy().clone());
+    let args = json!({"host": "files.pythonhosted.org", "port": 443, "scheme": "https"});
+    let start = Instant::now();
+    let mut g = c.benchmark_group("net_decide");
+    g.bench_function("baseline_build_call", |b| {
+        b.iter(|| ToolCall::from_json(stockade_egress::NET_TOOL, &args, &Source::Sandbox).unwrap());
+    });
+    g.bench_function("decide_10_rules", |b| {
+        b.iter(|| {
+            let call = ToolCall::from_json(stockade_egress::NET_TOOL, &args, &Source::Sandbox).unwrap();
+            assert!(gate.decide_unattended(&call, start.elapsed()).is_ok());
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, download, connect, decide);
+criterion_main!(benches);
