@@ -92,27 +92,9 @@ async fn drain(s: &mut TcpStream) -> usize {
     }
 }
 
-/// A minimal ClientHello naming `bench.test`.
+/// A ClientHello naming `bench.test`.
 fn client_hello() -> Vec<u8> {
-    let name = b"bench.test";
-    let mut ext = vec![0, 0];
-    ext.extend(((name.len() + 5) as u16).to_be_bytes());
-    ext.extend(((name.len() + 3) as u16).to_be_bytes());
-    ext.push(0);
-    ext.extend((name.len() as u16).to_be_bytes());
-    ext.extend(name);
-    let mut body = vec![3, 3];
-    body.extend([1u8; 32]);
-    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend((ext.len() as u16).to_be_bytes());
-    body.extend(ext);
-    let mut hs = vec![1];
-    hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-    hs.extend(body);
-    let mut rec = vec![0x16, 3, 1];
-    rec.extend((hs.len() as u16).to_be_bytes());
-    rec.extend(hs);
-    rec
+    stockade_test_support::tls_client_hello(&stockade_test_support::tls_sni_extension(&["bench.test"]))
 }
 
 fn download(c: &mut Criterion) {

@@ -123,19 +123,9 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
         .flat_map(|v| std::str::from_utf8(v).unwrap_or("").split(','))
         .map(|t| t.trim().to_ascii_lowercase())
         .collect();
-    let mut out = Vec::with_capacity(head.len() + 32);
-    out.extend_from_slice(format!("{method} {path} HTTP/1.1\r\n").as_bytes());
-    for h in req.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&name.as_str()) || named.contains(&name) {
-            continue;
-        }
-        out.extend_from_slice(h.name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    let out = closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, |name| {
+        HOP_BY_HOP.contains(&name) || named.iter().any(|n| n == name)
+    });
     Ok(Request::Forward { method: method.to_owned(), host, port, path, head: out, body })
 }
 
@@ -193,11 +183,19 @@ pub(crate) fn rewrite_response(head: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let (code, reason) = (res.code?, res.reason.unwrap_or(""));
-    let mut out = Vec::with_capacity(head.len() + 32);
-    out.extend_from_slice(format!("HTTP/1.1 {code} {reason}\r\n").as_bytes());
-    for h in res.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        if matches!(name.as_str(), "connection" | "keep-alive" | "proxy-connection") {
+    Some(closing_head(&format!("HTTP/1.1 {code} {reason}"), res.headers, |name| {
+        matches!(name, "connection" | "keep-alive" | "proxy-connection")
+    }))
+}
+
+/// A head of `first` line and `headers` but those `dropped` names (given in lower case),
+/// ending with `Connection: close`.
+fn closing_head(first: &str, headers: &[httparse::Header<'_>], dropped: impl Fn(&str) -> bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(first.len() + headers.len() * 32 + 24);
+    out.extend_from_slice(first.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for h in headers {
+        if dropped(&h.name.to_ascii_lowercase()) {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
@@ -206,7 +204,7 @@ pub(crate) fn rewrite_response(head: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Connection: close\r\n\r\n");
-    Some(out)
+    out
 }
 
 /// A reply the proxy writes itself.

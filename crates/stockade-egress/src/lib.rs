@@ -58,7 +58,7 @@
 //! G6. Bounded per run: connections in all and at once, bytes each way, idle and total time
 //!     per connection, head sizes; a guest past a bound is cut off and the cut recorded.
 //!     (pinned by: tests/it/proxy.rs::g6_*)
-//! G7. Every connection is on the record ([`Egress::take_records`]): host, port, scheme,
+//! G7. Every connection is on the record ([`Egress::record_into`]): host, port, scheme,
 //!     the address used, the decision and its rule, bytes each way, duration, and why the
 //!     proxy cut it.
 //!     (pinned by: tests/it/proxy.rs::g7_*)

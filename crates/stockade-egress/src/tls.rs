@@ -128,37 +128,7 @@ fn parse(record: &[u8]) -> Result<Option<String>, &'static str> {
 mod tests {
     use super::{Hello, client_hello};
 
-    /// A ClientHello record with these extensions.
-    fn record(extensions: &[u8]) -> Vec<u8> {
-        let mut body = vec![0x03, 0x03];
-        body.extend([7u8; 32]);
-        body.extend([0]); // session id
-        body.extend([0, 2, 0x13, 0x01]); // one cipher suite
-        body.extend([1, 0]); // null compression
-        body.extend((extensions.len() as u16).to_be_bytes());
-        body.extend(extensions);
-        let mut hs = vec![1];
-        hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-        hs.extend(body);
-        let mut rec = vec![0x16, 0x03, 0x01];
-        rec.extend((hs.len() as u16).to_be_bytes());
-        rec.extend(hs);
-        rec
-    }
-
-    fn sni(names: &[&str]) -> Vec<u8> {
-        let mut list = Vec::new();
-        for n in names {
-            list.push(0);
-            list.extend((n.len() as u16).to_be_bytes());
-            list.extend(n.as_bytes());
-        }
-        let mut ext = vec![0, 0];
-        ext.extend(((list.len() + 2) as u16).to_be_bytes());
-        ext.extend((list.len() as u16).to_be_bytes());
-        ext.extend(list);
-        ext
-    }
+    use stockade_test_support::{tls_client_hello as record, tls_sni_extension as sni};
 
     #[test]
     fn the_server_name_is_read_and_every_malformation_is_refused() {

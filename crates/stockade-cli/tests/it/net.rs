@@ -377,3 +377,46 @@ fn g9_busybox_wget_in_the_docker_tier_goes_through_the_proxy() {
     assert!(out.starts_with("hello from 127.0.0.5\n") && out.ends_with("direct-failed\n"), "{out}");
     assert_eq!(up.requests(), ["GET /docker HTTP/1.1"]);
 }
+
+#[test]
+fn g9_git_clones_over_https_through_the_proxy() {
+    if !crate::cli::ready() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-git-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/git_standin.py");
+    let mut server =
+        Command::new("python3").arg(script).arg(&dir).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("the git server did not start: {line:?}"));
+    let cmd = format!(
+        "git clone -q https://git.test:{port}/repo.git /tmp/repo && git -C /tmp/repo log --format=%s && cat /tmp/repo/README"
+    );
+    let (code, out, err) = check(&[
+        "run",
+        "--allow-net",
+        &format!("git.test:{port}"),
+        "--net-resolve",
+        &format!("git.test:{port}:127.0.0.10"),
+        "--workspace",
+        dir.to_str().unwrap(),
+        "--env",
+        "GIT_SSL_CAINFO=/workspace/cert.pem",
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        &cmd,
+    ]);
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((code, out.as_str()), (0, "the one commit\ncloned through the proxy\n"), "{err}\n{log}");
+    assert!(log.contains("git.test") && log.contains("/repo.git/info/refs"), "{log}");
+    assert!(log.contains("POST /repo.git/git-upload-pack"), "the smart protocol: {log}");
+}

@@ -97,28 +97,8 @@ fn records(e: &Egress) -> GrantsReport {
 
 /// A TLS ClientHello record naming `sni` (none when `None`).
 fn client_hello(sni: Option<&str>) -> Vec<u8> {
-    let mut ext = Vec::new();
-    if let Some(n) = sni {
-        let mut list = vec![0];
-        list.extend((n.len() as u16).to_be_bytes());
-        list.extend(n.as_bytes());
-        ext.extend([0, 0]);
-        ext.extend(((list.len() + 2) as u16).to_be_bytes());
-        ext.extend((list.len() as u16).to_be_bytes());
-        ext.extend(list);
-    }
-    let mut body = vec![3, 3];
-    body.extend([9u8; 32]);
-    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend((ext.len() as u16).to_be_bytes());
-    body.extend(ext);
-    let mut hs = vec![1];
-    hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
-    hs.extend(body);
-    let mut rec = vec![0x16, 3, 1];
-    rec.extend((hs.len() as u16).to_be_bytes());
-    rec.extend(hs);
-    rec
+    let ext = sni.map(|n| stockade_test_support::tls_sni_extension(&[n])).unwrap_or_default();
+    stockade_test_support::tls_client_hello(&ext)
 }
 
 async fn settle() {
