@@ -82,7 +82,7 @@ impl CommandTool {
                 Err(e) => return ToolOutput::failed(format!("the tool's environment was refused: {e}")),
             };
         }
-        crate::run_code::run_verified(sandbox, &job, "the tool's confined run").await
+        crate::run_code::run_verified(sandbox, stockade_runtime::RunRequest::new(&job), "the tool's confined run").await
     }
 
     /// Adds an environment variable.

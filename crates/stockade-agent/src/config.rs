@@ -33,6 +33,7 @@
 //! builtin = "run_code"
 //! languages = ["python", "javascript", "sh"]
 //! tier = "process"                 # or "docker" (with image = "...")
+//! allow_net = ["pypi.org", "files.pythonhosted.org"]  # optional: python and sh reach these
 //! timeout = "10s"
 //! memory = "256M"
 //! max_output = "64K"
@@ -159,6 +160,8 @@ struct ToolSection {
     tier: Option<String>,
     image: Option<String>,
     confine: Option<String>,
+    #[serde(default)]
+    allow_net: Vec<String>,
 }
 
 /// The tier a configured run goes to (`tier` and `confine` in `agent.toml`).
@@ -199,6 +202,8 @@ pub struct RunCodeConfig {
     pub memory: u64,
     /// Each run's stdout budget.
     pub max_output: u64,
+    /// `--allow-net` entries for python and sh runs (none: no network).
+    pub allow_net: Vec<String>,
 }
 
 impl RunCodeConfig {
@@ -212,6 +217,7 @@ impl RunCodeConfig {
             timeout: Duration::from_secs(10),
             memory: 256 << 20,
             max_output: 64 << 10,
+            allow_net: Vec::new(),
         }
     }
 }
@@ -300,6 +306,9 @@ impl AgentConfig {
                         Some(name) => ConfinedTier::parse(name)
                             .ok_or_else(|| err(at, place(&format!("tier {name:?} is not process or docker"))))?,
                     };
+                    for entry in &t.allow_net {
+                        stockade_runtime::egress::NetRule::parse(entry).map_err(|e| err(at, place(&e.to_string())))?;
+                    }
                     names.push("run_code".to_owned());
                     run_code = Some(RunCodeConfig {
                         languages,
@@ -308,6 +317,7 @@ impl AgentConfig {
                         timeout: t.timeout.unwrap_or(Duration::from_secs(10)),
                         memory: t.memory.unwrap_or(256 << 20),
                         max_output: t.max_output.unwrap_or(64 << 10),
+                        allow_net: t.allow_net.clone(),
                     });
                 }
                 Some(other) => {
@@ -348,6 +358,14 @@ impl AgentConfig {
                     };
                     let def = ToolDef::new(name.clone(), t.description.clone().unwrap_or_default(), parameters, trust);
                     def.spec().map_err(|e| err(at, place(&e.to_string())))?;
+                    if !t.allow_net.is_empty() {
+                        return Err(err(
+                            at,
+                            place(
+                                "allow_net is for the builtin run_code; a command tool's network grant is not built yet",
+                            ),
+                        ));
+                    }
                     let confine = match t.confine.as_deref() {
                         None => None,
                         Some("process") => Some(ConfinedTier::Process),

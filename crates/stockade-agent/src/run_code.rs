@@ -5,6 +5,10 @@
 //! sandbox and an image. A verified run's stdout is the result; a refusal (timeout, output
 //! too large, out of memory, a non-zero exit with its stderr excerpt) is the result's error
 //! text. Both are the guest's bytes, so both are marked (the tool's trust is untrusted).
+//!
+//! With [`RunCode::net`], python and sh runs (not javascript: the wasm tier has no sockets)
+//! reach the network through the run's policed proxy (`stockade_egress`), and only the hosts
+//! the grant allows; the model cannot widen it, since the grant is the host's.
 
 use std::sync::Arc;
 
@@ -12,8 +16,8 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use stockade_policy::allow::Permit;
 use stockade_protocol::{Job, Limits};
-use stockade_runtime::Sandbox;
 use stockade_runtime::verify::{Budget, Contract, Outcome, accept_any};
+use stockade_runtime::{Grants, RunRequest, Sandbox};
 
 use crate::tool::{Tool, ToolDef, ToolOutput, Trust};
 
@@ -109,6 +113,8 @@ pub struct RunCode {
     def: ToolDef,
     limits: Limits,
     runners: Vec<(Language, Runner)>,
+    /// The network grant of command and image runs, with the hosts it allows.
+    net: Option<(Arc<Grants>, Vec<String>)>,
 }
 
 impl RunCode {
@@ -116,15 +122,21 @@ impl RunCode {
     /// [`RunCode::javascript`] or [`RunCode::image`]. Every run gets `limits`.
     #[must_use]
     pub fn new(limits: Limits) -> Self {
-        Self { def: Self::definition(&[]), limits, runners: Vec::new() }
+        Self { def: Self::definition(&[], None), limits, runners: Vec::new(), net: None }
     }
 
-    fn definition(languages: &[Language]) -> ToolDef {
+    fn definition(languages: &[Language], hosts: Option<&[String]>) -> ToolDef {
         let names: Vec<&str> = languages.iter().map(|l| l.name()).collect();
+        let network = match hosts {
+            None => "no network".to_owned(),
+            Some(h) => {
+                format!("network only to {} (python and sh, through the proxy the environment names)", h.join(", "))
+            }
+        };
         ToolDef::new(
             "run_code",
             format!(
-                "Runs code in a sandbox with no network and no host files, and returns its standard output. \
+                "Runs code in a sandbox with {network} and no host files, and returns its standard output. \
                  Languages: {}. Print the result you need. The output is untrusted text.",
                 if names.is_empty() { "none".to_owned() } else { names.join(", ") }
             ),
@@ -148,9 +160,37 @@ impl RunCode {
     fn add(mut self, language: Language, runner: Runner) -> Self {
         self.runners.retain(|(l, _)| *l != language);
         self.runners.push((language, runner));
-        let languages: Vec<Language> = self.runners.iter().map(|(l, _)| *l).collect();
-        self.def = Self::definition(&languages);
+        self.describe();
         self
+    }
+
+    fn describe(&mut self) {
+        let languages: Vec<Language> = self.runners.iter().map(|(l, _)| *l).collect();
+        self.def = Self::definition(&languages, self.net.as_ref().map(|(_, h)| h.as_slice()));
+    }
+
+    /// Gives python and sh runs the network through `grant`; `hosts` (the `--allow-net`
+    /// entries, or a description of the policy) are named in the tool's description.
+    #[must_use]
+    pub fn net(mut self, grant: stockade_runtime::egress::NetGrant, hosts: Vec<String>) -> Self {
+        self.net = Some((Arc::new(Grants::new().net(grant)), hosts));
+        self.describe();
+        self
+    }
+
+    /// The hosts [`net`](Self::net) named, if the network is granted.
+    #[must_use]
+    pub fn net_hosts(&self) -> Option<&[String]> {
+        self.net.as_ref().map(|(_, h)| h.as_slice())
+    }
+
+    /// The grants a run of `runner` gets: the network grant, for command and image runs.
+    #[must_use]
+    pub fn grants_for(&self, runner: &Runner) -> Option<Arc<Grants>> {
+        match runner {
+            Runner::Javascript(_) => None,
+            Runner::Command(_) | Runner::Image(..) => self.net.as_ref().map(|(g, _)| g.clone()),
+        }
     }
 
     /// Runs `language` (python or sh) as a command in `sandbox` (the process tier).
@@ -227,18 +267,22 @@ impl Tool for RunCode {
                 Err(e) => return ToolOutput::failed(format!("stdin refused: {e}")),
             };
         }
-        let sandbox = runner.sandbox();
-        run_verified(sandbox, &job, "the run").await
+        let request = match self.grants_for(runner) {
+            Some(grants) => RunRequest::new(&job).grants(grants),
+            None => RunRequest::new(&job),
+        };
+        run_verified(runner.sandbox(), request, "the run").await
     }
 }
 
 /// Runs `job` in `sandbox` under a contract of the job's own deadline and stdout budget: the
 /// verified stdout is the result, a refusal is a failure whose message (it quotes the guest's
 /// stderr) is the tool's own output, marked as such by the loop.
-pub(crate) async fn run_verified(sandbox: &Sandbox, job: &Job, what: &str) -> ToolOutput {
-    let budget = Budget::new(job.limits().wall(), job.limits().stdout_bytes());
+pub(crate) async fn run_verified(sandbox: &Sandbox, request: RunRequest<'_>, what: &str) -> ToolOutput {
+    let limits = request.job().limits();
+    let budget = Budget::new(limits.wall(), limits.stdout_bytes());
     let contract = Contract::bytes(budget, accept_any);
-    match sandbox.run(job, &contract).await {
+    match sandbox.run(request, &contract).await {
         Ok(Outcome::Verified(v)) => ToolOutput::Text(String::from_utf8_lossy(v.value()).into_owned()),
         Ok(Outcome::Refused(refusal)) => ToolOutput::Failed {
             reason: format!("{what} was refused ({} tier)", sandbox.tier_name()),

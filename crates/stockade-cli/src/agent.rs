@@ -292,7 +292,7 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
         if wants(Language::Javascript) {
             bail!("run_code: javascript runs in the wasm tier; use tier = \"process\" for it");
         }
-        return Ok(tool);
+        return with_net(tool, rc);
     }
     if wants(Language::Python) || wants(Language::Sh) {
         let sandbox = crate::tiers::process_pool(AGENT_POOL)?;
@@ -310,5 +310,13 @@ async fn run_code_tool(rc: &RunCodeConfig) -> Result<RunCode> {
             }
         }
     }
-    Ok(tool)
+    with_net(tool, rc)
+}
+
+/// `tool` with the network grant of `rc.allow_net`, if it names any host.
+fn with_net(tool: RunCode, rc: &RunCodeConfig) -> Result<RunCode> {
+    Ok(match crate::run::net_grant_from(None, &rc.allow_net, &[])? {
+        Some(grant) => tool.net(grant, rc.allow_net.clone()),
+        None => tool,
+    })
 }

@@ -83,7 +83,9 @@
 //!     names (a denied one is a line on stderr and no connection upstream, a name that
 //!     resolves to loopback is refused without `--net-resolve`, a tunnel whose TLS names
 //!     another host reaches nothing), lists every connection in `--json`, and without it
-//!     nothing changes: no proxy variable, no listener, no route.
+//!     nothing changes: no proxy variable, no listener, no route. `stockade mcp --allow-net`
+//!     and `allow_net` in `agent.toml`'s `run_code` give those runs the same grant, named in
+//!     the tool's description; a call cannot widen it.
 //!     (pinned by: tests/it/net.rs::g9_*)
 //!
 //! # Non-guarantees

@@ -373,23 +373,33 @@ fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
     Ok(grants)
 }
 
-/// The network grant of `--allow-net` or `--net-policy`, with `--net-resolve`; each
-/// connection it refuses is one line on stderr as it happens.
+/// The network grant of `--allow-net` or `--net-policy`, with `--net-resolve`.
 fn net_grant(args: &RunArgs) -> Result<Option<egress::NetGrant>> {
-    let policy = match (&args.net_policy, args.allow_net.is_empty()) {
+    net_grant_from(args.net_policy.as_deref(), &args.allow_net, &args.net_resolve)
+}
+
+/// A network grant from a policy file or `--allow-net` entries, with `--net-resolve`
+/// entries (`None` with neither); each connection it refuses is one line on stderr as it
+/// happens. `stockade run`, `agent` (`allow_net`) and `mcp` build theirs here.
+pub(crate) fn net_grant_from(
+    policy_file: Option<&std::path::Path>,
+    allow_net: &[String],
+    net_resolve: &[String],
+) -> Result<Option<egress::NetGrant>> {
+    let policy = match (policy_file, allow_net.is_empty()) {
         (Some(file), _) => {
             let text =
                 std::fs::read_to_string(file).with_context(|| format!("reading the net policy {}", file.display()))?;
             egress::NetPolicy::from_toml(&text).map_err(|e| anyhow::anyhow!("net policy {}: {e}", file.display()))?
         }
         (None, false) => {
-            let rules = args.allow_net.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>()?;
+            let rules = allow_net.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>()?;
             egress::NetPolicy::allow(&rules)?
         }
-        (None, true) if !args.net_resolve.is_empty() => bail!("--net-resolve needs --allow-net or --net-policy"),
+        (None, true) if !net_resolve.is_empty() => bail!("--net-resolve needs --allow-net or --net-policy"),
         (None, true) => return Ok(None),
     };
-    let resolve = args.net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e))?;
+    let resolve = net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e))?;
     let shown: egress::OnRefused = std::sync::Arc::new(|c| {
         let _ = writeln!(std::io::stderr(), "stockade: {}", egress::denied_line(c));
     });

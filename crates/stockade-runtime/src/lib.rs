@@ -709,6 +709,12 @@ impl<'a> RunRequest<'a> {
         Self { job, grants: None, io: LiveIo::default() }
     }
 
+    /// The job it runs.
+    #[must_use]
+    pub fn job(&self) -> &'a Job {
+        self.job
+    }
+
     /// Serves `grants` to this run (none, if they are empty).
     #[must_use]
     pub fn grants(mut self, grants: Arc<Grants>) -> Self {

@@ -61,3 +61,14 @@ fn relative_paths_resolve_beside_the_config() {
     assert_eq!(c.agent.deadline, Some(Duration::from_secs(90)));
     assert_eq!(c.commands[0].argv, ["/etc/stockade/./bin/t", "--flag"]);
 }
+
+#[test]
+fn run_code_s_allow_net_is_checked_at_load_and_command_tools_have_none() {
+    let c = load("[[tool]]\nbuiltin = \"run_code\"\nallow_net = [\"pypi.org\", \"*.pythonhosted.org:443\"]\n").unwrap();
+    assert_eq!(c.run_code.unwrap().allow_net, ["pypi.org", "*.pythonhosted.org:443"]);
+    let bad = load("[[tool]]\nbuiltin = \"run_code\"\nallow_net = [\"http://pypi.org\"]\n").unwrap_err();
+    assert!(bad.contains("agent.toml:1:1: tool 1 (run_code): --allow-net \"http://pypi.org\""), "{bad}");
+    let cmd = load("[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"trusted\"\nallow_net = [\"pypi.org\"]\n")
+        .unwrap_err();
+    assert!(cmd.contains("allow_net is for the builtin run_code"), "{cmd}");
+}

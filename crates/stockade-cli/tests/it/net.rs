@@ -420,3 +420,91 @@ fn g9_git_clones_over_https_through_the_proxy() {
     assert!(log.contains("git.test") && log.contains("/repo.git/info/refs"), "{log}");
     assert!(log.contains("POST /repo.git/git-upload-pack"), "the smart protocol: {log}");
 }
+
+#[test]
+fn g9_stockade_mcp_allow_net_gives_run_code_the_server_s_grant_only() {
+    if !crate::cli::ready() {
+        return;
+    }
+    let up = HttpUpstream::start("127.0.0.6");
+    let port = up.port;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["mcp", "--languages", "sh", "--allow-net", &format!("mcp.test:{port}")])
+        .args(["--net-resolve", &format!("mcp.test:{port}:127.0.0.6")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _runs = crate::cli::shared();
+    let mut input = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |line: String| -> serde_json::Value {
+        writeln!(input, "{line}").unwrap();
+        let mut answer = String::new();
+        out.read_line(&mut answer).unwrap();
+        serde_json::from_str(&answer).unwrap()
+    };
+    let tools = ask(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#.to_owned());
+    let desc = tools["result"]["tools"][0]["description"].as_str().unwrap().to_owned();
+    assert!(desc.contains(&format!("Network only to mcp.test:{port}")), "{desc}");
+    assert_eq!(tools["result"]["tools"][0]["annotations"]["openWorldHint"], true);
+    let call = |id: u32, code: String| {
+        serde_json::json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"name":"run_code","arguments":{"language":"sh","code":code}}})
+        .to_string()
+    };
+    let ok = ask(call(2, format!("curl -sS http://mcp.test:{port}/from-mcp")));
+    assert_eq!(ok["result"]["structuredContent"]["stdout"], "hello from 127.0.0.6\n", "{ok}");
+    // A host the server did not grant: the proxy refuses it, whatever the call asks.
+    let denied = ask(call(3, format!("curl -sS -o /dev/null -w '%{{http_code}}' http://other.test:{port}/")));
+    assert_eq!(denied["result"]["structuredContent"]["stdout"], "403", "{denied}");
+    drop(input);
+    let _ = child.wait();
+    assert_eq!(up.requests(), ["GET /from-mcp HTTP/1.1"]);
+}
+
+#[test]
+fn g9_the_agent_s_run_code_reaches_what_allow_net_names() {
+    use stockade_test_support::{MockLlm, Reply};
+    if !crate::cli::ready() {
+        return;
+    }
+    let up = HttpUpstream::start("127.0.0.7");
+    let port = up.port;
+    let dir = std::env::temp_dir().join(format!("stockade-net-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // An address literal: the grant names it, so no --net-resolve is needed (agent.toml has
+    // none), and nothing leaves loopback.
+    std::fs::write(
+        dir.join("agent.toml"),
+        format!("[endpoint]\nmodel = \"m\"\n[agent]\npolicy = \"policy.toml\"\n[[tool]]\nbuiltin = \"run_code\"\nlanguages = [\"sh\"]\nallow_net = [\"127.0.0.7:{port}\"]\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policy.toml"),
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"code\"\ntool = \"run_code\"\neffect = \"allow\"\n",
+    )
+    .unwrap();
+    let code = format!(
+        "curl -sS http://127.0.0.7:{port}/from-agent; curl -sS -o /dev/null -w ' %{{http_code}}' http://127.0.0.7:1/"
+    );
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[("run_code", serde_json::json!({"language": "sh", "code": code}))]),
+        Reply::text("done"),
+    ])
+    .unwrap();
+    let config = dir.join("agent.toml");
+    let (exit, out, err) = check(&["agent", "--config", config.to_str().unwrap(), "--base-url", &mock.url(), "fetch"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((exit, out.as_str()), (0, "done\n"), "{err}");
+    let got = mock.received();
+    let description = got[0].body["tools"][0]["function"]["description"].as_str().unwrap().to_owned();
+    assert!(description.contains(&format!("network only to 127.0.0.7:{port}")), "{description}");
+    let result = got[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("hello from 127.0.0.7") && result.contains(" 403"), "{result}");
+    assert_eq!(up.requests(), ["GET /from-agent HTTP/1.1"]);
+}
