@@ -34,6 +34,8 @@ pub struct CommandTool {
     timeout: Duration,
     max_output: usize,
     confined: Option<Arc<Sandbox>>,
+    /// The network grant of a confined run.
+    net: Option<Arc<stockade_runtime::Grants>>,
 }
 
 impl CommandTool {
@@ -49,6 +51,7 @@ impl CommandTool {
             timeout: Duration::from_secs(10),
             max_output: 64 << 10,
             confined: None,
+            net: None,
         }
     }
 
@@ -59,6 +62,15 @@ impl CommandTool {
     #[must_use]
     pub fn confined(mut self, sandbox: Arc<Sandbox>) -> Self {
         self.confined = Some(sandbox);
+        self
+    }
+
+    /// Gives the confined run the network through `grant` (see `stockade_egress`); without
+    /// [`confined`](Self::confined) it changes nothing, since an unconfined program has the
+    /// host's network anyway.
+    #[must_use]
+    pub fn net(mut self, grant: stockade_runtime::egress::NetGrant) -> Self {
+        self.net = Some(Arc::new(stockade_runtime::Grants::new().net(grant)));
         self
     }
 
@@ -82,7 +94,11 @@ impl CommandTool {
                 Err(e) => return ToolOutput::failed(format!("the tool's environment was refused: {e}")),
             };
         }
-        crate::run_code::run_verified(sandbox, stockade_runtime::RunRequest::new(&job), "the tool's confined run").await
+        let request = match &self.net {
+            Some(grants) => stockade_runtime::RunRequest::new(&job).grants(grants.clone()),
+            None => stockade_runtime::RunRequest::new(&job),
+        };
+        crate::run_code::run_verified(sandbox, request, "the tool's confined run").await
     }
 
     /// Adds an environment variable.

@@ -28,6 +28,7 @@
 //! timeout = "10s"
 //! max_output = "64K"
 //! # confine = "process"            # optional: run it in the process tier, not on the host
+//! # allow_net = ["api.github.com"] # optional, confined only: the hosts its runs reach
 //!
 //! [[tool]]                         # the built-in run_code
 //! builtin = "run_code"
@@ -238,6 +239,8 @@ pub struct CommandConfig {
     pub max_output: u64,
     /// Run it in this tier (only [`ConfinedTier::Process`]) instead of on the host.
     pub confine: Option<ConfinedTier>,
+    /// `--allow-net` entries for its confined runs (none: no network).
+    pub allow_net: Vec<String>,
 }
 
 /// A loaded `agent.toml`.
@@ -358,14 +361,6 @@ impl AgentConfig {
                     };
                     let def = ToolDef::new(name.clone(), t.description.clone().unwrap_or_default(), parameters, trust);
                     def.spec().map_err(|e| err(at, place(&e.to_string())))?;
-                    if !t.allow_net.is_empty() {
-                        return Err(err(
-                            at,
-                            place(
-                                "allow_net is for the builtin run_code; a command tool's network grant is not built yet",
-                            ),
-                        ));
-                    }
                     let confine = match t.confine.as_deref() {
                         None => None,
                         Some("process") => Some(ConfinedTier::Process),
@@ -376,6 +371,17 @@ impl AgentConfig {
                             ));
                         }
                     };
+                    if !t.allow_net.is_empty() && confine.is_none() {
+                        return Err(err(
+                            at,
+                            place(
+                                "allow_net needs confine = \"process\": an unconfined command has the host's network already",
+                            ),
+                        ));
+                    }
+                    for entry in &t.allow_net {
+                        stockade_runtime::egress::NetRule::parse(entry).map_err(|e| err(at, place(&e.to_string())))?;
+                    }
                     names.push(name);
                     commands.push(CommandConfig {
                         def,
@@ -384,6 +390,7 @@ impl AgentConfig {
                         timeout: t.timeout.unwrap_or(Duration::from_secs(10)),
                         max_output: t.max_output.unwrap_or(64 << 10),
                         confine,
+                        allow_net: t.allow_net.clone(),
                     });
                 }
             }

@@ -138,6 +138,9 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         if c.confine == Some(ConfinedTier::Process) {
             // Sandboxes built ahead of each command (G15 of stockade-process).
             tool = tool.confined(crate::tiers::process_pool(AGENT_POOL)?);
+            if let Some(grant) = crate::run::net_grant_from(None, &c.allow_net, &[])? {
+                tool = tool.net(grant);
+            }
         }
         builder = builder.tool(Arc::new(tool));
     }

@@ -84,8 +84,8 @@
 //!     resolves to loopback is refused without `--net-resolve`, a tunnel whose TLS names
 //!     another host reaches nothing), lists every connection in `--json`, and without it
 //!     nothing changes: no proxy variable, no listener, no route. `stockade mcp --allow-net`
-//!     and `allow_net` in `agent.toml`'s `run_code` give those runs the same grant, named in
-//!     the tool's description; a call cannot widen it.
+//!     and `allow_net` in `agent.toml` (on `run_code` and on a confined command tool) give
+//!     those runs the same grant, named in `run_code`'s description; a call cannot widen it.
 //!     (pinned by: tests/it/net.rs::g9_*)
 //!
 //! # Non-guarantees

@@ -63,12 +63,16 @@ fn relative_paths_resolve_beside_the_config() {
 }
 
 #[test]
-fn run_code_s_allow_net_is_checked_at_load_and_command_tools_have_none() {
+fn allow_net_is_checked_at_load_and_needs_a_confined_command() {
     let c = load("[[tool]]\nbuiltin = \"run_code\"\nallow_net = [\"pypi.org\", \"*.pythonhosted.org:443\"]\n").unwrap();
     assert_eq!(c.run_code.unwrap().allow_net, ["pypi.org", "*.pythonhosted.org:443"]);
     let bad = load("[[tool]]\nbuiltin = \"run_code\"\nallow_net = [\"http://pypi.org\"]\n").unwrap_err();
     assert!(bad.contains("agent.toml:1:1: tool 1 (run_code): --allow-net \"http://pypi.org\""), "{bad}");
     let cmd = load("[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"trusted\"\nallow_net = [\"pypi.org\"]\n")
         .unwrap_err();
-    assert!(cmd.contains("allow_net is for the builtin run_code"), "{cmd}");
+    assert!(cmd.contains("allow_net needs confine = \"process\""), "{cmd}");
+    let confined =
+        load("[[tool]]\nname = \"t\"\ncommand = [\"x\"]\noutput = \"trusted\"\nconfine = \"process\"\nallow_net = [\"pypi.org\"]\n")
+            .unwrap();
+    assert_eq!(confined.commands[0].allow_net, ["pypi.org"]);
 }

@@ -465,7 +465,7 @@ fn g9_stockade_mcp_allow_net_gives_run_code_the_server_s_grant_only() {
 }
 
 #[test]
-fn g9_the_agent_s_run_code_reaches_what_allow_net_names() {
+fn g9_the_agent_s_run_code_and_confined_tools_reach_what_allow_net_names() {
     use stockade_test_support::{MockLlm, Reply};
     if !crate::cli::ready() {
         return;
@@ -478,12 +478,15 @@ fn g9_the_agent_s_run_code_reaches_what_allow_net_names() {
     // none), and nothing leaves loopback.
     std::fs::write(
         dir.join("agent.toml"),
-        format!("[endpoint]\nmodel = \"m\"\n[agent]\npolicy = \"policy.toml\"\n[[tool]]\nbuiltin = \"run_code\"\nlanguages = [\"sh\"]\nallow_net = [\"127.0.0.7:{port}\"]\n"),
+        format!(
+            "[endpoint]\nmodel = \"m\"\n[agent]\npolicy = \"policy.toml\"\n[[tool]]\nbuiltin = \"run_code\"\nlanguages = [\"sh\"]\nallow_net = [\"127.0.0.7:{port}\"]\n\
+             [[tool]]\nname = \"fetch\"\ncommand = [\"curl\", \"-sS\", \"http://127.0.0.7:{port}/from-tool\"]\noutput = \"untrusted\"\nconfine = \"process\"\nallow_net = [\"127.0.0.7:{port}\"]\n"
+        ),
     )
     .unwrap();
     std::fs::write(
         dir.join("policy.toml"),
-        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"code\"\ntool = \"run_code\"\neffect = \"allow\"\n",
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"code\"\ntool = \"run_code\"\neffect = \"allow\"\n[[rule]]\nid = \"fetch\"\ntool = \"fetch\"\neffect = \"allow\"\n",
     )
     .unwrap();
     let code = format!(
@@ -491,6 +494,7 @@ fn g9_the_agent_s_run_code_reaches_what_allow_net_names() {
     );
     let mock = MockLlm::script(vec![
         Reply::calls(&[("run_code", serde_json::json!({"language": "sh", "code": code}))]),
+        Reply::calls(&[("fetch", serde_json::json!({}))]),
         Reply::text("done"),
     ])
     .unwrap();
@@ -499,12 +503,20 @@ fn g9_the_agent_s_run_code_reaches_what_allow_net_names() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!((exit, out.as_str()), (0, "done\n"), "{err}");
     let got = mock.received();
-    let description = got[0].body["tools"][0]["function"]["description"].as_str().unwrap().to_owned();
+    let tools = got[0].body["tools"].as_array().unwrap();
+    let run_code = tools.iter().find(|t| t["function"]["name"] == "run_code").unwrap();
+    let description = run_code["function"]["description"].as_str().unwrap().to_owned();
     assert!(description.contains(&format!("network only to 127.0.0.7:{port}")), "{description}");
     let result = got[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap()["content"]
         .as_str()
         .unwrap()
         .to_owned();
     assert!(result.contains("hello from 127.0.0.7") && result.contains(" 403"), "{result}");
-    assert_eq!(up.requests(), ["GET /from-agent HTTP/1.1"]);
+    // The confined command tool's run reaches it too, through its own run's proxy.
+    let fetched = got[2].body["messages"].as_array().unwrap().iter().rfind(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(fetched.contains("hello from 127.0.0.7"), "{fetched}");
+    assert_eq!(up.requests(), ["GET /from-agent HTTP/1.1", "GET /from-tool HTTP/1.1"]);
 }
