@@ -90,12 +90,7 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
     if path.contains('#') {
         return refuse(400, "a request target has no fragment");
     }
-    let with_port = if auth.starts_with('[') && !auth.contains("]:") || !auth.starts_with('[') && !auth.contains(':') {
-        format!("{auth}:80")
-    } else {
-        auth.to_owned()
-    };
-    let (host, port) = authority(&with_port)
+    let (host, port) = authority_or_80(auth)
         .ok_or_else(|| Refusal { status: 400, reason: format!("the URL's host is not valid: {:?}", cut(auth)) })?;
     // The Host header must be the target (RFC 9112 §3.2.2 lets a proxy replace it; refusing
     // a mismatch instead keeps what the upstream sees equal to what was decided).
@@ -104,13 +99,7 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
         return refuse(400, "a request needs exactly one Host header");
     };
     let given = std::str::from_utf8(given).unwrap_or("").to_ascii_lowercase();
-    let given_full =
-        if given.starts_with('[') && !given.contains("]:") || !given.starts_with('[') && !given.contains(':') {
-            format!("{given}:80")
-        } else {
-            given.clone()
-        };
-    if authority(&given_full) != Some((host.clone(), port)) {
+    if authority_or_80(&given) != Some((host.clone(), port)) {
         return refuse(400, format!("the Host header {:?} is not the request's target {auth:?}", cut(&given)));
     }
     let body = framing(&value("content-length"), &value("transfer-encoding"))?;
@@ -153,6 +142,17 @@ fn framing(lengths: &[&[u8]], encodings: &[&[u8]]) -> Result<Body, Refusal> {
             Ok(Body::Length(n.unwrap_or(0)))
         }
         _ => refuse(400, "a request with both Content-Length and Transfer-Encoding is refused (request smuggling)"),
+    }
+}
+
+/// [`authority`] of `s`, with port 80 when it names none (an `http://` URL's or a `Host`
+/// header's form).
+fn authority_or_80(s: &str) -> Option<(String, u16)> {
+    let bracketed = s.starts_with('[');
+    if bracketed && !s.contains("]:") || !bracketed && !s.contains(':') {
+        authority(&format!("{s}:80"))
+    } else {
+        authority(s)
     }
 }
 

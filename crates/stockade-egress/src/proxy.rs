@@ -156,17 +156,9 @@ struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.record.duration = self.started.elapsed();
-        let record = std::mem::replace(&mut self.record, blank());
+        let record = std::mem::replace(&mut self.record, NetConnection::new("", 0, ""));
         self.egress.records.lock().unwrap_or_else(PoisonError::into_inner).record_connection(record);
     }
-}
-
-fn blank() -> NetConnection {
-    empty_record(String::new(), 0, "")
-}
-
-fn empty_record(host: String, port: u16, scheme: &str) -> NetConnection {
-    NetConnection::new(host, port, scheme)
 }
 
 impl Conn {
@@ -291,8 +283,7 @@ impl Egress {
     /// normal outcome, recorded; nothing is returned.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, mut stream: S) {
         let inner = &self.inner;
-        let mut conn =
-            Conn { egress: inner.clone(), record: empty_record(String::new(), 0, ""), started: Instant::now() };
+        let mut conn = Conn { egress: inner.clone(), record: NetConnection::new("", 0, ""), started: Instant::now() };
         let mut buf = Vec::with_capacity(1024);
         let limits = inner.limits;
         if inner.opened.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
@@ -336,7 +327,7 @@ impl Egress {
                     return;
                 }
             };
-            conn.record = empty_record(host, port, "socks");
+            conn.record = NetConnection::new(host, port, "socks");
             self.tunnel(&mut conn, &mut stream, true).await;
             return;
         }
@@ -362,7 +353,7 @@ impl Egress {
         };
         match request {
             Request::Connect { host, port } => {
-                conn.record = empty_record(host, port, "https");
+                conn.record = NetConnection::new(host, port, "https");
                 if end < buf.len() {
                     // Bytes after a CONNECT head before its answer: a client that does not
                     // wait; they would go upstream undecided.
@@ -373,7 +364,7 @@ impl Egress {
                 self.tunnel(&mut conn, &mut stream, false).await;
             }
             Request::Forward { method, host, port, path, head, body } => {
-                conn.record = empty_record(host, port, "http");
+                conn.record = NetConnection::new(host, port, "http");
                 let rest = buf.split_off(end);
                 self.forward(&mut conn, &mut stream, (&method, &path), &head, body, rest).await;
             }

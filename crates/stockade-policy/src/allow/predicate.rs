@@ -243,11 +243,14 @@ fn url_host(s: &str) -> Option<String> {
 
 fn host_allowed(host: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|a| match a.strip_prefix("*.") {
-        Some(base) => {
-            host.len() > base.len() + 1 && host.ends_with(base) && host[..host.len() - base.len()].ends_with('.')
-        }
+        Some(base) => is_subdomain(host, base),
         None => host == a,
     })
+}
+
+/// True if `host` is a subdomain of `base` (never `base` itself).
+fn is_subdomain(host: &str, base: &str) -> bool {
+    host.len() > base.len() + 1 && host.ends_with(base) && host[..host.len() - base.len()].ends_with('.')
 }
 
 /// One entry of a `hosts` predicate, matched against the host a connection names.
@@ -314,7 +317,7 @@ impl HostPattern {
         patterns.iter().any(|p| match (p, literal) {
             (Self::Block(block, len), Some(addr)) => in_block(addr, *block, *len),
             (Self::Name(n), None) => *n == name,
-            (Self::Subdomains(base), None) => host_allowed(&name, std::slice::from_ref(&format!("*.{base}"))),
+            (Self::Subdomains(base), None) => is_subdomain(&name, base),
             _ => false,
         })
     }
