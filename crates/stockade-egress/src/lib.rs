@@ -45,6 +45,9 @@
 //!     multicast, unspecified, documentation, ULA or IPv4-mapped address is refused
 //!     ([`reachable`]), unless the grant names that address literally or [`Resolve`] points
 //!     the name there (curl's `--resolve`); the proxy connects to the address it checked.
+//!     An address literal the guest names is held to the same check unless the rule that
+//!     allowed it names that address ([`NetPolicy::names_literally`]): a rule for any host
+//!     on a port, or for hosts by pattern, does not open the host's loopback or LAN.
 //!     (pinned by: tests/it/proxy.rs::g3_*, src/addr.rs)
 //! G4. What goes inside a tunnel to a name is TLS for that name: the ClientHello's SNI must
 //!     equal the decided host, and a tunnel to a name without SNI is refused, before the

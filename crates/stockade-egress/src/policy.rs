@@ -194,4 +194,25 @@ impl NetPolicy {
     pub fn policy(&self) -> &Arc<Policy> {
         &self.policy
     }
+
+    /// True if the rule `rule` names the address `ip` literally in its `host` predicate: a
+    /// `hosts` block that holds it, or a `const`/`one_of` string that is it. A connection to
+    /// an address literal that is no public address ([`crate::reachable`]) needs this: a
+    /// rule that allows any host on a port, or matches hosts by regex, does not open the
+    /// host's own loopback or LAN (G3).
+    #[must_use]
+    pub fn names_literally(&self, rule: &str, ip: IpAddr) -> bool {
+        let is_ip = |v: &serde_json::Value| {
+            v.as_str().and_then(|s| s.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok()) == Some(ip)
+        };
+        let text = ip.to_string();
+        self.policy.rules().filter(|r| r.id() == rule).flat_map(|r| r.predicates_on("host")).any(|p| match p {
+            Predicate::Hosts(patterns) => {
+                patterns.iter().any(|h| matches!(h, HostPattern::Block(..)) && h.matches(&text))
+            }
+            Predicate::Const(v) => is_ip(v),
+            Predicate::OneOf(vs) => vs.iter().any(is_ip),
+            _ => false,
+        })
+    }
 }

@@ -128,6 +128,7 @@ pub struct Egress {
 
 struct Inner {
     gate: Mutex<Gate>,
+    policy: NetPolicy,
     resolve: Resolve,
     limits: NetLimits,
     start: Instant,
@@ -255,6 +256,7 @@ impl NetGrant {
         Egress {
             inner: Arc::new(Inner {
                 gate: Mutex::new(Gate::new(self.policy.policy().clone())),
+                policy: self.policy.clone(),
                 resolve: self.resolve.clone(),
                 slots: Semaphore::new(limits.max_concurrent.max(1)),
                 limits,
@@ -412,7 +414,19 @@ impl Egress {
     /// not reach. `Err` has been recorded.
     async fn addresses(&self, conn: &mut Conn) -> Result<Vec<SocketAddr>, ()> {
         let (host, port) = (conn.record.host.clone(), conn.record.port);
-        if let Ok(ip) = host.parse::<IpAddr>() {
+        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+            // A literal the deciding rule did not name is held to the same address check
+            // as a name: a rule for any host on a port does not open the host's loopback.
+            if let Err(kind) = crate::addr::reachable(ip)
+                && !self.inner.policy.names_literally(&conn.record.rule, ip)
+            {
+                let reason = format!(
+                    "{ip} is a {kind} address, which only a rule naming it may reach (--allow-net {}:{port})",
+                    if ip.is_ipv6() { format!("[{ip}]") } else { ip.to_string() }
+                );
+                conn.refuse(NetDecision::Refused, "private-address", reason);
+                return Err(());
+            }
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
         if let Some(ip) = self.inner.resolve.lookup(&host, port) {

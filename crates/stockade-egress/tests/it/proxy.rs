@@ -191,6 +191,47 @@ async fn g3_a_name_that_resolves_inward_is_refused_unless_pointed_there() {
 }
 
 #[tokio::test]
+async fn g3_a_literal_reaches_inward_only_through_a_rule_that_names_it() {
+    let up = Upstream::start("127.0.0.3", b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let port = up.addr.port();
+    // A careless policy: any host on the upstream's port. It must not open the host's own
+    // loopback to a guest that names an address, in any spelling or protocol.
+    let careless = format!(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"any-host\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.port = {{ const = {port} }}\n"
+    );
+    let e = NetGrant::new(NetPolicy::from_toml(&careless).unwrap()).start();
+    let p = proxy(e.clone()).await;
+    let get = |h: &str| format!("GET http://{h}:{port}/ HTTP/1.1\r\nHost: {h}:{port}\r\n\r\n").into_bytes();
+    for (what, bytes) in [
+        ("plain", get("127.0.0.3")),
+        ("mapped", get("[::ffff:127.0.0.3]")),
+        ("connect", format!("CONNECT 127.0.0.3:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+        ("connect-unspecified", format!("CONNECT 0.0.0.0:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+    ] {
+        let d = exchange(p, &bytes).await;
+        assert!(d.starts_with("HTTP/1.1 403"), "{what}: {d}");
+    }
+    // SOCKS5 with an IPv4 address.
+    let mut socks = vec![5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 3];
+    socks.extend(port.to_be_bytes());
+    let d = exchange(p, &socks).await;
+    assert_eq!(d.as_bytes().get(3), Some(&4), "socks: host unreachable, {d:?}");
+    settle().await;
+    assert!(up.connections().is_empty(), "{:?}", up.connections());
+    let r = records(&e);
+    assert_eq!(r.connections.len(), 5, "{r:?}");
+    assert!(r.connections.iter().all(|c| c.rule == "private-address" && c.address.is_none()), "{r:?}");
+    // A rule that names the address (a block, or the string) reaches it.
+    for named in [format!("args.host = {{ hosts = [\"127.0.0.0/24\"] }}"), "args.host = { const = \"127.0.0.3\" }".into()]
+    {
+        let policy = format!("{careless}{named}\n");
+        let e = NetGrant::new(NetPolicy::from_toml(&policy).unwrap()).start();
+        let d = exchange(proxy(e).await, &get("127.0.0.3")).await;
+        assert!(d.starts_with("HTTP/1.1 204"), "{named}: {d}");
+    }
+}
+
+#[tokio::test]
 async fn g4_a_tunnel_carries_tls_for_its_own_name_or_nothing() {
     let up = Upstream::start("127.0.0.4", b"server-hello").await;
     let port = up.addr.port();

@@ -487,6 +487,13 @@ impl Rule {
         self.effect
     }
 
+    /// The predicates the rule puts on the top-level argument `name` (a rule may put
+    /// several; all must hold). A caller that acts on what allowed a call reads them here:
+    /// the network grant asks whether the rule named an address literally.
+    pub fn predicates_on<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Predicate> + 'a {
+        self.args.iter().filter(move |(path, _)| path.len() == 1 && path[0] == name).map(|(_, p)| p)
+    }
+
     fn matches<'c>(&self, resolved: &[Option<&'c Arg>], ctx: &Context<'_>, memo: &predicate::Memo<'c>) -> bool {
         // Rules reach here through the tool index (exact) or after a prefix check.
         self.when_read_untrusted.is_none_or(|w| w == ctx.read_untrusted)
