@@ -5,7 +5,8 @@
 //! files, listeners, host processes) itself. The lines only say how an attempt failed.
 //!
 //! # Position in the stack
-//! Depends on: libc. Used by: the attack binaries; run by `stockade-escape`.
+//! Depends on: libc. Used by: the attack binaries, run by `stockade-escape`; `stockade-test-support`
+//! re-exports its TLS ClientHello builders.
 //! API boundary: no (publish = false).
 //!
 //! # Threat model
@@ -31,10 +32,12 @@
 //!
 //! # Invariants
 //! Network attacks aim only at the addresses the harness passes: listeners it opened on
-//! 127.0.0.1, or sockets it created.
+//! 127.0.0.x, or sockets it created, directly or through the run's own proxy.
 
 use std::collections::BTreeMap;
 use std::io::Error;
+
+pub mod net;
 
 /// The `key=value` arguments the harness passes.
 #[must_use]

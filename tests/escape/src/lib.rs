@@ -8,6 +8,7 @@
 #![allow(non_upper_case_globals, reason = "expectation constants are named exactly like the attack programs")]
 
 pub mod grants;
+pub mod net;
 pub mod world;
 
 include!(concat!(env!("OUT_DIR"), "/attacks.rs"));
@@ -111,6 +112,11 @@ pub enum Setup {
     /// print the canary files a swapped-in directory would show; the host checks their
     /// output and the workspace afterwards.
     TwoRuns,
+    /// The run has a network grant ([`net`]): a policy allowing one name on one port, pointed
+    /// at the harness's upstream on 127.0.0.2, and a careless rule for any host on the
+    /// world's port; the host checks its listeners (the upstream's bytes, a listener and a
+    /// stand-in resolver no rule allows) and the report's connections afterwards.
+    Net,
     /// The wasm column runs a second module (`tests/attacks/wasm/preinit.c`), whose
     /// `wizer-initialize` export is the attack; the host checks the run's wall time and the
     /// compiled-module cache afterwards.
@@ -167,6 +173,27 @@ pub mod expect {
     const fn grants(process: E, wasm: E, docker: E) -> Spec {
         (Expectations { process, wasm, docker }, Skip("the wrappers have no grants broker"), Setup::Grants)
     }
+    /// A network attack: the run has a network grant, which the comparison wrappers lack,
+    /// and the wasm tier refuses (its guests have no sockets; a grant there fails closed).
+    const fn net() -> Spec {
+        (
+            Expectations {
+                process: &[Denied],
+                wasm: &[NotApplicable(
+                    "a wasm guest has no sockets (WASI sockets are off), and the wasm tier refuses a network grant, naming why",
+                )],
+                docker: &[Denied],
+            },
+            Skip("the wrappers have no network grant"),
+            Setup::Net,
+        )
+    }
+    pub const net_direct_egress: Spec = net();
+    pub const net_dns_exfil: Spec = net();
+    pub const net_proxy_to_host_loopback: Spec = net();
+    pub const net_rebind: Spec = net();
+    pub const net_sni_mismatch: Spec = net();
+    pub const net_smuggle: Spec = net();
     const NO_DAEMON: E = &[NotApplicable("a wasm guest is a call inside the host; nothing of it outlives the run")];
     const OWN_SESSION: E =
         &[NotApplicable("a wasm guest's host calls reach only its own run's session: there is no socket to find")];

@@ -221,6 +221,78 @@ fn run_process_granted(world: &mut World, bin_dir: &Path, entry: &Entry, launch:
     judge_granted(world, &report, &targets.marker, &paths, Some(&upstream), entry.expect.process, entry.name)
 }
 
+/// `--net-one BIN_DIR ATTACK POLICY_FILE RESOLVE ARGS...`: run one network attack in the
+/// process tier with the network grant of `POLICY_FILE` and the `RESOLVE` entry, from this
+/// fresh, single-threaded process, and print the report as JSON.
+fn net_one(rest: &[String]) -> Result<()> {
+    let usage = "--net-one BIN_DIR ATTACK POLICY_FILE RESOLVE ARGS...";
+    let [bin_dir, name, policy, resolve, args @ ..] = rest else { bail!(usage) };
+    let job = Job::command(format!("/workspace/{name}"), args.iter().cloned())?
+        .with_workspace(bin_dir, Access::ReadOnly)?
+        .with_limits(limits());
+    let net = stockade_escape::net::grant(&std::fs::read_to_string(policy)?, resolve)?;
+    let grants = std::sync::Arc::new(stockade_runtime::Grants::new().net(net));
+    let sandbox = stockade_runtime::Sandbox::builder().tier(child_tier()).build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let report = rt.block_on(sandbox.report(stockade_runtime::RunRequest::new(&job).grants(grants)));
+    print_report(report.map_err(|e| e.to_string()))
+}
+
+/// The listeners of the network rows, stood up on first use and shared by every column.
+fn net_world() -> Result<&'static stockade_escape::net::NetWorld> {
+    static NET: std::sync::OnceLock<std::result::Result<stockade_escape::net::NetWorld, String>> =
+        std::sync::OnceLock::new();
+    NET.get_or_init(|| stockade_escape::net::NetWorld::new().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("standing up the network rows' listeners: {e}"))
+}
+
+/// The arguments, policy and resolve entry of one network attack.
+fn net_setup(
+    world: &World,
+    name: &str,
+    targets: &stockade_escape::world::Targets,
+) -> Result<(Vec<String>, String, String)> {
+    let net = net_world()?;
+    let tcp = targets.args.iter().find_map(|a| a.strip_prefix("tcp=")).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let (policy, resolve) = net.grant_spec(tcp);
+    let file = world.root.join(format!("net-{name}.toml"));
+    std::fs::write(&file, &policy)?;
+    let mut args = targets.args.clone();
+    args.extend(net.args());
+    Ok((args, file.to_string_lossy().into_owned(), resolve))
+}
+
+/// A network row in a process-tier column: the attack runs with the network grant from a
+/// `--net-one` child; judged from the world and the network rows' listeners.
+fn run_process_net(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch) -> Result<Cell> {
+    let targets = world.targets(entry.name);
+    let (args, policy, resolve) = net_setup(world, entry.name, &targets)?;
+    let one = one_child(launch)?
+        .arg("--net-one")
+        .arg(bin_dir)
+        .arg(entry.name)
+        .arg(&policy)
+        .arg(&resolve)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    let report = match child_report(entry.name, "--net-one", &one)? {
+        Ok(r) => r,
+        Err(cell) => return Ok(cell),
+    };
+    let verdict = net_world()?.judge(&report).with_context(|| entry.name.to_owned())?;
+    judge(
+        world,
+        &report,
+        &targets.marker,
+        || verdict.or_else(|| bin_changed(bin_dir, entry.name)),
+        entry.expect.process,
+        entry.name,
+    )
+}
+
 /// `--supervise-one BIN_DIR ATTACK ARGS...`: run one attack in the process tier and wait.
 /// Used as the stand-in supervisor that the harness kills mid-run.
 fn supervise_one(rest: &[String]) -> Result<()> {
@@ -345,6 +417,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("stockade-escape --granted-one: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if argv.first().is_some_and(|a| a == "--net-one") {
+        return match net_one(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("stockade-escape --net-one: {e:#}");
                 ExitCode::FAILURE
             }
         };
@@ -549,6 +630,9 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch)
     }
     if entry.setup == Setup::TwoRuns {
         return run_process_two_runs(world, bin_dir, entry, launch);
+    }
+    if entry.setup == Setup::Net {
+        return run_process_net(world, bin_dir, entry, launch);
     }
     let targets = world.targets(entry.name);
     let rw = (entry.setup == Setup::RwWorkspace).then(|| rw_workspace(world, bin_dir, entry.name, None)).transpose()?;
@@ -994,6 +1078,28 @@ fn run_docker_tier(
             entry.name,
         );
     }
+    if entry.setup == Setup::Net {
+        let (args, policy, resolve) = net_setup(world, entry.name, &targets)?;
+        let mut command = vec![format!("/{}", entry.name)];
+        command.extend(args);
+        let job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
+        let net = stockade_escape::net::grant(&std::fs::read_to_string(&policy)?, &resolve)?;
+        let grants = std::sync::Arc::new(stockade_runtime::Grants::new().net(net));
+        let sandbox = stockade_runtime::Sandbox::builder().tier(tier.clone()).build()?;
+        let report = match rt.block_on(sandbox.report(stockade_runtime::RunRequest::new(&job).grants(grants))) {
+            Ok(r) => r,
+            Err(e) => return Ok(skipped(&e)),
+        };
+        let verdict = net_world()?.judge(&report).with_context(|| entry.name.to_owned())?;
+        return judge(
+            world,
+            &report,
+            &targets.marker,
+            || verdict.or_else(|| bin_changed(bin_dir, entry.name)),
+            entry.expect.docker,
+            entry.name,
+        );
+    }
     let mut job = Job::image(DOCKER_IMAGE, command)?.with_limits(limits());
     // Attacks on a read-write workspace get the same one the process column gets, owned by
     // the container's user (65534), with protected paths in it.
@@ -1209,6 +1315,7 @@ Each row is one attack program in `tests/attacks/src/bin`; each column a tier. T
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
 The `fs_race_workspace_swap` row is two runs at once: the attack holds a read-write workspace and swaps a directory in it with a symlink to the world's home (`renameat2(RENAME_EXCHANGE)`), while the harness starts, every 30 ms, runs granted that directory read-only that print the home's canaries if they are given the home; each either waits for the attack's run and reads the directory itself, or is refused as it starts (its path met the symlink).\n\
 The `wasm_preinit_bomb` row is a module, not a program (`tests/attacks/wasm/preinit.c`): its `wizer-initialize` export, which the wasm tier runs as it loads the module, grows memory until refused and then sleeps in the host; the host checks that the run came back within its deadline and that the module cache holds no artifact over its 64 MiB cap.\n\
+The `net_*` rows run with a network grant (stockade-egress's proxy on the run's loopback): its policy allows one name, `allowed.test`, on one port, pointed with `--net-resolve` at an upstream the harness runs on 127.0.0.2, and, carelessly on purpose, any host on the port of the world's listener on the host's 127.0.0.1; each attack first makes one allowed request, which the upstream must have seen. Judged on the host: the upstream must never receive a byte of what the proxy must refuse (every such attempt carries the word `forbidden`), a listener and a stand-in resolver on 127.0.0.3 that no rule allows must see nothing, the world's listener must stay untouched, and no name a rule does not allow may appear in the report's connections with an address.\n\
 The evidence column lists the attack's own attempt results, for reading only.\n\n\
 - **Denied**: every attempt failed and the world is unchanged.\n\
 - **Contained**: something worked, but only inside the sandbox.\n\

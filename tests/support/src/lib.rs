@@ -433,37 +433,6 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A TLS ClientHello record (TLS 1.3's shape: one cipher suite, null compression) carrying
-/// `extensions` as they are given: enough for a proxy's SNI check, not a handshake anyone
-/// completes.
-#[must_use]
-pub fn tls_client_hello(extensions: &[u8]) -> Vec<u8> {
-    let mut body = vec![3, 3];
-    body.extend([9u8; 32]);
-    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
-    body.extend(u16::try_from(extensions.len()).unwrap_or(u16::MAX).to_be_bytes());
-    body.extend(extensions);
-    let mut handshake = vec![1];
-    handshake.extend(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes()[1..]);
-    handshake.extend(body);
-    let mut record = vec![0x16, 3, 1];
-    record.extend(u16::try_from(handshake.len()).unwrap_or(u16::MAX).to_be_bytes());
-    record.extend(handshake);
-    record
-}
-
-/// A `server_name` extension listing `names` (each a `host_name` entry).
-#[must_use]
-pub fn tls_sni_extension(names: &[&str]) -> Vec<u8> {
-    let mut list = Vec::new();
-    for n in names {
-        list.push(0);
-        list.extend(u16::try_from(n.len()).unwrap_or(u16::MAX).to_be_bytes());
-        list.extend(n.as_bytes());
-    }
-    let mut ext = vec![0, 0];
-    ext.extend(u16::try_from(list.len() + 2).unwrap_or(u16::MAX).to_be_bytes());
-    ext.extend(u16::try_from(list.len()).unwrap_or(u16::MAX).to_be_bytes());
-    ext.extend(list);
-    ext
-}
+/// The TLS ClientHello builders, from the attack programs (which send them at the proxy
+/// from inside a sandbox): one place for the bytes, dependency-free.
+pub use stockade_attacks::net::{tls_client_hello, tls_sni_extension};

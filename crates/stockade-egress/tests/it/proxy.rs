@@ -222,8 +222,7 @@ async fn g3_a_literal_reaches_inward_only_through_a_rule_that_names_it() {
     assert_eq!(r.connections.len(), 5, "{r:?}");
     assert!(r.connections.iter().all(|c| c.rule == "private-address" && c.address.is_none()), "{r:?}");
     // A rule that names the address (a block, or the string) reaches it.
-    for named in [format!("args.host = {{ hosts = [\"127.0.0.0/24\"] }}"), "args.host = { const = \"127.0.0.3\" }".into()]
-    {
+    for named in ["args.host = { hosts = [\"127.0.0.0/24\"] }", "args.host = { const = \"127.0.0.3\" }"] {
         let policy = format!("{careless}{named}\n");
         let e = NetGrant::new(NetPolicy::from_toml(&policy).unwrap()).start();
         let d = exchange(proxy(e).await, &get("127.0.0.3")).await;
