@@ -86,6 +86,10 @@
 //!     nothing changes: no proxy variable, no listener, no route. `stockade mcp --allow-net`
 //!     and `allow_net` in `agent.toml` (on `run_code` and on a confined command tool) give
 //!     those runs the same grant, named in `run_code`'s description; a call cannot widen it.
+//!     `--net-secret HOST=ENVVAR[:HEADER]` gives the run a placeholder for stockade's own
+//!     `$ENVVAR`, and only HOST's upstream gets the real value (in HEADER), through TLS the
+//!     proxy ends with a per-run CA; without a grant for its host, or with `$ENVVAR` unset,
+//!     the run is refused before it starts.
 //!     (pinned by: tests/it/net.rs::g9_*)
 //!
 //! # Non-guarantees

@@ -169,6 +169,14 @@ pub(crate) struct RunArgs {
     /// loopback or private address (repeatable).
     #[arg(long = "net-resolve", value_name = "HOST:PORT:ADDRESS")]
     net_resolve: Vec<String>,
+    /// Keep a credential out of the sandbox (repeatable): the program finds a per-run
+    /// placeholder in $ENVVAR (and $STOCKADE_SECRET_ENVVAR); for HOST only, the proxy ends
+    /// the program's TLS with a per-run CA (trusted through SSL_CERT_FILE, REQUESTS_CA_BUNDLE,
+    /// NODE_EXTRA_CA_CERTS, PIP_CERT, GIT_SSL_CAINFO and CURL_CA_BUNDLE), puts the real
+    /// value from stockade's own $ENVVAR where the placeholder is in HEADER (Authorization
+    /// unless named), and sends the request on over TLS verified against the host's roots.
+    #[arg(long = "net-secret", value_name = "HOST=ENVVAR[:HEADER]")]
+    net_secret: Vec<String>,
     /// Print the whole report as JSON (on stdout) instead of the verified output.
     #[arg(long)]
     json: bool,
@@ -373,9 +381,24 @@ fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
     Ok(grants)
 }
 
-/// The network grant of `--allow-net` or `--net-policy`, with `--net-resolve`.
+/// The network grant of `--allow-net` or `--net-policy`, with `--net-resolve` and
+/// `--net-secret`.
 fn net_grant(args: &RunArgs) -> Result<Option<egress::NetGrant>> {
-    net_grant_from(args.net_policy.as_deref(), &args.allow_net, &args.net_resolve)
+    let grant = net_grant_from(args.net_policy.as_deref(), &args.allow_net, &args.net_resolve)?;
+    match grant {
+        Some(grant) if !args.net_secret.is_empty() => {
+            let secrets = args
+                .net_secret
+                .iter()
+                .map(|s| egress::NetSecret::parse(s, |k| std::env::var(k).ok()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(grant.secrets(secrets)?))
+        }
+        None if !args.net_secret.is_empty() => {
+            bail!("--net-secret needs --allow-net or --net-policy allowing the secret's host")
+        }
+        grant => Ok(grant),
+    }
 }
 
 /// A network grant from a policy file or `--allow-net` entries, with `--net-resolve`

@@ -55,18 +55,10 @@ pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
 pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    match req.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return refuse(400, "the request head is incomplete"),
-        Err(httparse::Error::TooManyHeaders) => return refuse(431, "the request has over 100 headers"),
-        Err(e) => return refuse(400, format!("the request head is malformed: {e}")),
-    }
+    parse_head(&mut req, head)?;
     // HTTP/1.0 too: urllib3 (pip, requests) sends its CONNECT as 1.0.
     let (Some(method), Some(target), Some(0 | 1)) = (req.method, req.path, req.version) else {
         return refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
-    };
-    let value = |name: &str| -> Vec<&[u8]> {
-        req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value).collect()
     };
     if method == "CONNECT" {
         let (host, port) = authority(target).ok_or_else(|| Refusal {
@@ -90,8 +82,64 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
     if path.contains('#') {
         return refuse(400, "a request target has no fragment");
     }
-    let (host, port) = authority_or_80(auth)
+    let (host, port) = authority_or(auth, 80)
         .ok_or_else(|| Refusal { status: 400, reason: format!("the URL's host is not valid: {:?}", cut(auth)) })?;
+    let (head, body) = rebuild(method, &path, &req, (&host, port, 80), None)?;
+    Ok(Request::Forward { method: method.to_owned(), host, port, path, head, body })
+}
+
+/// Parses a complete request head into `req`, or the refusal.
+fn parse_head<'h, 'b>(req: &mut httparse::Request<'h, 'b>, head: &'b [u8]) -> Result<(), Refusal> {
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => Ok(()),
+        Ok(httparse::Status::Partial) => refuse(400, "the request head is incomplete"),
+        Err(httparse::Error::TooManyHeaders) => refuse(431, "the request has over 100 headers"),
+        Err(e) => refuse(400, format!("the request head is malformed: {e}")),
+    }
+}
+
+/// A header whose value carries a placeholder that is replaced, in that header only, with
+/// the real value (a `--net-secret`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inject<'a> {
+    /// The header's name, in lower case.
+    pub(crate) header: &'a str,
+    /// What the guest holds.
+    pub(crate) placeholder: &'a [u8],
+    /// What the upstream gets instead.
+    pub(crate) value: &'a [u8],
+}
+
+/// One origin-form request read inside a tunnel the proxy terminates for `host:port`
+/// (a `--net-secret` host): the head that goes upstream, with `inject` done, and its body's
+/// framing. The same checks as a forwarded request: one `Host`, equal to the tunnel's host;
+/// unambiguous framing; no upgrade.
+pub(crate) fn parse_origin(head: &[u8], host: &str, port: u16, inject: Inject<'_>) -> Result<(Vec<u8>, Body), Refusal> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    parse_head(&mut req, head)?;
+    let (Some(method), Some(path), Some(0 | 1)) = (req.method, req.path, req.version) else {
+        return refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
+    };
+    if method == "CONNECT" || !path.starts_with('/') {
+        return refuse(400, format!("inside the tunnel a request names a path, not {:?}", cut(path)));
+    }
+    rebuild(method, path, &req, (host, port, 443), Some(inject))
+}
+
+/// The checks every request the proxy sends on makes, and its head as it goes upstream:
+/// exactly one `Host`, equal to `host:port` (`default` when the header names no port);
+/// unambiguous framing; no upgrade; the hop-by-hop headers gone and `Connection: close`.
+fn rebuild(
+    method: &str,
+    path: &str,
+    req: &httparse::Request<'_, '_>,
+    (host, port, default): (&str, u16, u16),
+    inject: Option<Inject<'_>>,
+) -> Result<(Vec<u8>, Body), Refusal> {
+    let value = |name: &str| -> Vec<&[u8]> {
+        req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value).collect()
+    };
     // The Host header must be the target (RFC 9112 §3.2.2 lets a proxy replace it; refusing
     // a mismatch instead keeps what the upstream sees equal to what was decided).
     let hosts = value("host");
@@ -99,8 +147,8 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
         return refuse(400, "a request needs exactly one Host header");
     };
     let given = std::str::from_utf8(given).unwrap_or("").to_ascii_lowercase();
-    if authority_or_80(&given) != Some((host.clone(), port)) {
-        return refuse(400, format!("the Host header {:?} is not the request's target {auth:?}", cut(&given)));
+    if authority_or(&given, default) != Some((host.to_owned(), port)) {
+        return refuse(400, format!("the Host header {:?} is not the request's target {host}:{port}", cut(&given)));
     }
     let body = framing(&value("content-length"), &value("transfer-encoding"))?;
     if !value("upgrade").is_empty() {
@@ -112,10 +160,43 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
         .flat_map(|v| std::str::from_utf8(v).unwrap_or("").split(','))
         .map(|t| t.trim().to_ascii_lowercase())
         .collect();
-    let out = closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, |name| {
-        HOP_BY_HOP.contains(&name) || named.iter().any(|n| n == name)
-    });
-    Ok(Request::Forward { method: method.to_owned(), host, port, path, head: out, body })
+    let dropped = |name: &str| HOP_BY_HOP.contains(&name) || named.iter().any(|n| n == name);
+    let head = match inject {
+        None => closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, dropped),
+        Some(inject) => {
+            let replaced: Vec<Vec<u8>> = req
+                .headers
+                .iter()
+                .map(|h| {
+                    if h.name.eq_ignore_ascii_case(inject.header) {
+                        replace_all(h.value, inject.placeholder, inject.value)
+                    } else {
+                        h.value.to_vec()
+                    }
+                })
+                .collect();
+            let headers: Vec<httparse::Header<'_>> =
+                req.headers.iter().zip(&replaced).map(|(h, v)| httparse::Header { name: h.name, value: v }).collect();
+            closing_head(&format!("{method} {path} HTTP/1.1"), &headers, dropped)
+        }
+    };
+    Ok((head, body))
+}
+
+/// `haystack` with every `needle` replaced by `with`.
+fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len() + with.len());
+    let mut i = 0;
+    while i < haystack.len() {
+        if !needle.is_empty() && haystack[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(haystack[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The body framing of a request, or the refusal of an ambiguous one (G5).
@@ -145,12 +226,12 @@ fn framing(lengths: &[&[u8]], encodings: &[&[u8]]) -> Result<Body, Refusal> {
     }
 }
 
-/// [`authority`] of `s`, with port 80 when it names none (an `http://` URL's or a `Host`
+/// [`authority`] of `s`, with port `default` when it names none (an URL's or a `Host`
 /// header's form).
-fn authority_or_80(s: &str) -> Option<(String, u16)> {
+fn authority_or(s: &str, default: u16) -> Option<(String, u16)> {
     let bracketed = s.starts_with('[');
     if bracketed && !s.contains("]:") || !bracketed && !s.contains(':') {
-        authority(&format!("{s}:80"))
+        authority(&format!("{s}:{default}"))
     } else {
         authority(s)
     }

@@ -18,7 +18,8 @@
 //! after the decision, and the proxy connects to exactly the address it checked.
 //!
 //! # Position in the stack
-//! Depends on: `stockade-policy`, `stockade-protocol`. Used by: `stockade-runtime` (the
+//! Depends on: `stockade-policy`, `stockade-protocol`, and for [`NetSecret`] rustls (ring),
+//! rcgen (the per-run CA) and rustls-native-certs (the host's roots). Used by: `stockade-runtime` (the
 //! network grant). Beside the tiers: it isolates nothing; it decides and carries what a
 //! tier's guest may send out of the one door the tier leaves.
 //! API boundary: yes; [`NetPolicy`], [`NetRule`], [`Resolve`], [`NetLimits`], [`NetGrant`] and
@@ -65,6 +66,15 @@
 //!     the address used, the decision and its rule, bytes each way, duration, and why the
 //!     proxy cut it.
 //!     (pinned by: tests/it/proxy.rs::g7_*)
+//! G8. A credential for one host never enters the sandbox ([`NetSecret`],
+//!     [`NetGrant::secrets`]): the guest holds a per-run placeholder; for that host only,
+//!     the proxy ends the guest's TLS with a certificate from a per-run CA (generated per
+//!     run, name-constrained to the secret hosts, its key never leaving this process),
+//!     replaces the placeholder in the one named header of each request, and sends it on
+//!     over TLS verified against the host's roots; an upstream that does not verify gets
+//!     nothing past a ClientHello, and a placeholder sent anywhere else stays one (end to
+//!     end with curl and Python in stockade-cli's `g9_a_net_secret_*`).
+//!     (pinned by: tests/it/proxy.rs::g8_*)
 //!
 //! # Non-guarantees
 //! Domain fronting past the SNI (an HTTP `Host` inside the tunnel that differs) and
@@ -81,7 +91,8 @@
 //!
 //! # Ambient authority
 //! Resolves names with the host's resolver and opens TCP connections to the addresses it
-//! allowed; nothing else.
+//! allowed; with secrets, reads the host's TLS roots (`SSL_CERT_FILE`, `SSL_CERT_DIR` and
+//! the system store, as rustls-native-certs does) and the OS's randomness; nothing else.
 //!
 //! # Feature flags
 //! None.
@@ -89,7 +100,8 @@
 //! # Invariants
 //! Stated as absences: resolves no name and opens no upstream before the policy allowed the
 //! connection; never connects to an address it did not check; holds no state beyond one
-//! run's [`Egress`]; writes no file.
+//! run's [`Egress`]; writes no file; never writes a secret's value anywhere but into the
+//! named header of a request to its own host, inside TLS.
 
 #![forbid(unsafe_code)]
 
@@ -97,9 +109,11 @@ mod addr;
 mod http;
 mod policy;
 mod proxy;
+mod secret;
 mod socks;
 mod tls;
 
 pub use addr::reachable;
 pub use policy::{NET_TOOL, NetPolicy, NetPolicyError, NetRule, Resolve};
 pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, classify, denied_line, proxy_env};
+pub use secret::{CA_ENV, NetSecret, SECRET_ENV_PREFIX};

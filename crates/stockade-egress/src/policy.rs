@@ -31,6 +31,14 @@ pub enum NetPolicyError {
         /// Why.
         reason: String,
     },
+    /// A `--net-secret` entry is not `HOST=ENVVAR[:HEADER]`, or its value is unusable.
+    #[error("--net-secret {entry:?}: {reason}")]
+    Secret {
+        /// The entry.
+        entry: String,
+        /// Why.
+        reason: String,
+    },
     /// The policy file does not load (the policy engine's own one-line error).
     #[error("{0}")]
     Policy(String),

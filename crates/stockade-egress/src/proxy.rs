@@ -13,7 +13,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::http::{self, Body, Request};
-use crate::policy::{NET_TOOL, NetPolicy, Resolve};
+use crate::policy::{NET_TOOL, NetPolicy, NetPolicyError, Resolve};
+use crate::secret::{Intercept, NetSecret, SECRET_ENV_PREFIX, Target};
 use crate::socks;
 use crate::tls::{self, Hello};
 
@@ -138,6 +139,9 @@ struct Inner {
     slots: Semaphore,
     records: Mutex<GrantsReport>,
     on_refused: Option<OnRefused>,
+    /// The secret hosts' interception, if the grant has secrets (`Err`: it could not be
+    /// set up, and every tunnel to a secret host is refused, saying why).
+    intercept: Option<Result<Intercept, (Vec<String>, String)>>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -207,11 +211,17 @@ pub struct NetGrant {
     resolve: Resolve,
     limits: NetLimits,
     on_refused: Option<OnRefused>,
+    secrets: Vec<NetSecret>,
+    client: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for NetGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NetGrant").field("resolve", &self.resolve).field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("NetGrant")
+            .field("resolve", &self.resolve)
+            .field("limits", &self.limits)
+            .field("secrets", &self.secrets)
+            .finish_non_exhaustive()
     }
 }
 
@@ -219,7 +229,37 @@ impl NetGrant {
     /// A grant deciding by `policy`, with no [`Resolve`] entries and the default bounds.
     #[must_use]
     pub fn new(policy: NetPolicy) -> Self {
-        Self { policy, resolve: Resolve::new(), limits: NetLimits::default(), on_refused: None }
+        Self {
+            policy,
+            resolve: Resolve::new(),
+            limits: NetLimits::default(),
+            on_refused: None,
+            secrets: Vec::new(),
+            client: None,
+        }
+    }
+
+    /// Keeps `secrets` out of the sandbox (G8): for each one's host, the guest's TLS ends
+    /// at the proxy, with a certificate from a per-run CA, and the real value replaces the
+    /// placeholder in the one named header on the way up. Fails if the host has no TLS
+    /// roots to verify the upstreams with, or two secrets name one host.
+    pub fn secrets(mut self, secrets: Vec<NetSecret>) -> Result<Self, NetPolicyError> {
+        let mut hosts = std::collections::BTreeSet::new();
+        if let Some(twice) = secrets.iter().find(|s| !hosts.insert(s.host().to_owned())) {
+            return Err(NetPolicyError::Secret {
+                entry: format!("{}={}", twice.host(), twice.env()),
+                reason: "another secret names the same host".into(),
+            });
+        }
+        if !secrets.is_empty() {
+            let client = crate::secret::client_config().map_err(|reason| NetPolicyError::Secret {
+                entry: secrets.iter().map(|s| format!("{}={}", s.host(), s.env())).collect::<Vec<_>>().join(","),
+                reason,
+            })?;
+            self.client = Some(client);
+        }
+        self.secrets = secrets;
+        Ok(self)
     }
 
     /// Resolves with `resolve`'s entries first.
@@ -266,12 +306,41 @@ impl NetGrant {
                 down: AtomicU64::new(0),
                 records: Mutex::new(GrantsReport::default()),
                 on_refused: self.on_refused.clone(),
+                intercept: self.client.clone().map(|client| {
+                    Intercept::start(&self.secrets, client)
+                        .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
+                }),
             }),
         }
     }
 }
 
 impl Egress {
+    /// The variables that hold each secret's per-run placeholder: `$ENVVAR` and
+    /// `$STOCKADE_SECRET_<ENVVAR>`. Empty without secrets.
+    #[must_use]
+    pub fn secret_env(&self) -> Vec<(String, String)> {
+        let Some(Ok(intercept)) = &self.inner.intercept else { return Vec::new() };
+        intercept
+            .targets
+            .iter()
+            .flat_map(|t| {
+                let env = t.secret.env();
+                [(env.to_owned(), t.placeholder.clone()), (format!("{SECRET_ENV_PREFIX}{env}"), t.placeholder.clone())]
+            })
+            .collect()
+    }
+
+    /// The per-run CA's certificate (PEM), which a guest must trust to reach a secret host;
+    /// `None` without secrets. Its key never leaves the proxy.
+    #[must_use]
+    pub fn ca_pem(&self) -> Option<&str> {
+        match &self.inner.intercept {
+            Some(Ok(i)) => Some(&i.ca_pem),
+            _ => None,
+        }
+    }
+
     /// Moves the connections recorded so far into `report`.
     pub fn record_into(&self, report: &mut GrantsReport) {
         let mut records = self.inner.records.lock().unwrap_or_else(PoisonError::into_inner);
@@ -557,11 +626,109 @@ impl Egress {
             conn.refuse(NetDecision::Refused, rule, reason);
             return;
         }
+        if named {
+            match &self.inner.intercept {
+                Some(Ok(i)) => {
+                    if let Some(target) = i.target(&conn.record.host) {
+                        let client = Prefixed { head: hello, at: 0, inner: stream };
+                        self.intercept(conn, client, &addrs, target, i.client.clone()).await;
+                        return;
+                    }
+                }
+                Some(Err((hosts, why))) if hosts.contains(&conn.record.host) => {
+                    conn.refuse(NetDecision::Refused, "secret-setup", why.clone());
+                    return;
+                }
+                _ => {}
+            }
+        }
         let Ok(mut upstream) = self.connect(conn, &addrs).await else { return };
         if !self.charge_up(conn, hello.len()) || upstream.write_all(&hello).await.is_err() {
             return;
         }
         self.splice(conn, stream, &mut upstream).await;
+    }
+
+    /// A tunnel to a secret host (G8): the guest's TLS ends here with the per-run
+    /// certificate; one request is read, its placeholder replaced in the secret's header,
+    /// and sent on over TLS verified against the host's roots; the response comes back.
+    async fn intercept<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        conn: &mut Conn,
+        client: Prefixed<'_, S>,
+        addrs: &[SocketAddr],
+        target: &Target,
+        tls_client: Arc<rustls::ClientConfig>,
+    ) {
+        let limits = self.inner.limits;
+        let accepted =
+            tokio::time::timeout(limits.idle, tokio_rustls::TlsAcceptor::from(target.server.clone()).accept(client))
+                .await;
+        let Ok(Ok(mut guest)) = accepted else {
+            conn.refuse(
+                NetDecision::Refused,
+                "secret-tls",
+                "the guest's TLS handshake with the per-run CA's certificate failed (does it trust $SSL_CERT_FILE?)",
+            );
+            return;
+        };
+        let mut buf = Vec::with_capacity(1024);
+        let got =
+            read_until(&mut guest, &mut buf, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some()).await;
+        let Some(end) = got.ok().filter(|ok| *ok).and_then(|_| http::head_end(&buf)) else {
+            conn.refuse(
+                NetDecision::Refused,
+                "bad-request",
+                "no complete request head inside the secret host's tunnel",
+            );
+            let _ = guest.write_all(&http::reply(431, &conn.record.reason)).await;
+            return;
+        };
+        let secret = &target.secret;
+        let inject = http::Inject {
+            header: secret.header(),
+            placeholder: target.placeholder.as_bytes(),
+            value: secret.value().as_bytes(),
+        };
+        let (head, body) = match http::parse_origin(&buf[..end], &conn.record.host, conn.record.port, inject) {
+            Ok(parsed) => parsed,
+            Err(r) => {
+                conn.refuse(NetDecision::Refused, "bad-request", r.reason.clone());
+                let _ = guest.write_all(&http::reply(r.status, &r.reason)).await;
+                return;
+            }
+        };
+        let Ok(tcp) = self.connect(conn, addrs).await else {
+            let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
+            return;
+        };
+        let name = rustls::pki_types::ServerName::try_from(conn.record.host.clone());
+        let upstream = match name {
+            Ok(name) => tokio::time::timeout(
+                limits.connect_timeout,
+                tokio_rustls::TlsConnector::from(tls_client).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| "timed out".to_owned())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut upstream = match upstream {
+            Ok(u) => u,
+            Err(e) => {
+                conn.refuse(
+                    NetDecision::Refused,
+                    "upstream-tls",
+                    format!("{}'s TLS did not verify against the host's roots: {e}", conn.record.host),
+                );
+                let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
+                return;
+            }
+        };
+        conn.record.secret = Some(secret.header().to_owned());
+        let rest = buf.split_off(end);
+        self.relay(conn, &mut guest, &mut upstream, &head, body, rest).await;
+        let _ = upstream.shutdown().await;
     }
 
     /// One plain HTTP request: decided with its method and path, resolved, connected,
@@ -587,13 +754,28 @@ impl Egress {
             let _ = stream.write_all(&http::reply(502, &conn.record.reason)).await;
             return;
         };
+        self.relay(conn, stream, &mut upstream, head, body, rest).await;
+    }
+
+    /// Sends one request (its `head`, then its body by `body`'s framing, starting with the
+    /// `rest` already read) to `upstream`, and carries the response back, its head
+    /// rewritten to close.
+    async fn relay<C: AsyncRead + AsyncWrite + Unpin + Send, U: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        stream: &mut C,
+        upstream: &mut U,
+        head: &[u8],
+        body: Body,
+        rest: Vec<u8>,
+    ) {
         if !self.charge_up(conn, head.len()) || upstream.write_all(head).await.is_err() {
             return;
         }
         let mut client = Prefixed { head: rest, at: 0, inner: stream };
         let sent = match body {
-            Body::Length(n) => self.copy_exact(conn, &mut client, &mut upstream, n).await,
-            Body::Chunked => self.copy_chunked(conn, &mut client, &mut upstream).await,
+            Body::Length(n) => self.copy_exact(conn, &mut client, upstream, n).await,
+            Body::Chunked => self.copy_chunked(conn, &mut client, upstream).await,
         };
         if let Err(cut) = sent {
             conn.record.cut = Some(cut.into());
@@ -603,8 +785,7 @@ impl Egress {
         let limits = self.inner.limits;
         let mut head = Vec::new();
         let got =
-            read_until(&mut upstream, &mut head, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some())
-                .await;
+            read_until(upstream, &mut head, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some()).await;
         let Some(end) = got.ok().filter(|ok| *ok).and_then(|_| http::head_end(&head)) else {
             conn.record.cut = Some("bad-response".into());
             let _ = client
@@ -624,7 +805,7 @@ impl Egress {
         {
             return;
         }
-        let cut = self.pump_down(conn, &mut upstream, client.inner).await;
+        let cut = self.pump_down(conn, upstream, client.inner).await;
         conn.record.cut = cut.map(str::to_owned);
         let _ = client.inner.shutdown().await;
     }

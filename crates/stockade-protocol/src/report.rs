@@ -350,6 +350,10 @@ pub struct NetConnection {
     /// `max-bytes`, `run-ended`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<String>,
+    /// For a secret host's connection, the header the proxy put the real value in (never
+    /// the value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
 }
 
 impl GrantCall {
@@ -383,6 +387,7 @@ impl NetConnection {
             bytes_down: 0,
             duration: Duration::ZERO,
             cut: None,
+            secret: None,
         }
     }
 }

@@ -123,7 +123,10 @@
 //!     beside the model grant: each connection goes, by its first bytes, to the run's own
 //!     proxy (CONNECT, an absolute-form URL, SOCKS5) or to the model (origin-form HTTP); the
 //!     guest gets the proxy's variables, a job that sets them itself is refused, and the
-//!     report's grants section lists every connection. A tier that cannot put the proxy's
+//!     report's grants section lists every connection. With secrets, the per-run CA
+//!     (appended to the host's roots) is [`NET_CA_FILE`] in the grants directory, the guest's
+//!     CA variables name it, and its placeholders are in its environment, never the values.
+//!     A tier that cannot put the proxy's
 //!     listener in the run's namespace (wasm; docker without root or under gVisor) fails
 //!     closed with [`RunError::Unsupported`].
 //!     (pinned by: tests/it/grants.rs::g10_*)
@@ -191,6 +194,14 @@ pub const MODEL_ENV: &str = "STOCKADE_MODEL_SOCKET";
 
 /// The environment variable naming the grants directory inside the guest.
 pub const GRANTS_ENV: &str = "STOCKADE_GRANTS";
+
+/// The run's CA bundle in the grants directory, with a network grant that has secrets: the
+/// host's roots and the per-run CA (`stockade_egress::CA_ENV` point at it).
+pub const NET_CA_FILE: &str = "net-ca.pem";
+
+/// Where the host's own roots are looked for (Debian and Alpine, Fedora, openSUSE).
+const HOST_CA_BUNDLES: [&str; 3] =
+    ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem"];
 
 /// The Linux subprocess tier.
 #[cfg(feature = "process")]
@@ -332,6 +343,14 @@ impl Broker {
         })?;
         let path = dir.path().to_path_buf();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
+        if let Some(ca) = self.egress.as_ref().and_then(stockade_egress::Egress::ca_pem) {
+            // The guest's trust for a secret host: the host's roots and the per-run CA.
+            let mut bundle = HOST_CA_BUNDLES.iter().find_map(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+            bundle.push_str(ca);
+            std::fs::write(path.join(NET_CA_FILE), bundle).map_err(|e| {
+                RunError::Misconfigured(format!("writing the run's CA bundle in {}: {e}", path.display()))
+            })?;
+        }
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(tasks) = tasks.as_mut() else {
             return Err(RunError::Misconfigured("the run's broker has already ended".into()));
@@ -398,7 +417,12 @@ impl Broker {
     /// the broker.
     pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, RunError> {
         let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY", "OPENAI_BASE_URL"];
-        let proxy = self.egress.as_ref().map(|_| stockade_egress::proxy_env(broker::MODEL_PORT)).unwrap_or_default();
+        let mut proxy =
+            self.egress.as_ref().map(|_| stockade_egress::proxy_env(broker::MODEL_PORT)).unwrap_or_default();
+        if let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) {
+            proxy.extend(stockade_egress::CA_ENV.iter().map(|v| ((*v).to_owned(), String::new())));
+            proxy.extend(egress.secret_env());
+        }
         if let Some(v) =
             job.env().iter().find(|v| reserved.contains(&v.key()) || proxy.iter().any(|(k, _)| k == v.key()))
         {
@@ -413,6 +437,14 @@ impl Broker {
             job = job
                 .and_then(|j| j.with_env(MODEL_ENV, format!("{dir}/{}", broker::MODEL_SOCKET)))
                 .and_then(|j| j.with_env("OPENAI_API_KEY", &*self.model_run.placeholder));
+        }
+        if let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) {
+            for var in stockade_egress::CA_ENV {
+                job = job.and_then(|j| j.with_env(var, format!("{dir}/{NET_CA_FILE}")));
+            }
+            for (k, v) in egress.secret_env() {
+                job = job.and_then(|j| j.with_env(k, v));
+            }
         }
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));

@@ -46,14 +46,19 @@ fn exclusive() -> Runs {
     Runs { read: None, write: Some(write) }
 }
 
-fn stockade(args: &[&str]) -> Output {
+fn stockade(args: &[&str], env: &[(&str, &str)]) -> Output {
     let _runs = shared();
-    Command::new(env!("CARGO_BIN_EXE_stockade")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_stockade")).args(args).envs(env.iter().copied()).output().unwrap()
 }
 
 /// (exit code, stdout, stderr).
 pub(crate) fn check(args: &[&str]) -> (i32, String, String) {
-    let o = stockade(args);
+    check_env(args, &[])
+}
+
+/// [`check`], with `env` added to stockade's own environment.
+pub(crate) fn check_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let o = stockade(args, env);
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),

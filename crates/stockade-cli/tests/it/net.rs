@@ -520,3 +520,164 @@ fn g9_the_agent_s_run_code_and_confined_tools_reach_what_allow_net_names() {
     assert!(fetched.contains("hello from 127.0.0.7"), "{fetched}");
     assert_eq!(up.requests(), ["GET /from-agent HTTP/1.1", "GET /from-tool HTTP/1.1"]);
 }
+
+/// A test CA and a certificate it signed for `name` (openssl), in `dir`: `ca.pem`,
+/// `leaf.pem`, `leaf.key`.
+fn test_ca(dir: &std::path::Path, name: &str) {
+    let openssl = |args: &[&str]| {
+        let ok = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().unwrap();
+        assert!(ok.success(), "openssl {args:?}");
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        format!("subjectAltName=DNS:{name}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"),
+    )
+    .unwrap();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=stockade test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        &format!("/CN={name}"),
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "leaf.pem",
+    ]);
+}
+
+#[test]
+fn g9_a_net_secret_reaches_its_host_only_and_never_the_sandbox() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED net secret: no openssl");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    test_ca(&dir, "api.test");
+    // The upstream: TLS for api.test with the test CA's certificate, logging each request head.
+    let script = r#"
+import socket, ssl, sys
+d = sys.argv[1]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(d + "/leaf.pem", d + "/leaf.key")
+s = socket.socket(); s.bind(("127.0.0.5", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    try:
+        t = ctx.wrap_socket(c, server_side=True)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            b = t.recv(65536)
+            if not b: break
+            head += b
+        open(d + "/requests.log", "ab").write(head)
+        t.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nsecret-ok")
+        t.close()
+    except Exception as e:
+        open(d + "/requests.log", "a").write("failed %s\n" % e)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port: u16 = line.trim().parse().unwrap();
+    let plain = HttpUpstream::start("127.0.0.4");
+    let real = "real-secret-value-4f1c";
+    let ca = dir.join("ca.pem");
+    let cmd = format!(
+        "curl -sS -H \"Authorization: Bearer $TOKEN\" https://api.test:{port}/curl; echo; \
+         python3 -c \"import os, urllib.request as u; r = u.Request('https://api.test:{port}/py', headers={{'Authorization': 'token ' + os.environ['STOCKADE_SECRET_TOKEN']}}); print(u.urlopen(r).read().decode())\"; \
+         curl -sS http://plain.test:{}/$TOKEN >/dev/null; env; cat /proc/self/environ",
+        plain.port
+    );
+    let (code, out, err) = crate::cli::check_env(
+        &[
+            "run",
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--allow-net",
+            &format!("plain.test:{}", plain.port),
+            "--net-resolve",
+            &format!("api.test:{port}:127.0.0.5"),
+            "--net-resolve",
+            &format!("plain.test:{}:127.0.0.4", plain.port),
+            "--net-secret",
+            "api.test=TOKEN",
+            "--",
+            "sh",
+            "-c",
+            &cmd,
+        ],
+        // The proxy verifies the upstream against the host's roots: here, the test CA.
+        &[("TOKEN", real), ("SSL_CERT_FILE", ca.to_str().unwrap())],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{out}\n{err}\n{log}");
+    assert!(out.starts_with("secret-ok\nsecret-ok\n"), "{out}\n{err}\n{log}");
+    // The upstream got the real value, in the header named, from both clients.
+    assert!(log.contains(&format!("Bearer {real}")) && log.contains(&format!("token {real}")), "{log}");
+    assert!(!log.contains("stockade-secret-"), "a placeholder reached the secret host: {log}");
+    // The sandbox held only the placeholder, in both variables; another host got that.
+    assert!(!out.contains(real) && !err.contains(real), "{out}\n{err}");
+    assert!(out.contains("TOKEN=stockade-secret-") && out.contains("STOCKADE_SECRET_TOKEN=stockade-secret-"), "{out}");
+    let seen = plain.requests();
+    assert!(seen.iter().any(|r| r.contains("/stockade-secret-")) && !seen.iter().any(|r| r.contains(real)), "{seen:?}");
+    // Without a grant for its host, a secret is refused before anything runs.
+    let (code, _, err) =
+        crate::cli::check_env(&["run", "--net-secret", "api.test=TOKEN", "--", "true"], &[("TOKEN", real)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--net-secret needs --allow-net"), "{err}");
+    let (code, _, err) = crate::cli::check_env(
+        &["run", "--allow-net", "api.test", "--net-secret", "api.test=NOPE_UNSET", "--", "true"],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("$NOPE_UNSET is not set"), "{err}");
+}

@@ -442,3 +442,66 @@ async fn g6_a_large_download_goes_through_whole_within_its_bounds() {
     }
     eprintln!("32 MiB through the proxy in {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn g8_a_secret_host_s_tls_ends_at_the_per_run_ca_and_an_unverified_upstream_gets_nothing() {
+    use stockade_egress::NetSecret;
+    // A plain-TCP upstream: its "TLS" cannot verify, so nothing past a ClientHello may reach it.
+    let up = Upstream::start("127.0.0.6", b"not tls").await;
+    let port = up.addr.port();
+    let secret = NetSecret::new("sec.test", "TOKEN", "Authorization", "real-value-77").unwrap();
+    assert!(!format!("{secret:?}").contains("real-value-77"));
+    let e = NetGrant::new(allow(&[&format!("sec.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("sec.test:{port}:127.0.0.6")).unwrap())
+        .secrets(vec![secret])
+        .unwrap()
+        .start();
+    let env = e.secret_env();
+    let placeholder = env.iter().find(|(k, _)| k == "TOKEN").map(|(_, v)| v.clone()).unwrap();
+    assert!(placeholder.starts_with("stockade-secret-"), "{env:?}");
+    assert!(env.iter().any(|(k, v)| k == "STOCKADE_SECRET_TOKEN" && *v == placeholder), "{env:?}");
+    // Each run has its own placeholder.
+    assert_ne!(
+        placeholder,
+        NetGrant::new(allow(&["sec.test"]))
+            .secrets(vec![NetSecret::new("sec.test", "TOKEN", "Authorization", "x").unwrap()])
+            .unwrap()
+            .start()
+            .secret_env()[0]
+            .1
+    );
+    // The guest trusts the run's CA and completes TLS for sec.test with the proxy.
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
+        e.ca_pem().unwrap().as_bytes(),
+    )
+    .unwrap();
+    roots.add(ca).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let p = proxy(e.clone()).await;
+    let mut tcp = TcpStream::connect(p).await.unwrap();
+    tcp.write_all(format!("CONNECT sec.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = [0u8; 39];
+    tcp.read_exact(&mut head).await.unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let name = rustls::pki_types::ServerName::try_from("sec.test").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap();
+    tls.write_all(
+        format!("GET / HTTP/1.1\r\nHost: sec.test:{port}\r\nAuthorization: Bearer {placeholder}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), tls.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("did not verify"), "{answer}");
+    settle().await;
+    let seen = up.connections().concat();
+    assert!(!seen.contains("real-value-77") && !seen.contains(&placeholder), "{seen}");
+    let r = records(&e);
+    assert_eq!(r.connections[0].rule, "upstream-tls", "{r:?}");
+}

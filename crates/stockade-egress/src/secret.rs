@@ -1,0 +1,198 @@
+//! Credentials the sandbox never holds (G8): `--net-secret HOST=ENVVAR[:HEADER]`.
+//!
+//! The guest gets a per-run placeholder in `$ENVVAR` and `$STOCKADE_SECRET_<ENVVAR>`. For
+//! `HOST` only, the proxy ends the guest's TLS with a certificate from a per-run CA (its key
+//! never leaves this process; its certificate is the one thing the guest is given to trust,
+//! beside the host's roots), reads each request, puts the real value where the placeholder
+//! is in the one named header, and sends the request on over a second TLS connection that
+//! verifies the upstream against the host's roots. The CA is name-constrained to the secret
+//! hosts, so even its key could sign for nothing else.
+
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use crate::policy::NetPolicyError;
+
+/// The variables that point a guest's clients at the run's CA bundle (the host's roots and
+/// the per-run CA): OpenSSL and Python's ssl, requests, Node, pip, git and curl.
+pub const CA_ENV: [&str; 6] =
+    ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"];
+
+/// The prefix of the variable that holds a secret's placeholder: `STOCKADE_SECRET_<ENVVAR>`.
+pub const SECRET_ENV_PREFIX: &str = "STOCKADE_SECRET_";
+
+/// One credential for one host: the guest holds a placeholder, the upstream gets `value`
+/// in `header`. Its `Debug` never shows the value.
+#[derive(Clone)]
+pub struct NetSecret {
+    host: String,
+    env: String,
+    header: String,
+    value: Arc<str>,
+}
+
+impl std::fmt::Debug for NetSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetSecret")
+            .field("host", &self.host)
+            .field("env", &self.env)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NetSecret {
+    /// Parses `HOST=ENVVAR[:HEADER]` (the header is `Authorization` unless named) and reads
+    /// the value with `lookup` (the host's environment, for the CLI).
+    pub fn parse(spec: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, NetPolicyError> {
+        let bad = |reason: &str| NetPolicyError::Secret { entry: spec.to_owned(), reason: reason.to_owned() };
+        let (host, rest) = spec.split_once('=').ok_or_else(|| bad("the form is HOST=ENVVAR[:HEADER]"))?;
+        let (env, header) = rest.split_once(':').unwrap_or((rest, "Authorization"));
+        let value = lookup(env).ok_or_else(|| bad(&format!("${env} is not set in stockade's environment")))?;
+        Self::new(host, env, header, &value).map_err(|reason| bad(&reason))
+    }
+
+    /// A secret for `host` (a DNS name), placed in the guest as `$env`, given to the
+    /// upstream in `header`.
+    pub fn new(host: &str, env: &str, header: &str, value: &str) -> Result<Self, String> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        match stockade_policy::allow::HostPattern::parse(&host) {
+            Ok(stockade_policy::allow::HostPattern::Name(_)) => {}
+            _ => return Err(format!("{host:?} is not a DNS name (a secret is for one named host)")),
+        }
+        let env_ok = |s: &str| {
+            !s.is_empty()
+                && !s.starts_with(|c: char| c.is_ascii_digit())
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        };
+        if !env_ok(env) {
+            return Err(format!("{env:?} is not an environment variable's name"));
+        }
+        if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(format!("{header:?} is not a header name"));
+        }
+        if value.is_empty() || value.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err("the value is empty or holds control characters, which no header may carry".into());
+        }
+        Ok(Self { host, env: env.to_owned(), header: header.to_ascii_lowercase(), value: Arc::from(value) })
+    }
+
+    /// The host.
+    #[must_use]
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The variable the guest finds the placeholder in.
+    #[must_use]
+    pub fn env(&self) -> &str {
+        &self.env
+    }
+
+    /// The header the value goes in, in lower case.
+    #[must_use]
+    pub fn header(&self) -> &str {
+        &self.header
+    }
+
+    /// The real value: for the proxy's side only.
+    pub(crate) fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// One secret host's per-run state: the certificate the guest is shown, the placeholder.
+pub(crate) struct Target {
+    pub(crate) secret: NetSecret,
+    pub(crate) placeholder: String,
+    pub(crate) server: Arc<rustls::ServerConfig>,
+}
+
+/// A run's interception: the CA, and each secret host's server configuration.
+pub(crate) struct Intercept {
+    pub(crate) ca_pem: String,
+    pub(crate) targets: Vec<Target>,
+    pub(crate) client: Arc<rustls::ClientConfig>,
+}
+
+impl Intercept {
+    /// Makes the per-run CA (name-constrained to the hosts of `secrets`), one certificate
+    /// per host, and a placeholder per secret.
+    pub(crate) fn start(secrets: &[NetSecret], client: Arc<rustls::ClientConfig>) -> Result<Self, String> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose, NameConstraints,
+        };
+        let e = |e: rcgen::Error| format!("making the per-run CA: {e}");
+        let ca_key = KeyPair::generate().map_err(e)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.distinguished_name.push(DnType::CommonName, "stockade per-run CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca.name_constraints = Some(NameConstraints {
+            permitted_subtrees: secrets.iter().map(|s| GeneralSubtree::DnsName(s.host.clone())).collect(),
+            excluded_subtrees: Vec::new(),
+        });
+        let ca_cert = ca.self_signed(&ca_key).map_err(e)?;
+        let issuer = Issuer::new(ca, ca_key);
+        let mut targets = Vec::new();
+        for secret in secrets {
+            let key = KeyPair::generate().map_err(e)?;
+            let mut leaf = CertificateParams::new(vec![secret.host.clone()]).map_err(e)?;
+            leaf.distinguished_name.push(DnType::CommonName, secret.host.clone());
+            leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            let cert = leaf.signed_by(&key, &issuer).map_err(e)?;
+            let chain = vec![cert.der().clone(), CertificateDer::from(ca_cert.der().to_vec())];
+            let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+            let mut server = rustls::ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .map_err(|e| format!("the per-run certificate for {}: {e}", secret.host))?;
+            server.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let placeholder = format!("stockade-secret-{}", random_hex(16)?);
+            targets.push(Target { secret: secret.clone(), placeholder, server: Arc::new(server) });
+        }
+        Ok(Self { ca_pem: ca_cert.pem(), targets, client })
+    }
+
+    /// The target for `host`, if it has a secret.
+    pub(crate) fn target(&self, host: &str) -> Option<&Target> {
+        self.targets.iter().find(|t| t.secret.host == host)
+    }
+}
+
+/// The TLS client the proxy verifies secret hosts' upstreams with: the host's roots (as
+/// `rustls-native-certs` finds them, `SSL_CERT_FILE` and `SSL_CERT_DIR` included), HTTP/1.1.
+pub(crate) fn client_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+        return Err(format!(
+            "the host has no TLS roots to verify a secret host's upstream with ({})",
+            errors.join("; ")
+        ));
+    }
+    let mut client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(client))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// `bytes` random bytes from the OS, in hex.
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b).map_err(|e| format!("getrandom: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
