@@ -228,7 +228,7 @@ fn framing(lengths: &[&[u8]], encodings: &[&[u8]]) -> Result<Body, Refusal> {
 
 /// [`authority`] of `s`, with port `default` when it names none (an URL's or a `Host`
 /// header's form).
-fn authority_or(s: &str, default: u16) -> Option<(String, u16)> {
+pub(crate) fn authority_or(s: &str, default: u16) -> Option<(String, u16)> {
     let bracketed = s.starts_with('[');
     if bracketed && !s.contains("]:") || !bracketed && !s.contains(':') {
         authority(&format!("{s}:{default}"))
@@ -288,6 +288,10 @@ fn closing_head(first: &str, headers: &[httparse::Header<'_>], dropped: impl Fn(
     out
 }
 
+/// The `Proxy-Status` (RFC 9209) the proxy's own error replies carry, so a client can tell
+/// them from an upstream's.
+pub(crate) const PROXY_STATUS: &str = "stockade";
+
 /// A reply the proxy writes itself.
 pub(crate) fn reply(status: u16, reason: &str) -> Vec<u8> {
     let phrase = match status {
@@ -309,7 +313,7 @@ pub(crate) fn reply(status: u16, reason: &str) -> Vec<u8> {
     }
     let body = format!("stockade: {reason}\n");
     format!(
-        "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {phrase}\r\nProxy-Status: {PROXY_STATUS}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()

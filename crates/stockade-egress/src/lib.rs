@@ -12,6 +12,10 @@
 //!   with its method and path, its `Host` equal to the target, its framing unambiguous;
 //! - SOCKS5 with a name (`socks5h://`): decided like CONNECT.
 //!
+//! A guest without sockets (the wasm tier's JavaScript `fetch`) gets [`Egress::fetch`]: the
+//! host makes the request as a client of the same proxy, over an in-memory stream, so it is
+//! decided, checked, bounded and recorded by the same code.
+//!
 //! Every connection is a `net.connect` call to a [`stockade_policy`] policy ([`NetPolicy`]):
 //! the same engine, rules, limits and load-time examples as every tool call. `--allow-net`
 //! entries ([`NetRule`]) are a policy written for the user. Names are resolved on the host,
@@ -75,6 +79,10 @@
 //!     nothing past a ClientHello, and a placeholder sent anywhere else stays one (end to
 //!     end with curl and Python in stockade-cli's `g9_a_net_secret_*`).
 //!     (pinned by: tests/it/proxy.rs::g8_*)
+//! G9. [`Egress::fetch`] has no path to the network of its own: it is a client of the same
+//!     proxy, so a fetch is decided, checked and recorded as a connection is, and a refusal
+//!     is the proxy's own reply (`Proxy-Status: stockade`), never an upstream's.
+//!     (pinned by: tests/it/proxy.rs::g9_*)
 //!
 //! # Non-guarantees
 //! Domain fronting past the SNI (an HTTP `Host` inside the tunnel that differs) and
@@ -106,6 +114,7 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod fetch;
 mod http;
 mod policy;
 mod proxy;
@@ -114,6 +123,7 @@ mod socks;
 mod tls;
 
 pub use addr::reachable;
+pub use fetch::{FetchError, MAX_FETCH_BODY, MAX_FETCH_RESPONSE};
 pub use policy::{NET_TOOL, NetPolicy, NetPolicyError, NetRule, Resolve};
 pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, classify, denied_line, proxy_env};
 pub use secret::{CA_ENV, NetSecret, SECRET_ENV_PREFIX};

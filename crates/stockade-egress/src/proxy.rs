@@ -142,6 +142,8 @@ struct Inner {
     /// The secret hosts' interception, if the grant has secrets (`Err`: it could not be
     /// set up, and every tunnel to a secret host is refused, saying why).
     intercept: Option<Result<Intercept, (Vec<String>, String)>>,
+    /// The TLS a fetch verifies with, made on the first https fetch.
+    fetch_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -252,7 +254,7 @@ impl NetGrant {
             });
         }
         if !secrets.is_empty() {
-            let client = crate::secret::client_config().map_err(|reason| NetPolicyError::Secret {
+            let client = crate::secret::client_config(None).map_err(|reason| NetPolicyError::Secret {
                 entry: secrets.iter().map(|s| format!("{}={}", s.host(), s.env())).collect::<Vec<_>>().join(","),
                 reason,
             })?;
@@ -310,6 +312,7 @@ impl NetGrant {
                     Intercept::start(&self.secrets, client)
                         .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
                 }),
+                fetch_tls: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -339,6 +342,12 @@ impl Egress {
             Some(Ok(i)) => Some(&i.ca_pem),
             _ => None,
         }
+    }
+
+    /// The TLS a fetch verifies its far end with: the host's roots, and the run's CA when
+    /// the grant has secrets (a fetch to a secret host meets the proxy's certificate).
+    pub(crate) fn fetch_tls(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        self.inner.fetch_tls.get_or_init(|| crate::secret::client_config(self.ca_pem())).clone()
     }
 
     /// Moves the connections recorded so far into `report`.

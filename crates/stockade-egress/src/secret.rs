@@ -164,18 +164,22 @@ impl Intercept {
     }
 }
 
-/// The TLS client the proxy verifies secret hosts' upstreams with: the host's roots (as
-/// `rustls-native-certs` finds them, `SSL_CERT_FILE` and `SSL_CERT_DIR` included), HTTP/1.1.
-pub(crate) fn client_config() -> Result<Arc<rustls::ClientConfig>, String> {
+/// A TLS client over the host's roots (as `rustls-native-certs` finds them, `SSL_CERT_FILE`
+/// and `SSL_CERT_DIR` included) and `extra` (PEM certificates), speaking HTTP/1.1: the proxy
+/// verifies secret hosts' upstreams with it, and a fetch its far end.
+pub(crate) fn client_config(extra: Option<&str>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
     let found = rustls_native_certs::load_native_certs();
     let mut roots = rustls::RootCertStore::empty();
     let (added, _) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
+    if let Some(pem) = extra {
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            roots.add(cert.map_err(|e| format!("the run's CA: {e}"))?).map_err(|e| format!("the run's CA: {e}"))?;
+        }
+    }
+    if added == 0 && extra.is_none() {
         let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
-        return Err(format!(
-            "the host has no TLS roots to verify a secret host's upstream with ({})",
-            errors.join("; ")
-        ));
+        return Err(format!("the host has no TLS roots to verify an upstream with ({})", errors.join("; ")));
     }
     let mut client = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

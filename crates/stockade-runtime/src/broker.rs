@@ -53,6 +53,8 @@ pub(crate) struct Session {
     /// The model grant's placeholder and token count (set by the broker), from which a call
     /// to [`crate::MODEL_GRANT`] builds its [`ModelRun`].
     model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>)>,
+    /// The run's network proxy, through which a call to [`crate::FETCH_GRANT`] goes.
+    egress: std::sync::OnceLock<stockade_egress::Egress>,
 }
 
 fn reply(id: u64, body: ReplyBody) -> Vec<u8> {
@@ -75,12 +77,18 @@ impl Session {
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
             model: std::sync::OnceLock::new(),
+            egress: std::sync::OnceLock::new(),
         })
     }
 
     /// The model grant's per-run state, shared with the broker's [`ModelRun`].
     pub(crate) fn set_model(&self, placeholder: Arc<str>, tokens: Arc<std::sync::atomic::AtomicU64>) {
         let _ = self.model.set((placeholder, tokens));
+    }
+
+    /// The run's proxy, for [`crate::FETCH_GRANT`].
+    pub(crate) fn set_egress(&self, egress: stockade_egress::Egress) {
+        let _ = self.egress.set(egress);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -208,7 +216,18 @@ impl Session {
 
     async fn dispatch(self: &Arc<Self>, name: &str, args: Value) -> (GrantOutcome, String, ReplyBody) {
         if name == LIST_GRANT {
-            return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(self.grants.manifest()));
+            let mut manifest = self.grants.manifest();
+            // A guest without an environment (wasm) finds its secrets' placeholders here.
+            if let Some(egress) = self.egress.get() {
+                let secrets: serde_json::Map<String, Value> = egress
+                    .secret_env()
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with(stockade_egress::SECRET_ENV_PREFIX))
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect();
+                manifest["secrets"] = Value::Object(secrets);
+            }
+            return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(manifest));
         }
         if let (crate::MODEL_GRANT, Some(service), Some((placeholder, tokens))) =
             (name, &self.grants.model, self.model.get())
@@ -220,6 +239,21 @@ impl Session {
             return match service.complete(args, run).await {
                 Ok(v) => (GrantOutcome::Ok, "model-call".into(), ReplyBody::Result(v)),
                 Err(message) => (GrantOutcome::Failed, "model-call".into(), error(ReplyCode::Failed, message)),
+            };
+        }
+        if let (crate::FETCH_GRANT, Some(egress)) = (name, self.egress.get()) {
+            // fetch() for a guest without sockets: a client of the run's own proxy, so the
+            // connection is decided and recorded there; bounded by the run's concurrency.
+            let _slot = self.slots.acquire().await;
+            return match egress.fetch(&args).await {
+                Ok(v) => (GrantOutcome::Ok, "fetch".into(), ReplyBody::Result(v)),
+                Err(e @ stockade_egress::FetchError::BadRequest(_)) => {
+                    (GrantOutcome::Denied, "fetch".into(), error(ReplyCode::BadArgs, e.to_string()))
+                }
+                Err(e @ stockade_egress::FetchError::Refused(_)) => {
+                    (GrantOutcome::Denied, "fetch".into(), error(ReplyCode::Denied, e.to_string()))
+                }
+                Err(e) => (GrantOutcome::Failed, "fetch".into(), error(ReplyCode::Failed, e.to_string())),
             };
         }
         if let Some(value) = self.grants.data.get(name) {

@@ -208,6 +208,11 @@ pub trait ModelService: Send + Sync {
 /// no function grant may take it while a model is granted.
 pub const MODEL_GRANT: &str = "model";
 
+/// The grant name a network grant also answers to as a call: `fetch({url, init})`, for a
+/// guest without sockets (the wasm tier's JavaScript `fetch`), made
+/// through the run's own proxy.
+pub const FETCH_GRANT: &str = "fetch";
+
 /// The answer of [`ModelService::complete`].
 pub type ModelCall = Pin<Box<dyn Future<Output = Result<serde_json::Value, String>> + Send>>;
 
@@ -422,6 +427,13 @@ impl Grants {
                 "name": MODEL_GRANT,
                 "params": ["request"],
                 "schema": {"type": "object", "description": "an OpenAI chat completions request; answers with the response"},
+            }));
+        }
+        if self.net.is_some() {
+            functions.push(serde_json::json!({
+                "name": FETCH_GRANT,
+                "params": ["url", "init"],
+                "schema": {"type": "object", "description": "one HTTP request through the run's network grant: {url, init: {method, headers, body}}; answers {status, statusText, headers, body}"},
             }));
         }
         serde_json::json!({ "data": self.data, "functions": functions })

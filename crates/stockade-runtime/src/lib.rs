@@ -126,8 +126,10 @@
 //!     report's grants section lists every connection. With secrets, the per-run CA
 //!     (appended to the host's roots) is [`NET_CA_FILE`] in the grants directory, the guest's
 //!     CA variables name it, and its placeholders are in its environment, never the values.
-//!     A tier that cannot put the proxy's
-//!     listener in the run's namespace (wasm; docker without root or under gVisor) fails
+//!     A guest without sockets (the wasm tier) reaches the
+//!     grant as the call [`FETCH_GRANT`] (`fetch`), which the host makes as a client of the
+//!     run's own proxy: one path to the network for every tier. A tier that cannot put the
+//!     proxy's listener in the run's namespace (docker without root or under gVisor) fails
 //!     closed with [`RunError::Unsupported`].
 //!     (pinned by: tests/it/grants.rs::g10_*)
 //!
@@ -173,8 +175,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 pub use grants::{
-    FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS,
-    MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
+    FETCH_GRANT, FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES,
+    MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
 };
 pub use stockade_egress as egress;
 pub use stockade_policy as policy;
@@ -315,7 +317,15 @@ impl Broker {
         }
         let model_run = ModelRun { placeholder, session: session.clone(), tokens: Arc::default() };
         session.set_model(model_run.placeholder.clone(), model_run.tokens.clone());
+        if grants.net.is_some() && grants.functions.contains_key(FETCH_GRANT) {
+            return Err(RunError::Misconfigured(format!(
+                "a function grant is named {FETCH_GRANT:?}, which the network grant answers to: rename it"
+            )));
+        }
         let egress = grants.net.as_ref().map(stockade_egress::NetGrant::start);
+        if let Some(e) = &egress {
+            session.set_egress(e.clone());
+        }
         Ok(Self {
             session,
             grants,
@@ -542,13 +552,8 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
-        if broker.grants().has_net() {
-            return Err(RunError::Unsupported {
-                mechanism: "network grant".into(),
-                reason: "the wasm tier has no sockets and its fetch() is not built yet; use the process or docker tier"
-                    .into(),
-            });
-        }
+        // A network grant reaches a wasm guest as the call `fetch` only (the guest has no
+        // sockets): the JavaScript global `fetch`.
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());
         stockade_wasm::WasmTier::run_granted(self, job, calls).await
     }

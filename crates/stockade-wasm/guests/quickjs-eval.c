@@ -18,7 +18,11 @@
  * the `host.call` import (stockade-wasm's HostCalls ABI, carrying stockade-protocol's broker
  * frames). Each data grant becomes a global holding its value; each function grant a global
  * function that calls the host, so `add(rows.length, 1)` works; `stockade.call(name, args)`
- * calls any grant by name. A run without grants gets -1 from the host and no globals.
+ * calls any grant by name. A network grant adds `fetch(url, init)` (a Promise of a Response
+ * with status, ok, headers.get, text(), json(), arrayBuffer()): one host call, which the host
+ * makes through the run's policed proxy; a refusal rejects with a TypeError. Each
+ * `--net-secret`'s placeholder is `stockade.secrets.ENVVAR`. A run without
+ * grants gets -1 from the host and no globals.
  *
  * Nothing here is a security boundary: the wasm engine and the host's limits are, and the
  * host checks every call it receives against the run's policy. The in-guest memory limit
@@ -111,7 +115,7 @@ static const char bootstrap[] =
     "  }\n"
     "  const plain = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);\n"
     "  for (const [name, value] of Object.entries(manifest.data)) globalThis[name] = value;\n"
-    "  for (const f of manifest.functions) {\n"
+    "  for (const f of manifest.functions.filter((f) => f.name !== 'fetch')) {\n"
     "    globalThis[f.name] = function (...a) {\n"
     "      if (a.length === 0) return call(f.name, {});\n"
     "      if (a.length === 1 && plain(a[0])) return call(f.name, a[0]);\n"
@@ -121,7 +125,40 @@ static const char bootstrap[] =
     "      return call(f.name, args);\n"
     "    };\n"
     "  }\n"
-    "  globalThis.stockade = Object.freeze({ call, manifest });\n"
+    "  if (manifest.functions.some((f) => f.name === 'fetch')) {\n"
+    "    class Headers {\n"
+    "      constructor(pairs) { this._p = (pairs || []).map(([k, v]) => [String(k).toLowerCase(), String(v)]); }\n"
+    "      get(k) { const f = this._p.filter(([n]) => n === String(k).toLowerCase()).map(([, v]) => v); return f.length ? f.join(', ') : null; }\n"
+    "      has(k) { return this.get(k) !== null; }\n"
+    "      forEach(cb) { this._p.forEach(([k, v]) => cb(v, k, this)); }\n"
+    "      entries() { return this._p[Symbol.iterator](); }\n"
+    "      [Symbol.iterator]() { return this._p[Symbol.iterator](); }\n"
+    "    }\n"
+    "    const b64 = (s) => { const t = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'; const o = []; let n = 0, b = 0;\n"
+    "      for (const c of s) { if (c === '=') break; n = (n << 6) | t.indexOf(c); b += 6; if (b >= 8) { b -= 8; o.push((n >> b) & 255); } } return new Uint8Array(o); };\n"
+    "    class Response {\n"
+    "      constructor(r, url) { this.status = r.status; this.statusText = r.statusText; this.ok = r.status >= 200 && r.status < 300;\n"
+    "        this.headers = new Headers(r.headers); this.url = url; this._r = r; this.bodyUsed = false; }\n"
+    "      _take() { if (this.bodyUsed) throw new TypeError('the body was already read'); this.bodyUsed = true; return this._r; }\n"
+    "      async text() { const r = this._take(); if (r.body !== undefined) return r.body; let s = ''; for (const b of b64(r.body_base64)) s += String.fromCharCode(b); return s; }\n"
+    "      async json() { return JSON.parse(await this.text()); }\n"
+    "      async arrayBuffer() { const r = this._take(); return (r.body !== undefined ? new Uint8Array([...unescape(encodeURIComponent(r.body))].map((c) => c.charCodeAt(0))) : b64(r.body_base64)).buffer; }\n"
+    "    }\n"
+    "    globalThis.Headers = Headers;\n"
+    "    globalThis.Response = Response;\n"
+    "    globalThis.fetch = async function (input, init) {\n"
+    "      const url = typeof input === 'object' && input !== null && 'url' in input ? String(input.url) : String(input);\n"
+    "      const i = init || {};\n"
+    "      let headers = i.headers;\n"
+    "      if (headers instanceof Headers) headers = [...headers];\n"
+    "      if (i.body !== undefined && i.body !== null && typeof i.body !== 'string') throw new TypeError('fetch: the body is a string');\n"
+    "      let r;\n"
+    "      try { r = call('fetch', { url, init: { method: i.method, headers, body: i.body } }); }\n"
+    "      catch (e) { const t = new TypeError('fetch ' + url + ': ' + e.message); t.code = e.code; throw t; }\n"
+    "      return new Response(r, url);\n"
+    "    };\n"
+    "  }\n"
+    "  globalThis.stockade = Object.freeze({ call, manifest, secrets: Object.freeze(manifest.secrets || {}) });\n"
     "};\n";
 
 static int setup(void)

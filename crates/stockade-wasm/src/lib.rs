@@ -138,7 +138,8 @@
 //! tools).
 //!
 //! # Invariants
-//! Stated as absences: no `inherit_*` call on a WASI builder; no network grant; no
+//! Stated as absences: no `inherit_*` call on a WASI builder; no socket (a network grant
+//! reaches the guest only as the host call `fetch`, which the runtime serves); no
 //! `unsafe` outside `cache.rs`; no deadline counted in ticks.
 
 #![deny(unsafe_code)]

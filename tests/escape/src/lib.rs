@@ -173,14 +173,14 @@ pub mod expect {
     const fn grants(process: E, wasm: E, docker: E) -> Spec {
         (Expectations { process, wasm, docker }, Skip("the wrappers have no grants broker"), Setup::Grants)
     }
-    /// A network attack: the run has a network grant, which the comparison wrappers lack,
-    /// and the wasm tier refuses (its guests have no sockets; a grant there fails closed).
+    /// A network attack: the run has a network grant, which the comparison wrappers lack;
+    /// a wasm guest has no sockets to attack it with (its grant is the host call `fetch`).
     const fn net() -> Spec {
         (
             Expectations {
                 process: &[Denied],
                 wasm: &[NotApplicable(
-                    "a wasm guest has no sockets (WASI sockets are off), and the wasm tier refuses a network grant, naming why",
+                    "a wasm guest has no sockets (WASI sockets are off); its network grant is the host call fetch, a client of the same proxy these rows attack (stockade-cli's g9_the_wasm_tier_s_fetch_*)",
                 )],
                 docker: &[Denied],
             },

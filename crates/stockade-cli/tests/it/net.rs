@@ -583,16 +583,9 @@ fn test_ca(dir: &std::path::Path, name: &str) {
     ]);
 }
 
-#[test]
-fn g9_a_net_secret_reaches_its_host_only_and_never_the_sandbox() {
-    if Command::new("openssl").arg("version").output().is_err() {
-        eprintln!("SKIPPED net secret: no openssl");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("stockade-net-secret-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    test_ca(&dir, "api.test");
-    // The upstream: TLS for api.test with the test CA's certificate, logging each request head.
+/// A TLS upstream for api.test on 127.0.0.5 (the certificate [`test_ca`] made in `dir`),
+/// appending each request head to `dir/requests.log` and answering `secret-ok`.
+fn tls_logging_upstream(dir: &std::path::Path) -> (Child, u16) {
     let script = r#"
 import socket, ssl, sys
 d = sys.argv[1]
@@ -617,14 +610,93 @@ while True:
 "#;
     let mut child = Command::new("python3")
         .args(["-c", script])
-        .arg(&dir)
+        .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let port: u16 = line.trim().parse().unwrap();
+    (child, line.trim().parse().unwrap())
+}
+
+#[test]
+fn g9_the_wasm_tier_s_fetch_goes_through_the_same_proxy() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED wasm fetch: no openssl");
+        return;
+    }
+    if !crate::cli::tier_ready("wasm", |v| {
+        let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap();
+        guest["ok"].as_bool().unwrap() && v["wasm_tier"].as_bool().unwrap()
+    }) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-fetch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    test_ca(&dir, "api.test");
+    let (mut child, port) = tls_logging_upstream(&dir);
+    let plain = HttpUpstream::start("127.0.0.4");
+    let real = "real-fetch-secret-9a2e";
+    let js = format!(
+        r#"(async () => {{
+  const a = await fetch('http://plain.test:{pp}/from-wasm?x=1');
+  console.log('plain', a.status, a.ok, (await a.text()).trim());
+  const b = await fetch('https://api.test:{port}/s', {{ headers: {{ 'X-Api-Key': stockade.secrets.TOKEN }} }});
+  console.log('tls', b.status, await b.text(), b.headers.get('content-length'));
+  for (const url of ['http://evil.test:{pp}/', 'http://127.0.0.1:{pp}/', 'https://api.test:1/']) {{
+    try {{ await fetch(url); console.log('reached', url); }} catch (e) {{ console.log('refused', e instanceof TypeError, e.message); }}
+  }}
+}})();"#,
+        pp = plain.port
+    );
+    let (code, out, err) = crate::cli::check_env(
+        &[
+            "run",
+            "--tier",
+            "wasm",
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--allow-net",
+            &format!("plain.test:{}", plain.port),
+            "--net-resolve",
+            &format!("api.test:{port}:127.0.0.5"),
+            "--net-resolve",
+            &format!("plain.test:{}:127.0.0.4", plain.port),
+            "--net-secret",
+            "api.test=TOKEN:X-Api-Key",
+            "--js",
+            &js,
+        ],
+        &[("TOKEN", real), ("SSL_CERT_FILE", dir.join("ca.pem").to_str().unwrap())],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "plain 200 true hello from 127.0.0.4", "{out}\n{err}");
+    assert_eq!(lines[1], "tls 200 secret-ok 9", "{out}\n{err}\n{log}");
+    assert_eq!(lines.len(), 5, "{out}");
+    assert!(lines[2..].iter().all(|l| l.starts_with("refused true")), "{out}");
+    assert!(out.contains("no rule allows"), "{out}");
+    assert_eq!(plain.requests(), vec!["GET /from-wasm?x=1 HTTP/1.1".to_owned()]);
+    // The guest held the placeholder; the secret host got the value, in the header named.
+    assert!(log.contains("GET /s HTTP/1.1") && log.contains(&format!("X-Api-Key: {real}")), "{log}");
+    assert!(!out.contains(real) && !err.contains(real), "{out}");
+}
+
+#[test]
+fn g9_a_net_secret_reaches_its_host_only_and_never_the_sandbox() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED net secret: no openssl");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    test_ca(&dir, "api.test");
+    let (mut child, port) = tls_logging_upstream(&dir);
     let plain = HttpUpstream::start("127.0.0.4");
     let real = "real-secret-value-4f1c";
     let ca = dir.join("ca.pem");

@@ -505,3 +505,37 @@ async fn g8_a_secret_host_s_tls_ends_at_the_per_run_ca_and_an_unverified_upstrea
     let r = records(&e);
     assert_eq!(r.connections[0].rule, "upstream-tls", "{r:?}");
 }
+
+#[tokio::test]
+async fn g9_fetch_is_a_client_of_the_same_proxy() {
+    use serde_json::json;
+    use stockade_egress::FetchError;
+    let up = Upstream::start("127.0.0.7", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Up: 1\r\n\r\nhello").await;
+    let port = up.addr.port();
+    let e = NetGrant::new(allow(&[&format!("f.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("f.test:{port}:127.0.0.7")).unwrap())
+        .start();
+    let url = format!("http://f.test:{port}/p?q=1");
+    let got =
+        e.fetch(&json!({"url": url, "init": {"method": "post", "headers": {"X-A": "b"}, "body": "hi"}})).await.unwrap();
+    assert_eq!((got["status"].as_u64(), got["body"].as_str()), (Some(200), Some("hello")), "{got}");
+    assert!(got["headers"].as_array().unwrap().iter().any(|h| h == &json!(["x-up", "1"])), "{got}");
+    settle().await;
+    let seen = up.connections().concat();
+    assert!(seen.starts_with("POST /p?q=1 HTTP/1.1\r\n") && seen.contains("X-A: b") && seen.ends_with("hi"), "{seen}");
+    // A denial is the proxy's, never the upstream's: no connection, and the one line.
+    let denied = e.fetch(&json!({"url": format!("http://g.test:{port}/")})).await;
+    assert!(matches!(&denied, Err(FetchError::Refused(m)) if m.contains("no rule allows")), "{denied:?}");
+    let inward = e.fetch(&json!({"url": format!("https://127.0.0.7:{port}/")})).await;
+    assert!(matches!(&inward, Err(FetchError::Refused(_))), "{inward:?}");
+    for bad in [json!({"url": "ftp://f.test/"}), json!({"url": url, "init": {"headers": {"Host": "x"}}}), json!({})] {
+        assert!(matches!(e.fetch(&bad).await, Err(FetchError::BadRequest(_))), "{bad}");
+    }
+    settle().await;
+    assert_eq!(up.connections().len(), 1);
+    let r = records(&e);
+    assert_eq!(
+        r.connections.iter().map(|c| c.decision).collect::<Vec<_>>()[..2],
+        [NetDecision::Allowed, NetDecision::Denied]
+    );
+}
