@@ -64,7 +64,9 @@
 //!     past it.
 //!     (pinned by: tests/it/proxy.rs::g5_*)
 //! G6. Bounded per run: connections in all and at once, bytes each way, idle and total time
-//!     per connection, head sizes; a guest past a bound is cut off and the cut recorded.
+//!     per connection, head sizes, and per rule: a policy rule's `limits.max_calls` counts
+//!     its connections and `limits.max_bytes` its bytes (both ways, all its connections);
+//!     a guest past a bound is cut off and the cut recorded.
 //!     (pinned by: tests/it/proxy.rs::g6_*)
 //! G7. Every connection is on the record ([`Egress::record_into`]): host, port, scheme,
 //!     the address used, the decision and its rule, bytes each way, duration, and why the

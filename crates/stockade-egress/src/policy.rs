@@ -175,6 +175,7 @@ impl NetPolicy {
     pub fn registry() -> Registry {
         Registry::new().with(
             ToolSpec::new(NET_TOOL)
+                .metered()
                 .arg("host", ArgType::String, true)
                 .arg("port", ArgType::Integer, true)
                 .arg("scheme", ArgType::String, true)

@@ -144,6 +144,18 @@ struct Inner {
     intercept: Option<Result<Intercept, (Vec<String>, String)>>,
     /// The TLS a fetch verifies with, made on the first https fetch.
     fetch_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+    /// Each rule's byte budget (its limit's `max_bytes`), and what its connections used.
+    budgets: std::collections::HashMap<String, u64>,
+    budget_used: Mutex<std::collections::HashMap<String, u64>>,
+}
+
+/// Which way bytes go.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// From the guest to an upstream.
+    Up,
+    /// From an upstream to the guest.
+    Down,
 }
 
 impl std::fmt::Debug for Egress {
@@ -313,6 +325,13 @@ impl NetGrant {
                         .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
                 }),
                 fetch_tls: std::sync::OnceLock::new(),
+                budgets: self
+                    .policy
+                    .policy()
+                    .rules()
+                    .filter_map(|r| Some((r.id().to_owned(), r.limit_of()?.max_bytes()?)))
+                    .collect(),
+                budget_used: Mutex::new(std::collections::HashMap::new()),
             }),
         }
     }
@@ -652,7 +671,7 @@ impl Egress {
             }
         }
         let Ok(mut upstream) = self.connect(conn, &addrs).await else { return };
-        if !self.charge_up(conn, hello.len()) || upstream.write_all(&hello).await.is_err() {
+        if !self.charge(conn, hello.len(), Way::Up) || upstream.write_all(&hello).await.is_err() {
             return;
         }
         self.splice(conn, stream, &mut upstream).await;
@@ -778,7 +797,7 @@ impl Egress {
         body: Body,
         rest: Vec<u8>,
     ) {
-        if !self.charge_up(conn, head.len()) || upstream.write_all(head).await.is_err() {
+        if !self.charge(conn, head.len(), Way::Up) || upstream.write_all(head).await.is_err() {
             return;
         }
         let mut client = Prefixed { head: rest, at: 0, inner: stream };
@@ -808,7 +827,7 @@ impl Egress {
             let _ = client.inner.write_all(&http::reply(502, "the upstream's response head is malformed")).await;
             return;
         };
-        if !self.charge_down(conn, head.len())
+        if !self.charge(conn, head.len(), Way::Down)
             || client.inner.write_all(&rewritten).await.is_err()
             || client.inner.write_all(&head[end..]).await.is_err()
         {
@@ -837,7 +856,7 @@ impl Egress {
             if got == 0 {
                 return Err("body-cut-short");
             }
-            if !self.charge_up(conn, got) {
+            if !self.charge(conn, got, Way::Up) {
                 return Err("max-bytes");
             }
             to.write_all(&buf[..got]).await.map_err(|_| "upstream-error")?;
@@ -865,7 +884,7 @@ impl Egress {
             if size_text.is_empty() || size_text.len() > 16 {
                 return Err("bad-chunk");
             }
-            if !self.charge_up(conn, line.len()) {
+            if !self.charge(conn, line.len(), Way::Up) {
                 return Err("max-bytes");
             }
             to.write_all(&line).await.map_err(|_| "upstream-error")?;
@@ -891,16 +910,30 @@ impl Egress {
         }
     }
 
-    fn charge_up(&self, conn: &mut Conn, n: usize) -> bool {
-        conn.record.bytes_up += n as u64;
-        let total = self.inner.up.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
-        total <= self.inner.limits.max_bytes_up
-    }
-
-    fn charge_down(&self, conn: &mut Conn, n: usize) -> bool {
-        conn.record.bytes_down += n as u64;
-        let total = self.inner.down.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
-        total <= self.inner.limits.max_bytes_down
+    /// Counts `n` bytes of `conn` going `way`: against the run's bound that way, and against
+    /// the byte budget of the rule that allowed the connection (a policy's `max_bytes`,
+    /// both ways together). `false` once either is spent, the cut recorded.
+    fn charge(&self, conn: &mut Conn, n: usize, way: Way) -> bool {
+        let n = n as u64;
+        let (mine, total, max) = match way {
+            Way::Up => (&mut conn.record.bytes_up, &self.inner.up, self.inner.limits.max_bytes_up),
+            Way::Down => (&mut conn.record.bytes_down, &self.inner.down, self.inner.limits.max_bytes_down),
+        };
+        *mine += n;
+        if total.fetch_add(n, Ordering::SeqCst) + n > max {
+            conn.record.cut = Some("max-bytes".into());
+            return false;
+        }
+        let Some(budget) = self.inner.budgets.get(&conn.record.rule) else { return true };
+        let mut used = self.inner.budget_used.lock().unwrap_or_else(PoisonError::into_inner);
+        let spent = used.entry(conn.record.rule.clone()).or_insert(0);
+        *spent += n;
+        if *spent > *budget {
+            conn.record.reason = format!("rule {}'s max_bytes of {budget} is spent", conn.record.rule);
+            conn.record.cut = Some("max-bytes".into());
+            return false;
+        }
+        true
     }
 
     /// Carries the upstream's bytes to the guest until the upstream ends; the cut, if the
@@ -923,7 +956,7 @@ impl Egress {
                     Ok(Ok(n)) => n,
                 },
             };
-            if !self.charge_down(conn, n) {
+            if !self.charge(conn, n, Way::Down) {
                 return Some("max-bytes");
             }
             if client.write_all(&buf[..n]).await.is_err() {
@@ -958,7 +991,7 @@ impl Egress {
                         let _ = uw.shutdown().await;
                     }
                     Ok(n) => {
-                        if !self.charge_up(conn, n) {
+                        if !self.charge(conn, n, Way::Up) {
                             break Some("max-bytes");
                         }
                         if uw.write_all(&cbuf[..n]).await.is_err() {
@@ -972,7 +1005,7 @@ impl Egress {
                         let _ = cw.shutdown().await;
                     }
                     Ok(n) => {
-                        if !self.charge_down(conn, n) {
+                        if !self.charge(conn, n, Way::Down) {
                             break Some("max-bytes");
                         }
                         if cw.write_all(&ubuf[..n]).await.is_err() {

@@ -39,6 +39,10 @@
 //! it: `example.org`, `*.example.org` for its subdomains only, an address or a CIDR block
 //! matched against address literals; see [`allow::HostPattern`]) and `source` (`trusted`,
 //! `user`, `config`).
+//! `limits` may also name `max_bytes` (alone or beside `max_calls`) on a rule whose tools
+//! are all metered ([`allow::ToolSpec::metered`]): a byte budget, both ways, over every call
+//! the rule allows in a session, which the tool's caller counts and enforces (the network
+//! grant's `net.connect`); on any other tool it does not load.
 //! Examples run when the policy loads; `_source`, `_session` and `_tool` set provenance,
 //! session facts and the tool. `policies/steward.toml` is a worked example.
 //!

@@ -539,3 +539,44 @@ async fn g9_fetch_is_a_client_of_the_same_proxy() {
         [NetDecision::Allowed, NetDecision::Denied]
     );
 }
+
+#[tokio::test]
+async fn g6_a_rule_s_byte_budget_is_shared_by_its_connections_and_cuts_them() {
+    let mut big = b"HTTP/1.1 200 OK\r\nContent-Length: 600000\r\n\r\n".to_vec();
+    big.extend(vec![b'x'; 600_000]);
+    let up = Upstream::start("127.0.0.8", big).await;
+    let port = up.addr.port();
+    let policy = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"small\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = { hosts = [\"b.test\"] }\nlimits = { max_bytes = 1000 }\n[[rule]]\nid = \"large\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = { hosts = [\"c.test\"] }\n";
+    let resolve = Resolve::new()
+        .entry(&format!("b.test:{port}:127.0.0.8"))
+        .unwrap()
+        .entry(&format!("c.test:{port}:127.0.0.8"))
+        .unwrap();
+    let e = NetGrant::new(NetPolicy::from_toml(policy).unwrap()).resolve(resolve).start();
+    let p = proxy(e.clone()).await;
+    let get = |h: &str| format!("GET http://{h}:{port}/ HTTP/1.1\r\nHost: {h}:{port}\r\n\r\n").into_bytes();
+    // The budget's rule: the first download is cut within a chunk of its budget, the second
+    // finds it spent; another rule's connection is not charged.
+    for _ in 0..2 {
+        let d = exchange(p, &get("b.test")).await;
+        assert!(d.len() < 300_000, "{} bytes came through a 1000-byte budget", d.len());
+    }
+    let whole = exchange(p, &get("c.test")).await;
+    assert!(whole.len() > 600_000, "{}", whole.len());
+    let r = records(&e);
+    let small: Vec<_> = r.connections.iter().filter(|c| c.rule == "small").collect();
+    assert_eq!(small.len(), 2, "{r:?}");
+    assert!(
+        small.iter().all(|c| c.cut.as_deref() == Some("max-bytes") && c.reason.contains("small's max_bytes")),
+        "{small:?}"
+    );
+    // A byte budget on a tool nobody meters does not load.
+    let registry = stockade_policy::allow::Registry::new().with(stockade_policy::allow::ToolSpec::new("send").arg(
+        "to",
+        stockade_policy::allow::ArgType::String,
+        true,
+    ));
+    let bad = "version = 1\n[[rule]]\nid = \"r\"\ntool = \"send\"\neffect = \"allow\"\nlimits = { max_bytes = 5 }\n";
+    let err = stockade_policy::allow::Policy::from_toml(bad, &registry).unwrap_err().to_string();
+    assert!(err.contains("max_bytes applies only to a metered tool"), "{err}");
+}

@@ -217,8 +217,9 @@ struct WhenDoc {
 #[derive(Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields)]
 struct LimitDoc {
-    max_calls: u32,
+    max_calls: Option<u32>,
     per_secs: Option<u64>,
+    max_bytes: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -399,8 +400,16 @@ fn check_arg(
 }
 
 pub(crate) fn check_limit(l: &Limit) -> Result<(), PolicyErrorKind> {
-    if l.max_calls == 0 || l.max_calls > MAX_LIMIT_CALLS {
-        return Err(PolicyErrorKind::Limit(format!("max_calls must be 1..={MAX_LIMIT_CALLS}, not {}", l.max_calls)));
+    match (l.max_calls, l.max_bytes) {
+        (None, None) => return Err(PolicyErrorKind::Limit("a limit names max_calls, max_bytes or both".into())),
+        (Some(n), _) if n == 0 || n > MAX_LIMIT_CALLS => {
+            return Err(PolicyErrorKind::Limit(format!("max_calls must be 1..={MAX_LIMIT_CALLS}, not {n}")));
+        }
+        (_, Some(0)) => return Err(PolicyErrorKind::Limit("max_bytes must be at least 1".into())),
+        _ => {}
+    }
+    if l.per.is_some() && l.max_calls.is_none() {
+        return Err(PolicyErrorKind::Limit("per_secs windows max_calls; it needs one".into()));
     }
     if let Some(per) = l.per
         && (per.is_zero() || per.as_secs() > MAX_WINDOW_SECS)
@@ -428,7 +437,22 @@ pub(crate) fn check_rule(registry: &Registry, rule: &Rule) -> Result<(), PolicyE
     for (path, preds) in by_path {
         check_arg(registry, &rule.id, &rule.tool, path, &preds)?;
     }
-    rule.limit.as_ref().map_or(Ok(()), check_limit)
+    rule.limit.as_ref().map_or(Ok(()), check_limit)?;
+    check_metered(registry, rule)
+}
+
+/// A byte budget only on a rule whose every tool is metered: nothing else counts bytes, and
+/// a budget nobody enforces would be a promise the policy does not keep.
+fn check_metered(registry: &Registry, rule: &Rule) -> Result<(), PolicyErrorKind> {
+    if rule.limit.is_some_and(|l| l.max_bytes.is_some())
+        && !matching_tools(registry, &rule.tool).iter().all(|t| t.is_metered())
+    {
+        return Err(PolicyErrorKind::Limit(format!(
+            "rule {}: max_bytes applies only to a metered tool (net.connect), whose caller counts bytes",
+            rule.id
+        )));
+    }
+    Ok(())
 }
 
 fn check_tool(registry: &Registry, rule: &str, pattern: &ToolPattern) -> Result<(), PolicyErrorKind> {
@@ -443,7 +467,14 @@ fn check_tool(registry: &Registry, rule: &str, pattern: &ToolPattern) -> Result<
 }
 
 fn limit_of(doc: LimitDoc) -> Limit {
-    Limit::new(doc.max_calls, doc.per_secs.map(Duration::from_secs))
+    let calls = doc.max_calls.map(|n| Limit::new(n, doc.per_secs.map(Duration::from_secs)));
+    match (calls, doc.max_bytes) {
+        (Some(l), Some(b)) => l.with_bytes(b),
+        (Some(l), None) => l,
+        (None, Some(b)) => Limit::bytes(b),
+        // Checked as "names neither" (a window alone is refused there too).
+        (None, None) => Limit { max_calls: None, per: doc.per_secs.map(Duration::from_secs), max_bytes: None },
+    }
 }
 
 pub(crate) fn load(text: &str, registry: &Registry) -> Result<Policy, PolicyError> {
@@ -509,6 +540,7 @@ pub(crate) fn load(text: &str, registry: &Registry) -> Result<Policy, PolicyErro
             let limit = limit_of(*l.get_ref());
             check_limit(&limit).or_else(|k| lines.err(l.span(), k))?;
             rule = rule.limit(limit);
+            check_metered(registry, &rule).or_else(|k| lines.err(l.span(), k))?;
         }
         rules.push(rule);
     }

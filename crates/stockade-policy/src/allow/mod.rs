@@ -360,18 +360,41 @@ pub enum Effect {
     Deny,
 }
 
-/// A call-count limit, optionally per sliding window.
+/// A call-count limit, optionally per sliding window, and for a metered tool
+/// ([`ToolSpec::metered`]) a byte budget its caller enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {
-    max_calls: u32,
+    max_calls: Option<u32>,
     per: Option<Duration>,
+    max_bytes: Option<u64>,
 }
 
 impl Limit {
     /// At most `max_calls` calls (1..=[`MAX_LIMIT_CALLS`]) in total, or per window `per`.
     #[must_use]
     pub fn new(max_calls: u32, per: Option<Duration>) -> Self {
-        Self { max_calls, per }
+        Self { max_calls: Some(max_calls), per, max_bytes: None }
+    }
+
+    /// At most `max_bytes` bytes, both ways, over every call the rule allows in a session.
+    /// The policy only carries the number: the metered tool's caller counts the bytes and
+    /// stops at it (the network grant's proxy does, per connection it allowed by the rule).
+    #[must_use]
+    pub fn bytes(max_bytes: u64) -> Self {
+        Self { max_calls: None, per: None, max_bytes: Some(max_bytes) }
+    }
+
+    /// This limit with a byte budget too.
+    #[must_use]
+    pub fn with_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = Some(max_bytes);
+        self
+    }
+
+    /// The byte budget, if any.
+    #[must_use]
+    pub fn max_bytes(&self) -> Option<u64> {
+        self.max_bytes
     }
 }
 
@@ -487,6 +510,12 @@ impl Rule {
         self.effect
     }
 
+    /// The rule's limit, if it has one.
+    #[must_use]
+    pub fn limit_of(&self) -> Option<Limit> {
+        self.limit
+    }
+
     /// The predicates the rule puts on the top-level argument `name` (a rule may put
     /// several; all must hold). A caller that acts on what allowed a call reads them here:
     /// the network grant asks whether the rule named an address literally.
@@ -508,7 +537,9 @@ impl Rule {
     }
 
     fn over_limit(&self, ctx: &Context<'_>) -> bool {
-        self.limit.is_some_and(|l| ctx.ledger.count(|t| self.tool.matches(t), l.per, ctx.now) >= u64::from(l.max_calls))
+        self.limit
+            .and_then(|l| l.max_calls.map(|max| (l.per, max)))
+            .is_some_and(|(per, max)| ctx.ledger.count(|t| self.tool.matches(t), per, ctx.now) >= u64::from(max))
     }
 }
 
@@ -646,10 +677,10 @@ impl Policy {
                 format!("the call is {} bytes; the maximum is {MAX_CALL_BYTES}", canonical.len()),
             );
         }
-        if let Some(l) = self.session_limit
-            && ctx.ledger.count(|_| true, l.per, ctx.now) >= u64::from(l.max_calls)
+        if let Some((per, max)) = self.session_limit.and_then(|l| l.max_calls.map(|m| (l.per, m)))
+            && ctx.ledger.count(|_| true, per, ctx.now) >= u64::from(max)
         {
-            return deny("session-limit", format!("the session may make at most {} calls", l.max_calls));
+            return deny("session-limit", format!("the session may make at most {max} calls"));
         }
         let exact = self.by_tool.get(&call.tool).map(Vec::as_slice).unwrap_or_default();
         let (mut ask, mut allow) = (None, None);

@@ -56,6 +56,7 @@ pub struct ToolSpec {
     name: String,
     args: BTreeMap<String, ArgSpec>,
     untrusted_output: bool,
+    metered: bool,
 }
 
 /// A JSON Schema could not be read as a tool's argument types.
@@ -75,7 +76,7 @@ impl ToolSpec {
     /// A tool with no arguments.
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), args: BTreeMap::new(), untrusted_output: false }
+        Self { name: name.into(), args: BTreeMap::new(), untrusted_output: false, metered: false }
     }
 
     /// Adds an argument.
@@ -83,6 +84,21 @@ impl ToolSpec {
     pub fn arg(mut self, name: impl Into<String>, ty: ArgType, required: bool) -> Self {
         self.args.insert(name.into(), ArgSpec::new(ty, required));
         self
+    }
+
+    /// Marks the tool as metered: its caller counts the bytes each allowed call carries and
+    /// enforces a rule's `max_bytes` (the network grant's `net.connect`). Only a metered
+    /// tool's rules may name `max_bytes`.
+    #[must_use]
+    pub fn metered(mut self) -> Self {
+        self.metered = true;
+        self
+    }
+
+    /// Whether the tool is metered.
+    #[must_use]
+    pub fn is_metered(&self) -> bool {
+        self.metered
     }
 
     /// Marks the tool's output as untrusted: calling it sets the session's
@@ -98,7 +114,7 @@ impl ToolSpec {
     pub fn from_json_schema(name: impl Into<String>, schema: &Value) -> Result<Self, SchemaError> {
         let name = name.into();
         match schema_type(&name, schema, "", 0)? {
-            ArgType::Object(fields) => Ok(Self { name, args: fields, untrusted_output: false }),
+            ArgType::Object(fields) => Ok(Self { name, args: fields, untrusted_output: false, metered: false }),
             _ => Err(SchemaError { tool: name, pointer: "/".into(), reason: "parameters must be an object".into() }),
         }
     }
