@@ -803,7 +803,10 @@ impl Egress {
         let mut client = Prefixed { head: rest, at: 0, inner: stream };
         let sent = match body {
             Body::Length(n) => self.copy_exact(conn, &mut client, upstream, n).await,
-            Body::Chunked => self.copy_chunked(conn, &mut client, upstream).await,
+            // Buffered: size lines are read a line at a time, not a byte per read. What the
+            // buffer holds past the last chunk is dropped with it: nothing after a body is
+            // forwarded.
+            Body::Chunked => self.copy_chunked(conn, &mut tokio::io::BufReader::new(&mut client), upstream).await,
         };
         if let Err(cut) = sent {
             conn.record.cut = Some(cut.into());

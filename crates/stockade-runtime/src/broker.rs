@@ -403,10 +403,11 @@ impl GrantsDir {
 /// The model socket's file name inside a run's grants directory.
 pub(crate) const MODEL_SOCKET: &str = "model.sock";
 
-/// The port of the model grant's TCP listener in the process tier's run network namespace
-/// (`OPENAI_BASE_URL=http://127.0.0.1:8765/v1`). The namespace is the run's own, so the port
-/// collides with nothing of the host's.
-pub(crate) const MODEL_PORT: u16 = 8765;
+/// The port of the run's loopback listener, in the run's own network namespace: the model
+/// grant (`OPENAI_BASE_URL=http://127.0.0.1:8765/v1`) and the network grant's proxy
+/// (`HTTP_PROXY=http://127.0.0.1:8765`). The namespace is the run's own, so the port collides
+/// with nothing of the host's.
+pub(crate) const LOOPBACK_PORT: u16 = 8765;
 
 /// A listener the broker serves: the unix sockets of a grants directory, or the loopback
 /// listener of a run's network namespace.
@@ -435,7 +436,7 @@ impl Listen for tokio::net::TcpListener {
 /// is aborted.
 pub(crate) async fn serve_model<L: Listen>(listener: L, session: Arc<Session>, run: crate::grants::ModelRun) {
     let Some(service) = session.grants.model.clone() else { return };
-    accept(listener, &session, |stream| service.serve(Box::new(stream), run.clone())).await;
+    accept(listener, &session, 0, |stream| service.serve(Box::new(stream), run.clone())).await;
 }
 
 /// Serves the run's loopback listener until the session ends: each connection goes, by its
@@ -448,7 +449,9 @@ pub(crate) async fn serve_loopback(
     egress: Option<stockade_egress::Egress>,
 ) {
     let model = session.grants.model.clone();
-    accept(listener, &session, move |stream| {
+    // The network grant's proxy bounds its own connections (and records what it refuses).
+    let proxied = session.grants.net.as_ref().map_or(0, |n| n.net_limits().max_concurrent.saturating_add(1));
+    accept(listener, &session, proxied, move |stream| {
         let (model, run, egress) = (model.clone(), run.clone(), egress.clone());
         async move {
             let mut prefix = [0u8; 16];
@@ -483,7 +486,7 @@ const LOOPBACK_FIRST_BYTES: Duration = Duration::from_secs(30);
 pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
     let codec = FrameCodec::new(session.grants.limits.max_call_bytes);
     let s = session.clone();
-    accept(listener, &session, move |stream| {
+    accept(listener, &session, 0, move |stream| {
         let session = s.clone();
         async move { connection(stream, &session, codec).await }
     })
@@ -491,17 +494,16 @@ pub(crate) async fn serve(listener: UnixListener, session: Arc<Session>) {
 }
 
 /// Accepts connections on `listener` and serves each with `serve` until the session ends;
-/// connections beyond the run's bound are closed at once (the session goes on), and every
-/// connection still open is dropped when the session ends.
-async fn accept<L, F, Fut>(listener: L, session: &Session, serve: F)
+/// connections beyond the run's bound (plus `extra`, for a listener that also serves the
+/// network grant's proxy) are closed at once (the session goes on), and every connection
+/// still open is dropped when the session ends.
+async fn accept<L, F, Fut>(listener: L, session: &Session, extra: usize, serve: F)
 where
     L: Listen,
     F: Fn(L::Stream) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    // The network grant's proxy bounds its own connections (and records what it refuses).
-    let proxied = session.grants.net.as_ref().map_or(0, |n| n.net_limits().max_concurrent.saturating_add(1));
-    let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1).saturating_add(proxied)));
+    let slots = Arc::new(Semaphore::new(session.grants.limits.max_connections.max(1).saturating_add(extra)));
     let mut ended = session.watch_end();
     let mut conns = JoinSet::new();
     loop {

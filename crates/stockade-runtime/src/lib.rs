@@ -385,7 +385,7 @@ impl Broker {
         }
         let (tasks, session, run) = (self.tasks.clone(), self.session.clone(), self.model_run.clone());
         let egress = self.egress.clone();
-        Some((broker::MODEL_PORT, move |listener: std::net::TcpListener| {
+        Some((broker::LOOPBACK_PORT, move |listener: std::net::TcpListener| {
             let listener = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener));
             let Ok(listener) = listener else { return };
             if let Some(tasks) = tasks.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
@@ -404,7 +404,7 @@ impl Broker {
             env.push(("OPENAI_BASE_URL".to_owned(), Self::model_base_url()));
         }
         if self.egress.is_some() {
-            env.extend(stockade_egress::proxy_env(broker::MODEL_PORT));
+            env.extend(stockade_egress::proxy_env(broker::LOOPBACK_PORT));
         }
         env
     }
@@ -417,7 +417,19 @@ impl Broker {
     /// The `OPENAI_BASE_URL` a guest uses to reach [`loopback`](Self::loopback)'s listener.
     #[must_use]
     pub fn model_base_url() -> String {
-        format!("http://127.0.0.1:{}/v1", broker::MODEL_PORT)
+        format!("http://127.0.0.1:{}/v1", broker::LOOPBACK_PORT)
+    }
+
+    /// With secrets in the network grant, what a guest that sees the grants directory at
+    /// `dir` gets beside the proxy's variables: the CA variables (`stockade_egress::CA_ENV`)
+    /// naming [`NET_CA_FILE`], and each secret's placeholder.
+    fn net_env(&self, dir: &str) -> Vec<(String, String)> {
+        let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) else { return Vec::new() };
+        let ca = format!("{dir}/{NET_CA_FILE}");
+        let mut env: Vec<(String, String)> =
+            stockade_egress::CA_ENV.iter().map(|v| ((*v).to_owned(), ca.clone())).collect();
+        env.extend(egress.secret_env());
+        env
     }
 
     /// `job` with the broker's variables added for a guest that sees the grants directory
@@ -427,18 +439,13 @@ impl Broker {
     /// the broker.
     pub fn guest_job(&self, job: &Job, guest_dir: &str) -> Result<Job, RunError> {
         let reserved = [BROKER_ENV, GRANTS_ENV, MODEL_ENV, "OPENAI_API_KEY", "OPENAI_BASE_URL"];
-        let mut proxy =
-            self.egress.as_ref().map(|_| stockade_egress::proxy_env(broker::MODEL_PORT)).unwrap_or_default();
-        if let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) {
-            proxy.extend(stockade_egress::CA_ENV.iter().map(|v| ((*v).to_owned(), String::new())));
-            proxy.extend(egress.secret_env());
-        }
-        if let Some(v) =
-            job.env().iter().find(|v| reserved.contains(&v.key()) || proxy.iter().any(|(k, _)| k == v.key()))
-        {
+        let dir = guest_dir.trim_end_matches('/');
+        let net = self.net_env(dir);
+        let loopback = self.loopback_env();
+        let set_here = |k: &str| reserved.contains(&k) || net.iter().chain(&loopback).any(|(name, _)| name == k);
+        if let Some(v) = job.env().iter().find(|v| set_here(v.key())) {
             return Err(RunError::Misconfigured(format!("{} is set by the broker, not by the job", v.key())));
         }
-        let dir = guest_dir.trim_end_matches('/');
         let mut job = job
             .clone()
             .with_env(BROKER_ENV, format!("{dir}/{GRANTS_SOCKET}"))
@@ -448,13 +455,8 @@ impl Broker {
                 .and_then(|j| j.with_env(MODEL_ENV, format!("{dir}/{}", broker::MODEL_SOCKET)))
                 .and_then(|j| j.with_env("OPENAI_API_KEY", &*self.model_run.placeholder));
         }
-        if let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) {
-            for var in stockade_egress::CA_ENV {
-                job = job.and_then(|j| j.with_env(var, format!("{dir}/{NET_CA_FILE}")));
-            }
-            for (k, v) in egress.secret_env() {
-                job = job.and_then(|j| j.with_env(k, v));
-            }
+        for (k, v) in net {
+            job = job.and_then(|j| j.with_env(k, v));
         }
         if !job.as_ref().is_ok_and(|j| j.env().iter().any(|v| v.key() == "PATH")) {
             job = job.and_then(|j| j.with_env("PATH", format!("{dir}/bin:{DEFAULT_PATH}")));
