@@ -15,7 +15,7 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
     ("verify", "stockade-verify", "verify", "", &["verify_small_json"]),
     ("policy", "stockade-policy", "authorize", "", &["authorize_100_rules"]),
     ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
-    ("net", "stockade-egress", "net", "", &["net_download_100mib", "net_connect", "net_decide"]),
+    ("net", "stockade-egress", "net", "", &["net_download_100mib", "net_connect", "net_decide", "net_relay_ceiling"]),
     ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm", "agent_model_proxy"]),
     (
         "grants",

@@ -8,7 +8,10 @@
 //!   SNI check, the upstream's connect) and a one-byte answer, next to a direct connect and
 //!   the same ClientHello and answer;
 //! - `net_decide`: one connection's policy decision under 10 `--allow-net` rules, next to
-//!   building the call alone.
+//!   building the call alone;
+//! - `net_relay_ceiling`: what any relay can do on this machine's loopback, with no proxy
+//!   logic at all: 100 MiB read straight, through a plain 256 KiB copy loop on a thread, and
+//!   through `splice(2)` via a 1 MiB pipe (zero-copy relaying), all with std threads.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -181,5 +184,88 @@ fn decide(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, download, connect, decide);
+/// A blocking upstream on 127.0.0.3 that writes `DOWNLOAD` bytes to each connection.
+fn blocking_upstream() -> SocketAddr {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let mut c = c.unwrap();
+            std::thread::spawn(move || {
+                let chunk = vec![7u8; 1 << 20];
+                for _ in 0..DOWNLOAD / chunk.len() {
+                    if c.write_all(&chunk).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A relay on 127.0.0.1 to `up`: a 256 KiB copy loop, or `splice(2)` through a pipe.
+fn blocking_relay(up: SocketAddr, splice: bool) -> SocketAddr {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let mut c = c.unwrap();
+            std::thread::spawn(move || {
+                let mut u = std::net::TcpStream::connect(up).unwrap();
+                if splice {
+                    use rustix::pipe::{SpliceFlags, fcntl_setpipe_size, pipe, splice};
+                    let (r, w) = pipe().unwrap();
+                    let _ = fcntl_setpipe_size(&w, 1 << 20);
+                    loop {
+                        let n = splice(&u, None, &w, None, 1 << 20, SpliceFlags::MOVE).unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        let mut left = n;
+                        while left > 0 {
+                            match splice(&r, None, &c, None, left, SpliceFlags::MOVE) {
+                                Ok(m) if m > 0 => left -= m,
+                                _ => return,
+                            }
+                        }
+                    }
+                }
+                let mut buf = vec![0u8; 256 << 10];
+                loop {
+                    let n = u.read(&mut buf).unwrap_or(0);
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn relay_ceiling(c: &mut Criterion) {
+    use std::io::Read;
+    let up = blocking_upstream();
+    let (plain, spliced) = (blocking_relay(up, false), blocking_relay(up, true));
+    let read_all = |addr: SocketAddr| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let (mut buf, mut total) = (vec![0u8; 1 << 20], 0);
+        while total < DOWNLOAD {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0);
+            total += n;
+        }
+    };
+    let mut g = c.benchmark_group("net_relay_ceiling");
+    g.sample_size(10).throughput(Throughput::Bytes(DOWNLOAD as u64)).measurement_time(Duration::from_secs(20));
+    g.bench_function("baseline_direct", |b| b.iter(|| read_all(up)));
+    g.bench_function("copy_loop_relay", |b| b.iter(|| read_all(plain)));
+    g.bench_function("splice_relay", |b| b.iter(|| read_all(spliced)));
+    g.finish();
+}
+
+criterion_group!(benches, download, connect, decide, relay_ceiling);
 criterion_main!(benches);
