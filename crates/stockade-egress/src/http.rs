@@ -30,9 +30,10 @@ pub(crate) enum Body {
 pub(crate) enum Request {
     /// `CONNECT host:port`.
     Connect { host: String, port: u16 },
-    /// A plain request in absolute form: `head` is what goes upstream (origin form, the
-    /// hop-by-hop headers gone, `Connection: close` added).
-    Forward { method: String, host: String, port: u16, path: String, head: Vec<u8>, body: Body },
+    /// A request in absolute form: `head` is what goes upstream (origin form, the
+    /// hop-by-hop headers gone, `Connection: close` added). `tls`: the URL is `https://`,
+    /// and the proxy speaks TLS to the upstream itself (busybox wget asks this way).
+    Forward { method: String, host: String, port: u16, path: String, head: Vec<u8>, body: Body, tls: bool },
 }
 
 /// Why a request is refused: the status to answer with, and the reason.
@@ -67,9 +68,12 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
         })?;
         return Ok(Request::Connect { host, port });
     }
-    let Some(rest) = target.strip_prefix("http://") else {
-        return refuse(400, format!("a proxy request names an http:// URL, not {:?}", cut(target)));
+    let (tls, rest) = match (target.strip_prefix("http://"), target.strip_prefix("https://")) {
+        (Some(rest), _) => (false, rest),
+        (None, Some(rest)) => (true, rest),
+        _ => return refuse(400, format!("a proxy request names an http:// or https:// URL, not {:?}", cut(target))),
     };
+    let default = if tls { 443 } else { 80 };
     let (auth, path) = match rest.find(['/', '?']) {
         Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i..]),
         Some(i) => (&rest[..i], &rest[i..]),
@@ -82,10 +86,10 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
     if path.contains('#') {
         return refuse(400, "a request target has no fragment");
     }
-    let (host, port) = authority_or(auth, 80)
+    let (host, port) = authority_or(auth, default)
         .ok_or_else(|| Refusal { status: 400, reason: format!("the URL's host is not valid: {:?}", cut(auth)) })?;
-    let (head, body) = rebuild(method, &path, &req, (&host, port, 80), None)?;
-    Ok(Request::Forward { method: method.to_owned(), host, port, path, head, body })
+    let (head, body) = rebuild(method, &path, &req, (&host, port, default), None)?;
+    Ok(Request::Forward { method: method.to_owned(), host, port, path, head, body, tls })
 }
 
 /// Parses a complete request head into `req`, or the refusal.
@@ -344,7 +348,7 @@ mod tests {
             forward("CONNECT [2001:db8::1]:8443 HTTP/1.1\r\n\r\n"),
             Request::Connect { host: "2001:db8::1".into(), port: 8443 }
         );
-        let Request::Forward { method, host, port, path, head, body } = forward(
+        let Request::Forward { method, host, port, path, head, body, .. } = forward(
             "POST http://a.test:8080/x?y=1 HTTP/1.1\r\nHost: a.test:8080\r\nProxy-Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\nContent-Length: 3\r\n\r\n",
         ) else {
             panic!()

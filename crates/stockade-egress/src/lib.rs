@@ -9,7 +9,9 @@
 //! - `CONNECT host:port` (HTTPS and any TLS): decided on the name, then the guest's TLS
 //!   ClientHello is read and its SNI must be that name, before anything reaches upstream;
 //! - HTTP in absolute form (`GET http://host/path`): one request per connection, decided
-//!   with its method and path, its `Host` equal to the target, its framing unambiguous;
+//!   with its method and path, its `Host` equal to the target, its framing unambiguous; an
+//!   `https://` URL in absolute form (busybox wget asks so) the same, with the proxy as the
+//!   TLS client, verifying the upstream against the host's roots;
 //! - SOCKS5 with a name (`socks5h://`): decided like CONNECT.
 //!
 //! A guest without sockets (the wasm tier's JavaScript `fetch`) gets [`Egress::fetch`]: the

@@ -85,15 +85,17 @@ pub fn classify(prefix: &[u8]) -> Kind {
         return Kind::Proxy;
     }
     let target = &prefix[space + 1..];
-    let scheme = b"http://";
-    let n = target.len().min(scheme.len());
-    if !target[..n].eq_ignore_ascii_case(&scheme[..n]) {
-        Kind::Origin
-    } else if n < scheme.len() {
-        Kind::NeedMore
-    } else {
-        Kind::Proxy
+    let mut kind = Kind::Origin;
+    for scheme in [&b"http://"[..], b"https://"] {
+        let n = target.len().min(scheme.len());
+        if target[..n].eq_ignore_ascii_case(&scheme[..n]) {
+            if n == scheme.len() {
+                return Kind::Proxy;
+            }
+            kind = Kind::NeedMore;
+        }
     }
+    kind
 }
 
 /// The variables that point a guest's clients at the proxy on `127.0.0.1:port`, in upper
@@ -144,6 +146,8 @@ struct Inner {
     intercept: Option<Result<Intercept, (Vec<String>, String)>>,
     /// The TLS a fetch verifies with, made on the first https fetch.
     fetch_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+    /// The TLS the proxy verifies an `https://` request's upstream with (the host's roots).
+    upstream_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
     /// Each rule's byte budget (its limit's `max_bytes`), and what its connections used.
     budgets: std::collections::HashMap<String, u64>,
     budget_used: Mutex<std::collections::HashMap<String, u64>>,
@@ -325,6 +329,7 @@ impl NetGrant {
                         .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
                 }),
                 fetch_tls: std::sync::OnceLock::new(),
+                upstream_tls: std::sync::OnceLock::new(),
                 budgets: self
                     .policy
                     .policy()
@@ -462,10 +467,10 @@ impl Egress {
                 }
                 self.tunnel(&mut conn, &mut stream, false).await;
             }
-            Request::Forward { method, host, port, path, head, body } => {
-                conn.record = NetConnection::new(host, port, "http");
+            Request::Forward { method, host, port, path, head, body, tls } => {
+                conn.record = NetConnection::new(host, port, if tls { "https" } else { "http" });
                 let rest = buf.split_off(end);
-                self.forward(&mut conn, &mut stream, (&method, &path), &head, body, rest).await;
+                self.forward(&mut conn, &mut stream, (&method, &path), (&head, body, tls), rest).await;
             }
         }
     }
@@ -759,15 +764,16 @@ impl Egress {
         let _ = upstream.shutdown().await;
     }
 
-    /// One plain HTTP request: decided with its method and path, resolved, connected,
-    /// forwarded with its body by its own framing (G5), and the response carried back.
+    /// One request in absolute form (`(method, path)`, its rebuilt `head`, its `body`'s
+    /// framing, whether the URL is `https://`): decided with its method and path, resolved,
+    /// connected, forwarded with its body by its own framing (G5), and the response carried
+    /// back.
     async fn forward<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         conn: &mut Conn,
         stream: &mut S,
         (method, path): (&str, &str),
-        head: &[u8],
-        body: Body,
+        (head, body, tls): (&[u8], Body, bool),
         rest: Vec<u8>,
     ) {
         if self.decide(conn, Some((method, path))).is_err() {
@@ -782,7 +788,75 @@ impl Egress {
             let _ = stream.write_all(&http::reply(502, &conn.record.reason)).await;
             return;
         };
-        self.relay(conn, stream, &mut upstream, head, body, rest).await;
+        if !tls {
+            self.relay(conn, stream, &mut upstream, head, body, rest).await;
+            return;
+        }
+        // An https:// URL: the proxy is the TLS client, verifying the upstream against the
+        // host's roots; a secret host's placeholder is replaced on the way (G8).
+        let head = match self.secret_head(conn, head) {
+            Ok(head) => head,
+            Err(r) => {
+                let _ = stream.write_all(&http::reply(r.0, &r.1)).await;
+                return;
+            }
+        };
+        let Ok(mut upstream) = self.upstream_tls(conn, upstream).await else {
+            let _ = stream.write_all(&http::reply(502, &conn.record.reason)).await;
+            return;
+        };
+        self.relay(conn, stream, &mut upstream, &head, body, rest).await;
+        let _ = upstream.shutdown().await;
+    }
+
+    /// `head` with the placeholder of `conn`'s host's secret replaced, if it has one.
+    fn secret_head(&self, conn: &mut Conn, head: &[u8]) -> Result<Vec<u8>, (u16, String)> {
+        let Some(Ok(i)) = &self.inner.intercept else { return Ok(head.to_vec()) };
+        let Some(target) = i.target(&conn.record.host) else { return Ok(head.to_vec()) };
+        let secret = &target.secret;
+        let inject = http::Inject {
+            header: secret.header(),
+            placeholder: target.placeholder.as_bytes(),
+            value: secret.value().as_bytes(),
+        };
+        match http::parse_origin(head, &conn.record.host, conn.record.port, inject) {
+            Ok((head, _)) => {
+                conn.record.secret = Some(secret.header().to_owned());
+                Ok(head)
+            }
+            Err(r) => {
+                conn.refuse(NetDecision::Refused, "bad-request", r.reason.clone());
+                Err((r.status, r.reason))
+            }
+        }
+    }
+
+    /// TLS to `conn`'s host over `tcp`, verified against the host's roots; `Err` has been
+    /// recorded.
+    async fn upstream_tls(
+        &self,
+        conn: &mut Conn,
+        tcp: TcpStream,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ()> {
+        let config = self.inner.upstream_tls.get_or_init(|| crate::secret::client_config(None)).clone();
+        let name = rustls::pki_types::ServerName::try_from(conn.record.host.clone()).map_err(|e| e.to_string());
+        let connected = match (config, name) {
+            (Ok(config), Ok(name)) => tokio::time::timeout(
+                self.inner.limits.connect_timeout,
+                tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| "timed out".to_owned())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        connected.map_err(|e| {
+            conn.refuse(
+                NetDecision::Refused,
+                "upstream-tls",
+                format!("{}'s TLS did not verify against the host's roots: {e}", conn.record.host),
+            );
+        })
     }
 
     /// Sends one request (its `head`, then its body by `body`'s framing, starting with the

@@ -454,7 +454,7 @@ pub(crate) async fn serve_loopback(
     accept(listener, &session, proxied, move |stream| {
         let (model, run, egress) = (model.clone(), run.clone(), egress.clone());
         async move {
-            let mut prefix = [0u8; 16];
+            let mut prefix = [0u8; 32];
             let kind = loop {
                 // Peeked, not read: the chosen service reads the request whole.
                 let n = match tokio::time::timeout(LOOPBACK_FIRST_BYTES, stream.peek(&mut prefix)).await {

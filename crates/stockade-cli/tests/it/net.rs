@@ -753,3 +753,47 @@ fn g9_a_net_secret_reaches_its_host_only_and_never_the_sandbox() {
     assert_ne!(code, 0);
     assert!(err.contains("$NOPE_UNSET is not set"), "{err}");
 }
+
+#[test]
+fn g9_busybox_wget_asks_for_https_urls_and_the_proxy_speaks_tls_with_the_secret() {
+    if Command::new("openssl").arg("version").output().is_err()
+        || !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap())
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-wget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    test_ca(&dir, "api.test");
+    let (mut child, port) = tls_logging_upstream(&dir);
+    let real = "real-wget-secret-51d0";
+    // busybox wget sends `GET https://api.test:PORT/ HTTP/1.1` to the proxy (no CONNECT):
+    // the proxy is the TLS client, verifying the upstream, and puts the secret in.
+    let (code, out, err) = crate::cli::check_env(
+        &[
+            "run",
+            "--tier",
+            "docker",
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--net-resolve",
+            &format!("api.test:{port}:127.0.0.5"),
+            "--net-secret",
+            "api.test=TOKEN",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "wget -q -O - --header \"Authorization: Bearer $TOKEN\" https://api.test:{port}/wget; echo; env | grep TOKEN="
+            ),
+        ],
+        &[("TOKEN", real), ("SSL_CERT_FILE", dir.join("ca.pem").to_str().unwrap())],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{out}\n{err}\n{log}");
+    assert!(out.starts_with("secret-ok\n") && out.contains("TOKEN=stockade-secret-"), "{out}\n{err}");
+    assert!(log.contains("GET /wget HTTP/1.1") && log.contains(&format!("Bearer {real}")), "{log}");
+    assert!(!out.contains(real) && !err.contains(real), "{out}\n{err}");
+}

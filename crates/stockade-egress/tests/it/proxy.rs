@@ -580,3 +580,32 @@ async fn g6_a_rule_s_byte_budget_is_shared_by_its_connections_and_cuts_them() {
     let err = stockade_policy::allow::Policy::from_toml(bad, &registry).unwrap_err().to_string();
     assert!(err.contains("max_bytes applies only to a metered tool"), "{err}");
 }
+
+#[tokio::test]
+async fn g8_an_https_url_in_absolute_form_is_verified_before_its_secret_goes_anywhere() {
+    use stockade_egress::NetSecret;
+    let up = Upstream::start("127.0.0.9", b"not tls").await;
+    let port = up.addr.port();
+    let secret = NetSecret::new("abs.test", "TOKEN", "Authorization", "real-value-88").unwrap();
+    let e = NetGrant::new(allow(&[&format!("abs.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("abs.test:{port}:127.0.0.9")).unwrap())
+        .secrets(vec![secret])
+        .unwrap()
+        .start();
+    let placeholder = e.secret_env()[0].1.clone();
+    let p = proxy(e.clone()).await;
+    let d = exchange(
+        p,
+        format!("GET https://abs.test:{port}/ HTTP/1.1\r\nHost: abs.test:{port}\r\nAuthorization: Bearer {placeholder}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(d.starts_with("HTTP/1.1 502") && d.contains("did not verify"), "{d}");
+    settle().await;
+    let seen = up.connections().concat();
+    assert!(!seen.contains("real-value-88") && !seen.contains(&placeholder), "{seen}");
+    let r = records(&e);
+    assert_eq!((r.connections[0].scheme.as_str(), r.connections[0].rule.as_str()), ("https", "upstream-tls"), "{r:?}");
+    assert_eq!(stockade_egress::classify(b"GET https://abs.test/ HTTP/1.1"), stockade_egress::Kind::Proxy);
+    assert_eq!(stockade_egress::classify(b"GET https:/"), stockade_egress::Kind::NeedMore);
+}
