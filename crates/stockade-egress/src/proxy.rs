@@ -324,12 +324,13 @@ impl NetGrant {
                 down: AtomicU64::new(0),
                 records: Mutex::new(GrantsReport::default()),
                 on_refused: self.on_refused.clone(),
-                intercept: self.client.clone().map(|client| {
-                    Intercept::start(&self.secrets, client)
+                intercept: (!self.secrets.is_empty()).then(|| {
+                    Intercept::start(&self.secrets)
                         .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
                 }),
                 fetch_tls: std::sync::OnceLock::new(),
-                upstream_tls: std::sync::OnceLock::new(),
+                // The roots `secrets` loaded, if it did: one load per grant, not one per run.
+                upstream_tls: self.client.clone().map(Ok).map(std::sync::OnceLock::from).unwrap_or_default(),
                 budgets: self
                     .policy
                     .policy()
@@ -664,7 +665,7 @@ impl Egress {
                 Some(Ok(i)) => {
                     if let Some(target) = i.target(&conn.record.host) {
                         let client = Prefixed { head: hello, at: 0, inner: stream };
-                        self.intercept(conn, client, &addrs, target, i.client.clone()).await;
+                        self.intercept(conn, client, &addrs, target).await;
                         return;
                     }
                 }
@@ -691,7 +692,6 @@ impl Egress {
         client: Prefixed<'_, S>,
         addrs: &[SocketAddr],
         target: &Target,
-        tls_client: Arc<rustls::ClientConfig>,
     ) {
         let limits = self.inner.limits;
         let accepted =
@@ -717,13 +717,7 @@ impl Egress {
             let _ = guest.write_all(&http::reply(431, &conn.record.reason)).await;
             return;
         };
-        let secret = &target.secret;
-        let inject = http::Inject {
-            header: secret.header(),
-            placeholder: target.placeholder.as_bytes(),
-            value: secret.value().as_bytes(),
-        };
-        let (head, body) = match http::parse_origin(&buf[..end], &conn.record.host, conn.record.port, inject) {
+        let (head, body) = match http::parse_origin(&buf[..end], &conn.record.host, conn.record.port, target.inject()) {
             Ok(parsed) => parsed,
             Err(r) => {
                 conn.refuse(NetDecision::Refused, "bad-request", r.reason.clone());
@@ -735,30 +729,11 @@ impl Egress {
             let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
             return;
         };
-        let name = rustls::pki_types::ServerName::try_from(conn.record.host.clone());
-        let upstream = match name {
-            Ok(name) => tokio::time::timeout(
-                limits.connect_timeout,
-                tokio_rustls::TlsConnector::from(tls_client).connect(name, tcp),
-            )
-            .await
-            .map_err(|_| "timed out".to_owned())
-            .and_then(|r| r.map_err(|e| e.to_string())),
-            Err(e) => Err(e.to_string()),
+        let Ok(mut upstream) = self.upstream_tls(conn, tcp).await else {
+            let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
+            return;
         };
-        let mut upstream = match upstream {
-            Ok(u) => u,
-            Err(e) => {
-                conn.refuse(
-                    NetDecision::Refused,
-                    "upstream-tls",
-                    format!("{}'s TLS did not verify against the host's roots: {e}", conn.record.host),
-                );
-                let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
-                return;
-            }
-        };
-        conn.record.secret = Some(secret.header().to_owned());
+        conn.record.secret = Some(target.secret.header().to_owned());
         let rest = buf.split_off(end);
         self.relay(conn, &mut guest, &mut upstream, &head, body, rest).await;
         let _ = upstream.shutdown().await;
@@ -813,15 +788,9 @@ impl Egress {
     fn secret_head(&self, conn: &mut Conn, head: &[u8]) -> Result<Vec<u8>, (u16, String)> {
         let Some(Ok(i)) = &self.inner.intercept else { return Ok(head.to_vec()) };
         let Some(target) = i.target(&conn.record.host) else { return Ok(head.to_vec()) };
-        let secret = &target.secret;
-        let inject = http::Inject {
-            header: secret.header(),
-            placeholder: target.placeholder.as_bytes(),
-            value: secret.value().as_bytes(),
-        };
-        match http::parse_origin(head, &conn.record.host, conn.record.port, inject) {
+        match http::parse_origin(head, &conn.record.host, conn.record.port, target.inject()) {
             Ok((head, _)) => {
-                conn.record.secret = Some(secret.header().to_owned());
+                conn.record.secret = Some(target.secret.header().to_owned());
                 Ok(head)
             }
             Err(r) => {
@@ -831,8 +800,8 @@ impl Egress {
         }
     }
 
-    /// TLS to `conn`'s host over `tcp`, verified against the host's roots; `Err` has been
-    /// recorded.
+    /// TLS to `conn`'s host over `tcp`, verified against the host's roots (a secret host's
+    /// tunnel and an `https://` request alike); `Err` has been recorded.
     async fn upstream_tls(
         &self,
         conn: &mut Conn,

@@ -109,17 +109,27 @@ pub(crate) struct Target {
     pub(crate) server: Arc<rustls::ServerConfig>,
 }
 
+impl Target {
+    /// The replacement a request to this host gets: the placeholder, in the secret's header.
+    pub(crate) fn inject(&self) -> crate::http::Inject<'_> {
+        crate::http::Inject {
+            header: self.secret.header(),
+            placeholder: self.placeholder.as_bytes(),
+            value: self.secret.value().as_bytes(),
+        }
+    }
+}
+
 /// A run's interception: the CA, and each secret host's server configuration.
 pub(crate) struct Intercept {
     pub(crate) ca_pem: String,
     pub(crate) targets: Vec<Target>,
-    pub(crate) client: Arc<rustls::ClientConfig>,
 }
 
 impl Intercept {
     /// Makes the per-run CA (name-constrained to the hosts of `secrets`), one certificate
     /// per host, and a placeholder per secret.
-    pub(crate) fn start(secrets: &[NetSecret], client: Arc<rustls::ClientConfig>) -> Result<Self, String> {
+    pub(crate) fn start(secrets: &[NetSecret]) -> Result<Self, String> {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer,
             KeyPair, KeyUsagePurpose, NameConstraints,
@@ -155,7 +165,7 @@ impl Intercept {
             let placeholder = format!("stockade-secret-{}", random_hex(16)?);
             targets.push(Target { secret: secret.clone(), placeholder, server: Arc::new(server) });
         }
-        Ok(Self { ca_pem: ca_cert.pem(), targets, client })
+        Ok(Self { ca_pem: ca_cert.pem(), targets })
     }
 
     /// The target for `host`, if it has a secret.
