@@ -123,6 +123,14 @@ impl Guarded {
             let _ = r.file.set_modified(SystemTime::now());
         }
     }
+
+    /// A second descriptor of the record, for a heartbeat kept apart from this value (a
+    /// session's, which beats for as long as the session lives): setting its modification
+    /// time is [`Guarded::heartbeat`]. `None` before [`Guarded::record_in`].
+    #[must_use]
+    pub fn heartbeat_file(&self) -> Option<std::fs::File> {
+        self.record.as_ref().and_then(|r| r.file.try_clone().ok())
+    }
 }
 
 /// What [`finish_killed_sweeps`] did with one record.

@@ -205,22 +205,22 @@ impl Cgroup {
     /// Reads the out-of-memory count and the peak usage.
     pub(crate) fn usage(&self) -> Usage {
         let read = |p: PathBuf| fs::read_to_string(p).unwrap_or_default();
-        match self.kind {
-            Kind::V1 => {
-                let oom = read(self.memory.join("memory.oom_control"));
-                Usage {
-                    oom_killed: stockade_sys::cgroup::oom_kills(&oom).is_some_and(|n| n > 0),
-                    peak_bytes: read(self.memory.join("memory.max_usage_in_bytes")).trim().parse().ok(),
-                }
-            }
-            Kind::V2 => {
-                let events = read(self.memory.join("memory.events"));
-                Usage {
-                    oom_killed: stockade_sys::cgroup::oom_kills(&events).is_some_and(|n| n > 0),
-                    peak_bytes: read(self.memory.join("memory.peak")).trim().parse().ok(),
-                }
-            }
-        }
+        let peak = match self.kind {
+            Kind::V1 => "memory.max_usage_in_bytes",
+            Kind::V2 => "memory.peak",
+        };
+        Usage { oom_killed: self.oom_kills() > 0, peak_bytes: read(self.memory.join(peak)).trim().parse().ok() }
+    }
+
+    /// How many processes the kernel's out-of-memory killer took in this cgroup so far (a
+    /// session's exec compares the count before and after).
+    pub(crate) fn oom_kills(&self) -> u64 {
+        let file = match self.kind {
+            Kind::V1 => "memory.oom_control",
+            Kind::V2 => "memory.events",
+        };
+        let text = fs::read_to_string(self.memory.join(file)).unwrap_or_default();
+        stockade_sys::cgroup::oom_kills(&text).unwrap_or(0)
     }
 
     /// Removes the cgroups, retrying while the last processes finish exiting.

@@ -50,6 +50,8 @@ pub(crate) fn landlock_rules(workspace: Option<bool>, grants: bool, tty: bool) -
         ("/dev/urandom", PathAccess::ReadWriteFile),
         ("/dev/shm", PathAccess::Full),
         ("/tmp", PathAccess::Full),
+        // A session's home (absent from a run's view, so no rule there).
+        (crate::SESSION_HOME, PathAccess::Full),
     ];
     if !tty {
         // With no controlling terminal the open itself fails (ENXIO); landlock lets it get

@@ -33,16 +33,12 @@
 //! - The server's signal dispositions and mask are the defaults, so each helper starts as an
 //!   exec would leave it.
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use rustix::net::{
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
-};
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
 use crate::RunError;
 use crate::sys::{caps, fs as sysfs, process};
@@ -50,8 +46,8 @@ use crate::sys::{caps, fs as sysfs, process};
 use crate::spec::MAX_SPEC;
 
 /// Most descriptors one request carries: stdin, stdout, stderr, status, and the job pipe of a
-/// pre-built sandbox.
-const MAX_FDS: usize = 5;
+/// pre-built sandbox (or a session's socket).
+const MAX_FDS: usize = crate::fdpass::MAX_FDS;
 
 /// What the server sends once, when it is isolated and scrubbed.
 const READY: &[u8; 1] = b"R";
@@ -150,17 +146,11 @@ impl Server {
             self.dead.store(true, std::sync::atomic::Ordering::Relaxed);
             Err(SpawnError::Gone(format!("the fork server (pid {}) {what}: {e}", self.pid)))
         };
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-        let mut cmsg = SendAncillaryBuffer::new(&mut space);
-        if fds.len() > MAX_FDS || !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
-            return Err(SpawnError::Launch(RunError::Internal("fork server: ancillary buffer too small".into())));
+        if fds.len() > MAX_FDS {
+            return Err(SpawnError::Launch(RunError::Internal("fork server: too many descriptors".into())));
         }
-        loop {
-            match rustix::net::sendmsg(&*sock, &[IoSlice::new(spec)], &mut cmsg, SendFlags::NOSIGNAL) {
-                Ok(_) => break,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return gone("cannot be reached", e.into()),
-            }
+        if let Err(e) = crate::fdpass::send(sock.as_fd(), spec, fds) {
+            return gone("cannot be reached", e);
         }
         let mut answer = [0u8; 4];
         let n = loop {
@@ -200,36 +190,22 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
     }
     let mut buf = vec![0u8; MAX_SPEC];
     loop {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-        let msg =
-            match rustix::net::recvmsg(&sock, &mut [IoSliceMut::new(&mut buf)], &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
-                Ok(m) => m,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => return 0,
-            };
-        let fds: Vec<OwnedFd> = cmsg
-            .drain()
-            .filter_map(|m| match m {
-                RecvAncillaryMessage::ScmRights(fds) => Some(fds),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        if msg.bytes == 0 && fds.is_empty() {
+        let Ok(crate::fdpass::Received { len, fds, truncated }) = crate::fdpass::recv(sock.as_fd(), &mut buf) else {
+            return 0;
+        };
+        if len == 0 && fds.is_empty() {
             // The supervisor's end is closed: it has exited.
             return 0;
         }
-        let answer =
-            if !(4..=MAX_FDS).contains(&fds.len()) || msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
-                -libc::EINVAL
-            } else {
-                match process::fork_sibling() {
-                    Ok(process::Fork::Child) => crate::child::served_child(&buf[..msg.bytes], fds),
-                    Ok(process::Fork::Parent(pid)) => pid,
-                    Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-                }
-            };
+        let answer = if !(4..=MAX_FDS).contains(&fds.len()) || truncated {
+            -libc::EINVAL
+        } else {
+            match process::fork_sibling() {
+                Ok(process::Fork::Child) => crate::child::served_child(&buf[..len], fds),
+                Ok(process::Fork::Parent(pid)) => pid,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            }
+        };
         drop(fds);
         if rustix::net::send(&sock, &answer.to_ne_bytes(), SendFlags::NOSIGNAL).is_err() {
             return 0;

@@ -49,10 +49,10 @@ pub fn helper_main() {
     process::exit_now(code);
 }
 
-struct Reporter(File);
+pub(crate) struct Reporter(pub(crate) File);
 
 impl Reporter {
-    fn send(&mut self, msg: &Msg) {
+    pub(crate) fn send(&mut self, msg: &Msg) {
         if let Ok(mut line) = serde_json::to_vec(msg) {
             line.push(b'\n');
             // One write of a short line: atomic on a pipe (PIPE_BUF), so lines never interleave.
@@ -64,7 +64,7 @@ impl Reporter {
         self.send(&Msg::Enforced { mechanism, detail: detail.into() });
     }
 
-    fn fail(&mut self, stage: &str, unsupported: bool, message: impl std::fmt::Display) -> i32 {
+    pub(crate) fn fail(&mut self, stage: &str, unsupported: bool, message: impl std::fmt::Display) -> i32 {
         self.send(&Msg::Error { stage: stage.into(), unsupported, message: message.to_string() });
         126
     }
@@ -86,8 +86,8 @@ pub(crate) fn run(spec: Spec) -> i32 {
 struct InNamespaces {
     /// The guest's ids inside.
     ids: (u32, u32),
-    /// A root supervisor's id-mapped workspace.
-    ws_tree: Option<OwnedFd>,
+    /// A root supervisor's id-mapped workspace and session home.
+    trees: Trees,
     /// The model grant's listener, held here for the supervisor to take.
     listener: Option<std::net::TcpListener>,
 }
@@ -104,6 +104,14 @@ fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
         (Some((host, writable)), 0) => match idmapped_workspace(host, *writable) {
             Ok(tree) => Some(tree),
             Err((unsupported, e)) => return Err(rep.fail("workspace", unsupported, e)),
+        },
+        _ => None,
+    };
+    // A session's home, the same way: the guest owns what root owns there.
+    let home_tree = match (&spec.home, uid) {
+        (Some(host), 0) => match idmapped_workspace(host, true) {
+            Ok(tree) => Some(tree),
+            Err((unsupported, e)) => return Err(rep.fail("home", unsupported, e)),
         },
         _ => None,
     };
@@ -124,7 +132,7 @@ fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
     }
     enter_namespaces(rep, (uid, gid), dropped_root)?;
     let listener = listen_for_model(spec, rep)?;
-    Ok(InNamespaces { ids: (uid, gid), ws_tree, listener })
+    Ok(InNamespaces { ids: (uid, gid), trees: Trees { workspace: ws_tree, home: home_tree }, listener })
 }
 
 /// The OOM score and the run's cgroups, first, so that init and the guest inherit them.
@@ -210,19 +218,19 @@ fn listen_for_model(spec: &Spec, rep: &mut Reporter) -> Result<Option<std::net::
 /// Forks init (pid 1 of the run's pid namespace), lets go of the guest's stdio, and waits
 /// for it: its exit code is the helper's.
 fn start_init(spec: &Spec, rep: &mut Reporter, ready: InNamespaces) -> i32 {
-    let InNamespaces { ids, ws_tree, listener } = ready;
+    let InNamespaces { ids, trees, listener } = ready;
     let Ok((keep_r, keep_w)) = sysfs::pipe() else { return rep.fail("init", false, "pipe") };
     match process::fork() {
         Err(e) => rep.fail("init", false, format!("fork: {e}")),
         Ok(process::Fork::Child) => {
             drop(keep_w);
             drop(listener);
-            let code = init(spec, rep, &keep_r, ids, ws_tree);
+            let code = init(spec, rep, &keep_r, ids, trees);
             process::exit_now(code)
         }
         Ok(process::Fork::Parent(pid)) => {
             drop(keep_r);
-            drop(ws_tree);
+            drop(trees);
             release_stdio(spec);
             let code = match process::wait(pid) {
                 Ok(e) => {
@@ -246,7 +254,7 @@ fn start_init(spec: &Spec, rep: &mut Reporter, ready: InNamespaces) -> i32 {
 /// they stop reading. A terminal is left as it is: it is not pooled, and the supervisor reads
 /// its master until the last slave closes. If `/dev/null` cannot be opened, nothing changes
 /// but that timing.
-fn release_stdio(spec: &Spec) {
+pub(crate) fn release_stdio(spec: &Spec) {
     if spec.tty {
         return;
     }
@@ -315,8 +323,16 @@ fn idmap_userns(inside: u32, outside: u32) -> io::Result<File> {
     }
 }
 
-/// Pid 1 of the run: builds the view, forks the guest, reaps everything, reports the exit.
-fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws_tree: Option<OwnedFd>) -> i32 {
+/// A root supervisor's id-mapped trees, attached in the view by init.
+#[derive(Default)]
+pub(crate) struct Trees {
+    workspace: Option<OwnedFd>,
+    home: Option<OwnedFd>,
+}
+
+/// Pid 1 of the run: builds the view, forks the guest (or, in a session, one guest per exec
+/// request), reaps everything, reports the exit.
+fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), trees: Trees) -> i32 {
     if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
         return 125;
     }
@@ -326,7 +342,7 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
     if let Err(e) = caps::set_not_dumpable() {
         return rep.fail("init", false, format!("PR_SET_DUMPABLE 0: {e}"));
     }
-    let covered = match build_view(spec, uid, gid, ws_tree) {
+    let covered = match build_view(spec, uid, gid, trees) {
         Ok(covered) => covered,
         Err(ViewError::Path(e)) => return rep.fail("workspace", false, e),
         Err(ViewError::Mechanism(e)) => return rep.fail("mount", true, e),
@@ -345,6 +361,10 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), ws
     }
     rep.enforced(Mechanism::MountNamespace, format!("{}{protected}", view_detail(spec)));
     let _ = mount::set_hostname("stockade");
+    if spec.session {
+        let Some(fd) = spec.job_fd else { return rep.fail("session", false, "no session socket") };
+        return crate::session_init::serve(spec, rep, fd);
+    }
     let guest = match process::fork() {
         Err(e) => return rep.fail("guest", false, format!("fork: {e}")),
         Ok(process::Fork::Child) => process::exit_now(guest(spec, rep)),
@@ -372,8 +392,9 @@ fn view_detail(spec: &Spec) -> String {
     };
     let tty = if spec.tty { ", /dev/tty and /dev/pts/N: a private pty, the guest's controlling terminal" } else { "" };
     let grants = if spec.grants_dir.is_some() { ", /run/stockade (grants) read-only" } else { "" };
+    let home = if spec.home.is_some() { ", /home/user the session's home, read-write" } else { "" };
     format!(
-        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}{grants}; nothing else of the host",
+        "tmpfs root (read-only); system dirs bound read-only, nosuid; fresh /proc; minimal /dev{tty}; /tmp and /dev/shm private tmpfs of {} bytes{ws}{home}{grants}; nothing else of the host",
         spec.limits.tmpfs_bytes
     )
 }
@@ -405,7 +426,8 @@ impl From<String> for ViewError {
 /// is the id-mapped workspace of a root supervisor; without it the workspace is bound here,
 /// with the rights of the (non-root) user. Returns the unix sockets and fifos it covered in
 /// the workspace.
-fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Result<Vec<PathBuf>, ViewError> {
+fn build_view(spec: &Spec, uid: u32, gid: u32, trees: Trees) -> Result<Vec<PathBuf>, ViewError> {
+    let Trees { workspace: ws_tree, home: home_tree } = trees;
     // The run's terminal, by the name the guest's `ttyname()` reads back from `/proc`
     // (`/dev/pts/N`), read while the host's `/proc` is still in place.
     let pts = if spec.tty { pts_name() } else { None };
@@ -413,9 +435,12 @@ fn build_view(spec: &Spec, uid: u32, gid: u32, ws_tree: Option<OwnedFd>) -> Resu
     let old = Path::new("/oldroot");
     let new = Path::new("/newroot");
     mount_root(old, new)?;
-    write_etc(old, new, uid, gid)?;
+    write_etc(old, new, uid, gid, spec.home.is_some())?;
     mount_proc_and_dev(old, new, pts.as_deref())?;
     mount_scratch(new, spec.limits.tmpfs_bytes)?;
+    if let Some(host) = &spec.home {
+        mount_home(old, new, host, home_tree)?;
+    }
     let covered = match &spec.workspace {
         Some((host, writable)) => mount_workspace(spec, old, new, host, *writable, uid, ws_tree)?,
         None => Vec::new(),
@@ -463,13 +488,16 @@ fn mount_root(old: &Path, new: &Path) -> Result<(), ViewError> {
 }
 
 /// Phase 3: `/etc`.
-fn write_etc(old: &Path, new: &Path, uid: u32, gid: u32) -> Result<(), ViewError> {
+fn write_etc(old: &Path, new: &Path, uid: u32, gid: u32, session: bool) -> Result<(), ViewError> {
     let etc = new.join("etc");
     ctx(fs::create_dir(&etc), || "mkdir /etc".into())?;
-    let passwd = format!(
-        "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:stockade guest:/tmp:/usr/sbin/nologin\n"
-    );
-    let group = format!("root:x:0:\nsandbox:x:{gid}:\n");
+    // A session's guest is `user`, at home in its home directory (the layout E2B's guests
+    // expect); a one-shot guest is `sandbox`, with `/tmp` for a home.
+    let (name, home, shell) =
+        if session { ("user", crate::SESSION_HOME, "/bin/sh") } else { ("sandbox", "/tmp", "/usr/sbin/nologin") };
+    let passwd =
+        format!("root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:stockade guest:{home}:{shell}\n");
+    let group = format!("root:x:0:\n{name}:x:{gid}:\n");
     for (name, text) in [
         ("passwd", passwd.as_str()),
         ("group", group.as_str()),
@@ -552,6 +580,19 @@ fn mount_scratch(new: &Path, size: u64) -> Result<(), ViewError> {
         ctx(mount::mount(Path::new("tmpfs"), &d, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, &tmp_opts), || {
             format!("mounting /{dir}")
         })?;
+    }
+    Ok(())
+}
+
+/// A session's home at [`crate::SESSION_HOME`], read-write, nosuid and nodev: the host
+/// directory the supervisor made for the session (in stockade's own state directory, which no
+/// guest reaches but through this mount), attached id-mapped for a root supervisor.
+fn mount_home(old: &Path, new: &Path, host: &Path, tree: Option<OwnedFd>) -> Result<(), ViewError> {
+    let home = new.join(crate::SESSION_HOME.trim_start_matches('/'));
+    ctx(fs::create_dir_all(&home), || format!("mkdir {}", crate::SESSION_HOME))?;
+    match tree {
+        Some(tree) => ctx(mount::move_mount_onto(tree.as_fd(), &home), || "attaching the id-mapped home".into())?,
+        None => bind(&old.join(host.strip_prefix("/").unwrap_or(host)), &home, true)?,
     }
     Ok(())
 }
@@ -760,11 +801,17 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     }
     let pooled;
     let job = match spec.job_fd {
-        None => JobRef { program: &spec.program, args: &spec.args, env: &spec.env, limits: spec.limits },
+        None => JobRef { program: &spec.program, args: &spec.args, env: &spec.env, limits: spec.limits, cwd: None },
         Some(fd) => match read_pooled_job(fd) {
             Ok(Some(job)) => {
                 pooled = job;
-                JobRef { program: &pooled.program, args: &pooled.args, env: &pooled.env, limits: pooled.limits }
+                JobRef {
+                    program: &pooled.program,
+                    args: &pooled.args,
+                    env: &pooled.env,
+                    limits: pooled.limits,
+                    cwd: None,
+                }
             }
             // The pool let this sandbox go unused: nothing to report.
             Ok(None) => return 0,
@@ -861,7 +908,12 @@ fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32
 /// The working directory, the program found in the view, every other descriptor closed and
 /// the signals reset, then the exec. Returns only on failure.
 fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
-    let cwd = if spec.workspace.is_some() { "/workspace" } else { "/tmp" };
+    let cwd = match (job.cwd, &spec.home, &spec.workspace) {
+        (Some(cwd), _, _) => cwd,
+        (None, Some(_), _) => crate::SESSION_HOME,
+        (None, None, Some(_)) => "/workspace",
+        (None, None, None) => "/tmp",
+    };
     if let Err(e) = std::env::set_current_dir(cwd) {
         return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
     }
@@ -881,11 +933,27 @@ fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
 }
 
 /// The job-specific part of a run, from the spec or from a pre-built sandbox's job message.
-struct JobRef<'a> {
-    program: &'a str,
-    args: &'a [String],
-    env: &'a [(String, String)],
-    limits: SpecLimits,
+pub(crate) struct JobRef<'a> {
+    pub(crate) program: &'a str,
+    pub(crate) args: &'a [String],
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) limits: SpecLimits,
+    /// The working directory in the view (a session's exec may name one).
+    pub(crate) cwd: Option<&'a str>,
+}
+
+/// A session's exec, in the process init forked for it: the guest's confinement, the exec's
+/// limits, then the exec, exactly as a run's guest (G15's steps in the same order). Returns
+/// only on failure (already reported on `status`).
+pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>) -> i32 {
+    let mut rep = Reporter(status);
+    if let Err(code) = confine_guest(spec, &mut rep) {
+        return code;
+    }
+    if let Err(code) = set_rlimits(spec, &mut rep, job.limits) {
+        return code;
+    }
+    exec_job(spec, &mut rep, job)
 }
 
 /// Reads a pre-built sandbox's job from `fd` to its end: `None` when it ends with no byte

@@ -150,6 +150,11 @@ impl HelperProcess {
     }
 
     /// A duplicate of the helper's pidfd.
+    /// Whether the helper has exited (a session's sandbox that died).
+    pub(crate) fn exited(&self) -> bool {
+        sysfs::polls_ready(self.pidfd.get_ref().as_fd())
+    }
+
     pub(crate) fn pidfd(&self) -> std::io::Result<OwnedFd> {
         self.pidfd.get_ref().try_clone()
     }
@@ -246,7 +251,7 @@ const FORK_STATUS_FD: i32 = 3;
 /// Where the forked helper of a pre-built sandbox finds its job pipe.
 const FORK_JOB_FD: i32 = 4;
 
-fn receiver(fd: impl Into<OwnedFd>) -> Result<pipe::Receiver, RunError> {
+pub(crate) fn receiver(fd: impl Into<OwnedFd>) -> Result<pipe::Receiver, RunError> {
     pipe::Receiver::from_owned_fd(fd.into()).map_err(internal("registering a pipe"))
 }
 

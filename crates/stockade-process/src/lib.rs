@@ -198,6 +198,18 @@
 //!     other runs go on, and the next run works. Where `/proc/self/oom_score_adj` cannot be
 //!     written the run fails closed naming it (best effort: reported missing).
 //!     (pinned by: tests/it/limits.rs::g16_*)
+//! G17. A [`ProcessSession`] ([`ProcessTier::session`]) is one sandbox for many execs: one
+//!     helper, init, pid namespace, view and cgroup for its whole life, with its home (a host
+//!     directory its owner made for it) read-write at [`SESSION_HOME`]. Init forks one guest
+//!     per exec, and each exec's guest takes the steps a run's guest takes (its own session,
+//!     capabilities dropped, `no_new_privs`, landlock, seccomp, the exec's rlimits), with the
+//!     exec's own argv, environment, working directory, stdin and output budgets; at its
+//!     deadline the exec's process group is killed and the session goes on. Files in the
+//!     home, `/tmp` and `/dev/shm`, and processes left running, persist between execs; two
+//!     sessions see neither each other's files nor processes. [`ProcessSession::kill`] (or
+//!     a drop, or the owner's death) ends every process of the session, then its cgroup; a
+//!     read-write workspace stays locked for the session's life and is swept at its end.
+//!     (pinned by: tests/it/session.rs::g17_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
@@ -259,10 +271,13 @@
 mod cgroup;
 mod child;
 mod confine;
+mod fdpass;
 mod forkserver;
 mod helper;
 mod launch;
 mod pool;
+mod session;
+mod session_init;
 mod spec;
 mod supervisor;
 mod sys;
@@ -270,6 +285,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+pub use session::{ProcessSession, SessionConfig};
 pub use stockade_hostfs::{Finished as FinishedSweep, Swept};
 use stockade_protocol::{Job, LiveIo, Report};
 
@@ -282,6 +298,10 @@ pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
 
 /// Where [`ProcessTier::run_live`] binds a grants directory in the guest's view.
 pub const GRANTS_GUEST_DIR: &str = "/run/stockade";
+
+/// Where a session's home (a host directory the session's owner made for it) is in the
+/// view: read-write, the working directory and `HOME` of every exec that names no other.
+pub const SESSION_HOME: &str = "/home/user";
 
 /// Default size of each private tmpfs (`/tmp`, `/dev/shm`): 64 MiB.
 ///
@@ -610,6 +630,13 @@ impl ProcessTier {
             return Err(RunError::Misconfigured("a loopback listener needs a grants directory".into()));
         }
         supervisor::run(self, job, grants_dir, loopback, io).await
+    }
+
+    /// Makes a live sandbox that serves many execs ([`ProcessSession::exec`]) and keeps its
+    /// state between them (G17): one pid namespace, view and cgroup for the session's whole
+    /// life, and every exec's guest confined exactly as a run's guest.
+    pub async fn session(&self, config: SessionConfig) -> Result<ProcessSession, RunError> {
+        session::create(self, config).await
     }
 }
 

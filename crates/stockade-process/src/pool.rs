@@ -418,6 +418,8 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
         tty: false,
         model_port: None,
         job_fd: None,
+        session: false,
+        home: None,
     }
 }
 

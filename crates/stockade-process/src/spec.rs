@@ -68,6 +68,34 @@ pub(crate) struct Spec {
     /// end of the descriptor with no job (the pool was dropped) ends the sandbox quietly.
     #[serde(default)]
     pub(crate) job_fd: Option<i32>,
+    /// A session ([`crate::ProcessTier::session`]): `job_fd` is then a `SOCK_SEQPACKET`
+    /// socket on which init takes [`SessionRequest`]s for as long as the session lives, and
+    /// init forks one confined guest per exec instead of one guest for the run.
+    #[serde(default)]
+    pub(crate) session: bool,
+    /// A host directory bound read-write at [`crate::SESSION_HOME`] (a session's home), the
+    /// guest's working directory and `HOME` unless an exec names others.
+    #[serde(default)]
+    pub(crate) home: Option<PathBuf>,
+}
+
+/// What a session's init is asked on its socket. An `Exec` comes with four descriptors:
+/// the exec's stdin, stdout and stderr, and its status pipe, on which the exec's guest
+/// reports its confinement ([`Msg`] lines, as a run's guest does) and init, once it has
+/// reaped the exec's process, its [`Msg::Exit`].
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum SessionRequest {
+    Exec {
+        id: u64,
+        program: String,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<String>,
+        limits: SpecLimits,
+    },
+    /// A signal to an exec's process group (the exec's guest leads a session of its own).
+    Signal { id: u64, signal: i32 },
 }
 
 /// What a pre-built sandbox waits for: the job-specific part of a [`Spec`].
@@ -103,6 +131,8 @@ pub(crate) enum Msg {
     /// The helper listens on the spec's model port, in the run's network namespace, on its
     /// descriptor `fd` (the supervisor takes a copy with `pidfd_getfd`).
     Listening { fd: i32 },
+    /// A session's init has built the view and takes exec requests.
+    Ready,
     /// The guest ended.
     Exit { code: Option<i32>, signal: Option<i32>, cpu_us: u64, max_rss: u64 },
     /// The helper reaped the run's init, so no process of the run's pid namespace is left

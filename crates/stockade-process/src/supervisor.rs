@@ -21,7 +21,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// with the run for this machine's cores; a long run does not leave its pool short for long.
 const REFILL_AFTER: Duration = Duration::from_millis(20);
 
-enum End {
+pub(crate) enum End {
     Exited,
     Deadline,
     Output(Stream),
@@ -251,10 +251,10 @@ pub(crate) async fn run(
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
 /// or on drop for a run that returned early or was cancelled (whose report is gone, so what
 /// the sweep could not remove is then only on the host).
-struct SweepGuard(Option<stockade_hostfs::Guarded>);
+pub(crate) struct SweepGuard(pub(crate) Option<stockade_hostfs::Guarded>);
 
 impl SweepGuard {
-    fn now(&mut self) -> stockade_hostfs::Swept {
+    pub(crate) fn now(&mut self) -> stockade_hostfs::Swept {
         self.0.take().map(|g| g.sweep()).unwrap_or_default()
     }
 
@@ -299,20 +299,24 @@ impl Drop for Refill<'_> {
 
 /// What the run left for its report: how it ended, its output, the helper's messages, the
 /// cgroup's reading and the sweep's.
-struct Ended {
-    end: End,
-    wall: Duration,
-    stdout: Captured,
-    stderr: Captured,
-    msgs: Vec<Msg>,
-    usage: Option<crate::cgroup::Usage>,
-    cgroup_detail: Option<String>,
-    swept: stockade_hostfs::Swept,
+pub(crate) struct Ended {
+    pub(crate) end: End,
+    pub(crate) wall: Duration,
+    pub(crate) stdout: Captured,
+    pub(crate) stderr: Captured,
+    pub(crate) msgs: Vec<Msg>,
+    pub(crate) usage: Option<crate::cgroup::Usage>,
+    pub(crate) cgroup_detail: Option<String>,
+    pub(crate) swept: stockade_hostfs::Swept,
 }
 
 /// The report phase: turns what the run left into its [`Report`] (or, for a mechanism the
 /// helper could not apply and the tier requires, [`RunError::Unsupported`]).
-fn assemble(ended: Ended, limits: &stockade_protocol::Limits, best_effort: bool) -> Result<Report, RunError> {
+pub(crate) fn assemble(
+    ended: Ended,
+    limits: &stockade_protocol::Limits,
+    best_effort: bool,
+) -> Result<Report, RunError> {
     let Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept } = ended;
     let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
     report = report.with_enforced(Enforced::new(
@@ -343,7 +347,7 @@ fn assemble(ended: Ended, limits: &stockade_protocol::Limits, best_effort: bool)
                 failure.get_or_insert((stage, unsupported, message));
             }
             Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
-            Msg::Listening { .. } | Msg::Ended => {}
+            Msg::Listening { .. } | Msg::Ready | Msg::Ended => {}
         }
     }
     swept.record(&mut report, Mechanism::MountNamespace);
@@ -398,7 +402,7 @@ fn check_grants_dir(dir: &std::path::Path, workspace: Option<&std::path::Path>) 
 }
 
 /// The limits the helper and the guest apply (the CPU limit rounded up to whole seconds).
-fn spec_limits(tier: &ProcessTier, limits: &stockade_protocol::Limits) -> SpecLimits {
+pub(crate) fn spec_limits(tier: &ProcessTier, limits: &stockade_protocol::Limits) -> SpecLimits {
     SpecLimits {
         cpu_secs: limits.cpu().as_secs().max(1) + u64::from(limits.cpu().subsec_nanos() > 0),
         memory_bytes: limits.memory_bytes(),
@@ -412,7 +416,7 @@ fn spec_limits(tier: &ProcessTier, limits: &stockade_protocol::Limits) -> SpecLi
 /// The start phase's stdio: a terminal's master (typed into, then end-of-file) or the
 /// guest's pipes (stdin fed from the job's bytes or the streamed stdin), as the two readers
 /// the capture takes.
-fn wire_stdio(
+pub(crate) fn wire_stdio(
     master: Option<tty::Master>,
     (stdin, stdout, stderr): (
         Option<tokio::net::unix::pipe::Sender>,
@@ -454,7 +458,7 @@ fn wire_stdio(
     })
 }
 
-async fn finish(
+pub(crate) async fn finish(
     done: Option<Result<stockade_protocol::CaptureEnd, stockade_protocol::CaptureError>>,
     task: &mut tokio::task::JoinHandle<Result<stockade_protocol::CaptureEnd, stockade_protocol::CaptureError>>,
 ) -> Captured {
@@ -487,7 +491,7 @@ fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::
 
 /// Reads the helper's report lines, bounded in count and length. A [`Msg::Listening`] hands
 /// the helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once.
-async fn read_messages(
+pub(crate) async fn read_messages(
     pipe: tokio::net::unix::pipe::Receiver,
     mut take: Option<(std::os::fd::OwnedFd, Loopback)>,
 ) -> Vec<Msg> {

@@ -58,10 +58,7 @@ fn poll_now(fd: RawFd) -> libc::c_short {
 
 /// `poll(2)` for input on `fd`, waiting up to `ms` milliseconds: the events that came.
 fn poll_for(fd: RawFd, ms: libc::c_int) -> libc::c_short {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: poll reads and writes exactly one pollfd, which lives on this stack frame.
-    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if r > 0 { pfd.revents } else { 0 }
+    poll_all(&[fd], ms).first().copied().unwrap_or(0)
 }
 
 /// True if the write end of the pipe whose read end is `fd` has been closed everywhere.
@@ -90,6 +87,20 @@ pub(crate) fn wait_ready(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Du
             return false;
         }
     }
+}
+
+/// Waits up to `ms` milliseconds (-1: without end) for any of `fds` to poll readable or hung
+/// up, and returns each one's `revents` (all 0 when the time ran out or a signal cut the
+/// wait short).
+pub(crate) fn poll_all(fds: &[RawFd], ms: libc::c_int) -> Vec<libc::c_short> {
+    let mut polls: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: `polls` is a valid array of `polls.len()` pollfds that poll may write into.
+    let r = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, ms) };
+    if r <= 0 {
+        return vec![0; fds.len()];
+    }
+    polls.iter().map(|p| p.revents).collect()
 }
 
 /// Makes `fd` survive into the program `cmd` execs (the helper), by clearing close-on-exec

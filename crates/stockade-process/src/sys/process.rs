@@ -76,14 +76,45 @@ pub(crate) fn wait(pid: libc::pid_t) -> io::Result<Exit> {
             continue;
         }
         let pid = check(r)?;
-        let (code, signal) = if libc::WIFEXITED(status) {
-            (Some(libc::WEXITSTATUS(status)), None)
-        } else if libc::WIFSIGNALED(status) {
-            (None, Some(libc::WTERMSIG(status)))
-        } else {
-            (None, None)
-        };
-        return Ok(Exit { pid, code, signal });
+        return Ok(decode(pid, status));
+    }
+}
+
+fn decode(pid: libc::pid_t, status: libc::c_int) -> Exit {
+    let (code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (None, None)
+    };
+    Exit { pid, code, signal }
+}
+
+/// `wait4(-1, WNOHANG)`: a child that has ended, with its CPU time (microseconds) and peak
+/// RSS (bytes) (its own and its reaped children's), or `None` when no child has ended (or
+/// there is none).
+pub(crate) fn wait_any_nohang() -> io::Result<Option<(Exit, u64, u64)>> {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 writes one int into `status` and one rusage into `ru`, both on this
+        // frame.
+        let r = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
+        match r {
+            0 => return Ok(None),
+            -1 => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EINTR) => {}
+                e if e.raw_os_error() == Some(libc::ECHILD) => return Ok(None),
+                e => return Err(e),
+            },
+            pid => {
+                let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
+                let usage = (us(ru.ru_utime) + us(ru.ru_stime), (ru.ru_maxrss.max(0) as u64) * 1024);
+                return Ok(Some((decode(pid, status), usage.0, usage.1)));
+            }
+        }
     }
 }
 

@@ -10,4 +10,5 @@ mod launch;
 mod limits;
 mod netns;
 mod pool;
+mod session;
 mod workspace;

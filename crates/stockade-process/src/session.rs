@@ -1,0 +1,452 @@
+//! Sessions ([`ProcessTier::session`]): one sandbox (pid namespace, view, cgroup) that lives
+//! across many execs.
+//!
+//! The helper and init are started as for a run, with the spec's `session` set and a
+//! `SOCK_SEQPACKET` socket as the job descriptor; init builds the view, says
+//! [`Msg::Ready`], and then forks one guest per exec request (`session_init`). Each exec
+//! gets four fresh pipes (stdin, stdout, stderr, status): its guest confines itself exactly
+//! as a run's guest does and reports each mechanism on the status pipe, and init writes the
+//! exit there when it reaps the guest. So an exec's [`Report`] is assembled by the same code
+//! as a run's, from the same lines.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use stockade_protocol::capture::{CaptureMode, Flow, capture_async};
+use stockade_protocol::{Enforced, Job, JobKind, LiveIo, Mechanism, Report, Stream};
+use tokio::io::AsyncBufReadExt;
+
+use crate::cgroup::Cgroup;
+use crate::pool::CgroupGuard;
+use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, MAX_SPEC, Msg, SessionRequest, Spec};
+use crate::supervisor::{End, Ended};
+use crate::{ProcessTier, RunError, launch};
+
+/// How long a session's setup may take before it counts as failed: 30 s (a cold page cache
+/// and a busy host; a warm one takes milliseconds).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a session is made with: limits for the whole session, an optional workspace, and
+/// the host directory that becomes its home.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Memory and processes of the whole session (its cgroup); `Limits::default()` otherwise.
+    pub limits: stockade_protocol::Limits,
+    /// The workspace and its access, held (and, read-write, locked and swept) for the
+    /// session's whole life.
+    pub workspace: Option<stockade_protocol::Workspace>,
+    /// A host directory made for this session alone (the caller creates it empty, in a
+    /// directory no guest reaches), bound read-write at [`crate::SESSION_HOME`].
+    pub home: Option<PathBuf>,
+}
+
+/// A live sandbox that serves many execs ([`ProcessTier::session`]). Files written in
+/// [`crate::SESSION_HOME`], `/tmp` and `/dev/shm`, processes left running, and anything else
+/// of the view outlive one exec, and die with the session. Dropping it kills it (as
+/// [`ProcessSession::kill`] does, without waiting for the sweep's result).
+pub struct ProcessSession {
+    // Field order is drop order: the socket (init ends), the helper (killed and reaped with
+    // init, so no process is left), then the cgroup, then the sweep and the lock.
+    sock: Option<OwnedFd>,
+    helper: Option<launch::HelperProcess>,
+    status: Option<tokio::task::JoinHandle<Vec<Msg>>>,
+    cgroup: CgroupGuard,
+    sweep: crate::supervisor::SweepGuard,
+    _lock: Option<stockade_hostfs::WorkspaceLock>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    tier: ProcessTier,
+    limits: stockade_protocol::Limits,
+    enforced: Vec<Enforced>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for ProcessSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessSession").field("enforced", &self.enforced.len()).finish_non_exhaustive()
+    }
+}
+
+pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<ProcessSession, RunError> {
+    if tier.tty {
+        return Err(RunError::Misconfigured(
+            "a session's execs each have their own stdio; make the session on a tier without a terminal".into(),
+        ));
+    }
+    let limits = config.limits;
+    let opened = match &config.workspace {
+        Some(ws) => Some((
+            stockade_hostfs::open_workspace(ws.path()).map_err(RunError::from)?,
+            ws.access() == stockade_protocol::Access::ReadWrite,
+        )),
+        None => None,
+    };
+    let lock = match (&opened, &config.workspace) {
+        (Some((ws, writable)), Some(granted)) => Some(
+            ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
+                .await
+                .map_err(RunError::from)?,
+        ),
+        _ => None,
+    };
+    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), false)?;
+    let mut sweep = crate::supervisor::SweepGuard(guard);
+    if let Some(g) = sweep.0.as_mut() {
+        let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
+            RunError::Misconfigured(
+                "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
+            )
+        })?;
+        g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
+    }
+    if let Some(home) = &config.home {
+        check_home(home, view.workspace.as_ref().map(|(ws, _)| ws.as_path()))?;
+    }
+    let processes = u64::from(limits.processes());
+    let cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
+    let (mine, theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| RunError::Internal(format!("session socketpair: {e}")))?;
+    let spec = Spec {
+        session: true,
+        home: config.home.clone(),
+        ..crate::pool::sandbox_spec(tier, view, &cgroup, crate::supervisor::spec_limits(tier, &limits))
+    };
+    let launched =
+        launch::launch(&tier.helper, spec, launch::GuestIo::Pipes { stdin: false }, Some(File::from(theirs)))?
+            .register()?;
+    let launch::Launched { process: mut helper, status, .. } = launched;
+    // The setup's lines up to `Ready` (or the failure that ends them), then the rest of the
+    // pipe (the helper's `Ended`) is read in the background.
+    let mut lines =
+        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(status, (MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
+    let setup = tokio::time::timeout(SETUP_TIMEOUT, read_setup(&mut lines)).await;
+    let msgs = match setup {
+        Ok(m) => m,
+        Err(_) => {
+            helper.kill();
+            helper.wait().await;
+            return Err(RunError::Internal(format!("the session's setup took over {SETUP_TIMEOUT:?}")));
+        }
+    };
+    let mut enforced = Vec::new();
+    if let Some(cg) = cgroup.get() {
+        enforced.push(Enforced::new(
+            Mechanism::Cgroup,
+            format!("{} (the whole session)", cg.detail(limits.memory_bytes(), processes)),
+        ));
+    }
+    let mut ready = false;
+    for msg in msgs {
+        match msg {
+            Msg::Enforced { mechanism, detail } => enforced.push(Enforced::new(mechanism, detail)),
+            Msg::Missing { mechanism, reason } => {
+                enforced.push(Enforced::new(Mechanism::Rlimits, format!("MISSING {mechanism}: {reason}")));
+            }
+            Msg::Error { stage, unsupported, message } => {
+                helper.kill();
+                helper.wait().await;
+                return Err(if unsupported && !tier.best_effort {
+                    RunError::Unsupported { mechanism: stage, reason: message }
+                } else {
+                    RunError::Misconfigured(format!("the session could not start: {stage}: {message}"))
+                });
+            }
+            Msg::Ready => ready = true,
+            Msg::Listening { .. } | Msg::Exit { .. } | Msg::Ended => {}
+        }
+    }
+    if !ready {
+        helper.kill();
+        helper.wait().await;
+        return Err(RunError::Internal("the session's sandbox ended before it was ready".into()));
+    }
+    let status = tokio::spawn(async move { read_rest(lines).await });
+    // The sweep record's heartbeat, for the session's whole life (see
+    // `stockade_hostfs::finish_killed_sweeps`).
+    let heartbeat = sweep.0.as_ref().and_then(stockade_hostfs::Guarded::heartbeat_file).map(|file| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(stockade_hostfs::HEARTBEAT);
+            loop {
+                tick.tick().await;
+                let _ = file.set_modified(std::time::SystemTime::now());
+            }
+        })
+    });
+    Ok(ProcessSession {
+        sock: Some(mine),
+        helper: Some(helper),
+        status: Some(status),
+        cgroup,
+        sweep,
+        _lock: lock,
+        heartbeat,
+        tier: tier.clone(),
+        limits,
+        enforced,
+        next: AtomicU64::new(1),
+    })
+}
+
+/// The session's home must be an absolute directory, apart from the workspace.
+fn check_home(home: &Path, workspace: Option<&Path>) -> Result<(), RunError> {
+    let meta = std::fs::symlink_metadata(home)
+        .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
+    if !meta.is_dir() || !home.is_absolute() {
+        return Err(RunError::Misconfigured(format!(
+            "session home {} is not an absolute directory (a symlink is refused)",
+            home.display()
+        )));
+    }
+    if workspace.is_some_and(|ws| ws.starts_with(home) || home.starts_with(ws)) {
+        return Err(RunError::Misconfigured(format!(
+            "session home {} and the workspace must be separate trees",
+            home.display()
+        )));
+    }
+    Ok(())
+}
+
+type StatusReader = tokio::io::BufReader<tokio::io::Take<tokio::net::unix::pipe::Receiver>>;
+
+/// Reads report lines up to init's `Ready`, or to the end of the pipe (a failed setup).
+async fn read_setup(lines: &mut StatusReader) -> Vec<Msg> {
+    let mut out = Vec::new();
+    let mut line = Vec::new();
+    while out.len() < MAX_REPORT_LINES {
+        line.clear();
+        match lines.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line.len() > MAX_REPORT_LINE => break,
+            Ok(_) => {
+                if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
+                    let ready = matches!(msg, Msg::Ready);
+                    let failed = matches!(msg, Msg::Error { .. });
+                    out.push(msg);
+                    if ready || failed {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn read_rest(mut lines: StatusReader) -> Vec<Msg> {
+    let mut out = Vec::new();
+    let mut line = Vec::new();
+    while let Ok(n) = lines.read_until(b'\n', &mut line).await {
+        if n == 0 || out.len() >= MAX_REPORT_LINES {
+            break;
+        }
+        if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
+            out.push(msg);
+        }
+        line.clear();
+    }
+    out
+}
+
+impl ProcessSession {
+    /// The mechanisms the session's sandbox holds (its namespaces, view and cgroup); each
+    /// exec's report adds its guest's own (capabilities, `no_new_privs`, landlock, seccomp,
+    /// rlimits).
+    #[must_use]
+    pub fn enforced(&self) -> &[Enforced] {
+        &self.enforced
+    }
+
+    /// Whether the session's sandbox is still there (its helper has not exited).
+    #[must_use]
+    pub fn alive(&self) -> bool {
+        self.helper.as_ref().is_some_and(|h| !h.exited()) && self.sock.is_some()
+    }
+
+    /// Runs `job` (a command; its workspace must be unset: the session's is fixed) as one
+    /// exec of the session, in `cwd` (default [`crate::SESSION_HOME`] with a home, else
+    /// `/workspace`, else `/tmp`), with its own environment, stdin, limits (wall clock,
+    /// CPU, output budgets, open files, file size) and live stdio, and returns its report
+    /// once its guest has exited and its output has drained. At the deadline or an output
+    /// budget's breach, the exec's process group is killed; the session goes on. What the
+    /// exec started in the background and left running stays in the session.
+    pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
+        io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
+        if job.workspace().is_some() {
+            return Err(RunError::Misconfigured("a session's workspace is set when it is made, not per exec".into()));
+        }
+        let JobKind::Command { program, args } = job.kind() else {
+            return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
+        };
+        if let Some(cwd) = cwd
+            && !cwd.starts_with('/')
+        {
+            return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
+        }
+        let sock = self.sock.as_ref().ok_or_else(|| RunError::Misconfigured("the session is gone".into()))?;
+        let limits = job.limits();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let request = SessionRequest::Exec {
+            id,
+            program: program.clone(),
+            args: args.clone(),
+            env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
+            cwd: cwd.map(str::to_owned),
+            limits: crate::supervisor::spec_limits(&self.tier, limits),
+        };
+        let message = serde_json::to_vec(&request).map_err(|e| RunError::Internal(e.to_string()))?;
+        if message.len() > MAX_SPEC {
+            return Err(RunError::Misconfigured(format!(
+                "the exec is {} bytes, over the {MAX_SPEC}-byte limit (arguments and environment together)",
+                message.len()
+            )));
+        }
+        let internal = |what: &str| {
+            let what = what.to_owned();
+            move |e: std::io::Error| RunError::Internal(format!("{what}: {e}"))
+        };
+        let has_stdin = io.stdin.is_some() || !job.stdin().is_empty();
+        let (in_r, in_w) = if has_stdin {
+            let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
+            (r, Some(w))
+        } else {
+            (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+        };
+        let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
+        let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
+        let (status_r, status_w) = crate::sys::fs::pipe().map_err(internal("status pipe"))?;
+        let oom_before = self.cgroup.get().map(Cgroup::oom_kills);
+        let start = Instant::now();
+        crate::fdpass::send(sock.as_fd(), &message, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd(), status_w.as_fd()])
+            .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
+        drop((in_r, out_w, err_w, status_w));
+        let stdin = in_w.map(launch::sender).transpose()?;
+        let status = launch::receiver(status_r)?;
+        let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
+        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
+        let (mut out, mut err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
+        let mut status_task = tokio::spawn(crate::supervisor::read_messages(status, None));
+        let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
+        let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
+        let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
+        let mut err_task = tokio::spawn(async move {
+            stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
+        });
+        let deadline = tokio::time::sleep(limits.wall());
+        tokio::pin!(deadline);
+        let mut out_done = None;
+        let mut err_done = None;
+        let mut msgs = None;
+        let end = loop {
+            tokio::select! {
+                r = &mut status_task, if msgs.is_none() => {
+                    msgs = Some(r.unwrap_or_default());
+                    break End::Exited;
+                }
+                () = &mut deadline => break End::Deadline,
+                r = &mut out_task, if out_done.is_none() => {
+                    let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
+                    let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                    out_done = Some(r);
+                    if over { break End::Output(Stream::Stdout); }
+                }
+                r = &mut err_task, if err_done.is_none() => {
+                    let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
+                    let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                    err_done = Some(r);
+                    if over { break End::Output(Stream::Stderr); }
+                }
+            }
+        };
+        if !matches!(end, End::Exited) {
+            self.signal_exec(id, libc::SIGKILL);
+        }
+        let msgs = match msgs {
+            Some(m) => m,
+            None => status_task.await.unwrap_or_default(),
+        };
+        let wall = start.elapsed();
+        let stdout = crate::supervisor::finish(out_done, &mut out_task).await;
+        let stderr = crate::supervisor::finish(err_done, &mut err_task).await;
+        let end = match end {
+            End::Exited if stdout.truncated => End::Output(Stream::Stdout),
+            End::Exited if stderr.truncated => End::Output(Stream::Stderr),
+            other => other,
+        };
+        let oom = match (oom_before, self.cgroup.get()) {
+            (Some(before), Some(cg)) => cg.oom_kills() > before,
+            _ => false,
+        };
+        let usage = Some(crate::cgroup::Usage { oom_killed: oom, peak_bytes: None });
+        let ended = Ended {
+            end,
+            wall,
+            stdout,
+            stderr,
+            msgs,
+            usage,
+            cgroup_detail: None,
+            swept: stockade_hostfs::Swept::default(),
+        };
+        let mut report = crate::supervisor::assemble(ended, limits, self.tier.best_effort)?;
+        // An exec's deadline ends the exec, not the session.
+        for e in report.enforcement.iter_mut().filter(|e| e.mechanism == Mechanism::Deadline) {
+            e.detail = format!(
+                "{:?} wall clock; the exec's process group is killed at it, the session goes on",
+                limits.wall()
+            );
+        }
+        report.enforcement.splice(0..0, self.enforced.iter().cloned());
+        Ok(report)
+    }
+
+    /// Sends `signal` to an exec's process group (by the id its request had).
+    fn signal_exec(&self, id: u64, signal: i32) {
+        if let (Some(sock), Ok(message)) = (&self.sock, serde_json::to_vec(&SessionRequest::Signal { id, signal })) {
+            let _ = crate::fdpass::send(sock.as_fd(), &message, &[]);
+        }
+    }
+
+    /// Ends the session: init is told (its socket ends) and killed with every process of the
+    /// session, then the cgroup goes, then a read-write workspace is swept and its lock let
+    /// go. Returns the sweep's result; nothing of the session is left when it returns.
+    pub async fn kill(mut self) -> stockade_hostfs::Swept {
+        self.sock = None;
+        if let Some(mut helper) = self.helper.take() {
+            helper.kill();
+            helper.wait().await;
+        }
+        if let Some(status) = self.status.take() {
+            status.abort();
+        }
+        if let Some(hb) = self.heartbeat.take() {
+            hb.abort();
+        }
+        let cgroup = std::mem::replace(&mut self.cgroup, CgroupGuard(None));
+        let _ = tokio::task::spawn_blocking(move || drop(cgroup)).await;
+        self.sweep.now()
+    }
+
+    /// The session's limits, as made.
+    #[must_use]
+    pub fn limits(&self) -> &stockade_protocol::Limits {
+        &self.limits
+    }
+}
+
+impl Drop for ProcessSession {
+    fn drop(&mut self) {
+        if let Some(hb) = self.heartbeat.take() {
+            hb.abort();
+        }
+        if let Some(status) = self.status.take() {
+            status.abort();
+        }
+    }
+}

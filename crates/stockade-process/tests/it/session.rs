@@ -1,0 +1,127 @@
+//! G17: sessions (`ProcessTier::session`). Judged from this test process: the host's `/proc`
+//! for the session's processes and their confinement, the session's home directory on the
+//! host, and the cgroup filesystem; never from what the guest says alone.
+
+use std::time::Duration;
+
+use stockade_process::{ProcessSession, SessionConfig};
+use stockade_protocol::{Job, Limits, LiveIo, Report, Status};
+
+use crate::support::*;
+
+fn config(home: &std::path::Path) -> SessionConfig {
+    SessionConfig { limits: Limits::default(), workspace: None, home: Some(home.to_path_buf()) }
+}
+
+async fn sh(session: &ProcessSession, script: &str) -> Report {
+    session.exec(&Job::command("sh", ["-c", script]).unwrap(), None, LiveIo::default()).await.unwrap()
+}
+
+fn stdout(r: &Report) -> String {
+    String::from_utf8_lossy(&r.stdout.bytes).into_owned()
+}
+
+/// Host pids of this test process's descendants whose command name is `comm`.
+fn named(comm: &str) -> Vec<u32> {
+    stockade_test_support::descendants(std::process::id())
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm))
+        .collect()
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).unwrap_or_default().trim().to_owned()
+}
+
+#[test]
+fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() {
+    // Exclusive: it counts every process this test process has.
+    if !available("g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session") {
+        return;
+    }
+    let _g = exclusive();
+    let home = host_dir("session-home");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let first = sh(
+            &session,
+            "echo kept > /tmp/t; echo mine > note.txt; pwd; (exec sleep 300 < /dev/null > /dev/null 2>&1 &); echo started",
+        )
+        .await;
+        assert_eq!(first.status, Status::Exited { code: 0 }, "{first:?}");
+        assert_eq!(stdout(&first), "/home/user\nstarted\n");
+        assert_eq!(first.stderr.bytes, b"", "{}", String::from_utf8_lossy(&first.stderr.bytes));
+        // The home is the host directory: the file is there, judged from the host.
+        assert_eq!(std::fs::read_to_string(home.join("note.txt")).unwrap(), "mine\n");
+        // The background process outlives its exec, confined like any guest.
+        let sleepers = named("sleep");
+        assert_eq!(sleepers.len(), 1, "one background sleep in the session: {sleepers:?}");
+        let pid = sleepers[0];
+        assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+        assert_eq!(status_field(pid, "Seccomp"), "2");
+        assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+        let second = sh(&session, "cat /tmp/t note.txt; pgrep -c sleep || ps -e | grep -c sleep").await;
+        assert_eq!(second.status, Status::Exited { code: 0 }, "{second:?}");
+        assert_eq!(stdout(&second), "kept\nmine\n1\n");
+        let _ = session.kill().await;
+        // Nothing of the session is left: no process, whatever it started.
+        assert!(named("sleep").is_empty(), "the background sleep died with the session");
+        assert!(stockade_test_support::descendants(std::process::id()).is_empty(), "no process of the session is left");
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn g17_each_exec_has_its_own_stdin_env_exit_code_and_deadline() {
+    require!("g17_each_exec_has_its_own_stdin_env_exit_code_and_deadline");
+    let home = host_dir("session-exec");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let job = Job::command("sh", ["-c", "read line; echo \"$line $GREETING\" ; echo oops >&2; exit 3"])
+            .unwrap()
+            .with_stdin(b"hello\n".to_vec())
+            .unwrap()
+            .with_env("GREETING", "world")
+            .unwrap();
+        let r = session.exec(&job, Some("/tmp"), LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 3 });
+        assert_eq!(stdout(&r), "hello world\n");
+        assert_eq!(r.stderr.bytes, b"oops\n");
+        // The environment was the exec's alone: the next exec does not see GREETING.
+        let r = sh(&session, "echo \"[$GREETING]\"; pwd").await;
+        assert_eq!(stdout(&r), "[]\n/home/user\n");
+        // A deadline kills that exec, not the session.
+        let slow = Job::command("sleep", ["30"])
+            .unwrap()
+            .with_limits(Limits::default().with_wall(Duration::from_millis(300)).unwrap());
+        let r = session.exec(&slow, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::TimedOut);
+        let r = sh(&session, "echo still here").await;
+        assert_eq!(r.status, Status::Exited { code: 0 });
+        assert_eq!(stdout(&r), "still here\n");
+        let _ = session.kill().await;
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn g17_two_sessions_do_not_see_each_other() {
+    require!("g17_two_sessions_do_not_see_each_other");
+    let (ha, hb) = (host_dir("session-a"), host_dir("session-b"));
+    block_on(async {
+        let a = tier().session(config(&ha)).await.unwrap();
+        let b = tier().session(config(&hb)).await.unwrap();
+        let r = sh(&a, "echo a > /tmp/mark; (exec sleep 300 < /dev/null > /dev/null 2>&1 &); echo ok").await;
+        assert_eq!(stdout(&r), "ok\n");
+        // B sees neither A's /tmp nor A's processes (its /proc lists only its own).
+        let r = sh(&b, "cat /tmp/mark 2>&1; ls /proc | grep -c '^[0-9]'").await;
+        assert!(stdout(&r).contains("No such file"), "{}", stdout(&r));
+        // init, sh and ls (and the grep): never A's sleep.
+        let count: u32 = stdout(&r).lines().last().unwrap().trim().parse().unwrap();
+        assert!(count <= 4, "session B's /proc lists only its own processes: {count}");
+        let _ = a.kill().await;
+        let _ = b.kill().await;
+    });
+    let _ = (std::fs::remove_dir_all(&ha), std::fs::remove_dir_all(&hb));
+}
