@@ -88,6 +88,15 @@
 //!     leaving, listed in [`Swept::left`], any such path whose inode changed more than
 //!     [`RECORD_GRACE`] after the record was last touched (the user may have made it since).
 //!     (pinned by: tests/it/guard.rs::g8_*)
+//! G9. [`files::Files`], a session's files API, reaches only the directories it serves, by
+//!     the path the guest sees: a path with `..`, or outside them, is refused before any
+//!     lookup; a symlink the guest planted that leads out (absolute, or climbing with `..`)
+//!     fails the call (cap-std resolves beneath the descriptor opened when the session was
+//!     made); a write streams into a new file and renames it over the name, so it never
+//!     writes through a hard link the guest made, and over its cap changes nothing; a
+//!     read-only root takes no change, and a guarded one (a read-write workspace) never a
+//!     change to a protected path. Every failure is one typed line naming the path.
+//!     (pinned by: tests/it/files.rs::g9_*)
 //!
 //! # Non-guarantees
 //! Which of the moved refs' commits touch a protected path is not computed: that would
@@ -142,6 +151,7 @@ use std::path::{Path, PathBuf};
 use cap_std::fs::Dir;
 use stockade_protocol::{PINNED_DIRS, PROTECTED_PATHS};
 
+pub mod files;
 mod record;
 mod refs;
 pub use record::{Finished, HEARTBEAT, RECORD_GRACE, finish_killed_sweeps, state_dir, sweeps_dir};

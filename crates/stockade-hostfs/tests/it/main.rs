@@ -1,4 +1,5 @@
 //! Integration tests for stockade-hostfs.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
+mod files;
 mod guard;
 mod stage;
