@@ -43,6 +43,16 @@ pub(crate) fn gc() -> Result<()> {
     let removed = process::reap_stale_cgroups(None);
     let left = process::stale_cgroups(None);
     println!("removed {} stale cgroup(s) of killed supervisors", removed.len());
+    // What a killed `stockade serve` left of its sessions: their homes (their processes
+    // died with it).
+    if let Some(state) = process::state_dir() {
+        let stale = stockade_runtime::session::stale_homes(&state.join("sessions"));
+        let gone = stale.iter().filter(|d| std::fs::remove_dir_all(d).is_ok()).count();
+        println!("removed the session homes of {gone} killed session owner(s)");
+        for d in stale.iter().filter(|d| d.exists()) {
+            println!("could not remove {}", d.display());
+        }
+    }
     for dir in &left {
         println!("could not remove {}", dir.display());
     }

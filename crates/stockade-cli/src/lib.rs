@@ -91,6 +91,16 @@
 //!     proxy ends with a per-run CA; without a grant for its host, or with `$ENVVAR` unset,
 //!     the run is refused before it starts.
 //!     (pinned by: tests/it/net.rs::g9_*)
+//! G10. `stockade serve` owns live sessions on a unix socket in a directory only its user
+//!     can enter (the socket mode 0600, and a peer of another uid is answered with nothing);
+//!     `stockade session create` prints an id, `session exec ID -- CMD` runs one command in
+//!     that session with stdin piped, stdout and stderr shown and the exit status passed
+//!     through (124 at its deadline), files and processes persist between execs, `session
+//!     cp` moves a file in or out by the guest's path (and nothing outside the home and the
+//!     workspace), and `session kill` leaves no process and no home. Without an owner, each
+//!     command says in one line how to start one. A SIGTERM ends every session; a
+//!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
+//!     (pinned by: tests/it/session.rs::g10_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What
@@ -125,6 +135,7 @@ mod agent;
 mod doctor;
 mod mcp;
 mod run;
+mod session;
 mod term;
 mod tiers;
 
@@ -190,6 +201,15 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
     /// Serve the sandboxes as an MCP server on stdio (`run_code`, `run_command`), for Claude
     /// Desktop, Codex and other MCP clients; protocol messages only on stdout, logs on stderr.
     Mcp(Box<mcp::McpArgs>),
+    /// Own live sessions (sandboxes that keep their state across commands) until SIGTERM or
+    /// SIGINT, on a unix socket only this user can open; `stockade session` drives them.
+    #[command(
+        after_help = "Examples:\n  owner=$(stockade serve --detach)   # its pid, once it listens\n  id=$(stockade session create --memory 1G)\n  stockade session exec $id -- sh -c 'echo hi > notes.txt'\n  stockade session exec $id -- cat notes.txt\n  stockade session kill $id\n  kill $owner                         # ends every session it owns"
+    )]
+    Serve(session::ServeArgs),
+    /// Drive the sessions `stockade serve` owns: create, exec, cp, ls, kill.
+    #[command(subcommand)]
+    Session(session::SessionCommand),
     /// Remove what killed runs left behind: what the guest planted in a read-write workspace
     /// when its supervisor was killed before the sweep, the process tier's per-run cgroups
     /// whose supervisor is gone, and the docker tier's expired containers (when an engine
@@ -224,7 +244,7 @@ enum DockerCommand {
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Run(_) | Command::Agent(_) | Command::Mcp(_)) {
+    if matches!(cli.command, Command::Run(_) | Command::Agent(_) | Command::Mcp(_) | Command::Serve(_)) {
         // What a killed run left for its sweep is finished before anything else runs.
         for done in process::finish_killed_sweeps() {
             let _ = writeln!(std::io::stderr(), "stockade: {done}");
@@ -234,6 +254,8 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(*args),
         Command::Agent(args) => agent::run(*args),
         Command::Mcp(args) => mcp::run(*args),
+        Command::Serve(args) => session::serve(args),
+        Command::Session(cmd) => session::session(cmd),
         Command::Doctor { json } => doctor::doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => doctor::docker_gc(all).map(|()| ExitCode::SUCCESS),
         Command::Gc => doctor::gc().map(|()| ExitCode::SUCCESS),

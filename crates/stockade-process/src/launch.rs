@@ -150,6 +150,12 @@ impl HelperProcess {
     }
 
     /// A duplicate of the helper's pidfd.
+    /// SIGKILLs the helper (and so the run's init and every process of the run) without
+    /// waiting; [`HelperProcess::wait`] or the drop reaps it.
+    pub(crate) fn signal_kill(&self) {
+        let _ = process::pidfd_kill(self.pidfd.get_ref().as_fd(), libc::SIGKILL);
+    }
+
     /// Whether the helper has exited (a session's sandbox that died).
     pub(crate) fn exited(&self) -> bool {
         sysfs::polls_ready(self.pidfd.get_ref().as_fd())

@@ -406,6 +406,14 @@ impl ProcessSession {
         Ok(report)
     }
 
+    /// Kills every process of the session at once, without waiting: execs in flight end (as
+    /// killed by signal 9). [`ProcessSession::kill`] then reaps and cleans up.
+    pub fn terminate(&self) {
+        if let Some(h) = &self.helper {
+            h.signal_kill();
+        }
+    }
+
     /// Sends `signal` to an exec's process group (by the id its request had).
     fn signal_exec(&self, id: u64, signal: i32) {
         if let (Some(sock), Ok(message)) = (&self.sock, serde_json::to_vec(&SessionRequest::Signal { id, signal })) {

@@ -117,6 +117,7 @@ pub mod job;
 pub mod json;
 pub mod limits;
 pub mod report;
+pub mod session;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyCode, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};

@@ -6,5 +6,6 @@ mod grants;
 mod mcp;
 mod net;
 mod readme;
+mod session;
 mod stdio;
 mod workspace;

@@ -107,6 +107,20 @@ fn readme_commands_run_as_written() {
                 assert_eq!(code, 0, "{block}{out}{err}{}", index.requests());
                 assert!(out.contains("Successfully installed requests-99.0.0"), "{out}");
             }
+        } else if block.contains(" serve --detach") {
+            if ready() {
+                // The owner's socket and state in the scratch directory, not the user's.
+                let state = dir.join("state");
+                let (code, out, err) = run(block, &dir, &[("STOCKADE_STATE_DIR", state.to_str().unwrap())]);
+                assert_eq!((code, out.as_str()), (0, "kept\n"), "{block}{err}");
+                // The block ends its owner: no socket answers, and no session is left.
+                let socket = state.join("serve/serve.sock");
+                let start = std::time::Instant::now();
+                while socket.exists() {
+                    assert!(start.elapsed() < std::time::Duration::from_secs(10), "the owner did not end");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
         } else if block.contains(" agent --config examples/steward/agent.toml") {
             eprintln!("SKIPPED README block {first:?}: it needs a model; readme_real_model_steward_block runs it");
         } else if block.trim() == "cargo xtask ci" {

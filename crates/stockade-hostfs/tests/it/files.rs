@@ -53,7 +53,7 @@ fn g9_a_write_replaces_a_hard_link_and_an_oversize_write_changes_nothing() {
     assert_eq!(files.write("/home/user/link", &mut &b"new"[..], 100).unwrap(), 3);
     assert_eq!(std::fs::read_to_string(home.join("link")).unwrap(), "new");
     assert_eq!(std::fs::read_to_string(home.join("original")).unwrap(), "keep me", "not written through");
-    let big = vec![b'x'; 101];
+    let big = [b'x'; 101];
     let e = files.write("/home/user/link", &mut &big[..], 100).unwrap_err();
     assert!(matches!(e, FilesError::TooLarge { limit: 100, .. }), "{e}");
     assert_eq!(std::fs::read_to_string(home.join("link")).unwrap(), "new");

@@ -1,0 +1,530 @@
+//! `stockade serve` (the owner of live sessions, on a unix socket only its user can open) and
+//! `stockade session ...` (its client).
+//!
+//! The shape follows `docker exec`: `session create` prints an id, `session exec ID -- CMD`
+//! runs one command with the shell's habits (stdin piped, stderr shown, the exit status passed
+//! through), `session cp SRC DST` copies with `ID:PATH` naming the session's side, and `ls`
+//! and `kill` manage them. Sessions die with the owner: `serve` ends every one on SIGTERM or
+//! SIGINT, and a SIGKILLed owner's sandboxes die with it (parent-death signals); what it left
+//! on disk is removed by the next owner or `stockade gc`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use stockade_agent::config::{parse_duration, parse_size};
+use stockade_runtime::protocol::session::{MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionReply};
+use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError};
+use stockade_runtime::session::{FilesError, SessionProfile, Sessions};
+use tokio::net::{UnixListener, UnixStream};
+
+/// `stockade serve`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// The socket to listen on (default: `serve/serve.sock` in stockade's state directory).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Most live sessions.
+    #[arg(long, default_value_t = stockade_runtime::session::DEFAULT_MAX_SESSIONS)]
+    max_sessions: usize,
+    /// Start the owner in the background, print its pid once it listens, and return (its log
+    /// is `serve.log` beside the socket; `kill PID` ends it and its sessions).
+    #[arg(long)]
+    detach: bool,
+}
+
+/// `stockade session ...`.
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum SessionCommand {
+    /// Make a session and print its id.
+    Create {
+        /// The session's memory (e.g. 512M, 2G).
+        #[arg(long)]
+        memory: Option<String>,
+        /// The session's processes.
+        #[arg(long)]
+        pids: Option<u32>,
+        /// A host directory at /workspace: PATH (read-write) or PATH:ro.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// End the session after this long without a call (e.g. 300s, 10m).
+        #[arg(long, value_parser = parse_duration)]
+        idle_timeout: Option<Duration>,
+        /// End the session this long after it was made (e.g. 1h).
+        #[arg(long, value_parser = parse_duration)]
+        max_lifetime: Option<Duration>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Run a command in a session: stdin piped (unless a terminal), stdout and stderr shown,
+    /// the exit status passed through.
+    Exec {
+        /// The session.
+        id: String,
+        /// Working directory in the session (default /home/user).
+        #[arg(long, short = 'w')]
+        workdir: Option<String>,
+        /// KEY=VALUE for this exec's environment (repeatable).
+        #[arg(long, short = 'e')]
+        env: Vec<String>,
+        /// Wall-clock deadline, and the CPU time the exec may use (e.g. 30s, 1h).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        socket: SocketArg,
+        /// The command.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// List the live sessions.
+    Ls {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// End a session: every process, its cgroup and its home.
+    Kill {
+        /// The session.
+        id: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Copy a file into or out of a session: `cp LOCAL ID:PATH` or `cp ID:PATH LOCAL`
+    /// (`-` for stdin or stdout).
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct SocketArg {
+    /// The owner's socket (default: `serve/serve.sock` in stockade's state directory).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+fn default_socket() -> Result<PathBuf> {
+    stockade_runtime::process::state_dir()
+        .map(|d| d.join("serve").join("serve.sock"))
+        .ok_or_else(|| anyhow!("no state directory: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME, or pass --socket"))
+}
+
+/// `stockade serve`: owns sessions until SIGTERM or SIGINT.
+pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
+    let socket = match args.socket {
+        Some(s) => s,
+        None => default_socket()?,
+    };
+    let state = stockade_runtime::process::state_dir()
+        .ok_or_else(|| anyhow!("no state directory: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME"))?;
+    if args.detach {
+        return detach(&socket, args.max_sessions);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
+        let sessions = Arc::new(Sessions::new(tier, &state, args.max_sessions)?);
+        let listener = bind(&socket)?;
+        let _ = writeln!(std::io::stderr(), "stockade serve: listening on {}", socket.display());
+        let reaper = {
+            let sessions = Arc::clone(&sessions);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    for (id, why) in sessions.reap_expired().await {
+                        let _ = writeln!(std::io::stderr(), "stockade serve: session {id} ended ({why:?} timeout)");
+                    }
+                }
+            })
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    if let Ok((conn, _)) = accepted {
+                        let sessions = Arc::clone(&sessions);
+                        tokio::spawn(async move { let _ = connection(conn, &sessions).await; });
+                    }
+                }
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        reaper.abort();
+        sessions.kill_all().await;
+        let _ = std::fs::remove_file(&socket);
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The socket's directory: made mode 0700 if it is missing, else required to be this user's
+/// alone. Never loosened or tightened here: a directory another user can enter (or one not
+/// ours) could let them reach the socket, or be theirs to swap.
+fn private_dir(socket: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = socket.parent().ok_or_else(|| anyhow!("socket {} has no directory", socket.display()))?;
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display())),
+        Err(e) => Err(e).with_context(|| format!("the socket's directory {}", dir.display())),
+        Ok(m) if m.uid() != my_uid() || m.mode() & 0o077 != 0 => bail!(
+            "the socket's directory {} must be yours alone (mode 0700); pass --socket in a private directory",
+            dir.display()
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// `serve --detach`: this binary again as the owner, in a session of its own with its stdio
+/// away from the caller's terminal, then its pid once its socket answers.
+fn detach(socket: &Path, max_sessions: usize) -> Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    private_dir(socket)?;
+    let log_path = socket.with_file_name("serve.log");
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--max-sessions")
+        .arg(max_sessions.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the session owner")?;
+    let start = std::time::Instant::now();
+    loop {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            println!("{}", child.id());
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!("the session owner exited ({status}): {}", log.lines().last().unwrap_or("no log"));
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            bail!("the session owner did not listen on {} within 20 s", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Listens on `socket`, in a directory only this user can enter, the socket itself mode
+/// 0600; an old socket that no owner answers is replaced, a live one is not.
+fn bind(socket: &Path) -> Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    private_dir(socket)?;
+    if socket.exists() {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            bail!("another `stockade serve` already listens on {}", socket.display());
+        }
+        std::fs::remove_file(socket).with_context(|| format!("removing the stale socket {}", socket.display()))?;
+    }
+    let listener = UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// One connection: one call, one reply. A peer of another uid is refused (the socket's mode
+/// already keeps it out; this holds even if someone loosened it).
+async fn connection(mut conn: UnixStream, sessions: &Sessions) -> Result<()> {
+    let me = my_uid();
+    if conn.peer_cred().map(|c| c.uid()).ok() != Some(me) {
+        return Ok(());
+    }
+    let Some(frame) = SESSION_CODEC.read_frame_async(&mut conn).await? else { return Ok(()) };
+    let reply = match stockade_runtime::protocol::parse_untrusted::<SessionCall>(
+        &frame,
+        stockade_runtime::protocol::JsonLimits::new(frame.len(), 16),
+    ) {
+        Ok(call) => handle(call, sessions).await,
+        Err(e) => error("invalid", format!("malformed call: {e}")),
+    };
+    let bytes = serde_json::to_vec(&reply)?;
+    SESSION_CODEC.write_frame_async(&mut conn, &bytes).await?;
+    Ok(())
+}
+
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
+}
+
+fn error(kind: &str, message: impl Into<String>) -> SessionReply {
+    SessionReply::Error { kind: kind.into(), message: message.into() }
+}
+
+fn run_error(e: &RunError) -> SessionReply {
+    let kind = match e {
+        RunError::Misconfigured(_) => "invalid",
+        RunError::Unsupported { .. } => "unsupported",
+        RunError::Busy(_) | RunError::Exhausted(_) => "busy",
+        _ => "internal",
+    };
+    error(kind, e.to_string())
+}
+
+fn files_error(e: &FilesError) -> SessionReply {
+    let kind = match e {
+        FilesError::NotFound(_) => "not_found",
+        FilesError::Invalid { .. } | FilesError::TooLarge { .. } => "invalid",
+        FilesError::Denied { .. } => "denied",
+        _ => "internal",
+    };
+    error(kind, e.to_string())
+}
+
+async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
+    let missing = |id: &str| error("not_found", format!("no session {id} (`stockade session ls` lists them)"));
+    match call {
+        SessionCall::Create { memory_bytes, processes, workspace, idle_timeout_secs, max_lifetime_secs } => {
+            let mut profile = SessionProfile::default();
+            let mut limits = Limits::default();
+            if let Some(m) = memory_bytes {
+                limits = match limits.with_memory(m) {
+                    Ok(l) => l,
+                    Err(e) => return error("invalid", e.to_string()),
+                };
+            }
+            if let Some(p) = processes {
+                limits = match limits.with_processes(p) {
+                    Ok(l) => l,
+                    Err(e) => return error("invalid", e.to_string()),
+                };
+            }
+            profile.limits = limits;
+            if let Some((path, writable)) = workspace {
+                let access = if writable { Access::ReadWrite } else { Access::ReadOnly };
+                // Held for the session's life: another holder refuses it rather than waits.
+                let granted = Job::command("true", Vec::<String>::new())
+                    .and_then(|j| j.with_workspace_when_busy(path, access, Busy::Refuse));
+                profile.workspace = match granted {
+                    Ok(j) => j.workspace().cloned(),
+                    Err(e) => return error("invalid", e.to_string()),
+                };
+            }
+            if let Some(s) = idle_timeout_secs {
+                profile.idle_timeout = Duration::from_secs(s);
+            }
+            if let Some(s) = max_lifetime_secs {
+                profile.max_lifetime = Duration::from_secs(s);
+            }
+            match sessions.create(profile).await {
+                Ok(s) => SessionReply::Created { id: s.id().to_owned() },
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            let Some((program, args)) = argv.split_first() else { return error("invalid", "no command") };
+            let job = (|| {
+                let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
+                job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
+                for (k, v) in env {
+                    job = job.with_env(k, v)?;
+                }
+                if let Some(ms) = timeout_ms {
+                    let d = Duration::from_millis(ms);
+                    job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
+                }
+                Ok::<_, anyhow::Error>(job)
+            })();
+            let job = match job {
+                Ok(j) => j,
+                Err(e) => return error("invalid", e.to_string()),
+            };
+            match session.exec(&job, cwd.as_deref(), LiveIo::default()).await {
+                Ok(report) => SessionReply::Ran(Box::new(report)),
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::List => SessionReply::Sessions(
+            sessions
+                .list()
+                .iter()
+                .map(|s| {
+                    let (age, idle) = s.age();
+                    SessionInfo { id: s.id().to_owned(), age_secs: age.as_secs(), idle_secs: idle.as_secs() }
+                })
+                .collect(),
+        ),
+        SessionCall::Kill { id } => match sessions.kill(&id).await {
+            Some(_) => SessionReply::Done,
+            None => missing(&id),
+        },
+        SessionCall::Read { id, path } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            match session.files().read(&path, MAX_FILE_BYTES) {
+                Ok(bytes) => SessionReply::Data(bytes),
+                Err(e) => files_error(&e),
+            }
+        }
+        SessionCall::Write { id, path, data } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            match session.files().write(&path, &mut data.as_slice(), MAX_FILE_BYTES) {
+                Ok(_) => SessionReply::Done,
+                Err(e) => files_error(&e),
+            }
+        }
+        _ => error("invalid", "unknown call"),
+    }
+}
+
+/// Sends one call to the owner and returns its reply; an owner that is not there is named
+/// with how to start one.
+fn call(socket: &SocketArg, call: &SessionCall) -> Result<SessionReply> {
+    let path = match &socket.socket {
+        Some(s) => s.clone(),
+        None => default_socket()?,
+    };
+    let mut conn = std::os::unix::net::UnixStream::connect(&path)
+        .map_err(|e| anyhow!("no session owner at {} ({e}); start one with `stockade serve`", path.display()))?;
+    SESSION_CODEC.write_frame(&mut conn, &serde_json::to_vec(call)?)?;
+    let reply =
+        SESSION_CODEC.read_frame(&mut conn)?.ok_or_else(|| anyhow!("the session owner closed the connection"))?;
+    serde_json::from_slice(&reply).context("the session owner's reply")
+}
+
+fn expect_ok(reply: SessionReply) -> Result<SessionReply> {
+    match reply {
+        SessionReply::Error { message, .. } => bail!("{message}"),
+        other => Ok(other),
+    }
+}
+
+/// `stockade session ...`.
+pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
+    match cmd {
+        SessionCommand::Create { memory, pids, workspace, idle_timeout, max_lifetime, socket } => {
+            let memory_bytes =
+                memory.as_deref().map(|m| parse_size(m).map_err(|e| anyhow!("--memory {m}: {e}"))).transpose()?;
+            let workspace = match workspace {
+                None => None,
+                Some(w) => {
+                    let (path, writable) = match w.strip_suffix(":ro") {
+                        Some(p) => (p.to_owned(), false),
+                        None => (w.strip_suffix(":rw").unwrap_or(&w).to_owned(), true),
+                    };
+                    let resolved = std::fs::canonicalize(&path).with_context(|| format!("workspace {path}"))?;
+                    Some((resolved.to_string_lossy().into_owned(), writable))
+                }
+            };
+            let reply = call(
+                &socket,
+                &SessionCall::Create {
+                    memory_bytes,
+                    processes: pids,
+                    workspace,
+                    idle_timeout_secs: idle_timeout.map(|d| d.as_secs().max(1)),
+                    max_lifetime_secs: max_lifetime.map(|d| d.as_secs().max(1)),
+                },
+            )?;
+            match expect_ok(reply)? {
+                SessionReply::Created { id } => println!("{id}"),
+                other => bail!("unexpected reply: {other:?}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Exec { id, workdir, env, timeout, socket, argv } => {
+            let mut stdin = Vec::new();
+            if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut stdin)?;
+                if stdin.len() as u64 > MAX_FILE_BYTES {
+                    bail!("stdin is over {MAX_FILE_BYTES} bytes, the most one exec takes");
+                }
+            }
+            let env = env
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .ok_or_else(|| anyhow!("--env {kv}: not KEY=VALUE"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let reply = call(
+                &socket,
+                &SessionCall::Exec { id, argv, env, cwd: workdir, stdin, timeout_ms: Some(timeout.as_millis() as u64) },
+            )?;
+            let SessionReply::Ran(report) = expect_ok(reply)? else { bail!("unexpected reply") };
+            std::io::stdout().write_all(&report.stdout.bytes)?;
+            std::io::stdout().flush()?;
+            std::io::stderr().write_all(&report.stderr.bytes)?;
+            let budget = stockade_runtime::verify::Budget::new(timeout, u64::MAX);
+            let contract =
+                stockade_runtime::verify::Contract::bytes(budget, stockade_runtime::verify::accept_any).expect_exit(0);
+            match stockade_runtime::verify::verify(*report, &contract).into_result() {
+                Ok(_) => Ok(ExitCode::SUCCESS),
+                Err(refusal) => {
+                    if !matches!(refusal, stockade_runtime::verify::Refusal::NonZeroExit { .. }) {
+                        writeln!(std::io::stderr(), "stockade: {}", refusal.message())?;
+                    }
+                    Ok(ExitCode::from(refusal.exit_code()))
+                }
+            }
+        }
+        SessionCommand::Ls { socket } => {
+            let SessionReply::Sessions(list) = expect_ok(call(&socket, &SessionCall::List)?)? else {
+                bail!("unexpected reply")
+            };
+            println!("{:<32}  {:>8}  {:>8}", "ID", "AGE", "IDLE");
+            for s in list {
+                println!("{:<32}  {:>7}s  {:>7}s", s.id, s.age_secs, s.idle_secs);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Kill { id, socket } => {
+            expect_ok(call(&socket, &SessionCall::Kill { id })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Cp { src, dst, socket } => {
+            let side = |s: &str| {
+                s.split_once(':')
+                    .filter(|(id, p)| !id.is_empty() && p.starts_with('/'))
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            };
+            match (side(&src), side(&dst)) {
+                (None, Some((id, path))) => {
+                    let mut data = Vec::new();
+                    if src == "-" {
+                        std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut data)?;
+                    } else {
+                        std::fs::File::open(&src)
+                            .with_context(|| src.clone())?
+                            .take(MAX_FILE_BYTES + 1)
+                            .read_to_end(&mut data)?;
+                    }
+                    if data.len() as u64 > MAX_FILE_BYTES {
+                        bail!("{src} is over {MAX_FILE_BYTES} bytes, the most one copy moves");
+                    }
+                    expect_ok(call(&socket, &SessionCall::Write { id, path, data })?)?;
+                }
+                (Some((id, path)), None) => {
+                    let SessionReply::Data(bytes) = expect_ok(call(&socket, &SessionCall::Read { id, path })?)? else {
+                        bail!("unexpected reply")
+                    };
+                    if dst == "-" {
+                        std::io::stdout().write_all(&bytes)?;
+                    } else {
+                        std::fs::write(&dst, bytes).with_context(|| dst.clone())?;
+                    }
+                }
+                _ => bail!("one side of `session cp` is the session's: ID:/absolute/path"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

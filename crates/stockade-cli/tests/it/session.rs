@@ -1,0 +1,190 @@
+//! G10: `stockade serve` and `stockade session`, driven as a user types them, judged from the
+//! host: the session's home on disk, `/proc` for its processes, the socket's modes.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cli::shared;
+
+struct Owner {
+    child: Child,
+    state: PathBuf,
+    socket: PathBuf,
+}
+
+impl Owner {
+    fn start(tag: &str) -> Self {
+        let state = std::env::temp_dir().join(format!("stockade-serve-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(&state).unwrap();
+        let socket = state.join("run/serve.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .env("STOCKADE_STATE_DIR", &state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(start.elapsed() < Duration::from_secs(20), "serve did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, state, socket }
+    }
+
+    /// `stockade session ARGS` with `stdin`: (exit code, stdout, stderr).
+    fn session(&self, args: &[&str], stdin: &[u8]) -> (i32, String, String) {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .arg("session")
+            .arg(args[0])
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(&args[1..])
+            .env("STOCKADE_STATE_DIR", &self.state)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(stdin).unwrap();
+        drop(pipe);
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    fn create(&self) -> String {
+        let (code, out, err) = self.session(&["create"], b"");
+        assert_eq!(code, 0, "{err}");
+        let id = out.trim().to_owned();
+        assert_eq!(id.len(), 32, "{out}");
+        id
+    }
+
+    /// The session's home on the host: `sessions/OWNER/ID/home` under the state directory.
+    fn home(&self, id: &str) -> PathBuf {
+        let sessions = self.state.join("sessions");
+        let owner = std::fs::read_dir(&sessions).unwrap().flatten().next().unwrap().path();
+        owner.join(id).join("home")
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// Host pids whose command line (arguments NUL-separated) holds `marker`.
+fn with_marker(marker: &str) -> Vec<u32> {
+    stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(marker))
+}
+
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn g10_a_session_keeps_files_and_processes_between_execs_with_the_shell_s_habits() {
+    let _runs = shared();
+    let owner = Owner::start("habits");
+    // The socket is the user's alone.
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&owner.socket), 0o600);
+    assert_eq!(mode(owner.socket.parent().unwrap()), 0o700);
+    let id = owner.create();
+    // stdin piped, stdout and stderr shown, the exit status passed through.
+    let (code, out, err) =
+        owner.session(&["exec", &id, "--", "sh", "-c", "cat > notes.txt; echo out; echo err >&2; exit 7"], b"kept\n");
+    assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
+    // Judged on the host: the file is in the session's home.
+    assert_eq!(std::fs::read_to_string(owner.home(&id).join("notes.txt")).unwrap(), "kept\n");
+    // A background process outlives its exec; the next exec sees it and the file.
+    let marker = format!("314159{}", std::process::id());
+    let (code, _, err) = owner
+        .session(&["exec", &id, "--", "sh", "-c", &format!("(exec sleep {marker} </dev/null >/dev/null 2>&1 &)")], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(with_marker(&marker).len(), 1, "the background sleep runs on the host");
+    let (code, out, _) = owner.session(&["exec", &id, "--", "sh", "-c", "cat notes.txt; pwd; id -un"], b"");
+    assert_eq!((code, out.as_str()), (0, "kept\n/home/user\nuser\n"));
+    // cp in and out, by the guest's paths; nothing outside the home is served.
+    let (code, _, err) = owner.session(&["cp", "-", &format!("{id}:/home/user/dir/in.txt")], b"from the host\n");
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = owner.session(&["exec", &id, "--", "cat", "dir/in.txt"], b"");
+    assert_eq!(out, "from the host\n");
+    let (code, out, _) = owner.session(&["cp", &format!("{id}:/home/user/notes.txt"), "-"], b"");
+    assert_eq!((code, out.as_str()), (0, "kept\n"));
+    let (code, _, err) = owner.session(&["cp", &format!("{id}:/etc/passwd"), "-"], b"");
+    assert_eq!(code, 125);
+    assert!(err.contains("outside the directories the files API serves") && err.lines().count() == 1, "{err}");
+    // A deadline ends the exec (124), not the session.
+    let (code, _, _) = owner.session(&["exec", &id, "--timeout", "300ms", "--", "sleep", "5"], b"");
+    assert_eq!(code, 124);
+    let (code, out, _) = owner.session(&["ls"], b"");
+    assert_eq!(code, 0);
+    assert!(out.contains(&id), "{out}");
+    // Kill: no process of the session and no home remain.
+    let home = owner.home(&id);
+    let (code, _, err) = owner.session(&["kill", &id], b"");
+    assert_eq!(code, 0, "{err}");
+    eventually("the session's processes are gone", || with_marker(&marker).is_empty());
+    assert!(!home.exists(), "the session's home is removed");
+    let (code, _, err) = owner.session(&["exec", &id, "--", "true"], b"");
+    assert_eq!(code, 125);
+    assert!(err.contains("no session"), "{err}");
+}
+
+#[test]
+fn g10_without_an_owner_one_line_says_how_to_start_one() {
+    let dir = std::env::temp_dir().join(format!("stockade-noserve-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["session", "ls", "--socket"])
+        .arg(dir.join("none.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("stockade serve"), "{err}");
+}
+
+#[test]
+fn g10_a_sigkilled_owner_leaves_no_running_session_and_gc_removes_its_homes() {
+    let _runs = shared();
+    let mut owner = Owner::start("sigkill");
+    let id = owner.create();
+    let marker = format!("271828{}", std::process::id());
+    let (code, _, err) = owner
+        .session(&["exec", &id, "--", "sh", "-c", &format!("(exec sleep {marker} </dev/null >/dev/null 2>&1 &)")], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(with_marker(&marker).len(), 1);
+    let home = owner.home(&id);
+    owner.child.kill().unwrap();
+    owner.child.wait().unwrap();
+    eventually("the SIGKILLed owner's sessions die with it", || with_marker(&marker).is_empty());
+    assert!(home.exists(), "its home stays until gc");
+    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .arg("gc")
+        .env("STOCKADE_STATE_DIR", &owner.state)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("removed the session homes of 1 killed session owner(s)"), "{text}");
+    assert!(!home.exists());
+}

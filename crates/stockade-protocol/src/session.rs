@@ -1,0 +1,114 @@
+//! The local session API's messages (`stockade serve` on its unix socket, `stockade
+//! session ...` as its client): one request frame, one reply frame, each a JSON object
+//! with no unknown keys, in [`SESSION_CODEC`]'s length-prefixed frames.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Report;
+
+/// Largest file the session API's `write` and `read` move in one call: 8 MiB.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// The frames of the session API: up to 40 MiB, enough for a file of [`MAX_FILE_BYTES`]
+/// whose bytes are not UTF-8 (each byte then a JSON number and a comma).
+pub const SESSION_CODEC: crate::FrameCodec = crate::FrameCodec::new(40 << 20);
+
+/// A request to the session owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum SessionCall {
+    /// Make a session.
+    Create {
+        /// The session's memory, bytes.
+        memory_bytes: Option<u64>,
+        /// The session's processes.
+        processes: Option<u32>,
+        /// A host workspace: its path and whether it is writable.
+        workspace: Option<(String, bool)>,
+        /// Idle timeout, seconds.
+        idle_timeout_secs: Option<u64>,
+        /// Maximum lifetime, seconds.
+        max_lifetime_secs: Option<u64>,
+    },
+    /// Run a command in a session.
+    Exec {
+        /// The session.
+        id: String,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Environment (the exec's alone).
+        env: Vec<(String, String)>,
+        /// Working directory in the view.
+        cwd: Option<String>,
+        /// Bytes for stdin.
+        #[serde(with = "crate::bytes_repr", default)]
+        stdin: Vec<u8>,
+        /// Wall-clock deadline, milliseconds.
+        timeout_ms: Option<u64>,
+    },
+    /// List the live sessions.
+    List,
+    /// End a session.
+    Kill {
+        /// The session.
+        id: String,
+    },
+    /// Read a file of a session.
+    Read {
+        /// The session.
+        id: String,
+        /// The path in the guest's view.
+        path: String,
+    },
+    /// Write a file of a session.
+    Write {
+        /// The session.
+        id: String,
+        /// The path in the guest's view.
+        path: String,
+        /// The file's bytes.
+        #[serde(with = "crate::bytes_repr")]
+        data: Vec<u8>,
+    },
+}
+
+/// One live session, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: String,
+    /// Seconds since it was made.
+    pub age_secs: u64,
+    /// Seconds since its last exec or files call.
+    pub idle_secs: u64,
+}
+
+/// The owner's reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum SessionReply {
+    /// A session was made.
+    Created {
+        /// Its id.
+        id: String,
+    },
+    /// An exec ended.
+    Ran(Box<Report>),
+    /// The live sessions.
+    Sessions(Vec<SessionInfo>),
+    /// Done, nothing to return.
+    Done,
+    /// A file's bytes.
+    Data(#[serde(with = "crate::bytes_repr")] Vec<u8>),
+    /// The call failed: one line.
+    Error {
+        /// What kind of failure: `not_found`, `invalid`, `denied`, `busy`, `unsupported`
+        /// or `internal`.
+        kind: String,
+        /// The line.
+        message: String,
+    },
+}
