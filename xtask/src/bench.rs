@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -17,6 +17,7 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
     ("wasm", "stockade-wasm", "wasm", "", &["wasm_in_process"]),
     ("net", "stockade-egress", "net", "", &["net_download_100mib", "net_connect", "net_decide", "net_relay_ceiling"]),
     ("agent", "stockade-agent", "agent", "wasm", &["agent_loop_per_call", "agent_run_code_wasm", "agent_model_proxy"]),
+    ("session", "stockade-process", "session", "", &["session_create", "session_exec_true", "session_files_1mib"]),
     (
         "grants",
         "stockade-runtime",
@@ -51,7 +52,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {
@@ -65,8 +66,22 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         if *group == "agent" || *group == "grants" {
             crate::run(&mut crate::guests_command())?;
         }
-        crate::run(&mut crate::cargo(&["bench", "--package", package, "--bench", bench, "--features", features]))?;
-        let table = table(&target.join("criterion"), criterion_groups)?;
+        if *group == "session" {
+            // The baselines' container image (`docker run -d`, `docker exec`).
+            if let Err(e) = crate::images::run(target) {
+                println!("bench session: no image for the docker baselines ({e:#}); they are skipped");
+            }
+        }
+        let memory = target.join("bench-session-memory.txt");
+        let _ = fs::remove_file(&memory);
+        crate::run(
+            crate::cargo(&["bench", "--package", package, "--bench", bench, "--features", features])
+                .env("STOCKADE_BENCH_MEMORY_OUT", &memory),
+        )?;
+        let mut table = table(&target.join("criterion"), criterion_groups)?;
+        if let Ok(extra) = fs::read_to_string(&memory) {
+            table.push_str(&extra);
+        }
         println!("\n{table}");
         if write {
             write_docs(root, group, &table)?;

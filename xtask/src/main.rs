@@ -188,6 +188,8 @@ fn ci() -> Result<()> {
                     "--require",
                     "process-pool",
                     "--require",
+                    "process-session",
+                    "--require",
                     "wasm",
                     "--require",
                     "docker",

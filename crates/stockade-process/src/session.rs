@@ -25,6 +25,44 @@ use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, MAX_SPEC, Msg, SessionReque
 use crate::supervisor::{End, Ended};
 use crate::{ProcessTier, RunError, launch};
 
+/// How long an exec's output is still read once its guest has exited: a process it left in
+/// the background may hold its stdout or stderr for as long as it lives (a server started
+/// with `&`), and the exec ends anyway, with what was read (`docker exec` would wait for it).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
+
+/// A reader that reads `inner` until `stop` turns true, then ends (end of file), so that a
+/// capture returns what it read while a background process still holds the pipe.
+struct Stoppable<R> {
+    inner: R,
+    stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    stopped: bool,
+}
+
+impl<R> Stoppable<R> {
+    fn new(inner: R, mut stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        let stop = Box::pin(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        Self { inner, stop, stopped: false }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Stoppable<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.stopped && self.stop.as_mut().poll(cx).is_ready() {
+            self.stopped = true;
+        }
+        if self.stopped {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
 /// How long a session's setup may take before it counts as failed: 30 s (a cold page cache
 /// and a busy host; a warm one takes milliseconds).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -330,7 +368,10 @@ impl ProcessSession {
         let status = launch::receiver(status_r)?;
         let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
         let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
-        let (mut out, mut err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
+        let (out, err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut out = Stoppable::new(out, stopped.clone());
+        let mut err = Stoppable::new(err, stopped);
         let mut status_task = tokio::spawn(crate::supervisor::read_messages(status, None));
         let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
         let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
@@ -372,8 +413,37 @@ impl ProcessSession {
             None => status_task.await.unwrap_or_default(),
         };
         let wall = start.elapsed();
-        let stdout = crate::supervisor::finish(out_done, &mut out_task).await;
-        let stderr = crate::supervisor::finish(err_done, &mut err_task).await;
+        // What the exec left in the background may hold its pipes: read a little longer,
+        // then end the captures with what they have.
+        // A task that ended is never polled again (`finish` would): its result, or an empty
+        // capture if it failed.
+        let mut lost = (false, false);
+        let drained = async {
+            if out_done.is_none() {
+                match (&mut out_task).await {
+                    Ok(r) => out_done = Some(r),
+                    Err(_) => lost.0 = true,
+                }
+            }
+            if err_done.is_none() {
+                match (&mut err_task).await {
+                    Ok(r) => err_done = Some(r),
+                    Err(_) => lost.1 = true,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drained).await;
+        let _ = stop.send(true);
+        let stdout = if lost.0 {
+            stockade_protocol::Captured::default()
+        } else {
+            crate::supervisor::finish(out_done, &mut out_task).await
+        };
+        let stderr = if lost.1 {
+            stockade_protocol::Captured::default()
+        } else {
+            crate::supervisor::finish(err_done, &mut err_task).await
+        };
         let end = match end {
             End::Exited if stdout.truncated => End::Output(Stream::Stdout),
             End::Exited if stderr.truncated => End::Output(Stream::Stderr),

@@ -209,7 +209,6 @@ const HOST_CA_BUNDLES: [&str; 3] =
 #[cfg(feature = "process")]
 pub use stockade_process as process;
 
-/// Sessions: live sandboxes that serve many execs, and their owner.
 #[cfg(feature = "process")]
 pub mod session;
 

@@ -1,6 +1,6 @@
 //! `stockade-escape`: runs the attack matrix. Usually started by `cargo xtask escape`.
 //!
-//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|process-fork|process-pool|wasm|docker|bwrap|docker-run|all]
+//! Usage: `stockade-escape --attacks DIR [--wasm-attacks FILE] [--tier process|process-fork|process-pool|process-session|wasm|docker|bwrap|docker-run|all]
 //! [--attack NAME] [--json] [--markdown FILE] [--require TIER]`
 
 use std::io::Read;
@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use stockade_escape::world::World;
 use stockade_escape::{ATTACKS, Comparison, Entry, Outcome, Setup};
 use stockade_process::{Helper, ProcessTier, RunError};
-use stockade_protocol::{Access, Job, Limits, Report, Status};
+use stockade_protocol::{Access, Job, JobKind, Limits, Report, Status};
 
 /// The columns that are stockade's own tiers: an unexpected outcome there fails the run.
 /// `process` launches each run's helper through a fork server (what a multi-threaded
@@ -20,7 +20,7 @@ use stockade_protocol::{Access, Job, Limits, Report, Status};
 /// supervisor directly; `process-pool` runs each attack in a sandbox built before the
 /// attack's job existed (`ProcessTier::pool`, through the fork server). All three expect
 /// the process tier's outcomes.
-const STOCKADE_TIERS: &[&str] = &["process", "process-fork", "process-pool", "wasm", "docker"];
+const STOCKADE_TIERS: &[&str] = &["process", "process-fork", "process-pool", "process-session", "wasm", "docker"];
 
 /// Set in a `--*-one` child's environment for the `process-fork` column: it then starts no
 /// fork server, and the helper is forked from the child itself.
@@ -29,6 +29,33 @@ const DIRECT_FORK_VAR: &str = "STOCKADE_ESCAPE_DIRECT_FORK";
 /// Set in a `--*-one` child's environment for the `process-pool` column: its tier has a
 /// pool, whose sandbox for the attack's workspace is built before the job is made.
 const POOL_VAR: &str = "STOCKADE_ESCAPE_POOL";
+
+/// Set in a `--*-one` child's environment for the `process-session` column: the attack runs
+/// as the second exec of a live session, after a first exec that prepared the ground.
+const SESSION_VAR: &str = "STOCKADE_ESCAPE_SESSION";
+
+/// The `process-session` column's first exec, in the same session before the attack: it
+/// leaves what a later exec could try to use (a daemon with a copy of the attack program
+/// running from `/tmp`, a script and start-up files in the home, files in `/tmp` and
+/// `/dev/shm`, an abstract socket listener if python3 is there), and tries to change what
+/// the next exec starts from (the session's init, its environment, `/etc`).
+const PREPARE: &str = r#"cp "$0" /tmp/prepared 2>/dev/null; chmod +x /tmp/prepared 2>/dev/null
+(exec sleep 600 </dev/null >/dev/null 2>&1 &)
+printf '#!/bin/sh\nexec /tmp/prepared "$@"\n' > /home/user/run.sh; chmod +x /home/user/run.sh
+echo 'export LD_PRELOAD=/tmp/evil.so' > /home/user/.profile; cp /home/user/.profile /home/user/.bashrc
+echo planted > /dev/shm/planted; echo planted > /tmp/planted
+export STOCKADE_PLANTED=1; echo 'PATH=/tmp' >> /etc/environment 2>/dev/null
+kill -STOP 1 2>/dev/null; kill -9 1 2>/dev/null
+python3 -c '
+import os, socket
+if os.fork() == 0:
+    os.setsid()
+    s = socket.socket(socket.AF_UNIX)
+    s.bind("\0stockade-planted")
+    s.listen()
+    s.accept()
+' </dev/null >/dev/null 2>&1
+exit 0"#;
 
 /// How a `--*-one` child launches its runs: the process-tier column it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +66,8 @@ enum Launch {
     Direct,
     /// `process-pool`: a pre-built sandbox, through the fork server.
     Pool,
+    /// `process-session`: the second exec of a live session, through the fork server.
+    Session,
 }
 
 /// The process tier of a `--*-one` child, as its column asks.
@@ -68,12 +97,49 @@ fn run_one(ws: &str, access: Access, attack: &str, args: &[String]) -> Result<Re
     let job = Job::command(program, args.iter().cloned())?.with_workspace(ws, access)?.with_limits(limits());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let tier = child_tier();
+    if std::env::var_os(SESSION_VAR).is_some() {
+        return rt.block_on(in_session(&tier, &job, attack));
+    }
     // The `process-pool` column: the attack's sandbox is built (and confined) before its job
     // exists, then the job is handed in.
     if let Err(e) = tier.prebuild(Some((Path::new(ws), access))) {
         return Ok(Err(e));
     }
     Ok(rt.block_on(tier.run(&job)))
+}
+
+/// The `process-session` column: a session with the attack's workspace and a home of its
+/// own; a first exec prepares the ground ([`PREPARE`], with the attack program as `$0`),
+/// then the attack runs as the second exec; the session is killed (and a read-write
+/// workspace swept, its result in the attack's report) before the report is returned.
+async fn in_session(tier: &ProcessTier, job: &Job, attack: &str) -> Result<Result<Report, RunError>> {
+    let home = std::env::temp_dir().join(format!("stockade-escape-session-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home)?;
+    let config = stockade_process::SessionConfig {
+        limits: limits(),
+        workspace: job.workspace().cloned(),
+        home: Some(home.clone()),
+    };
+    let session = match tier.session(config).await {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e)),
+    };
+    let program = if attack.starts_with('/') { attack.to_owned() } else { format!("/workspace/{attack}") };
+    let prepare = Job::command("sh", ["-c", PREPARE, &program])?.with_limits(limits());
+    let prepared = session.exec(&prepare, None, stockade_protocol::LiveIo::default()).await;
+    let JobKind::Command { program, args } = job.kind() else { bail!("a command job") };
+    let attack = Job::command(program.clone(), args.iter().cloned())?.with_limits(*job.limits());
+    let report = match prepared {
+        Ok(_) => session.exec(&attack, Some("/workspace"), stockade_protocol::LiveIo::default()).await,
+        Err(e) => Err(e),
+    };
+    let swept = session.kill().await;
+    let _ = std::fs::remove_dir_all(&home);
+    Ok(report.map(|mut r| {
+        swept.record(&mut r, stockade_protocol::Mechanism::MountNamespace);
+        r
+    }))
 }
 
 /// Where one grants attack writes: its `log` grant's log, the victim run's log, the parent
@@ -365,6 +431,7 @@ fn parse() -> Result<Args> {
             "process".into(),
             "process-fork".into(),
             "process-pool".into(),
+            "process-session".into(),
             "wasm".into(),
             "docker".into(),
             "bwrap".into(),
@@ -625,6 +692,10 @@ fn run_process(world: &mut World, bin_dir: &Path, entry: &Entry, launch: Launch)
     if entry.setup == Setup::KillSupervisor {
         return run_process_killing_supervisor(world, bin_dir, entry, launch);
     }
+    if launch == Launch::Session && matches!(entry.setup, Setup::Grants | Setup::Net) {
+        let why = "a session has no grants yet";
+        return Ok(Cell { outcome: Outcome::NotApplicable(why), evidence: why.into(), expected: true });
+    }
     if entry.setup == Setup::Grants {
         return run_process_granted(world, bin_dir, entry, launch);
     }
@@ -740,6 +811,9 @@ fn one_child(launch: Launch) -> Result<Command> {
         }
         Launch::Pool => {
             cmd.env(POOL_VAR, "1");
+        }
+        Launch::Session => {
+            cmd.env(SESSION_VAR, "1");
         }
     }
     Ok(cmd)
@@ -1182,7 +1256,7 @@ fn run() -> Result<bool> {
     let mut columns: Vec<(String, Option<String>)> = Vec::new();
     for t in &args.tiers {
         let skip = match t.as_str() {
-            "process" | "process-fork" | "process-pool" => {
+            "process" | "process-fork" | "process-pool" | "process-session" => {
                 let p = stockade_process::probe();
                 p.user_namespaces
                     .clone()
@@ -1224,6 +1298,7 @@ fn run() -> Result<bool> {
                 ("process", None) => run_process(&mut world, &bin_dir, e, Launch::Server)?,
                 ("process-fork", None) => run_process(&mut world, &bin_dir, e, Launch::Direct)?,
                 ("process-pool", None) => run_process(&mut world, &bin_dir, e, Launch::Pool)?,
+                ("process-session", None) => run_process(&mut world, &bin_dir, e, Launch::Session)?,
                 ("wasm", None) => match &wasm_tier {
                     Some(t) => run_wasm(&mut world, t, &bin_dir, e)?,
                     None => unreachable!("the wasm column has a tier when it is not skipped"),
@@ -1311,7 +1386,7 @@ fn markdown_doc(table: &str) -> String {
     format!(
         "# Escape matrix\n\n\
 Generated by `cargo xtask escape --markdown`; CI checks that it is current.\n\
-Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image (the protected-path rows with the same read-write workspace the process column gets, bind-mounted); the `process` column runs each attack from a fresh process whose fork server, started first in its `main` as in the `stockade` CLI, clones the run's helper, `process-fork` from a fresh single-threaded process that forks its helper itself (the two launch paths without an exec), and `process-pool` in a sandbox of `ProcessTier::pool` built and confined for the attack's workspace before the attack's job was made, then handed the job (the grants rows run one-shot there: a pool does not serve granted runs); `docker-run` is plain `docker run` for comparison.\n\
+Each row is one attack program in `tests/attacks/src/bin`; each column a tier. The `wasm` column runs the attack's variant in `tests/attacks/wasm/attacks.c` (WASI, built with clang for wasm32-wasi); n/a there names what WASI lacks. The `docker` column is stockade's docker tier (every default of `stockade-docker`) running the same static programs from an imported image (the protected-path rows with the same read-write workspace the process column gets, bind-mounted); the `process` column runs each attack from a fresh process whose fork server, started first in its `main` as in the `stockade` CLI, clones the run's helper, `process-fork` from a fresh single-threaded process that forks its helper itself (the two launch paths without an exec), and `process-pool` in a sandbox of `ProcessTier::pool` built and confined for the attack's workspace before the attack's job was made, then handed the job (the grants rows run one-shot there: a pool does not serve granted runs), and `process-session` as the second exec of a live session (`ProcessTier::session`) whose first exec prepared the ground: a daemon and a copy of the attack left running, a script and start-up files in the session's home, files in `/tmp` and `/dev/shm`, an abstract socket listening, and tries at the session's init, environment and `/etc` (the grants and network rows are n/a there: a session has no grants yet); `docker-run` is plain `docker run` for comparison.\n\
 Verdicts come from the host's own checks (canary files and environment values, listeners on 127.0.0.1, a docker.sock stand-in, an abstract socket, a host process, kernel knobs, surviving processes), never from the attack's report.\n\
 The `fs_race_workspace_swap` row is two runs at once: the attack holds a read-write workspace and swaps a directory in it with a symlink to the world's home (`renameat2(RENAME_EXCHANGE)`), while the harness starts, every 30 ms, runs granted that directory read-only that print the home's canaries if they are given the home; each either waits for the attack's run and reads the directory itself, or is refused as it starts (its path met the symlink).\n\
 The `wasm_preinit_bomb` row is a module, not a program (`tests/attacks/wasm/preinit.c`): its `wizer-initialize` export, which the wasm tier runs as it loads the module, grows memory until refused and then sleeps in the host; the host checks that the run came back within its deadline and that the module cache holds no artifact over its 64 MiB cap.\n\

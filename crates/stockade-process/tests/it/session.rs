@@ -125,3 +125,23 @@ fn g17_two_sessions_do_not_see_each_other() {
     });
     let _ = (std::fs::remove_dir_all(&ha), std::fs::remove_dir_all(&hb));
 }
+
+#[test]
+fn g17_an_exec_ends_with_its_output_while_a_background_process_holds_its_pipes() {
+    require!("g17_an_exec_ends_with_its_output_while_a_background_process_holds_its_pipes");
+    let home = host_dir("session-holder");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        // The background sleep keeps stdout and stderr open (as `server &` does).
+        let start = std::time::Instant::now();
+        let r = sh(&session, "echo before; echo warn >&2; sleep 300 & echo after").await;
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert_eq!(r.status, Status::Exited { code: 0 });
+        assert_eq!(stdout(&r), "before\nafter\n");
+        assert_eq!(r.stderr.bytes, b"warn\n");
+        let r = sh(&session, "pgrep -c sleep || ps -e | grep -c sleep").await;
+        assert_eq!(stdout(&r), "1\n", "the background process lives on in the session");
+        let _ = session.kill().await;
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
