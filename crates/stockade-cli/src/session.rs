@@ -84,6 +84,21 @@ pub(crate) enum SessionCommand {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Pause a session: every process frozen (no CPU), no exec until it resumes, its execs'
+    /// deadlines stopped.
+    Pause {
+        /// The session.
+        id: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Resume a paused session.
+    Resume {
+        /// The session.
+        id: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
     /// End a session: every process, its cgroup and its home.
     Kill {
         /// The session.
@@ -358,10 +373,29 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
                 .iter()
                 .map(|s| {
                     let (age, idle) = s.age();
-                    SessionInfo { id: s.id().to_owned(), age_secs: age.as_secs(), idle_secs: idle.as_secs() }
+                    SessionInfo {
+                        id: s.id().to_owned(),
+                        age_secs: age.as_secs(),
+                        idle_secs: idle.as_secs(),
+                        paused: s.paused(),
+                    }
                 })
                 .collect(),
         ),
+        SessionCall::Pause { id } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            match session.pause().await {
+                Ok(()) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Resume { id } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            match session.resume().await {
+                Ok(()) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
         SessionCall::Kill { id } => match sessions.kill(&id).await {
             Some(_) => SessionReply::Done,
             None => missing(&id),
@@ -480,14 +514,23 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             let SessionReply::Sessions(list) = expect_ok(call(&socket, &SessionCall::List)?)? else {
                 bail!("unexpected reply")
             };
-            println!("{:<32}  {:>8}  {:>8}", "ID", "AGE", "IDLE");
+            println!("{:<32}  {:>8}  {:>8}  STATE", "ID", "AGE", "IDLE");
             for s in list {
-                println!("{:<32}  {:>7}s  {:>7}s", s.id, s.age_secs, s.idle_secs);
+                let state = if s.paused { "paused" } else { "running" };
+                println!("{:<32}  {:>7}s  {:>7}s  {state}", s.id, s.age_secs, s.idle_secs);
             }
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Kill { id, socket } => {
             expect_ok(call(&socket, &SessionCall::Kill { id })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Pause { id, socket } => {
+            expect_ok(call(&socket, &SessionCall::Pause { id })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Resume { id, socket } => {
+            expect_ok(call(&socket, &SessionCall::Resume { id })?)?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Cp { src, dst, socket } => {

@@ -19,6 +19,9 @@ pub(crate) struct Cgroup {
     kind: Kind,
     memory: PathBuf,
     pids: PathBuf,
+    /// A session's freezer: the v1 `freezer` cgroup of the same name, or (v2) the same
+    /// directory, whose `cgroup.freeze` pauses every process in it.
+    freezer: Option<PathBuf>,
     /// The memory and process limits it was created with.
     created: (u64, u64),
 }
@@ -57,7 +60,7 @@ fn owner_gone(name: &str) -> bool {
 fn parents(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     match v2_dir {
         Some(d) => vec![d.to_path_buf()],
-        None => ["memory", "pids"].iter().filter_map(|c| stockade_sys::cgroup::v1_dir("self", c)).collect(),
+        None => ["memory", "pids", "freezer"].iter().filter_map(|c| stockade_sys::cgroup::v1_dir("self", c)).collect(),
     }
 }
 
@@ -84,7 +87,8 @@ pub(crate) fn reap_stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     stale(v2_dir)
         .into_iter()
         .filter(|dir| {
-            let cg = Cgroup { kind, memory: dir.clone(), pids: dir.clone(), created: (0, 0) };
+            let cg =
+                Cgroup { kind, memory: dir.clone(), pids: dir.clone(), freezer: Some(dir.clone()), created: (0, 0) };
             cg.remove();
             !dir.exists()
         })
@@ -102,7 +106,13 @@ impl Cgroup {
         if let Some(base) = v2_dir {
             let dir = base.join(&name);
             fs::create_dir(&dir).ok()?;
-            let cg = Self { kind: Kind::V2, memory: dir.clone(), pids: dir, created: (memory_bytes, processes) };
+            let cg = Self {
+                kind: Kind::V2,
+                memory: dir.clone(),
+                pids: dir,
+                freezer: None,
+                created: (memory_bytes, processes),
+            };
             let ok = fs::write(cg.memory.join("memory.max"), memory_bytes.to_string()).is_ok()
                 && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
             // Swap must not extend the limit; the file exists only with swap accounting.
@@ -121,7 +131,7 @@ impl Cgroup {
             let _ = fs::remove_dir(&memory);
             return None;
         }
-        let cg = Self { kind: Kind::V1, memory, pids, created: (memory_bytes, processes) };
+        let cg = Self { kind: Kind::V1, memory, pids, freezer: None, created: (memory_bytes, processes) };
         let ok = fs::write(cg.memory.join("memory.limit_in_bytes"), memory_bytes.to_string()).is_ok()
             && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
         // Swap must not extend the limit; the file exists only with swap accounting.
@@ -166,9 +176,75 @@ impl Cgroup {
 
     /// The `cgroup.procs` files the helper joins.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        match (self.kind, &self.freezer) {
+            (Kind::V1, Some(f)) => {
+                vec![self.memory.join("cgroup.procs"), self.pids.join("cgroup.procs"), f.join("cgroup.procs")]
+            }
+            (Kind::V1, None) => vec![self.memory.join("cgroup.procs"), self.pids.join("cgroup.procs")],
+            (Kind::V2, _) => vec![self.memory.join("cgroup.procs")],
+        }
+    }
+
+    /// Adds a freezer (a session's, for pause and resume): the v1 `freezer` cgroup of the
+    /// same name, or the v2 directory's own `cgroup.freeze`. Before the helper joins.
+    pub(crate) fn add_freezer(&mut self) -> std::io::Result<()> {
+        let dir = match self.kind {
+            Kind::V2 => self.memory.clone(),
+            Kind::V1 => {
+                let name = self.memory.file_name().ok_or_else(|| std::io::Error::other("a cgroup without a name"))?;
+                let parent = stockade_sys::cgroup::v1_dir("self", "freezer")
+                    .ok_or_else(|| std::io::Error::other("no v1 freezer hierarchy for this process"))?;
+                let dir = parent.join(name);
+                fs::create_dir(&dir)?;
+                dir
+            }
+        };
+        self.freezer = Some(dir);
+        Ok(())
+    }
+
+    /// Freezes (`true`) or thaws every process of the cgroup, and waits until the kernel says
+    /// it is done (v1 `freezer.state` reads `FROZEN` or `THAWED`; v2 `cgroup.events` says
+    /// `frozen 1` or `frozen 0`), at most 5 s.
+    pub(crate) fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+        let dir = self.freezer.as_ref().ok_or_else(|| std::io::Error::other("this cgroup has no freezer"))?;
+        let done = || -> std::io::Result<bool> {
+            Ok(match self.kind {
+                Kind::V1 => {
+                    fs::read_to_string(dir.join("freezer.state"))?.trim() == if frozen { "FROZEN" } else { "THAWED" }
+                }
+                Kind::V2 => fs::read_to_string(dir.join("cgroup.events"))?
+                    .lines()
+                    .any(|l| l == if frozen { "frozen 1" } else { "frozen 0" }),
+            })
+        };
         match self.kind {
-            Kind::V1 => vec![self.memory.join("cgroup.procs"), self.pids.join("cgroup.procs")],
-            Kind::V2 => vec![self.memory.join("cgroup.procs")],
+            Kind::V1 => fs::write(dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })?,
+            Kind::V2 => fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })?,
+        }
+        for _ in 0..500 {
+            if done()? {
+                return Ok(());
+            }
+            // v1 reads `FREEZING` while a task is not yet frozen: asking again retries it.
+            if self.kind == Kind::V1 && frozen {
+                let _ = fs::write(dir.join("freezer.state"), "FROZEN");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the freezer did not settle within 5 s"))
+    }
+
+    /// Whether it has a freezer ([`Cgroup::add_freezer`]).
+    pub(crate) fn has_freezer(&self) -> bool {
+        self.freezer.is_some()
+    }
+
+    /// Thaws the freezer, if any (a frozen process cannot die: kills and removal come after).
+    pub(crate) fn thaw(&self) {
+        if let Some(dir) = &self.freezer {
+            let _ = fs::write(dir.join("freezer.state"), "THAWED");
+            let _ = fs::write(dir.join("cgroup.freeze"), "0");
         }
     }
 
@@ -178,8 +254,10 @@ impl Cgroup {
         format!("cgroup {v}: memory {memory_bytes} bytes (no swap), pids {processes}")
     }
 
-    /// Kills every process left in the cgroup (v2 `cgroup.kill`; v1 by pid list).
+    /// Kills every process left in the cgroup (v2 `cgroup.kill`; v1 by pid list), thawing
+    /// a frozen one so that the kills land.
     pub(crate) fn kill_all(&self) {
+        self.thaw();
         match self.kind {
             Kind::V2 => {
                 let _ = fs::write(self.pids.join("cgroup.kill"), "1");
@@ -225,10 +303,15 @@ impl Cgroup {
 
     /// Removes the cgroups, retrying while the last processes finish exiting.
     pub(crate) fn remove(&self) {
+        self.thaw();
         for _ in 0..50 {
             let a = !self.memory.exists() || fs::remove_dir(&self.memory).is_ok();
             let b = self.pids == self.memory || !self.pids.exists() || fs::remove_dir(&self.pids).is_ok();
-            if a && b {
+            let c = match &self.freezer {
+                Some(f) if *f != self.memory => !f.exists() || fs::remove_dir(f).is_ok(),
+                _ => true,
+            };
+            if a && b && c {
                 return;
             }
             self.kill_all();

@@ -102,6 +102,20 @@ pub(crate) fn apply_landlock(
     hard: bool,
     abi: u8,
 ) -> Result<LandlockOutcome, String> {
+    restrict_landlock(landlock_ruleset(workspace, grants, tty, model_port, hard, abi)?, model_port, hard, abi)
+}
+
+/// The landlock ruleset of [`apply_landlock`], built (its paths opened and its rules added)
+/// but applied to no process yet: a session's init builds it once, and each exec's guest
+/// applies a copy ([`restrict_landlock`]).
+pub(crate) fn landlock_ruleset(
+    workspace: Option<bool>,
+    grants: bool,
+    tty: bool,
+    model_port: Option<u16>,
+    hard: bool,
+    abi: u8,
+) -> Result<landlock::RulesetCreated, String> {
     let abi = ABI::from(i32::from(abi));
     let level = if hard { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
     let mut created = Ruleset::default()
@@ -125,6 +139,17 @@ pub(crate) fn apply_landlock(
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|e| format!("landlock rule for tcp connect to port {port}: {e}"))?;
     }
+    Ok(created)
+}
+
+/// Applies a built ruleset ([`landlock_ruleset`]) to the calling process.
+pub(crate) fn restrict_landlock(
+    created: landlock::RulesetCreated,
+    model_port: Option<u16>,
+    hard: bool,
+    abi: u8,
+) -> Result<LandlockOutcome, String> {
+    let abi = ABI::from(i32::from(abi));
     let status = created.restrict_self().map_err(|e| format!("landlock restrict_self: {e}"))?;
     let full = status.ruleset == RulesetStatus::FullyEnforced;
     if hard && !full {
@@ -779,9 +804,14 @@ pub(crate) fn allowlist_program() -> BpfProgram {
 
 /// Installs the filters on the calling thread (the helper is single-threaded, and exec follows).
 pub(crate) fn apply_seccomp() -> Result<String, String> {
-    let filters = seccomp_filters()?;
+    apply_compiled_seccomp(&seccomp_filters()?)
+}
+
+/// Applies filters compiled before ([`seccomp_filters`]; a session's init compiles them once
+/// for all its execs).
+pub(crate) fn apply_compiled_seccomp(filters: &[BpfProgram]) -> Result<String, String> {
     let mut insns = 0;
-    for f in &filters {
+    for f in filters {
         insns += f.len();
         seccompiler::apply_filter(f).map_err(|e| format!("seccomp: {e}"))?;
     }

@@ -796,7 +796,7 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
 /// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
 /// dropped unused.
 fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    if let Err(code) = confine_guest(spec, rep) {
+    if let Err(code) = confine_guest(spec, rep, None) {
         return code;
     }
     let pooled;
@@ -827,7 +827,7 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
 /// The guest's confinement, which no job changes: a session of its own (with the run's
 /// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
 /// of a failed step (already reported).
-fn confine_guest(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
+fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>) -> Result<(), i32> {
     if let Err(e) = process::setsid() {
         return Err(rep.fail("setsid", false, e));
     }
@@ -851,24 +851,52 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
         return Err(rep.fail("no_new_privs", true, e));
     }
     rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
-    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    match confine::apply_landlock(
-        ws,
-        spec.grants_dir.is_some(),
-        spec.tty,
-        spec.model_port,
-        spec.hard,
-        spec.landlock_abi,
-    ) {
+    let landlock = match pre {
+        Some(p) => p
+            .ruleset
+            .try_clone()
+            .map_err(|e| format!("copying the session's landlock ruleset: {e}"))
+            .and_then(|r| confine::restrict_landlock(r, spec.model_port, spec.hard, spec.landlock_abi)),
+        None => {
+            let ws = spec.workspace.as_ref().map(|(_, w)| *w);
+            let grants = spec.grants_dir.is_some();
+            confine::apply_landlock(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
+        }
+    };
+    match landlock {
         Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
         Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
         Err(e) => return Err(rep.fail("landlock", true, e)),
     }
-    match confine::apply_seccomp() {
+    let seccomp = match pre {
+        Some(p) => confine::apply_compiled_seccomp(&p.filters),
+        None => confine::apply_seccomp(),
+    };
+    match seccomp {
         Ok(d) => rep.enforced(Mechanism::Seccomp, d),
         Err(e) => return Err(rep.fail("seccomp", true, e)),
     }
     Ok(())
+}
+
+/// A session's confinement, built once by its init for every exec's guest to apply: the
+/// landlock ruleset of the view (each guest restricts itself with a copy) and the compiled
+/// seccomp filters. The same rules and filters a run's guest builds for itself.
+pub(crate) struct Prepared {
+    ruleset: landlock::RulesetCreated,
+    filters: Vec<seccompiler::BpfProgram>,
+}
+
+impl Prepared {
+    /// Builds them in the view (init has pivoted into it). `Err` is (stage, message).
+    pub(crate) fn build(spec: &Spec) -> Result<Self, (&'static str, String)> {
+        let ws = spec.workspace.as_ref().map(|(_, w)| *w);
+        let grants = spec.grants_dir.is_some();
+        let ruleset = confine::landlock_ruleset(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
+            .map_err(|e| ("landlock", e))?;
+        let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
+        Ok(Self { ruleset, filters })
+    }
 }
 
 /// The job's rlimits (memory and processes where the spec asks for them).
@@ -945,9 +973,9 @@ pub(crate) struct JobRef<'a> {
 /// A session's exec, in the process init forked for it: the guest's confinement, the exec's
 /// limits, then the exec, exactly as a run's guest (G15's steps in the same order). Returns
 /// only on failure (already reported on `status`).
-pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>) -> i32 {
+pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>, pre: &Prepared) -> i32 {
     let mut rep = Reporter(status);
-    if let Err(code) = confine_guest(spec, &mut rep) {
+    if let Err(code) = confine_guest(spec, &mut rep, Some(pre)) {
         return code;
     }
     if let Err(code) = set_rlimits(spec, &mut rep, job.limits) {

@@ -206,7 +206,10 @@
 //!     exec's own argv, environment, working directory, stdin and output budgets; at its
 //!     deadline the exec's process group is killed and the session goes on. Files in the
 //!     home, `/tmp` and `/dev/shm`, and processes left running, persist between execs; two
-//!     sessions see neither each other's files nor processes. [`ProcessSession::kill`] (or
+//!     sessions see neither each other's files nor processes. [`ProcessSession::pause`] freezes
+//!     every process of the session (the cgroup freezer, v1 or v2): it uses no CPU, takes no
+//!     exec, and its execs' deadlines stop until [`ProcessSession::resume`]; without a freezer
+//!     pause is [`RunError::Unsupported`], named. [`ProcessSession::kill`] (or
 //!     a drop, or the owner's death) ends every process of the session, then its cgroup; a
 //!     read-write workspace stays locked for the session's life and is swept at its end.
 //!     (pinned by: tests/it/session.rs::g17_*)

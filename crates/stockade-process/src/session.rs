@@ -63,6 +63,21 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Stoppable<R> {
     }
 }
 
+/// When a session was paused, and for how long in all: an exec's deadline does not count the
+/// time its session spent paused.
+#[derive(Debug, Default)]
+struct PauseClock {
+    since: Option<Instant>,
+    total: Duration,
+}
+
+impl PauseClock {
+    /// Time paused so far, the pause in progress included.
+    fn total(&self) -> Duration {
+        self.total + self.since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+}
+
 /// How long a session's setup may take before it counts as failed: 30 s (a cold page cache
 /// and a busy host; a warm one takes milliseconds).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -99,6 +114,7 @@ pub struct ProcessSession {
     limits: stockade_protocol::Limits,
     enforced: Vec<Enforced>,
     next: AtomicU64,
+    clock: std::sync::Mutex<PauseClock>,
 }
 
 impl std::fmt::Debug for ProcessSession {
@@ -143,7 +159,9 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         check_home(home, view.workspace.as_ref().map(|(ws, _)| ws.as_path()))?;
     }
     let processes = u64::from(limits.processes());
-    let cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
+    let mut cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
+    // The freezer pauses and resumes the whole session; without one, pause is refused by name.
+    let freezer = cgroup.0.as_mut().map(Cgroup::add_freezer);
     let (mine, theirs) = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::SEQPACKET,
@@ -175,9 +193,14 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     };
     let mut enforced = Vec::new();
     if let Some(cg) = cgroup.get() {
+        let pause = match &freezer {
+            Some(Ok(())) => "; a freezer pauses it".to_owned(),
+            Some(Err(e)) => format!("; no freezer ({e}): it cannot be paused"),
+            None => String::new(),
+        };
         enforced.push(Enforced::new(
             Mechanism::Cgroup,
-            format!("{} (the whole session)", cg.detail(limits.memory_bytes(), processes)),
+            format!("{} (the whole session){pause}", cg.detail(limits.memory_bytes(), processes)),
         ));
     }
     let mut ready = false;
@@ -229,6 +252,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         limits,
         enforced,
         next: AtomicU64::new(1),
+        clock: std::sync::Mutex::new(PauseClock::default()),
     })
 }
 
@@ -328,6 +352,10 @@ impl ProcessSession {
             return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
         }
         let sock = self.sock.as_ref().ok_or_else(|| RunError::Misconfigured("the session is gone".into()))?;
+        if self.paused() {
+            return Err(RunError::Misconfigured("the session is paused; resume it first".into()));
+        }
+        let paused_before = self.paused_total();
         let limits = job.limits();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let request = SessionRequest::Exec {
@@ -390,7 +418,19 @@ impl ProcessSession {
                     msgs = Some(r.unwrap_or_default());
                     break End::Exited;
                 }
-                () = &mut deadline => break End::Deadline,
+                () = &mut deadline => {
+                    // Time the session spent paused since this exec started does not count.
+                    if self.paused() {
+                        deadline.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(50));
+                        continue;
+                    }
+                    let due = start + limits.wall() + self.paused_total().saturating_sub(paused_before);
+                    if due > Instant::now() {
+                        deadline.as_mut().reset(due.into());
+                        continue;
+                    }
+                    break End::Deadline;
+                }
                 r = &mut out_task, if out_done.is_none() => {
                     let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
                     let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
@@ -482,6 +522,57 @@ impl ProcessSession {
         if let Some(h) = &self.helper {
             h.signal_kill();
         }
+        // A frozen process cannot die: the kill is pending, and lands as it thaws.
+        if let Some(cg) = self.cgroup.get() {
+            cg.thaw();
+        }
+    }
+
+    fn clock(&self) -> std::sync::MutexGuard<'_, PauseClock> {
+        self.clock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the session is paused.
+    #[must_use]
+    pub fn paused(&self) -> bool {
+        self.clock().since.is_some()
+    }
+
+    fn paused_total(&self) -> Duration {
+        self.clock().total()
+    }
+
+    /// Pauses every process of the session (the cgroup freezer: v1 `freezer.state`, v2
+    /// `cgroup.freeze`), once the kernel says they are frozen. A paused session uses no CPU,
+    /// takes no exec, and its execs' deadlines stop. Without a freezer (no cgroup, or no
+    /// freezer controller), [`RunError::Unsupported`] names it.
+    pub fn pause(&self) -> Result<(), RunError> {
+        let cg = self.freezer()?;
+        let mut clock = self.clock();
+        if clock.since.is_some() {
+            return Ok(());
+        }
+        cg.freeze(true).map_err(|e| RunError::Unsupported { mechanism: "freezer".into(), reason: e.to_string() })?;
+        clock.since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Resumes a paused session; its execs' deadlines go on from where they stopped.
+    pub fn resume(&self) -> Result<(), RunError> {
+        let cg = self.freezer()?;
+        let mut clock = self.clock();
+        let Some(since) = clock.since else { return Ok(()) };
+        cg.freeze(false).map_err(|e| RunError::Unsupported { mechanism: "freezer".into(), reason: e.to_string() })?;
+        clock.total += since.elapsed();
+        clock.since = None;
+        Ok(())
+    }
+
+    fn freezer(&self) -> Result<&Cgroup, RunError> {
+        self.cgroup.get().filter(|c| c.has_freezer()).ok_or_else(|| RunError::Unsupported {
+            mechanism: "freezer".into(),
+            reason: "the session has no freezer cgroup (no cgroup, or no freezer controller for this process)".into(),
+        })
     }
 
     /// Sends `signal` to an exec's process group (by the id its request had).
@@ -498,6 +589,9 @@ impl ProcessSession {
         self.sock = None;
         if let Some(mut helper) = self.helper.take() {
             helper.kill();
+            if let Some(cg) = self.cgroup.get() {
+                cg.thaw();
+            }
             helper.wait().await;
         }
         if let Some(status) = self.status.take() {
@@ -520,6 +614,9 @@ impl ProcessSession {
 
 impl Drop for ProcessSession {
     fn drop(&mut self) {
+        // The helper's own drop kills and reaps it: a frozen session is thawed first, with
+        // the kill already pending, so the reap comes.
+        self.terminate();
         if let Some(hb) = self.heartbeat.take() {
             hb.abort();
         }

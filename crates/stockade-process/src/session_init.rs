@@ -10,10 +10,9 @@
 //! every [`REAP_EVERY_MS`].
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use crate::helper::{JobRef, Reporter};
+use crate::helper::{JobRef, Prepared, Reporter};
 use crate::spec::{MAX_SPEC, Msg, SessionRequest, Spec};
 use crate::sys::{fs as sysfs, process};
 
@@ -35,6 +34,11 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
         return rep.fail("session", false, "the session socket is not open");
     };
     let _ = sysfs::set_cloexec(sock.as_raw_fd());
+    // Built once, applied by every exec's guest.
+    let pre = match Prepared::build(spec) {
+        Ok(p) => p,
+        Err((stage, e)) => return rep.fail(stage, true, e),
+    };
     rep.send(&Msg::Ready);
     crate::helper::release_stdio(spec);
     let mut running: Vec<Running> = Vec::new();
@@ -46,7 +50,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
         reap(&mut running);
         if ready.first().is_some_and(|e| e & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0) {
             match sysfs_recv(&sock, &mut buf) {
-                Some((len, passed)) => handle(spec, &buf[..len], passed, &mut running),
+                Some((len, passed)) => handle(spec, &pre, &buf[..len], passed, &mut running),
                 None => return 0,
             }
         }
@@ -67,12 +71,12 @@ fn sysfs_recv(sock: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
     Some((got.len, got.fds))
 }
 
-fn handle(spec: &Spec, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Running>) {
+fn handle(spec: &Spec, pre: &Prepared, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Running>) {
     match serde_json::from_slice::<SessionRequest>(msg) {
         Ok(SessionRequest::Exec { id, program, args, env, cwd, limits }) => {
             let Ok([stdin, stdout, stderr, status]) = <[OwnedFd; 4]>::try_from(passed) else { return };
             let job = JobRef { program: &program, args: &args, env: &env, limits, cwd: cwd.as_deref() };
-            if let Some(r) = start(spec, id, &job, [stdin, stdout, stderr], File::from(status)) {
+            if let Some(r) = start(spec, pre, id, &job, [stdin, stdout, stderr], File::from(status)) {
                 running.push(r);
             }
         }
@@ -90,7 +94,7 @@ fn handle(spec: &Spec, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Runni
 }
 
 /// Forks the exec's guest with the exec's descriptors as 0–2.
-fn start(spec: &Spec, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], mut status: File) -> Option<Running> {
+fn start(spec: &Spec, pre: &Prepared, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], status: File) -> Option<Running> {
     match process::fork() {
         Err(e) => {
             let mut rep = Reporter(status);
@@ -104,7 +108,7 @@ fn start(spec: &Spec, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], mut status
                 }
             }
             drop(stdio);
-            process::exit_now(crate::helper::session_guest(spec, status, job))
+            process::exit_now(crate::helper::session_guest(spec, status, job, pre))
         }
         Ok(process::Fork::Parent(pid)) => {
             drop(stdio);
@@ -112,10 +116,7 @@ fn start(spec: &Spec, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], mut status
                 Ok(pidfd) => Some(Running { id, pid, pidfd, status }),
                 Err(e) => {
                     let _ = process::kill(pid, libc::SIGKILL);
-                    let _ = writeln!(
-                        status,
-                        "{{\"error\":{{\"stage\":\"guest\",\"unsupported\":false,\"message\":\"pidfd_open: {e}\"}}}}"
-                    );
+                    Reporter(status).fail("guest", false, format!("pidfd_open: {e}"));
                     None
                 }
             }

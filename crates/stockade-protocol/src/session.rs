@@ -54,6 +54,16 @@ pub enum SessionCall {
         /// The session.
         id: String,
     },
+    /// Pause a session (every process frozen; no exec until it resumes).
+    Pause {
+        /// The session.
+        id: String,
+    },
+    /// Resume a paused session.
+    Resume {
+        /// The session.
+        id: String,
+    },
     /// Read a file of a session.
     Read {
         /// The session.
@@ -83,6 +93,8 @@ pub struct SessionInfo {
     pub age_secs: u64,
     /// Seconds since its last exec or files call.
     pub idle_secs: u64,
+    /// Whether it is paused.
+    pub paused: bool,
 }
 
 /// The owner's reply.

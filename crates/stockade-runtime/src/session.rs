@@ -94,13 +94,14 @@ impl Session {
         *self.used.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
-    /// Whether its idle timeout or lifetime is over.
+    /// Whether its idle timeout or lifetime is over (a paused session is not idle: only its
+    /// lifetime ends it).
     #[must_use]
     pub fn expired(&self) -> Option<Expiry> {
         let (age, idle) = self.age();
         if age >= self.profile.max_lifetime {
             Some(Expiry::Lifetime)
-        } else if idle >= self.profile.idle_timeout {
+        } else if idle >= self.profile.idle_timeout && !self.paused() {
             Some(Expiry::Idle)
         } else {
             None
@@ -115,6 +116,26 @@ impl Session {
         let report = session.exec(job, cwd, io).await;
         self.touch();
         report
+    }
+
+    /// Whether it is paused.
+    #[must_use]
+    pub fn paused(&self) -> bool {
+        self.inner.try_read().ok().and_then(|g| g.as_ref().map(ProcessSession::paused)).unwrap_or(false)
+    }
+
+    /// Pauses it ([`ProcessSession::pause`]): no CPU, no exec, deadlines stopped.
+    pub async fn pause(&self) -> Result<(), RunError> {
+        self.touch();
+        let inner = self.inner.read().await;
+        inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?.pause()
+    }
+
+    /// Resumes it ([`ProcessSession::resume`]).
+    pub async fn resume(&self) -> Result<(), RunError> {
+        self.touch();
+        let inner = self.inner.read().await;
+        inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?.resume()
     }
 
     /// The files API: the home at `/home/user` (and the workspace at `/workspace`), on the

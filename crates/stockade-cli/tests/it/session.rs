@@ -136,9 +136,19 @@ fn g10_a_session_keeps_files_and_processes_between_execs_with_the_shell_s_habits
     // A deadline ends the exec (124), not the session.
     let (code, _, _) = owner.session(&["exec", &id, "--timeout", "300ms", "--", "sleep", "5"], b"");
     assert_eq!(code, 124);
+    // Pause: listed as paused, no exec until resumed.
+    let (code, _, err) = owner.session(&["pause", &id], b"");
+    assert_eq!(code, 0, "{err}");
     let (code, out, _) = owner.session(&["ls"], b"");
     assert_eq!(code, 0);
-    assert!(out.contains(&id), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(&id) && l.ends_with("paused")), "{out}");
+    let (code, _, err) = owner.session(&["exec", &id, "--", "true"], b"");
+    assert_eq!(code, 125);
+    assert!(err.contains("paused"), "{err}");
+    let (code, _, err) = owner.session(&["resume", &id], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = owner.session(&["exec", &id, "--", "cat", "notes.txt"], b"");
+    assert_eq!((code, out.as_str()), (0, "kept\n"));
     // Kill: no process of the session and no home remain.
     let home = owner.home(&id);
     let (code, _, err) = owner.session(&["kill", &id], b"");

@@ -145,3 +145,56 @@ fn g17_an_exec_ends_with_its_output_while_a_background_process_holds_its_pipes()
     });
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// User plus system CPU ticks of `pid`, from the host's `/proc/PID/stat`.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn g17_a_paused_session_uses_no_cpu_takes_no_exec_and_its_deadlines_stop() {
+    require!("g17_a_paused_session_uses_no_cpu_takes_no_exec_and_its_deadlines_stop");
+    let home = host_dir("session-pause");
+    let marker = format!("spin{}", std::process::id());
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let r =
+            sh(&session, &format!("(exec sh -c 'while :; do :; done' {marker} </dev/null >/dev/null 2>&1 &)")).await;
+        assert_eq!(r.status, Status::Exited { code: 0 });
+        let spinner = host_pids_with(&marker);
+        assert_eq!(spinner.len(), 1, "{spinner:?}");
+        let pid = spinner[0];
+        session.pause().unwrap();
+        assert!(session.paused());
+        let before = cpu_ticks(pid);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(cpu_ticks(pid), before, "a paused session's spinner used CPU");
+        let e = session.exec(&Job::command("true", Vec::<String>::new()).unwrap(), None, LiveIo::default()).await;
+        assert!(e.unwrap_err().to_string().contains("paused"));
+        session.resume().unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(cpu_ticks(pid) > before, "the resumed spinner runs again");
+        // An exec whose 1.5 s deadline would pass during a 1.5 s pause finishes normally.
+        let slow = Job::command("sleep", ["1"])
+            .unwrap()
+            .with_limits(Limits::default().with_wall(Duration::from_millis(1500)).unwrap());
+        let pausing = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            session.pause().unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            session.resume().unwrap();
+        };
+        let (r, ()) = tokio::join!(session.exec(&slow, None, LiveIo::default()), pausing);
+        let r = r.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        assert!(r.wall > Duration::from_millis(1500), "{:?}", r.wall);
+        // A paused session dies at its kill (frozen processes are thawed so the kill lands).
+        session.pause().unwrap();
+        let _ = session.kill().await;
+        assert!(host_pids_with(&marker).is_empty(), "the frozen spinner died with the session");
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
