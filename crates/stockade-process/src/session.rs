@@ -112,6 +112,7 @@ pub struct ProcessSession {
     heartbeat: Option<tokio::task::JoinHandle<()>>,
     tier: ProcessTier,
     limits: stockade_protocol::Limits,
+    workspace: Option<stockade_protocol::Workspace>,
     enforced: Vec<Enforced>,
     next: AtomicU64,
     clock: std::sync::Mutex<PauseClock>,
@@ -250,6 +251,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         heartbeat,
         tier: tier.clone(),
         limits,
+        workspace: config.workspace,
         enforced,
         next: AtomicU64::new(1),
         clock: std::sync::Mutex::new(PauseClock::default()),
@@ -331,7 +333,7 @@ impl ProcessSession {
         self.helper.as_ref().is_some_and(|h| !h.exited()) && self.sock.is_some()
     }
 
-    /// Runs `job` (a command; its workspace must be unset: the session's is fixed) as one
+    /// Runs `job` (a command; its workspace unset or the session's own) as one
     /// exec of the session, in `cwd` (default [`crate::SESSION_HOME`] with a home, else
     /// `/workspace`, else `/tmp`), with its own environment, stdin, limits (wall clock,
     /// CPU, output budgets, open files, file size) and live stdio, and returns its report
@@ -340,8 +342,12 @@ impl ProcessSession {
     /// exec started in the background and left running stays in the session.
     pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
-        if job.workspace().is_some() {
-            return Err(RunError::Misconfigured("a session's workspace is set when it is made, not per exec".into()));
+        if let Some(ws) = job.workspace()
+            && self.workspace.as_ref().is_none_or(|own| own.path() != ws.path() || own.access() != ws.access())
+        {
+            return Err(RunError::Misconfigured(
+                "a session's workspace is set when it is made: an exec names none, or the session's own".into(),
+            ));
         }
         let JobKind::Command { program, args } = job.kind() else {
             return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));

@@ -1,7 +1,7 @@
 //! `stockade-soak`: sustained load on the process, wasm and docker tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N]
+//! Usage: `stockade-soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|all] [--runs N]
 //! [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]` (`docker` is one-shot
 //! runs, a container each; `--docker-runs` sets the run count of both docker tiers)
 //!
@@ -19,6 +19,12 @@
 //! end within 10% (or 4 MiB) of the RSS at the start, and no panic on any of this process's
 //! threads (a tier's background thread that panics stops doing its work, which no outcome
 //! may show).
+//!
+//! `process-session` soaks sessions (`ProcessTier::session`): its runs are execs, ten to a
+//! session (`--runs 10000` is 1,000 sessions), each session made with a read-write workspace
+//! and a home of its own, used for ten execs of the process tier's mix (a fork bomb only as a
+//! session's last exec, since what it forks lives on in the session) and killed, `--concurrency`
+//! sessions at a time; a `session` row counts the sessions made and killed.
 //!
 //! `main` starts the process tier's fork server first, while this program is still
 //! single-threaded, as every embedder should.
@@ -75,7 +81,14 @@ fn parse() -> Result<Args> {
     }
     a.defaulted = a.tiers.is_empty();
     if a.tiers.is_empty() || a.tiers.iter().any(|t| t == "all") {
-        a.tiers = vec!["process".into(), "process-pool".into(), "wasm".into(), "docker".into(), "docker-pool".into()];
+        a.tiers = vec![
+            "process".into(),
+            "process-pool".into(),
+            "process-session".into(),
+            "wasm".into(),
+            "docker".into(),
+            "docker-pool".into(),
+        ];
     }
     if a.concurrency == 0 || a.runs == 0 {
         bail!("--runs and --concurrency must be at least 1");
@@ -527,6 +540,18 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             let tier = ProcessTier::new(Helper::current_exe()?.prefer_fork()).pool(4);
             (Runner::Process(tier), process_kinds(p.cgroups.is_ok()))
         }
+        "process-session" => {
+            let p = stockade_process::probe();
+            let mut kinds = process_kinds(p.cgroups.is_ok());
+            kinds.push(Kind {
+                name: SESSION_KIND,
+                weight: 0,
+                job: Box::new(|_, _| bail!("not an exec")),
+                expect: Box::new(|_, _, _| true),
+                expected: "made, used for ten execs, killed",
+            });
+            (Runner::Process(ProcessTier::new(Helper::current_exe()?.prefer_fork())), kinds)
+        }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds(scratch)?),
         "docker" => (Runner::Docker(engine.context("connected above")?), docker_kinds(true)),
         "docker-pool" => {
@@ -537,7 +562,9 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (Runner::DockerPool(DockerPool::new(engine, config).await?), docker_kinds(false))
         }
         other => {
-            bail!("tier {other:?} is not soaked by this program (process, process-pool, wasm, docker or docker-pool)")
+            bail!(
+                "tier {other:?} is not soaked by this program (process, process-pool, process-session, wasm, docker or docker-pool)"
+            )
         }
     };
     let total: u64 = kinds.iter().map(|k| k.weight).sum();
@@ -557,9 +584,32 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     // Warm-up (a cached module, the first cgroup), then the resources before.
     for n in 0..kinds.len() as u64 {
         let k = &kinds[n as usize];
+        if k.weight == 0 {
+            continue;
+        }
         let ws = scratch.join(format!("{tier}-warm-{n}"));
         std::fs::create_dir_all(&ws)?;
         let _ = runner.run(&(k.job)(n, &ws)?).await;
+    }
+    // Sessions warm up as they are used: `concurrency` sessions of ten execs each, side by
+    // side, before the resources and the RSS are first counted.
+    if let (true, Runner::Process(process)) = (tier == "process-session", &runner) {
+        let warm_runs = EXECS_PER_SESSION * args.concurrency as u64;
+        let warm_picks: Vec<usize> = (0..warm_runs).map(pick).collect();
+        let (next, records, tenth) = (AtomicU64::new(0), Mutex::new(Vec::new()), AtomicU64::new(0));
+        let mut warm = Vec::new();
+        for w in 0..args.concurrency {
+            let (ws, homes) =
+                (scratch.join(format!("{tier}-warm-ws-{w}")), scratch.join(format!("{tier}-warm-homes-{w}")));
+            std::fs::create_dir_all(&ws)?;
+            warm.push((ws, homes));
+        }
+        let workers = warm.iter().map(|(ws, homes)| {
+            session_worker(process, &kinds, &warm_picks, &next, warm_runs, ws, homes, &records, &tenth)
+        });
+        for r in futures_util::future::join_all(workers).await {
+            r?;
+        }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pooled = tier == "process-pool" || tier == "docker-pool";
@@ -579,7 +629,11 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             (runner.clone(), kinds.clone(), next.clone(), records.clone(), rss_tenth.clone(), picks.clone());
         let ws = scratch.join(format!("{tier}-worker-{w}"));
         std::fs::create_dir_all(&ws)?;
+        let sessions = (tier == "process-session").then(|| scratch.join(format!("{tier}-homes-{w}")));
         workers.spawn(async move {
+            if let (Some(homes), Runner::Process(process)) = (sessions, &*runner) {
+                return session_worker(process, &kinds, &picks, &next, runs, &ws, &homes, &records, &rss_tenth).await;
+            }
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= runs {
@@ -645,6 +699,86 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         panics: PANICS.load(Ordering::Relaxed) - panics_before,
         kinds: kinds.iter().map(|k| (k.name, k.expected)).collect(),
     })
+}
+
+/// The `process-session` tier's kind for a session's own life (made, used, killed).
+const SESSION_KIND: &str = "session";
+
+/// Execs per session in the `process-session` tier.
+const EXECS_PER_SESSION: u64 = 10;
+
+/// One worker of the `process-session` tier: sessions, each used for [`EXECS_PER_SESSION`]
+/// execs (runs `n` to `n + 9` of the mix; a fork bomb only as the last) and killed; a
+/// record per exec and one per session.
+#[allow(clippy::too_many_arguments, reason = "the worker's shared state, as the other workers take it")]
+async fn session_worker(
+    tier: &ProcessTier,
+    kinds: &[Kind],
+    picks: &[usize],
+    next: &AtomicU64,
+    runs: u64,
+    ws: &Path,
+    homes: &Path,
+    records: &Mutex<Vec<Record>>,
+    rss_tenth: &AtomicU64,
+) -> Result<()> {
+    let record = |kind: &'static str, ok: bool, latency: Duration, status: String| {
+        records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record { kind, ok, latency, status });
+    };
+    let grant = Job::command("/bin/true", Vec::<String>::new())?.with_workspace(ws, Access::ReadWrite)?;
+    loop {
+        let first = next.fetch_add(EXECS_PER_SESSION, Ordering::Relaxed);
+        if first >= runs {
+            return Ok(());
+        }
+        if (first..first + EXECS_PER_SESSION).contains(&(runs / 10)) {
+            rss_tenth.store(rss_kib(), Ordering::Relaxed);
+        }
+        let home = homes.join(first.to_string());
+        std::fs::create_dir_all(&home)?;
+        let t = Instant::now();
+        let config = stockade_process::SessionConfig {
+            limits: Limits::new(),
+            workspace: grant.workspace().cloned(),
+            home: Some(home.clone()),
+        };
+        let session = match tier.session(config).await {
+            Ok(s) => s,
+            Err(e) => {
+                record(SESSION_KIND, false, t.elapsed(), format!("error: {e}"));
+                let _ = std::fs::remove_dir_all(&home);
+                continue;
+            }
+        };
+        let last = (first + EXECS_PER_SESSION).min(runs);
+        // A fork bomb drawn for this session runs as its last exec (what it forks lives on in
+        // the session until the kill), and a trivial exec takes its place.
+        let drawn: Vec<&Kind> = (first..last).map(|n| &kinds[picks[usize::try_from(n).unwrap_or(0)]]).collect();
+        let bomb = drawn.iter().any(|k| k.name == "fork_bomb");
+        for (i, n) in (first..last).enumerate() {
+            let mut k = if drawn[i].name == "fork_bomb" { &kinds[0] } else { drawn[i] };
+            if bomb && n + 1 == last {
+                k = drawn.iter().find(|k| k.name == "fork_bomb").copied().unwrap_or(k);
+            }
+            let job = (k.job)(n, ws)?;
+            let started = Instant::now();
+            let report = session.exec(&job, None, stockade_protocol::LiveIo::default()).await;
+            let (ok, status) = match &report {
+                Ok(r) => ((k.expect)(r, n, ws), format!("{:?}", r.status)),
+                Err(e) => (false, format!("error: {e}")),
+            };
+            record(k.name, ok, started.elapsed(), status);
+        }
+        let swept = session.kill().await;
+        let _ = std::fs::remove_dir_all(&home);
+        let ok = swept.errors.is_empty();
+        record(
+            SESSION_KIND,
+            ok,
+            t.elapsed(),
+            if ok { "killed".into() } else { format!("sweep errors: {:?}", swept.errors) },
+        );
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
