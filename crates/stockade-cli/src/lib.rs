@@ -97,7 +97,7 @@
 //!     that session with stdin piped, stdout and stderr shown and the exit status passed
 //!     through (124 at its deadline), files and processes persist between execs, `session
 //!     cp` moves a file in or out by the guest's path (and nothing outside the home and the
-//!     workspace), and `session pause` freezes every process of the session (no exec until `session resume`), `session kill` leaves no process and no home. Without an owner, each
+//!     workspace), and `session pause` freezes every process of the session (no exec until `session resume`), `session snapshot ID FILE` writes its home as a new tar file (mode 0600) from which `session create --from FILE` starts another, a session idle past its `--idle-timeout` ends by itself, and `session kill` leaves no process and no home. Without an owner, each
 //!     command says in one line how to start one. A SIGTERM ends every session; a
 //!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
 //!     (pinned by: tests/it/session.rs::g10_*)

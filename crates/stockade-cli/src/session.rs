@@ -56,6 +56,9 @@ pub(crate) enum SessionCommand {
         /// End the session this long after it was made (e.g. 1h).
         #[arg(long, value_parser = parse_duration)]
         max_lifetime: Option<Duration>,
+        /// Start the session's home with the files of a snapshot (`session snapshot`).
+        #[arg(long)]
+        from: Option<PathBuf>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -81,6 +84,16 @@ pub(crate) enum SessionCommand {
     },
     /// List the live sessions.
     Ls {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Write a session's filesystem-only snapshot (its home: files, directories and symlinks)
+    /// to a new tar file; `session create --from FILE` starts a session with those files.
+    Snapshot {
+        /// The session.
+        id: String,
+        /// The file to write (it must not exist).
+        file: PathBuf,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -306,7 +319,14 @@ fn files_error(e: &FilesError) -> SessionReply {
 async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
     let missing = |id: &str| error("not_found", format!("no session {id} (`stockade session ls` lists them)"));
     match call {
-        SessionCall::Create { memory_bytes, processes, workspace, idle_timeout_secs, max_lifetime_secs } => {
+        SessionCall::Create {
+            memory_bytes,
+            processes,
+            workspace,
+            idle_timeout_secs,
+            max_lifetime_secs,
+            from_snapshot,
+        } => {
             let mut profile = SessionProfile::default();
             let mut limits = Limits::default();
             if let Some(m) = memory_bytes {
@@ -338,6 +358,7 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
             if let Some(s) = max_lifetime_secs {
                 profile.max_lifetime = Duration::from_secs(s);
             }
+            profile.from_snapshot = from_snapshot.map(PathBuf::from);
             match sessions.create(profile).await {
                 Ok(s) => SessionReply::Created { id: s.id().to_owned() },
                 Err(e) => run_error(&e),
@@ -382,6 +403,16 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
                 })
                 .collect(),
         ),
+        SessionCall::Snapshot { id, path } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            if !Path::new(&path).is_absolute() {
+                return error("invalid", format!("snapshot file {path}: not an absolute path"));
+            }
+            match session.snapshot(Path::new(&path)).await {
+                Ok(_) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
         SessionCall::Pause { id } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
             match session.pause().await {
@@ -443,7 +474,11 @@ fn expect_ok(reply: SessionReply) -> Result<SessionReply> {
 /// `stockade session ...`.
 pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
     match cmd {
-        SessionCommand::Create { memory, pids, workspace, idle_timeout, max_lifetime, socket } => {
+        SessionCommand::Create { memory, pids, workspace, idle_timeout, max_lifetime, from, socket } => {
+            let from_snapshot = from
+                .map(|f| std::fs::canonicalize(&f).with_context(|| format!("snapshot {}", f.display())))
+                .transpose()?
+                .map(|p| p.to_string_lossy().into_owned());
             let memory_bytes =
                 memory.as_deref().map(|m| parse_size(m).map_err(|e| anyhow!("--memory {m}: {e}"))).transpose()?;
             let workspace = match workspace {
@@ -465,6 +500,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                     workspace,
                     idle_timeout_secs: idle_timeout.map(|d| d.as_secs().max(1)),
                     max_lifetime_secs: max_lifetime.map(|d| d.as_secs().max(1)),
+                    from_snapshot,
                 },
             )?;
             match expect_ok(reply)? {
@@ -523,6 +559,14 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
         }
         SessionCommand::Kill { id, socket } => {
             expect_ok(call(&socket, &SessionCall::Kill { id })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Snapshot { id, file, socket } => {
+            let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let dir = std::fs::canonicalize(parent).with_context(|| format!("snapshot file {}", file.display()))?;
+            let name = file.file_name().ok_or_else(|| anyhow!("snapshot file {}: no file name", file.display()))?;
+            let path = dir.join(name).to_string_lossy().into_owned();
+            expect_ok(call(&socket, &SessionCall::Snapshot { id, path })?)?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Pause { id, socket } => {

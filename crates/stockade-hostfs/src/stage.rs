@@ -244,6 +244,18 @@ impl Applied {
 /// `workspace/...`, as the docker engine names them) to the host directory `dest` (see the
 /// module docs). `archive` must already be bounded by the caller ([`archive_bound`]).
 pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
+    unpack_into(archive, dest, "workspace", true)
+}
+
+/// [`unpack`] of an archive [`pack`] made (entries named from the directory's root, no
+/// prefix), into `dest`, with the same rules but the protected paths' (`guarded: false`: a
+/// session's home from its snapshot, a directory no host program runs code from). Symlinks
+/// are not restored, as [`unpack`] restores none.
+pub fn unpack_snapshot(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
+    unpack_into(archive, dest, "", false)
+}
+
+fn unpack_into(archive: &[u8], dest: &Path, prefix: &str, guarded: bool) -> Result<Applied, StageError> {
     let top = open_root(dest)?;
     let mut applied = Applied::default();
     let mut ar = tar::Archive::new(archive);
@@ -252,7 +264,7 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
         let mut entry = entry.map_err(|e| StageError::Archive(e.to_string()))?;
         let raw = entry.path().map_err(|e| StageError::Archive(e.to_string()))?.into_owned();
         // The engine names entries after the directory asked for: `workspace/...`.
-        let rel = match raw.strip_prefix("workspace") {
+        let rel = match raw.strip_prefix(prefix) {
             Ok(r) => r.to_path_buf(),
             Err(_) => {
                 applied.skip(&raw, "outside /workspace");
@@ -276,7 +288,7 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
         // A protected path or anything under it, and a pinned directory's name as anything
         // but a directory (a gitfile would point git at the guest's own hooks).
         let pinned_not_dir = PINNED_DIRS.iter().any(|p| rel == Path::new(p)) && !kind.is_dir();
-        if pinned_not_dir || stockade_protocol::is_protected(&rel) {
+        if guarded && (pinned_not_dir || stockade_protocol::is_protected(&rel)) {
             applied.skip(&rel, "protected path");
             continue;
         }

@@ -289,7 +289,7 @@ use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
 pub use session::{ProcessSession, SessionConfig};
-pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, state_dir};
+pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
 use stockade_protocol::{Job, LiveIo, Report};
 
 /// The window size (rows, columns) of the terminal `fd` is, if it is one and has a size:

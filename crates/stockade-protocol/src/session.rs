@@ -30,6 +30,9 @@ pub enum SessionCall {
         idle_timeout_secs: Option<u64>,
         /// Maximum lifetime, seconds.
         max_lifetime_secs: Option<u64>,
+        /// A snapshot file whose files the home starts with.
+        #[serde(default)]
+        from_snapshot: Option<String>,
     },
     /// Run a command in a session.
     Exec {
@@ -63,6 +66,13 @@ pub enum SessionCall {
     Resume {
         /// The session.
         id: String,
+    },
+    /// Write a session's filesystem-only snapshot (its home) to a new file.
+    Snapshot {
+        /// The session.
+        id: String,
+        /// The file to write (absolute; it must not exist).
+        path: String,
     },
     /// Read a file of a session.
     Read {

@@ -61,6 +61,17 @@
 //! tiers, and HTTP clients (the planned model proxy) need a path to connect to; the
 //! process tier's seccomp filter allows unix sockets, so nothing is lost.
 //!
+//! # Sessions
+//! [`session::Sessions`] owns live sessions over the process tier's
+//! [`process::ProcessSession`]: each gets an id of 16 random bytes, a home of its own under
+//! `sessions/OWNER/ID` in stockade's state directory (served on the host by
+//! `stockade_hostfs::files::Files`), an idle timeout and a lifetime that end it without
+//! anyone calling ([`session::Sessions::reap_expired`]), pause and resume, and a
+//! filesystem-only snapshot of its home that a new session can start from. The owner's
+//! directory is named after its pid and start time, so a later owner (or `stockade gc`)
+//! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`
+//! (its G10) and stockade-process's G17.
+//!
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-policy`, `stockade-verify`, `stockade-sys`,
 //! `stockade-egress` (the network grant), and each tier

@@ -31,6 +31,8 @@ pub struct SessionProfile {
     pub idle_timeout: Duration,
     /// The session ends this long after it was made, however busy.
     pub max_lifetime: Duration,
+    /// A snapshot ([`Session::snapshot`]) whose files the new session's home starts with.
+    pub from_snapshot: Option<PathBuf>,
 }
 
 impl Default for SessionProfile {
@@ -40,6 +42,7 @@ impl Default for SessionProfile {
             workspace: None,
             idle_timeout: Duration::from_secs(300),
             max_lifetime: Duration::from_secs(3600),
+            from_snapshot: None,
         }
     }
 }
@@ -138,6 +141,35 @@ impl Session {
         inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?.resume()
     }
 
+    /// A filesystem-only snapshot: the session's home (every file, directory and symlink
+    /// under `/home/user`, at most [`MAX_SNAPSHOT_BYTES`] of content) written to `to` as a
+    /// tar archive (a new file, mode 0600), with the session paused meanwhile so that the
+    /// archive is one moment's (a paused session stays paused). Processes, `/tmp` and the
+    /// workspace are not in it. [`SessionProfile::from_snapshot`] makes a session from it.
+    pub async fn snapshot(&self, to: &Path) -> Result<stockade_process::stage::Packed, RunError> {
+        let was_paused = self.paused();
+        self.pause().await?;
+        let home = self.dir.join("home");
+        let packed = tokio::task::spawn_blocking(move || {
+            stockade_process::stage::pack(&home, stockade_protocol::Access::ReadWrite, 0, 0, MAX_SNAPSHOT_BYTES)
+        })
+        .await
+        .map_err(|e| RunError::Internal(e.to_string()));
+        if !was_paused {
+            self.resume().await?;
+        }
+        let packed = packed?.map_err(|e| RunError::Misconfigured(format!("snapshot of session {}: {e}", self.id)))?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
+            f.write_all(&packed.tar)?;
+            f.sync_all()
+        };
+        write().map_err(|e| RunError::Misconfigured(format!("snapshot file {}: {e}", to.display())))?;
+        Ok(packed)
+    }
+
     /// The files API: the home at `/home/user` (and the workspace at `/workspace`), on the
     /// host, through cap-std.
     #[must_use]
@@ -178,6 +210,9 @@ impl std::fmt::Debug for Sessions {
     }
 }
 
+/// Most bytes of file content a snapshot holds: 256 MiB.
+pub const MAX_SNAPSHOT_BYTES: u64 = 256 << 20;
+
 /// Most live sessions one owner keeps by default.
 pub const DEFAULT_MAX_SESSIONS: usize = 64;
 
@@ -217,6 +252,9 @@ impl Sessions {
             let _ = std::fs::remove_dir_all(&dir);
             e
         };
+        if let Some(from) = &profile.from_snapshot {
+            restore(from, &home).map_err(cleanup)?;
+        }
         let mut files = Files::default()
             .serve(SESSION_HOME, &home, true, false)
             .map_err(|e| cleanup(RunError::Misconfigured(format!("session home {}: {e}", home.display()))))?;
@@ -303,6 +341,21 @@ pub fn stale_homes(base: &Path) -> Vec<PathBuf> {
         })
         .map(|e| e.path())
         .collect()
+}
+
+/// Fills a new session's `home` from the snapshot file `from` (bounded, never through a link,
+/// files and directories only: `stockade_hostfs::stage::unpack_snapshot`).
+fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
+    use std::io::Read;
+    let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
+    let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(format!("snapshot {}: {e}", from.display()));
+    let mut bytes = Vec::new();
+    std::fs::File::open(from).and_then(|f| f.take(bound + 1).read_to_end(&mut bytes)).map_err(|e| bad(&e))?;
+    if bytes.len() as u64 > bound {
+        return Err(bad(&format!("over the {bound}-byte bound of a snapshot")));
+    }
+    stockade_process::stage::unpack_snapshot(&bytes, home).map_err(|e| bad(&e))?;
+    Ok(())
 }
 
 /// 16 random bytes from the kernel, as 32 hex digits.

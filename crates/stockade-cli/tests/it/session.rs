@@ -198,3 +198,59 @@ fn g10_a_sigkilled_owner_leaves_no_running_session_and_gc_removes_its_homes() {
     assert!(text.contains("removed the session homes of 1 killed session owner(s)"), "{text}");
     assert!(!home.exists());
 }
+
+#[test]
+fn g10_a_snapshot_of_a_session_s_home_starts_another_session_with_its_files() {
+    let _runs = shared();
+    let owner = Owner::start("snapshot");
+    let id = owner.create();
+    let (code, _, err) = owner.session(
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p proj/src && echo 'print(42)' > proj/src/main.py && printf '#!/bin/sh\\necho run\\n' > proj/run.sh && chmod +x proj/run.sh && echo rc > .bashrc && echo gone > /tmp/not-kept",
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{err}");
+    let snap = owner.state.join("home.tar");
+    let (code, _, err) = owner.session(&["snapshot", &id, snap.to_str().unwrap()], b"");
+    assert_eq!(code, 0, "{err}");
+    // The archive is the user's alone, and the session goes on, not paused.
+    assert_eq!(std::fs::metadata(&snap).unwrap().permissions().mode() & 0o777, 0o600);
+    let (code, out, _) = owner.session(&["exec", &id, "--", "cat", "proj/src/main.py"], b"");
+    assert_eq!((code, out.as_str()), (0, "print(42)\n"));
+    // Writing over an existing file is refused: a snapshot never replaces one.
+    let (code, _, err) = owner.session(&["snapshot", &id, snap.to_str().unwrap()], b"");
+    assert_eq!(code, 125);
+    assert!(err.contains("exists"), "{err}");
+    let (code, _, _) = owner.session(&["kill", &id], b"");
+    assert_eq!(code, 0);
+    let (code, out, err) = owner.session(&["create", "--from", snap.to_str().unwrap()], b"");
+    assert_eq!(code, 0, "{err}");
+    let second = out.trim().to_owned();
+    assert_ne!(second, id);
+    let (code, out, err) = owner
+        .session(&["exec", &second, "--", "sh", "-c", "cat proj/src/main.py .bashrc; ./proj/run.sh; ls /tmp"], b"");
+    assert_eq!((code, out.as_str()), (0, "print(42)\nrc\nrun\n"), "{err}");
+    // Judged on the host: the new session's home holds the files.
+    assert_eq!(std::fs::read_to_string(owner.home(&second).join("proj/src/main.py")).unwrap(), "print(42)\n");
+}
+
+#[test]
+fn g10_an_idle_session_ends_by_itself() {
+    let _runs = shared();
+    let owner = Owner::start("idle");
+    let (code, out, err) = owner.session(&["create", "--idle-timeout", "1s"], b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    let home = owner.home(&id);
+    assert!(home.exists());
+    // Nobody calls; the owner's reaper ends it: not listed, its home gone.
+    eventually("the idle session ended", || !home.exists());
+    let (_, out, _) = owner.session(&["ls"], b"");
+    assert!(!out.contains(&id), "{out}");
+}
