@@ -94,8 +94,8 @@
 //! G10. `stockade serve` owns live sessions on a unix socket in a directory only its user
 //!     can enter (the socket mode 0600, and a peer of another uid is answered with nothing);
 //!     `stockade session create` prints an id, `session exec ID -- CMD` runs one command in
-//!     that session with stdin piped, stdout and stderr shown and the exit status passed
-//!     through (124 at its deadline), files and processes persist between execs, `session
+//!     that session with stdin piped, stdout and stderr shown as they come and the exit status
+//!     passed through (124 at its deadline), files and processes persist between execs, `session
 //!     cp` moves a file in or out by the guest's path (and nothing outside the home and the
 //!     workspace), and `session pause` freezes every process of the session (no exec until `session resume`), `session snapshot ID FILE` writes its home as a new tar file (mode 0600) from which `session create --from FILE` starts another, a session idle past its `--idle-timeout` ends by itself, and `session kill` leaves no process and no home. Without an owner, each
 //!     command says in one line how to start one. A SIGTERM ends every session; a

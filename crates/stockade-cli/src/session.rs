@@ -62,8 +62,8 @@ pub(crate) enum SessionCommand {
         #[command(flatten)]
         socket: SocketArg,
     },
-    /// Run a command in a session: stdin piped (unless a terminal), stdout and stderr shown,
-    /// the exit status passed through.
+    /// Run a command in a session: stdin piped (unless a terminal), stdout and stderr shown as
+    /// they come, the exit status passed through.
     Exec {
         /// The session.
         id: String,
@@ -279,12 +279,63 @@ async fn connection(mut conn: UnixStream, sessions: &Sessions) -> Result<()> {
         &frame,
         stockade_runtime::protocol::JsonLimits::new(frame.len(), 16),
     ) {
+        Ok(call @ SessionCall::Exec { .. }) => exec_streamed(call, sessions, &mut conn).await,
         Ok(call) => handle(call, sessions).await,
         Err(e) => error("invalid", format!("malformed call: {e}")),
     };
     let bytes = serde_json::to_vec(&reply)?;
     SESSION_CODEC.write_frame_async(&mut conn, &bytes).await?;
     Ok(())
+}
+
+/// A live copy of one of an exec's streams, as frames for the client: each write is a
+/// chunk sent on. The exec's output budget bounds what can queue.
+struct Tee {
+    tx: tokio::sync::mpsc::UnboundedSender<SessionReply>,
+    stdout: bool,
+}
+
+impl std::io::Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let chunk = if self.stdout { SessionReply::Stdout(buf.to_vec()) } else { SessionReply::Stderr(buf.to_vec()) };
+        // A client that hung up is no reason to stop the exec.
+        let _ = self.tx.send(chunk);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An exec whose stdout and stderr go to the client as they come (`Stdout` and `Stderr`
+/// frames), then its report; returns the last reply for the caller to send.
+async fn exec_streamed(call: SessionCall, sessions: &Sessions, conn: &mut UnixStream) -> SessionReply {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let io = LiveIo {
+        stdout: Some(Box::new(Tee { tx: tx.clone(), stdout: true })),
+        stderr: Some(Box::new(Tee { tx, stdout: false })),
+        ..LiveIo::default()
+    };
+    let exec = handle_exec(call, sessions, io);
+    tokio::pin!(exec);
+    let mut gone = false;
+    let reply = loop {
+        tokio::select! {
+            reply = &mut exec => break reply,
+            Some(chunk) = rx.recv() => {
+                if !gone && let Ok(bytes) = serde_json::to_vec(&chunk) {
+                    gone = SESSION_CODEC.write_frame_async(conn, &bytes).await.is_err();
+                }
+            }
+        }
+    };
+    while let Ok(chunk) = rx.try_recv() {
+        if !gone && let Ok(bytes) = serde_json::to_vec(&chunk) {
+            gone = SESSION_CODEC.write_frame_async(conn, &bytes).await.is_err();
+        }
+    }
+    reply
 }
 
 fn my_uid() -> u32 {
@@ -314,6 +365,37 @@ fn files_error(e: &FilesError) -> SessionReply {
         _ => "internal",
     };
     error(kind, e.to_string())
+}
+
+/// One exec, with `io` as its live stdio.
+async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> SessionReply {
+    let SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } = call else {
+        return error("invalid", "not an exec");
+    };
+    let Some(session) = sessions.get(&id) else {
+        return error("not_found", format!("no session {id} (`stockade session ls` lists them)"));
+    };
+    let Some((program, args)) = argv.split_first() else { return error("invalid", "no command") };
+    let job = (|| {
+        let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
+        job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
+        for (k, v) in env {
+            job = job.with_env(k, v)?;
+        }
+        if let Some(ms) = timeout_ms {
+            let d = Duration::from_millis(ms);
+            job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
+        }
+        Ok::<_, anyhow::Error>(job)
+    })();
+    let job = match job {
+        Ok(j) => j,
+        Err(e) => return error("invalid", e.to_string()),
+    };
+    match session.exec(&job, cwd.as_deref(), io).await {
+        Ok(report) => SessionReply::Ran(Box::new(report)),
+        Err(e) => run_error(&e),
+    }
 }
 
 async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
@@ -364,30 +446,7 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
                 Err(e) => run_error(&e),
             }
         }
-        SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            let Some((program, args)) = argv.split_first() else { return error("invalid", "no command") };
-            let job = (|| {
-                let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
-                job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
-                for (k, v) in env {
-                    job = job.with_env(k, v)?;
-                }
-                if let Some(ms) = timeout_ms {
-                    let d = Duration::from_millis(ms);
-                    job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
-                }
-                Ok::<_, anyhow::Error>(job)
-            })();
-            let job = match job {
-                Ok(j) => j,
-                Err(e) => return error("invalid", e.to_string()),
-            };
-            match session.exec(&job, cwd.as_deref(), LiveIo::default()).await {
-                Ok(report) => SessionReply::Ran(Box::new(report)),
-                Err(e) => run_error(&e),
-            }
-        }
+        call @ SessionCall::Exec { .. } => handle_exec(call, sessions, LiveIo::default()).await,
         SessionCall::List => SessionReply::Sessions(
             sessions
                 .list()
@@ -459,9 +518,20 @@ fn call(socket: &SocketArg, call: &SessionCall) -> Result<SessionReply> {
     let mut conn = std::os::unix::net::UnixStream::connect(&path)
         .map_err(|e| anyhow!("no session owner at {} ({e}); start one with `stockade serve`", path.display()))?;
     SESSION_CODEC.write_frame(&mut conn, &serde_json::to_vec(call)?)?;
-    let reply =
-        SESSION_CODEC.read_frame(&mut conn)?.ok_or_else(|| anyhow!("the session owner closed the connection"))?;
-    serde_json::from_slice(&reply).context("the session owner's reply")
+    // An exec's output comes as it is written, a chunk a frame, before its report.
+    loop {
+        let frame =
+            SESSION_CODEC.read_frame(&mut conn)?.ok_or_else(|| anyhow!("the session owner closed the connection"))?;
+        match serde_json::from_slice(&frame).context("the session owner's reply")? {
+            SessionReply::Stdout(bytes) => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&bytes)?;
+                out.flush()?;
+            }
+            SessionReply::Stderr(bytes) => std::io::stderr().write_all(&bytes)?,
+            reply => return Ok(reply),
+        }
+    }
 }
 
 fn expect_ok(reply: SessionReply) -> Result<SessionReply> {
@@ -529,10 +599,8 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                 &socket,
                 &SessionCall::Exec { id, argv, env, cwd: workdir, stdin, timeout_ms: Some(timeout.as_millis() as u64) },
             )?;
+            // Its stdout and stderr were shown as they came.
             let SessionReply::Ran(report) = expect_ok(reply)? else { bail!("unexpected reply") };
-            std::io::stdout().write_all(&report.stdout.bytes)?;
-            std::io::stdout().flush()?;
-            std::io::stderr().write_all(&report.stderr.bytes)?;
             let budget = stockade_runtime::verify::Budget::new(timeout, u64::MAX);
             let contract =
                 stockade_runtime::verify::Contract::bytes(budget, stockade_runtime::verify::accept_any).expect_exit(0);

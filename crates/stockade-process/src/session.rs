@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use stockade_protocol::capture::{CaptureMode, Flow, capture_async};
+use stockade_protocol::capture::{CaptureMode, Flow};
 use stockade_protocol::{Enforced, Job, JobKind, LiveIo, Mechanism, Report, Stream};
 use tokio::io::AsyncBufReadExt;
 
@@ -401,7 +401,7 @@ impl ProcessSession {
         let stdin = in_w.map(launch::sender).transpose()?;
         let status = launch::receiver(status_r)?;
         let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
-        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
+        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
         let (out, err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut out = Stoppable::new(out, stopped.clone());
@@ -409,7 +409,9 @@ impl ProcessSession {
         let mut status_task = tokio::spawn(crate::supervisor::read_messages(status, None));
         let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
         let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
-        let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
+        let mut out_task = tokio::spawn(async move {
+            stockade_protocol::capture::capture_tee_async(&mut out, out_limit, CaptureMode::FailFast, live_stdout).await
+        });
         let mut err_task = tokio::spawn(async move {
             stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
         });

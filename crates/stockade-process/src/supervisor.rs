@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use stockade_protocol::capture::{CaptureMode, Flow, capture_async};
+use stockade_protocol::capture::{CaptureMode, Flow};
 use stockade_protocol::{Captured, Enforced, Job, JobKind, Mechanism, Report, Status, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -38,7 +38,7 @@ pub(crate) async fn run(
     if io.stdin.is_some() && tier.tty {
         return Err(RunError::Misconfigured("a streamed stdin and a terminal (tty) cannot be combined".into()));
     }
-    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr } = io;
+    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
     let JobKind::Command { program, args } = job.kind() else {
         return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
     };
@@ -148,7 +148,9 @@ pub(crate) async fn run(
     let (mut out, mut err) = wire_stdio(master, (stdin, stdout, stderr), job.stdin().to_vec(), live_stdin)?;
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
-    let mut out_task = tokio::spawn(async move { capture_async(&mut out, out_limit, CaptureMode::FailFast).await });
+    let mut out_task = tokio::spawn(async move {
+        stockade_protocol::capture::capture_tee_async(&mut out, out_limit, CaptureMode::FailFast, live_stdout).await
+    });
     let mut err_task = tokio::spawn(async move {
         stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
     });

@@ -147,14 +147,17 @@ pub fn capture<R: Read>(reader: &mut R, limit: usize, mode: CaptureMode) -> Resu
 }
 
 /// A run's live stdio, beside the job's own bytes: a stream the guest's stdin is read from
-/// as the guest reads it (instead of the job's stdin bytes), and a writer that sees the
-/// guest's stderr as it arrives (the report still captures it, bounded).
+/// as the guest reads it (instead of the job's stdin bytes), and writers that see the
+/// guest's stderr and stdout as they arrive (the report still captures both, bounded).
 #[derive(Default)]
 pub struct LiveIo {
     /// The guest's stdin, streamed.
     pub stdin: Option<Box<dyn AsyncRead + Send + Unpin>>,
     /// A live copy of the guest's stderr.
     pub stderr: Option<Box<dyn std::io::Write + Send>>,
+    /// A live copy of the guest's stdout (unverified output: for a caller that shows it as
+    /// it comes, as a session's exec does; `stockade run` does not).
+    pub stdout: Option<Box<dyn std::io::Write + Send>>,
 }
 
 impl LiveIo {
@@ -170,7 +173,11 @@ impl LiveIo {
 
 impl std::fmt::Debug for LiveIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveIo").field("stdin", &self.stdin.is_some()).field("stderr", &self.stderr.is_some()).finish()
+        f.debug_struct("LiveIo")
+            .field("stdin", &self.stdin.is_some())
+            .field("stderr", &self.stderr.is_some())
+            .field("stdout", &self.stdout.is_some())
+            .finish()
     }
 }
 

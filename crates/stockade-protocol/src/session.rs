@@ -107,7 +107,8 @@ pub struct SessionInfo {
     pub paused: bool,
 }
 
-/// The owner's reply.
+/// The owner's reply: one frame, except for an exec, whose `stdout` and `stderr` chunks
+/// come as they are written, each its own frame, before the `ran` frame that ends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
@@ -117,7 +118,11 @@ pub enum SessionReply {
         /// Its id.
         id: String,
     },
-    /// An exec ended.
+    /// An exec wrote this to its stdout (as it came).
+    Stdout(#[serde(with = "crate::bytes_repr")] Vec<u8>),
+    /// An exec wrote this to its stderr (as it came).
+    Stderr(#[serde(with = "crate::bytes_repr")] Vec<u8>),
+    /// An exec ended: its report (whose stdout and stderr repeat what the chunks carried).
     Ran(Box<Report>),
     /// The live sessions.
     Sessions(Vec<SessionInfo>),

@@ -258,11 +258,11 @@ pub trait Tier: Send + Sync + Debug {
     /// [`run`](Self::run) or [`run_granted`](Self::run_granted), with live stdio (see
     /// [`LiveIo`]). By default a streamed stdin is read whole first (at most the job's
     /// limit, [`protocol::job::MAX_STDIN_BYTES`]; more is a [`RunError::Misconfigured`] that
-    /// says so, never a silent cut) and the stderr copy is written when the run ends; the
-    /// process tier streams both.
+    /// says so, never a silent cut) and the stderr and stdout copies are written when the run
+    /// ends; the process tier streams them.
     async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
-        let LiveIo { stdin, stderr } = io;
+        let LiveIo { stdin, stderr, stdout } = io;
         let job = match stdin {
             Some(stdin) => job.clone().with_stdin(read_stdin(stdin).await?)?,
             None => job.clone(),
@@ -273,6 +273,9 @@ pub trait Tier: Send + Sync + Debug {
         };
         if let Some(mut w) = stderr {
             let _ = w.write_all(&report.stderr.bytes).and_then(|()| w.flush());
+        }
+        if let Some(mut w) = stdout {
+            let _ = w.write_all(&report.stdout.bytes).and_then(|()| w.flush());
         }
         Ok(report)
     }
@@ -717,7 +720,7 @@ impl Sandbox {
         let RunRequest { job, grants, io } = request.into();
         let Some(grants) = grants.filter(|g| !g.is_empty()) else {
             return match io {
-                LiveIo { stdin: None, stderr: None } => self.tier.run(job).await,
+                LiveIo { stdin: None, stderr: None, stdout: None } => self.tier.run(job).await,
                 io => self.tier.run_live(job, None, io).await,
             };
         };

@@ -254,3 +254,29 @@ fn g10_an_idle_session_ends_by_itself() {
     let (_, out, _) = owner.session(&["ls"], b"");
     assert!(!out.contains(&id), "{out}");
 }
+
+#[test]
+fn g10_an_exec_s_output_is_shown_as_it_comes() {
+    use std::io::BufRead;
+    let _runs = shared();
+    let owner = Owner::start("stream");
+    let id = owner.create();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["session", "exec", "--socket"])
+        .arg(&owner.socket)
+        .args([&id, "--", "sh", "-c", "echo first; sleep 3; echo second"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    let first_at = start.elapsed();
+    assert!(first_at < Duration::from_secs(2), "the first line came only at {first_at:?}");
+    assert!(child.try_wait().unwrap().is_none(), "the exec is still running when its first line shows");
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert!(lines.next().is_none());
+    assert!(child.wait().unwrap().success());
+}
