@@ -852,11 +852,8 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>) -> Res
     }
     rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
     let landlock = match pre {
-        Some(p) => p
-            .ruleset
-            .try_clone()
-            .map_err(|e| format!("copying the session's landlock ruleset: {e}"))
-            .and_then(|r| confine::restrict_landlock(r, spec.model_port, spec.hard, spec.landlock_abi)),
+        // The session's one domain, which init entered and every exec inherits.
+        Some(p) => Ok(confine::LandlockOutcome { detail: p.landlock.detail.clone(), full: p.landlock.full }),
         None => {
             let ws = spec.workspace.as_ref().map(|(_, w)| *w);
             let grants = spec.grants_dir.is_some();
@@ -879,23 +876,33 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>) -> Res
     Ok(())
 }
 
-/// A session's confinement, built once by its init for every exec's guest to apply: the
-/// landlock ruleset of the view (each guest restricts itself with a copy) and the compiled
-/// seccomp filters. The same rules and filters a run's guest builds for itself.
+/// A session's confinement, made once by its init for every exec: the landlock domain of the
+/// view, which init enters itself so that every exec's guest inherits the one domain (execs
+/// of a session can then signal each other's processes and reach each other's abstract
+/// sockets, as processes of one machine do, while landlock still scopes both to the
+/// session), and the compiled seccomp filters each exec's guest applies. The same rules and
+/// filters a run's guest builds for itself.
 pub(crate) struct Prepared {
-    ruleset: landlock::RulesetCreated,
+    landlock: confine::LandlockOutcome,
     filters: Vec<seccompiler::BpfProgram>,
 }
 
 impl Prepared {
-    /// Builds them in the view (init has pivoted into it). `Err` is (stage, message).
+    /// Builds them in the view (init has pivoted into it) and puts init in the landlock
+    /// domain. `Err` is (stage, message).
     pub(crate) fn build(spec: &Spec) -> Result<Self, (&'static str, String)> {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);
         let grants = spec.grants_dir.is_some();
+        let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
         let ruleset = confine::landlock_ruleset(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
             .map_err(|e| ("landlock", e))?;
-        let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
-        Ok(Self { ruleset, filters })
+        let landlock = confine::restrict_landlock(ruleset, spec.model_port, spec.hard, spec.landlock_abi)
+            .map_err(|e| ("landlock", e))?;
+        let landlock = confine::LandlockOutcome {
+            detail: format!("{}; one domain for the whole session, entered by its init", landlock.detail),
+            full: landlock.full,
+        };
+        Ok(Self { landlock, filters })
     }
 }
 

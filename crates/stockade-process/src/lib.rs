@@ -129,7 +129,7 @@
 //!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
 //!     pid 1 of the run (a copy of the supervisor's memory after a fork), and under a root
 //!     supervisor the helper too once it has written its id maps as uid 65534, is not dumpable and
-//!     outside the guest's landlock domain, so its memory, environment and descriptors are
+//!     outside the guest's landlock domain (a session's init is inside its session's, G17), so its memory, environment and descriptors are
 //!     unreadable from the guest; and a forked helper overwrites its copy of the
 //!     supervisor's argument and environment strings first, so `/proc/1/cmdline` (which the
 //!     kernel lets any process of the namespace read) shows none of the supervisor's
@@ -202,7 +202,10 @@
 //!     helper, init, pid namespace, view and cgroup for its whole life, with its home (a host
 //!     directory its owner made for it) read-write at [`SESSION_HOME`]. Init forks one guest
 //!     per exec, and each exec's guest takes the steps a run's guest takes (its own session,
-//!     capabilities dropped, `no_new_privs`, landlock, seccomp, the exec's rlimits), with the
+//!     capabilities dropped, `no_new_privs`, seccomp, the exec's rlimits) in the session's one
+//!     landlock domain (the run's rules, entered once by init and inherited, so that a later
+//!     exec can signal what an earlier one left running and reach its abstract sockets, and
+//!     nothing outside the session can be either), with the
 //!     exec's own argv, environment, working directory, stdin and output budgets; at its
 //!     deadline the exec's process group is killed and the session goes on. Files in the
 //!     home, `/tmp` and `/dev/shm`, and processes left running, persist between execs; two

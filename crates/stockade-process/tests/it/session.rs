@@ -17,6 +17,11 @@ async fn sh(session: &ProcessSession, script: &str) -> Report {
     session.exec(&Job::command("sh", ["-c", script]).unwrap(), None, LiveIo::default()).await.unwrap()
 }
 
+async fn session_py(session: &ProcessSession, code: &str) -> Report {
+    let job = Job::command("python3", ["-c", code]).unwrap();
+    session.exec(&job, None, LiveIo::default()).await.unwrap()
+}
+
 fn stdout(r: &Report) -> String {
     String::from_utf8_lossy(&r.stdout.bytes).into_owned()
 }
@@ -64,6 +69,15 @@ fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() 
         let second = sh(&session, "cat /tmp/t note.txt; pgrep -c sleep || ps -e | grep -c sleep").await;
         assert_eq!(second.status, Status::Exited { code: 0 }, "{second:?}");
         assert_eq!(stdout(&second), "kept\nmine\n1\n");
+        // A later exec may signal what an earlier one left running (one landlock domain for
+        // the session's execs), as on one machine; judged from the host.
+        let third = sh(&session, "kill $(pgrep -x sleep) && echo killed").await;
+        assert_eq!(stdout(&third), "killed\n", "{third:?}");
+        let start = std::time::Instant::now();
+        while !named("sleep").is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(5), "the signalled sleep is gone");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = session.kill().await;
         // Nothing of the session is left: no process, whatever it started.
         assert!(named("sleep").is_empty(), "the background sleep died with the session");
@@ -114,6 +128,15 @@ fn g17_two_sessions_do_not_see_each_other() {
         let b = tier().session(config(&hb)).await.unwrap();
         let r = sh(&a, "echo a > /tmp/mark; (exec sleep 300 < /dev/null > /dev/null 2>&1 &); echo ok").await;
         assert_eq!(stdout(&r), "ok\n");
+        // An abstract unix socket listening in A: A's own next exec reaches it, B does not.
+        let listen = "import os, socket, sys\nif os.fork() == 0:\n    os.setsid()\n    s = socket.socket(socket.AF_UNIX)\n    s.bind('\\0stockade-g17')\n    s.listen()\n    while True:\n        c, _ = s.accept(); c.send(b'hello'); c.close()\nelse:\n    import time; time.sleep(0.3); print('listening')";
+        let r = session_py(&a, listen).await;
+        assert_eq!(stdout(&r), "listening\n", "{r:?}");
+        let connect = "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect('\\0stockade-g17'); print(s.recv(5).decode())\nexcept OSError as e:\n    print(type(e).__name__)";
+        let r = session_py(&a, connect).await;
+        assert_eq!(stdout(&r), "hello\n", "A reaches its own abstract socket: {r:?}");
+        let r = session_py(&b, connect).await;
+        assert_eq!(stdout(&r), "ConnectionRefusedError\n", "B does not reach A's abstract socket: {r:?}");
         // B sees neither A's /tmp nor A's processes (its /proc lists only its own).
         let r = sh(&b, "cat /tmp/mark 2>&1; ls /proc | grep -c '^[0-9]'").await;
         assert!(stdout(&r).contains("No such file"), "{}", stdout(&r));
