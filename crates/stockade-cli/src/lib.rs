@@ -97,7 +97,7 @@
 //!     that session with stdin piped, stdout and stderr shown as they come and the exit status
 //!     passed through (124 at its deadline), files and processes persist between execs, `session
 //!     cp` moves a file in or out by the guest's path (and nothing outside the home and the
-//!     workspace), and `session pause` freezes every process of the session (no exec until `session resume`), `session snapshot ID FILE` writes its home as a new tar file (mode 0600) from which `session create --from FILE` starts another, a session idle past its `--idle-timeout` ends by itself, and `session kill` leaves no process and no home. Without an owner, each
+//!     workspace), and `session ps` lists its processes by their pids inside the session, `session pause` freezes every process of the session (no exec until `session resume`), `session snapshot ID FILE` writes its home as a new tar file (mode 0600) from which `session create --from FILE` starts another, a session idle past its `--idle-timeout` ends by itself, and `session kill` leaves no process and no home. Without an owner, each
 //!     command says in one line how to start one. A SIGTERM ends every session; a
 //!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
 //!     (pinned by: tests/it/session.rs::g10_*)
@@ -207,7 +207,7 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
         after_help = "Examples:\n  owner=$(stockade serve --detach)   # its pid, once it listens\n  id=$(stockade session create --memory 1G)\n  stockade session exec $id -- sh -c 'echo hi > notes.txt'\n  stockade session exec $id -- cat notes.txt\n  stockade session kill $id\n  kill $owner                         # ends every session it owns"
     )]
     Serve(session::ServeArgs),
-    /// Drive the sessions `stockade serve` owns: create, exec, cp, ls, pause, resume, kill.
+    /// Drive the sessions `stockade serve` owns: create, exec, cp, ps, ls, pause, resume, snapshot, kill.
     #[command(subcommand)]
     Session(session::SessionCommand),
     /// Remove what killed runs left behind: what the guest planted in a read-write workspace

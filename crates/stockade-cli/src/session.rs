@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use stockade_agent::config::{parse_duration, parse_size};
-use stockade_runtime::protocol::session::{MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionReply};
+use stockade_runtime::protocol::session::{
+    MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
+};
 use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError};
 use stockade_runtime::session::{FilesError, SessionProfile, Sessions};
 use tokio::net::{UnixListener, UnixStream};
@@ -84,6 +86,13 @@ pub(crate) enum SessionCommand {
     },
     /// List the live sessions.
     Ls {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// List a session's processes (init aside), with their pids inside the session.
+    Ps {
+        /// The session.
+        id: String,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -462,6 +471,17 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
                 })
                 .collect(),
         ),
+        SessionCall::Ps { id } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            SessionReply::Processes(
+                session
+                    .processes()
+                    .await
+                    .into_iter()
+                    .map(|p| SessionProcessInfo { pid: p.pid, cmd: p.cmdline })
+                    .collect(),
+            )
+        }
         SessionCall::Snapshot { id, path } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
             if !Path::new(&path).is_absolute() {
@@ -523,15 +543,25 @@ fn call(socket: &SocketArg, call: &SessionCall) -> Result<SessionReply> {
         let frame =
             SESSION_CODEC.read_frame(&mut conn)?.ok_or_else(|| anyhow!("the session owner closed the connection"))?;
         match serde_json::from_slice(&frame).context("the session owner's reply")? {
-            SessionReply::Stdout(bytes) => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&bytes)?;
-                out.flush()?;
-            }
-            SessionReply::Stderr(bytes) => std::io::stderr().write_all(&bytes)?,
+            // On a terminal, the guest's control sequences are shown as text (as `stockade
+            // run` shows them); into a pipe or a file the bytes pass unchanged.
+            SessionReply::Stdout(bytes) => shown(&mut std::io::stdout().lock(), &bytes)?,
+            SessionReply::Stderr(bytes) => shown(&mut std::io::stderr().lock(), &bytes)?,
             reply => return Ok(reply),
         }
     }
+}
+
+/// Writes the guest's `bytes` to `w`, neutralised when `w` is a terminal.
+fn shown(w: &mut (impl Write + std::io::IsTerminal), bytes: &[u8]) -> std::io::Result<()> {
+    if w.is_terminal() {
+        let mut out = Vec::with_capacity(bytes.len());
+        crate::term::neutralise(bytes, false, &mut out);
+        w.write_all(&out)?;
+    } else {
+        w.write_all(bytes)?;
+    }
+    w.flush()
 }
 
 fn expect_ok(reply: SessionReply) -> Result<SessionReply> {
@@ -627,6 +657,18 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
         }
         SessionCommand::Kill { id, socket } => {
             expect_ok(call(&socket, &SessionCall::Kill { id })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Ps { id, socket } => {
+            let SessionReply::Processes(list) = expect_ok(call(&socket, &SessionCall::Ps { id })?)? else {
+                bail!("unexpected reply")
+            };
+            println!("{:>7}  CMD", "PID");
+            for p in list {
+                let mut cmd = Vec::new();
+                crate::term::neutralise(p.cmd.as_bytes(), false, &mut cmd);
+                println!("{:>7}  {}", p.pid, String::from_utf8_lossy(&cmd));
+            }
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Snapshot { id, file, socket } => {

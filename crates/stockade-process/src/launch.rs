@@ -156,6 +156,11 @@ impl HelperProcess {
         let _ = process::pidfd_kill(self.pidfd.get_ref().as_fd(), libc::SIGKILL);
     }
 
+    /// The helper's pid (in this process's pid namespace), while it lives.
+    pub(crate) fn pid(&self) -> Option<libc::pid_t> {
+        process::pidfd_pid(self.pidfd.get_ref().as_fd()).ok().filter(|p| *p > 0)
+    }
+
     /// Whether the helper has exited (a session's sandbox that died).
     pub(crate) fn exited(&self) -> bool {
         sysfs::polls_ready(self.pidfd.get_ref().as_fd())

@@ -209,7 +209,8 @@
 //!     exec's own argv, environment, working directory, stdin and output budgets; at its
 //!     deadline the exec's process group is killed and the session goes on. Files in the
 //!     home, `/tmp` and `/dev/shm`, and processes left running, persist between execs; two
-//!     sessions see neither each other's files nor processes. [`ProcessSession::pause`] freezes
+//!     sessions see neither each other's files nor processes; [`ProcessSession::processes`] lists
+//!     a session's processes from the host's `/proc`. [`ProcessSession::pause`] freezes
 //!     every process of the session (the cgroup freezer, v1 or v2): it uses no CPU, takes no
 //!     exec, and its execs' deadlines stop until [`ProcessSession::resume`]; without a freezer
 //!     pause is [`RunError::Unsupported`], named. [`ProcessSession::kill`] (or
@@ -291,7 +292,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
-pub use session::{ProcessSession, SessionConfig};
+pub use session::{ProcessSession, SessionConfig, SessionProcess};
 pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
 use stockade_protocol::{Job, LiveIo, Report};
 

@@ -82,6 +82,17 @@ impl PauseClock {
 /// and a busy host; a warm one takes milliseconds).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// One process of a session, as [`ProcessSession::processes`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionProcess {
+    /// Its pid inside the session (what `kill` there takes).
+    pub pid: u32,
+    /// Its pid on the host.
+    pub host_pid: u32,
+    /// Its command line, arguments joined by spaces (lossy UTF-8).
+    pub cmdline: String,
+}
+
 /// What a session is made with: limits for the whole session, an optional workspace, and
 /// the host directory that becomes its home.
 #[derive(Debug, Clone)]
@@ -581,6 +592,34 @@ impl ProcessSession {
             mechanism: "freezer".into(),
             reason: "the session has no freezer cgroup (no cgroup, or no freezer controller for this process)".into(),
         })
+    }
+
+    /// The session's processes (init aside), read from the host's `/proc`: every process in
+    /// the session's pid namespace, with its pid there and on the host, sorted by the former.
+    #[must_use]
+    pub fn processes(&self) -> Vec<SessionProcess> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(helper) = self.helper.as_ref().and_then(launch::HelperProcess::pid) else { return Vec::new() };
+        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
+        let Some(init) = children.split_whitespace().next().map(str::to_owned) else { return Vec::new() };
+        let Ok(ns) = std::fs::metadata(format!("/proc/{init}/ns/pid")).map(|m| m.ino()) else { return Vec::new() };
+        let mut out: Vec<SessionProcess> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .filter(|pid| pid.to_string() != init)
+            .filter(|pid| std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns))
+            .filter_map(|host_pid| {
+                let nspid = stockade_sys::proc::field(&format!("/proc/{host_pid}/status"), "NSpid:").ok()?;
+                let pid = nspid.split_whitespace().last()?.parse().ok()?;
+                let raw = std::fs::read(format!("/proc/{host_pid}/cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&raw).trim_end_matches('\0').replace('\0', " ");
+                Some(SessionProcess { pid, host_pid, cmdline })
+            })
+            .collect();
+        out.sort_by_key(|p| p.pid);
+        out
     }
 
     /// Sends `signal` to an exec's process group (by the id its request had).

@@ -57,6 +57,11 @@ pub enum SessionCall {
         /// The session.
         id: String,
     },
+    /// List a session's processes.
+    Ps {
+        /// The session.
+        id: String,
+    },
     /// Pause a session (every process frozen; no exec until it resumes).
     Pause {
         /// The session.
@@ -107,6 +112,16 @@ pub struct SessionInfo {
     pub paused: bool,
 }
 
+/// One process of a session, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionProcessInfo {
+    /// Its pid inside the session.
+    pub pid: u32,
+    /// Its command line.
+    pub cmd: String,
+}
+
 /// The owner's reply: one frame, except for an exec, whose `stdout` and `stderr` chunks
 /// come as they are written, each its own frame, before the `ran` frame that ends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,6 +141,8 @@ pub enum SessionReply {
     Ran(Box<Report>),
     /// The live sessions.
     Sessions(Vec<SessionInfo>),
+    /// A session's processes.
+    Processes(Vec<SessionProcessInfo>),
     /// Done, nothing to return.
     Done,
     /// A file's bytes.

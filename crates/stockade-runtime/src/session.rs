@@ -121,6 +121,11 @@ impl Session {
         report
     }
 
+    /// Its processes, init aside ([`ProcessSession::processes`]).
+    pub async fn processes(&self) -> Vec<stockade_process::SessionProcess> {
+        self.inner.read().await.as_ref().map(ProcessSession::processes).unwrap_or_default()
+    }
+
     /// Whether it is paused.
     #[must_use]
     pub fn paused(&self) -> bool {

@@ -121,6 +121,10 @@ fn g10_a_session_keeps_files_and_processes_between_execs_with_the_shell_s_habits
         .session(&["exec", &id, "--", "sh", "-c", &format!("(exec sleep {marker} </dev/null >/dev/null 2>&1 &)")], b"");
     assert_eq!(code, 0, "{err}");
     assert_eq!(with_marker(&marker).len(), 1, "the background sleep runs on the host");
+    // `ps` lists it by its pid inside the session, which a later exec's `kill` takes.
+    let (code, out, _) = owner.session(&["ps", &id], b"");
+    assert_eq!(code, 0);
+    assert!(out.lines().any(|l| l.trim_end().ends_with(&format!("sleep {marker}"))), "{out}");
     let (code, out, _) = owner.session(&["exec", &id, "--", "sh", "-c", "cat notes.txt; pwd; id -un"], b"");
     assert_eq!((code, out.as_str()), (0, "kept\n/home/user\nuser\n"));
     // cp in and out, by the guest's paths; nothing outside the home is served.

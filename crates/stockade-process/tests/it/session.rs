@@ -66,6 +66,11 @@ fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() 
         assert_eq!(status_field(pid, "NoNewPrivs"), "1");
         assert_eq!(status_field(pid, "Seccomp"), "2");
         assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+        // Listed from the host: the sleep, with its pid inside the session and on the host.
+        let listed = session.processes();
+        let sleep = listed.iter().find(|p| p.cmdline == "sleep 300").expect("the sleep is listed");
+        assert_eq!(sleep.host_pid, pid);
+        assert!(sleep.pid > 1 && sleep.pid < 100, "{listed:?}");
         let second = sh(&session, "cat /tmp/t note.txt; pgrep -c sleep || ps -e | grep -c sleep").await;
         assert_eq!(second.status, Status::Exited { code: 0 }, "{second:?}");
         assert_eq!(stdout(&second), "kept\nmine\n1\n");
