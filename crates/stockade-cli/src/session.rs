@@ -19,7 +19,7 @@ use stockade_agent::config::{parse_duration, parse_size};
 use stockade_runtime::protocol::session::{
     MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
 };
-use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError};
+use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError, Workspace};
 use stockade_runtime::session::{FilesError, SessionProfile, Sessions};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -356,6 +356,10 @@ fn error(kind: &str, message: impl Into<String>) -> SessionReply {
     SessionReply::Error { kind: kind.into(), message: message.into() }
 }
 
+fn missing(id: &str) -> SessionReply {
+    error("not_found", format!("no session {id} (`stockade session ls` lists them)"))
+}
+
 fn run_error(e: &RunError) -> SessionReply {
     let kind = match e {
         RunError::Misconfigured(_) => "invalid",
@@ -381,9 +385,7 @@ async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> Sess
     let SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } = call else {
         return error("invalid", "not an exec");
     };
-    let Some(session) = sessions.get(&id) else {
-        return error("not_found", format!("no session {id} (`stockade session ls` lists them)"));
-    };
+    let Some(session) = sessions.get(&id) else { return missing(&id) };
     let Some((program, args)) = argv.split_first() else { return error("invalid", "no command") };
     let job = (|| {
         let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
@@ -408,7 +410,6 @@ async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> Sess
 }
 
 async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
-    let missing = |id: &str| error("not_found", format!("no session {id} (`stockade session ls` lists them)"));
     match call {
         SessionCall::Create {
             memory_bytes,
@@ -436,10 +437,8 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
             if let Some((path, writable)) = workspace {
                 let access = if writable { Access::ReadWrite } else { Access::ReadOnly };
                 // Held for the session's life: another holder refuses it rather than waits.
-                let granted = Job::command("true", Vec::<String>::new())
-                    .and_then(|j| j.with_workspace_when_busy(path, access, Busy::Refuse));
-                profile.workspace = match granted {
-                    Ok(j) => j.workspace().cloned(),
+                profile.workspace = match Workspace::new(path, access, Busy::Refuse) {
+                    Ok(w) => Some(w),
                     Err(e) => return error("invalid", e.to_string()),
                 };
             }

@@ -102,20 +102,6 @@ pub(crate) fn apply_landlock(
     hard: bool,
     abi: u8,
 ) -> Result<LandlockOutcome, String> {
-    restrict_landlock(landlock_ruleset(workspace, grants, tty, model_port, hard, abi)?, model_port, hard, abi)
-}
-
-/// The landlock ruleset of [`apply_landlock`], built (its paths opened and its rules added)
-/// but applied to no process yet: a session's init builds it once, and each exec's guest
-/// applies a copy ([`restrict_landlock`]).
-pub(crate) fn landlock_ruleset(
-    workspace: Option<bool>,
-    grants: bool,
-    tty: bool,
-    model_port: Option<u16>,
-    hard: bool,
-    abi: u8,
-) -> Result<landlock::RulesetCreated, String> {
     let abi = ABI::from(i32::from(abi));
     let level = if hard { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
     let mut created = Ruleset::default()
@@ -139,17 +125,6 @@ pub(crate) fn landlock_ruleset(
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|e| format!("landlock rule for tcp connect to port {port}: {e}"))?;
     }
-    Ok(created)
-}
-
-/// Applies a built ruleset ([`landlock_ruleset`]) to the calling process.
-pub(crate) fn restrict_landlock(
-    created: landlock::RulesetCreated,
-    model_port: Option<u16>,
-    hard: bool,
-    abi: u8,
-) -> Result<LandlockOutcome, String> {
-    let abi = ABI::from(i32::from(abi));
     let status = created.restrict_self().map_err(|e| format!("landlock restrict_self: {e}"))?;
     let full = status.ruleset == RulesetStatus::FullyEnforced;
     if hard && !full {

@@ -894,9 +894,7 @@ impl Prepared {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);
         let grants = spec.grants_dir.is_some();
         let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
-        let ruleset = confine::landlock_ruleset(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
-            .map_err(|e| ("landlock", e))?;
-        let landlock = confine::restrict_landlock(ruleset, spec.model_port, spec.hard, spec.landlock_abi)
+        let landlock = confine::apply_landlock(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
             .map_err(|e| ("landlock", e))?;
         let landlock = confine::LandlockOutcome {
             detail: format!("{}; one domain for the whole session, entered by its init", landlock.detail),

@@ -11,17 +11,16 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use stockade_protocol::capture::{CaptureMode, Flow};
+use stockade_protocol::capture::CaptureMode;
 use stockade_protocol::{Enforced, Job, JobKind, LiveIo, Mechanism, Report, Stream};
-use tokio::io::AsyncBufReadExt;
 
 use crate::cgroup::Cgroup;
 use crate::pool::CgroupGuard;
-use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, MAX_SPEC, Msg, SessionRequest, Spec};
+use crate::spec::{MAX_SPEC, Msg, SessionRequest, Spec};
 use crate::supervisor::{End, Ended};
 use crate::{ProcessTier, RunError, launch};
 
@@ -168,7 +167,8 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
     if let Some(home) = &config.home {
-        check_home(home, view.workspace.as_ref().map(|(ws, _)| ws.as_path()))?;
+        let workspace = view.workspace.as_ref().map(|(ws, _)| ws.as_path());
+        crate::supervisor::check_own_tree("session home", home, workspace, false)?;
     }
     let processes = u64::from(limits.processes());
     let mut cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
@@ -192,9 +192,12 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     let launch::Launched { process: mut helper, status, .. } = launched;
     // The setup's lines up to `Ready` (or the failure that ends them), then the rest of the
     // pipe (the helper's `Ended`) is read in the background.
-    let mut lines =
-        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(status, (MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
-    let setup = tokio::time::timeout(SETUP_TIMEOUT, read_setup(&mut lines)).await;
+    let mut lines = crate::supervisor::status_reader(status);
+    let setup = tokio::time::timeout(
+        SETUP_TIMEOUT,
+        crate::supervisor::read_lines(&mut lines, |m| matches!(m, Msg::Ready | Msg::Error { .. })),
+    )
+    .await;
     let msgs = match setup {
         Ok(m) => m,
         Err(_) => {
@@ -240,7 +243,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         helper.wait().await;
         return Err(RunError::Internal("the session's sandbox ended before it was ready".into()));
     }
-    let status = tokio::spawn(async move { read_rest(lines).await });
+    let status = tokio::spawn(async move { crate::supervisor::read_lines(&mut lines, |_| false).await });
     // The sweep record's heartbeat, for the session's whole life (see
     // `stockade_hostfs::finish_killed_sweeps`).
     let heartbeat = sweep.0.as_ref().and_then(stockade_hostfs::Guarded::heartbeat_file).map(|file| {
@@ -267,66 +270,6 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         next: AtomicU64::new(1),
         clock: std::sync::Mutex::new(PauseClock::default()),
     })
-}
-
-/// The session's home must be an absolute directory, apart from the workspace.
-fn check_home(home: &Path, workspace: Option<&Path>) -> Result<(), RunError> {
-    let meta = std::fs::symlink_metadata(home)
-        .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
-    if !meta.is_dir() || !home.is_absolute() {
-        return Err(RunError::Misconfigured(format!(
-            "session home {} is not an absolute directory (a symlink is refused)",
-            home.display()
-        )));
-    }
-    if workspace.is_some_and(|ws| ws.starts_with(home) || home.starts_with(ws)) {
-        return Err(RunError::Misconfigured(format!(
-            "session home {} and the workspace must be separate trees",
-            home.display()
-        )));
-    }
-    Ok(())
-}
-
-type StatusReader = tokio::io::BufReader<tokio::io::Take<tokio::net::unix::pipe::Receiver>>;
-
-/// Reads report lines up to init's `Ready`, or to the end of the pipe (a failed setup).
-async fn read_setup(lines: &mut StatusReader) -> Vec<Msg> {
-    let mut out = Vec::new();
-    let mut line = Vec::new();
-    while out.len() < MAX_REPORT_LINES {
-        line.clear();
-        match lines.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) if line.len() > MAX_REPORT_LINE => break,
-            Ok(_) => {
-                if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
-                    let ready = matches!(msg, Msg::Ready);
-                    let failed = matches!(msg, Msg::Error { .. });
-                    out.push(msg);
-                    if ready || failed {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-async fn read_rest(mut lines: StatusReader) -> Vec<Msg> {
-    let mut out = Vec::new();
-    let mut line = Vec::new();
-    while let Ok(n) = lines.read_until(b'\n', &mut line).await {
-        if n == 0 || out.len() >= MAX_REPORT_LINES {
-            break;
-        }
-        if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
-            out.push(msg);
-        }
-        line.clear();
-    }
-    out
 }
 
 impl ProcessSession {
@@ -451,14 +394,12 @@ impl ProcessSession {
                     break End::Deadline;
                 }
                 r = &mut out_task, if out_done.is_none() => {
-                    let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
-                    let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                    let (r, over) = crate::supervisor::captured(r)?;
                     out_done = Some(r);
                     if over { break End::Output(Stream::Stdout); }
                 }
                 r = &mut err_task, if err_done.is_none() => {
-                    let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
-                    let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                    let (r, over) = crate::supervisor::captured(r)?;
                     err_done = Some(r);
                     if over { break End::Output(Stream::Stderr); }
                 }
@@ -502,11 +443,6 @@ impl ProcessSession {
             stockade_protocol::Captured::default()
         } else {
             crate::supervisor::finish(err_done, &mut err_task).await
-        };
-        let end = match end {
-            End::Exited if stdout.truncated => End::Output(Stream::Stdout),
-            End::Exited if stderr.truncated => End::Output(Stream::Stderr),
-            other => other,
         };
         let oom = match (oom_before, self.cgroup.get()) {
             (Some(before), Some(cg)) => cg.oom_kills() > before,

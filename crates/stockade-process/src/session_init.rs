@@ -49,7 +49,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
         let ready = sysfs::poll_all(&fds, REAP_EVERY_MS);
         reap(&mut running);
         if ready.first().is_some_and(|e| e & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0) {
-            match sysfs_recv(&sock, &mut buf) {
+            match receive(&sock, &mut buf) {
                 Some((len, passed)) => handle(spec, &pre, &buf[..len], passed, &mut running),
                 None => return 0,
             }
@@ -58,7 +58,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
 }
 
 /// One message from the socket, or `None` at its end (or on an error reading it).
-fn sysfs_recv(sock: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
+fn receive(sock: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
     let got = crate::fdpass::recv(sock.as_fd(), buf).ok()?;
     if got.len == 0 && got.fds.is_empty() {
         return None;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use stockade_protocol::capture::{CaptureMode, Flow};
 use stockade_protocol::{Captured, Enforced, Job, JobKind, Mechanism, Report, Status, Stream};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::cgroup::Cgroup;
 use crate::spec::{MAX_REPORT_LINE, MAX_REPORT_LINES, Msg, PooledJob, Spec, SpecLimits};
@@ -83,7 +83,7 @@ pub(crate) async fn run(
         g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
     if let Some(dir) = grants_dir {
-        check_grants_dir(dir, view.workspace.as_ref().map(|(ws, _)| ws.as_path()))?;
+        check_own_tree("grants directory", dir, view.workspace.as_ref().map(|(ws, _)| ws.as_path()), true)?;
     }
     let processes = u64::from(limits.processes());
     let env: Vec<(String, String)> = job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect();
@@ -182,14 +182,12 @@ pub(crate) async fn run(
             () = &mut refill_at, if refill.pending() => refill.now(),
             _ = heartbeat.tick(), if recorded => sweep.heartbeat(),
             r = &mut out_task, if out_done.is_none() => {
-                let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
-                let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                let (r, over) = captured(r)?;
                 out_done = Some(r);
                 if over { break End::Output(Stream::Stdout); }
             }
             r = &mut err_task, if err_done.is_none() => {
-                let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
-                let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+                let (r, over) = captured(r)?;
                 err_done = Some(r);
                 if over { break End::Output(Stream::Stderr); }
             }
@@ -208,17 +206,6 @@ pub(crate) async fn run(
     refill.now();
     let stdout = finish(out_done, &mut out_task).await;
     let stderr = finish(err_done, &mut err_task).await;
-    // A capture drops its pipe the moment its budget is crossed, and the guest may die of
-    // that (SIGPIPE) before the loop above saw the capture end (both ready in one wake-up,
-    // and `select!` picks either): the budget ended the run all the same. A fail-fast
-    // capture is truncated only when its budget was crossed. (The soak caught 3 of 1,025
-    // floods reported as `Signaled(13)`; a guest that exits 0 right after crossing was
-    // reported as `Exited(0)` with its output cut.)
-    let end = match end {
-        End::Exited if stdout.truncated => End::Output(Stream::Stdout),
-        End::Exited if stderr.truncated => End::Output(Stream::Stderr),
-        other => other,
-    };
     let msgs = match msgs {
         Some(m) => m,
         None => status_task.await.unwrap_or_default(),
@@ -320,6 +307,17 @@ pub(crate) fn assemble(
     best_effort: bool,
 ) -> Result<Report, RunError> {
     let Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept } = ended;
+    // A capture drops its pipe the moment its budget is crossed, and the guest may die of
+    // that (SIGPIPE) before the run's loop saw the capture end (both ready in one wake-up,
+    // and `select!` picks either): the budget ended the run all the same. A fail-fast
+    // capture is truncated only when its budget was crossed. (The soak caught 3 of 1,025
+    // floods reported as `Signaled(13)`; a guest that exits 0 right after crossing was
+    // reported as `Exited(0)` with its output cut.)
+    let end = match end {
+        End::Exited if stdout.truncated => End::Output(Stream::Stdout),
+        End::Exited if stderr.truncated => End::Output(Stream::Stderr),
+        other => other,
+    };
     let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
     report = report.with_enforced(Enforced::new(
         Mechanism::Deadline,
@@ -383,20 +381,24 @@ pub(crate) fn assemble(
     Ok(report)
 }
 
-/// A grants directory must be an absolute directory, in a tree of its own apart from the
-/// workspace.
-fn check_grants_dir(dir: &std::path::Path, workspace: Option<&std::path::Path>) -> Result<(), RunError> {
-    let meta = std::fs::metadata(dir)
-        .map_err(|e| RunError::Misconfigured(format!("grants directory {}: {e}", dir.display())))?;
+/// A directory bound into the view beside the workspace (a grants directory, a session's
+/// home; `what` names it) must be an absolute directory, in a tree of its own apart from the
+/// workspace. Without `follow`, a symlink is refused rather than followed.
+pub(crate) fn check_own_tree(
+    what: &str,
+    dir: &std::path::Path,
+    workspace: Option<&std::path::Path>,
+    follow: bool,
+) -> Result<(), RunError> {
+    let meta = if follow { std::fs::metadata(dir) } else { std::fs::symlink_metadata(dir) }
+        .map_err(|e| RunError::Misconfigured(format!("{what} {}: {e}", dir.display())))?;
     if !meta.is_dir() || !dir.is_absolute() {
-        return Err(RunError::Misconfigured(format!(
-            "grants directory {} is not an absolute directory",
-            dir.display()
-        )));
+        let link = if follow { "" } else { " (a symlink is refused)" };
+        return Err(RunError::Misconfigured(format!("{what} {} is not an absolute directory{link}", dir.display())));
     }
     if workspace.is_some_and(|ws| ws.starts_with(dir) || dir.starts_with(ws)) {
         return Err(RunError::Misconfigured(format!(
-            "grants directory {} and the workspace must be separate trees",
+            "{what} {} and the workspace must be separate trees",
             dir.display()
         )));
     }
@@ -480,6 +482,15 @@ pub(crate) async fn finish(
     }
 }
 
+/// A capture task's end: the capture, and whether its budget was crossed.
+pub(crate) fn captured(
+    r: Result<Result<stockade_protocol::CaptureEnd, stockade_protocol::CaptureError>, tokio::task::JoinError>,
+) -> Result<(Result<stockade_protocol::CaptureEnd, stockade_protocol::CaptureError>, bool), RunError> {
+    let r = r.map_err(|e| RunError::Internal(e.to_string()))?;
+    let over = matches!(&r, Ok(end) if end.flow == Flow::OverBudget);
+    Ok((r, over))
+}
+
 /// Where output is read from: a pipe, or the terminal's master side.
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
@@ -491,30 +502,30 @@ fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::
     Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }
 
-/// Reads the helper's report lines, bounded in count and length. A [`Msg::Listening`] hands
-/// the helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once.
-pub(crate) async fn read_messages(
-    pipe: tokio::net::unix::pipe::Receiver,
-    mut take: Option<(std::os::fd::OwnedFd, Loopback)>,
-) -> Vec<Msg> {
-    use tokio::io::AsyncBufReadExt;
+/// The helper's status pipe, bounded as a whole: at most [`MAX_REPORT_LINES`] lines'
+/// worth of [`MAX_REPORT_LINE`] bytes.
+pub(crate) type StatusReader = tokio::io::BufReader<tokio::io::Take<tokio::net::unix::pipe::Receiver>>;
+
+pub(crate) fn status_reader(pipe: tokio::net::unix::pipe::Receiver) -> StatusReader {
+    tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(pipe, (MAX_REPORT_LINE * MAX_REPORT_LINES) as u64))
+}
+
+/// Reads report lines, each at most [`MAX_REPORT_LINE`] bytes and at most
+/// [`MAX_REPORT_LINES`] of them, until the end of the pipe or a line that `stop` says ends
+/// the reading (it sees every line as it comes).
+pub(crate) async fn read_lines(reader: &mut StatusReader, mut stop: impl FnMut(&Msg) -> bool) -> Vec<Msg> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let mut out = Vec::new();
-    let mut reader = tokio::io::BufReader::new(pipe.take((MAX_REPORT_LINE * MAX_REPORT_LINES) as u64));
     let mut line = Vec::new();
     while out.len() < MAX_REPORT_LINES {
         line.clear();
-        match (&mut reader).take(MAX_REPORT_LINE as u64).read_until(b'\n', &mut line).await {
+        match (&mut *reader).take(MAX_REPORT_LINE as u64).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 if let Ok(msg) = serde_json::from_slice::<Msg>(&line) {
-                    if let Msg::Listening { fd } = msg
-                        && let Some((pidfd, loopback)) = take.take()
-                    {
-                        hand_over(&pidfd, fd, loopback);
-                    }
-                    let ended = matches!(msg, Msg::Ended);
+                    let end = stop(&msg);
                     out.push(msg);
-                    if ended {
+                    if end {
                         break;
                     }
                 }
@@ -522,6 +533,23 @@ pub(crate) async fn read_messages(
         }
     }
     out
+}
+
+/// Reads a run's report lines up to the helper's `Ended`. A [`Msg::Listening`] hands the
+/// helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once.
+pub(crate) async fn read_messages(
+    pipe: tokio::net::unix::pipe::Receiver,
+    mut take: Option<(std::os::fd::OwnedFd, Loopback)>,
+) -> Vec<Msg> {
+    read_lines(&mut status_reader(pipe), |msg| {
+        if let Msg::Listening { fd } = msg
+            && let Some((pidfd, loopback)) = take.take()
+        {
+            hand_over(&pidfd, *fd, loopback);
+        }
+        matches!(msg, Msg::Ended)
+    })
+    .await
 }
 
 /// Takes the helper's listening socket `fd` and gives it to `loopback`. A helper that is

@@ -186,6 +186,19 @@ pub struct Workspace {
 }
 
 impl Workspace {
+    /// A grant of the host directory `path` (absolute) with `access`, and what a run does if
+    /// another run holds it: what [`Job::with_workspace_when_busy`] grants, for a holder
+    /// that is not one job (a session).
+    pub fn new(path: impl Into<PathBuf>, access: Access, busy: Busy) -> Result<Self, JobError> {
+        let path = path.into();
+        if !path.is_absolute() {
+            return Err(JobError::RelativeWorkspace { path });
+        }
+        let text = path.to_str().ok_or(JobError::NotUtf8 { field: "workspace" })?;
+        check_str("workspace", text, false)?;
+        Ok(Self { path, access, busy })
+    }
+
     /// The host path of the workspace. A tier opens it; this crate never touches it.
     #[must_use]
     pub fn path(&self) -> &std::path::Path {
@@ -443,13 +456,7 @@ impl Job {
         access: Access,
         busy: Busy,
     ) -> Result<Self, JobError> {
-        let path = path.into();
-        if !path.is_absolute() {
-            return Err(JobError::RelativeWorkspace { path });
-        }
-        let text = path.to_str().ok_or(JobError::NotUtf8 { field: "workspace" })?;
-        check_str("workspace", text, false)?;
-        self.workspace = Some(Workspace { path, access, busy });
+        self.workspace = Some(Workspace::new(path, access, busy)?);
         Ok(self)
     }
 

@@ -725,7 +725,7 @@ async fn session_worker(
     let record = |kind: &'static str, ok: bool, latency: Duration, status: String| {
         records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record { kind, ok, latency, status });
     };
-    let grant = Job::command("/bin/true", Vec::<String>::new())?.with_workspace(ws, Access::ReadWrite)?;
+    let workspace = stockade_protocol::Workspace::new(ws, Access::ReadWrite, stockade_protocol::Busy::Wait)?;
     loop {
         let first = next.fetch_add(EXECS_PER_SESSION, Ordering::Relaxed);
         if first >= runs {
@@ -739,7 +739,7 @@ async fn session_worker(
         let t = Instant::now();
         let config = stockade_process::SessionConfig {
             limits: Limits::new(),
-            workspace: grant.workspace().cloned(),
+            workspace: Some(workspace.clone()),
             home: Some(home.clone()),
         };
         let session = match tier.session(config).await {

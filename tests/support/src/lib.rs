@@ -357,6 +357,16 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Waits until `f` holds, checking every 20 ms, and fails the test naming `what` if it does
+/// not within `within`.
+pub fn eventually(within: std::time::Duration, what: &str, f: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Host pids (the host's view of `/proc`, never a guest's word) whose command line, its
 /// arguments NUL-separated as the kernel stores them, satisfies `matches`; this process is
 /// never among them.

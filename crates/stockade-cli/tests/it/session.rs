@@ -6,7 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use stockade_test_support::eventually;
+
 use crate::cli::shared;
+
+/// How long what the owner does on its own may take to show on the host.
+const WITHIN: Duration = Duration::from_secs(10);
 
 struct Owner {
     child: Child,
@@ -29,11 +34,7 @@ impl Owner {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        while !socket.exists() {
-            assert!(start.elapsed() < Duration::from_secs(20), "serve did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually(Duration::from_secs(20), "serve did not listen", || socket.exists());
         Self { child, state, socket }
     }
 
@@ -90,14 +91,6 @@ impl Drop for Owner {
 /// Host pids whose command line (arguments NUL-separated) holds `marker`.
 fn with_marker(marker: &str) -> Vec<u32> {
     stockade_test_support::host_pids(|cmd| String::from_utf8_lossy(cmd).contains(marker))
-}
-
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -157,7 +150,7 @@ fn g10_a_session_keeps_files_and_processes_between_execs_with_the_shell_s_habits
     let home = owner.home(&id);
     let (code, _, err) = owner.session(&["kill", &id], b"");
     assert_eq!(code, 0, "{err}");
-    eventually("the session's processes are gone", || with_marker(&marker).is_empty());
+    eventually(WITHIN, "the session's processes are gone", || with_marker(&marker).is_empty());
     assert!(!home.exists(), "the session's home is removed");
     let (code, _, err) = owner.session(&["exec", &id, "--", "true"], b"");
     assert_eq!(code, 125);
@@ -191,7 +184,7 @@ fn g10_a_sigkilled_owner_leaves_no_running_session_and_gc_removes_its_homes() {
     let home = owner.home(&id);
     owner.child.kill().unwrap();
     owner.child.wait().unwrap();
-    eventually("the SIGKILLed owner's sessions die with it", || with_marker(&marker).is_empty());
+    eventually(WITHIN, "the SIGKILLed owner's sessions die with it", || with_marker(&marker).is_empty());
     assert!(home.exists(), "its home stays until gc");
     let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .arg("gc")
@@ -254,7 +247,7 @@ fn g10_an_idle_session_ends_by_itself() {
     let home = owner.home(&id);
     assert!(home.exists());
     // Nobody calls; the owner's reaper ends it: not listed, its home gone.
-    eventually("the idle session ended", || !home.exists());
+    eventually(WITHIN, "the idle session ended", || !home.exists());
     let (_, out, _) = owner.session(&["ls"], b"");
     assert!(!out.contains(&id), "{out}");
 }

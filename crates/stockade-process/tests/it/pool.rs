@@ -2,12 +2,17 @@
 //! run's report, the host's `/proc` for processes and mounts, and the cgroup filesystem.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stockade_process::{ProcessTier, RunError, stale_cgroups};
 use stockade_protocol::{Access, Limits, Mechanism, Report, Status};
 
+use stockade_test_support::eventually;
+
 use crate::support::*;
+
+/// How long a pool's background work may take to show on the host.
+const WITHIN: Duration = Duration::from_secs(5);
 
 fn pooled(n: usize) -> ProcessTier {
     tier().pool(n)
@@ -61,15 +66,6 @@ fn mounts() -> std::collections::BTreeMap<String, usize> {
             *m.entry(k).or_insert(0) += 1;
             m
         })
-}
-
-/// Waits up to 5 s for `f` to hold.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < Duration::from_secs(5), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -176,8 +172,8 @@ fn g15_a_pooled_run_returns_when_no_process_of_it_is_left_and_the_rest_follows()
     assert_eq!((r.status.clone(), stdout(&r)), (Status::Exited { code: 0 }, "started\n".to_owned()), "{r:#?}");
     drop(tier);
     // The helper's exit and the cgroup's removal, which followed the report, are done too.
-    eventually("the run's helper is reaped, and the sandboxes' processes", || descendants() == procs);
-    eventually("and the cgroups removed", || own_cgroups() == cgroups);
+    eventually(WITHIN, "the run's helper is reaped, and the sandboxes' processes", || descendants() == procs);
+    eventually(WITHIN, "and the cgroups removed", || own_cgroups() == cgroups);
 }
 
 #[test]
@@ -189,15 +185,15 @@ fn g15_a_dropped_pool_leaves_no_process_cgroup_or_mount() {
     let (procs, cgroups, mounts_before) = (descendants(), own_cgroups(), mounts());
     let tier = pooled(3);
     assert_eq!(tier.prebuild(None).unwrap(), 3);
-    eventually("three sandboxes of three processes each are built", || descendants().len() >= procs.len() + 9);
+    eventually(WITHIN, "three sandboxes of three processes each are built", || descendants().len() >= procs.len() + 9);
     assert!(own_cgroups().len() >= cgroups.len() + 3, "each waits in a cgroup of its own");
     let r = block_on(tier.run(&sh("echo ran"))).unwrap();
     assert_eq!(stdout(&r), "ran\n");
     drop(tier);
     // The run's replacement may still be building on the pool's thread, which holds the pool
     // until that build is done and then drops it there: the end comes moments later.
-    eventually("every sandbox's processes are killed and reaped", || descendants() == procs);
-    eventually("and their cgroups removed", || own_cgroups() == cgroups);
+    eventually(WITHIN, "every sandbox's processes are killed and reaped", || descendants() == procs);
+    eventually(WITHIN, "and their cgroups removed", || own_cgroups() == cgroups);
     let after = mounts();
     let differs = |a: &std::collections::BTreeMap<String, usize>, b: &std::collections::BTreeMap<String, usize>| {
         a.iter().filter(|(k, n)| b.get(*k) != Some(n)).map(|(k, n)| format!("{k} x{n}")).collect::<Vec<_>>()
@@ -232,7 +228,7 @@ fn g15_a_sigkilled_owner_leaves_nothing_that_the_next_run_does_not_remove() {
     let owner = child.id();
     let owned = || stockade_test_support::descendants(owner);
     // The fork server, and four sandboxes of three processes.
-    eventually("the pool refills", || owned().len() >= 13);
+    eventually(WITHIN, "the pool refills", || owned().len() >= 13);
     let pids = owned();
     let stale_before = stale_cgroups(None).len();
     child.kill().unwrap();
@@ -241,7 +237,7 @@ fn g15_a_sigkilled_owner_leaves_nothing_that_the_next_run_does_not_remove() {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
     };
-    eventually("every process of the pool dies with its owner", || !pids.iter().any(alive));
+    eventually(WITHIN, "every process of the pool dies with its owner", || !pids.iter().any(alive));
     let stale = stale_cgroups(None);
     assert!(stale.len() >= stale_before + 4, "the four waiting sandboxes' cgroups are stale: {stale:?}");
     // The next run of any supervisor removes them.
@@ -265,7 +261,7 @@ fn g15_a_waiting_sandbox_serves_a_workspace_only_as_the_run_finds_it() {
     let ready = |access| tier.pool_ready_for(&dir, access).unwrap();
     let r = block_on(tier.run(&ro())).unwrap();
     assert_eq!(stdout(&r), "first\n", "{r:#?}");
-    eventually("a sandbox for the workspace waits", || ready(Access::ReadOnly) == 1);
+    eventually(WITHIN, "a sandbox for the workspace waits", || ready(Access::ReadOnly) == 1);
     // The directory is replaced at the same path after its sandbox was built: the waiting
     // sandbox holds the old one, and must not serve.
     std::fs::rename(&dir, dir.with_extension("old")).unwrap();
@@ -277,7 +273,7 @@ fn g15_a_waiting_sandbox_serves_a_workspace_only_as_the_run_finds_it() {
     let rw = |script: &str| sh(script).with_workspace(&dir, Access::ReadWrite).unwrap();
     let r = block_on(tier.run(&rw("true"))).unwrap();
     assert_eq!(r.status, Status::Exited { code: 0 }, "{r:#?}");
-    eventually("a read-write sandbox waits", || ready(Access::ReadWrite) == 1);
+    eventually(WITHIN, "a read-write sandbox waits", || ready(Access::ReadWrite) == 1);
     std::fs::create_dir(dir.join(".git")).unwrap();
     std::fs::write(dir.join(".git/config"), "[core]\n").unwrap();
     let r = block_on(tier.run(&rw("echo '[alias] x = !evil' >> .git/config; echo done"))).unwrap();

@@ -78,11 +78,9 @@ fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() 
         // the session's execs), as on one machine; judged from the host.
         let third = sh(&session, "kill $(pgrep -x sleep) && echo killed").await;
         assert_eq!(stdout(&third), "killed\n", "{third:?}");
-        let start = std::time::Instant::now();
-        while !named("sleep").is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5), "the signalled sleep is gone");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        stockade_test_support::eventually(Duration::from_secs(5), "the signalled sleep is gone", || {
+            named("sleep").is_empty()
+        });
         let _ = session.kill().await;
         // Nothing of the session is left: no process, whatever it started.
         assert!(named("sleep").is_empty(), "the background sleep died with the session");
