@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use stockade_agent::config::{parse_duration, parse_size};
 use stockade_runtime::protocol::session::{
-    MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
+    ExecInfo, MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
 };
 use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError, Workspace};
 use stockade_runtime::session::{FilesError, SessionProfile, Sessions};
@@ -75,14 +75,82 @@ pub(crate) enum SessionCommand {
         /// KEY=VALUE for this exec's environment (repeatable).
         #[arg(long, short = 'e')]
         env: Vec<String>,
-        /// Wall-clock deadline, and the CPU time the exec may use (e.g. 30s, 1h).
-        #[arg(long, default_value = "10m", value_parser = parse_duration)]
-        timeout: Duration,
+        /// Wall-clock deadline, and the CPU time the exec may use (e.g. 30s, 1h; default 10m,
+        /// or 24h with --detach: the session's own lifetime ends it first).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        /// Run it in the background and print its pid (`session attach`, `input`, `signal`
+        /// and `jobs` take it), as `docker exec -d`.
+        #[arg(long, short = 'd')]
+        detach: bool,
+        /// With --detach: keep its stdin open for `session input` (else it reads /dev/null).
+        #[arg(long, short = 'i', requires = "detach")]
+        interactive: bool,
+        /// With --detach: give it a pseudo-terminal (ROWSxCOLS, default this terminal's size
+        /// or 24x80); `session resize` changes it.
+        #[arg(long, short = 't', requires = "detach", num_args = 0..=1, default_missing_value = "")]
+        tty: Option<String>,
         #[command(flatten)]
         socket: SocketArg,
         /// The command.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
+    },
+    /// Stream a background exec's output as it comes (`--replay`: what it wrote before, its
+    /// latest 1 MiB, first), then pass its exit status through. Ctrl-C leaves it running.
+    Attach {
+        /// The session.
+        id: String,
+        /// The exec's pid (`session exec -d` printed it).
+        pid: u32,
+        /// Show its earlier output first.
+        #[arg(long)]
+        replay: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Copy this command's stdin to a background exec's stdin (started with -i or -t), then
+    /// close it (unless --keep-open).
+    Input {
+        /// The session.
+        id: String,
+        /// The exec's pid.
+        pid: u32,
+        /// Leave its stdin open at the end of ours.
+        #[arg(long)]
+        keep_open: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Send a signal (default TERM) to a background exec's process group.
+    Signal {
+        /// The session.
+        id: String,
+        /// The exec's pid.
+        pid: u32,
+        /// The signal: a name (TERM, SIGKILL, INT, HUP, ...) or a number.
+        #[arg(default_value = "TERM")]
+        signal: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Set a background exec's terminal size.
+    Resize {
+        /// The session.
+        id: String,
+        /// The exec's pid.
+        pid: u32,
+        /// ROWSxCOLS, e.g. 40x120.
+        size: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// List a session's background execs (running and ended) with their pids.
+    Jobs {
+        /// The session.
+        id: String,
+        #[command(flatten)]
+        socket: SocketArg,
     },
     /// List the live sessions.
     Ls {
@@ -289,6 +357,7 @@ async fn connection(mut conn: UnixStream, sessions: &Sessions) -> Result<()> {
         stockade_runtime::protocol::JsonLimits::new(frame.len(), 16),
     ) {
         Ok(call @ SessionCall::Exec { .. }) => exec_streamed(call, sessions, &mut conn).await,
+        Ok(SessionCall::Attach { id, pid, replay }) => attach(&id, pid, replay, sessions, &mut conn).await,
         Ok(call) => handle(call, sessions).await,
         Err(e) => error("invalid", format!("malformed call: {e}")),
     };
@@ -347,6 +416,64 @@ async fn exec_streamed(call: SessionCall, sessions: &Sessions, conn: &mut UnixSt
     reply
 }
 
+/// A background exec's output, as frames for the client (what it wrote before first, if
+/// `replay`), then its end; returns the last reply for the caller to send. A client that
+/// hangs up ends the attach, not the exec.
+async fn attach(id: &str, pid: u32, replay: bool, sessions: &Sessions, conn: &mut UnixStream) -> SessionReply {
+    use stockade_runtime::session::Chunk;
+    use tokio::io::AsyncReadExt;
+    let Some(session) = sessions.get(id) else { return missing(id) };
+    let exec = match session.find(pid) {
+        Ok(b) => b,
+        Err(e) => return error("not_found", e.to_string()),
+    };
+    let (history, mut live) = exec.attach();
+    let (mut rd, mut wr) = conn.split();
+    let frame = |c: Chunk| match c {
+        Chunk::Stdout(b) => SessionReply::Stdout(b),
+        Chunk::Stderr(b) => SessionReply::Stderr(b),
+    };
+    let mut out: Vec<SessionReply> = if replay { history.into_iter().map(frame).collect() } else { Vec::new() };
+    let end = exec.wait();
+    tokio::pin!(end);
+    let mut probe = [0u8; 1];
+    loop {
+        for reply in out.drain(..) {
+            let Ok(bytes) = serde_json::to_vec(&reply) else { continue };
+            if SESSION_CODEC.write_frame_async(&mut wr, &bytes).await.is_err() {
+                return SessionReply::Done;
+            }
+        }
+        tokio::select! {
+            result = &mut end => {
+                // Its output was all pushed before its end was: what is queued is the rest.
+                while let Ok(c) = live.try_recv() {
+                    out.push(frame(c));
+                }
+                for reply in out.drain(..) {
+                    let Ok(bytes) = serde_json::to_vec(&reply) else { continue };
+                    if SESSION_CODEC.write_frame_async(&mut wr, &bytes).await.is_err() {
+                        return SessionReply::Done;
+                    }
+                }
+                return match result {
+                    Ok(report) => SessionReply::Ran(Box::new(report)),
+                    Err(e) => run_error(&e),
+                };
+            }
+            c = live.recv() => match c {
+                Ok(c) => out.push(frame(c)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    return error("busy", format!("the attach fell {n} chunks behind the exec's output and lost them"));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+            },
+            // The client sends nothing after its call: a read that ends means it hung up.
+            _ = rd.read(&mut probe) => return SessionReply::Done,
+        }
+    }
+}
+
 fn my_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
@@ -380,26 +507,29 @@ fn files_error(e: &FilesError) -> SessionReply {
     error(kind, e.to_string())
 }
 
+/// An exec's job: `argv` with the session's `PATH` and `HOME`, then `env`, its stdin bytes,
+/// and its deadline (wall clock and CPU alike).
+fn exec_job(argv: &[String], env: Vec<(String, String)>, stdin: Vec<u8>, timeout_ms: Option<u64>) -> Result<Job> {
+    let (program, args) = argv.split_first().ok_or_else(|| anyhow!("no command"))?;
+    let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
+    job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
+    for (k, v) in env {
+        job = job.with_env(k, v)?;
+    }
+    if let Some(ms) = timeout_ms {
+        let d = Duration::from_millis(ms);
+        job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
+    }
+    Ok(job)
+}
+
 /// One exec, with `io` as its live stdio.
 async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> SessionReply {
     let SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } = call else {
         return error("invalid", "not an exec");
     };
     let Some(session) = sessions.get(&id) else { return missing(&id) };
-    let Some((program, args)) = argv.split_first() else { return error("invalid", "no command") };
-    let job = (|| {
-        let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
-        job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
-        for (k, v) in env {
-            job = job.with_env(k, v)?;
-        }
-        if let Some(ms) = timeout_ms {
-            let d = Duration::from_millis(ms);
-            job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
-        }
-        Ok::<_, anyhow::Error>(job)
-    })();
-    let job = match job {
+    let job = match exec_job(&argv, env, stdin, timeout_ms) {
         Ok(j) => j,
         Err(e) => return error("invalid", e.to_string()),
     };
@@ -470,6 +600,66 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
                 })
                 .collect(),
         ),
+        SessionCall::Start { id, argv, env, cwd, timeout_ms, pty, stdin, tag } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            let job = match exec_job(&argv, env, Vec::new(), timeout_ms) {
+                Ok(j) => j,
+                Err(e) => return error("invalid", e.to_string()),
+            };
+            let opts = stockade_runtime::session::StartOptions { pty, stdin, tag };
+            match session.start(job, cwd, opts).await {
+                Ok(b) => SessionReply::Started { pid: b.pid() },
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Input { id, pid, data, close } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            let mut r = Ok(());
+            if !data.is_empty() {
+                r = session.send_stdin(pid, &data).await;
+            }
+            if close && r.is_ok() {
+                r = session.close_stdin(pid).await;
+            }
+            match r {
+                Ok(()) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Signal { id, pid, signal } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            if !(1..=64).contains(&signal) {
+                return error("invalid", format!("signal {signal}: not a signal number (1-64)"));
+            }
+            match session.signal(pid, signal).await {
+                Ok(()) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Resize { id, pid, rows, cols } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            match session.resize(pid, rows, cols) {
+                Ok(()) => SessionReply::Done,
+                Err(e) => run_error(&e),
+            }
+        }
+        SessionCall::Jobs { id } => {
+            let Some(session) = sessions.get(&id) else { return missing(&id) };
+            SessionReply::Execs(
+                session
+                    .background()
+                    .iter()
+                    .map(|b| ExecInfo {
+                        pid: b.pid(),
+                        argv: b.argv().to_vec(),
+                        tag: b.tag().map(str::to_owned),
+                        cwd: b.cwd().map(str::to_owned),
+                        pty: b.has_pty(),
+                        running: b.running(),
+                    })
+                    .collect(),
+            )
+        }
         SessionCall::Ps { id } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
             SessionReply::Processes(
@@ -570,6 +760,77 @@ fn expect_ok(reply: SessionReply) -> Result<SessionReply> {
     }
 }
 
+/// An exec's exit status passed through, as `stockade run` passes a run's: its own code, or
+/// 128+N for signal N, or stockade's code (and one line) for a deadline or a budget.
+fn exit_status(report: stockade_runtime::protocol::Report) -> Result<ExitCode> {
+    let budget = stockade_runtime::verify::Budget::new(stockade_runtime::protocol::limits::MAX_DURATION, u64::MAX);
+    let contract =
+        stockade_runtime::verify::Contract::bytes(budget, stockade_runtime::verify::accept_any).expect_exit(0);
+    match stockade_runtime::verify::verify(report, &contract).into_result() {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(refusal) => {
+            if !matches!(refusal, stockade_runtime::verify::Refusal::NonZeroExit { .. }) {
+                writeln!(std::io::stderr(), "stockade: {}", refusal.message())?;
+            }
+            Ok(ExitCode::from(refusal.exit_code()))
+        }
+    }
+}
+
+fn parse_env(env: &[String]) -> Result<Vec<(String, String)>> {
+    env.iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| anyhow!("--env {kv}: not KEY=VALUE"))
+        })
+        .collect()
+}
+
+/// `ROWSxCOLS`, each 1..=u16::MAX.
+fn parse_size_rc(s: &str) -> Result<(u16, u16)> {
+    let bad = || anyhow!("terminal size {s:?}: not ROWSxCOLS (e.g. 24x80)");
+    let (r, c) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (r, c): (u16, u16) = (r.parse().map_err(|_| bad())?, c.parse().map_err(|_| bad())?);
+    if r == 0 || c == 0 {
+        return Err(bad());
+    }
+    Ok((r, c))
+}
+
+/// A signal by name (`TERM`, `SIGTERM`, any case) or number (1-64), as `kill(1)` takes it.
+fn parse_signal(s: &str) -> Result<i32> {
+    const NAMES: [(&str, i32); 16] = [
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("ILL", 4),
+        ("TRAP", 5),
+        ("ABRT", 6),
+        ("BUS", 7),
+        ("FPE", 8),
+        ("KILL", 9),
+        ("USR1", 10),
+        ("SEGV", 11),
+        ("USR2", 12),
+        ("PIPE", 13),
+        ("ALRM", 14),
+        ("TERM", 15),
+        ("CONT", 18),
+    ];
+    if let Ok(n) = s.parse::<i32>() {
+        return if (1..=64).contains(&n) { Ok(n) } else { bail!("signal {n}: not a signal number (1-64)") };
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    match name {
+        "STOP" => Ok(19),
+        "TSTP" => Ok(20),
+        "WINCH" => Ok(28),
+        _ => NAMES.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(|| anyhow!("signal {s:?}: unknown")),
+    }
+}
+
 /// `stockade session ...`.
 pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
     match cmd {
@@ -608,7 +869,79 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Exec { id, workdir, env, timeout, socket, argv } => {
+        SessionCommand::Exec { id, workdir, env, timeout, detach: true, interactive, tty, socket, argv } => {
+            let pty = match tty.as_deref() {
+                None => None,
+                Some("") => Some({
+                    use std::os::fd::AsFd;
+                    stockade_runtime::process::terminal_size(std::io::stdout().as_fd())
+                        .or_else(|| stockade_runtime::process::terminal_size(std::io::stdin().as_fd()))
+                        .unwrap_or((24, 80))
+                }),
+                Some(size) => Some(parse_size_rc(size)?),
+            };
+            let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
+            let call_ = SessionCall::Start {
+                id,
+                argv,
+                env: parse_env(&env)?,
+                cwd: workdir,
+                timeout_ms: Some(timeout.as_millis() as u64),
+                pty,
+                stdin: interactive,
+                tag: None,
+            };
+            let SessionReply::Started { pid } = expect_ok(call(&socket, &call_)?)? else { bail!("unexpected reply") };
+            println!("{pid}");
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Attach { id, pid, replay, socket } => {
+            let SessionReply::Ran(report) = expect_ok(call(&socket, &SessionCall::Attach { id, pid, replay })?)? else {
+                bail!("unexpected reply")
+            };
+            exit_status(*report)
+        }
+        SessionCommand::Input { id, pid, keep_open, socket } => {
+            let mut buf = vec![0u8; 64 << 10];
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                let n = stdin.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                let data = buf[..n].to_vec();
+                expect_ok(call(&socket, &SessionCall::Input { id: id.clone(), pid, data, close: false })?)?;
+            }
+            if !keep_open {
+                expect_ok(call(&socket, &SessionCall::Input { id, pid, data: Vec::new(), close: true })?)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Signal { id, pid, signal, socket } => {
+            let signal = parse_signal(&signal)?;
+            expect_ok(call(&socket, &SessionCall::Signal { id, pid, signal })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Resize { id, pid, size, socket } => {
+            let (rows, cols) = parse_size_rc(&size)?;
+            expect_ok(call(&socket, &SessionCall::Resize { id, pid, rows, cols })?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Jobs { id, socket } => {
+            let SessionReply::Execs(list) = expect_ok(call(&socket, &SessionCall::Jobs { id })?)? else {
+                bail!("unexpected reply")
+            };
+            println!("{:>7}  {:<7}  CMD", "PID", "STATE");
+            for e in list {
+                let state = if e.running { "running" } else { "ended" };
+                let mut cmd = Vec::new();
+                crate::term::neutralise(e.argv.join(" ").as_bytes(), false, &mut cmd);
+                println!("{:>7}  {state:<7}  {}", e.pid, String::from_utf8_lossy(&cmd));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Exec { id, workdir, env, timeout, detach: false, socket, argv, .. } => {
+            let timeout = timeout.unwrap_or(Duration::from_secs(600));
             let mut stdin = Vec::new();
             if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut stdin)?;
@@ -616,32 +949,14 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                     bail!("stdin is over {MAX_FILE_BYTES} bytes, the most one exec takes");
                 }
             }
-            let env = env
-                .iter()
-                .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .ok_or_else(|| anyhow!("--env {kv}: not KEY=VALUE"))
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let env = parse_env(&env)?;
             let reply = call(
                 &socket,
                 &SessionCall::Exec { id, argv, env, cwd: workdir, stdin, timeout_ms: Some(timeout.as_millis() as u64) },
             )?;
             // Its stdout and stderr were shown as they came.
             let SessionReply::Ran(report) = expect_ok(reply)? else { bail!("unexpected reply") };
-            let budget = stockade_runtime::verify::Budget::new(timeout, u64::MAX);
-            let contract =
-                stockade_runtime::verify::Contract::bytes(budget, stockade_runtime::verify::accept_any).expect_exit(0);
-            match stockade_runtime::verify::verify(*report, &contract).into_result() {
-                Ok(_) => Ok(ExitCode::SUCCESS),
-                Err(refusal) => {
-                    if !matches!(refusal, stockade_runtime::verify::Refusal::NonZeroExit { .. }) {
-                        writeln!(std::io::stderr(), "stockade: {}", refusal.message())?;
-                    }
-                    Ok(ExitCode::from(refusal.exit_code()))
-                }
-            }
+            exit_status(*report)
         }
         SessionCommand::Ls { socket } => {
             let SessionReply::Sessions(list) = expect_ok(call(&socket, &SessionCall::List)?)? else {

@@ -92,13 +92,35 @@ pub(crate) struct LandlockOutcome {
     pub(crate) full: bool,
 }
 
+/// What TCP the guest's landlock domain allows, inside the run's own network namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tcp {
+    /// No bind, no connect (a run: its loopback is down anyway).
+    Denied,
+    /// Connect to this port only (the model grant's listener on the run's loopback).
+    Connect(u16),
+    /// Bind and connect freely: a session's own loopback, the only interface of its
+    /// namespace, for the servers its execs start and query (nothing else is reachable).
+    OwnLoopback,
+}
+
+impl Tcp {
+    pub(crate) fn of(spec: &crate::spec::Spec) -> Self {
+        match (spec.model_port, spec.session) {
+            (Some(port), _) => Self::Connect(port),
+            (None, true) => Self::OwnLoopback,
+            (None, false) => Self::Denied,
+        }
+    }
+}
+
 /// Applies the landlock ruleset to the calling process. With `hard`, any access right,
 /// network control or scope this kernel cannot enforce is an error naming what is missing.
 pub(crate) fn apply_landlock(
     workspace: Option<bool>,
     grants: bool,
     tty: bool,
-    model_port: Option<u16>,
+    tcp: Tcp,
     hard: bool,
     abi: u8,
 ) -> Result<LandlockOutcome, String> {
@@ -107,7 +129,7 @@ pub(crate) fn apply_landlock(
     let mut created = Ruleset::default()
         .set_compatibility(level)
         .handle_access(AccessFs::from_all(abi))
-        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
+        .and_then(|r| if tcp == Tcp::OwnLoopback { Ok(r) } else { r.handle_access(AccessNet::from_all(abi)) })
         .and_then(|r| r.scope(Scope::from_all(abi)))
         .and_then(|r| r.create())
         .map_err(|e| format!("landlock ruleset (abi {}): {e}", abi as i32))?;
@@ -120,7 +142,7 @@ pub(crate) fn apply_landlock(
         let bits = if is_dir { bits } else { bits & AccessFs::from_file(abi) };
         created = created.add_rule(PathBeneath::new(fd, bits)).map_err(|e| format!("landlock rule for {path}: {e}"))?;
     }
-    if let Some(port) = model_port {
+    if let Tcp::Connect(port) = tcp {
         created = created
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|e| format!("landlock rule for tcp connect to port {port}: {e}"))?;
@@ -132,12 +154,15 @@ pub(crate) fn apply_landlock(
     }
     Ok(LandlockOutcome {
         detail: format!(
-            "abi {} {:?}: fs rules for the view, tcp bind denied, tcp connect {}, abstract-unix and signal scoped",
+            "abi {} {:?}: fs rules for the view, {}, abstract-unix and signal scoped",
             abi as i32,
             status.ruleset,
-            match model_port {
-                Some(port) => format!("to port {port} only (the model grant)"),
-                None => "denied".into(),
+            match tcp {
+                Tcp::Connect(port) => format!("tcp bind denied, tcp connect to port {port} only (the model grant)"),
+                Tcp::Denied => "tcp bind and connect denied".into(),
+                Tcp::OwnLoopback => {
+                    "tcp bind and connect free on the session's own loopback (its namespace's only interface)".into()
+                }
             }
         ),
         full,

@@ -202,6 +202,12 @@ fn listen_for_model(spec: &Spec, rep: &mut Reporter) -> Result<Option<std::net::
             }
             Err(e) => return Err(rep.fail("model listener", false, e)),
         },
+        // A session's execs start servers and query them: its loopback is up, its
+        // namespace's only interface.
+        None if spec.session => match crate::sys::net::loopback_up() {
+            Ok(()) => (None, "empty network namespace; loopback up for the session's own servers".into()),
+            Err(e) => return Err(rep.fail("loopback", false, format!("bringing up the session's loopback: {e}"))),
+        },
         None => (None, "empty network namespace (loopback down)".into()),
     };
     for (m, d) in [
@@ -796,12 +802,19 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
 /// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
 /// dropped unused.
 fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    if let Err(code) = confine_guest(spec, rep, None) {
+    if let Err(code) = confine_guest(spec, rep, None, false) {
         return code;
     }
     let pooled;
     let job = match spec.job_fd {
-        None => JobRef { program: &spec.program, args: &spec.args, env: &spec.env, limits: spec.limits, cwd: None },
+        None => JobRef {
+            program: &spec.program,
+            args: &spec.args,
+            env: &spec.env,
+            limits: spec.limits,
+            cwd: None,
+            tty: false,
+        },
         Some(fd) => match read_pooled_job(fd) {
             Ok(Some(job)) => {
                 pooled = job;
@@ -811,6 +824,7 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
                     env: &pooled.env,
                     limits: pooled.limits,
                     cwd: None,
+                    tty: false,
                 }
             }
             // The pool let this sandbox go unused: nothing to report.
@@ -827,11 +841,11 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
 /// The guest's confinement, which no job changes: a session of its own (with the run's
 /// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
 /// of a failed step (already reported).
-fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>) -> Result<(), i32> {
+fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: bool) -> Result<(), i32> {
     if let Err(e) = process::setsid() {
         return Err(rep.fail("setsid", false, e));
     }
-    if spec.tty
+    if (spec.tty || tty)
         && let Err(e) = tty::set_controlling(0)
     {
         return Err(rep.fail("terminal", false, format!("TIOCSCTTY: {e}")));
@@ -857,7 +871,7 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>) -> Res
         None => {
             let ws = spec.workspace.as_ref().map(|(_, w)| *w);
             let grants = spec.grants_dir.is_some();
-            confine::apply_landlock(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
+            confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi)
         }
     };
     match landlock {
@@ -894,8 +908,9 @@ impl Prepared {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);
         let grants = spec.grants_dir.is_some();
         let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
-        let landlock = confine::apply_landlock(ws, grants, spec.tty, spec.model_port, spec.hard, spec.landlock_abi)
-            .map_err(|e| ("landlock", e))?;
+        let landlock =
+            confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi)
+                .map_err(|e| ("landlock", e))?;
         let landlock = confine::LandlockOutcome {
             detail: format!("{}; one domain for the whole session, entered by its init", landlock.detail),
             full: landlock.full,
@@ -973,6 +988,8 @@ pub(crate) struct JobRef<'a> {
     pub(crate) limits: SpecLimits,
     /// The working directory in the view (a session's exec may name one).
     pub(crate) cwd: Option<&'a str>,
+    /// A session's exec whose stdio is a pseudo-terminal (a run's terminal is `spec.tty`).
+    pub(crate) tty: bool,
 }
 
 /// A session's exec, in the process init forked for it: the guest's confinement, the exec's
@@ -980,7 +997,7 @@ pub(crate) struct JobRef<'a> {
 /// only on failure (already reported on `status`).
 pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>, pre: &Prepared) -> i32 {
     let mut rep = Reporter(status);
-    if let Err(code) = confine_guest(spec, &mut rep, Some(pre)) {
+    if let Err(code) = confine_guest(spec, &mut rep, Some(pre), job.tty) {
         return code;
     }
     if let Err(code) = set_rlimits(spec, &mut rep, job.limits) {

@@ -216,7 +216,20 @@
 //!     pause is [`RunError::Unsupported`], named. [`ProcessSession::kill`] (or
 //!     a drop, or the owner's death) ends every process of the session, then its cgroup; a
 //!     read-write workspace stays locked for the session's life and is swept at its end.
+//!     A session's network namespace has its loopback up (its only interface), and its
+//!     landlock domain leaves TCP free there: a server one exec starts answers the next, and
+//!     neither another session nor the host reaches it.
 //!     (pinned by: tests/it/session.rs::g17_*)
+//! G18. [`ProcessSession::exec_with`] tells [`ExecOptions::started`] the exec's id and pid
+//!     (in the session's namespace) as soon as init forked its guest, so a caller can run it
+//!     in the background: [`ProcessSession::signal`] reaches its process group, and an exec
+//!     that ended is not signalled. With [`ExecOptions::pty`] its stdin, stdout and stderr
+//!     are one new pseudo-terminal (echo off) that is its controlling terminal, typed into
+//!     from its stdin, read as its stdout, and resized through [`Terminal::resize`] (the
+//!     kernel sends `SIGWINCH`). With [`CaptureMode::Drain`](stockade_protocol::CaptureMode::Drain) an output budget keeps the
+//!     first bytes for the report and the exec goes on (its live copies see every byte); the
+//!     default fails fast, as a run.
+//!     (pinned by: tests/it/session.rs::g18_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
@@ -292,7 +305,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
-pub use session::{ProcessSession, SessionConfig, SessionProcess};
+pub use session::{ExecOptions, ExecStarted, ProcessSession, SessionConfig, SessionProcess, Terminal};
 pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
 use stockade_protocol::{Job, LiveIo, Report};
 

@@ -62,6 +62,53 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Stoppable<R> {
     }
 }
 
+/// Where an exec's output is read from: a pipe, or its terminal's master.
+type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+
+/// How [`ProcessSession::exec_with`] runs an exec, beyond its job.
+#[derive(Debug)]
+pub struct ExecOptions {
+    /// A pseudo-terminal of this size (rows, columns) as the exec's stdin, stdout, stderr
+    /// and controlling terminal: its output is read from the terminal (the report's stdout;
+    /// stderr is empty), echo is off, and its stdin is typed into it.
+    pub pty: Option<(u16, u16)>,
+    /// What an output budget's breach does: [`CaptureMode::FailFast`] (the default, as a
+    /// run) kills the exec; [`CaptureMode::Drain`] keeps the first bytes for the report and
+    /// goes on (the live copies still see everything): for a long-lived background exec.
+    pub output: CaptureMode,
+    /// Told the exec's id, pid and terminal as soon as init forked its guest.
+    pub started: Option<tokio::sync::oneshot::Sender<ExecStarted>>,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        Self { pty: None, output: CaptureMode::FailFast, started: None }
+    }
+}
+
+/// A running exec, as [`ExecOptions::started`] is told of it.
+#[derive(Debug)]
+pub struct ExecStarted {
+    /// Its id in the session ([`ProcessSession::signal`] takes it).
+    pub id: u64,
+    /// Its guest's pid in the session's pid namespace.
+    pub pid: u32,
+    /// Its terminal, when it has one ([`ExecOptions::pty`]).
+    pub terminal: Option<Terminal>,
+}
+
+/// An exec's pseudo-terminal, for its size: [`Terminal::resize`] is `TIOCSWINSZ` on the
+/// master, and the kernel sends the exec's foreground process group `SIGWINCH`.
+#[derive(Debug)]
+pub struct Terminal(OwnedFd);
+
+impl Terminal {
+    /// Sets the window size (rows, columns).
+    pub fn resize(&self, rows: u16, cols: u16) -> std::io::Result<()> {
+        crate::sys::tty::set_window_size(self.0.as_fd(), rows, cols)
+    }
+}
+
 /// When a session was paused, and for how long in all: an exec's deadline does not count the
 /// time its session spent paused.
 #[derive(Debug, Default)]
@@ -235,7 +282,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
                 });
             }
             Msg::Ready => ready = true,
-            Msg::Listening { .. } | Msg::Exit { .. } | Msg::Ended => {}
+            Msg::Listening { .. } | Msg::Started { .. } | Msg::Exit { .. } | Msg::Ended => {}
         }
     }
     if !ready {
@@ -295,6 +342,20 @@ impl ProcessSession {
     /// budget's breach, the exec's process group is killed; the session goes on. What the
     /// exec started in the background and left running stays in the session.
     pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
+        self.exec_with(job, cwd, io, ExecOptions::default()).await
+    }
+
+    /// [`exec`](Self::exec) with [`ExecOptions`]: a pseudo-terminal, an output budget that
+    /// keeps the first bytes rather than ending the exec, and a channel told the exec's id
+    /// and pid as soon as its guest is forked (for [`signal`](Self::signal) and a
+    /// terminal's resize while it runs: a background exec's handle).
+    pub async fn exec_with(
+        &self,
+        job: &Job,
+        cwd: Option<&str>,
+        io: LiveIo,
+        opts: ExecOptions,
+    ) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
         if let Some(ws) = job.workspace()
             && self.workspace.as_ref().is_none_or(|own| own.path() != ws.path() || own.access() != ws.access())
@@ -325,6 +386,7 @@ impl ProcessSession {
             env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
             cwd: cwd.map(str::to_owned),
             limits: crate::supervisor::spec_limits(&self.tier, limits),
+            tty: opts.pty.is_some(),
         };
         let message = serde_json::to_vec(&request).map_err(|e| RunError::Internal(e.to_string()))?;
         if message.len() > MAX_SPEC {
@@ -337,37 +399,78 @@ impl ProcessSession {
             let what = what.to_owned();
             move |e: std::io::Error| RunError::Internal(format!("{what}: {e}"))
         };
-        let has_stdin = io.stdin.is_some() || !job.stdin().is_empty();
-        let (in_r, in_w) = if has_stdin {
-            let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
-            (r, Some(w))
-        } else {
-            (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
-        };
-        let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
-        let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
         let (status_r, status_w) = crate::sys::fs::pipe().map_err(internal("status pipe"))?;
+        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
         let oom_before = self.cgroup.get().map(Cgroup::oom_kills);
         let start = Instant::now();
-        crate::fdpass::send(sock.as_fd(), &message, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd(), status_w.as_fd()])
-            .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
-        drop((in_r, out_w, err_w, status_w));
-        let stdin = in_w.map(launch::sender).transpose()?;
+        let mut terminal = None;
+        let (out, err): (Reader, Reader) = if let Some(size) = opts.pty {
+            // One pty for the exec: its slave is the guest's stdin, stdout and stderr (and
+            // controlling terminal); its master is read as the exec's output and written
+            // with its stdin (the job's bytes, then the streamed stdin; no end of file: a
+            // terminal's input has none until the guest exits).
+            let (master, slave) = crate::supervisor::open_terminal(Some(size))?;
+            let fds = [slave.as_fd(), slave.as_fd(), slave.as_fd(), status_w.as_fd()];
+            crate::fdpass::send(sock.as_fd(), &message, &fds)
+                .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
+            drop((slave, status_w));
+            terminal = Some(Terminal(master.raw_clone().map_err(internal("the terminal's master"))?));
+            if let Ok(mut typist) = master.try_clone() {
+                let bytes = job.stdin().to_vec();
+                let mut live = live_stdin;
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = typist.write_all(&bytes).await;
+                    if let Some(src) = live.as_mut() {
+                        let _ = tokio::io::copy(src, &mut typist).await;
+                    }
+                });
+            }
+            (Box::new(master), Box::new(tokio::io::empty()))
+        } else {
+            let has_stdin = live_stdin.is_some() || !job.stdin().is_empty();
+            let (in_r, in_w) = if has_stdin {
+                let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
+                (r, Some(w))
+            } else {
+                (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+            };
+            let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
+            let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
+            let fds = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
+            crate::fdpass::send(sock.as_fd(), &message, &fds)
+                .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
+            drop((in_r, out_w, err_w, status_w));
+            let stdin = in_w.map(launch::sender).transpose()?;
+            let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
+            crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?
+        };
         let status = launch::receiver(status_r)?;
-        let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
-        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
-        let (out, err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut out = Stoppable::new(out, stopped.clone());
         let mut err = Stoppable::new(err, stopped);
-        let mut status_task = tokio::spawn(crate::supervisor::read_messages(status, None));
+        let mut started = opts.started;
+        let mut status_task = tokio::spawn(async move {
+            let mut lines = crate::supervisor::status_reader(status);
+            crate::supervisor::read_lines(&mut lines, |m| {
+                if let Msg::Started { pid } = m
+                    && let Some(tx) = started.take()
+                {
+                    let pid = u32::try_from(*pid).unwrap_or(0);
+                    let _ = tx.send(ExecStarted { id, pid, terminal: terminal.take() });
+                }
+                false
+            })
+            .await
+        });
+        let mode = opts.output;
         let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
         let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
         let mut out_task = tokio::spawn(async move {
-            stockade_protocol::capture::capture_tee_async(&mut out, out_limit, CaptureMode::FailFast, live_stdout).await
+            stockade_protocol::capture::capture_tee_async(&mut out, out_limit, mode, live_stdout).await
         });
         let mut err_task = tokio::spawn(async move {
-            stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
+            stockade_protocol::capture::capture_tee_async(&mut err, err_limit, mode, live_stderr).await
         });
         let deadline = tokio::time::sleep(limits.wall());
         tokio::pin!(deadline);
@@ -458,6 +561,7 @@ impl ProcessSession {
             usage,
             cgroup_detail: None,
             swept: stockade_hostfs::Swept::default(),
+            drained: mode == CaptureMode::Drain,
         };
         let mut report = crate::supervisor::assemble(ended, limits, self.tier.best_effort)?;
         // An exec's deadline ends the exec, not the session.
@@ -558,7 +662,12 @@ impl ProcessSession {
         out
     }
 
-    /// Sends `signal` to an exec's process group (by the id its request had).
+    /// Sends `signal` to a running exec's process group (the exec's guest leads a session
+    /// of its own), by the id [`ExecStarted`] gave; an exec that ended is not signalled.
+    pub fn signal(&self, id: u64, signal: i32) {
+        self.signal_exec(id, signal);
+    }
+
     fn signal_exec(&self, id: u64, signal: i32) {
         if let (Some(sock), Ok(message)) = (&self.sock, serde_json::to_vec(&SessionRequest::Signal { id, signal })) {
             let _ = crate::fdpass::send(sock.as_fd(), &message, &[]);

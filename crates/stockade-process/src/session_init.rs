@@ -73,9 +73,9 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
 
 fn handle(spec: &Spec, pre: &Prepared, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Running>) {
     match serde_json::from_slice::<SessionRequest>(msg) {
-        Ok(SessionRequest::Exec { id, program, args, env, cwd, limits }) => {
+        Ok(SessionRequest::Exec { id, program, args, env, cwd, limits, tty }) => {
             let Ok([stdin, stdout, stderr, status]) = <[OwnedFd; 4]>::try_from(passed) else { return };
-            let job = JobRef { program: &program, args: &args, env: &env, limits, cwd: cwd.as_deref() };
+            let job = JobRef { program: &program, args: &args, env: &env, limits, cwd: cwd.as_deref(), tty };
             if let Some(r) = start(spec, pre, id, &job, [stdin, stdout, stderr], File::from(status)) {
                 running.push(r);
             }
@@ -113,7 +113,13 @@ fn start(spec: &Spec, pre: &Prepared, id: u64, job: &JobRef<'_>, stdio: [OwnedFd
         Ok(process::Fork::Parent(pid)) => {
             drop(stdio);
             match process::pidfd_open(pid) {
-                Ok(pidfd) => Some(Running { id, pid, pidfd, status }),
+                Ok(pidfd) => {
+                    // The exec's first line (one write, under PIPE_BUF: whole whatever the
+                    // guest writes beside it): its pid, for a caller that signals or lists it.
+                    let mut status = Reporter(status);
+                    status.send(&Msg::Started { pid });
+                    Some(Running { id, pid, pidfd, status: status.0 })
+                }
                 Err(e) => {
                     let _ = process::kill(pid, libc::SIGKILL);
                     Reporter(status).fail("guest", false, format!("pidfd_open: {e}"));

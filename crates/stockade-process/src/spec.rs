@@ -93,6 +93,10 @@ pub(crate) enum SessionRequest {
         env: Vec<(String, String)>,
         cwd: Option<String>,
         limits: SpecLimits,
+        /// Descriptors 0–2 are a pseudo-terminal's slave: the guest makes it its controlling
+        /// terminal (after `setsid`).
+        #[serde(default)]
+        tty: bool,
     },
     /// A signal to an exec's process group (the exec's guest leads a session of its own).
     Signal { id: u64, signal: i32 },
@@ -133,6 +137,9 @@ pub(crate) enum Msg {
     Listening { fd: i32 },
     /// A session's init has built the view and takes exec requests.
     Ready,
+    /// A session's init forked an exec's guest, whose pid in the session's namespace is
+    /// `pid` (the first line on the exec's status pipe, written by init).
+    Started { pid: i32 },
     /// The guest ended.
     Exit { code: Option<i32>, signal: Option<i32>, cpu_us: u64, max_rss: u64 },
     /// The helper reaped the run's init, so no process of the run's pid namespace is left

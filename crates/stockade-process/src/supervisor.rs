@@ -234,7 +234,11 @@ pub(crate) async fn run(
     // reaped): what the guest created among the absent protected paths goes now.
     let swept = sweep.now();
 
-    assemble(Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept }, limits, tier.best_effort)
+    assemble(
+        Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept, drained: false },
+        limits,
+        tier.best_effort,
+    )
 }
 
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
@@ -297,6 +301,9 @@ pub(crate) struct Ended {
     pub(crate) usage: Option<crate::cgroup::Usage>,
     pub(crate) cgroup_detail: Option<String>,
     pub(crate) swept: stockade_hostfs::Swept,
+    /// The captures kept their first bytes and read on past their budgets
+    /// ([`stockade_protocol::CaptureMode::Drain`]): a truncated one did not end the run.
+    pub(crate) drained: bool,
 }
 
 /// The report phase: turns what the run left into its [`Report`] (or, for a mechanism the
@@ -306,7 +313,7 @@ pub(crate) fn assemble(
     limits: &stockade_protocol::Limits,
     best_effort: bool,
 ) -> Result<Report, RunError> {
-    let Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept } = ended;
+    let Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept, drained } = ended;
     // A capture drops its pipe the moment its budget is crossed, and the guest may die of
     // that (SIGPIPE) before the run's loop saw the capture end (both ready in one wake-up,
     // and `select!` picks either): the budget ended the run all the same. A fail-fast
@@ -314,8 +321,8 @@ pub(crate) fn assemble(
     // floods reported as `Signaled(13)`; a guest that exits 0 right after crossing was
     // reported as `Exited(0)` with its output cut.)
     let end = match end {
-        End::Exited if stdout.truncated => End::Output(Stream::Stdout),
-        End::Exited if stderr.truncated => End::Output(Stream::Stderr),
+        End::Exited if stdout.truncated && !drained => End::Output(Stream::Stdout),
+        End::Exited if stderr.truncated && !drained => End::Output(Stream::Stderr),
         other => other,
     };
     let mut report = Report::new(Status::TimedOut, wall).with_output(stdout, stderr);
@@ -326,9 +333,14 @@ pub(crate) fn assemble(
     report = report.with_enforced(Enforced::new(
         Mechanism::OutputBudget,
         format!(
-            "stdout {} bytes, stderr {} bytes; the run is killed at the first byte over",
+            "stdout {} bytes, stderr {} bytes; {}",
             limits.stdout_bytes(),
-            limits.stderr_bytes()
+            limits.stderr_bytes(),
+            if drained {
+                "the first bytes are kept, the rest is read and not kept (the live copy sees it)"
+            } else {
+                "the run is killed at the first byte over"
+            }
         ),
     ));
     if let Some(detail) = cgroup_detail {
@@ -347,7 +359,7 @@ pub(crate) fn assemble(
                 failure.get_or_insert((stage, unsupported, message));
             }
             Msg::Exit { code, signal, cpu_us, max_rss } => exit = Some((code, signal, cpu_us, max_rss)),
-            Msg::Listening { .. } | Msg::Ready | Msg::Ended => {}
+            Msg::Listening { .. } | Msg::Ready | Msg::Started { .. } | Msg::Ended => {}
         }
     }
     swept.record(&mut report, Mechanism::MountNamespace);
@@ -495,7 +507,7 @@ pub(crate) fn captured(
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// A private pty for a run that asked for a terminal.
-fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {
+pub(crate) fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {
     let unsupported =
         |e: std::io::Error| RunError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
     let (master, slave) = tty::open_pty(size).map_err(unsupported)?;

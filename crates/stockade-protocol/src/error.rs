@@ -12,7 +12,7 @@
 use crate::job::JobError;
 
 /// A tier could not run a job. Each message is one line.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
     /// The host cannot enforce a mechanism the run requires (the kernel lacks it, the

@@ -50,6 +50,80 @@ pub enum SessionCall {
         /// Wall-clock deadline, milliseconds.
         timeout_ms: Option<u64>,
     },
+    /// Start a command in the background of a session: the reply is `started` with its pid
+    /// as soon as it runs; `attach` streams its output, `input`, `signal` and `resize` act
+    /// on it.
+    Start {
+        /// The session.
+        id: String,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Environment (the exec's alone).
+        env: Vec<(String, String)>,
+        /// Working directory in the view.
+        cwd: Option<String>,
+        /// Wall-clock deadline, milliseconds.
+        timeout_ms: Option<u64>,
+        /// A pseudo-terminal of this size (rows, columns) as its stdio.
+        #[serde(default)]
+        pty: Option<(u16, u16)>,
+        /// Keep its stdin open for `input` (else it reads `/dev/null`; a pty always takes
+        /// input).
+        #[serde(default)]
+        stdin: bool,
+        /// A name for it, listed with it.
+        #[serde(default)]
+        tag: Option<String>,
+    },
+    /// Stream a background exec's output (its latest output first if `replay`), as
+    /// `stdout` and `stderr` frames, then its end: `ran`.
+    Attach {
+        /// The session.
+        id: String,
+        /// The exec.
+        pid: u32,
+        /// Send what it wrote before (its latest 1 MiB) first.
+        #[serde(default)]
+        replay: bool,
+    },
+    /// Write to a background exec's stdin, or close it.
+    Input {
+        /// The session.
+        id: String,
+        /// The exec.
+        pid: u32,
+        /// The bytes.
+        #[serde(with = "crate::bytes_repr", default)]
+        data: Vec<u8>,
+        /// Close its stdin after these bytes.
+        #[serde(default)]
+        close: bool,
+    },
+    /// Send a signal to a background exec's process group.
+    Signal {
+        /// The session.
+        id: String,
+        /// The exec.
+        pid: u32,
+        /// The signal's number.
+        signal: i32,
+    },
+    /// Set a background exec's terminal size.
+    Resize {
+        /// The session.
+        id: String,
+        /// The exec.
+        pid: u32,
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+    /// List a session's background execs, running and ended.
+    Jobs {
+        /// The session.
+        id: String,
+    },
     /// List the live sessions.
     List,
     /// End a session.
@@ -122,8 +196,27 @@ pub struct SessionProcessInfo {
     pub cmd: String,
 }
 
-/// The owner's reply: one frame, except for an exec, whose `stdout` and `stderr` chunks
-/// come as they are written, each its own frame, before the `ran` frame that ends it.
+/// One background exec of a session, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecInfo {
+    /// Its pid inside the session.
+    pub pid: u32,
+    /// Its command.
+    pub argv: Vec<String>,
+    /// Its tag.
+    pub tag: Option<String>,
+    /// Its working directory, if one was named.
+    pub cwd: Option<String>,
+    /// Whether it has a terminal.
+    pub pty: bool,
+    /// Whether it is still running.
+    pub running: bool,
+}
+
+/// The owner's reply: one frame, except for an exec and an attach, whose `stdout` and
+/// `stderr` chunks come as they are written, each its own frame, before the `ran` frame that
+/// ends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
@@ -139,6 +232,13 @@ pub enum SessionReply {
     Stderr(#[serde(with = "crate::bytes_repr")] Vec<u8>),
     /// An exec ended: its report (whose stdout and stderr repeat what the chunks carried).
     Ran(Box<Report>),
+    /// A background exec runs, with this pid in the session.
+    Started {
+        /// Its pid.
+        pid: u32,
+    },
+    /// A session's background execs.
+    Execs(Vec<ExecInfo>),
     /// The live sessions.
     Sessions(Vec<SessionInfo>),
     /// A session's processes.

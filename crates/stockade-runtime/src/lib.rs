@@ -67,7 +67,11 @@
 //! `sessions/OWNER/ID` in stockade's state directory (served on the host by
 //! `stockade_hostfs::files::Files`), an idle timeout and a lifetime that end it without
 //! anyone calling ([`session::Sessions::reap_expired`]), pause and resume, and a
-//! filesystem-only snapshot of its home that a new session can start from. The owner's
+//! filesystem-only snapshot of its home that a new session can start from, and background
+//! execs ([`session::Session::start`]): each a [`session::Background`] handle by its pid,
+//! whose output is kept (its latest 1 MiB) for an attach at any time and streamed live,
+//! whose stdin can be written and closed, whose process group can be signalled and whose
+//! terminal can be resized; a session with an exec running is not idle. The owner's
 //! directory is named after its pid and start time, so a later owner (or `stockade gc`)
 //! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`
 //! (its G10) and stockade-process's G17.

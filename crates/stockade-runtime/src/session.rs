@@ -47,6 +47,9 @@ impl Default for SessionProfile {
     }
 }
 
+/// How long [`Session::send_stdin`] waits for a background exec to read its input.
+pub const STDIN_WAIT: Duration = Duration::from_secs(10);
+
 /// Why a session ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
@@ -56,11 +59,177 @@ pub enum Expiry {
     Lifetime,
 }
 
+/// How [`Session::start`] starts a background exec.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// A pseudo-terminal of this size (rows, columns) as its stdio: its output comes as
+    /// stdout, its input is typed into it ([`Session::send_stdin`]), and
+    /// [`Session::resize`] changes its size.
+    pub pty: Option<(u16, u16)>,
+    /// Its stdin stays open for [`Session::send_stdin`] until [`Session::close_stdin`];
+    /// without it (and without a pty) stdin is `/dev/null`, as in `docker exec -d`.
+    pub stdin: bool,
+    /// A name the caller gives it, listed with it.
+    pub tag: Option<String>,
+}
+
+/// One chunk of a background exec's output, in the order it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// From its stdout (or its terminal).
+    Stdout(Vec<u8>),
+    /// From its stderr.
+    Stderr(Vec<u8>),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Self::Stdout(b) | Self::Stderr(b) => b.len(),
+        }
+    }
+}
+
+/// Most bytes of a background exec's latest output kept for [`Background::attach`] to
+/// replay: 1 MiB (older chunks go first).
+pub const HISTORY_BYTES: usize = 1 << 20;
+
+/// Most chunks a slow [`Background::attach`] reader may fall behind before it loses some
+/// (its receiver says how many: `RecvError::Lagged`).
+const LIVE_CHUNKS: usize = 1024;
+
+/// Most background execs a session keeps a handle on, running or ended (the oldest ended
+/// one goes first; running ones are never dropped).
+pub const MAX_BACKGROUND: usize = 256;
+
+/// A background exec's output: its latest [`HISTORY_BYTES`] and a live feed, written under
+/// one lock so that an attach gets every chunk once, history then live.
+struct OutputLog {
+    state: Mutex<(std::collections::VecDeque<Chunk>, usize)>,
+    live: tokio::sync::broadcast::Sender<Chunk>,
+}
+
+impl OutputLog {
+    fn push(&self, chunk: Chunk) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self.live.send(chunk.clone());
+        state.1 += chunk.len();
+        state.0.push_back(chunk);
+        while state.1 > HISTORY_BYTES {
+            match state.0.pop_front() {
+                Some(old) => state.1 -= old.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+/// One stream of a background exec, written into its [`OutputLog`].
+struct LogWriter {
+    log: Arc<OutputLog>,
+    stdout: bool,
+}
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let bytes = buf.to_vec();
+        self.log.push(if self.stdout { Chunk::Stdout(bytes) } else { Chunk::Stderr(bytes) });
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An exec running in the background of a session ([`Session::start`]): its output can be
+/// attached to at any time (the latest [`HISTORY_BYTES`], then live), its stdin written and
+/// closed, its process group signalled, its terminal resized, and its end awaited.
+pub struct Background {
+    pid: u32,
+    exec: u64,
+    argv: Vec<String>,
+    tag: Option<String>,
+    cwd: Option<String>,
+    output: Arc<OutputLog>,
+    stdin: tokio::sync::Mutex<Option<tokio::io::DuplexStream>>,
+    terminal: Option<stockade_process::Terminal>,
+    done: tokio::sync::watch::Receiver<Option<Result<Report, RunError>>>,
+}
+
+impl std::fmt::Debug for Background {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Background").field("pid", &self.pid).field("argv", &self.argv).finish_non_exhaustive()
+    }
+}
+
+impl Background {
+    /// Its pid in the session.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Its command.
+    #[must_use]
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// The tag it was started with.
+    #[must_use]
+    pub fn tag(&self) -> Option<&str> {
+        self.tag.as_deref()
+    }
+
+    /// The working directory it was started in, if one was named.
+    #[must_use]
+    pub fn cwd(&self) -> Option<&str> {
+        self.cwd.as_deref()
+    }
+
+    /// Whether it has a terminal.
+    #[must_use]
+    pub fn has_pty(&self) -> bool {
+        self.terminal.is_some()
+    }
+
+    /// Whether it is still running.
+    #[must_use]
+    pub fn running(&self) -> bool {
+        self.done.borrow().is_none()
+    }
+
+    /// Its output so far (the latest [`HISTORY_BYTES`]) and a receiver of what comes next:
+    /// each chunk exactly once across the two. The receiver ends when the exec has ended
+    /// and its output is read; one that falls over 1,024 chunks behind is told how many it
+    /// lost.
+    #[must_use]
+    pub fn attach(&self) -> (Vec<Chunk>, tokio::sync::broadcast::Receiver<Chunk>) {
+        let state = self.output.state.lock().unwrap_or_else(PoisonError::into_inner);
+        (state.0.iter().cloned().collect(), self.output.live.subscribe())
+    }
+
+    /// Waits for its end: its report (stdout and stderr hold the first bytes of each, up to
+    /// the exec's output budgets), or why it could not run.
+    pub async fn wait(&self) -> Result<Report, RunError> {
+        let mut done = self.done.clone();
+        let r = done.wait_for(Option::is_some).await;
+        match r.as_deref() {
+            Ok(Some(result)) => result.clone(),
+            _ => Err(RunError::Internal("a background exec's task ended without a result".into())),
+        }
+    }
+}
+
 /// One live session ([`Sessions::create`]).
 pub struct Session {
     id: String,
     // Read-locked by every exec (they run side by side), write-locked to end it.
     inner: tokio::sync::RwLock<Option<ProcessSession>>,
+    background: Mutex<Vec<Arc<Background>>>,
+    // Execs in flight, foreground and background.
+    running: std::sync::atomic::AtomicUsize,
     files: Files,
     dir: PathBuf,
     profile: SessionProfile,
@@ -97,14 +266,15 @@ impl Session {
         *self.used.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
-    /// Whether its idle timeout or lifetime is over (a paused session is not idle: only its
-    /// lifetime ends it).
+    /// Whether its idle timeout or lifetime is over (a paused session, or one with an exec
+    /// running, foreground or background, is not idle: only its lifetime ends it).
     #[must_use]
     pub fn expired(&self) -> Option<Expiry> {
         let (age, idle) = self.age();
+        let busy = self.running.load(std::sync::atomic::Ordering::Relaxed) > 0;
         if age >= self.profile.max_lifetime {
             Some(Expiry::Lifetime)
-        } else if idle >= self.profile.idle_timeout && !self.paused() {
+        } else if idle >= self.profile.idle_timeout && !self.paused() && !busy {
             Some(Expiry::Idle)
         } else {
             None
@@ -113,12 +283,181 @@ impl Session {
 
     /// Runs one exec ([`ProcessSession::exec`]).
     pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
+        self.exec_with(job, cwd, io, stockade_process::ExecOptions::default()).await
+    }
+
+    /// One exec with its options, counted as running (the session is not idle meanwhile).
+    async fn exec_with(
+        &self,
+        job: &Job,
+        cwd: Option<&str>,
+        io: LiveIo,
+        opts: stockade_process::ExecOptions,
+    ) -> Result<Report, RunError> {
+        use std::sync::atomic::Ordering;
         self.touch();
-        let inner = self.inner.read().await;
-        let session = inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?;
-        let report = session.exec(job, cwd, io).await;
+        self.running.fetch_add(1, Ordering::Relaxed);
+        let report = async {
+            let inner = self.inner.read().await;
+            let session =
+                inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?;
+            session.exec_with(job, cwd, io, opts).await
+        }
+        .await;
+        self.running.fetch_sub(1, Ordering::Relaxed);
         self.touch();
         report
+    }
+
+    /// Starts `job` in the background and returns its handle once its guest is forked: its
+    /// output is kept for [`Background::attach`] (the report keeps the first bytes up to the
+    /// job's output budgets, and the exec goes on past them), and it ends at its deadline,
+    /// at the end of its command, or with the session. Execs in flight hold the session
+    /// open: [`Session::kill`] ends them first.
+    pub async fn start(
+        self: &Arc<Self>,
+        job: Job,
+        cwd: Option<String>,
+        opts: StartOptions,
+    ) -> Result<Arc<Background>, RunError> {
+        self.touch();
+        let log = Arc::new(OutputLog {
+            state: Mutex::new((std::collections::VecDeque::new(), 0)),
+            live: tokio::sync::broadcast::channel(LIVE_CHUNKS).0,
+        });
+        let (stdin, reader) = match opts.stdin || opts.pty.is_some() {
+            true => {
+                let (w, r) = tokio::io::duplex(64 << 10);
+                (Some(w), Some(Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>))
+            }
+            false => (None, None),
+        };
+        let io = LiveIo {
+            stdin: reader,
+            stdout: Some(Box::new(LogWriter { log: Arc::clone(&log), stdout: true })),
+            stderr: Some(Box::new(LogWriter { log: Arc::clone(&log), stdout: false })),
+        };
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::watch::channel(None);
+        let exec_opts = stockade_process::ExecOptions {
+            pty: opts.pty,
+            output: stockade_protocol::capture::CaptureMode::Drain,
+            started: Some(started_tx),
+        };
+        let argv: Vec<String> = match job.kind() {
+            stockade_protocol::JobKind::Command { program, args } => {
+                std::iter::once(program.clone()).chain(args.iter().cloned()).collect()
+            }
+            _ => Vec::new(),
+        };
+        let session = Arc::clone(self);
+        let task_cwd = cwd.clone();
+        tokio::spawn(async move {
+            let result = session.exec_with(&job, task_cwd.as_deref(), io, exec_opts).await;
+            let _ = done_tx.send(Some(result));
+        });
+        let Ok(started) = started_rx.await else {
+            // It ended before its guest was forked: why.
+            let mut done = done_rx;
+            let r = done.wait_for(Option::is_some).await;
+            return match r.as_deref() {
+                Ok(Some(Err(e))) => Err(e.clone()),
+                _ => Err(RunError::Internal("the background exec ended before it started".into())),
+            };
+        };
+        let handle = Arc::new(Background {
+            pid: started.pid,
+            exec: started.id,
+            argv,
+            tag: opts.tag,
+            cwd,
+            output: log,
+            stdin: tokio::sync::Mutex::new(stdin),
+            terminal: started.terminal,
+            done: done_rx,
+        });
+        let mut all = self.background.lock().unwrap_or_else(PoisonError::into_inner);
+        // A pid the session reused names the new exec.
+        all.retain(|b| b.pid != handle.pid);
+        if all.len() >= MAX_BACKGROUND
+            && let Some(i) = all.iter().position(|b| !b.running())
+        {
+            all.remove(i);
+        }
+        all.push(Arc::clone(&handle));
+        Ok(handle)
+    }
+
+    /// Its background execs ([`Session::start`]), running or ended (the latest
+    /// [`MAX_BACKGROUND`]), oldest first.
+    #[must_use]
+    pub fn background(&self) -> Vec<Arc<Background>> {
+        self.background.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The background exec with this pid.
+    pub fn find(&self, pid: u32) -> Result<Arc<Background>, RunError> {
+        self.background().into_iter().find(|b| b.pid == pid).ok_or_else(|| {
+            RunError::Misconfigured(format!("session {} started no background exec with pid {pid}", self.id))
+        })
+    }
+
+    /// Sends `signal` to a running background exec's process group (what it started in its
+    /// own process group is not reached; [`Session::kill`] ends everything).
+    pub async fn signal(&self, pid: u32, signal: i32) -> Result<(), RunError> {
+        self.touch();
+        let b = self.find(pid)?;
+        if !b.running() {
+            return Err(RunError::Misconfigured(format!("the exec with pid {pid} has ended")));
+        }
+        let inner = self.inner.read().await;
+        let s = inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?;
+        s.signal(b.exec, signal);
+        Ok(())
+    }
+
+    /// Writes `bytes` to a background exec's stdin (or types them into its terminal),
+    /// waiting at most [`STDIN_WAIT`] for it to read them.
+    pub async fn send_stdin(&self, pid: u32, bytes: &[u8]) -> Result<(), RunError> {
+        use tokio::io::AsyncWriteExt;
+        self.touch();
+        let b = self.find(pid)?;
+        let mut stdin = b.stdin.lock().await;
+        let w = stdin.as_mut().ok_or_else(|| {
+            RunError::Misconfigured(format!("the exec with pid {pid} has no open stdin (start it with one)"))
+        })?;
+        match tokio::time::timeout(STDIN_WAIT, w.write_all(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(RunError::Misconfigured(format!("the exec with pid {pid} no longer reads its stdin"))),
+            Err(_) => {
+                Err(RunError::Busy(format!("the exec with pid {pid} did not read its stdin within {STDIN_WAIT:?}")))
+            }
+        }
+    }
+
+    /// Closes a background exec's stdin (its reader sees the end of its input; a terminal
+    /// has no end of input: this is refused for one).
+    pub async fn close_stdin(&self, pid: u32) -> Result<(), RunError> {
+        self.touch();
+        let b = self.find(pid)?;
+        if b.terminal.is_some() {
+            return Err(RunError::Misconfigured(format!(
+                "the exec with pid {pid} has a terminal: type ^D (0x04) to end its input"
+            )));
+        }
+        b.stdin.lock().await.take();
+        Ok(())
+    }
+
+    /// Sets a background exec's terminal size (rows, columns); its process group gets
+    /// `SIGWINCH`.
+    pub fn resize(&self, pid: u32, rows: u16, cols: u16) -> Result<(), RunError> {
+        self.touch();
+        let b = self.find(pid)?;
+        let t = b.terminal.as_ref().ok_or_else(|| {
+            RunError::Misconfigured(format!("the exec with pid {pid} has no terminal (start it with a pty)"))
+        })?;
+        t.resize(rows, cols).map_err(|e| RunError::Misconfigured(format!("resizing the terminal of pid {pid}: {e}")))
     }
 
     /// Its processes, init aside ([`ProcessSession::processes`]).
@@ -274,6 +613,8 @@ impl Sessions {
         let session = Arc::new(Session {
             id: id.clone(),
             inner: tokio::sync::RwLock::new(Some(inner)),
+            background: Mutex::new(Vec::new()),
+            running: std::sync::atomic::AtomicUsize::new(0),
             files,
             dir,
             profile,

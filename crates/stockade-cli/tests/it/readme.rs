@@ -112,7 +112,8 @@ fn readme_commands_run_as_written() {
                 // The owner's socket and state in the scratch directory, not the user's.
                 let state = dir.join("state");
                 let (code, out, err) = run(block, &dir, &[("STOCKADE_STATE_DIR", state.to_str().unwrap())]);
-                assert_eq!((code, out.as_str()), (0, "kept\n"), "{block}{err}");
+                // The file, then the same file served by the session's own background server.
+                assert_eq!((code, out.as_str()), (0, "kept\nkept\n"), "{block}{err}");
                 // The block ends its owner: no socket answers, and no session is left.
                 let socket = state.join("serve/serve.sock");
                 let start = std::time::Instant::now();

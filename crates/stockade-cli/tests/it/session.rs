@@ -277,3 +277,74 @@ fn g10_an_exec_s_output_is_shown_as_it_comes() {
     assert!(lines.next().is_none());
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn g10_a_background_exec_takes_input_a_signal_and_an_attach_later_as_docker_exec_d_does() {
+    let _runs = shared();
+    let owner = Owner::start("background");
+    let id = owner.create();
+    let marker = format!("bgmark{}", std::process::id());
+    let script = format!("echo started; read line; echo \"got $line\"; echo oops >&2; sleep 301; : {marker}");
+    let (code, out, err) = owner.session(&["exec", &id, "-d", "-i", "--", "sh", "-c", &script], b"");
+    assert_eq!(code, 0, "{err}");
+    let pid: u32 = out.trim().parse().unwrap_or_else(|_| panic!("a pid: {out:?}"));
+    // Running, judged from the host: the shell with the marker, in the session.
+    eventually(WITHIN, "the background shell runs", || !with_marker(&marker).is_empty());
+    let (_, jobs, _) = owner.session(&["jobs", &id], b"");
+    assert!(jobs.lines().any(|l| l.contains(&pid.to_string()) && l.contains("running")), "{jobs}");
+    // Its stdin, from ours; then it reads to the end of its line and goes on to its sleep.
+    let (code, _, err) = owner.session(&["input", &id, &pid.to_string()], b"hello\n");
+    assert_eq!(code, 0, "{err}");
+    eventually(WITHIN, "the sleep after the read runs", || !with_marker("sleep 301").is_empty());
+    // An attach (with what it wrote before) waits for its end and passes its status through.
+    let attach = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["session", "attach", "--socket"])
+        .arg(&owner.socket)
+        .args([&id, &pid.to_string(), "--replay"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, _, err) = owner.session(&["signal", &id, &pid.to_string(), "SIGTERM"], b"");
+    assert_eq!(code, 0, "{err}");
+    let o = attach.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "started\ngot hello\n");
+    // Its stderr, then stockade's one line for how it ended (as `session exec` says it).
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "oops\nstockade: killed by signal 15\n");
+    assert_eq!(o.status.code(), Some(128 + 15), "the signal's status, as a shell gives it");
+    // The signal reached its process group: the shell and its sleep are gone, on the host.
+    eventually(WITHIN, "the signalled group is gone", || {
+        with_marker(&marker).is_empty() && with_marker("sleep 301").is_empty()
+    });
+    let (_, jobs, _) = owner.session(&["jobs", &id], b"");
+    assert!(jobs.lines().any(|l| l.contains(&pid.to_string()) && l.contains("ended")), "{jobs}");
+    // One line for what cannot be done.
+    let (code, _, err) = owner.session(&["signal", &id, "4242", "KILL"], b"");
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no background exec with pid 4242"), "{err}");
+    let (code, _, err) = owner.session(&["signal", &id, &pid.to_string(), "SIGNOPE"], b"");
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown"), "{err}");
+
+    // A terminal: sized, resized, typed into.
+    let script = "stty size; read line; stty size; echo \"got $line\"";
+    let (code, out, err) = owner.session(&["exec", &id, "-d", "-t", "24x80", "--", "sh", "-c", script], b"");
+    assert_eq!(code, 0, "{err}");
+    let pid = out.trim().to_owned();
+    let (code, _, err) = owner.session(&["resize", &id, &pid, "40x120"], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = owner.session(&["input", &id, &pid, "--keep-open"], b"typed\n");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = owner.session(&["attach", &id, &pid, "--replay"], b"");
+    assert_eq!(code, 0, "{err}");
+    let out = out.replace("\r\n", "\n");
+    // The first size is the one it started with, or the new one if the resize came first.
+    assert!(out == "24 80\n40 120\ngot typed\n" || out == "40 120\n40 120\ngot typed\n", "{out:?}");
+    // A terminal has no end of input to close.
+    let (code, _, err) = owner.session(&["exec", &id, "-d", "-t", "--", "sleep", "5"], b"");
+    assert_eq!(code, 0, "{err}");
+    let _ = owner.session(&["kill", &id], b"");
+}

@@ -2,7 +2,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -45,13 +45,17 @@ pub(crate) fn open_pty(size: Option<(u16, u16)>) -> io::Result<(OwnedFd, OwnedFd
     t.c_lflag &= !(libc::ECHO | libc::ECHONL);
     // SAFETY: tcsetattr reads one termios from `t`.
     check(unsafe { libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) })?;
-    if let Some((ws_row, ws_col)) = size {
-        rustix::termios::tcsetwinsize(
-            &master,
-            rustix::termios::Winsize { ws_row, ws_col, ws_xpixel: 0, ws_ypixel: 0 },
-        )?;
+    if let Some((rows, cols)) = size {
+        set_window_size(master.as_fd(), rows, cols)?;
     }
     Ok((master, slave))
+}
+
+/// Sets the window size (rows, columns) of the terminal whose master (or slave) is `fd`;
+/// the kernel signals its foreground process group `SIGWINCH`.
+pub(crate) fn set_window_size(fd: BorrowedFd<'_>, ws_row: u16, ws_col: u16) -> io::Result<()> {
+    rustix::termios::tcsetwinsize(fd, rustix::termios::Winsize { ws_row, ws_col, ws_xpixel: 0, ws_ypixel: 0 })
+        .map_err(io::Error::from)
 }
 
 /// Makes the terminal on `fd` the calling process's controlling terminal (after `setsid`).
@@ -76,6 +80,11 @@ impl Master {
     /// A second handle on the same master (for the stdin writer).
     pub(crate) fn try_clone(&self) -> io::Result<Self> {
         register(self.0.get_ref().try_clone()?)
+    }
+
+    /// A plain descriptor for the same master (for its window size).
+    pub(crate) fn raw_clone(&self) -> io::Result<OwnedFd> {
+        self.0.get_ref().try_clone().map(OwnedFd::from)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use stockade_process::{ProcessSession, SessionConfig};
+use stockade_process::{ExecOptions, ProcessSession, SessionConfig};
 use stockade_protocol::{Job, Limits, LiveIo, Report, Status};
 
 use crate::support::*;
@@ -140,10 +140,26 @@ fn g17_two_sessions_do_not_see_each_other() {
         assert_eq!(stdout(&r), "hello\n", "A reaches its own abstract socket: {r:?}");
         let r = session_py(&b, connect).await;
         assert_eq!(stdout(&r), "ConnectionRefusedError\n", "B does not reach A's abstract socket: {r:?}");
+        // A TCP server on A's loopback: A's next exec reaches it; B, on a loopback of its
+        // own, does not; nor does the host (judged here, from this test process).
+        let port = 48_000 + (std::process::id() % 1000) as u16;
+        let serve = format!(
+            "import os, socket, time\nif os.fork() == 0:\n    os.setsid()\n    s = socket.socket()\n    s.bind(('127.0.0.1', {port}))\n    s.listen()\n    while True:\n        c, _ = s.accept(); c.send(b'tcp'); c.close()\nelse:\n    time.sleep(0.3); print('serving')"
+        );
+        let r = session_py(&a, &serve).await;
+        assert_eq!(stdout(&r), "serving\n", "{r:?}");
+        let reach = format!(
+            "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=2); print(s.recv(3).decode())\nexcept OSError as e:\n    print(type(e).__name__)"
+        );
+        let r = session_py(&a, &reach).await;
+        assert_eq!(stdout(&r), "tcp\n", "A reaches its own server: {r:?}");
+        let r = session_py(&b, &reach).await;
+        assert_eq!(stdout(&r), "ConnectionRefusedError\n", "B does not reach A's server: {r:?}");
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "the host does not reach A's server");
         // B sees neither A's /tmp nor A's processes (its /proc lists only its own).
         let r = sh(&b, "cat /tmp/mark 2>&1; ls /proc | grep -c '^[0-9]'").await;
         assert!(stdout(&r).contains("No such file"), "{}", stdout(&r));
-        // init, sh and ls (and the grep): never A's sleep.
+        // init, sh and ls (and the grep): never A's sleep or server.
         let count: u32 = stdout(&r).lines().last().unwrap().trim().parse().unwrap();
         assert!(count <= 4, "session B's /proc lists only its own processes: {count}");
         let _ = a.kill().await;
@@ -221,6 +237,144 @@ fn g17_a_paused_session_uses_no_cpu_takes_no_exec_and_its_deadlines_stop() {
         session.pause().unwrap();
         let _ = session.kill().await;
         assert!(host_pids_with(&marker).is_empty(), "the frozen spinner died with the session");
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+/// A live copy of an exec's output, shared with the test.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    async fn wait_for(&self, what: &str) {
+        let start = std::time::Instant::now();
+        while !self.text().contains(what) {
+            assert!(start.elapsed() < Duration::from_secs(20), "no {what:?} in {:?}", self.text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[test]
+fn g18_a_started_exec_names_its_pid_at_once_and_takes_a_signal_to_its_process_group() {
+    require!("g18_a_started_exec_names_its_pid_at_once_and_takes_a_signal_to_its_process_group");
+    let home = host_dir("session-started");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let opts = ExecOptions { started: Some(tx), ..ExecOptions::default() };
+        // The exec's shell waits on a child of its own: the signal goes to its process group.
+        let job = Job::command("sh", ["-c", "sleep 300 & wait"]).unwrap();
+        let exec = session.exec_with(&job, None, LiveIo::default(), opts);
+        let control = async {
+            let started = rx.await.expect("told of the exec's start");
+            // The pid names that exec's shell in the session, judged from the host's /proc.
+            // (Told at the fork, it may still be init's copy for a moment: then the shell.)
+            let shell = std::cell::RefCell::new(None);
+            stockade_test_support::eventually(Duration::from_secs(5), "the pid is the exec's shell", || {
+                let found = session.processes().into_iter().find(|p| p.pid == started.pid);
+                let ok = found.as_ref().is_some_and(|p| p.cmdline == "sh -c sleep 300 & wait");
+                *shell.borrow_mut() = found;
+                ok
+            });
+            let shell = shell.into_inner().unwrap();
+            let nspid = status_field(shell.host_pid, "NSpid");
+            assert_eq!(nspid.split_whitespace().last(), Some(started.pid.to_string().as_str()));
+            stockade_test_support::eventually(Duration::from_secs(5), "the sleep runs", || !named("sleep").is_empty());
+            session.signal(started.id, 15);
+            stockade_test_support::eventually(Duration::from_secs(5), "the signalled group is gone", || {
+                named("sleep").is_empty()
+            });
+        };
+        let (report, ()) = tokio::join!(exec, control);
+        let report = report.unwrap();
+        assert_eq!(report.status, Status::Signaled { signal: 15 }, "{report:?}");
+        // The session goes on.
+        assert_eq!(stdout(&sh(&session, "echo on").await), "on\n");
+        let _ = session.kill().await;
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn g18_a_pty_exec_has_a_controlling_terminal_that_resizes_and_takes_typed_input() {
+    require!("g18_a_pty_exec_has_a_controlling_terminal_that_resizes_and_takes_typed_input");
+    let home = host_dir("session-pty");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let opts = ExecOptions { pty: Some((24, 80)), started: Some(tx), ..ExecOptions::default() };
+        let out = Shared::default();
+        let (mut typed, input) = tokio::io::duplex(1024);
+        let io = LiveIo { stdin: Some(Box::new(input)), stdout: Some(Box::new(out.clone())), ..LiveIo::default() };
+        // The trap runs between two waits of the loop (bash runs traps between commands).
+        let script = "trap 'echo winch; stty size' WINCH; test -t 0 && test -t 1 && test -t 2 && echo terminal; \
+                      stty size; until read -t 0.2 line; do :; done; echo \"got $line\"";
+        let job = Job::command("bash", ["-c", script]).unwrap();
+        let exec = session.exec_with(&job, None, io, opts);
+        let control = async {
+            let started = rx.await.expect("told of the exec's start");
+            out.wait_for("24 80").await;
+            // Its controlling terminal, judged from the host: `tty_nr` in /proc/PID/stat.
+            let host = session.processes().into_iter().find(|p| p.pid == started.pid).unwrap().host_pid;
+            let stat = std::fs::read_to_string(format!("/proc/{host}/stat")).unwrap();
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            let tty_nr: i64 = after.split_whitespace().nth(4).unwrap().parse().unwrap();
+            assert_ne!(tty_nr, 0, "the exec has a controlling terminal: {stat}");
+            started.terminal.as_ref().expect("a terminal").resize(40, 120).unwrap();
+            out.wait_for("winch").await;
+            use tokio::io::AsyncWriteExt;
+            typed.write_all(b"hello\n").await.unwrap();
+        };
+        let (report, ()) = tokio::join!(exec, control);
+        let report = report.unwrap();
+        assert_eq!(report.status, Status::Exited { code: 0 }, "{report:?}");
+        let text = stdout(&report).replace("\r\n", "\n");
+        assert_eq!(text, "terminal\n24 80\nwinch\n40 120\ngot hello\n", "{report:?}");
+        // Echo is off: what was typed is not output again.
+        assert!(!text.contains("hello\ngot"), "{text:?}");
+        let _ = session.kill().await;
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn g18_a_drained_exec_goes_on_past_its_output_budget_and_keeps_its_first_bytes() {
+    require!("g18_a_drained_exec_goes_on_past_its_output_budget_and_keeps_its_first_bytes");
+    let home = host_dir("session-drain");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let job = Job::command("sh", ["-c", "head -c 100000 /dev/zero | tr '\\0' x; echo; echo done >&2"])
+            .unwrap()
+            .with_limits(Limits::default().with_stdout(1024).unwrap());
+        let live = Shared::default();
+        let io = LiveIo { stdout: Some(Box::new(live.clone())), ..LiveIo::default() };
+        let opts = ExecOptions { output: stockade_protocol::CaptureMode::Drain, ..ExecOptions::default() };
+        let r = session.exec_with(&job, None, io, opts).await.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        assert_eq!(r.stdout.bytes.len(), 1024);
+        assert_eq!(r.stderr.bytes, b"done\n");
+        // The live copy saw every byte.
+        assert_eq!(live.text().len(), 100_001);
+        // The default fails fast, as a run does.
+        let r = session.exec(&job, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::OutputLimit { stream: stockade_protocol::Stream::Stdout }, "{r:?}");
+        let _ = session.kill().await;
     });
     let _ = std::fs::remove_dir_all(&home);
 }
