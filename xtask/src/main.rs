@@ -42,7 +42,7 @@ commands:
                      for SECS (default 60; --smoke: 5), corpus kept under the target dir;
                      prints each target's executions, coverage and corpus size; --write
                      records them in docs/reliability.md
-  soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N] [--docker-runs N]
+  soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all] [--runs N] [--docker-runs N]
        [--concurrency C] [--seed S] [--release] [--write]
                      sustained load on every tier: a seeded mix of jobs, every outcome
                      checked, descriptors, processes, cgroups, mounts, temp entries, and
@@ -399,7 +399,7 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
-/// `cargo xtask soak [--tier process|process-pool|wasm|docker|docker-pool|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// `cargo xtask soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
 /// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
 /// report into docs/reliability.md between the soak markers.
 fn soak(args: &[String]) -> Result<()> {

@@ -61,6 +61,21 @@ pub(crate) enum SessionCommand {
         /// Start the session's home with the files of a snapshot (`session snapshot`).
         #[arg(long)]
         from: Option<PathBuf>,
+        /// The tier: process (default) or docker (one hardened container of --image; its
+        /// home a volume of its own, its files moved through the engine).
+        #[arg(long, default_value = "process", value_parser = ["process", "docker"])]
+        tier: String,
+        /// The docker tier's image (local; never pulled).
+        #[arg(long, default_value = stockade_runtime::docker::spec::DEFAULT_IMAGE)]
+        image: String,
+        /// Let every exec reach HOST[:PORT] through the session's egress proxy (repeatable),
+        /// as `stockade run --allow-net`; nothing else is reachable.
+        #[arg(long = "allow-net", value_name = "HOST[:PORT]")]
+        allow_net: Vec<String>,
+        /// Pin NAME:PORT to IP for the network grant (repeatable), as `stockade run
+        /// --net-resolve`.
+        #[arg(long = "net-resolve", value_name = "NAME:PORT:IP")]
+        net_resolve: Vec<String>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -548,8 +563,19 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
             idle_timeout_secs,
             max_lifetime_secs,
             from_snapshot,
+            docker_image,
+            allow_net,
+            net_resolve,
         } => {
             let mut profile = SessionProfile::default();
+            match crate::run::net_grant_from(None, &allow_net, &net_resolve) {
+                Ok(Some(net)) => profile.grants = Some(Arc::new(stockade_runtime::Grants::new().net(net))),
+                Ok(None) => {}
+                Err(e) => return error("invalid", e.to_string()),
+            }
+            if let Some(image) = docker_image {
+                profile.tier = stockade_runtime::session::SessionTier::Docker { image };
+            }
             let mut limits = Limits::default();
             if let Some(m) = memory_bytes {
                 limits = match limits.with_memory(m) {
@@ -638,7 +664,7 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
         }
         SessionCall::Resize { id, pid, rows, cols } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.resize(pid, rows, cols) {
+            match session.resize(pid, rows, cols).await {
                 Ok(()) => SessionReply::Done,
                 Err(e) => run_error(&e),
             }
@@ -701,14 +727,14 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
         },
         SessionCall::Read { id, path } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.files().read(&path, MAX_FILE_BYTES) {
+            match session.read(&path, MAX_FILE_BYTES).await {
                 Ok(bytes) => SessionReply::Data(bytes),
                 Err(e) => files_error(&e),
             }
         }
         SessionCall::Write { id, path, data } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.files().write(&path, &mut data.as_slice(), MAX_FILE_BYTES) {
+            match session.write(&path, &data, MAX_FILE_BYTES).await {
                 Ok(_) => SessionReply::Done,
                 Err(e) => files_error(&e),
             }
@@ -834,7 +860,21 @@ fn parse_signal(s: &str) -> Result<i32> {
 /// `stockade session ...`.
 pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
     match cmd {
-        SessionCommand::Create { memory, pids, workspace, idle_timeout, max_lifetime, from, socket } => {
+        SessionCommand::Create {
+            memory,
+            pids,
+            workspace,
+            idle_timeout,
+            max_lifetime,
+            from,
+            tier,
+            image,
+            allow_net,
+            net_resolve,
+            socket,
+        } => {
+            // Checked here too, so that a typo is this command's one line.
+            crate::run::net_grant_from(None, &allow_net, &net_resolve)?;
             let from_snapshot = from
                 .map(|f| std::fs::canonicalize(&f).with_context(|| format!("snapshot {}", f.display())))
                 .transpose()?
@@ -861,6 +901,9 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                     idle_timeout_secs: idle_timeout.map(|d| d.as_secs().max(1)),
                     max_lifetime_secs: max_lifetime.map(|d| d.as_secs().max(1)),
                     from_snapshot,
+                    docker_image: (tier == "docker").then_some(image),
+                    allow_net,
+                    net_resolve,
                 },
             )?;
             match expect_ok(reply)? {

@@ -15,7 +15,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-sys`; `bollard` (this crate is its only owner).
 //! Used by: `stockade-runtime` (feature `docker`), and through it `stockade-cli`.
-//! API boundary: yes; [`DockerTier`], [`RunError`], [`spec`], [`pool`], [`stage`].
+//! API boundary: yes; [`DockerTier`], [`RunError`], [`spec`], [`pool`], [`session`], [`stage`].
 //!
 //! # Threat model
 //! Trusted: the host program, the Docker engine and its runtime (runc, or runsc), the
@@ -104,6 +104,24 @@
 //!     under another OCI runtime (gVisor) it is refused before any container exists
 //!     (walked end to end with a model grant and busybox wget in stockade-cli's grants tests).
 //!     (pinned by: src/netns.rs::g9_*, tests/it/docker.rs::g9_*)
+//! G10. A session ([`DockerTier::session`], [`session::DockerSession`]) is one container
+//!     with G2's hardening that serves many execs, its home ([`session::SESSION_HOME`]) a
+//!     size-capped tmpfs volume of its own, no host path mounted. Each exec is a `docker
+//!     exec` as the job user with its own argv, environment, working directory and stdin,
+//!     its output captured fail-fast and copied live; files and processes persist between
+//!     execs. At an exec's deadline or a budget's breach, that exec's process group is
+//!     killed from inside the container (by its pid there, mapped through the host's
+//!     `/proc`) and the session goes on; where that cannot be done (a remote engine, no
+//!     `kill` in the image) the container is killed and the report says so. Files move
+//!     through the engine's archive API only (an absolute path without `..`; the root stays
+//!     read-only); pause and resume are `docker pause`; a background exec
+//!     ([`session::DockerExecOptions`]) reports its pid in the container, takes a signal to
+//!     its process group the same way, and may have a terminal the engine resizes; a
+//!     workspace is staged as in G7 and, read-write, copied back when the session ends; a
+//!     snapshot is the engine's archive of the home, which a new session starts from; a
+//!     kill removes the container and its volumes, and a killed owner's session containers
+//!     are reaped as in G4.
+//!     (pinned by: tests/it/docker.rs::g10_*)
 //!
 //! # Non-guarantees
 //! - Under runc the container shares the host kernel; seccomp is [`spec::SECCOMP_PROFILE`],
@@ -151,6 +169,7 @@
 
 pub mod netns;
 pub mod pool;
+pub mod session;
 pub mod spec;
 #[cfg(test)]
 mod spec_tests;
@@ -689,6 +708,47 @@ impl DockerTier {
             let _ = self.docker.kill_container(container, Some(kill)).await;
         }
         (sink, timed_out)
+    }
+
+    /// Uploads an archive into the container at `path` (a directory there).
+    pub(crate) async fn upload(&self, id: &str, path: &str, tar: bytes::Bytes) -> Result<(), RunError> {
+        let opts = bollard::query_parameters::UploadToContainerOptionsBuilder::default()
+            .path(path)
+            .no_overwrite_dir_non_dir("true")
+            .build();
+        self.docker.upload_to_container(id, Some(opts), bollard::body_full(tar)).await.map_err(engine)
+    }
+
+    /// Downloads the archive of `path` in the container, at most `bound` bytes.
+    pub(crate) async fn download(&self, id: &str, path: &str, bound: u64) -> Result<Vec<u8>, RunError> {
+        let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::default().path(path).build();
+        let mut stream = self.docker.download_from_container(id, Some(opts));
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(engine)?;
+            if archive.len() as u64 + chunk.len() as u64 > bound {
+                return Err(RunError::from(stage::StageError::Archive(format!(
+                    "larger than its bound of {bound} bytes"
+                ))));
+            }
+            archive.extend_from_slice(&chunk);
+        }
+        Ok(archive)
+    }
+
+    /// Downloads the container's `/workspace` (bounded by [`stage::archive_bound`] of
+    /// `bytes`) and applies it to `host`.
+    pub(crate) async fn download_workspace(
+        &self,
+        id: &str,
+        host: &std::path::Path,
+        bytes: u64,
+    ) -> Result<stage::Applied, RunError> {
+        let archive = self.download(id, spec::WORKSPACE, stage::archive_bound(bytes)).await?;
+        let host = host.to_path_buf();
+        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
+            .await
+            .map_err(|e| RunError::Internal(format!("unpacking the workspace: {e}")))??)
     }
 
     /// Waits (at most 10 s) until the container is not running; its exit code if known.

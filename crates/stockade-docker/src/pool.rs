@@ -11,17 +11,13 @@
 //! stopped running.
 
 use std::collections::VecDeque;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, UploadToContainerOptionsBuilder,
-};
-use futures_util::StreamExt;
+use bollard::query_parameters::CreateContainerOptionsBuilder;
 use stockade_protocol::{Access, Enforced, Job, JobKind, Limits, Mechanism, Report, Status};
 use tokio::sync::Mutex;
 
@@ -271,7 +267,7 @@ impl DockerPool {
         let warm = self.take().await?;
         let mut detail = None;
         let result = match &staged {
-            Some((_, _, packed)) => match self.upload(&warm.id, packed).await {
+            Some((_, _, packed)) => match self.tier.upload(&warm.id, spec::WORKSPACE, packed.tar.clone()).await {
                 Ok(()) => self.exec(&warm.id, job, command).await,
                 Err(e) => Err(e),
             },
@@ -280,7 +276,9 @@ impl DockerPool {
         let finished = matches!(&result, Ok(r) if matches!(r.status, Status::Exited { .. }));
         if let (Some((host, access, packed)), true) = (&staged, result.is_ok()) {
             let back = match (access, finished) {
-                (Access::ReadWrite, true) => Some(self.download(&warm.id, host).await),
+                (Access::ReadWrite, true) => {
+                    Some(self.tier.download_workspace(&warm.id, host, self.config.workspace_bytes).await)
+                }
                 _ => None,
             };
             detail = Some(stage_detail(*access, packed, self.config.workspace_bytes, back));
@@ -296,36 +294,6 @@ impl DockerPool {
             report.enforcement.push(Enforced::new(Mechanism::ContainerWorkspace, d));
         }
         Ok(report)
-    }
-
-    /// Uploads a packed workspace into the container's `/workspace` volume.
-    async fn upload(&self, id: &str, packed: &stage::Packed) -> Result<(), RunError> {
-        let opts =
-            UploadToContainerOptionsBuilder::default().path(spec::WORKSPACE).no_overwrite_dir_non_dir("true").build();
-        let body = bollard::body_full(packed.tar.clone());
-        self.tier.docker.upload_to_container(id, Some(opts), body).await.map_err(engine)
-    }
-
-    /// Downloads the container's `/workspace` (bounded by [`stage::archive_bound`]) and
-    /// applies it to `host`.
-    async fn download(&self, id: &str, host: &Path) -> Result<stage::Applied, RunError> {
-        let bound = stage::archive_bound(self.config.workspace_bytes);
-        let opts = DownloadFromContainerOptionsBuilder::default().path(spec::WORKSPACE).build();
-        let mut stream = self.tier.docker.download_from_container(id, Some(opts));
-        let mut archive = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(engine)?;
-            if archive.len() as u64 + chunk.len() as u64 > bound {
-                return Err(RunError::from(stage::StageError::Archive(format!(
-                    "larger than its bound of {bound} bytes"
-                ))));
-            }
-            archive.extend_from_slice(&chunk);
-        }
-        let host = host.to_path_buf();
-        Ok(tokio::task::spawn_blocking(move || stage::unpack(&archive, &host))
-            .await
-            .map_err(|e| RunError::Internal(format!("unpacking the workspace: {e}")))??)
     }
 
     async fn exec(&self, id: &str, job: &Job, command: &[String]) -> Result<Report, RunError> {

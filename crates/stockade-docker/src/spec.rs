@@ -416,6 +416,17 @@ pub fn staged_workspace_mount(
     hardening: &Hardening,
     run_id: &str,
 ) -> Result<Mount, SpecError> {
+    staged_volume(WORKSPACE, access, bytes, hardening, run_id)
+}
+
+/// [`staged_workspace_mount`] at `target` (a docker session's home is one, read-write).
+pub fn staged_volume(
+    target: &str,
+    access: Access,
+    bytes: u64,
+    hardening: &Hardening,
+    run_id: &str,
+) -> Result<Mount, SpecError> {
     let bytes = limit("workspace bytes", bytes, 1 << 20, 16 << 30, "1 MiB to 16 GiB")?;
     let (uid, gid) = match access {
         Access::ReadOnly => (0, 0),
@@ -423,7 +434,7 @@ pub fn staged_workspace_mount(
     };
     let o = format!("size={bytes},{},mode=0755,uid={uid},gid={gid},nosuid,nodev", entry_count_option());
     Ok(Mount {
-        target: Some(WORKSPACE.into()),
+        target: Some(target.into()),
         typ: Some(MountType::VOLUME),
         read_only: Some(false),
         volume_options: Some(MountVolumeOptions {

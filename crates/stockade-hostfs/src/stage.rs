@@ -396,3 +396,44 @@ fn plain_parents(top: &Dir, rel: &Path) -> io::Result<Option<Dir>> {
     }
     Ok(Some(dir))
 }
+
+/// One file as an archive for the engine's upload: `name` (one plain path component) with
+/// `content`, owned by `uid`:`gid`, mode 0644.
+pub fn pack_file(name: &str, content: &[u8], uid: u32, gid: u32) -> Result<Vec<u8>, StageError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(StageError::Archive(format!("{name:?} is not a plain file name")));
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_uid(uid.into());
+    h.set_gid(gid.into());
+    h.set_mode(0o644);
+    h.set_size(content.len() as u64);
+    h.set_mtime(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.append_data(&mut h, name, content).map_err(|e| StageError::Archive(e.to_string()))?;
+    builder.into_inner().map_err(|e| StageError::Archive(e.to_string()))
+}
+
+/// The content of the one regular file an engine's download of a file path holds, at most
+/// `limit` bytes; a directory, a link or anything else is refused by its kind.
+pub fn unpack_file(archive: &[u8], limit: u64) -> Result<Vec<u8>, StageError> {
+    let mut ar = tar::Archive::new(archive);
+    let mut entries = ar.entries().map_err(|e| StageError::Archive(e.to_string()))?;
+    let mut entry = entries
+        .next()
+        .ok_or_else(|| StageError::Archive("the archive is empty".into()))?
+        .map_err(|e| StageError::Archive(e.to_string()))?;
+    match entry.header().entry_type() {
+        tar::EntryType::Regular | tar::EntryType::Continuous => {}
+        tar::EntryType::Directory => return Err(StageError::Archive("is a directory".into())),
+        other => return Err(StageError::Archive(format!("is not a regular file ({other:?})"))),
+    }
+    let size = entry.header().size().map_err(|e| StageError::Archive(e.to_string()))?;
+    if size > limit {
+        return Err(StageError::TooLarge { bytes: size, limit });
+    }
+    let mut content = Vec::new();
+    entry.by_ref().take(limit).read_to_end(&mut content).map_err(|e| StageError::Archive(e.to_string()))?;
+    Ok(content)
+}

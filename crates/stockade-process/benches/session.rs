@@ -11,7 +11,8 @@
 //! - `session_files_1mib`: write then read 1 MiB through the files API (`files::Files`, as a
 //!   session's owner serves it), against `cp` of the same file on the host.
 //!
-//! It also prints the memory of 100 live idle sessions: this program's RSS before and after
+//! It also prints the p50 and p99 of execs in one session, quiet and beside a fork bomb in
+//! another session (held at its pids limit), and the memory of 100 live idle sessions: this program's RSS before and after
 //! making them, and the RSS of every process they add (helper, init), summed from the host's
 //! `/proc`.
 
@@ -36,7 +37,7 @@ fn home(tag: &str) -> std::path::PathBuf {
 }
 
 fn config(home: &std::path::Path) -> SessionConfig {
-    SessionConfig { limits: Limits::default(), workspace: None, home: Some(home.to_path_buf()) }
+    SessionConfig { limits: Limits::default(), home: Some(home.to_path_buf()), ..SessionConfig::default() }
 }
 
 async fn spawn(program: &str, args: &[&str]) -> bool {
@@ -179,7 +180,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn memory(rt: &tokio::runtime::Runtime) {
+fn memory(rt: &tokio::runtime::Runtime, noisy: &str) {
     let me = std::process::id();
     let before = rss_kib(me);
     let dir = home("memory");
@@ -206,10 +207,11 @@ fn memory(rt: &tokio::runtime::Runtime) {
     );
     // Rows for the bench table (`cargo xtask bench session`).
     if let Some(out) = std::env::var_os("STOCKADE_BENCH_MEMORY_OUT") {
-        let rows = format!(
-            "| session_memory_100_idle | supervisor RSS growth per live session | {per_owner:.1} KiB | | {before} KiB before, {after} KiB with 100 |\n| session_memory_100_idle | RSS of each session's processes (helper, init) | {per_session:.1} KiB | | {} processes, shared pages counted in each |\n",
-            added.len()
-        );
+        let rows = noisy.to_owned()
+            + &format!(
+                "| session_memory_100_idle | supervisor RSS growth per live session | {per_owner:.1} KiB | | {before} KiB before, {after} KiB with 100 |\n| session_memory_100_idle | RSS of each session's processes (helper, init) | {per_session:.1} KiB | | {} processes, shared pages counted in each |\n",
+                added.len()
+            );
         std::fs::write(out, rows).unwrap();
     }
     rt.block_on(async {
@@ -220,6 +222,69 @@ fn memory(rt: &tokio::runtime::Runtime) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// p50 and p99 of `n` execs of `/bin/true` in `session`.
+async fn exec_percentiles(session: &ProcessSession, n: usize) -> (Duration, Duration) {
+    let job = Job::command("/bin/true", Vec::<String>::new()).unwrap();
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = session.exec(&job, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 0 });
+        times.push(t.elapsed());
+    }
+    times.sort();
+    (times[n / 2], times[n * 99 / 100])
+}
+
+/// A fork bomb in one session beside execs in another: their p50 and p99, quiet and with the
+/// bomb running (held at its session's pids limit), in the same run.
+fn noisy_neighbour(rt: &tokio::runtime::Runtime) -> String {
+    let dir = home("noisy");
+    let (quiet, noisy) = rt.block_on(async {
+        let tier = tier();
+        let (ha, hb) = (dir.join("a"), dir.join("b"));
+        std::fs::create_dir_all(&ha).unwrap();
+        std::fs::create_dir_all(&hb).unwrap();
+        let a = tier.session(config(&ha)).await.unwrap();
+        let b = tier.session(config(&hb)).await.unwrap();
+        let _ = exec_percentiles(&a, 20).await;
+        let quiet = exec_percentiles(&a, 300).await;
+        // The bomb forks until its session's pids limit holds it, and keeps trying.
+        let bomb = Job::command("sh", ["-c", "b() { b | b & }; b; sleep 60"])
+            .unwrap()
+            .with_limits(Limits::default().with_wall(Duration::from_secs(120)).unwrap());
+        let bombing = b.exec(&bomb, None, LiveIo::default());
+        let measure = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let noisy = exec_percentiles(&a, 300).await;
+            b.terminate();
+            noisy
+        };
+        let (_, noisy) = tokio::join!(bombing, measure);
+        let _ = a.kill().await;
+        let _ = b.kill().await;
+        (quiet, noisy)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "session_noisy_neighbour: exec of /bin/true in one session, quiet p50 {:.2} ms p99 {:.2} ms; beside a fork bomb in another session p50 {:.2} ms p99 {:.2} ms ({:.2}x the quiet p99)",
+        ms(quiet.0),
+        ms(quiet.1),
+        ms(noisy.0),
+        ms(noisy.1),
+        ms(noisy.1) / ms(quiet.1)
+    );
+    format!(
+        "| session_noisy_neighbour | exec of `/bin/true` p99 beside a fork bomb in another session | {:.2} ms | {:.2}x | quiet p99 {:.2} ms (same run); p50 {:.2} ms quiet, {:.2} ms beside it |\n",
+        ms(noisy.1),
+        ms(noisy.1) / ms(quiet.1),
+        ms(quiet.1),
+        ms(quiet.0),
+        ms(noisy.0)
+    )
+}
+
 fn main() {
     ForkServer::start().expect("the fork server starts first thing");
     let rt = rt();
@@ -227,6 +292,7 @@ fn main() {
     create(&mut c, &rt);
     exec(&mut c, &rt);
     files(&mut c);
-    memory(&rt);
+    let noisy = noisy_neighbour(&rt);
+    memory(&rt, &noisy);
     c.final_summary();
 }

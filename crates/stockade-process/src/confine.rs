@@ -106,10 +106,11 @@ pub(crate) enum Tcp {
 
 impl Tcp {
     pub(crate) fn of(spec: &crate::spec::Spec) -> Self {
-        match (spec.model_port, spec.session) {
-            (Some(port), _) => Self::Connect(port),
-            (None, true) => Self::OwnLoopback,
-            (None, false) => Self::Denied,
+        match (spec.session, spec.model_port) {
+            // A session's own servers and its grants' listener share its loopback.
+            (true, _) => Self::OwnLoopback,
+            (false, Some(port)) => Self::Connect(port),
+            (false, None) => Self::Denied,
         }
     }
 }

@@ -139,9 +139,9 @@ pub struct SessionProcess {
     pub cmdline: String,
 }
 
-/// What a session is made with: limits for the whole session, an optional workspace, and
-/// the host directory that becomes its home.
-#[derive(Debug, Clone)]
+/// What a session is made with: limits for the whole session, an optional workspace, the
+/// host directory that becomes its home, and grants served for its whole life.
+#[derive(Debug, Default)]
 pub struct SessionConfig {
     /// Memory and processes of the whole session (its cgroup); `Limits::default()` otherwise.
     pub limits: stockade_protocol::Limits,
@@ -151,6 +151,12 @@ pub struct SessionConfig {
     /// A host directory made for this session alone (the caller creates it empty, in a
     /// directory no guest reaches), bound read-write at [`crate::SESSION_HOME`].
     pub home: Option<PathBuf>,
+    /// A grants directory, bound read-only at [`crate::GRANTS_GUEST_DIR`] (as for
+    /// [`ProcessTier::run_live`]).
+    pub grants_dir: Option<PathBuf>,
+    /// A listener on the session's loopback, taken by the supervisor and served for the
+    /// session's life (as for [`ProcessTier::run_live`]).
+    pub loopback: Option<crate::Loopback>,
 }
 
 /// A live sandbox that serves many execs ([`ProcessTier::session`]). Files written in
@@ -217,6 +223,10 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         let workspace = view.workspace.as_ref().map(|(ws, _)| ws.as_path());
         crate::supervisor::check_own_tree("session home", home, workspace, false)?;
     }
+    if let Some(dir) = &config.grants_dir {
+        let workspace = view.workspace.as_ref().map(|(ws, _)| ws.as_path());
+        crate::supervisor::check_own_tree("grants directory", dir, workspace, true)?;
+    }
     let processes = u64::from(limits.processes());
     let mut cgroup = crate::pool::run_cgroup(tier, limits.memory_bytes(), processes);
     // The freezer pauses and resumes the whole session; without one, pause is refused by name.
@@ -231,18 +241,32 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     let spec = Spec {
         session: true,
         home: config.home.clone(),
+        grants_dir: config.grants_dir.clone(),
+        model_port: config.loopback.as_ref().map(|l| l.port),
         ..crate::pool::sandbox_spec(tier, view, &cgroup, crate::supervisor::spec_limits(tier, &limits))
     };
     let launched =
         launch::launch(&tier.helper, spec, launch::GuestIo::Pipes { stdin: false }, Some(File::from(theirs)))?
             .register()?;
     let launch::Launched { process: mut helper, status, .. } = launched;
+    // The helper's listener is taken through a duplicate of its pidfd, while it lives.
+    let mut take = match config.loopback {
+        Some(l) => Some((helper.pidfd().map_err(|e| RunError::Internal(format!("duplicating a pidfd: {e}")))?, l)),
+        None => None,
+    };
     // The setup's lines up to `Ready` (or the failure that ends them), then the rest of the
     // pipe (the helper's `Ended`) is read in the background.
     let mut lines = crate::supervisor::status_reader(status);
     let setup = tokio::time::timeout(
         SETUP_TIMEOUT,
-        crate::supervisor::read_lines(&mut lines, |m| matches!(m, Msg::Ready | Msg::Error { .. })),
+        crate::supervisor::read_lines(&mut lines, |m| {
+            if let Msg::Listening { fd } = m
+                && let Some((pidfd, loopback)) = take.take()
+            {
+                crate::supervisor::hand_over(&pidfd, *fd, loopback);
+            }
+            matches!(m, Msg::Ready | Msg::Error { .. })
+        }),
     )
     .await;
     let msgs = match setup {

@@ -567,7 +567,7 @@ pub(crate) async fn read_messages(
 /// Takes the helper's listening socket `fd` and gives it to `loopback`. A helper that is
 /// already gone (the run ended first) leaves nothing to take: the grant's listener is
 /// simply never served.
-fn hand_over(pidfd: &std::os::fd::OwnedFd, fd: i32, loopback: Loopback) {
+pub(crate) fn hand_over(pidfd: &std::os::fd::OwnedFd, fd: i32, loopback: Loopback) {
     use std::os::fd::AsFd;
     if let Ok(socket) = crate::sys::process::pidfd_getfd(pidfd.as_fd(), fd) {
         (loopback.serve)(std::net::TcpListener::from(socket));

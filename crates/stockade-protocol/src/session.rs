@@ -33,6 +33,16 @@ pub enum SessionCall {
         /// A snapshot file whose files the home starts with.
         #[serde(default)]
         from_snapshot: Option<String>,
+        /// The docker tier with this image (local), instead of the process tier.
+        #[serde(default)]
+        docker_image: Option<String>,
+        /// The network grant's rules (`HOST[:PORT]`, as `stockade run --allow-net`).
+        #[serde(default)]
+        allow_net: Vec<String>,
+        /// Names pinned to addresses for the network grant (`NAME:PORT:IP`, as
+        /// `--net-resolve`).
+        #[serde(default)]
+        net_resolve: Vec<String>,
     },
     /// Run a command in a session.
     Exec {

@@ -71,7 +71,12 @@
 //! execs ([`session::Session::start`]): each a [`session::Background`] handle by its pid,
 //! whose output is kept (its latest 1 MiB) for an attach at any time and streamed live,
 //! whose stdin can be written and closed, whose process group can be signalled and whose
-//! terminal can be resized; a session with an exec running is not idle. The owner's
+//! terminal can be resized; a session with an exec running is not idle. A profile's grants
+//! are served by one [`Broker`] for the session's whole life, to every exec. A profile's
+//! [`session::SessionTier::Docker`] makes the session one hardened container instead
+//! (`stockade_docker::session`), its files read and written through the engine, its
+//! workspace staged; a docker session has no grants yet, and says so by name.
+//! The owner's
 //! directory is named after its pid and start time, so a later owner (or `stockade gc`)
 //! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`
 //! (its G10) and stockade-process's G17.
@@ -485,6 +490,14 @@ impl Broker {
         Ok(job?)
     }
 
+    /// A session's exec as its guest sees the grants: [`guest_job`](Self::guest_job) at the
+    /// process tier's grants directory, plus [`loopback_env`](Self::loopback_env).
+    #[cfg(feature = "process")]
+    pub(crate) fn session_job(&self, job: &Job) -> Result<Job, RunError> {
+        let job = self.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
+        self.with_loopback_env(job)
+    }
+
     /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,
     /// the reply's payload out. `Err` means the session has ended; the reason is reported.
     pub async fn call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
@@ -497,7 +510,7 @@ impl Broker {
         BrokerCaller(self.session.clone())
     }
 
-    fn finish(&self) -> stockade_protocol::GrantsReport {
+    pub(crate) fn finish(&self) -> stockade_protocol::GrantsReport {
         if let Some(mut tasks) = self.tasks.lock().unwrap_or_else(PoisonError::into_inner).take() {
             tasks.abort_all();
         }

@@ -17,11 +17,26 @@ use std::time::{Duration, Instant};
 
 use stockade_process::files::Files;
 use stockade_process::{ProcessSession, ProcessTier, SESSION_HOME, SessionConfig, files};
-use stockade_protocol::{Job, Limits, LiveIo, Report, RunError, Workspace};
+use stockade_protocol::{CaptureMode, Job, Limits, LiveIo, Report, RunError, Workspace};
+
+/// Which tier runs a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SessionTier {
+    /// The process tier (`ProcessSession`): namespaces, landlock, seccomp, cgroups.
+    #[default]
+    Process,
+    /// The docker tier: one hardened container of this image (local; never pulled).
+    Docker {
+        /// The image.
+        image: String,
+    },
+}
 
 /// What a session is made from.
 #[derive(Debug, Clone)]
 pub struct SessionProfile {
+    /// The tier that runs it.
+    pub tier: SessionTier,
     /// Memory and processes for the whole session; each exec brings its own wall clock,
     /// CPU and output budgets.
     pub limits: Limits,
@@ -33,22 +48,55 @@ pub struct SessionProfile {
     pub max_lifetime: Duration,
     /// A snapshot ([`Session::snapshot`]) whose files the new session's home starts with.
     pub from_snapshot: Option<PathBuf>,
+    /// Grants served to every exec for the session's whole life, by one broker (its call
+    /// bounds count the session's calls): data, functions, a model, the network.
+    pub grants: Option<Arc<crate::Grants>>,
 }
 
 impl Default for SessionProfile {
     fn default() -> Self {
         Self {
+            tier: SessionTier::Process,
             limits: Limits::default(),
             workspace: None,
             idle_timeout: Duration::from_secs(300),
             max_lifetime: Duration::from_secs(3600),
             from_snapshot: None,
+            grants: None,
         }
     }
 }
 
 /// How long [`Session::send_stdin`] waits for a background exec to read its input.
 pub const STDIN_WAIT: Duration = Duration::from_secs(10);
+
+/// How [`Session::exec_with`] runs an exec: in the foreground (the default), or as a
+/// background exec, with a terminal, a drained budget and a channel told its pid and control.
+#[derive(Default)]
+struct ExecMode {
+    pty: Option<(u16, u16)>,
+    drain: bool,
+    started: Option<tokio::sync::oneshot::Sender<(u32, Control)>>,
+}
+
+/// How a background exec is reached in its tier.
+enum Control {
+    /// The process tier: its id in the session, and its terminal.
+    Process { exec: u64, terminal: Option<stockade_process::Terminal> },
+    /// The docker tier: the engine's id for the exec, and whether it has a terminal.
+    #[cfg(feature = "docker")]
+    Docker { exec: String, tty: bool },
+}
+
+impl Control {
+    fn has_pty(&self) -> bool {
+        match self {
+            Self::Process { terminal, .. } => terminal.is_some(),
+            #[cfg(feature = "docker")]
+            Self::Docker { tty, .. } => *tty,
+        }
+    }
+}
 
 /// Why a session ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,13 +195,12 @@ impl std::io::Write for LogWriter {
 /// closed, its process group signalled, its terminal resized, and its end awaited.
 pub struct Background {
     pid: u32,
-    exec: u64,
+    control: Control,
     argv: Vec<String>,
     tag: Option<String>,
     cwd: Option<String>,
     output: Arc<OutputLog>,
     stdin: tokio::sync::Mutex<Option<tokio::io::DuplexStream>>,
-    terminal: Option<stockade_process::Terminal>,
     done: tokio::sync::watch::Receiver<Option<Result<Report, RunError>>>,
 }
 
@@ -191,7 +238,7 @@ impl Background {
     /// Whether it has a terminal.
     #[must_use]
     pub fn has_pty(&self) -> bool {
-        self.terminal.is_some()
+        self.control.has_pty()
     }
 
     /// Whether it is still running.
@@ -222,16 +269,35 @@ impl Background {
     }
 }
 
+/// The sandbox behind a session.
+enum Backend {
+    Process(Box<ProcessSession>),
+    #[cfg(feature = "docker")]
+    Docker(Box<stockade_docker::session::DockerSession>),
+}
+
+/// What a docker session cannot do yet, named.
+#[cfg(feature = "docker")]
+fn docker_lacks(what: &str) -> RunError {
+    RunError::Unsupported {
+        mechanism: what.into(),
+        reason: "a docker-tier session does not offer it yet; use the process tier".into(),
+    }
+}
+
 /// One live session ([`Sessions::create`]).
 pub struct Session {
     id: String,
     // Read-locked by every exec (they run side by side), write-locked to end it.
-    inner: tokio::sync::RwLock<Option<ProcessSession>>,
+    inner: tokio::sync::RwLock<Option<Backend>>,
     background: Mutex<Vec<Arc<Background>>>,
+    // The grants' broker, for the session's whole life.
+    broker: Option<crate::Broker>,
     // Execs in flight, foreground and background.
     running: std::sync::atomic::AtomicUsize,
-    files: Files,
+    files: Option<Files>,
     dir: PathBuf,
+    paused: std::sync::atomic::AtomicBool,
     profile: SessionProfile,
     made: Instant,
     used: Mutex<Instant>,
@@ -283,25 +349,52 @@ impl Session {
 
     /// Runs one exec ([`ProcessSession::exec`]).
     pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
-        self.exec_with(job, cwd, io, stockade_process::ExecOptions::default()).await
+        self.exec_with(job, cwd, io, ExecMode::default()).await
     }
 
     /// One exec with its options, counted as running (the session is not idle meanwhile).
-    async fn exec_with(
-        &self,
-        job: &Job,
-        cwd: Option<&str>,
-        io: LiveIo,
-        opts: stockade_process::ExecOptions,
-    ) -> Result<Report, RunError> {
+    async fn exec_with(&self, job: &Job, cwd: Option<&str>, io: LiveIo, opts: ExecMode) -> Result<Report, RunError> {
         use std::sync::atomic::Ordering;
         self.touch();
+        // With grants, the broker's variables (and a job that sets them is refused).
+        let granted;
+        let job = match &self.broker {
+            Some(b) => {
+                granted = b.session_job(job)?;
+                &granted
+            }
+            None => job,
+        };
         self.running.fetch_add(1, Ordering::Relaxed);
         let report = async {
             let inner = self.inner.read().await;
-            let session =
-                inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?;
-            session.exec_with(job, cwd, io, opts).await
+            let ExecMode { pty, drain, started } = opts;
+            match inner.as_ref() {
+                None => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+                Some(Backend::Process(s)) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let output = if drain { CaptureMode::Drain } else { CaptureMode::FailFast };
+                    let opts = stockade_process::ExecOptions { pty, output, started: Some(tx) };
+                    let forward = async {
+                        if let (Ok(st), Some(out)) = (rx.await, started) {
+                            let control = Control::Process { exec: st.id, terminal: st.terminal };
+                            let _ = out.send((st.pid, control));
+                        }
+                    };
+                    tokio::join!(s.exec_with(job, cwd, io, opts), forward).0
+                }
+                #[cfg(feature = "docker")]
+                Some(Backend::Docker(s)) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let opts = stockade_docker::session::DockerExecOptions { pty, drain, started: Some(tx) };
+                    let forward = async {
+                        if let (Ok(st), Some(out)) = (rx.await, started) {
+                            let _ = out.send((st.pid, Control::Docker { exec: st.exec, tty: pty.is_some() }));
+                        }
+                    };
+                    tokio::join!(s.exec_with(job, cwd, io, opts), forward).0
+                }
+            }
         }
         .await;
         self.running.fetch_sub(1, Ordering::Relaxed);
@@ -339,11 +432,7 @@ impl Session {
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done_rx) = tokio::sync::watch::channel(None);
-        let exec_opts = stockade_process::ExecOptions {
-            pty: opts.pty,
-            output: stockade_protocol::capture::CaptureMode::Drain,
-            started: Some(started_tx),
-        };
+        let exec_opts = ExecMode { pty: opts.pty, drain: true, started: Some(started_tx) };
         let argv: Vec<String> = match job.kind() {
             stockade_protocol::JobKind::Command { program, args } => {
                 std::iter::once(program.clone()).chain(args.iter().cloned()).collect()
@@ -356,7 +445,7 @@ impl Session {
             let result = session.exec_with(&job, task_cwd.as_deref(), io, exec_opts).await;
             let _ = done_tx.send(Some(result));
         });
-        let Ok(started) = started_rx.await else {
+        let Ok((pid, control)) = started_rx.await else {
             // It ended before its guest was forked: why.
             let mut done = done_rx;
             let r = done.wait_for(Option::is_some).await;
@@ -366,14 +455,13 @@ impl Session {
             };
         };
         let handle = Arc::new(Background {
-            pid: started.pid,
-            exec: started.id,
+            pid,
+            control,
             argv,
             tag: opts.tag,
             cwd,
             output: log,
             stdin: tokio::sync::Mutex::new(stdin),
-            terminal: started.terminal,
             done: done_rx,
         });
         let mut all = self.background.lock().unwrap_or_else(PoisonError::into_inner);
@@ -411,9 +499,15 @@ impl Session {
             return Err(RunError::Misconfigured(format!("the exec with pid {pid} has ended")));
         }
         let inner = self.inner.read().await;
-        let s = inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?;
-        s.signal(b.exec, signal);
-        Ok(())
+        match (inner.as_ref(), &b.control) {
+            (Some(Backend::Process(s)), Control::Process { exec, .. }) => {
+                s.signal(*exec, signal);
+                Ok(())
+            }
+            #[cfg(feature = "docker")]
+            (Some(Backend::Docker(s)), Control::Docker { .. }) => s.signal(pid, signal).await,
+            _ => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+        }
     }
 
     /// Writes `bytes` to a background exec's stdin (or types them into its terminal),
@@ -440,7 +534,7 @@ impl Session {
     pub async fn close_stdin(&self, pid: u32) -> Result<(), RunError> {
         self.touch();
         let b = self.find(pid)?;
-        if b.terminal.is_some() {
+        if b.has_pty() {
             return Err(RunError::Misconfigured(format!(
                 "the exec with pid {pid} has a terminal: type ^D (0x04) to end its input"
             )));
@@ -451,38 +545,98 @@ impl Session {
 
     /// Sets a background exec's terminal size (rows, columns); its process group gets
     /// `SIGWINCH`.
-    pub fn resize(&self, pid: u32, rows: u16, cols: u16) -> Result<(), RunError> {
+    pub async fn resize(&self, pid: u32, rows: u16, cols: u16) -> Result<(), RunError> {
         self.touch();
         let b = self.find(pid)?;
-        let t = b.terminal.as_ref().ok_or_else(|| {
-            RunError::Misconfigured(format!("the exec with pid {pid} has no terminal (start it with a pty)"))
-        })?;
-        t.resize(rows, cols).map_err(|e| RunError::Misconfigured(format!("resizing the terminal of pid {pid}: {e}")))
+        let none = || RunError::Misconfigured(format!("the exec with pid {pid} has no terminal (start it with a pty)"));
+        match &b.control {
+            Control::Process { terminal, .. } => terminal
+                .as_ref()
+                .ok_or_else(none)?
+                .resize(rows, cols)
+                .map_err(|e| RunError::Misconfigured(format!("resizing the terminal of pid {pid}: {e}"))),
+            #[cfg(feature = "docker")]
+            Control::Docker { exec, tty } => {
+                if !tty {
+                    return Err(none());
+                }
+                match self.inner.read().await.as_ref() {
+                    Some(Backend::Docker(s)) => s.resize(exec, rows, cols).await,
+                    _ => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+                }
+            }
+        }
     }
 
-    /// Its processes, init aside ([`ProcessSession::processes`]).
+    /// Its processes, init aside ([`ProcessSession::processes`]; a docker session's as the
+    /// engine lists them, each pid the one in the container where the host's `/proc` says
+    /// it).
     pub async fn processes(&self) -> Vec<stockade_process::SessionProcess> {
-        self.inner.read().await.as_ref().map(ProcessSession::processes).unwrap_or_default()
+        match self.inner.read().await.as_ref() {
+            None => Vec::new(),
+            Some(Backend::Process(s)) => s.processes(),
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(s)) => s
+                .processes()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| p.cmdline != "sleep 2147483647" && !p.cmdline.starts_with("/sbin/docker-init"))
+                .map(|p| {
+                    let inner = stockade_sys::proc::field(&format!("/proc/{}/status", p.host_pid), "NSpid:")
+                        .ok()
+                        .and_then(|n| n.split_whitespace().last().and_then(|v| v.parse().ok()));
+                    stockade_process::SessionProcess {
+                        pid: inner.unwrap_or(p.host_pid),
+                        host_pid: p.host_pid,
+                        cmdline: p.cmdline,
+                    }
+                })
+                .collect(),
+        }
     }
 
     /// Whether it is paused.
     #[must_use]
     pub fn paused(&self) -> bool {
-        self.inner.try_read().ok().and_then(|g| g.as_ref().map(ProcessSession::paused)).unwrap_or(false)
+        self.paused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Pauses it ([`ProcessSession::pause`]): no CPU, no exec, deadlines stopped.
+    /// Pauses it ([`ProcessSession::pause`], or `docker pause`): no CPU, no exec (for the
+    /// process tier, deadlines stopped).
     pub async fn pause(&self) -> Result<(), RunError> {
         self.touch();
         let inner = self.inner.read().await;
-        inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?.pause()
+        match inner.as_ref() {
+            None => return Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+            Some(Backend::Process(s)) => s.pause()?,
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(s)) => {
+                if !self.paused() {
+                    s.pause().await?;
+                }
+            }
+        }
+        self.paused.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
-    /// Resumes it ([`ProcessSession::resume`]).
+    /// Resumes it ([`ProcessSession::resume`], or `docker unpause`).
     pub async fn resume(&self) -> Result<(), RunError> {
         self.touch();
         let inner = self.inner.read().await;
-        inner.as_ref().ok_or_else(|| RunError::Misconfigured(format!("session {} is gone", self.id)))?.resume()
+        match inner.as_ref() {
+            None => return Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+            Some(Backend::Process(s)) => s.resume()?,
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(s)) => {
+                if self.paused() {
+                    s.resume().await?;
+                }
+            }
+        }
+        self.paused.store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// A filesystem-only snapshot: the session's home (every file, directory and symlink
@@ -490,8 +644,15 @@ impl Session {
     /// tar archive (a new file, mode 0600), with the session paused meanwhile so that the
     /// archive is one moment's (a paused session stays paused). Processes, `/tmp` and the
     /// workspace are not in it. [`SessionProfile::from_snapshot`] makes a session from it.
-    pub async fn snapshot(&self, to: &Path) -> Result<stockade_process::stage::Packed, RunError> {
+    /// Returns the archive's size.
+    pub async fn snapshot(&self, to: &Path) -> Result<u64, RunError> {
         let was_paused = self.paused();
+        #[cfg(feature = "docker")]
+        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
+            let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
+            let tar = s.snapshot(bound, was_paused).await?;
+            return write_snapshot(to, &tar);
+        }
         self.pause().await?;
         let home = self.dir.join("home");
         let packed = tokio::task::spawn_blocking(move || {
@@ -503,35 +664,67 @@ impl Session {
             self.resume().await?;
         }
         let packed = packed?.map_err(|e| RunError::Misconfigured(format!("snapshot of session {}: {e}", self.id)))?;
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
-            f.write_all(&packed.tar)?;
-            f.sync_all()
-        };
-        write().map_err(|e| RunError::Misconfigured(format!("snapshot file {}: {e}", to.display())))?;
-        Ok(packed)
+        write_snapshot(to, &packed.tar)
     }
 
-    /// The files API: the home at `/home/user` (and the workspace at `/workspace`), on the
-    /// host, through cap-std.
+    /// The files API of a process-tier session: the home at `/home/user` (and the
+    /// workspace at `/workspace`), on the host, through cap-std. `None` for a docker
+    /// session, whose files are in its container ([`Session::read`], [`Session::write`]).
     #[must_use]
-    pub fn files(&self) -> &Files {
+    pub fn files(&self) -> Option<&Files> {
         self.touch();
-        &self.files
+        self.files.as_ref()
+    }
+
+    /// Reads a file of the session by the guest's path, at most `limit` bytes: through
+    /// [`Session::files`], or a docker session's container (the engine's archive API).
+    pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, FilesError> {
+        if let Some(files) = self.files() {
+            return files.read(path, limit);
+        }
+        #[cfg(feature = "docker")]
+        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
+            return s.read(path, limit).await.map_err(|e| docker_files_error(path, e));
+        }
+        Err(FilesError::Invalid { path: path.into(), why: format!("session {} is gone", self.id) })
+    }
+
+    /// Writes a file of the session by the guest's path, at most `limit` bytes.
+    pub async fn write(&self, path: &str, data: &[u8], limit: u64) -> Result<(), FilesError> {
+        if let Some(files) = self.files() {
+            return files.write(path, &mut &data[..], limit).map(drop);
+        }
+        if data.len() as u64 > limit {
+            return Err(FilesError::TooLarge { path: path.into(), limit });
+        }
+        #[cfg(feature = "docker")]
+        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
+            return s.write(path, data).await.map_err(|e| docker_files_error(path, e));
+        }
+        Err(FilesError::Invalid { path: path.into(), why: format!("session {} is gone", self.id) })
     }
 
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
     /// sweep's result.
     pub async fn kill(&self) -> stockade_process::Swept {
-        if let Some(s) = self.inner.read().await.as_ref() {
+        if let Some(Backend::Process(s)) = self.inner.read().await.as_ref() {
             // Running execs end with it (their pipes close), so the write lock comes.
             s.terminate();
         }
         let taken = self.inner.write().await.take();
+        if let Some(b) = &self.broker {
+            b.finish();
+        }
         let swept = match taken {
-            Some(s) => s.kill().await,
+            Some(Backend::Process(s)) => (*s).kill().await,
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(s)) => {
+                // A read-write workspace's copy back: what failed is said on the owner's log.
+                if let Some(Err(e)) = (*s).kill().await {
+                    eprintln!("stockade: session {}: the workspace was not copied back: {e}", self.id);
+                }
+                stockade_process::Swept::default()
+            }
             None => stockade_process::Swept::default(),
         };
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -543,6 +736,8 @@ impl Session {
 /// over (its reaper, [`Sessions::reap_expired`]).
 pub struct Sessions {
     tier: ProcessTier,
+    #[cfg(feature = "docker")]
+    docker: tokio::sync::OnceCell<stockade_docker::DockerTier>,
     root: PathBuf,
     max: usize,
     live: Mutex<HashMap<String, Arc<Session>>>,
@@ -575,7 +770,14 @@ impl Sessions {
                 std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
             })
             .map_err(|e| RunError::Misconfigured(format!("sessions directory {}: {e}", root.display())))?;
-        Ok(Self { tier, root, max, live: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            tier,
+            #[cfg(feature = "docker")]
+            docker: tokio::sync::OnceCell::new(),
+            root,
+            max,
+            live: Mutex::new(HashMap::new()),
+        })
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -588,6 +790,9 @@ impl Sessions {
             return Err(RunError::Busy(format!("{} sessions are live, the most this owner keeps", self.max)));
         }
         let id = new_id().map_err(|e| RunError::Internal(format!("a session id: {e}")))?;
+        if let SessionTier::Docker { image } = &profile.tier {
+            return self.create_docker(id, image.clone(), profile).await;
+        }
         let dir = self.root.join(&id);
         let home = dir.join("home");
         std::fs::create_dir_all(&home)
@@ -608,21 +813,84 @@ impl Sessions {
                 .serve("/workspace", ws.path(), rw, rw)
                 .map_err(|e| cleanup(RunError::Misconfigured(format!("workspace {}: {e}", ws.path().display()))))?;
         }
-        let config = SessionConfig { limits: profile.limits, workspace: profile.workspace.clone(), home: Some(home) };
+        let mut config = SessionConfig {
+            limits: profile.limits,
+            workspace: profile.workspace.clone(),
+            home: Some(home),
+            ..SessionConfig::default()
+        };
+        // Grants: one broker for the session's life, its directory where a run's is (the
+        // temporary directory: a unix socket's path is short).
+        let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
+            Some(g) => {
+                let broker = crate::Broker::new(Arc::clone(g), std::env::temp_dir()).map_err(cleanup)?;
+                config.grants_dir = Some(broker.socket_dir().map_err(cleanup)?);
+                config.loopback = broker.loopback().map(|(port, serve)| stockade_process::Loopback::new(port, serve));
+                Some(broker)
+            }
+            None => None,
+        };
         let inner = self.tier.session(config).await.map_err(cleanup)?;
+        Ok(self.keep(id, Backend::Process(Box::new(inner)), Some(files), dir, profile, broker))
+    }
+
+    fn keep(
+        &self,
+        id: String,
+        backend: Backend,
+        files: Option<Files>,
+        dir: PathBuf,
+        profile: SessionProfile,
+        broker: Option<crate::Broker>,
+    ) -> Arc<Session> {
         let session = Arc::new(Session {
             id: id.clone(),
-            inner: tokio::sync::RwLock::new(Some(inner)),
+            inner: tokio::sync::RwLock::new(Some(backend)),
             background: Mutex::new(Vec::new()),
+            broker,
             running: std::sync::atomic::AtomicUsize::new(0),
             files,
             dir,
+            paused: std::sync::atomic::AtomicBool::new(false),
             profile,
             made: Instant::now(),
             used: Mutex::new(Instant::now()),
         });
         self.live().insert(id, Arc::clone(&session));
-        Ok(session)
+        session
+    }
+
+    /// A docker-tier session: one hardened container of `image`, its home a volume of its
+    /// own (`stockade_docker::session`).
+    #[cfg(feature = "docker")]
+    async fn create_docker(
+        &self,
+        id: String,
+        image: String,
+        profile: SessionProfile,
+    ) -> Result<Arc<Session>, RunError> {
+        if profile.grants.as_ref().is_some_and(|g| !g.is_empty()) {
+            return Err(docker_lacks("grants"));
+        }
+        let tier = self.docker.get_or_try_init(|| async { stockade_docker::DockerTier::connect().await }).await?;
+        let restore = profile.from_snapshot.as_deref().map(read_snapshot).transpose()?;
+        let config = stockade_docker::session::DockerSessionConfig {
+            limits: profile.limits,
+            lifetime: profile.max_lifetime,
+            workspace: profile.workspace.clone(),
+            restore,
+            ..stockade_docker::session::DockerSessionConfig::new(image)
+        };
+        let inner = tier.session(config).await?;
+        Ok(self.keep(id.clone(), Backend::Docker(Box::new(inner)), None, self.root.join(&id), profile, None))
+    }
+
+    #[cfg(not(feature = "docker"))]
+    async fn create_docker(&self, _: String, _: String, _: SessionProfile) -> Result<Arc<Session>, RunError> {
+        Err(RunError::Unsupported {
+            mechanism: "docker".into(),
+            reason: "this build has no docker tier (feature `docker`)".into(),
+        })
     }
 
     /// The live session with this id.
@@ -689,9 +957,21 @@ pub fn stale_homes(base: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Fills a new session's `home` from the snapshot file `from` (bounded, never through a link,
-/// files and directories only: `stockade_hostfs::stage::unpack_snapshot`).
-fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
+/// Writes a snapshot's archive to `to`, a new file of mode 0600; returns its size.
+fn write_snapshot(to: &Path, tar: &[u8]) -> Result<u64, RunError> {
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
+        f.write_all(tar)?;
+        f.sync_all()
+    };
+    write().map_err(|e| RunError::Misconfigured(format!("snapshot file {}: {e}", to.display())))?;
+    Ok(tar.len() as u64)
+}
+
+/// Reads a snapshot file, bounded.
+fn read_snapshot(from: &Path) -> Result<Vec<u8>, RunError> {
     use std::io::Read;
     let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
     let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(format!("snapshot {}: {e}", from.display()));
@@ -700,6 +980,14 @@ fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
     if bytes.len() as u64 > bound {
         return Err(bad(&format!("over the {bound}-byte bound of a snapshot")));
     }
+    Ok(bytes)
+}
+
+/// Fills a new session's `home` from the snapshot file `from` (bounded, never through a link,
+/// files and directories only: `stockade_hostfs::stage::unpack_snapshot`).
+fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
+    let bytes = read_snapshot(from)?;
+    let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(format!("snapshot {}: {e}", from.display()));
     stockade_process::stage::unpack_snapshot(&bytes, home).map_err(|e| bad(&e))?;
     Ok(())
 }
@@ -714,3 +1002,13 @@ fn new_id() -> std::io::Result<String> {
 
 /// The files API's types.
 pub use files::{Entry, FilesError, Kind};
+
+/// A docker session's file error as the files API's.
+#[cfg(feature = "docker")]
+fn docker_files_error(path: &str, e: RunError) -> FilesError {
+    match e {
+        RunError::Misconfigured(why) if why.contains("no such") => FilesError::NotFound(path.into()),
+        RunError::Misconfigured(why) => FilesError::Invalid { path: path.into(), why },
+        other => FilesError::Io { path: path.into(), source: std::io::Error::other(other.to_string()) },
+    }
+}

@@ -1,9 +1,9 @@
 //! `stockade-soak`: sustained load on the process, wasm and docker tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|all] [--runs N]
-//! [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]` (`docker` is one-shot
-//! runs, a container each; `--docker-runs` sets the run count of both docker tiers)
+//! Usage: `stockade-soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all]
+//! [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]` (`docker` is
+//! one-shot runs, a container each; `--docker-runs` sets the run count of the docker tiers)
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
 //! computation whose output is checked, an output flood, a sleep past the deadline, a memory
@@ -25,6 +25,9 @@
 //! and a home of its own, used for ten execs of the process tier's mix (a fork bomb only as a
 //! session's last exec, since what it forks lives on in the session) and killed, `--concurrency`
 //! sessions at a time; a `session` row counts the sessions made and killed.
+//! `docker-session` does the same with docker sessions (`DockerTier::session`: a container
+//! each, the worker's directory staged read-write), the docker mix as execs; a workspace
+//! exec's file is read by the host once its session has ended and copied it back.
 //!
 //! `main` starts the process tier's fork server first, while this program is still
 //! single-threaded, as every embedder should.
@@ -41,7 +44,7 @@ use anyhow::{Context, Result, bail};
 use stockade_docker::DockerTier;
 use stockade_docker::pool::{DockerPool, PoolConfig};
 use stockade_process::{ForkServer, Helper, ProcessTier};
-use stockade_protocol::{Access, Job, Limits, Report, Status, Stream};
+use stockade_protocol::{Access, Job, JobKind, Limits, Report, Status, Stream};
 use stockade_wasm::WasmTier;
 
 struct Args {
@@ -88,6 +91,7 @@ fn parse() -> Result<Args> {
             "wasm".into(),
             "docker".into(),
             "docker-pool".into(),
+            "docker-session".into(),
         ];
     }
     if a.concurrency == 0 || a.runs == 0 {
@@ -517,7 +521,7 @@ struct Outcome {
 async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path) -> Result<Outcome> {
     // A pool's waiting sandboxes are resources too: for `process-pool` the count before is
     // taken before the tier exists, and the one after once it is dropped.
-    let docker = tier == "docker" || tier == "docker-pool";
+    let docker = tier.starts_with("docker");
     // Connecting reaps what a killed supervisor left on the engine, so it comes first.
     let engine = if docker {
         let engine = DockerTier::connect().await.context("the docker engine (DOCKER_HOST or the default socket)")?;
@@ -554,6 +558,17 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         }
         "wasm" => (Runner::Wasm(WasmTier::new()?), wasm_kinds(scratch)?),
         "docker" => (Runner::Docker(engine.context("connected above")?), docker_kinds(true)),
+        "docker-session" => {
+            let mut kinds = docker_kinds(false);
+            kinds.push(Kind {
+                name: SESSION_KIND,
+                weight: 0,
+                job: Box::new(|_, _| bail!("not an exec")),
+                expect: Box::new(|_, _, _| true),
+                expected: "made, used for ten execs, killed; the workspace's last write copied back",
+            });
+            (Runner::Docker(engine.context("connected above")?), kinds)
+        }
         "docker-pool" => {
             let engine = engine.context("connected above")?;
             let mut config = PoolConfig::new(4, DOCKER_IMAGE).with_workspace(Access::ReadWrite);
@@ -563,7 +578,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         }
         other => {
             bail!(
-                "tier {other:?} is not soaked by this program (process, process-pool, process-session, wasm, docker or docker-pool)"
+                "tier {other:?} is not soaked by this program (process, process-pool, process-session, wasm, docker, docker-pool or docker-session)"
             )
         }
     };
@@ -584,7 +599,8 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     // Warm-up (a cached module, the first cgroup), then the resources before.
     for n in 0..kinds.len() as u64 {
         let k = &kinds[n as usize];
-        if k.weight == 0 {
+        // A docker session warms up by its own sessions, below.
+        if k.weight == 0 || tier == "docker-session" {
             continue;
         }
         let ws = scratch.join(format!("{tier}-warm-{n}"));
@@ -611,6 +627,23 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             r?;
         }
     }
+    if let (true, Runner::Docker(engine)) = (tier == "docker-session", &runner) {
+        let warm_runs = EXECS_PER_SESSION * args.concurrency as u64;
+        let warm_picks: Vec<usize> = (0..warm_runs).map(pick).collect();
+        let (next, records, tenth) = (AtomicU64::new(0), Mutex::new(Vec::new()), AtomicU64::new(0));
+        let mut warm = Vec::new();
+        for w in 0..args.concurrency {
+            let ws = scratch.join(format!("{tier}-warm-ws-{w}"));
+            std::fs::create_dir_all(&ws)?;
+            warm.push(ws);
+        }
+        let workers = warm
+            .iter()
+            .map(|ws| docker_session_worker(engine, &kinds, &warm_picks, &next, warm_runs, ws, &records, &tenth));
+        for r in futures_util::future::join_all(workers).await {
+            r?;
+        }
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pooled = tier == "process-pool" || tier == "docker-pool";
     let before = if pooled { before_tier } else { resources(server, docker) };
@@ -630,9 +663,13 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         let ws = scratch.join(format!("{tier}-worker-{w}"));
         std::fs::create_dir_all(&ws)?;
         let sessions = (tier == "process-session").then(|| scratch.join(format!("{tier}-homes-{w}")));
+        let docker_session = tier == "docker-session";
         workers.spawn(async move {
             if let (Some(homes), Runner::Process(process)) = (sessions, &*runner) {
                 return session_worker(process, &kinds, &picks, &next, runs, &ws, &homes, &records, &rss_tenth).await;
+            }
+            if let (true, Runner::Docker(engine)) = (docker_session, &*runner) {
+                return docker_session_worker(engine, &kinds, &picks, &next, runs, &ws, &records, &rss_tenth).await;
             }
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
@@ -741,6 +778,7 @@ async fn session_worker(
             limits: Limits::new(),
             workspace: Some(workspace.clone()),
             home: Some(home.clone()),
+            ..stockade_process::SessionConfig::default()
         };
         let session = match tier.session(config).await {
             Ok(s) => s,
@@ -777,6 +815,89 @@ async fn session_worker(
             ok,
             t.elapsed(),
             if ok { "killed".into() } else { format!("sweep errors: {:?}", swept.errors) },
+        );
+    }
+}
+
+/// One worker of the `docker-session` tier: docker sessions (one container each, the
+/// worker's directory staged read-write as its workspace), each used for
+/// [`EXECS_PER_SESSION`] execs of the docker mix and killed. A workspace exec runs in
+/// `/workspace`, and the host reads what the session's last one wrote once the session has
+/// ended and copied it back (not before: no host path is mounted).
+#[allow(clippy::too_many_arguments, reason = "the worker's shared state, as the other workers take it")]
+async fn docker_session_worker(
+    engine: &DockerTier,
+    kinds: &[Kind],
+    picks: &[usize],
+    next: &AtomicU64,
+    runs: u64,
+    ws: &Path,
+    records: &Mutex<Vec<Record>>,
+    rss_tenth: &AtomicU64,
+) -> Result<()> {
+    use stockade_docker::session::DockerSessionConfig;
+    let record = |kind: &'static str, ok: bool, latency: Duration, status: String| {
+        records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record { kind, ok, latency, status });
+    };
+    let workspace = stockade_protocol::Workspace::new(ws, Access::ReadWrite, stockade_protocol::Busy::Wait)?;
+    loop {
+        let first = next.fetch_add(EXECS_PER_SESSION, Ordering::Relaxed);
+        if first >= runs {
+            return Ok(());
+        }
+        if (first..first + EXECS_PER_SESSION).contains(&(runs / 10)) {
+            rss_tenth.store(rss_kib(), Ordering::Relaxed);
+        }
+        let _ = std::fs::remove_file(ws.join("out"));
+        let t = Instant::now();
+        let config = DockerSessionConfig {
+            limits: docker_limits(Limits::new())?,
+            workspace: Some(workspace.clone()),
+            workspace_bytes: 4 << 20,
+            ..DockerSessionConfig::new(DOCKER_IMAGE)
+        };
+        let session = match engine.session(config).await {
+            Ok(s) => s,
+            Err(e) => {
+                record(SESSION_KIND, false, t.elapsed(), format!("error: {e}"));
+                continue;
+            }
+        };
+        let mut last_write = None;
+        for n in first..(first + EXECS_PER_SESSION).min(runs) {
+            let k = &kinds[picks[usize::try_from(n).unwrap_or(0)]];
+            let image_job = (k.job)(n, ws)?;
+            let JobKind::Image { command, .. } = image_job.kind() else { bail!("the docker mix has image jobs") };
+            let (program, args) = command.split_first().context("an empty command")?;
+            let job = Job::command(program.clone(), args.iter().cloned())?
+                .with_env("PATH", "/bin:/usr/bin")?
+                .with_limits(*image_job.limits());
+            let cwd = image_job.workspace().map(|_| "/workspace");
+            let started = Instant::now();
+            let report = session.exec(&job, cwd, stockade_protocol::LiveIo::default()).await;
+            let (ok, status) = match &report {
+                // The host sees a workspace exec's file only at the session's end.
+                Ok(r) if cwd.is_some() => {
+                    last_write = Some(n);
+                    (exited0(r) && out(r) == format!("{n}\n").as_bytes(), format!("{:?}", r.status))
+                }
+                Ok(r) => ((k.expect)(r, n, ws), format!("{:?}", r.status)),
+                Err(e) => (false, format!("error: {e}")),
+            };
+            record(k.name, ok, started.elapsed(), status);
+        }
+        let applied = session.kill().await;
+        let copied = last_write.is_none_or(|n| host_has(ws, n));
+        let ok = copied && !matches!(applied, Some(Err(_)));
+        record(
+            SESSION_KIND,
+            ok,
+            t.elapsed(),
+            match (&applied, copied) {
+                (Some(Err(e)), _) => format!("copy back: {e}"),
+                (_, false) => "the workspace's last write was not copied back".into(),
+                _ => "killed".into(),
+            },
         );
     }
 }
@@ -872,7 +993,7 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
     let mut doc = String::new();
     let mut ok = true;
     for tier in &args.tiers {
-        if (tier == "docker" || tier == "docker-pool")
+        if tier.starts_with("docker")
             && args.defaulted
             && std::env::var_os("STOCKADE_REQUIRE_ALL").is_none()
             && let Err(e) = DockerTier::connect().await

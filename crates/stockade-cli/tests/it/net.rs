@@ -11,13 +11,13 @@ use std::time::Duration;
 use crate::cli::check;
 
 /// An HTTP upstream on `ip`: logs every request line, answers each with `hello from IP`.
-struct HttpUpstream {
-    port: u16,
+pub(crate) struct HttpUpstream {
+    pub(crate) port: u16,
     log: Arc<Mutex<Vec<String>>>,
 }
 
 impl HttpUpstream {
-    fn start(ip: &str) -> Self {
+    pub(crate) fn start(ip: &str) -> Self {
         let listener = TcpListener::bind((ip, 0)).unwrap();
         let port = listener.local_addr().unwrap().port();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -43,7 +43,7 @@ impl HttpUpstream {
         Self { port, log }
     }
 
-    fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }
 }

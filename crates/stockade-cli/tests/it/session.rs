@@ -348,3 +348,154 @@ fn g10_a_background_exec_takes_input_a_signal_and_an_attach_later_as_docker_exec
     assert_eq!(code, 0, "{err}");
     let _ = owner.session(&["kill", &id], b"");
 }
+
+/// Containers the engine has (any state) whose name is a stockade session's and whose
+/// run id names `pid`, counted from the host through `docker ps`.
+fn session_containers(pid: u32) -> usize {
+    let out = Command::new("docker")
+        .args(["ps", "-a", "--filter", "name=stockade-session-", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    let mine = format!("-{pid:x}-");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|n| n.contains(&mine)).count()
+}
+
+#[test]
+fn g10_a_docker_session_is_one_container_driven_by_the_same_commands() {
+    if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let _runs = shared();
+    let owner = Owner::start("docker");
+    let (code, out, err) = owner.session(&["create", "--tier", "docker"], b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    let owner_pid = owner.child.id();
+    // One container, judged from the host's engine.
+    assert_eq!(session_containers(owner_pid), 1);
+    let (code, out, err) = owner
+        .session(&["exec", &id, "--", "sh", "-c", "echo kept > note; read l; echo \"$l\"; pwd; exit 4"], b"piped\n");
+    assert_eq!((code, out.as_str()), (4, "piped\n/home/user\n"), "{err}");
+    let (code, out, err) = owner.session(&["exec", &id, "--", "cat", "note"], b"");
+    assert_eq!((code, out.as_str()), (0, "kept\n"), "{err}");
+    // Files in and out, through the engine.
+    let (code, _, err) = owner.session(&["cp", "-", &format!("{id}:/home/user/in.txt")], b"from the host\n");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = owner.session(&["cp", &format!("{id}:/home/user/in.txt"), "-"], b"");
+    assert_eq!((code, out.as_str()), (0, "from the host\n"), "{err}");
+    let (code, _, err) = owner.session(&["cp", &format!("{id}:/home/user/../../etc/passwd"), "-"], b"");
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // A background exec: its pid, its stdin, a signal to its group, its output later.
+    let (code, out, err) = owner
+        .session(&["exec", "-d", "-i", &id, "--", "sh", "-c", "read l; echo \"got $l\"; sleep 303; echo never"], b"");
+    assert_eq!(code, 0, "{err}");
+    let pid = out.trim().to_owned();
+    let (code, _, err) = owner.session(&["input", &id, &pid], b"hi\n");
+    assert_eq!(code, 0, "{err}");
+    eventually(WITHIN, "the background sleep runs", || with_marker("sleep 303").len() == 1);
+    let (code, _, err) = owner.session(&["signal", &id, &pid, "KILL"], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = owner.session(&["attach", "--replay", &id, &pid], b"");
+    assert_eq!((code, out.as_str()), (137, "got hi\n"));
+    eventually(WITHIN, "the signalled group is gone, on the host", || with_marker("sleep 303").is_empty());
+    // A terminal, sized and resized, judged from the host: the size of the exec's stdin, a
+    // pty, read through its `/proc` (busybox's stty cannot read it inside).
+    let (code, out, err) = owner.session(
+        &["exec", "-d", "-t", "30x100", &id, "--", "sh", "-c", "test -t 0 && echo tty; sleep 304; echo never"],
+        b"",
+    );
+    assert_eq!(code, 0, "{err}");
+    let tpid = out.trim().to_owned();
+    eventually(WITHIN, "the terminal's shell runs", || with_marker("sleep 304").len() == 1);
+    let size = || {
+        let host = with_marker("sleep 304")[0];
+        let py = format!(
+            "import fcntl, os, struct, termios\nfd = os.open('/proc/{host}/fd/0', os.O_RDONLY | os.O_NOCTTY)\nprint(*struct.unpack('hh', fcntl.ioctl(fd, termios.TIOCGWINSZ, b'0000')))"
+        );
+        let o = Command::new("python3").args(["-c", &py]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    assert_eq!(size(), "30 100");
+    let (code, _, err) = owner.session(&["resize", &id, &tpid, "40x120"], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(size(), "40 120");
+    let (code, _, err) = owner.session(&["signal", &id, &tpid, "KILL"], b"");
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = owner.session(&["attach", "--replay", &id, &tpid], b"");
+    assert_eq!(out.replace("\r\n", "\n"), "tty\n");
+    // A snapshot of its home starts another docker session with those files.
+    let snap = owner.state.join("docker-snapshot.tar");
+    let (code, _, err) = owner.session(&["snapshot", &id, snap.to_str().unwrap()], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = owner.session(&["create", "--tier", "docker", "--from", snap.to_str().unwrap()], b"");
+    assert_eq!(code, 0, "{err}");
+    let copy = out.trim().to_owned();
+    let (code, out, err) = owner.session(&["exec", &copy, "--", "cat", "note", "in.txt"], b"");
+    assert_eq!((code, out.as_str()), (0, "kept\nfrom the host\n"), "{err}");
+    let (code, _, err) = owner.session(&["kill", &id], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = owner.session(&["kill", &copy], b"");
+    assert_eq!(code, 0, "{err}");
+    eventually(WITHIN, "the sessions' containers are removed", || session_containers(owner_pid) == 0);
+    // A read-write workspace is staged in, and what the session made is copied back at its end.
+    let ws = owner.state.join("docker-ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("input.txt"), "host file\n").unwrap();
+    let (code, out, err) = owner.session(&["create", "--tier", "docker", "--workspace", ws.to_str().unwrap()], b"");
+    assert_eq!(code, 0, "{err}");
+    let wid = out.trim().to_owned();
+    let (code, out, err) = owner
+        .session(&["exec", "-w", "/workspace", &wid, "--", "sh", "-c", "cat input.txt; echo made > output.txt"], b"");
+    assert_eq!((code, out.as_str()), (0, "host file\n"), "{err}");
+    assert!(!ws.join("output.txt").exists(), "no host path is mounted: nothing reaches the host before the end");
+    let (code, _, err) = owner.session(&["kill", &wid], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(ws.join("output.txt")).unwrap(), "made\n");
+    eventually(WITHIN, "its container is removed", || session_containers(owner_pid) == 0);
+}
+
+#[test]
+fn g10_a_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
+    let _runs = shared();
+    let up = crate::net::HttpUpstream::start("127.0.0.2");
+    let port = up.port.to_string();
+    let owner = Owner::start("net");
+    let allow = format!("api.test:{port}");
+    let resolve = format!("api.test:{port}:127.0.0.2");
+    let (code, out, err) = owner.session(&["create", "--allow-net", &allow, "--net-resolve", &resolve], b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    // The grant lasts across execs: one broker for the session.
+    for path in ["first", "second"] {
+        let (code, out, err) =
+            owner.session(&["exec", &id, "--", "curl", "-sS", &format!("http://api.test:{port}/{path}")], b"");
+        assert_eq!((code, out.as_str()), (0, "hello from 127.0.0.2\n"), "{err}");
+    }
+    // A name the grant does not name: 403 from the proxy.
+    let other = format!(
+        "curl -sS -o /dev/null -w '%{{http_code}}' --resolve other.test:{port}:127.0.0.2 http://other.test:{port}/denied"
+    );
+    let (code, out, err) = owner.session(&["exec", &id, "--", "sh", "-c", &other], b"");
+    assert_eq!((code, out.as_str()), (0, "403"), "{err}");
+    // Around the proxy: no route to the upstream's address from the session's namespace.
+    let direct = format!("curl -sS --noproxy '*' --max-time 3 http://127.0.0.2:{port}/direct");
+    let (code, _, err) = owner.session(&["exec", &id, "--", "sh", "-c", &direct], b"");
+    assert_ne!(code, 0, "{err}");
+    // A session without the grant reaches nothing.
+    let (code, out, err) = owner.session(&["create"], b"");
+    assert_eq!(code, 0, "{err}");
+    let plain = out.trim().to_owned();
+    let (code, _, _) = owner.session(
+        &["exec", &plain, "--", "curl", "-sS", "--max-time", "3", &format!("http://api.test:{port}/none")],
+        b"",
+    );
+    assert_ne!(code, 0);
+    // Judged by the upstream: only the two allowed requests arrived.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(up.requests(), ["GET /first HTTP/1.1", "GET /second HTTP/1.1"]);
+    // A malformed rule is one line, and makes nothing.
+    let (code, _, err) = owner.session(&["create", "--allow-net", "bad host!"], b"");
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -751,3 +751,80 @@ fn g9_the_guest_joins_a_held_network_namespace_and_nothing_is_left() {
     }
     let _ = std::fs::remove_dir_all(&grants);
 }
+
+#[test]
+fn g10_a_session_container_keeps_files_and_processes_between_execs_and_its_deadline_ends_one_exec() {
+    use stockade_docker::session::{DockerSessionConfig, SESSION_HOME};
+    use stockade_protocol::LiveIo;
+    let _g = ENGINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(tier) = tier("g10_a_session_container") else { return };
+    rt().block_on(async {
+        let limits = Limits::default().with_memory(64 << 20).unwrap();
+        let session =
+            tier.session(DockerSessionConfig { limits, ..DockerSessionConfig::new(DEFAULT_IMAGE) }).await.unwrap();
+        let cmd = |s: &str| Job::command("sh", ["-c", s]).unwrap().with_env("PATH", "/bin:/usr/bin").unwrap();
+        // An exec with its own stdin, env and cwd; files and processes persist.
+        let job = cmd("read l; echo \"$l $G\"; pwd; echo kept > note; (sleep 300 &) ; echo err >&2; exit 3")
+            .with_stdin(b"hello\n".to_vec())
+            .unwrap()
+            .with_env("G", "world")
+            .unwrap();
+        let r = session.exec(&job, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::Exited { code: 3 }, "{r:?}");
+        assert_eq!(String::from_utf8_lossy(&r.stdout.bytes), format!("hello world\n{SESSION_HOME}\n"));
+        assert_eq!(r.stderr.bytes, b"err\n");
+        let r =
+            session.exec(&cmd("cat note; id -u; echo \"[$G]\""), Some("/home/user"), LiveIo::default()).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.stdout.bytes), "kept\n65534\n[]\n", "{r:?}");
+        // The engine lists the sleep the first exec left running.
+        let listed = session.processes().await.unwrap();
+        assert!(listed.iter().any(|p| p.cmdline.contains("sleep 300")), "{listed:?}");
+        // The files API: through the engine's archive API, in and out of the home.
+        session.write("/home/user/in.txt", b"from the host\n").await.unwrap();
+        let r =
+            session.exec(&cmd("cat in.txt; ls -ln in.txt | awk '{print $3}'"), None, LiveIo::default()).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.stdout.bytes), "from the host\n65534\n", "{r:?}");
+        assert_eq!(session.read("/home/user/note", 1 << 20).await.unwrap(), b"kept\n");
+        assert!(session.read("/home/user/missing", 1 << 20).await.is_err());
+        assert!(session.read("/home/user/../../etc/passwd", 1 << 20).await.is_err(), "`..` is refused");
+        assert!(session.read("/home/user", 1 << 20).await.is_err(), "a directory is not a file");
+        // The root stays read-only for a write through the API as for the guest.
+        assert!(session.write("/etc/planted", b"x").await.is_err());
+        // A deadline ends that exec (and its process group), not the session.
+        let slow = cmd("sleep 30").with_limits(Limits::default().with_wall(Duration::from_millis(500)).unwrap());
+        let r = session.exec(&slow, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::TimedOut, "{r:?}");
+        assert!(session.alive().await, "the session outlives an exec's deadline");
+        let count =
+            "echo still here; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c '^sleep 3'";
+        let r = session.exec(&cmd(count), None, LiveIo::default()).await.unwrap();
+        assert!(!r.enforcement.iter().any(|e| e.detail.contains("SIGKILL to the container")), "{r:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout.bytes),
+            "still here\n1\n",
+            "only the first exec's sleep is left: {r:?}"
+        );
+        // A memory bomb is out of memory (the container's memory cgroup counted the kill,
+        // read from the host), and the session goes on.
+        let bomb = cmd("x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done")
+            .with_limits(Limits::default().with_wall(Duration::from_secs(30)).unwrap());
+        let r = session.exec(&bomb, None, LiveIo::default()).await.unwrap();
+        assert_eq!(r.status, Status::OutOfMemory, "{r:?}");
+        let r = session.exec(&cmd("echo after"), None, LiveIo::default()).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.stdout.bytes), "after\n", "{r:?}");
+        // Pause freezes it (judged by the engine's state).
+        session.pause().await.unwrap();
+        let state = bollard::Docker::connect_with_local_defaults()
+            .unwrap()
+            .inspect_container(session.container().unwrap(), None)
+            .await
+            .unwrap()
+            .state
+            .unwrap();
+        assert_eq!(state.paused, Some(true));
+        session.resume().await.unwrap();
+        session.kill().await;
+    });
+    assert_eq!(leftovers(), 0, "the session's container is removed");
+    assert_eq!(leftover_volumes(), 0, "and its home volume");
+}

@@ -10,7 +10,7 @@ use stockade_protocol::{Job, Limits, LiveIo, Report, Status};
 use crate::support::*;
 
 fn config(home: &std::path::Path) -> SessionConfig {
-    SessionConfig { limits: Limits::default(), workspace: None, home: Some(home.to_path_buf()) }
+    SessionConfig { limits: Limits::default(), home: Some(home.to_path_buf()), ..SessionConfig::default() }
 }
 
 async fn sh(session: &ProcessSession, script: &str) -> Report {

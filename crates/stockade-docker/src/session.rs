@@ -1,0 +1,617 @@
+//! Sessions of the docker tier ([`DockerTier::session`]): one hardened container that lives
+//! across many execs, as E2B's and `docker run -d` + `docker exec`'s sandboxes do.
+//!
+//! The container is a pool keeper's (every default of G2: no network, read-only root, no
+//! capabilities, no-new-privileges, uid 65534, the session's memory, pids, nofile and CPU
+//! limits, `/tmp` tmpfs, an init, labels for reaping), with one more mount: its home, a
+//! tmpfs-backed volume of the local driver (size- and inode-capped, nosuid, nodev, owned by
+//! the job user) at [`SESSION_HOME`], so that the engine's archive API reaches it (it does
+//! not reach a plain tmpfs mount). Files move through that API ([`DockerSession::read`],
+//! [`DockerSession::write`]): never a host path, and the engine resolves the guest's path
+//! inside the container.
+//!
+//! An exec is `docker exec` as the job user, with its own argv, environment, working
+//! directory and stdin, its output captured fail-fast and copied live. Docker cannot kill an
+//! exec: at an exec's deadline or a budget's breach, the supervisor kills the exec's process
+//! (and its process group) from inside the container, by the pid the engine gives for it
+//! (mapped into the container's pid namespace through the host's `/proc`, so this needs a
+//! local engine and a `kill` in the image, as busybox has); where either is missing, the
+//! container is killed and the session ends, and the report says so.
+
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use stockade_protocol::{
+    Access, BoundedSink, CaptureMode, Enforced, Flow, Job, JobKind, Limits, LiveIo, Mechanism, Report, Status, Stream,
+};
+use tokio::io::AsyncWriteExt;
+
+use crate::{DockerTier, RunError, engine, spec};
+
+/// Where a docker session's home is, as in the process tier and E2B's images.
+pub const SESSION_HOME: &str = "/home/user";
+
+/// The size of a docker session's home volume by default: 512 MiB.
+pub const HOME_BYTES: u64 = 512 << 20;
+
+/// What a docker session is made with.
+#[derive(Debug, Clone)]
+pub struct DockerSessionConfig {
+    /// The image (local; the engine is never asked to pull).
+    pub image: String,
+    /// Memory, processes, open files and CPU of the whole container.
+    pub limits: Limits,
+    /// The home volume's size, bytes.
+    pub home_bytes: u64,
+    /// How long the container may live: its expiry label, after which `gc` reaps it even
+    /// if its owner is alive.
+    pub lifetime: Duration,
+    /// A workspace, staged into the container's own `/workspace` volume when the session
+    /// starts (as a pool stages one, G7), locked for the session's life, and for a
+    /// read-write grant applied back to the host directory when it ends.
+    pub workspace: Option<stockade_protocol::Workspace>,
+    /// The workspace volume's size, bytes.
+    pub workspace_bytes: u64,
+    /// A snapshot ([`DockerSession::snapshot`]) unpacked into the home before the first
+    /// exec.
+    pub restore: Option<Vec<u8>>,
+}
+
+impl DockerSessionConfig {
+    /// A session of `image` with the default limits, a [`HOME_BYTES`] home and a one-day
+    /// lifetime.
+    pub fn new(image: impl Into<String>) -> Self {
+        Self {
+            image: image.into(),
+            limits: Limits::default(),
+            home_bytes: HOME_BYTES,
+            lifetime: Duration::from_secs(24 * 60 * 60),
+            workspace: None,
+            workspace_bytes: crate::stage::DEFAULT_STAGE_BYTES,
+            restore: None,
+        }
+    }
+}
+
+/// How [`DockerSession::exec_with`] runs an exec, beyond its job.
+#[derive(Debug, Default)]
+pub struct DockerExecOptions {
+    /// A terminal of this size (rows, columns): the exec is created with a tty, its output
+    /// comes as stdout, its stdin is typed into it, and [`DockerSession::resize`] sizes it.
+    pub pty: Option<(u16, u16)>,
+    /// An output budget keeps the first bytes for the report and the exec goes on (the live
+    /// copies see every byte), rather than being killed: a background exec.
+    pub drain: bool,
+    /// Told the exec's engine id and its pid in the container once it runs.
+    pub started: Option<tokio::sync::oneshot::Sender<DockerExecStarted>>,
+}
+
+/// A running exec of a docker session, as [`DockerExecOptions::started`] is told of it.
+#[derive(Debug, Clone)]
+pub struct DockerExecStarted {
+    /// The engine's id for the exec ([`DockerSession::resize`] takes it).
+    pub exec: String,
+    /// Its pid in the container (0 where the host's `/proc` cannot map it: a remote
+    /// engine), which [`DockerSession::signal`] takes.
+    pub pid: u32,
+}
+
+/// One process of a docker session, as the engine lists it (`docker top`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerProcess {
+    /// Its pid on the host (the engine's view).
+    pub host_pid: u32,
+    /// Its command line.
+    pub cmdline: String,
+}
+
+/// A live container that serves many execs ([`DockerTier::session`]). Dropping it removes
+/// the container (from a task on the caller's runtime), as [`DockerSession::kill`] does.
+#[derive(Debug)]
+pub struct DockerSession {
+    tier: DockerTier,
+    id: Option<String>,
+    enforced: Vec<Enforced>,
+    // A read-write workspace (host directory, volume size) to apply back at the end.
+    apply_back: Option<(std::path::PathBuf, u64)>,
+    _lock: Option<stockade_hostfs::WorkspaceLock>,
+}
+
+impl DockerTier {
+    /// Starts a session's container: the pool keeper's hardening, the config's limits, and a
+    /// home volume at [`SESSION_HOME`], where execs start by default.
+    pub async fn session(&self, config: DockerSessionConfig) -> Result<DockerSession, RunError> {
+        self.retry_pending().await;
+        let keeper = Job::image(config.image.clone(), ["sleep", "2147483647"])?.with_limits(config.limits);
+        // The workspace: locked for the session's life, packed before any container exists.
+        let (lock, staged) = match &config.workspace {
+            None => (None, None),
+            Some(ws) => {
+                let opened = stockade_hostfs::open_workspace(ws.path())?;
+                let writable = ws.access() == Access::ReadWrite;
+                let lock = opened.lock(writable, ws.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL)).await?;
+                let (root, h, bytes, access) =
+                    (ws.path().to_path_buf(), self.hardening.clone(), config.workspace_bytes, ws.access());
+                let packed =
+                    tokio::task::spawn_blocking(move || crate::stage::pack(&root, access, h.uid, h.gid, bytes))
+                        .await
+                        .map_err(|e| RunError::Internal(format!("packing the workspace: {e}")))??;
+                (Some(lock), Some((ws.clone(), packed)))
+            }
+        };
+        let id = crate::run_id();
+        let expires = crate::unix_now() + config.lifetime.as_secs() + spec::ORPHAN_GRACE.as_secs();
+        let mut spec = spec::spec(&keeper, &self.hardening, &id, expires)?;
+        spec.body.attach_stdin = Some(false);
+        spec.body.open_stdin = Some(false);
+        spec.body.stdin_once = Some(false);
+        spec.body.attach_stdout = Some(false);
+        spec.body.attach_stderr = Some(false);
+        let mut mounts =
+            vec![spec::staged_volume(SESSION_HOME, Access::ReadWrite, config.home_bytes, &self.hardening, &id)?];
+        if let Some((ws, _)) = &staged {
+            mounts.push(spec::staged_workspace_mount(ws.access(), config.workspace_bytes, &self.hardening, &id)?);
+        }
+        if let Some(host) = spec.body.host_config.as_mut() {
+            host.mounts = Some(mounts);
+        }
+        spec.body.working_dir = Some(SESSION_HOME.into());
+        let name = format!("stockade-session-{id}");
+        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = self.docker.create_container(Some(opts), spec.body).await.map_err(engine)?;
+        let mut session = DockerSession {
+            tier: self.clone(),
+            id: Some(created.id.clone()),
+            enforced: Vec::new(),
+            apply_back: None,
+            _lock: lock,
+        };
+        // On an error from here, dropping the session removes the container.
+        self.docker.start_container(&created.id, None).await.map_err(engine)?;
+        if let Some(tar) = config.restore {
+            self.upload(&created.id, SESSION_HOME, tar.into()).await?;
+        }
+        // The container's own mechanisms; each exec adds its deadline and budgets.
+        let mut enforced = crate::enforcement(&keeper, &self.hardening);
+        enforced.retain(|e| !matches!(e.mechanism, Mechanism::Deadline | Mechanism::OutputBudget));
+        let mut apply_back = None;
+        if let Some((ws, packed)) = &staged {
+            self.upload(&created.id, spec::WORKSPACE, packed.tar.clone()).await?;
+            enforced.push(Enforced::new(
+                Mechanism::ContainerWorkspace,
+                format!(
+                    "workspace staged {}: {} files, {} bytes into a {}-byte tmpfs volume, no host path mounted{}",
+                    if ws.access() == Access::ReadWrite { "read-write" } else { "read-only (root-owned)" },
+                    packed.files,
+                    packed.bytes,
+                    config.workspace_bytes,
+                    if ws.access() == Access::ReadWrite { "; copied back when the session ends" } else { "" }
+                ),
+            ));
+            if ws.access() == Access::ReadWrite {
+                apply_back = Some((ws.path().to_path_buf(), config.workspace_bytes));
+            }
+        }
+        enforced.push(Enforced::new(
+            Mechanism::ContainerWorkspace,
+            format!(
+                "home {SESSION_HOME}: a {}-byte tmpfs volume of the container's own (nosuid, nodev), no host path mounted",
+                config.home_bytes
+            ),
+        ));
+        session.enforced = enforced;
+        session.apply_back = apply_back;
+        Ok(session)
+    }
+}
+
+impl DockerSession {
+    fn id(&self) -> Result<&str, RunError> {
+        self.id.as_deref().ok_or_else(|| RunError::Misconfigured("the session is gone".into()))
+    }
+
+    /// The container's id.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// Whether the container is still running.
+    pub async fn alive(&self) -> bool {
+        let Some(id) = &self.id else { return false };
+        match self.tier.docker.inspect_container(id, None).await {
+            Ok(c) => c.state.is_some_and(|s| s.running == Some(true)),
+            Err(_) => false,
+        }
+    }
+
+    /// Runs one exec: `job` (a command: program and arguments, run from the image's
+    /// `PATH`), as the job user, in `cwd` (default [`SESSION_HOME`]), with the job's
+    /// environment, stdin, deadline and output budgets, its stdout and stderr copied live to
+    /// `io`. At the deadline or a budget's breach the exec's process group is killed and the
+    /// session goes on (see the module docs for when the container is killed instead).
+    pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
+        self.exec_with(job, cwd, io, DockerExecOptions::default()).await
+    }
+
+    /// [`exec`](Self::exec) with [`DockerExecOptions`]: a terminal, a drained output
+    /// budget, and a channel told the exec's id and pid once it runs (a background exec).
+    pub async fn exec_with(
+        &self,
+        job: &Job,
+        cwd: Option<&str>,
+        io: LiveIo,
+        opts: DockerExecOptions,
+    ) -> Result<Report, RunError> {
+        io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
+        let id = self.id()?.to_owned();
+        let JobKind::Command { program, args } = job.kind() else {
+            return Err(RunError::Misconfigured("a docker session runs command jobs (program and arguments)".into()));
+        };
+        if job.workspace().is_some() {
+            return Err(RunError::Misconfigured(
+                "a docker session has no workspace; copy files in through its files API".into(),
+            ));
+        }
+        if let Some(cwd) = cwd
+            && !cwd.starts_with('/')
+        {
+            return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
+        }
+        let docker = &self.tier.docker;
+        let limits = job.limits();
+        let LiveIo { stdin: live_stdin, stdout: mut live_out, stderr: mut live_err } = io;
+        let stdin = job.stdin().to_vec();
+        let has_stdin = live_stdin.is_some() || !stdin.is_empty();
+        let mut cmd = vec![program.clone()];
+        cmd.extend(args.iter().cloned());
+        let config = CreateExecOptions {
+            cmd: Some(cmd),
+            user: Some(format!("{}:{}", self.tier.hardening.uid, self.tier.hardening.gid)),
+            env: Some(job.env().iter().map(|v| format!("{}={}", v.key(), v.value())).collect()),
+            attach_stdin: Some(has_stdin || opts.pty.is_some()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(opts.pty.is_some()),
+            privileged: Some(false),
+            working_dir: Some(cwd.unwrap_or(SESSION_HOME).to_owned()),
+            ..Default::default()
+        };
+        let exec = docker.create_exec(&id, config).await.map_err(engine)?;
+        // The container's OOM kills so far, from the host (a local engine): an exec the
+        // kernel's OOM killer ends is out of memory, not merely killed by signal 9.
+        let oom_before = self.oom_kills().await;
+        let start = Instant::now();
+        let tty = opts.pty.is_some();
+        let start_opts = StartExecOptions { detach: false, tty, output_capacity: None };
+        let StartExecResults::Attached { mut output, mut input } =
+            docker.start_exec(&exec.id, Some(start_opts)).await.map_err(engine)?
+        else {
+            return Err(engine("exec started detached"));
+        };
+        if let Some((rows, cols)) = opts.pty {
+            let size = bollard::query_parameters::ResizeExecOptionsBuilder::default()
+                .h(i32::from(rows))
+                .w(i32::from(cols))
+                .build();
+            let _ = docker.resize_exec(&exec.id, size).await;
+        }
+        if let Some(tx) = opts.started {
+            let pid = self.exec_pid(&exec.id).await.unwrap_or(0);
+            let _ = tx.send(DockerExecStarted { exec: exec.id.clone(), pid });
+        }
+        let writer = tokio::spawn(async move {
+            let _ = input.write_all(&stdin).await;
+            if let Some(mut src) = live_stdin {
+                let _ = tokio::io::copy(&mut src, &mut input).await;
+            }
+            // A terminal's input has no end of file until the exec ends.
+            if !tty {
+                let _ = input.shutdown().await;
+            }
+        });
+        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let mode = if opts.drain { CaptureMode::Drain } else { CaptureMode::FailFast };
+        let mut out = BoundedSink::new(cap(limits.stdout_bytes()), mode);
+        let mut err = BoundedSink::new(cap(limits.stderr_bytes()), mode);
+        let mut breach = None;
+        let read = async {
+            while let Some(frame) = output.next().await {
+                let Ok(frame) = frame else { break };
+                let (sink, stream, live, bytes) = match frame {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        (&mut out, Stream::Stdout, &mut live_out, message)
+                    }
+                    LogOutput::StdErr { message } => (&mut err, Stream::Stderr, &mut live_err, message),
+                    LogOutput::StdIn { .. } => continue,
+                };
+                if let Some(w) = live.as_mut()
+                    && w.write_all(&bytes).and_then(|()| w.flush()).is_err()
+                {
+                    *live = None;
+                }
+                if sink.push(&bytes) == Flow::OverBudget {
+                    breach = Some(stream);
+                    return;
+                }
+            }
+        };
+        let timed_out = tokio::time::timeout(limits.wall(), read).await.is_err();
+        // An open, unread attach stream blocks the engine's kill and inspect: drop it first.
+        drop(output);
+        writer.abort();
+        let mut detail = None;
+        if timed_out || breach.is_some() {
+            detail = Some(self.kill_exec(&id, &exec.id).await);
+        }
+        let mut code = None;
+        for _ in 0..200 {
+            let i = docker.inspect_exec(&exec.id).await.map_err(engine)?;
+            if i.running == Some(false) {
+                code = i.exit_code;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let wall = start.elapsed();
+        let oom = code == Some(128 + 9)
+            && !timed_out
+            && breach.is_none()
+            && matches!((oom_before, self.oom_kills().await), (Some(b), Some(a)) if a > b);
+        let status = match (timed_out, breach, code) {
+            (true, _, _) => Status::TimedOut,
+            (_, Some(stream), _) => Status::OutputLimit { stream },
+            _ if oom => Status::OutOfMemory,
+            (_, _, Some(c)) if (129..=192).contains(&c) => {
+                Status::Signaled { signal: i32::try_from(c - 128).unwrap_or(0) }
+            }
+            (_, _, Some(c)) => Status::Exited { code: i32::try_from(c).unwrap_or(-1) },
+            (_, _, None) => {
+                return Err(engine(format!(
+                    "the engine gave no exit code for exec {} in container {id} after its output ended",
+                    exec.id
+                )));
+            }
+        };
+        let mut report = Report::new(status, wall).with_output(out.finish(), err.finish());
+        report.enforcement = self.enforced.clone();
+        report.enforcement.push(Enforced::new(
+            Mechanism::Deadline,
+            format!(
+                "{:?} wall clock; {}",
+                limits.wall(),
+                detail.unwrap_or_else(|| "the exec's process group is killed at it, the session goes on".into())
+            ),
+        ));
+        report.enforcement.push(Enforced::new(
+            Mechanism::OutputBudget,
+            format!(
+                "stdout {} bytes, stderr {} bytes; {}",
+                limits.stdout_bytes(),
+                limits.stderr_bytes(),
+                if opts.drain {
+                    "the first bytes are kept, the rest is read and not kept (the live copy sees it)"
+                } else {
+                    "the exec is killed at the first byte over"
+                }
+            ),
+        ));
+        Ok(report)
+    }
+
+    /// The OOM kills the container's memory cgroup has counted, read from the host through
+    /// its init's pid; `None` where this host cannot see it (a remote engine).
+    async fn oom_kills(&self) -> Option<u64> {
+        let id = self.id.as_deref()?;
+        let state = self.tier.docker.inspect_container(id, None).await.ok()?.state?;
+        let pid = state.pid.filter(|p| *p > 0)?;
+        stockade_sys::cgroup::memory_oom_kills(&pid.to_string())
+    }
+
+    /// An exec's pid in the container: the engine's host pid for it, mapped through the
+    /// host's `/proc` (`NSpid`); `None` for an engine whose processes this host cannot see.
+    async fn exec_pid(&self, exec: &str) -> Option<u32> {
+        for _ in 0..100 {
+            let i = self.tier.docker.inspect_exec(exec).await.ok()?;
+            if let Some(p) = i.pid.filter(|p| *p > 0) {
+                let nspid = stockade_sys::proc::field(&format!("/proc/{p}/status"), "NSpid:").ok()?;
+                return nspid.split_whitespace().last()?.parse::<u32>().ok();
+            }
+            if i.running == Some(false) {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    }
+
+    /// Sends `signal` (1-64) to a running exec's process group and itself, by its pid in the
+    /// container ([`DockerExecStarted::pid`]), from a `kill` exec as the job user.
+    pub async fn signal(&self, pid: u32, signal: i32) -> Result<(), RunError> {
+        if pid == 0 || !(1..=64).contains(&signal) {
+            return Err(RunError::Misconfigured(format!("cannot signal pid {pid} with {signal}")));
+        }
+        let docker = &self.tier.docker;
+        let config = CreateExecOptions {
+            cmd: Some(vec!["kill".into(), format!("-{signal}"), format!("-{pid}"), pid.to_string()]),
+            user: Some(format!("{}:{}", self.tier.hardening.uid, self.tier.hardening.gid)),
+            attach_stdout: Some(false),
+            attach_stderr: Some(false),
+            ..Default::default()
+        };
+        let k = docker.create_exec(self.id()?, config).await.map_err(engine)?;
+        docker
+            .start_exec(&k.id, Some(StartExecOptions { detach: true, ..Default::default() }))
+            .await
+            .map_err(engine)?;
+        Ok(())
+    }
+
+    /// Sets the terminal size (rows, columns) of an exec started with one.
+    pub async fn resize(&self, exec: &str, rows: u16, cols: u16) -> Result<(), RunError> {
+        let size = bollard::query_parameters::ResizeExecOptionsBuilder::default()
+            .h(i32::from(rows))
+            .w(i32::from(cols))
+            .build();
+        self.tier.docker.resize_exec(exec, size).await.map_err(engine)
+    }
+
+    /// Kills an exec (Docker has no call for it): its process group, then itself, by its
+    /// pid in the container, from a `kill` exec as the job user. Where that cannot be done,
+    /// the container. Returns what was done, for the report.
+    async fn kill_exec(&self, container: &str, exec: &str) -> String {
+        let docker = &self.tier.docker;
+        if let Some(pid) = self.exec_pid(exec).await
+            && self.signal(pid, 9).await.is_ok()
+        {
+            for _ in 0..100 {
+                if docker.inspect_exec(exec).await.is_ok_and(|i| i.running == Some(false)) {
+                    return "the exec's process group is killed at it (a `kill` exec), the session goes on".into();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+        let _ = docker.kill_container(container, Some(kill)).await;
+        "the exec could not be killed alone (a remote engine, or no `kill` in the image): the container was killed, and the session with it".into()
+    }
+
+    /// Pauses every process of the session (`docker pause`: the cgroup freezer).
+    pub async fn pause(&self) -> Result<(), RunError> {
+        self.tier.docker.pause_container(self.id()?).await.map_err(engine)
+    }
+
+    /// Resumes a paused session (`docker unpause`).
+    pub async fn resume(&self) -> Result<(), RunError> {
+        self.tier.docker.unpause_container(self.id()?).await.map_err(engine)
+    }
+
+    /// The container's processes, as the engine lists them (`docker top`).
+    pub async fn processes(&self) -> Result<Vec<DockerProcess>, RunError> {
+        let top = self.tier.docker.top_processes(self.id()?, None::<bollard::query_parameters::TopOptions>).await;
+        let top = top.map_err(engine)?;
+        let titles = top.titles.unwrap_or_default();
+        let col = |name: &str| titles.iter().position(|t| t == name);
+        let (Some(pid), Some(cmd)) = (col("PID"), col("CMD").or_else(|| col("COMMAND"))) else {
+            return Ok(Vec::new());
+        };
+        Ok(top
+            .processes
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|row| {
+                Some(DockerProcess { host_pid: row.get(pid)?.parse().ok()?, cmdline: row.get(cmd)?.clone() })
+            })
+            .collect())
+    }
+
+    /// Reads the regular file at `path` (absolute, in the container) through the engine's
+    /// archive API, at most `limit` bytes.
+    pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, RunError> {
+        check_path(path)?;
+        let opts = DownloadFromContainerOptionsBuilder::default().path(path).build();
+        let mut stream = self.tier.docker.download_from_container(self.id()?, Some(opts));
+        let bound = limit + 10_240;
+        let mut archive = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| match e {
+                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                    RunError::Misconfigured(format!("{path}: no such file in the session"))
+                }
+                e => engine(e),
+            })?;
+            if archive.len() as u64 + chunk.len() as u64 > bound {
+                return Err(RunError::Misconfigured(format!("{path}: over the {limit}-byte limit of one read")));
+            }
+            archive.extend_from_slice(&chunk);
+        }
+        stockade_hostfs::stage::unpack_file(&archive, limit).map_err(|e| {
+            RunError::Misconfigured(format!(
+                "{path}: {}",
+                e.to_string().replace("the container's workspace archive: ", "")
+            ))
+        })
+    }
+
+    /// Writes `content` to the file at `path` (absolute; its directory must exist in the
+    /// container), owned by the job user, through the engine's archive API.
+    pub async fn write(&self, path: &str, content: &[u8]) -> Result<(), RunError> {
+        check_path(path)?;
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let dir = if dir.is_empty() { "/" } else { dir };
+        let tar = stockade_hostfs::stage::pack_file(name, content, self.tier.hardening.uid, self.tier.hardening.gid)
+            .map_err(|e| RunError::Misconfigured(format!("{path}: {e}")))?;
+        let opts = UploadToContainerOptionsBuilder::default().path(dir).no_overwrite_dir_non_dir("true").build();
+        self.tier.docker.upload_to_container(self.id()?, Some(opts), bollard::body_full(tar.into())).await.map_err(
+            |e| match e {
+                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                    RunError::Misconfigured(format!("{dir}: no such directory in the session"))
+                }
+                bollard::errors::Error::DockerResponseServerError { status_code: 403 | 400, message } => {
+                    RunError::Misconfigured(format!("{path}: {message}"))
+                }
+                e => engine(e),
+            },
+        )
+    }
+
+    /// A filesystem-only snapshot: the home's files (a tar, at most `limit` bytes of
+    /// archive), with the session paused meanwhile so that it is one moment's (a paused
+    /// session stays paused). [`DockerSessionConfig::restore`] starts a session with it.
+    pub async fn snapshot(&self, limit: u64, was_paused: bool) -> Result<Vec<u8>, RunError> {
+        let id = self.id()?;
+        if !was_paused {
+            self.pause().await?;
+        }
+        let archive = self.tier.download(id, &format!("{SESSION_HOME}/."), limit).await;
+        if !was_paused {
+            self.resume().await?;
+        }
+        archive
+    }
+
+    /// Ends the session: a read-write workspace is applied back to its host directory (what
+    /// happened to it is returned), then the container (every process) and its volumes are
+    /// removed.
+    pub async fn kill(mut self) -> Option<Result<crate::stage::Applied, RunError>> {
+        let id = self.id.take()?;
+        let applied = match self.apply_back.take() {
+            Some((host, bytes)) => {
+                // Frozen while it is copied (a tmpfs volume is gone once the container
+                // stops, so it is not stopped first); a paused session is already.
+                let _ = self.tier.docker.pause_container(&id).await;
+                Some(self.tier.download_workspace(&id, &host, bytes).await)
+            }
+            None => None,
+        };
+        self.tier.remove(&id).await;
+        applied
+    }
+}
+
+/// An absolute path with no `..` and no NUL.
+fn check_path(path: &str) -> Result<(), RunError> {
+    if !path.starts_with('/') || path.split('/').any(|c| c == "..") || path.contains('\0') {
+        return Err(RunError::Misconfigured(format!("{path:?}: not an absolute path without `..`")));
+    }
+    Ok(())
+}
+
+impl Drop for DockerSession {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let tier = self.tier.clone();
+            rt.spawn(async move {
+                tier.remove(&id).await;
+            });
+        }
+    }
+}
