@@ -105,11 +105,16 @@ pub fn owner_gone(label: &str) -> bool {
 /// Whether a container with these engine names and run label is one stockade created: the
 /// engine copies labels from an image (and `docker commit` copies a stockade container's
 /// into one), so a label proves nothing; stockade also names each container after its run
-/// id (`stockade-ID`, `stockade-pool-ID`, `stockade-ID-netns`), and a container started from
-/// a labelled image has a name of its own.
+/// id (`stockade-ID`, `stockade-pool-ID`, `stockade-session-ID`, `stockade-ID-netns`), and a
+/// container started from a labelled image has a name of its own.
 #[must_use]
 pub fn named_by_stockade(names: &[String], run_id: &str) -> bool {
-    let ours = [format!("/stockade-{run_id}"), format!("/stockade-pool-{run_id}"), format!("/stockade-{run_id}-netns")];
+    let ours = [
+        format!("/stockade-{run_id}"),
+        format!("/stockade-pool-{run_id}"),
+        format!("/stockade-session-{run_id}"),
+        format!("/stockade-{run_id}-netns"),
+    ];
     !run_id.is_empty() && names.iter().any(|n| ours.contains(n))
 }
 

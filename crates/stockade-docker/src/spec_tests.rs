@@ -5,7 +5,7 @@ use std::path::Path;
 
 use stockade_protocol::{Access, Job, Limits};
 
-use crate::spec::{self, Hardening, SpecError, check_image, check_mounts, check_name};
+use crate::spec::{self, Hardening, SpecError, check_image, check_mounts, check_name, named_by_stockade};
 
 fn job() -> Job {
     Job::image("stockade-busybox:local", ["sh", "-c", "echo hi"]).unwrap()
@@ -179,4 +179,17 @@ fn g4_the_owner_label_tells_a_dead_supervisor_from_a_live_one() {
     for garbage in ["", "a/b", "x/y/z/w", "a/b/c/d/e", &format!("{}/{}/-1/1", parts[0], parts[1])] {
         assert!(!owner_gone(garbage), "{garbage:?}");
     }
+}
+
+#[test]
+fn g4_only_containers_named_after_their_run_label_are_stockade_s() {
+    let names = |n: &str| vec![format!("/{n}")];
+    for n in ["stockade-r1", "stockade-pool-r1", "stockade-session-r1", "stockade-r1-netns"] {
+        assert!(named_by_stockade(&names(n), "r1"), "{n}");
+    }
+    // A label copied from an image onto a container of another name, or another run's.
+    for n in ["mine", "stockade-session-r2", "stockade-sessionr1", "x-stockade-r1"] {
+        assert!(!named_by_stockade(&names(n), "r1"), "{n}");
+    }
+    assert!(!named_by_stockade(&names("stockade-"), ""), "an empty run label names nothing");
 }

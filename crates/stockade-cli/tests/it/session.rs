@@ -499,3 +499,27 @@ fn g10_a_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
     assert_ne!(code, 0);
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn g10_a_sigkilled_owner_s_docker_session_containers_are_reaped_by_gc() {
+    if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let _runs = shared();
+    let mut owner = Owner::start("docker-sigkill");
+    let (code, _, err) = owner.session(&["create", "--tier", "docker"], b"");
+    assert_eq!(code, 0, "{err}");
+    let owner_pid = owner.child.id();
+    assert_eq!(session_containers(owner_pid), 1);
+    owner.child.kill().unwrap();
+    owner.child.wait().unwrap();
+    // Its container outlives it (the engine owns it) until the next stockade that looks.
+    assert_eq!(session_containers(owner_pid), 1);
+    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .arg("gc")
+        .env("STOCKADE_STATE_DIR", &owner.state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(WITHIN, "gc removed the dead owner's session container", || session_containers(owner_pid) == 0);
+}
