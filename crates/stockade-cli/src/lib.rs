@@ -207,9 +207,10 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
         after_help = "Examples:\n  owner=$(stockade serve --detach)   # its pid, once it listens\n  id=$(stockade session create --memory 1G)\n  stockade session exec $id -- sh -c 'echo hi > notes.txt'\n  stockade session exec $id -- cat notes.txt\n  stockade session kill $id\n  kill $owner                         # ends every session it owns"
     )]
     Serve(session::ServeArgs),
-    /// Drive the sessions `stockade serve` owns: create, exec, cp, ps, ls, pause, resume, snapshot, kill.
+    /// Drive the sessions `stockade serve` owns: create, exec (-d in the background), attach,
+    /// input, signal, resize, jobs, cp, ps, ls, pause, resume, snapshot, kill.
     #[command(subcommand)]
-    Session(session::SessionCommand),
+    Session(Box<session::SessionCommand>),
     /// Remove what killed runs left behind: what the guest planted in a read-write workspace
     /// when its supervisor was killed before the sweep, the process tier's per-run cgroups
     /// whose supervisor is gone, and the docker tier's expired containers (when an engine
@@ -255,7 +256,7 @@ pub fn main() -> ExitCode {
         Command::Agent(args) => agent::run(*args),
         Command::Mcp(args) => mcp::run(*args),
         Command::Serve(args) => session::serve(args),
-        Command::Session(cmd) => session::session(cmd),
+        Command::Session(cmd) => session::session(*cmd),
         Command::Doctor { json } => doctor::doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => doctor::docker_gc(all).map(|()| ExitCode::SUCCESS),
         Command::Gc => doctor::gc().map(|()| ExitCode::SUCCESS),

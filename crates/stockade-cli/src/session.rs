@@ -76,6 +76,9 @@ pub(crate) enum SessionCommand {
         /// --net-resolve`.
         #[arg(long = "net-resolve", value_name = "NAME:PORT:IP")]
         net_resolve: Vec<String>,
+        /// KEY=VALUE for every exec of the session, unless the exec sets KEY (repeatable).
+        #[arg(long, short = 'e')]
+        env: Vec<String>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -522,12 +525,12 @@ fn files_error(e: &FilesError) -> SessionReply {
     error(kind, e.to_string())
 }
 
-/// An exec's job: `argv` with the session's `PATH` and `HOME`, then `env`, its stdin bytes,
-/// and its deadline (wall clock and CPU alike).
+/// An exec's job: `argv` with `env`, its stdin bytes, and its deadline (wall clock and CPU
+/// alike).
 fn exec_job(argv: &[String], env: Vec<(String, String)>, stdin: Vec<u8>, timeout_ms: Option<u64>) -> Result<Job> {
     let (program, args) = argv.split_first().ok_or_else(|| anyhow!("no command"))?;
+    // The session adds its own variables, then PATH and HOME, where the exec sets none.
     let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
-    job = job.with_env("PATH", stockade_runtime::DEFAULT_PATH)?.with_env("HOME", "/home/user")?;
     for (k, v) in env {
         job = job.with_env(k, v)?;
     }
@@ -566,8 +569,9 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
             docker_image,
             allow_net,
             net_resolve,
+            env,
         } => {
-            let mut profile = SessionProfile::default();
+            let mut profile = SessionProfile { env, ..SessionProfile::default() };
             match crate::run::net_grant_from(None, &allow_net, &net_resolve) {
                 Ok(Some(net)) => profile.grants = Some(Arc::new(stockade_runtime::Grants::new().net(net))),
                 Ok(None) => {}
@@ -871,6 +875,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             image,
             allow_net,
             net_resolve,
+            env,
             socket,
         } => {
             // Checked here too, so that a typo is this command's one line.
@@ -904,6 +909,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                     docker_image: (tier == "docker").then_some(image),
                     allow_net,
                     net_resolve,
+                    env: parse_env(&env)?,
                 },
             )?;
             match expect_ok(reply)? {

@@ -43,6 +43,9 @@ pub enum SessionCall {
         /// `--net-resolve`).
         #[serde(default)]
         net_resolve: Vec<String>,
+        /// The session's environment: every exec's, unless it sets the variable itself.
+        #[serde(default)]
+        env: Vec<(String, String)>,
     },
     /// Run a command in a session.
     Exec {

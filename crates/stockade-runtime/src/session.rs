@@ -51,6 +51,9 @@ pub struct SessionProfile {
     /// Grants served to every exec for the session's whole life, by one broker (its call
     /// bounds count the session's calls): data, functions, a model, the network.
     pub grants: Option<Arc<crate::Grants>>,
+    /// The session's environment: every exec gets these variables unless it sets them
+    /// itself (then `PATH` and `HOME` as defaults, the same way).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for SessionProfile {
@@ -63,6 +66,7 @@ impl Default for SessionProfile {
             max_lifetime: Duration::from_secs(3600),
             from_snapshot: None,
             grants: None,
+            env: Vec::new(),
         }
     }
 }
@@ -356,15 +360,16 @@ impl Session {
     async fn exec_with(&self, job: &Job, cwd: Option<&str>, io: LiveIo, opts: ExecMode) -> Result<Report, RunError> {
         use std::sync::atomic::Ordering;
         self.touch();
-        // With grants, the broker's variables (and a job that sets them is refused).
-        let granted;
-        let job = match &self.broker {
-            Some(b) => {
-                granted = b.session_job(job)?;
-                &granted
-            }
-            None => job,
-        };
+        // The exec's own variables, then the session's, then (with grants) the broker's (a
+        // job that sets those is refused), then the defaults.
+        let mut full = with_missing(job.clone(), &self.profile.env)?;
+        if let Some(b) = &self.broker {
+            full = b.session_job(&full)?;
+        }
+        let defaults =
+            [("PATH".to_owned(), crate::DEFAULT_PATH.to_owned()), ("HOME".to_owned(), SESSION_HOME.to_owned())];
+        let full = with_missing(full, &defaults)?;
+        let job = &full;
         self.running.fetch_add(1, Ordering::Relaxed);
         let report = async {
             let inner = self.inner.read().await;
@@ -955,6 +960,16 @@ pub fn stale_homes(base: &Path) -> Vec<PathBuf> {
         })
         .map(|e| e.path())
         .collect()
+}
+
+/// `job` with each of `env` whose key it does not set already.
+fn with_missing(job: Job, env: &[(String, String)]) -> Result<Job, RunError> {
+    env.iter().try_fold(
+        job,
+        |j, (k, v)| {
+            if j.env().iter().any(|e| e.key() == k) { Ok(j) } else { Ok(j.with_env(k, v)?) }
+        },
+    )
 }
 
 /// Writes a snapshot's archive to `to`, a new file of mode 0600; returns its size.

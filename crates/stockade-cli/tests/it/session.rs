@@ -523,3 +523,22 @@ fn g10_a_sigkilled_owner_s_docker_session_containers_are_reaped_by_gc() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     eventually(WITHIN, "gc removed the dead owner's session container", || session_containers(owner_pid) == 0);
 }
+
+#[test]
+fn g10_a_session_s_environment_reaches_every_exec_and_an_exec_s_own_wins() {
+    let _runs = shared();
+    let owner = Owner::start("env");
+    let (code, out, err) = owner.session(&["create", "-e", "GREETING=hello", "-e", "MODE=session"], b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    let show = "echo \"$GREETING $MODE $HOME\"; echo \"$PATH\"";
+    let (code, out, err) = owner.session(&["exec", &id, "--", "sh", "-c", show], b"");
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("hello session /home/user"));
+    assert!(lines.next().is_some_and(|p| p.contains("/usr/bin")), "{out}");
+    // An exec's own variables win, PATH included.
+    let (code, out, err) =
+        owner.session(&["exec", "-e", "MODE=exec", "-e", "PATH=/bin", &id, "--", "/bin/sh", "-c", show], b"");
+    assert_eq!((code, out.as_str()), (0, "hello exec /home/user\n/bin\n"), "{err}");
+}
