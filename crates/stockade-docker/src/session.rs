@@ -118,8 +118,10 @@ pub struct DockerSession {
     tier: DockerTier,
     id: Option<String>,
     enforced: Vec<Enforced>,
-    // A read-write workspace (host directory, volume size) to apply back at the end.
-    apply_back: Option<(std::path::PathBuf, u64)>,
+    // A read-write workspace (host directory, volume size) to apply back at the end, and
+    // what that did.
+    apply_back: std::sync::Mutex<Option<(std::path::PathBuf, u64)>>,
+    applied: std::sync::Mutex<Option<Result<crate::stage::Applied, RunError>>>,
     _lock: Option<stockade_hostfs::WorkspaceLock>,
 }
 
@@ -169,7 +171,8 @@ impl DockerTier {
             tier: self.clone(),
             id: Some(created.id.clone()),
             enforced: Vec::new(),
-            apply_back: None,
+            apply_back: std::sync::Mutex::new(None),
+            applied: std::sync::Mutex::new(None),
             _lock: lock,
         };
         // On an error from here, dropping the session removes the container.
@@ -206,7 +209,7 @@ impl DockerTier {
             ),
         ));
         session.enforced = enforced;
-        session.apply_back = apply_back;
+        session.apply_back = std::sync::Mutex::new(apply_back);
         Ok(session)
     }
 }
@@ -576,22 +579,30 @@ impl DockerSession {
         archive
     }
 
-    /// Ends the session: a read-write workspace is applied back to its host directory (what
-    /// happened to it is returned), then the container (every process) and its volumes are
-    /// removed.
+    /// Stops the session without removing it: a read-write workspace is applied back to its
+    /// host directory first (with the container frozen: a tmpfs volume is gone once the
+    /// container stops), then every process is killed, so execs in flight end (their output
+    /// streams close). What the copy back did is kept for [`kill`](Self::kill).
+    pub async fn stop(&self) {
+        let Some(id) = self.id.as_deref() else { return };
+        let taken = self.apply_back.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some((host, bytes)) = taken {
+            let _ = self.tier.docker.pause_container(id).await;
+            let applied = self.tier.download_workspace(id, &host, bytes).await;
+            *self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(applied);
+        }
+        let _ = self.tier.docker.unpause_container(id).await;
+        let kill = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+        let _ = self.tier.docker.kill_container(id, Some(kill)).await;
+    }
+
+    /// Ends the session ([`stop`](Self::stop) if it was not stopped), then removes the
+    /// container and its volumes; returns what the copy back of a read-write workspace did.
     pub async fn kill(mut self) -> Option<Result<crate::stage::Applied, RunError>> {
+        self.stop().await;
         let id = self.id.take()?;
-        let applied = match self.apply_back.take() {
-            Some((host, bytes)) => {
-                // Frozen while it is copied (a tmpfs volume is gone once the container
-                // stops, so it is not stopped first); a paused session is already.
-                let _ = self.tier.docker.pause_container(&id).await;
-                Some(self.tier.download_workspace(&id, &host, bytes).await)
-            }
-            None => None,
-        };
         self.tier.remove(&id).await;
-        applied
+        self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 }
 

@@ -712,9 +712,13 @@ impl Session {
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
     /// sweep's result.
     pub async fn kill(&self) -> stockade_process::Swept {
-        if let Some(Backend::Process(s)) = self.inner.read().await.as_ref() {
-            // Running execs end with it (their pipes close), so the write lock comes.
-            s.terminate();
+        // Running execs end with it (their pipes or the engine's streams close), so the
+        // write lock comes.
+        match self.inner.read().await.as_ref() {
+            Some(Backend::Process(s)) => s.terminate(),
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(s)) => s.stop().await,
+            None => {}
         }
         let taken = self.inner.write().await.take();
         if let Some(b) = &self.broker {
@@ -824,8 +828,9 @@ impl Sessions {
             home: Some(home),
             ..SessionConfig::default()
         };
-        // Grants: one broker for the session's life, its directory where a run's is (the
-        // temporary directory: a unix socket's path is short).
+        // Grants: one broker for the session's life, its directory where a run's is: the
+        // temporary directory, which the helper can traverse to bind it (the owner's 0700
+        // directory it cannot), and whose path leaves a unix socket room.
         let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
             Some(g) => {
                 let broker = crate::Broker::new(Arc::clone(g), std::env::temp_dir()).map_err(cleanup)?;

@@ -82,6 +82,13 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        // SIGTERM, as a user ends it: it ends its sessions (and their grants' directories);
+        // SIGKILL if it has not within 10 s.
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) && self.child.try_wait().ok().flatten().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.state);
@@ -433,8 +440,13 @@ fn g10_a_docker_session_is_one_container_driven_by_the_same_commands() {
     let copy = out.trim().to_owned();
     let (code, out, err) = owner.session(&["exec", &copy, "--", "cat", "note", "in.txt"], b"");
     assert_eq!((code, out.as_str()), (0, "kept\nfrom the host\n"), "{err}");
+    // A background exec still running does not hold the kill up: the container stops first.
+    let (code, _, err) = owner.session(&["exec", "-d", &id, "--", "sleep", "1000"], b"");
+    assert_eq!(code, 0, "{err}");
+    let t = Instant::now();
     let (code, _, err) = owner.session(&["kill", &id], b"");
     assert_eq!(code, 0, "{err}");
+    assert!(t.elapsed() < WITHIN, "the kill waited {:?} for a running exec", t.elapsed());
     let (code, _, err) = owner.session(&["kill", &copy], b"");
     assert_eq!(code, 0, "{err}");
     eventually(WITHIN, "the sessions' containers are removed", || session_containers(owner_pid) == 0);
