@@ -53,6 +53,10 @@ pub(crate) fn gc() -> Result<()> {
             println!("could not remove {}", d.display());
         }
     }
+    // The grants directories of killed supervisors and owners (their sockets unbound).
+    let grants = stockade_runtime::stale_grants_dirs(&std::env::temp_dir(), std::time::Duration::from_secs(60));
+    let gone = grants.iter().filter(|d| std::fs::remove_dir_all(d).is_ok()).count();
+    println!("removed {gone} grants director(ies) of killed runs and session owners");
     for dir in &left {
         println!("could not remove {}", dir.display());
     }

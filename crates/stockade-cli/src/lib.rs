@@ -213,8 +213,9 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
     Session(Box<session::SessionCommand>),
     /// Remove what killed runs left behind: what the guest planted in a read-write workspace
     /// when its supervisor was killed before the sweep, the process tier's per-run cgroups
-    /// whose supervisor is gone, and the docker tier's expired containers (when an engine
-    /// answers).
+    /// whose supervisor is gone, the homes of a killed `stockade serve`'s sessions, grants
+    /// directories whose broker is gone, and the docker tier's expired or orphaned
+    /// containers, sessions' included (when an engine answers).
     #[command(
         after_help = "Examples:\n  stockade gc\n  stockade doctor   # the `stale cgroups` row says whether there is anything to remove"
     )]

@@ -321,6 +321,28 @@ pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// The grants directories under `parent` whose broker is gone: named as [`GrantsDir`] names
+/// them, at least `min_age` old (so that one being made is never taken), and whose socket
+/// is not bound in this network namespace (`stockade_sys::proc::unix_socket_paths`: read,
+/// never connected to, so a live broker sees nothing). What a SIGKILLed supervisor or
+/// session owner left; `stockade gc` removes them.
+#[must_use]
+pub fn stale_grants_dirs(parent: &Path, min_age: std::time::Duration) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(parent) else { return Vec::new() };
+    let bound = stockade_sys::proc::unix_socket_paths();
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("stockade-g-"))
+        .filter(|e| {
+            e.metadata().is_ok_and(|m| {
+                m.is_dir() && m.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age >= min_age)
+            })
+        })
+        .map(|e| e.path())
+        .filter(|dir| !bound.contains(&dir.join(GRANTS_SOCKET)))
+        .collect()
+}
+
 impl GrantsDir {
     /// Creates the directory under `parent` (mode 0700, or root:65534 0750 when running as
     /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the

@@ -152,6 +152,10 @@
 //!     proxy's listener in the run's namespace (docker without root or under gVisor) fails
 //!     closed with [`RunError::Unsupported`].
 //!     (pinned by: tests/it/grants.rs::g10_*)
+//! G11. [`stale_grants_dirs`] names a grants directory only when its broker is gone (its
+//!     socket is bound nowhere in this network namespace, read from `/proc/net/unix`, never
+//!     connected to) and it is older than the age asked for; a live run's is never named.
+//!     (pinned by: tests/it/grants.rs::g11_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -188,6 +192,8 @@
 
 mod broker;
 mod grants;
+
+pub use broker::stale_grants_dirs;
 
 use std::fmt::Debug;
 use std::path::PathBuf;

@@ -28,6 +28,10 @@
 //!     the line with no controllers (v2), and read the `oom_kill` counter by its exact key;
 //!     anything that does not parse is `None`, never a guess.
 //!     (pinned by: tests/it/sys.rs::g2_*)
+//! G3. [`proc::unix_socket_paths`] lists the path of every unix socket bound in this
+//!     network namespace, and only those: a socket file left by a killed process is not
+//!     among them, abstract names are left out.
+//!     (pinned by: tests/it/sys.rs::g3_*)
 //!
 //! # Non-guarantees
 //! A pid and start time name one process of this boot and this pid namespace only: callers

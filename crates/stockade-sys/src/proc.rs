@@ -52,3 +52,23 @@ pub fn field(path: &str, key: &str) -> std::io::Result<String> {
         .map(|v| v.trim().to_owned())
         .ok_or_else(|| std::io::Error::other(format!("no {key} line in {path}")))
 }
+
+/// The paths of the unix sockets bound in this process's network namespace
+/// (`/proc/net/unix`, its last column; abstract sockets, shown with `@`, are left out). A
+/// socket file whose path is not among them has no socket behind it: its owner is gone.
+#[must_use]
+pub fn unix_socket_paths() -> std::collections::HashSet<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    unix_socket_paths_in(&text)
+}
+
+/// [`unix_socket_paths`] of a `/proc/net/unix` text.
+#[must_use]
+pub fn unix_socket_paths_in(text: &str) -> std::collections::HashSet<std::path::PathBuf> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter(|p| p.starts_with('/'))
+        .map(std::path::PathBuf::from)
+        .collect()
+}

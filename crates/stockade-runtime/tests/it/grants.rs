@@ -756,3 +756,24 @@ fn g10_the_loopback_serves_the_model_and_the_network_grant_by_what_each_connecti
         .unwrap_err();
     assert!(matches!(err, RunError::Misconfigured(ref m) if m.contains("HTTPS_PROXY")), "{err}");
 }
+
+#[test]
+fn g11_only_a_grants_directory_whose_broker_is_gone_is_stale() {
+    use std::time::Duration;
+    let parent = std::env::temp_dir().join(format!("stockade-rt-g11-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    let (live, dead, other) = (parent.join("stockade-g-live"), parent.join("stockade-g-dead"), parent.join("mine"));
+    for d in [&live, &dead, &other] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let listener = std::os::unix::net::UnixListener::bind(live.join("grants.sock")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dead.join("grants.sock")).unwrap());
+    assert_eq!(stockade_runtime::stale_grants_dirs(&parent, Duration::ZERO), std::slice::from_ref(&dead));
+    // Too young to judge: one being made is never taken.
+    assert!(stockade_runtime::stale_grants_dirs(&parent, Duration::from_secs(3600)).is_empty());
+    drop(listener);
+    let mut stale = stockade_runtime::stale_grants_dirs(&parent, Duration::ZERO);
+    stale.sort();
+    assert_eq!(stale, [dead, live], "once its broker is gone, the live one is stale too");
+    let _ = std::fs::remove_dir_all(&parent);
+}

@@ -91,3 +91,26 @@ fn g2_the_oom_kill_counter_is_read_by_its_exact_key() {
         assert!(n < u64::MAX);
     }
 }
+
+#[test]
+fn g3_a_bound_socket_is_listed_and_a_socket_file_left_behind_is_not() {
+    let dir = std::env::temp_dir().join(format!("stockade-sys-g3-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (live, dead) = (dir.join("live.sock"), dir.join("dead.sock"));
+    let listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    assert!(dead.exists(), "the closed socket's file stays");
+    let paths = proc::unix_socket_paths();
+    assert!(paths.contains(&live), "the bound socket is listed");
+    assert!(!paths.contains(&dead), "a socket file with no socket behind it is not");
+    drop(listener);
+    assert!(!proc::unix_socket_paths().contains(&live));
+    // The last column only, and never an abstract name.
+    let text = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+                0000000000000000: 00000002 00000000 00010000 0001 01 1 /run/a.sock\n\
+                0000000000000000: 00000002 00000000 00010000 0001 01 2 @abstract\n\
+                0000000000000000: 00000002 00000000 00000000 0001 03 3\n";
+    assert_eq!(proc::unix_socket_paths_in(text), [std::path::PathBuf::from("/run/a.sock")].into());
+    let _ = std::fs::remove_dir_all(&dir);
+}
