@@ -321,7 +321,7 @@ pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// The grants directories under `parent` whose broker is gone: named as [`GrantsDir`] names
+/// The grants directories under `parent` whose broker is gone: named as a run's broker names
 /// them, at least `min_age` old (so that one being made is never taken), and whose socket
 /// is not bound in this network namespace (`stockade_sys::proc::unix_socket_paths`: read,
 /// never connected to, so a live broker sees nothing). What a SIGKILLed supervisor or
