@@ -582,6 +582,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
             )
         }
     };
+    let kinds = Arc::new(kinds);
     let total: u64 = kinds.iter().map(|k| k.weight).sum();
     let pick = |n: u64| {
         let mut r = mix(args.seed, n) % total;
@@ -607,39 +608,19 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         std::fs::create_dir_all(&ws)?;
         let _ = runner.run(&(k.job)(n, &ws)?).await;
     }
+    let sessions = tier.ends_with("-session");
     // Sessions warm up as they are used: `concurrency` sessions of ten execs each, side by
     // side, before the resources and the RSS are first counted.
-    if let (true, Runner::Process(process)) = (tier == "process-session", &runner) {
-        let warm_runs = EXECS_PER_SESSION * args.concurrency as u64;
-        let warm_picks: Vec<usize> = (0..warm_runs).map(pick).collect();
-        let (next, records, tenth) = (AtomicU64::new(0), Mutex::new(Vec::new()), AtomicU64::new(0));
-        let mut warm = Vec::new();
+    if sessions {
+        let warm = Shared::new(kinds.clone(), (0..EXECS_PER_SESSION * args.concurrency as u64).map(pick).collect());
+        let mut dirs = Vec::new();
         for w in 0..args.concurrency {
             let (ws, homes) =
                 (scratch.join(format!("{tier}-warm-ws-{w}")), scratch.join(format!("{tier}-warm-homes-{w}")));
             std::fs::create_dir_all(&ws)?;
-            warm.push((ws, homes));
+            dirs.push((ws, homes));
         }
-        let workers = warm.iter().map(|(ws, homes)| {
-            session_worker(process, &kinds, &warm_picks, &next, warm_runs, ws, homes, &records, &tenth)
-        });
-        for r in futures_util::future::join_all(workers).await {
-            r?;
-        }
-    }
-    if let (true, Runner::Docker(engine)) = (tier == "docker-session", &runner) {
-        let warm_runs = EXECS_PER_SESSION * args.concurrency as u64;
-        let warm_picks: Vec<usize> = (0..warm_runs).map(pick).collect();
-        let (next, records, tenth) = (AtomicU64::new(0), Mutex::new(Vec::new()), AtomicU64::new(0));
-        let mut warm = Vec::new();
-        for w in 0..args.concurrency {
-            let ws = scratch.join(format!("{tier}-warm-ws-{w}"));
-            std::fs::create_dir_all(&ws)?;
-            warm.push(ws);
-        }
-        let workers = warm
-            .iter()
-            .map(|ws| docker_session_worker(engine, &kinds, &warm_picks, &next, warm_runs, ws, &records, &tenth));
+        let workers = dirs.iter().map(|(ws, homes)| session_worker(&runner, &warm, ws, homes));
         for r in futures_util::future::join_all(workers).await {
             r?;
         }
@@ -649,37 +630,21 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
     let before = if pooled { before_tier } else { resources(server, docker) };
     let runs = if docker { args.docker_runs.unwrap_or(args.runs) } else { args.runs };
     let rss_start = rss_kib();
-    let picks: Arc<Vec<usize>> = Arc::new((0..runs).map(pick).collect());
+    let shared = Arc::new(Shared::new(kinds.clone(), (0..runs).map(pick).collect()));
     let runner = Arc::new(runner);
-    let kinds = Arc::new(kinds);
-    let next = Arc::new(AtomicU64::new(0));
-    let records = Arc::new(Mutex::new(Vec::with_capacity(usize::try_from(runs).unwrap_or(0))));
-    let rss_tenth = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..args.concurrency {
-        let (runner, kinds, next, records, rss_tenth, picks) =
-            (runner.clone(), kinds.clone(), next.clone(), records.clone(), rss_tenth.clone(), picks.clone());
+        let (runner, shared) = (runner.clone(), shared.clone());
         let ws = scratch.join(format!("{tier}-worker-{w}"));
         std::fs::create_dir_all(&ws)?;
-        let sessions = (tier == "process-session").then(|| scratch.join(format!("{tier}-homes-{w}")));
-        let docker_session = tier == "docker-session";
+        let homes = scratch.join(format!("{tier}-homes-{w}"));
         workers.spawn(async move {
-            if let (Some(homes), Runner::Process(process)) = (sessions, &*runner) {
-                return session_worker(process, &kinds, &picks, &next, runs, &ws, &homes, &records, &rss_tenth).await;
+            if sessions {
+                return session_worker(&runner, &shared, &ws, &homes).await;
             }
-            if let (true, Runner::Docker(engine)) = (docker_session, &*runner) {
-                return docker_session_worker(engine, &kinds, &picks, &next, runs, &ws, &records, &rss_tenth).await;
-            }
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= runs {
-                    return Ok::<(), anyhow::Error>(());
-                }
-                if n == runs / 10 {
-                    rss_tenth.store(rss_kib(), Ordering::Relaxed);
-                }
-                let k = &kinds[picks[usize::try_from(n).unwrap_or(0)]];
+            while let Some(n) = shared.take(1) {
+                let k = shared.kind(n);
                 let job = (k.job)(n, &ws)?;
                 let t = Instant::now();
                 let report = runner.run(&job).await;
@@ -688,13 +653,9 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
                     Ok(r) => ((k.expect)(r, n, &ws), format!("{:?}", r.status)),
                     Err(e) => (false, format!("error: {e}")),
                 };
-                records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record {
-                    kind: k.name,
-                    ok,
-                    latency,
-                    status,
-                });
+                shared.record(k.name, ok, latency, status);
             }
+            Ok::<(), anyhow::Error>(())
         });
     }
     while let Some(r) = workers.join_next().await {
@@ -724,7 +685,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         after = resources(server, docker);
     }
     drop(runner);
-    let records = std::mem::take(&mut *records.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     Ok(Outcome {
         tier: tier.to_owned(),
         runs,
@@ -732,7 +693,7 @@ async fn soak_tier(tier: &str, args: &Args, server: Option<u32>, scratch: &Path)
         records,
         before,
         after,
-        rss: [rss_start, rss_tenth.load(Ordering::Relaxed), rss_kib()],
+        rss: [rss_start, shared.rss_tenth.load(Ordering::Relaxed), rss_kib()],
         panics: PANICS.load(Ordering::Relaxed) - panics_before,
         kinds: kinds.iter().map(|k| (k.name, k.expected)).collect(),
     })
@@ -744,33 +705,67 @@ const SESSION_KIND: &str = "session";
 /// Execs per session in the `process-session` tier.
 const EXECS_PER_SESSION: u64 = 10;
 
+/// What a tier's workers share: the mix, each run's kind, the next run to take, the
+/// records, and the RSS sampled when the run a tenth of the way is taken.
+struct Shared {
+    kinds: Arc<Vec<Kind>>,
+    picks: Vec<usize>,
+    runs: u64,
+    next: AtomicU64,
+    records: Mutex<Vec<Record>>,
+    rss_tenth: AtomicU64,
+}
+
+impl Shared {
+    fn new(kinds: Arc<Vec<Kind>>, picks: Vec<usize>) -> Self {
+        let runs = picks.len() as u64;
+        let records = Mutex::new(Vec::with_capacity(picks.len()));
+        Self { kinds, picks, runs, next: AtomicU64::new(0), records, rss_tenth: AtomicU64::new(0) }
+    }
+
+    /// The first of the next `count` runs, or `None` once every run is taken.
+    fn take(&self, count: u64) -> Option<u64> {
+        let first = self.next.fetch_add(count, Ordering::Relaxed);
+        if first >= self.runs {
+            return None;
+        }
+        if (first..first + count).contains(&(self.runs / 10)) {
+            self.rss_tenth.store(rss_kib(), Ordering::Relaxed);
+        }
+        Some(first)
+    }
+
+    /// Run `n`'s kind.
+    fn kind(&self, n: u64) -> &Kind {
+        &self.kinds[self.picks[usize::try_from(n).unwrap_or(0)]]
+    }
+
+    fn record(&self, kind: &'static str, ok: bool, latency: Duration, status: String) {
+        self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record {
+            kind,
+            ok,
+            latency,
+            status,
+        });
+    }
+}
+
+/// One worker of a session tier (`process-session`, `docker-session`), by its runner.
+async fn session_worker(runner: &Runner, shared: &Shared, ws: &Path, homes: &Path) -> Result<()> {
+    match runner {
+        Runner::Process(tier) => process_session_worker(tier, shared, ws, homes).await,
+        Runner::Docker(engine) => docker_session_worker(engine, shared, ws).await,
+        _ => bail!("not a session tier"),
+    }
+}
+
 /// One worker of the `process-session` tier: sessions, each used for [`EXECS_PER_SESSION`]
 /// execs (runs `n` to `n + 9` of the mix; a fork bomb only as the last) and killed; a
 /// record per exec and one per session.
-#[allow(clippy::too_many_arguments, reason = "the worker's shared state, as the other workers take it")]
-async fn session_worker(
-    tier: &ProcessTier,
-    kinds: &[Kind],
-    picks: &[usize],
-    next: &AtomicU64,
-    runs: u64,
-    ws: &Path,
-    homes: &Path,
-    records: &Mutex<Vec<Record>>,
-    rss_tenth: &AtomicU64,
-) -> Result<()> {
-    let record = |kind: &'static str, ok: bool, latency: Duration, status: String| {
-        records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record { kind, ok, latency, status });
-    };
+async fn process_session_worker(tier: &ProcessTier, shared: &Shared, ws: &Path, homes: &Path) -> Result<()> {
+    let record = |kind, ok, latency, status| shared.record(kind, ok, latency, status);
     let workspace = stockade_protocol::Workspace::new(ws, Access::ReadWrite, stockade_protocol::Busy::Wait)?;
-    loop {
-        let first = next.fetch_add(EXECS_PER_SESSION, Ordering::Relaxed);
-        if first >= runs {
-            return Ok(());
-        }
-        if (first..first + EXECS_PER_SESSION).contains(&(runs / 10)) {
-            rss_tenth.store(rss_kib(), Ordering::Relaxed);
-        }
+    while let Some(first) = shared.take(EXECS_PER_SESSION) {
         let home = homes.join(first.to_string());
         std::fs::create_dir_all(&home)?;
         let t = Instant::now();
@@ -788,13 +783,13 @@ async fn session_worker(
                 continue;
             }
         };
-        let last = (first + EXECS_PER_SESSION).min(runs);
+        let last = (first + EXECS_PER_SESSION).min(shared.runs);
         // A fork bomb drawn for this session runs as its last exec (what it forks lives on in
         // the session until the kill), and a trivial exec takes its place.
-        let drawn: Vec<&Kind> = (first..last).map(|n| &kinds[picks[usize::try_from(n).unwrap_or(0)]]).collect();
+        let drawn: Vec<&Kind> = (first..last).map(|n| shared.kind(n)).collect();
         let bomb = drawn.iter().any(|k| k.name == "fork_bomb");
         for (i, n) in (first..last).enumerate() {
-            let mut k = if drawn[i].name == "fork_bomb" { &kinds[0] } else { drawn[i] };
+            let mut k = if drawn[i].name == "fork_bomb" { &shared.kinds[0] } else { drawn[i] };
             if bomb && n + 1 == last {
                 k = drawn.iter().find(|k| k.name == "fork_bomb").copied().unwrap_or(k);
             }
@@ -817,6 +812,7 @@ async fn session_worker(
             if ok { "killed".into() } else { format!("sweep errors: {:?}", swept.errors) },
         );
     }
+    Ok(())
 }
 
 /// One worker of the `docker-session` tier: docker sessions (one container each, the
@@ -824,30 +820,11 @@ async fn session_worker(
 /// [`EXECS_PER_SESSION`] execs of the docker mix and killed. A workspace exec runs in
 /// `/workspace`, and the host reads what the session's last one wrote once the session has
 /// ended and copied it back (not before: no host path is mounted).
-#[allow(clippy::too_many_arguments, reason = "the worker's shared state, as the other workers take it")]
-async fn docker_session_worker(
-    engine: &DockerTier,
-    kinds: &[Kind],
-    picks: &[usize],
-    next: &AtomicU64,
-    runs: u64,
-    ws: &Path,
-    records: &Mutex<Vec<Record>>,
-    rss_tenth: &AtomicU64,
-) -> Result<()> {
+async fn docker_session_worker(engine: &DockerTier, shared: &Shared, ws: &Path) -> Result<()> {
     use stockade_docker::session::DockerSessionConfig;
-    let record = |kind: &'static str, ok: bool, latency: Duration, status: String| {
-        records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Record { kind, ok, latency, status });
-    };
+    let record = |kind, ok, latency, status| shared.record(kind, ok, latency, status);
     let workspace = stockade_protocol::Workspace::new(ws, Access::ReadWrite, stockade_protocol::Busy::Wait)?;
-    loop {
-        let first = next.fetch_add(EXECS_PER_SESSION, Ordering::Relaxed);
-        if first >= runs {
-            return Ok(());
-        }
-        if (first..first + EXECS_PER_SESSION).contains(&(runs / 10)) {
-            rss_tenth.store(rss_kib(), Ordering::Relaxed);
-        }
+    while let Some(first) = shared.take(EXECS_PER_SESSION) {
         let _ = std::fs::remove_file(ws.join("out"));
         let t = Instant::now();
         let config = DockerSessionConfig {
@@ -864,8 +841,8 @@ async fn docker_session_worker(
             }
         };
         let mut last_write = None;
-        for n in first..(first + EXECS_PER_SESSION).min(runs) {
-            let k = &kinds[picks[usize::try_from(n).unwrap_or(0)]];
+        for n in first..(first + EXECS_PER_SESSION).min(shared.runs) {
+            let k = shared.kind(n);
             let image_job = (k.job)(n, ws)?;
             let JobKind::Image { command, .. } = image_job.kind() else { bail!("the docker mix has image jobs") };
             let (program, args) = command.split_first().context("an empty command")?;
@@ -900,6 +877,7 @@ async fn docker_session_worker(
             },
         );
     }
+    Ok(())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
