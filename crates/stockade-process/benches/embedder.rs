@@ -32,6 +32,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::spawn;
 use criterion::{Criterion, Throughput};
 use stockade_process::{ForkServer, Helper, ProcessTier};
 use stockade_protocol::{Job, Status};
@@ -64,19 +67,6 @@ impl Variant {
             }
         }
     }
-}
-
-async fn spawn(program: &str, args: &[&str]) {
-    let status = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .await
-        .unwrap()
-        .status;
-    assert!(status.success(), "{program}: {status}");
 }
 
 /// Where CPU time is read from.

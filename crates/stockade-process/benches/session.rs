@@ -18,6 +18,9 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::spawn;
 use criterion::Criterion;
 use stockade_process::files::Files;
 use stockade_process::{ForkServer, Helper, ProcessSession, ProcessTier, SessionConfig};
@@ -38,17 +41,6 @@ fn home(tag: &str) -> std::path::PathBuf {
 
 fn config(home: &std::path::Path) -> SessionConfig {
     SessionConfig { limits: Limits::default(), home: Some(home.to_path_buf()), ..SessionConfig::default() }
-}
-
-async fn spawn(program: &str, args: &[&str]) -> bool {
-    tokio::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .await
-        .is_ok_and(|o| o.status.success())
 }
 
 /// A running container of the busybox image, removed when dropped; `None` without an engine
@@ -80,7 +72,7 @@ fn create(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     g.sample_size(50).measurement_time(Duration::from_secs(10));
     let tier = tier();
     let dir = home("create");
-    g.bench_function("baseline_bare_spawn", |b| b.iter(|| assert!(rt.block_on(spawn("/bin/true", &[])))));
+    g.bench_function("baseline_bare_spawn", |b| b.iter(|| rt.block_on(spawn("/bin/true", &[]))));
     g.bench_function("stockade_session", |b| {
         b.iter_custom(|n| {
             rt.block_on(async {
@@ -121,7 +113,7 @@ fn exec(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let dir = home("exec");
     let session: ProcessSession = rt.block_on(tier().session(config(&dir))).unwrap();
     let job = Job::command("/bin/true", Vec::<String>::new()).unwrap();
-    g.bench_function("baseline_bare_spawn", |b| b.iter(|| assert!(rt.block_on(spawn("/bin/true", &[])))));
+    g.bench_function("baseline_bare_spawn", |b| b.iter(|| rt.block_on(spawn("/bin/true", &[]))));
     g.bench_function("stockade_session_exec", |b| {
         b.iter(|| {
             let r = rt.block_on(session.exec(&job, None, LiveIo::default())).unwrap();
@@ -131,9 +123,7 @@ fn exec(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     match Container::start() {
         Some(c) => {
             let id = c.0.clone();
-            g.bench_function("docker_exec", |b| {
-                b.iter(|| assert!(rt.block_on(spawn("docker", &["exec", &id, "true"]))))
-            });
+            g.bench_function("docker_exec", |b| b.iter(|| rt.block_on(spawn("docker", &["exec", &id, "true"]))));
         }
         None => eprintln!("session_exec_true: docker_exec skipped: no engine or no {IMAGE} (cargo xtask images)"),
     }
