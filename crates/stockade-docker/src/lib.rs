@@ -710,6 +710,20 @@ impl DockerTier {
         (sink, timed_out)
     }
 
+    /// Waits until the engine says exec `id` is not running, polling at most `polls` times
+    /// 10 ms apart, and returns its exit code: `None` if the engine gave none in that time
+    /// (the exit code is the engine's to tell; a caller never makes one up).
+    pub(crate) async fn exec_exit_code(&self, id: &str, polls: u32) -> Result<Option<i64>, RunError> {
+        for _ in 0..polls {
+            let i = self.docker.inspect_exec(id).await.map_err(engine)?;
+            if i.running == Some(false) {
+                return Ok(i.exit_code);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(None)
+    }
+
     /// Uploads an archive into the container at `path` (a directory there).
     pub(crate) async fn upload(&self, id: &str, path: &str, tar: bytes::Bytes) -> Result<(), RunError> {
         let opts = bollard::query_parameters::UploadToContainerOptionsBuilder::default()
@@ -719,17 +733,24 @@ impl DockerTier {
         self.docker.upload_to_container(id, Some(opts), bollard::body_full(tar)).await.map_err(engine)
     }
 
-    /// Downloads the archive of `path` in the container, at most `bound` bytes.
+    /// Downloads the archive of `path` in the container, at most `bound` bytes; a path the
+    /// container does not have is said so (misconfigured, "no such file"), not an engine
+    /// failure.
     pub(crate) async fn download(&self, id: &str, path: &str, bound: u64) -> Result<Vec<u8>, RunError> {
         let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::default().path(path).build();
         let mut stream = self.docker.download_from_container(id, Some(opts));
         let mut archive = Vec::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(engine)?;
+            let chunk = chunk.map_err(|e| match e {
+                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                    RunError::Misconfigured(format!("{path}: no such file in the container"))
+                }
+                e => engine(e),
+            })?;
             if archive.len() as u64 + chunk.len() as u64 > bound {
-                return Err(RunError::from(stage::StageError::Archive(format!(
-                    "larger than its bound of {bound} bytes"
-                ))));
+                return Err(RunError::Misconfigured(format!(
+                    "{path} in the container: its archive is over the {bound}-byte bound of one download"
+                )));
             }
             archive.extend_from_slice(&chunk);
         }

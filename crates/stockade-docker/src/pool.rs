@@ -135,7 +135,7 @@ impl DockerPool {
     /// Creates and starts one idle container.
     async fn start_one(&self) -> Result<Warm, RunError> {
         self.tier.retry_pending().await;
-        let keeper = Job::image(self.config.image.clone(), ["sleep", "2147483647"])?.with_limits(self.config.limits);
+        let keeper = Job::image(self.config.image.clone(), spec::KEEPER)?.with_limits(self.config.limits);
         let id = run_id();
         let expires = unix_now() + self.config.max_age.as_secs() + ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(&keeper, &self.tier.hardening, &id, expires)?;
@@ -326,16 +326,7 @@ impl DockerPool {
         // The exit code is the engine's to tell. An engine that cannot (it crashed or was
         // restarted mid-run, so the output ended with the connection) makes the run an error,
         // never a report with a made-up code.
-        let mut code = None;
-        for _ in 0..50 {
-            let i = docker.inspect_exec(&exec.id).await.map_err(engine)?;
-            if i.running == Some(false) {
-                code = i.exit_code;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let Some(code) = code else {
+        let Some(code) = self.tier.exec_exit_code(&exec.id, 50).await? else {
             return Err(engine(format!(
                 "the engine gave no exit code for exec {} in container {id} after its output ended",
                 exec.id

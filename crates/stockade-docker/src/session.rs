@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use stockade_protocol::{
@@ -105,6 +104,9 @@ pub struct DockerExecStarted {
 /// One process of a docker session, as the engine lists it (`docker top`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DockerProcess {
+    /// Its pid in the container, where the host's `/proc` maps it (a local engine); else
+    /// its pid on the host.
+    pub pid: u32,
     /// Its pid on the host (the engine's view).
     pub host_pid: u32,
     /// Its command line.
@@ -130,7 +132,7 @@ impl DockerTier {
     /// home volume at [`SESSION_HOME`], where execs start by default.
     pub async fn session(&self, config: DockerSessionConfig) -> Result<DockerSession, RunError> {
         self.retry_pending().await;
-        let keeper = Job::image(config.image.clone(), ["sleep", "2147483647"])?.with_limits(config.limits);
+        let keeper = Job::image(config.image.clone(), spec::KEEPER)?.with_limits(config.limits);
         // The workspace: locked for the session's life, packed before any container exists.
         let (lock, staged) = match &config.workspace {
             None => (None, None),
@@ -299,11 +301,7 @@ impl DockerSession {
             return Err(engine("exec started detached"));
         };
         if let Some((rows, cols)) = opts.pty {
-            let size = bollard::query_parameters::ResizeExecOptionsBuilder::default()
-                .h(i32::from(rows))
-                .w(i32::from(cols))
-                .build();
-            let _ = docker.resize_exec(&exec.id, size).await;
+            let _ = self.resize(&exec.id, rows, cols).await;
         }
         if let Some(tx) = opts.started {
             let pid = self.exec_pid(&exec.id).await.unwrap_or(0);
@@ -353,15 +351,7 @@ impl DockerSession {
         if timed_out || breach.is_some() {
             detail = Some(self.kill_exec(&id, &exec.id).await);
         }
-        let mut code = None;
-        for _ in 0..200 {
-            let i = docker.inspect_exec(&exec.id).await.map_err(engine)?;
-            if i.running == Some(false) {
-                code = i.exit_code;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let code = self.tier.exec_exit_code(&exec.id, 200).await?;
         let wall = start.elapsed();
         let oom = code == Some(128 + 9)
             && !timed_out
@@ -423,8 +413,7 @@ impl DockerSession {
         for _ in 0..100 {
             let i = self.tier.docker.inspect_exec(exec).await.ok()?;
             if let Some(p) = i.pid.filter(|p| *p > 0) {
-                let nspid = stockade_sys::proc::field(&format!("/proc/{p}/status"), "NSpid:").ok()?;
-                return nspid.split_whitespace().last()?.parse::<u32>().ok();
+                return stockade_sys::proc::ns_pid(u32::try_from(p).ok()?);
             }
             if i.running == Some(false) {
                 return None;
@@ -495,7 +484,8 @@ impl DockerSession {
         self.tier.docker.unpause_container(self.id()?).await.map_err(engine)
     }
 
-    /// The container's processes, as the engine lists them (`docker top`).
+    /// The session's processes, as the engine lists them (`docker top`), the container's init and
+    /// keeper aside, each with its pid in the container where the host's `/proc` maps it.
     pub async fn processes(&self) -> Result<Vec<DockerProcess>, RunError> {
         let top = self.tier.docker.top_processes(self.id()?, None::<bollard::query_parameters::TopOptions>).await;
         let top = top.map_err(engine)?;
@@ -509,8 +499,13 @@ impl DockerSession {
             .unwrap_or_default()
             .into_iter()
             .filter_map(|row| {
-                Some(DockerProcess { host_pid: row.get(pid)?.parse().ok()?, cmdline: row.get(cmd)?.clone() })
+                let host_pid: u32 = row.get(pid)?.parse().ok()?;
+                let cmdline = row.get(cmd)?.clone();
+                let pid = stockade_sys::proc::ns_pid(host_pid).unwrap_or(host_pid);
+                Some(DockerProcess { pid, host_pid, cmdline })
             })
+            // The container's own init and the keeper it runs are not the session's.
+            .filter(|p| p.cmdline != spec::KEEPER.join(" ") && !p.cmdline.starts_with("/sbin/docker-init"))
             .collect())
     }
 
@@ -518,22 +513,8 @@ impl DockerSession {
     /// archive API, at most `limit` bytes.
     pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, RunError> {
         check_path(path)?;
-        let opts = DownloadFromContainerOptionsBuilder::default().path(path).build();
-        let mut stream = self.tier.docker.download_from_container(self.id()?, Some(opts));
-        let bound = limit + 10_240;
-        let mut archive = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| match e {
-                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
-                    RunError::Misconfigured(format!("{path}: no such file in the session"))
-                }
-                e => engine(e),
-            })?;
-            if archive.len() as u64 + chunk.len() as u64 > bound {
-                return Err(RunError::Misconfigured(format!("{path}: over the {limit}-byte limit of one read")));
-            }
-            archive.extend_from_slice(&chunk);
-        }
+        // The file's bytes, plus its header, padding and the archive's end.
+        let archive = self.tier.download(self.id()?, path, limit + 10_240).await?;
         stockade_hostfs::stage::unpack_file(&archive, limit).map_err(|e| {
             RunError::Misconfigured(format!(
                 "{path}: {}",

@@ -11,6 +11,10 @@ use bollard::models::{
 };
 use stockade_protocol::{Access, Job, JobKind, Limits};
 
+/// What a started container that waits for execs runs (a pool's and a session's): a sleep
+/// that outlives any container's age, under the engine's init.
+pub const KEEPER: [&str; 2] = ["sleep", "2147483647"];
+
 /// The default image: a `docker import` of Debian's busybox-static (`cargo xtask images`).
 pub const DEFAULT_IMAGE: &str = "stockade-busybox:local";
 

@@ -21,7 +21,7 @@ use stockade_protocol::{Enforced, Job, JobKind, LiveIo, Mechanism, Report, Strea
 use crate::cgroup::Cgroup;
 use crate::pool::CgroupGuard;
 use crate::spec::{MAX_SPEC, Msg, SessionRequest, Spec};
-use crate::supervisor::{End, Ended};
+use crate::supervisor::{End, Ended, Reader};
 use crate::{ProcessTier, RunError, launch};
 
 /// How long an exec's output is still read once its guest has exited: a process it left in
@@ -61,9 +61,6 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Stoppable<R> {
         std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
-
-/// Where an exec's output is read from: a pipe, or its terminal's master.
-type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// How [`ProcessSession::exec_with`] runs an exec, beyond its job.
 #[derive(Debug)]
@@ -675,8 +672,7 @@ impl ProcessSession {
             .filter(|pid| pid.to_string() != init)
             .filter(|pid| std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns))
             .filter_map(|host_pid| {
-                let nspid = stockade_sys::proc::field(&format!("/proc/{host_pid}/status"), "NSpid:").ok()?;
-                let pid = nspid.split_whitespace().last()?.parse().ok()?;
+                let pid = stockade_sys::proc::ns_pid(host_pid)?;
                 let raw = std::fs::read(format!("/proc/{host_pid}/cmdline")).ok()?;
                 let cmdline = String::from_utf8_lossy(&raw).trim_end_matches('\0').replace('\0', " ");
                 Some(SessionProcess { pid, host_pid, cmdline })

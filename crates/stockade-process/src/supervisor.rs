@@ -504,7 +504,7 @@ pub(crate) fn captured(
 }
 
 /// Where output is read from: a pipe, or the terminal's master side.
-type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+pub(crate) type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// A private pty for a run that asked for a terminal.
 pub(crate) fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {

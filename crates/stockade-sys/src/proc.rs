@@ -53,6 +53,13 @@ pub fn field(path: &str, key: &str) -> std::io::Result<String> {
         .ok_or_else(|| std::io::Error::other(format!("no {key} line in {path}")))
 }
 
+/// The pid of host process `pid` in its own (innermost) pid namespace: the last field of
+/// the `NSpid:` line of `/proc/PID/status`; `None` if it is gone or the line is missing.
+#[must_use]
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    field(&format!("/proc/{pid}/status"), "NSpid:").ok()?.split_whitespace().last()?.parse().ok()
+}
+
 /// The paths of the unix sockets bound in this process's network namespace
 /// (`/proc/net/unix`, its last column; abstract sockets, shown with `@`, are left out). A
 /// socket file whose path is not among them has no socket behind it: its owner is gone.
