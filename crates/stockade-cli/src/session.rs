@@ -419,19 +419,21 @@ async fn exec_streamed(call: SessionCall, sessions: &Sessions, conn: &mut UnixSt
     let reply = loop {
         tokio::select! {
             reply = &mut exec => break reply,
-            Some(chunk) = rx.recv() => {
-                if !gone && let Ok(bytes) = serde_json::to_vec(&chunk) {
-                    gone = SESSION_CODEC.write_frame_async(conn, &bytes).await.is_err();
-                }
-            }
+            Some(chunk) = rx.recv() => gone = gone || !send(conn, &chunk).await,
         }
     };
     while let Ok(chunk) = rx.try_recv() {
-        if !gone && let Ok(bytes) = serde_json::to_vec(&chunk) {
-            gone = SESSION_CODEC.write_frame_async(conn, &bytes).await.is_err();
-        }
+        gone = gone || !send(conn, &chunk).await;
     }
     reply
+}
+
+/// Writes one reply frame; `false` if the client is gone.
+async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), reply: &SessionReply) -> bool {
+    match serde_json::to_vec(reply) {
+        Ok(bytes) => SESSION_CODEC.write_frame_async(w, &bytes).await.is_ok(),
+        Err(_) => true,
+    }
 }
 
 /// A background exec's output, as frames for the client (what it wrote before first, if
@@ -451,26 +453,20 @@ async fn attach(id: &str, pid: u32, replay: bool, sessions: &Sessions, conn: &mu
         Chunk::Stdout(b) => SessionReply::Stdout(b),
         Chunk::Stderr(b) => SessionReply::Stderr(b),
     };
-    let mut out: Vec<SessionReply> = if replay { history.into_iter().map(frame).collect() } else { Vec::new() };
+    for c in history.into_iter().filter(|_| replay) {
+        if !send(&mut wr, &frame(c)).await {
+            return SessionReply::Done;
+        }
+    }
     let end = exec.wait();
     tokio::pin!(end);
     let mut probe = [0u8; 1];
     loop {
-        for reply in out.drain(..) {
-            let Ok(bytes) = serde_json::to_vec(&reply) else { continue };
-            if SESSION_CODEC.write_frame_async(&mut wr, &bytes).await.is_err() {
-                return SessionReply::Done;
-            }
-        }
         tokio::select! {
             result = &mut end => {
                 // Its output was all pushed before its end was: what is queued is the rest.
                 while let Ok(c) = live.try_recv() {
-                    out.push(frame(c));
-                }
-                for reply in out.drain(..) {
-                    let Ok(bytes) = serde_json::to_vec(&reply) else { continue };
-                    if SESSION_CODEC.write_frame_async(&mut wr, &bytes).await.is_err() {
+                    if !send(&mut wr, &frame(c)).await {
                         return SessionReply::Done;
                     }
                 }
@@ -480,7 +476,11 @@ async fn attach(id: &str, pid: u32, replay: bool, sessions: &Sessions, conn: &mu
                 };
             }
             c = live.recv() => match c {
-                Ok(c) => out.push(frame(c)),
+                Ok(c) => {
+                    if !send(&mut wr, &frame(c)).await {
+                        return SessionReply::Done;
+                    }
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     return error("busy", format!("the attach fell {n} chunks behind the exec's output and lost them"));
                 }

@@ -375,7 +375,7 @@ impl Session {
             let inner = self.inner.read().await;
             let ExecMode { pty, drain, started } = opts;
             match inner.as_ref() {
-                None => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+                None => Err(self.gone()),
                 Some(Backend::Process(s)) => {
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     let output = if drain { CaptureMode::Drain } else { CaptureMode::FailFast };
@@ -511,7 +511,7 @@ impl Session {
             }
             #[cfg(feature = "docker")]
             (Some(Backend::Docker(s)), Control::Docker { .. }) => s.signal(pid, signal).await,
-            _ => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+            _ => Err(self.gone()),
         }
     }
 
@@ -567,7 +567,7 @@ impl Session {
                 }
                 match self.inner.read().await.as_ref() {
                     Some(Backend::Docker(s)) => s.resize(exec, rows, cols).await,
-                    _ => Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+                    _ => Err(self.gone()),
                 }
             }
         }
@@ -586,17 +586,7 @@ impl Session {
                 .await
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|p| p.cmdline != "sleep 2147483647" && !p.cmdline.starts_with("/sbin/docker-init"))
-                .map(|p| {
-                    let inner = stockade_sys::proc::field(&format!("/proc/{}/status", p.host_pid), "NSpid:")
-                        .ok()
-                        .and_then(|n| n.split_whitespace().last().and_then(|v| v.parse().ok()));
-                    stockade_process::SessionProcess {
-                        pid: inner.unwrap_or(p.host_pid),
-                        host_pid: p.host_pid,
-                        cmdline: p.cmdline,
-                    }
-                })
+                .map(|p| stockade_process::SessionProcess { pid: p.pid, host_pid: p.host_pid, cmdline: p.cmdline })
                 .collect(),
         }
     }
@@ -610,38 +600,40 @@ impl Session {
     /// Pauses it ([`ProcessSession::pause`], or `docker pause`): no CPU, no exec (for the
     /// process tier, deadlines stopped).
     pub async fn pause(&self) -> Result<(), RunError> {
-        self.touch();
-        let inner = self.inner.read().await;
-        match inner.as_ref() {
-            None => return Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
-            Some(Backend::Process(s)) => s.pause()?,
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) => {
-                if !self.paused() {
-                    s.pause().await?;
-                }
-            }
-        }
-        self.paused.store(true, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        self.set_paused(true).await
     }
 
     /// Resumes it ([`ProcessSession::resume`], or `docker unpause`).
     pub async fn resume(&self) -> Result<(), RunError> {
+        self.set_paused(false).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<(), RunError> {
         self.touch();
         let inner = self.inner.read().await;
         match inner.as_ref() {
-            None => return Err(RunError::Misconfigured(format!("session {} is gone", self.id))),
+            None => return Err(self.gone()),
+            // The process tier keeps its own state: pausing twice is a no-op there.
+            Some(Backend::Process(s)) if paused => s.pause()?,
             Some(Backend::Process(s)) => s.resume()?,
             #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) => {
-                if self.paused() {
-                    s.resume().await?;
+            Some(Backend::Docker(s)) if self.paused() != paused => {
+                if paused {
+                    s.pause().await?
+                } else {
+                    s.resume().await?
                 }
             }
+            #[cfg(feature = "docker")]
+            Some(Backend::Docker(_)) => {}
         }
-        self.paused.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.paused.store(paused, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The error of a call on a session that has ended.
+    fn gone(&self) -> RunError {
+        RunError::Misconfigured(format!("session {} is gone", self.id))
     }
 
     /// A filesystem-only snapshot: the session's home (every file, directory and symlink
@@ -691,7 +683,7 @@ impl Session {
         if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
             return s.read(path, limit).await.map_err(|e| docker_files_error(path, e));
         }
-        Err(FilesError::Invalid { path: path.into(), why: format!("session {} is gone", self.id) })
+        Err(FilesError::Invalid { path: path.into(), why: self.gone().to_string() })
     }
 
     /// Writes a file of the session by the guest's path, at most `limit` bytes.
@@ -706,7 +698,7 @@ impl Session {
         if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
             return s.write(path, data).await.map_err(|e| docker_files_error(path, e));
         }
-        Err(FilesError::Invalid { path: path.into(), why: format!("session {} is gone", self.id) })
+        Err(FilesError::Invalid { path: path.into(), why: self.gone().to_string() })
     }
 
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
