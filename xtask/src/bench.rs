@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|serve|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -42,6 +42,12 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "serve" || *w == "all") {
+        serve(root, target, write)?;
+        if wanted == ["serve"] {
+            return Ok(());
+        }
+    }
     if wanted.iter().any(|w| *w == "docker" || *w == "all") {
         docker(root, target, write)?;
         if wanted == ["docker"] {
@@ -52,7 +58,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {
@@ -147,6 +153,88 @@ fn mcp(root: &Path, target: &Path, write: bool) -> Result<()> {
     println!("\n{table}");
     if write {
         write_docs(root, "mcp", &table)?;
+    }
+    Ok(())
+}
+
+/// The official E2B SDK against `stockade serve --listen` (a command's round trip, a
+/// sandbox's create and kill), beside `docker exec` and `docker run --rm`, in one run.
+fn serve(root: &Path, target: &Path, write: bool) -> Result<()> {
+    crate::run(&mut crate::cargo(&["xtask", "images"]))?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    let python = crate::llm::install_e2b_sdk()?;
+    let state = target.join("bench-serve-state");
+    let _ = fs::remove_dir_all(&state);
+    fs::create_dir_all(&state)?;
+    let key = "bench-key-0123456789abcdef";
+    let mut server = std::process::Command::new(target.join("release/stockade"))
+        .args(["serve", "--socket"])
+        .arg(state.join("serve.sock"))
+        .args(["--listen", "127.0.0.1:0", "--api-key-env", "BENCH_E2B_KEY"])
+        .env("BENCH_E2B_KEY", key)
+        .env("STOCKADE_STATE_DIR", &state)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let addr = {
+        use std::io::BufRead as _;
+        let stderr = server.stderr.take().context("serve's stderr")?;
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let addr = loop {
+            let Some(line) = lines.next() else { bail!("stockade serve exited before it listened") };
+            if let Some(a) = line?.strip_prefix("stockade serve: E2B API on http://") {
+                break a.to_owned();
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        addr
+    };
+    let url = format!("http://{addr}");
+    let out = std::process::Command::new(&python)
+        .arg(root.join("crates/stockade-cli/benches/e2b_bench.py"))
+        .args(["500", crate::images::BUSYBOX_IMAGE])
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", key)
+        .output();
+    // Ended by its pid: SIGTERM kills its sandboxes.
+    let _ = std::process::Command::new("kill").arg(server.id().to_string()).status();
+    let _ = server.wait();
+    let out = out?;
+    if !out.status.success() {
+        bail!("the E2B bench client failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let data: Value = serde_json::from_slice(&out.stdout)?;
+    let p50 = |key: &str| -> Option<f64> {
+        let mut v: Vec<f64> = data[key].as_array()?.iter().filter_map(Value::as_f64).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).map(|us| us / 1e3)
+    };
+    let shown = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.2} ms"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x faster", b / a),
+        _ => "n/a".to_owned(),
+    };
+    let (run, create, exec, docker_run) = (p50("run_true"), p50("create_kill"), p50("docker_exec"), p50("docker_run"));
+    let mut table = String::from("| what | p50 | target | baseline (same run) | against it |\n|---|---|---|---|---|\n");
+    let _ = writeln!(
+        table,
+        "| SDK `commands.run(\"true\")` round trip | {} | ≤ 5 ms | `docker exec CTR sh -c true`: {} | {} |",
+        shown(run),
+        shown(exec),
+        ratio(run, exec)
+    );
+    let _ = writeln!(
+        table,
+        "| SDK `Sandbox.create()` then `.kill()` | {} | ≤ 30 ms | `docker run --rm IMAGE true`: {} | {} |",
+        shown(create),
+        shown(docker_run),
+        ratio(create, docker_run)
+    );
+    println!("\n{table}");
+    if write {
+        write_docs(root, "serve", &table)?;
     }
     Ok(())
 }

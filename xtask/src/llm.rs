@@ -176,6 +176,30 @@ pub(crate) fn install_mcp_client() -> Result<PathBuf> {
     Ok(python)
 }
 
+/// The official E2B Python SDK, pinned (it needs Python 3.11, Debian 12's python3).
+const E2B_SDK: &str = "e2b==2.63.0";
+
+/// Installs the E2B SDK into its own venv (once) and returns its interpreter, for the tests
+/// where it drives `stockade serve --listen` (`STOCKADE_E2B_PYTHON`).
+pub(crate) fn install_e2b_sdk() -> Result<PathBuf> {
+    let venv = dir().join("e2b-venv");
+    let python = venv.join("bin/python");
+    let version = E2B_SDK.trim_start_matches("e2b==");
+    let installed = Command::new(&python)
+        .args(["-c", "import importlib.metadata as m; print(m.version('e2b'))"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version);
+    if installed {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(dir())?;
+    if !venv.join("bin/pip").exists() {
+        run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", E2B_SDK]))?;
+    Ok(python)
+}
+
 /// Starts `cargo xtask llm --install` in the background (so that CI builds while pip compiles);
 /// its output goes to the llm directory's install.log.
 pub(crate) fn install_in_background() -> Result<Child> {

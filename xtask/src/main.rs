@@ -164,14 +164,23 @@ fn ci() -> Result<()> {
         // A sandboxed guest's stock OpenAI client (PyPI `openai`, pinned) for the model grant's
         // tests, and the official MCP Python SDK (PyPI `mcp`, pinned) whose client drives
         // `stockade mcp`.
-        ("python-sdk", Box::new(|| llm::install_openai_sdk().and_then(|_| llm::install_mcp_client()).map(drop))),
+        // and the official E2B Python SDK (PyPI `e2b`, pinned) that drives `stockade serve --listen`.
+        (
+            "python-sdk",
+            Box::new(|| {
+                llm::install_openai_sdk()?;
+                llm::install_mcp_client()?;
+                llm::install_e2b_sdk().map(drop)
+            }),
+        ),
         (
             "test",
             Box::new(|| {
                 run(cargo(&["test", "--workspace", "--all-targets"])
                     .env("STOCKADE_REQUIRE_ALL", "1")
                     .env("STOCKADE_OPENAI_PYTHON", llm::install_openai_sdk()?)
-                    .env("STOCKADE_MCP_PYTHON", llm::install_mcp_client()?))
+                    .env("STOCKADE_MCP_PYTHON", llm::install_mcp_client()?)
+                    .env("STOCKADE_E2B_PYTHON", llm::install_e2b_sdk()?))
             }),
         ),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),

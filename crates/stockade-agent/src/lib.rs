@@ -133,13 +133,15 @@
 //! # Invariants
 //! Stated as absences: no constructor of `Permit` or `Verified`; no tool call without a
 //! decision; no raw untrusted output in the history; no retry once a response was used; no
-//! HTTP client outside this crate.
+//! HTTP client or server outside this crate (it owns hyper, STYLE §2.5): the model proxy, and
+//! [`e2b`], E2B's API over the runtime's sessions for `stockade serve --listen`.
 
 #![forbid(unsafe_code)]
 
 mod agent;
 mod command;
 pub mod config;
+pub mod e2b;
 mod endpoint;
 mod machine;
 mod proxy;

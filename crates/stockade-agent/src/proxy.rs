@@ -47,7 +47,7 @@ fn whole(text: impl Into<Bytes>) -> ProxyBody {
 }
 
 /// A body fed by a channel (the relay task), ending when the task drops its sender.
-struct ChannelBody(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+pub(crate) struct ChannelBody(pub(crate) tokio::sync::mpsc::UnboundedReceiver<Bytes>);
 
 impl hyper::body::Body for ChannelBody {
     type Data = Bytes;

@@ -101,6 +101,18 @@
 //!     command says in one line how to start one. A SIGTERM ends every session; a
 //!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
 //!     (pinned by: tests/it/session.rs::g10_*)
+//! G11. `stockade serve --listen ADDR --api-key-env VAR` (loopback only) also speaks E2B's API
+//!     over the same sessions, so the official E2B Python SDK, sync and async, drives them
+//!     unchanged: create, info, list, connect, timeout and kill; `commands.run` with its
+//!     output callbacks, a non-zero exit as `CommandExitException`, its timeout as
+//!     `TimeoutException` (the process killed), background commands with stdin, kill and
+//!     list; the filesystem calls and 10 MiB uploads and downloads through the session's
+//!     descriptor-held files API (`..` refused, a planted symlink not followed out); a PTY
+//!     with resize. A wrong or missing API key or access token is 401, one sandbox's token
+//!     opens no other, a sandbox past its timeout is gone from the host, malformed or
+//!     oversized Connect messages and unknown methods and fields get their Connect codes,
+//!     and 1,000 idle connections do not stop it answering.
+//!     (pinned by: tests/it/e2b.rs::g11_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What

@@ -36,6 +36,39 @@ pub(crate) struct ServeArgs {
     /// is `serve.log` beside the socket; `kill PID` ends it and its sessions).
     #[arg(long)]
     detach: bool,
+    /// Also speak E2B's API on this address (loopback only), so the E2B SDKs drive the
+    /// sessions: `E2B_API_URL=http://ADDR E2B_SANDBOX_URL=http://ADDR`.
+    #[arg(long, requires = "api_key_env")]
+    listen: Option<std::net::SocketAddr>,
+    /// The environment variable holding the API key E2B clients present.
+    #[arg(long, requires = "listen")]
+    api_key_env: Option<String>,
+    /// Templates and bounds for the E2B face (`serve.toml`); without it, one `base`
+    /// template: the process tier, no network.
+    #[arg(long, requires = "listen")]
+    config: Option<PathBuf>,
+}
+
+/// The E2B face's configuration, from `--api-key-env` and `--config`.
+fn e2b_config(args: &ServeArgs) -> Result<Option<(std::net::SocketAddr, stockade_agent::e2b::E2bConfig)>> {
+    let (Some(addr), Some(var)) = (args.listen, args.api_key_env.as_deref()) else { return Ok(None) };
+    if !addr.ip().is_loopback() {
+        bail!(
+            "--listen {addr}: not a loopback address; serving beyond this host needs TLS, which stockade serve does not offer yet"
+        );
+    }
+    let key = std::env::var(var).map_err(|_| anyhow!("--api-key-env {var}: the variable is not set"))?;
+    if key.len() < 16 {
+        bail!("--api-key-env {var}: the key is shorter than 16 characters");
+    }
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            stockade_agent::e2b::E2bConfig::from_toml(key, &text).map_err(|e| anyhow!("{}: {e}", path.display()))?
+        }
+        None => stockade_agent::e2b::E2bConfig::new(key),
+    };
+    Ok(Some((addr, config)))
 }
 
 /// `stockade session ...`.
@@ -241,19 +274,36 @@ fn default_socket() -> Result<PathBuf> {
 
 /// `stockade serve`: owns sessions until SIGTERM or SIGINT.
 pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
-    let socket = match args.socket {
+    let socket = match args.socket.clone() {
         Some(s) => s,
         None => default_socket()?,
     };
     let state = stockade_runtime::process::state_dir()
         .ok_or_else(|| anyhow!("no state directory: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME"))?;
+    let e2b = e2b_config(&args)?;
     if args.detach {
-        return detach(&socket, args.max_sessions);
+        let mut extra: Vec<std::ffi::OsString> = Vec::new();
+        if let (Some(addr), Some(var)) = (args.listen, &args.api_key_env) {
+            extra.extend(["--listen".into(), addr.to_string().into(), "--api-key-env".into(), var.into()]);
+        }
+        if let Some(c) = &args.config {
+            extra.extend(["--config".into(), std::fs::canonicalize(c)?.into_os_string()]);
+        }
+        return detach(&socket, args.max_sessions, &extra);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
         let sessions = Arc::new(Sessions::new(tier, &state, args.max_sessions)?);
+        let _e2b = match e2b {
+            Some((addr, config)) => {
+                let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--listen {addr}"))?;
+                let _ = writeln!(std::io::stderr(), "stockade serve: E2B API on http://{}", tcp.local_addr()?);
+                let server = stockade_agent::e2b::E2bServer::new(Arc::clone(&sessions), config);
+                Some(AbortOnDrop(tokio::spawn(server.serve(tcp))))
+            }
+            None => None,
+        };
         let listener = bind(&socket)?;
         let _ = writeln!(std::io::stderr(), "stockade serve: listening on {}", socket.display());
         let reaper = {
@@ -288,6 +338,15 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
     })
 }
 
+/// A task that ends when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The socket's directory: made mode 0700 if it is missing, else required to be this user's
 /// alone. Never loosened or tightened here: a directory another user can enter (or one not
 /// ours) could let them reach the socket, or be theirs to swap.
@@ -311,7 +370,7 @@ fn private_dir(socket: &Path) -> Result<()> {
 
 /// `serve --detach`: this binary again as the owner, in a session of its own with its stdio
 /// away from the caller's terminal, then its pid once its socket answers.
-fn detach(socket: &Path, max_sessions: usize) -> Result<ExitCode> {
+fn detach(socket: &Path, max_sessions: usize, extra: &[std::ffi::OsString]) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
     private_dir(socket)?;
     let log_path = socket.with_file_name("serve.log");
@@ -322,6 +381,7 @@ fn detach(socket: &Path, max_sessions: usize) -> Result<ExitCode> {
         .arg(socket)
         .arg("--max-sessions")
         .arg(max_sessions.to_string())
+        .args(extra)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)

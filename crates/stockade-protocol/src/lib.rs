@@ -111,6 +111,7 @@ pub mod chat;
 pub mod completion;
 pub mod dedicated;
 pub mod door;
+pub mod e2b;
 pub mod error;
 pub mod frame;
 pub mod job;

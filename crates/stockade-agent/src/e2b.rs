@@ -1,0 +1,1256 @@
+//! `stockade serve --listen`: E2B's API over stockade's sessions, so the official E2B SDKs
+//! (Python and JavaScript, and the agent frameworks built on them) drive stockade
+//! unmodified.
+//!
+//! One HTTP/1.1 listener answers both faces E2B splits between its API and each sandbox's
+//! envd: the control plane (`POST /v2/sandboxes`, `GET /sandboxes/{id}`, `DELETE`, timeout,
+//! pause, connect), authenticated by `X-API-Key`; and envd's Connect RPC services
+//! (`process.Process`, `filesystem.Filesystem`) with `/files`, `/health` and `/envs`,
+//! routed by the `E2b-Sandbox-Id` header and authenticated by that sandbox's own
+//! `X-Access-Token`. A sandbox is one [`Session`]; a template names a session profile.
+//!
+//! # Threat model
+//! Trusted: the host user who runs the server and writes its templates. Attacker-controlled:
+//! every byte a client sends (it may hold the API key, or only one sandbox's token, or
+//! nothing), and everything the code inside a sandbox does.
+//!
+//! # Guarantees
+//! - The API key is compared in constant time; a sandbox's token is 32 random bytes, also
+//!   compared in constant time, and opens that sandbox alone: another sandbox's id with it
+//!   is `401`, an unknown id `404`.
+//! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
+//!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
+//!   a header section must arrive within 10 s (slow clients are cut off), connections and
+//!   streams are capped, and a sandbox count per server.
+//! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
+//!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
+//!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
+//! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
+//!   or hard link reaches past the sandbox's home.
+//!
+//! # Non-guarantees
+//! No TLS yet: the listener must be loopback. No protobuf codec (the SDKs speak JSON), no
+//! `StreamInput`, no directory watch, no file metadata; a docker-tier template offers
+//! commands and whole-file reads and writes, not the rest of the filesystem service.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{CONTENT_TYPE, HeaderMap};
+use hyper::{Method, Request, Response, StatusCode};
+use stockade_protocol::e2b::{self as wire, Code, ConnectError, ProcessEvent};
+use stockade_runtime::protocol::{Job, Limits, RunError, Status};
+use stockade_runtime::session::{
+    Chunk, FilesError, Kind, Session, SessionProfile, SessionTier, Sessions, StartOptions,
+};
+use subtle::ConstantTimeEq;
+
+use crate::proxy::ChannelBody;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// The guest's home, where relative paths resolve.
+const HOME: &str = "/home/user";
+
+/// The one user a sandbox has.
+const USER: &str = "user";
+
+/// Bounds of one server.
+#[derive(Debug, Clone)]
+pub struct E2bLimits {
+    /// Most live sandboxes.
+    pub max_sandboxes: usize,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// Most streams (Start, Connect) at once.
+    pub max_streams: usize,
+    /// Largest upload or download through `/files`.
+    pub max_upload: u64,
+}
+
+impl Default for E2bLimits {
+    fn default() -> Self {
+        Self { max_sandboxes: 64, max_connections: 1024, max_streams: 256, max_upload: 256 << 20 }
+    }
+}
+
+/// A template: what a sandbox made from it is.
+#[derive(Debug, Clone)]
+pub struct Template {
+    /// The tier.
+    pub tier: SessionTier,
+    /// Memory and processes for the whole sandbox.
+    pub limits: Limits,
+    /// The longest timeout a sandbox may ask for.
+    pub max_timeout: Duration,
+    /// Hosts the sandbox may reach (`--allow-net` entries); empty: no network.
+    pub allow_net: Vec<String>,
+    /// Names pinned to addresses (`--net-resolve` entries).
+    pub net_resolve: Vec<String>,
+    /// Its environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Template {
+    fn default() -> Self {
+        Self {
+            tier: SessionTier::Process,
+            limits: Limits::default(),
+            max_timeout: Duration::from_secs(3600),
+            allow_net: Vec::new(),
+            net_resolve: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+/// The server's configuration: its key, templates (`base` is the SDK's default) and bounds.
+#[derive(Debug, Clone)]
+pub struct E2bConfig {
+    /// The API key clients present (`X-API-Key`).
+    pub api_key: String,
+    /// Templates by name.
+    pub templates: BTreeMap<String, Template>,
+    /// Bounds.
+    pub limits: E2bLimits,
+}
+
+/// One sandbox: its session, token and timeout.
+struct Sandbox {
+    session: Arc<Session>,
+    token: String,
+    template: String,
+    metadata: BTreeMap<String, String>,
+    env: BTreeMap<String, String>,
+    started: SystemTime,
+    memory_mb: u64,
+    end: Mutex<(Instant, SystemTime)>,
+}
+
+impl Sandbox {
+    fn set_timeout(&self, secs: u64) {
+        let d = Duration::from_secs(secs);
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = (Instant::now() + d, SystemTime::now() + d);
+    }
+
+    fn end(&self) -> (Instant, SystemTime) {
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The server ([`E2bServer::serve`]).
+pub struct E2bServer {
+    sessions: Arc<Sessions>,
+    config: E2bConfig,
+    boxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    streams: Arc<tokio::sync::Semaphore>,
+    connections: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for E2bServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2bServer").finish_non_exhaustive()
+    }
+}
+
+fn secs(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn whole(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn json(status: StatusCode, v: &impl serde::Serialize) -> Response<Body> {
+    whole(status, "application/json", serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// A control-plane error, `{"code": N, "message": "..."}`.
+fn api_error(status: StatusCode, message: &str) -> Response<Body> {
+    json(status, &wire::api_error(status.as_u16(), message))
+}
+
+/// What E2B's proxy answers for a sandbox that is not running: 502, "... was not found"
+/// (the SDKs raise `SandboxNotRunningException` on it, and `is_running()` is false).
+fn not_running(id: &str) -> Response<Body> {
+    api_error(StatusCode::BAD_GATEWAY, &format!("the sandbox {id:?} was not found"))
+}
+
+/// A unary Connect error: the code's HTTP status and its JSON.
+fn rpc_error(e: &ConnectError) -> Response<Body> {
+    let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json(status, &e.to_json())
+}
+
+fn no_content() -> Response<Body> {
+    whole(StatusCode::NO_CONTENT, "text/plain", Bytes::new())
+}
+
+/// A runtime error as a Connect error.
+fn run_code(e: &RunError) -> ConnectError {
+    let code = match e {
+        RunError::Busy(_) => Code::ResourceExhausted,
+        RunError::Unsupported { .. } => Code::Unimplemented,
+        RunError::Misconfigured(m) if m.contains("no background exec") => Code::NotFound,
+        RunError::Misconfigured(m) if m.contains("is gone") || m.contains("has ended") => Code::NotFound,
+        RunError::Misconfigured(_) => Code::FailedPrecondition,
+        _ => Code::Internal,
+    };
+    ConnectError::new(code, e.to_string())
+}
+
+/// A files error as a Connect error.
+fn files_code(e: &FilesError) -> ConnectError {
+    let code = match e {
+        FilesError::NotFound(_) => Code::NotFound,
+        FilesError::Invalid { .. } => Code::InvalidArgument,
+        FilesError::Denied { .. } => Code::PermissionDenied,
+        FilesError::TooLarge { .. } => Code::ResourceExhausted,
+        FilesError::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists => Code::AlreadyExists,
+        FilesError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotADirectory => Code::InvalidArgument,
+        _ => Code::Internal,
+    };
+    ConnectError::new(code, e.to_string())
+}
+
+/// The guest's path for a request's: relative paths are under the home, `~` is the home.
+fn guest_path(p: &str) -> String {
+    if p.is_empty() || p == "~" {
+        HOME.to_owned()
+    } else if let Some(rest) = p.strip_prefix("~/") {
+        format!("{HOME}/{rest}")
+    } else if p.starts_with('/') {
+        p.to_owned()
+    } else {
+        format!("{HOME}/{p}")
+    }
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn constant_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// The user a request names (`Authorization: Basic base64(user:)` or `?username=`): only
+/// the sandbox's one user is accepted.
+fn check_user(name: Option<&str>) -> Result<(), ConnectError> {
+    match name {
+        None | Some("" | USER) => Ok(()),
+        Some(other) => Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("user {other:?}: a stockade sandbox runs everything as its one unprivileged user ({USER:?})"),
+        )),
+    }
+}
+
+fn basic_user(h: &HeaderMap) -> Option<String> {
+    let v = header(h, "authorization")?.strip_prefix("Basic ")?;
+    let raw = base64::engine::general_purpose::STANDARD.decode(v.trim()).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    Some(text.split_once(':').map_or(text.clone(), |(u, _)| u.to_owned()))
+}
+
+fn query(req: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
+    req.uri().query().map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default()
+}
+
+/// Reads a body of at most `max` bytes.
+async fn read_body(body: hyper::body::Incoming, max: usize) -> Result<Bytes, String> {
+    match Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(format!("the body is over the {max}-byte limit")),
+        Err(e) => Err(format!("reading the body: {e}")),
+    }
+}
+
+impl E2bServer {
+    /// A server over `sessions` (which it shares with the unix-socket API).
+    #[must_use]
+    pub fn new(sessions: Arc<Sessions>, config: E2bConfig) -> Arc<Self> {
+        let streams = Arc::new(tokio::sync::Semaphore::new(config.limits.max_streams));
+        let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
+        Arc::new(Self { sessions, config, boxes: Mutex::new(HashMap::new()), streams, connections })
+    }
+
+    fn boxes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Sandbox>>> {
+        self.boxes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Serves `listener` until the task is dropped; ends sandboxes at their timeouts.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        /// Ends the reaper with the server.
+        struct Abort(tokio::task::JoinHandle<()>);
+        impl Drop for Abort {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let _reaper = Abort({
+            let me = Arc::clone(&self);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    me.reap().await;
+                }
+            })
+        });
+        loop {
+            let Ok((conn, _)) = listener.accept().await else { continue };
+            // Over the cap, the connection is closed at once.
+            let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
+                drop(conn);
+                continue;
+            };
+            let me = Arc::clone(&self);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let me = Arc::clone(&me);
+                    async move { Ok::<_, Infallible>(me.handle(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(10))
+                    .max_buf_size(64 << 10)
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                    .await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Kills sandboxes past their timeout, and forgets those whose session ended.
+    async fn reap(&self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .boxes()
+            .iter()
+            .filter(|(id, b)| b.end().0 <= now || self.sessions.get(id).is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.boxes().remove(&id);
+            let _ = self.sessions.kill(&id).await;
+        }
+    }
+
+    async fn handle(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        if path == "/health" {
+            // Through E2B's proxy, a sandbox that is gone answers 502 "... was not found".
+            return match header(req.headers(), "e2b-sandbox-id") {
+                Some(id) if self.sandbox(id).is_none() => not_running(id),
+                _ => no_content(),
+            };
+        }
+        if path.starts_with("/process.Process/")
+            || path.starts_with("/filesystem.Filesystem/")
+            || path == "/files"
+            || path == "/envs"
+        {
+            return self.envd(req, &path).await;
+        }
+        // The control plane.
+        let key = header(req.headers(), "x-api-key").unwrap_or_default();
+        if !constant_eq(key, &self.config.api_key) {
+            return api_error(StatusCode::UNAUTHORIZED, "a missing or wrong API key (X-API-Key)");
+        }
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let parts: &[&str] = match parts.as_slice() {
+            ["v2", rest @ ..] => rest,
+            all => all,
+        };
+        match (&method, parts) {
+            (&Method::POST, ["sandboxes"]) => self.create(req).await,
+            (&Method::GET, ["sandboxes"]) => self.list(&req),
+            (&Method::GET, ["sandboxes", id]) => match self.sandbox(id) {
+                Some(b) => json(StatusCode::OK, &self.detail(id, &b)),
+                None => api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found")),
+            },
+            (&Method::DELETE, ["sandboxes", id]) => {
+                let removed = self.boxes().remove(*id);
+                match removed {
+                    Some(_) => {
+                        let _ = self.sessions.kill(id).await;
+                        no_content()
+                    }
+                    None => api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found")),
+                }
+            }
+            (&Method::POST, ["sandboxes", id, op @ ("timeout" | "refreshes" | "pause" | "resume" | "connect")]) => {
+                let id = (*id).to_owned();
+                let op = (*op).to_owned();
+                self.lifecycle(&id, &op, req).await
+            }
+            (_, ["sandboxes", ..]) => api_error(
+                StatusCode::NOT_IMPLEMENTED,
+                &format!(
+                    "{method} {path}: stockade does not offer this (no snapshots, forks, logs, metrics or network updates yet)"
+                ),
+            ),
+            _ => api_error(StatusCode::NOT_FOUND, &format!("{method} {path}: no such route")),
+        }
+    }
+
+    fn sandbox(&self, id: &str) -> Option<Arc<Sandbox>> {
+        self.boxes().get(id).cloned()
+    }
+
+    fn detail(&self, id: &str, b: &Sandbox) -> wire::SandboxDetail {
+        wire::SandboxDetail {
+            template_id: b.template.clone(),
+            sandbox_id: id.to_owned(),
+            client_id: "stockade".into(),
+            started_at: wire::rfc3339(secs(b.started)),
+            end_at: wire::rfc3339(secs(b.end().1)),
+            cpu_count: 1,
+            memory_mb: b.memory_mb,
+            disk_size_mb: 0,
+            state: if b.session.paused() { "paused".into() } else { "running".into() },
+            envd_version: wire::ENVD_VERSION.into(),
+            metadata: b.metadata.clone(),
+        }
+    }
+
+    fn created(&self, id: &str, b: &Sandbox) -> wire::SandboxCreated {
+        wire::SandboxCreated {
+            template_id: b.template.clone(),
+            sandbox_id: id.to_owned(),
+            client_id: "stockade".into(),
+            envd_version: wire::ENVD_VERSION.into(),
+            envd_access_token: b.token.clone(),
+        }
+    }
+
+    fn list(&self, req: &Request<hyper::body::Incoming>) -> Response<Body> {
+        let q = query(req);
+        let states: Option<Vec<String>> = q.get("state").map(|s| s.split(',').map(str::to_owned).collect());
+        let wanted: Vec<(String, String)> =
+            q.get("metadata").map(|m| form_urlencoded::parse(m.as_bytes()).into_owned().collect()).unwrap_or_default();
+        let mut all: Vec<(String, Arc<Sandbox>)> =
+            self.boxes().iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
+        all.sort_by_key(|(_, b)| b.started);
+        let out: Vec<wire::SandboxDetail> = all
+            .iter()
+            .map(|(id, b)| self.detail(id, b))
+            .filter(|d| states.as_ref().is_none_or(|s| s.contains(&d.state)))
+            .filter(|d| wanted.iter().all(|(k, v)| d.metadata.get(k) == Some(v)))
+            .collect();
+        json(StatusCode::OK, &out)
+    }
+
+    async fn create(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let body = match read_body(req.into_body(), wire::MAX_API_BYTES).await {
+            Ok(b) => b,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
+        };
+        let new: wire::NewSandbox = match wire::parse_api(&body) {
+            Ok(n) => n,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the sandbox request: {e}")),
+        };
+        let Some(template) = self.config.templates.get(&new.template_id) else {
+            let names: Vec<&str> = self.config.templates.keys().map(String::as_str).collect();
+            return api_error(
+                StatusCode::NOT_FOUND,
+                &format!("template {:?} not found (this server has: {})", new.template_id, names.join(", ")),
+            );
+        };
+        let refused = |what: &str| api_error(StatusCode::BAD_REQUEST, &format!("{what}: stockade does not offer it"));
+        if new.auto_pause == Some(true) {
+            return refused("autoPause");
+        }
+        if new.auto_resume.is_some() {
+            return refused("autoResume");
+        }
+        if new.mcp.as_ref().is_some_and(|v| !v.is_null()) {
+            return refused("mcp");
+        }
+        if new.iam.is_some() {
+            return refused("iam");
+        }
+        if new.volume_mounts.as_ref().is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+            return refused("volumeMounts");
+        }
+        let timeout = new.timeout.unwrap_or(300);
+        if timeout == 0 || Duration::from_secs(timeout) > template.max_timeout {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                &format!("timeout {timeout}s: must be 1 to {}s for this template", template.max_timeout.as_secs()),
+            );
+        }
+        if self.boxes().len() >= self.config.limits.max_sandboxes {
+            return api_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("{} sandboxes are live, the most this server keeps", self.config.limits.max_sandboxes),
+            );
+        }
+        let grants = match net_grant(template, &new) {
+            Ok(g) => g,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
+        };
+        let mut env = template.env.clone();
+        env.extend(new.env_vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let profile = SessionProfile {
+            tier: template.tier.clone(),
+            limits: template.limits,
+            // The sandbox's own timeout ends it (the reaper); these are the template's cap.
+            idle_timeout: template.max_timeout,
+            max_lifetime: template.max_timeout,
+            grants: grants.map(|g| Arc::new(stockade_runtime::Grants::new().net(g))),
+            env,
+            ..SessionProfile::default()
+        };
+        let session = match self.sessions.create(profile).await {
+            Ok(s) => s,
+            Err(e) => {
+                let status = match e {
+                    RunError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+                    RunError::Unsupported { .. } | RunError::Misconfigured(_) => StatusCode::BAD_REQUEST,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                return api_error(status, &format!("creating the sandbox: {e}"));
+            }
+        };
+        let id = session.id().to_owned();
+        let mut token = [0u8; 32];
+        if getrandom::fill(&mut token).is_err() {
+            let _ = self.sessions.kill(&id).await;
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for the access token");
+        }
+        let now = (Instant::now(), SystemTime::now());
+        let b = Arc::new(Sandbox {
+            session,
+            token: token.iter().map(|b| format!("{b:02x}")).collect(),
+            template: new.template_id.clone(),
+            metadata: new.metadata,
+            env: new.env_vars,
+            started: now.1,
+            memory_mb: template.limits.memory_bytes() >> 20,
+            end: Mutex::new(now),
+        });
+        b.set_timeout(timeout);
+        let out = self.created(&id, &b);
+        self.boxes().insert(id, b);
+        json(StatusCode::CREATED, &out)
+    }
+
+    async fn lifecycle(&self, id: &str, op: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let Some(b) = self.sandbox(id) else {
+            return api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found"));
+        };
+        let body = match read_body(req.into_body(), wire::MAX_API_BYTES).await {
+            Ok(b) => b,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
+        };
+        let t: wire::TimeoutRequest = if body.is_empty() {
+            wire::TimeoutRequest::default()
+        } else {
+            match wire::parse_api(&body) {
+                Ok(t) => t,
+                Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the request: {e}")),
+            }
+        };
+        let max = self.config.templates.get(&b.template).map_or(Duration::from_secs(3600), |t| t.max_timeout);
+        if let Some(s) = t.timeout
+            && (s == 0 || Duration::from_secs(s) > max)
+        {
+            return api_error(StatusCode::BAD_REQUEST, &format!("timeout {s}s: must be 1 to {}s", max.as_secs()));
+        }
+        match op {
+            "timeout" | "refreshes" => {
+                if let Some(s) = t.timeout {
+                    b.set_timeout(s);
+                }
+                no_content()
+            }
+            "pause" => {
+                if b.session.paused() {
+                    return api_error(StatusCode::CONFLICT, &format!("sandbox {id} is already paused"));
+                }
+                match b.session.pause().await {
+                    Ok(()) => no_content(),
+                    Err(e) => api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("pausing sandbox {id}: {e}")),
+                }
+            }
+            _ => {
+                let was_paused = b.session.paused();
+                if was_paused && let Err(e) = b.session.resume().await {
+                    return api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("resuming sandbox {id}: {e}"));
+                }
+                if let Some(s) = t.timeout {
+                    b.set_timeout(s);
+                }
+                let status = if was_paused { StatusCode::CREATED } else { StatusCode::OK };
+                json(status, &self.created(id, &b))
+            }
+        }
+    }
+
+    /// An envd call: the sandbox by `E2b-Sandbox-Id`, its token, then the service.
+    async fn envd(self: &Arc<Self>, req: Request<hyper::body::Incoming>, path: &str) -> Response<Body> {
+        let rpc = path != "/files" && path != "/envs";
+        let fail = |e: ConnectError| {
+            if rpc {
+                rpc_error(&e)
+            } else {
+                api_error(StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &e.message)
+            }
+        };
+        let id = header(req.headers(), "e2b-sandbox-id").unwrap_or_default().to_owned();
+        let Some(b) = self.sandbox(&id) else { return not_running(&id) };
+        let token = header(req.headers(), "x-access-token").unwrap_or_default();
+        if !constant_eq(token, &b.token) {
+            return fail(ConnectError::new(Code::Unauthenticated, "a missing or wrong access token (X-Access-Token)"));
+        }
+        if let Err(e) = check_user(basic_user(req.headers()).as_deref()) {
+            return fail(e);
+        }
+        match path {
+            "/files" => self.files(&b, req).await,
+            "/envs" => json(StatusCode::OK, &b.env),
+            _ => self.rpc(b, req, path).await,
+        }
+    }
+
+    async fn rpc(self: &Arc<Self>, b: Arc<Sandbox>, req: Request<hyper::body::Incoming>, path: &str) -> Response<Body> {
+        if req.method() != Method::POST {
+            return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: Connect calls are POST")));
+        }
+        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
+        let streaming = matches!(path, "/process.Process/Start" | "/process.Process/Connect");
+        let want = if streaming { "application/connect+json" } else { "application/json" };
+        if ct.split(';').next().is_none_or(|c| c.trim() != want) {
+            let mut r = rpc_error(&ConnectError::new(
+                Code::Unimplemented,
+                format!("content type {ct:?}: this server speaks the Connect JSON codec ({want})"),
+            ));
+            *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            return r;
+        }
+        let deadline = header(req.headers(), "connect-timeout-ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis);
+        let keepalive = header(req.headers(), "keepalive-ping-interval")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs);
+        let body = match read_body(req.into_body(), wire::MAX_RPC_BYTES + 5).await {
+            Ok(b) => b,
+            Err(e) => return rpc_error(&ConnectError::new(Code::ResourceExhausted, e)),
+        };
+        if streaming {
+            let msg = match wire::single_envelope(&body) {
+                Ok(m) => m.to_vec(),
+                Err(e) => return stream_error(&e),
+            };
+            let Ok(permit) = Arc::clone(&self.streams).try_acquire_owned() else {
+                return stream_error(&ConnectError::new(Code::ResourceExhausted, "too many streams are open"));
+            };
+            return match self.stream(&b, path, &msg, deadline, keepalive, permit).await {
+                Ok(r) => r,
+                Err(e) => stream_error(&e),
+            };
+        }
+        match self.unary(&b, path, &body).await {
+            Ok(v) => json(StatusCode::OK, &v),
+            Err(e) => rpc_error(&e),
+        }
+    }
+
+    async fn unary(&self, b: &Sandbox, path: &str, body: &[u8]) -> Result<serde_json::Value, ConnectError> {
+        let s = &b.session;
+        let pid_of = |sel: &wire::ProcessSelector| -> Result<u32, ConnectError> {
+            match sel {
+                wire::ProcessSelector::Pid(p) => Ok(*p),
+                wire::ProcessSelector::Tag(t) => s
+                    .background()
+                    .iter()
+                    .find(|x| x.running() && x.tag() == Some(t.as_str()))
+                    .map(|x| x.pid())
+                    .ok_or_else(|| ConnectError::new(Code::NotFound, format!("no running process has tag {t:?}"))),
+            }
+        };
+        let empty = serde_json::json!({});
+        match path {
+            "/process.Process/List" => {
+                let _: wire::Empty = wire::parse(body)?;
+                let processes = s
+                    .background()
+                    .iter()
+                    .filter(|x| x.running())
+                    .map(|x| {
+                        let (cmd, args) = x
+                            .argv()
+                            .split_first()
+                            .map_or((String::new(), Vec::new()), |(c, a)| (c.clone(), a.to_vec()));
+                        wire::ProcessInfo {
+                            config: wire::ProcessConfig {
+                                cmd,
+                                args,
+                                envs: BTreeMap::new(),
+                                cwd: x.cwd().map(str::to_owned),
+                            },
+                            pid: x.pid(),
+                            tag: x.tag().map(str::to_owned),
+                        }
+                    })
+                    .collect();
+                Ok(serde_json::to_value(wire::ListResponse { processes }).unwrap_or(empty))
+            }
+            "/process.Process/SendInput" => {
+                let r: wire::SendInputRequest = wire::parse(body)?;
+                let pid = pid_of(&r.process)?;
+                let bytes = match r.input {
+                    wire::ProcessInput::Stdin(b) | wire::ProcessInput::Pty(b) => b,
+                };
+                s.send_stdin(pid, &bytes).await.map_err(|e| run_code(&e))?;
+                Ok(empty)
+            }
+            "/process.Process/CloseStdin" => {
+                let r: wire::ProcessRequest = wire::parse(body)?;
+                let pid = pid_of(&r.process)?;
+                s.close_stdin(pid).await.map_err(|e| run_code(&e))?;
+                Ok(empty)
+            }
+            "/process.Process/SendSignal" => {
+                let r: wire::SendSignalRequest = wire::parse(body)?;
+                let pid = pid_of(&r.process)?;
+                s.signal(pid, r.signal.number()).await.map_err(|e| run_code(&e))?;
+                Ok(empty)
+            }
+            "/process.Process/Update" => {
+                let r: wire::UpdateRequest = wire::parse(body)?;
+                let pid = pid_of(&r.process)?;
+                if let Some(size) = r.pty.and_then(|p| p.size) {
+                    let (rows, cols) = pty_size(size)?;
+                    s.resize(pid, rows, cols).await.map_err(|e| run_code(&e))?;
+                }
+                Ok(empty)
+            }
+            "/process.Process/StreamInput" => {
+                Err(ConnectError::new(Code::Unimplemented, "StreamInput: not offered yet; use SendInput"))
+            }
+            p if p.starts_with("/filesystem.Filesystem/") => self.filesystem(s, p, body).await,
+            other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
+        }
+    }
+
+    async fn filesystem(&self, s: &Session, path: &str, body: &[u8]) -> Result<serde_json::Value, ConnectError> {
+        let files = s.files().ok_or_else(|| {
+            ConnectError::new(
+                Code::Unimplemented,
+                "a docker-tier sandbox offers whole-file reads and writes (/files) only; use a process-tier template",
+            )
+        })?;
+        let info = |p: &str| -> Result<wire::EntryInfo, ConnectError> {
+            files.stat(p).map(|e| entry_info(&e)).map_err(|e| files_code(&e))
+        };
+        match path {
+            "/filesystem.Filesystem/Stat" => {
+                let r: wire::PathRequest = wire::parse(body)?;
+                Ok(serde_json::json!({ "entry": info(&guest_path(&r.path))? }))
+            }
+            "/filesystem.Filesystem/MakeDir" => {
+                let r: wire::PathRequest = wire::parse(body)?;
+                let p = guest_path(&r.path);
+                if !files.mkdir(&p).map_err(|e| files_code(&e))? {
+                    return Err(ConnectError::new(Code::AlreadyExists, format!("{p}: the directory exists")));
+                }
+                Ok(serde_json::json!({ "entry": info(&p)? }))
+            }
+            "/filesystem.Filesystem/Move" => {
+                let r: wire::MoveRequest = wire::parse(body)?;
+                let (from, to) = (guest_path(&r.source), guest_path(&r.destination));
+                files.rename(&from, &to).map_err(|e| files_code(&e))?;
+                Ok(serde_json::json!({ "entry": info(&to)? }))
+            }
+            "/filesystem.Filesystem/ListDir" => {
+                let r: wire::ListDirRequest = wire::parse(body)?;
+                let p = guest_path(&r.path);
+                let depth = usize::try_from(r.depth.max(1)).unwrap_or(1);
+                let entries: Vec<wire::EntryInfo> =
+                    files.list(&p, depth).map_err(|e| files_code(&e))?.iter().map(entry_info).collect();
+                Ok(serde_json::json!({ "entries": entries }))
+            }
+            "/filesystem.Filesystem/Remove" => {
+                let r: wire::PathRequest = wire::parse(body)?;
+                files.remove(&guest_path(&r.path)).map_err(|e| files_code(&e))?;
+                Ok(serde_json::json!({}))
+            }
+            other => Err(ConnectError::new(
+                Code::Unimplemented,
+                format!("{other}: not offered (stockade has no directory watch yet)"),
+            )),
+        }
+    }
+
+    /// Start or Connect: a stream of the process's events.
+    async fn stream(
+        self: &Arc<Self>,
+        b: &Arc<Sandbox>,
+        path: &str,
+        msg: &[u8],
+        deadline: Option<Duration>,
+        keepalive: Option<Duration>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Response<Body>, ConnectError> {
+        let s = Arc::clone(&b.session);
+        let (handle, announce) = if path == "/process.Process/Start" {
+            let r: wire::StartRequest = wire::parse(msg)?;
+            let cfg = r.process.unwrap_or_default();
+            if cfg.cmd.is_empty() {
+                return Err(ConnectError::new(Code::InvalidArgument, "process.cmd: empty"));
+            }
+            // The deadline ends the process (E2B's command timeout); without one, the
+            // sandbox's own end does.
+            let wall = deadline.unwrap_or(stockade_runtime::protocol::limits::MAX_DURATION);
+            let invalid = |e: &dyn std::fmt::Display| ConnectError::new(Code::InvalidArgument, e.to_string());
+            let limits = Limits::default().with_wall(wall).and_then(|l| l.with_cpu(wall)).map_err(|e| invalid(&e))?;
+            let mut job =
+                Job::command(cfg.cmd.clone(), cfg.args.iter().cloned()).map_err(|e| invalid(&e))?.with_limits(limits);
+            for (k, v) in &cfg.envs {
+                job = job.with_env(k.clone(), v.clone()).map_err(|e| invalid(&e))?;
+            }
+            let pty = match r.pty {
+                Some(p) => Some(pty_size(p.size.unwrap_or(wire::PtySize { cols: 80, rows: 24 }))?),
+                None => None,
+            };
+            let opts = StartOptions { pty, stdin: r.stdin.unwrap_or(true), tag: r.tag };
+            let cwd = Some(cfg.cwd.as_deref().map_or_else(|| HOME.to_owned(), guest_path));
+            let h = s.start(job, cwd, opts).await.map_err(|e| run_code(&e))?;
+            (h, true)
+        } else {
+            let r: wire::ProcessRequest = wire::parse(msg)?;
+            let pid = match &r.process {
+                wire::ProcessSelector::Pid(p) => *p,
+                wire::ProcessSelector::Tag(t) => s
+                    .background()
+                    .iter()
+                    .find(|x| x.tag() == Some(t.as_str()))
+                    .map(|x| x.pid())
+                    .ok_or_else(|| ConnectError::new(Code::NotFound, format!("no process has tag {t:?}")))?,
+            };
+            let h = s.find(pid).map_err(|e| ConnectError::new(Code::NotFound, e.to_string()))?;
+            if !h.running() {
+                return Err(ConnectError::new(Code::NotFound, format!("process {pid} has ended")));
+            }
+            (h, false)
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let send = move |tx: &tokio::sync::mpsc::UnboundedSender<Bytes>, ev: &ProcessEvent| {
+            tx.send(Bytes::from(wire::envelope(0, ev.to_json().to_string().as_bytes()))).is_ok()
+        };
+        let pty = handle.has_pty();
+        let to_event = move |c: Chunk| match c {
+            Chunk::Stdout(b) if pty => ProcessEvent::Pty(b),
+            Chunk::Stdout(b) => ProcessEvent::Stdout(b),
+            Chunk::Stderr(b) => ProcessEvent::Stderr(b),
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            // Connect re-announces the pid too, as envd does.
+            let _ = announce;
+            if !send(&tx, &ProcessEvent::Start { pid: handle.pid() }) {
+                return;
+            }
+            let (history, mut live) = handle.attach();
+            for c in history {
+                if !send(&tx, &to_event(c)) {
+                    return;
+                }
+            }
+            let tick = keepalive.unwrap_or(Duration::from_secs(3600));
+            let end = handle.wait();
+            tokio::pin!(end);
+            let result = loop {
+                tokio::select! {
+                    result = &mut end => {
+                        // Its output was all pushed before its end was: what is queued is the rest.
+                        while let Ok(c) = live.try_recv() {
+                            if !send(&tx, &to_event(c)) {
+                                return;
+                            }
+                        }
+                        break result;
+                    }
+                    c = live.recv() => match c {
+                        Ok(c) => if !send(&tx, &to_event(c)) { return },
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            let e = ConnectError::new(Code::ResourceExhausted, format!("the stream fell {n} chunks behind the output and lost them"));
+                            let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
+                            return;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+                    },
+                    () = tokio::time::sleep(tick) => if !send(&tx, &ProcessEvent::KeepAlive) { return },
+                    () = tx.closed() => return,
+                }
+            };
+            let end = match result {
+                Ok(report) => end_event(&report.status),
+                Err(e) => Err(run_code(&e)),
+            };
+            match end {
+                Ok(ev) => {
+                    let _ = send(&tx, &ev) && tx.send(Bytes::from(wire::end_stream(None))).is_ok();
+                }
+                Err(e) => {
+                    let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
+                }
+            }
+        });
+        let mut r = Response::new(ChannelBody(rx).boxed());
+        if let Ok(v) = "application/connect+json".parse() {
+            r.headers_mut().insert(CONTENT_TYPE, v);
+        }
+        Ok(r)
+    }
+
+    /// `/files`: GET downloads, POST uploads (octet-stream or multipart).
+    async fn files(&self, b: &Sandbox, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let q = query(&req);
+        if let Err(e) = check_user(q.get("username").map(String::as_str)) {
+            return api_error(StatusCode::UNAUTHORIZED, &e.message);
+        }
+        let path = q.get("path").map(|p| guest_path(p));
+        let max = self.config.limits.max_upload;
+        let file_err = |e: &FilesError| {
+            let c = files_code(e);
+            api_error(StatusCode::from_u16(c.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &c.message)
+        };
+        if req.method() == Method::GET {
+            let Some(path) = path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
+            return match b.session.read(&path, max).await {
+                Ok(bytes) => whole(StatusCode::OK, "application/octet-stream", bytes),
+                Err(e) => file_err(&e),
+            };
+        }
+        if req.method() != Method::POST {
+            return api_error(StatusCode::METHOD_NOT_ALLOWED, "/files takes GET or POST");
+        }
+        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
+        if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
+            return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
+        }
+        let body = match read_body(req.into_body(), usize::try_from(max).unwrap_or(usize::MAX).saturating_add(64 << 10))
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => return api_error(StatusCode::PAYLOAD_TOO_LARGE, &e),
+        };
+        let uploads: Vec<(String, Bytes)> = if ct.starts_with("multipart/form-data") {
+            let parts = match multipart(&ct, &body) {
+                Ok(parts) => parts,
+                Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the multipart body: {e}")),
+            };
+            // One part goes to `?path=`; several, each to its own file name.
+            let single = parts.len() == 1;
+            let mut out = Vec::new();
+            for (name, data) in parts {
+                let p = match (&path, name) {
+                    (Some(p), _) if single => p.clone(),
+                    (_, Some(n)) => guest_path(&n),
+                    (Some(p), None) => p.clone(),
+                    (None, None) => {
+                        return api_error(StatusCode::BAD_REQUEST, "a part has no file name and no ?path= was given");
+                    }
+                };
+                out.push((p, data));
+            }
+            out
+        } else {
+            let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
+            vec![(p, body)]
+        };
+        let mut written = Vec::new();
+        for (p, data) in uploads {
+            if let Err(e) = b.session.write(&p, &data, max).await {
+                return file_err(&e);
+            }
+            let name = p.rsplit('/').next().unwrap_or_default().to_owned();
+            written.push(serde_json::json!({ "name": name, "type": "file", "path": p }));
+        }
+        json(StatusCode::OK, &written)
+    }
+}
+
+/// The parts of a `multipart/form-data` body: each part's file name, if it has one, and its
+/// bytes.
+fn multipart(ct: &str, body: &Bytes) -> Result<Vec<(Option<String>, Bytes)>, String> {
+    let boundary = ct
+        .split(';')
+        .filter_map(|p| p.trim().strip_prefix("boundary="))
+        .next()
+        .map(|b| b.trim_matches('"').to_owned())
+        .filter(|b| !b.is_empty() && b.len() <= 70)
+        .ok_or("no boundary")?;
+    let delim = format!("--{boundary}");
+    let find = |hay: &[u8], from: usize, needle: &[u8]| -> Option<usize> {
+        hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|i| i + from)
+    };
+    let mut at = find(body, 0, delim.as_bytes()).ok_or("no first boundary")? + delim.len();
+    let mut parts = Vec::new();
+    loop {
+        if body.get(at..at + 2) == Some(b"--") {
+            return Ok(parts);
+        }
+        if body.get(at..at + 2) != Some(b"\r\n") {
+            return Err("a boundary line does not end in CRLF".into());
+        }
+        at += 2;
+        let head_end = find(body, at, b"\r\n\r\n").ok_or("a part's headers do not end")?;
+        let head = std::str::from_utf8(&body[at..head_end]).map_err(|_| "a part's headers are not UTF-8")?;
+        let name = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))
+            .flat_map(|l| l.split(';').map(str::trim).collect::<Vec<_>>())
+            .find_map(|p| p.strip_prefix("filename=").map(|f| f.trim_matches('"').to_owned()));
+        let data_start = head_end + 4;
+        let end_marker = format!("\r\n{delim}");
+        let data_end = find(body, data_start, end_marker.as_bytes()).ok_or("a part does not end")?;
+        parts.push((name, body.slice(data_start..data_end)));
+        if parts.len() > 1024 {
+            return Err("more than 1,024 parts".into());
+        }
+        at = data_end + end_marker.len();
+    }
+}
+
+fn pty_size(s: wire::PtySize) -> Result<(u16, u16), ConnectError> {
+    let bad = || {
+        ConnectError::new(
+            Code::InvalidArgument,
+            format!("pty size {}x{}: rows and cols must be 1 to 1000", s.rows, s.cols),
+        )
+    };
+    let rows = u16::try_from(s.rows).ok().filter(|r| (1..=1000).contains(r)).ok_or_else(bad)?;
+    let cols = u16::try_from(s.cols).ok().filter(|c| (1..=1000).contains(c)).ok_or_else(bad)?;
+    Ok((rows, cols))
+}
+
+/// How a run's end reads as envd's end event; a deadline is the stream's error.
+fn end_event(status: &Status) -> Result<ProcessEvent, ConnectError> {
+    let killed = |error: &str| ProcessEvent::End {
+        exit_code: -1,
+        exited: false,
+        status: "signal: killed".into(),
+        error: Some(error.to_owned()),
+    };
+    Ok(match status {
+        Status::Exited { code } => {
+            ProcessEvent::End { exit_code: *code, exited: true, status: format!("exit status {code}"), error: None }
+        }
+        Status::Signaled { signal } => ProcessEvent::End {
+            exit_code: -1,
+            exited: false,
+            status: format!("signal: {}", signal_name(*signal)),
+            error: None,
+        },
+        Status::TimedOut | Status::CpuLimit => {
+            return Err(ConnectError::new(Code::DeadlineExceeded, "the command's timeout passed and it was killed"));
+        }
+        Status::OutOfMemory => killed("out of memory: the sandbox's memory limit was reached"),
+        Status::OutputLimit { stream } => killed(&format!("its {stream:?} went over its output budget")),
+        Status::FailedToStart { reason } => {
+            return Err(ConnectError::new(Code::InvalidArgument, format!("the command could not start: {reason}")));
+        }
+        other => killed(&format!("{other:?}")),
+    })
+}
+
+fn signal_name(n: i32) -> &'static str {
+    match n {
+        1 => "hangup",
+        2 => "interrupt",
+        9 => "killed",
+        13 => "broken pipe",
+        15 => "terminated",
+        _ => "signal",
+    }
+}
+
+fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
+    let kind = match e.kind {
+        Kind::File => wire::FileType::File,
+        Kind::Dir => wire::FileType::Directory,
+        Kind::Symlink => wire::FileType::Symlink,
+        _ => wire::FileType::Unspecified,
+    };
+    wire::EntryInfo {
+        name: e.path.rsplit('/').next().unwrap_or_default().to_owned(),
+        kind,
+        path: e.path.clone(),
+        size: i64::try_from(e.size).unwrap_or(i64::MAX),
+        mode: e.mode,
+        permissions: wire::permissions(kind, e.mode),
+        owner: USER.into(),
+        group: USER.into(),
+        modified_time: wire::rfc3339(e.modified),
+        symlink_target: None,
+    }
+}
+
+/// A streaming call's error: HTTP 200 and an end-of-stream envelope holding it.
+fn stream_error(e: &ConnectError) -> Response<Body> {
+    whole(StatusCode::OK, "application/connect+json", wire::end_stream(Some(e)))
+}
+
+/// The network a sandbox gets: the template's hosts, narrowed by the request's
+/// `allowOut`/`denyOut` (which can never widen them); none unless the template grants some.
+fn net_grant(t: &Template, new: &wire::NewSandbox) -> Result<Option<stockade_runtime::egress::NetGrant>, String> {
+    use stockade_runtime::egress;
+    let net = new.network.clone().unwrap_or_default();
+    if let Some(k) = net.other.keys().next() {
+        return Err(format!("network.{k}: stockade does not offer it"));
+    }
+    if net.allow_public_traffic == Some(true) {
+        return Err("network.allowPublicTraffic: a stockade sandbox publishes no port".into());
+    }
+    let mut hosts: Vec<String> = if net.allow_out.is_empty() {
+        t.allow_net.clone()
+    } else {
+        for h in &net.allow_out {
+            if h != "ALL_TRAFFIC" && !t.allow_net.contains(h) {
+                return Err(format!(
+                    "network.allowOut {h:?}: this template does not grant it (it grants: {})",
+                    if t.allow_net.is_empty() { "no network".to_owned() } else { t.allow_net.join(", ") }
+                ));
+            }
+        }
+        if net.allow_out.iter().any(|h| h == "ALL_TRAFFIC") { t.allow_net.clone() } else { net.allow_out.clone() }
+    };
+    if net.deny_out.iter().any(|h| h == "ALL_TRAFFIC") || new.allow_internet_access == Some(false) {
+        hosts.clear();
+    }
+    hosts.retain(|h| !net.deny_out.contains(h));
+    if hosts.is_empty() {
+        return Ok(None);
+    }
+    let rules =
+        hosts.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let policy = egress::NetPolicy::allow(&rules).map_err(|e| e.to_string())?;
+    let resolve =
+        t.net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e)).map_err(|e| e.to_string())?;
+    Ok(Some(egress::NetGrant::new(policy).resolve(resolve)))
+}
+
+/// `serve.toml`, as written.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    limits: Option<LimitsFile>,
+    #[serde(default)]
+    template: BTreeMap<String, TemplateFile>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    max_sandboxes: Option<usize>,
+    max_connections: Option<usize>,
+    max_streams: Option<usize>,
+    max_upload: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplateFile {
+    #[serde(default)]
+    tier: Option<String>,
+    image: Option<String>,
+    memory: Option<String>,
+    pids: Option<u32>,
+    max_timeout: Option<String>,
+    #[serde(default)]
+    allow_net: Vec<String>,
+    #[serde(default)]
+    net_resolve: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+impl E2bConfig {
+    /// A configuration with the `base` template alone (the process tier, no network).
+    #[must_use]
+    pub fn new(api_key: String) -> Self {
+        Self {
+            api_key,
+            templates: BTreeMap::from([("base".to_owned(), Template::default())]),
+            limits: E2bLimits::default(),
+        }
+    }
+
+    /// Reads `serve.toml`: `[limits]` and `[template.NAME]` tables (`tier`, `image`,
+    /// `memory`, `pids`, `max_timeout`, `allow_net`, `net_resolve`, `env`). Without a
+    /// `base` template, `base` is the default one.
+    pub fn from_toml(api_key: String, text: &str) -> Result<Self, String> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+        let mut config = Self::new(api_key);
+        if let Some(l) = file.limits {
+            let d = E2bLimits::default();
+            config.limits = E2bLimits {
+                max_sandboxes: l.max_sandboxes.unwrap_or(d.max_sandboxes),
+                max_connections: l.max_connections.unwrap_or(d.max_connections),
+                max_streams: l.max_streams.unwrap_or(d.max_streams),
+                max_upload: match l.max_upload {
+                    Some(s) => crate::config::parse_size(&s).map_err(|e| format!("limits.max_upload: {e}"))?,
+                    None => d.max_upload,
+                },
+            };
+        }
+        for (name, t) in file.template {
+            let at = |what: &str, e: &dyn std::fmt::Display| format!("template.{name}.{what}: {e}");
+            let tier = match (t.tier.as_deref(), t.image) {
+                (None | Some("process"), None) => SessionTier::Process,
+                (Some("docker"), Some(image)) => SessionTier::Docker { image },
+                (Some("docker"), None) => return Err(at("image", &"a docker template names its image")),
+                (None | Some("process"), Some(_)) => return Err(at("image", &"only a docker template has an image")),
+                (Some(other), _) => return Err(at("tier", &format!("{other:?} is not process or docker"))),
+            };
+            let mut limits = Limits::default();
+            if let Some(m) = &t.memory {
+                let bytes = crate::config::parse_size(m).map_err(|e| at("memory", &e))?;
+                limits = limits.with_memory(bytes).map_err(|e| at("memory", &e))?;
+            }
+            if let Some(p) = t.pids {
+                limits = limits.with_processes(p).map_err(|e| at("pids", &e))?;
+            }
+            let max_timeout = match &t.max_timeout {
+                Some(d) => crate::config::parse_duration(d).map_err(|e| at("max_timeout", &e))?,
+                None => Template::default().max_timeout,
+            };
+            if max_timeout.is_zero() || max_timeout > stockade_runtime::protocol::limits::MAX_DURATION {
+                return Err(at("max_timeout", &"must be more than 0 and at most 24h"));
+            }
+            let template = Template {
+                tier,
+                limits,
+                max_timeout,
+                allow_net: t.allow_net,
+                net_resolve: t.net_resolve,
+                env: t.env.into_iter().collect(),
+            };
+            // Checked now, so that a typo is the server's first line, not a sandbox's error.
+            net_grant(&template, &wire::NewSandbox::default()).map_err(|e| at("allow_net", &e))?;
+            config.templates.insert(name, template);
+        }
+        Ok(config)
+    }
+}

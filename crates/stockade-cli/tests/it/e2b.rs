@@ -1,0 +1,315 @@
+//! `stockade serve --listen`, driven by the official E2B Python SDK (PyPI `e2b`, pinned and
+//! installed by `cargo xtask ci`), and by raw HTTP for what no well-behaved client sends.
+//! What the SDK reports is checked against what the host sees: the session's directories
+//! under the state directory, and the sandboxes' processes in the host's `/proc`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const KEY: &str = "test-key-0123456789abcdef";
+
+/// The E2B SDK's interpreter (`cargo xtask ci` sets `STOCKADE_E2B_PYTHON`); required when CI
+/// requires all.
+fn e2b_python() -> Option<String> {
+    match std::env::var("STOCKADE_E2B_PYTHON") {
+        Ok(p) => Some(p),
+        Err(_) => {
+            assert!(
+                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+                "STOCKADE_REQUIRE_ALL is set but STOCKADE_E2B_PYTHON is not (cargo xtask ci installs the E2B SDK)"
+            );
+            eprintln!("SKIPPED e2b: STOCKADE_E2B_PYTHON is not set");
+            None
+        }
+    }
+}
+
+/// A `stockade serve --listen 127.0.0.1:0`, killed (by its pid) when dropped.
+struct Server {
+    child: Child,
+    state: PathBuf,
+    addr: String,
+}
+
+impl Server {
+    fn start(tag: &str) -> Self {
+        let state = std::env::temp_dir().join(format!("stockade-e2b-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(&state).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .args(["serve", "--socket"])
+            .arg(state.join("run/serve.sock"))
+            .args(["--listen", "127.0.0.1:0", "--api-key-env", "TEST_E2B_KEY"])
+            .env("TEST_E2B_KEY", KEY)
+            .env("STOCKADE_STATE_DIR", &state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("serve exited before it listened").unwrap();
+            if let Some(a) = line.strip_prefix("stockade serve: E2B API on http://") {
+                break a.to_owned();
+            }
+        };
+        // Keep reading its log, so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(|l| eprintln!("serve: {}", l.unwrap_or_default())));
+        Self { child, state, addr }
+    }
+
+    /// The live sessions' directories on the host.
+    fn session_dirs(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for owner in std::fs::read_dir(self.state.join("sessions")).into_iter().flatten().flatten() {
+            for s in std::fs::read_dir(owner.path()).into_iter().flatten().flatten() {
+                out.push(s.file_name().to_string_lossy().into_owned());
+            }
+        }
+        out
+    }
+
+    fn home_of(&self, id: &str) -> Option<PathBuf> {
+        for owner in std::fs::read_dir(self.state.join("sessions")).into_iter().flatten().flatten() {
+            let p = owner.path().join(id).join("home");
+            if p.exists() {
+                return Some(p);
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+fn with_marker(marker: &str) -> Vec<u32> {
+    stockade_test_support::host_pids(|cmd| cmd.windows(marker.len()).any(|w| w == marker.as_bytes()))
+}
+
+/// Runs the SDK script's `which` part against `server`: its checks by name.
+fn sdk(python: &str, server: &Server, which: &str, mark: &str) -> HashMap<String, Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/e2b_client.py");
+    let url = format!("http://{}", server.addr);
+    let out = Command::new(python)
+        .arg(script)
+        .arg(which)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", KEY)
+        .env("MARK", mark)
+        .env_remove("E2B_DEBUG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the SDK script failed ({}):\n{stdout}\n{stderr}", out.status);
+    stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            (v["check"].as_str().unwrap().to_owned(), v)
+        })
+        .collect()
+}
+
+#[test]
+fn g11_the_official_e2b_sdk_drives_sandboxes() {
+    let Some(python) = e2b_python() else { return };
+    let server = Server::start("sdk");
+    let mark = format!("601.{}", std::process::id());
+    let c = sdk(&python, &server, "sync", &mark);
+    let id = c["created"]["id"].as_str().unwrap().to_owned();
+
+    let run = &c["run"];
+    assert_eq!(run["exit_code"], 0, "{run}");
+    let stdout = run["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("hello\nfrom-create from-run\n/home/user\n"), "{run}");
+    assert_eq!(run["stderr"], "oops\n", "{run}");
+    assert_eq!(run["callbacks_out"], run["stdout"], "{run}");
+    assert_eq!(run["callbacks_err"], "oops\n", "{run}");
+
+    assert_eq!(c["nonzero"]["raised"], "CommandExitException", "{}", c["nonzero"]);
+    assert_eq!(c["nonzero"]["exit_code"], 3);
+    assert_eq!(c["nonzero"]["stdout"], "before\n");
+
+    assert_eq!(c["timeout"]["raised"], "TimeoutException", "{}", c["timeout"]);
+    assert!(c["timeout"]["seconds"].as_f64().unwrap() < 10.0, "{}", c["timeout"]);
+
+    let bg = &c["background"];
+    assert!(bg["listed"].as_array().unwrap().contains(&bg["pid"]), "{bg}");
+    assert_eq!(bg["killed"], true, "{bg}");
+    assert_eq!(bg["stdout"], "got:ping\n", "{bg}");
+    assert_eq!(bg["ended"], "CommandExitException", "{bg}");
+    assert_eq!(bg["kill_again"], false, "{bg}");
+
+    let f = &c["files"];
+    assert_eq!(f["written"], "/home/user/notes/a.txt", "{f}");
+    assert_eq!(f["listing"], serde_json::json!(["a.txt", "b.bin"]), "{f}");
+    assert_eq!((f["made"].clone(), f["made_again"].clone()), (Value::Bool(true), Value::Bool(false)), "{f}");
+    assert_eq!(f["read_back"], "text one", "{f}");
+    assert_eq!((f["exists_old"].clone(), f["exists_new"].clone()), (Value::Bool(false), Value::Bool(true)), "{f}");
+    assert_eq!(f["after_remove"], serde_json::json!(["c.txt"]), "{f}");
+    assert_eq!(f["missing"], "FileNotFoundException", "{f}");
+
+    assert_eq!(c["big"]["same"], true, "{}", c["big"]);
+    assert_eq!(c["big"]["size"], 10 << 20);
+    assert!(!Path::new("/etc/evil").exists());
+    assert_eq!(c["dotdot"]["raised"], "InvalidArgumentException", "{}", c["dotdot"]);
+
+    assert!(c["pty"]["output"].as_str().unwrap().contains("40 100"), "{}", c["pty"]);
+
+    let info = &c["info"];
+    assert_eq!(info["template"], "base", "{info}");
+    assert_eq!(info["metadata"]["suite"], "e2b", "{info}");
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(c["connect"]["listed"], true);
+    assert_eq!(c["connect"]["stdout"], "connected\n");
+
+    let iso = &c["isolation"];
+    assert_eq!(iso["cross_read"], "AuthenticationException", "{iso}");
+    assert_eq!(iso["cross_kill"], "AuthenticationException", "{iso}");
+    assert_eq!(iso["a_sees"], false, "{iso}");
+    assert_eq!(iso["b_still_running"], true, "{iso}");
+
+    let exp = &c["expiry"];
+    assert_eq!(exp["running"], false, "{exp}");
+    assert_eq!(exp["connect"], "SandboxNotFoundException", "{exp}");
+    assert!(
+        !server.session_dirs().contains(&exp["id"].as_str().unwrap().to_owned()),
+        "an expired sandbox's directory stayed"
+    );
+
+    // Killed: its directory, and every process it started, gone (the host's view).
+    assert_eq!(c["killed"]["running"], false);
+    assert!(server.home_of(&id).is_none(), "a killed sandbox's home stayed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !with_marker(&mark).is_empty() {
+        assert!(Instant::now() < deadline, "processes of killed sandboxes still run: {:?}", with_marker(&mark));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.session_dirs().is_empty(), "sessions left: {:?}", server.session_dirs());
+
+    let a = sdk(&python, &server, "async", &mark);
+    assert_eq!(a["async"]["stdout"], "42\n", "{}", a["async"]);
+    assert_eq!(a["async"]["back"], "async");
+
+    let k = sdk(&python, &server, "bad_key", &mark);
+    assert_eq!(k["bad_key"]["raised"], "AuthenticationException", "{}", k["bad_key"]);
+}
+
+/// One raw HTTP/1.1 request: (status, body).
+fn raw(addr: &str, request: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.windows(4).position(|w| w == b"\r\n\r\n").map(|i| out[i + 4..].to_vec()).unwrap_or_default();
+    (status, body)
+}
+
+fn post(addr: &str, path: &str, headers: &str, body: &[u8]) -> (u16, String) {
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{headers}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    let (status, body) = raw(addr, &req);
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[test]
+fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
+    let server = Server::start("hostile");
+    let addr = server.addr.clone();
+    let key = format!("X-API-Key: {KEY}\r\nContent-Type: application/json\r\n");
+    let (status, body) = post(&addr, "/v2/sandboxes", &key, br#"{"templateID":"base","timeout":60}"#);
+    assert_eq!(status, 201, "{body}");
+    let created: Value = serde_json::from_str(&body).unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+    let token = created["envdAccessToken"].as_str().unwrap();
+    let envd = |ct: &str| format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\nContent-Type: {ct}\r\n");
+
+    // No key, a wrong key, an unknown template, an unknown field.
+    assert_eq!(post(&addr, "/v2/sandboxes", "", b"{}").0, 401);
+    assert_eq!(post(&addr, "/v2/sandboxes", "X-API-Key: nope\r\n", b"{}").0, 401);
+    let (s, b) = post(&addr, "/v2/sandboxes", &key, br#"{"templateID":"nope"}"#);
+    assert!(s == 404 && b.contains("nope"), "{s} {b}");
+    let (s, b) = post(&addr, "/v2/sandboxes", &key, br#"{"templateID":"base","surprise":1}"#);
+    assert!(s == 400 && b.contains("surprise"), "{s} {b}");
+    // A template without network cannot be asked for some.
+    let (s, b) = post(&addr, "/v2/sandboxes", &key, br#"{"templateID":"base","network":{"allowOut":["example.com"]}}"#);
+    assert!(s == 400 && b.contains("example.com"), "{s} {b}");
+
+    // envd: malformed JSON, an unknown key, an unknown method, a wrong token.
+    let (s, b) = post(&addr, "/process.Process/List", &envd("application/json"), b"{not json");
+    assert!(s == 400 && b.contains("invalid_argument"), "{s} {b}");
+    let (s, b) =
+        post(&addr, "/filesystem.Filesystem/Stat", &envd("application/json"), br#"{"path":"/home/user","x":1}"#);
+    assert!(s == 400 && b.contains("unknown field `x`"), "{s} {b}");
+    let (s, b) = post(&addr, "/process.Process/Nope", &envd("application/json"), b"{}");
+    assert!(s == 501 && b.contains("unimplemented"), "{s} {b}");
+    let (s, _) = post(&addr, "/process.Process/List", &envd("application/proto"), b"");
+    assert_eq!(s, 415);
+    let wrong =
+        format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {}\r\nContent-Type: application/json\r\n", "0".repeat(64));
+    assert_eq!(post(&addr, "/process.Process/List", &wrong, b"{}").0, 401);
+
+    // Streams: a truncated envelope, an oversized one, two messages.
+    let start = envd("application/connect+json");
+    let (s, b) = post(&addr, "/process.Process/Start", &start, &[0, 0, 0, 0, 50, b'{']);
+    assert!(s == 200 && b.contains("truncated"), "{s} {b}");
+    let (s, b) = post(&addr, "/process.Process/Start", &start, &[0, 0x7f, 0xff, 0xff, 0xff]);
+    assert!(s == 200 && b.contains("resource_exhausted"), "{s} {b}");
+    let mut two = stockade_runtime::protocol::e2b::envelope(0, b"{}");
+    two.extend(stockade_runtime::protocol::e2b::envelope(0, b"{}"));
+    let (s, b) = post(&addr, "/process.Process/Start", &start, &two);
+    assert!(s == 200 && b.contains("more than one message"), "{s} {b}");
+
+    // A symlink the guest planted does not carry an upload out of its home.
+    let outside = server.state.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let link = serde_json::json!({"process": {"cmd": "/bin/sh", "args": ["-c", format!("ln -s {} /home/user/out", outside.display())]}});
+    let env = stockade_runtime::protocol::e2b::envelope(0, link.to_string().as_bytes());
+    let (s, b) = post(&addr, "/process.Process/Start", &start, &env);
+    assert!(s == 200 && b.contains("exitCode"), "{s} {b}");
+    let (s, b) = post(&addr, "/files?path=/home/user/out/planted", &envd("application/octet-stream"), b"x");
+    assert!(s >= 400, "{s} {b}");
+    assert!(!outside.join("planted").exists(), "an upload followed a planted symlink out of the home");
+
+    // 1,000 idle connections, then a real call still answers.
+    let idle: Vec<TcpStream> = (0..1000).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
+    assert!(idle.len() >= 900, "only {} connections", idle.len());
+    let (s, _) = post(&addr, "/process.Process/List", &envd("application/json"), b"{}");
+    assert_eq!(s, 200);
+    drop(idle);
+    let (status, _) =
+        raw(&addr, format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes());
+    assert_eq!(status, 204);
+    assert!(server.session_dirs().is_empty());
+}

@@ -1,0 +1,199 @@
+"""The official E2B Python SDK (PyPI `e2b`, pinned) against `stockade serve --listen`.
+
+Driven by tests/it/e2b.rs with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set. Each
+check prints one JSON line, {"check": NAME, ...what it saw}; the Rust test judges them,
+and judges from the host what it can. An exception the SDK raises is reported by its class
+name, so the test checks the SDK mapped our errors to the exceptions its users catch.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
+
+
+# A unique `sleep` argument: the test finds these processes on the host by it.
+MARK = os.environ.get("MARK", "600")
+
+
+def say(check, **seen):
+    print(json.dumps({"check": check, **seen}), flush=True)
+
+
+def kind(e):
+    return type(e).__name__
+
+
+def sync_checks():
+    sbx = Sandbox.create(timeout=120, metadata={"suite": "e2b"}, envs={"SANDBOX_VAR": "from-create"})
+    say("created", id=sbx.sandbox_id)
+
+    out, err = [], []
+    r = sbx.commands.run(
+        "echo hello; echo oops >&2; echo $SANDBOX_VAR $CMD_VAR; pwd; id -un || true",
+        envs={"CMD_VAR": "from-run"},
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    say("run", exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr, callbacks_out="".join(out), callbacks_err="".join(err))
+
+    try:
+        sbx.commands.run("echo before; exit 3")
+        say("nonzero", raised=None)
+    except CommandExitException as e:
+        say("nonzero", raised=kind(e), exit_code=e.exit_code, stdout=e.stdout)
+
+    t0 = time.monotonic()
+    try:
+        sbx.commands.run("sleep 30", timeout=1)
+        say("timeout", raised=None)
+    except TimeoutException as e:
+        say("timeout", raised=kind(e), seconds=time.monotonic() - t0)
+
+    h = sbx.commands.run(f"read line; echo got:$line; sleep {MARK}", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "ping\n")
+    time.sleep(0.5)
+    listed = [p.pid for p in sbx.commands.list()]
+    killed = sbx.commands.kill(h.pid)
+    try:
+        r = h.wait()
+        ended, out = None, r.stdout
+    except CommandExitException as e:
+        ended, out = kind(e), e.stdout
+    say("background", pid=h.pid, listed=listed, killed=killed, stdout=out, ended=ended,
+        kill_again=sbx.commands.kill(h.pid))
+
+    w = sbx.files.write("notes/a.txt", "text one")
+    sbx.files.write("/home/user/notes/b.bin", b"\x00\x01\x02")
+    listing = sorted(e.name for e in sbx.files.list("/home/user/notes"))
+    made = sbx.files.make_dir("/home/user/newdir")
+    made_again = sbx.files.make_dir("/home/user/newdir")
+    sbx.files.rename("/home/user/notes/a.txt", "/home/user/notes/c.txt")
+    read_back = sbx.files.read("/home/user/notes/c.txt")
+    exists_old = sbx.files.exists("/home/user/notes/a.txt")
+    exists_new = sbx.files.exists("/home/user/notes/c.txt")
+    sbx.files.remove("/home/user/notes/b.bin")
+    after_remove = sorted(e.name for e in sbx.files.list("/home/user/notes"))
+    try:
+        sbx.files.read("/home/user/nothing-here")
+        missing = None
+    except NotFoundException as e:
+        missing = kind(e)
+    say("files", written=w.path, listing=listing, made=made, made_again=made_again, read_back=read_back,
+        exists_old=exists_old, exists_new=exists_new, after_remove=after_remove, missing=missing)
+
+    big = os.urandom(10 << 20)
+    t0 = time.monotonic()
+    sbx.files.write("/home/user/big.bin", big)
+    got = sbx.files.read("/home/user/big.bin", format="bytes")
+    say("big", same=bytes(got) == big, size=len(got), seconds=time.monotonic() - t0)
+
+    try:
+        sbx.files.write("/home/user/../../etc/evil", "x")
+        say("dotdot", raised=None)
+    except SandboxException as e:
+        say("dotdot", raised=kind(e), message=str(e)[:200])
+
+    data = []
+    term = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit\n")
+    try:
+        term.wait(on_pty=data.append)
+    except CommandExitException:
+        pass
+    say("pty", pid=term.pid, output=b"".join(data).decode(errors="replace"))
+
+    info = sbx.get_info()
+    say("info", id=info.sandbox_id, template=info.template_id, metadata=info.metadata, state=str(info.state))
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    again = Sandbox.connect(sbx.sandbox_id)
+    r = again.commands.run("echo connected")
+    say("connect", listed=sbx.sandbox_id in listed, stdout=r.stdout)
+
+    other = Sandbox.create(timeout=120)
+    other.files.write("/home/user/secret.txt", "other's secret")
+    hb = other.commands.run(f"sleep {MARK}", background=True)
+    # sandbox A with B's id but A's token: the SDK's own headers, swapped by hand.
+    from e2b.connection_config import ConnectionConfig
+    forged = Sandbox(
+        sandbox_id=other.sandbox_id,
+        sandbox_domain=None,
+        envd_version=sbx._envd_version,
+        envd_access_token=sbx._envd_access_token,
+        traffic_access_token=None,
+        connection_config=ConnectionConfig(
+            extra_sandbox_headers={"E2b-Sandbox-Id": other.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+        ),
+    )
+    try:
+        forged.files.read("/home/user/secret.txt")
+        cross_read = "read it"
+    except AuthenticationException as e:
+        cross_read = kind(e)
+    except SandboxException as e:
+        cross_read = kind(e) + ": " + str(e)[:120]
+    try:
+        forged.commands.kill(hb.pid)
+        cross_kill = "killed it"
+    except AuthenticationException as e:
+        cross_kill = kind(e)
+    except SandboxException as e:
+        cross_kill = kind(e) + ": " + str(e)[:120]
+    a_sees = sbx.files.exists("/home/user/secret.txt")
+    say("isolation", cross_read=cross_read, cross_kill=cross_kill, a_sees=a_sees,
+        b_still_running=hb.pid in [p.pid for p in other.commands.list()], other=other.sandbox_id)
+    other.kill()
+
+    short = Sandbox.create(timeout=2)
+    time.sleep(4)
+    try:
+        Sandbox.connect(short.sandbox_id)
+        expired = None
+    except SandboxException as e:
+        expired = kind(e)
+    say("expiry", running=short.is_running(), connect=expired, id=short.sandbox_id)
+
+    sbx.kill()
+    say("killed", running=sbx.is_running(), id=sbx.sandbox_id)
+
+
+async def async_checks():
+    sbx = await AsyncSandbox.create(timeout=60)
+    r = await sbx.commands.run("python3 -c 'print(6*7)'")
+    w = await sbx.files.write("/home/user/async.txt", "async")
+    back = await sbx.files.read("/home/user/async.txt")
+    await sbx.kill()
+    say("async", stdout=r.stdout, back=back, path=w.path)
+
+
+def bad_key():
+    try:
+        Sandbox.create(api_key="wrong-key-wrong-key-1234")
+        say("bad_key", raised=None)
+    except AuthenticationException as e:
+        say("bad_key", raised=kind(e))
+    except SandboxException as e:
+        say("bad_key", raised=kind(e), message=str(e)[:200])
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if which in ("all", "sync"):
+        sync_checks()
+    if which in ("all", "async"):
+        asyncio.run(async_checks())
+    if which in ("all", "bad_key"):
+        bad_key()
