@@ -22,7 +22,7 @@
 //!     (pinned by: tests/it/frame.rs::g1_*)
 //! G2. No decoder panics on arbitrary input: frames, untrusted JSON and every schema return a
 //!     value or a typed error.
-//!     (pinned by: tests/it/frame.rs::g2_*, tests/it/schema.rs::g2_*)
+//!     (pinned by: tests/it/frame.rs::g2_*, tests/it/schema.rs::g2_*, tests/it/e2b.rs::g2_*)
 //! G3. A capture holds at most `limit` bytes plus one [`CAPTURE_BUF_LEN`] buffer however long
 //!     the stream; in drain mode it reads to the end of the stream, and in fail-fast mode it
 //!     stops at the first byte over the limit and says so.
@@ -32,7 +32,7 @@
 //! G5. Every schema read from an untrusted sender rejects unknown keys and out-of-bound
 //!     counts, sizes and strings (the Python guest's [`door`] frames are read as that
 //!     guest's own host reads them, ignoring unknown keys, under the same JSON caps).
-//!     (pinned by: tests/it/schema.rs::g5_*, src/door.rs)
+//!     (pinned by: tests/it/schema.rs::g5_*, tests/it/e2b.rs::g5_*, src/door.rs)
 //! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
 //!     [`chat::MAX_TOOL_CALLS`] calls per message and [`chat::MAX_TOOLS`] tools, unique tool
 //!     names matching `^[a-zA-Z0-9_-]{1,64}$`, 1..=128-character call ids, and only local
@@ -52,7 +52,7 @@
 //!     number parses to the correctly rounded `f64`, so its text, written back, parses to the
 //!     same number; and no object key is special (serde_json's `raw_value` feature, which
 //!     makes one so in every `Value`, is not enabled).
-//!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*)
+//!     (pinned by: tests/it/frame.rs::g7_*, tests/it/schema.rs::g7_*, tests/it/e2b.rs::g7_*)
 //! G8. [`Limits`] has no unlimited value: every limit has a default and a ceiling, and a zero
 //!     or over-ceiling value is refused, in code and on the wire.
 //!     (pinned by: tests/it/schema.rs::g8_*)

@@ -5,6 +5,7 @@ mod capture;
 mod chat;
 mod completion;
 mod dedicated;
+mod e2b;
 mod frame;
 mod json;
 mod protected;
