@@ -30,7 +30,7 @@
 //!
 //! # Non-guarantees
 //! No TLS yet: the listener must be loopback. No protobuf codec (the SDKs speak JSON), no
-//! `StreamInput`, no directory watch, no file metadata; a docker-tier template offers
+//! directory watch, no file metadata; a docker-tier template offers
 //! commands and whole-file reads and writes, not the rest of the filesystem service.
 
 use std::collections::{BTreeMap, HashMap};
@@ -632,7 +632,8 @@ impl E2bServer {
             return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: Connect calls are POST")));
         }
         let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
-        let streaming = matches!(path, "/process.Process/Start" | "/process.Process/Connect");
+        let streaming =
+            matches!(path, "/process.Process/Start" | "/process.Process/Connect" | "/process.Process/StreamInput");
         let want = if streaming { "application/connect+json" } else { "application/json" };
         if ct.split(';').next().is_none_or(|c| c.trim() != want) {
             let mut r = rpc_error(&ConnectError::new(
@@ -650,6 +651,17 @@ impl E2bServer {
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|s| *s > 0)
             .map(Duration::from_secs);
+        if path == "/process.Process/StreamInput" {
+            let input = stream_input(&b.session, req.into_body(), deadline.unwrap_or(Duration::from_secs(3600)));
+            return match input.await {
+                Ok(()) => {
+                    let mut out = wire::envelope(0, b"{}");
+                    out.extend(wire::end_stream(None));
+                    whole(StatusCode::OK, "application/connect+json", out)
+                }
+                Err(e) => stream_error(&e),
+            };
+        }
         let body = match read_body(req.into_body(), wire::MAX_RPC_BYTES + 5).await {
             Ok(b) => b,
             Err(e) => return rpc_error(&ConnectError::new(Code::ResourceExhausted, e)),
@@ -742,9 +754,6 @@ impl E2bServer {
                     s.resize(pid, rows, cols).await.map_err(|e| run_code(&e))?;
                 }
                 Ok(empty)
-            }
-            "/process.Process/StreamInput" => {
-                Err(ConnectError::new(Code::Unimplemented, "StreamInput: not offered yet; use SendInput"))
             }
             p if p.starts_with("/filesystem.Filesystem/") => self.filesystem(s, p, body).await,
             other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
@@ -1103,6 +1112,83 @@ fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
         group: USER.into(),
         modified_time: wire::rfc3339(e.modified),
         symlink_target: None,
+    }
+}
+
+/// `StreamInput`: a client stream of envelopes, the first naming the process, each later one
+/// input for it, written in order as each arrives (one message at most 1 MiB; the whole
+/// stream within `deadline`).
+async fn stream_input(s: &Session, mut body: hyper::body::Incoming, deadline: Duration) -> Result<(), ConnectError> {
+    let until = tokio::time::Instant::now() + deadline;
+    let mut buf = bytes::BytesMut::new();
+    let mut pid: Option<u32> = None;
+    let mut ended = false;
+    loop {
+        // Every whole envelope in the buffer, in order.
+        while buf.len() >= 5 {
+            let flags = buf[0];
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if len > wire::MAX_RPC_BYTES {
+                return Err(ConnectError::new(
+                    Code::ResourceExhausted,
+                    format!("a {len}-byte message is over the limit"),
+                ));
+            }
+            if buf.len() < 5 + len {
+                break;
+            }
+            let frame = buf.split_to(5 + len);
+            if flags & wire::FLAG_END_STREAM != 0 {
+                return Ok(());
+            }
+            let msg: wire::StreamInputRequest = wire::parse(wire::single_envelope(&frame)?)?;
+            match (msg, pid) {
+                (wire::StreamInputRequest::Start { process }, None) => {
+                    let p = match process {
+                        wire::ProcessSelector::Pid(p) => p,
+                        wire::ProcessSelector::Tag(t) => s
+                            .background()
+                            .iter()
+                            .find(|x| x.running() && x.tag() == Some(t.as_str()))
+                            .map(|x| x.pid())
+                            .ok_or_else(|| {
+                                ConnectError::new(Code::NotFound, format!("no running process has tag {t:?}"))
+                            })?,
+                    };
+                    pid = Some(p);
+                }
+                (wire::StreamInputRequest::Start { .. }, Some(_)) => {
+                    return Err(ConnectError::new(Code::InvalidArgument, "a second start message"));
+                }
+                (_, None) => return Err(ConnectError::new(Code::InvalidArgument, "the first message must be start")),
+                (wire::StreamInputRequest::Data { input }, Some(p)) => {
+                    let bytes = match input {
+                        wire::ProcessInput::Stdin(b) | wire::ProcessInput::Pty(b) => b,
+                    };
+                    s.send_stdin(p, &bytes).await.map_err(|e| run_code(&e))?;
+                }
+                (wire::StreamInputRequest::KeepAlive {}, Some(_)) => {}
+            }
+        }
+        if ended {
+            return if buf.is_empty() {
+                Ok(())
+            } else {
+                Err(ConnectError::new(Code::InvalidArgument, "the stream ends mid-message"))
+            };
+        }
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) => return Err(ConnectError::new(Code::DeadlineExceeded, "the input stream's deadline passed")),
+            Ok(None) => ended = true,
+            Ok(Some(Err(e))) => {
+                return Err(ConnectError::new(Code::Canceled, format!("reading the input stream: {e}")));
+            }
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
     }
 }
 

@@ -105,7 +105,7 @@
 //!     over the same sessions, so the official E2B Python SDK, sync and async, drives them
 //!     unchanged: create, info, list, connect, timeout and kill; `commands.run` with its
 //!     output callbacks, a non-zero exit as `CommandExitException`, its timeout as
-//!     `TimeoutException` (the process killed), background commands with stdin, kill and
+//!     `TimeoutException` (the process killed), background commands with stdin (`send_stdin`, `stream_input`), kill and
 //!     list; the filesystem calls and 10 MiB uploads and downloads through the session's
 //!     descriptor-held files API (`..` refused, a planted symlink not followed out); a PTY
 //!     with resize. A wrong or missing API key or access token is 401, one sandbox's token

@@ -327,6 +327,26 @@ pub struct SendInputRequest {
     pub input: ProcessInput,
 }
 
+/// `process.StreamInputRequest`: the first message names the process, each later one is
+/// input for it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum StreamInputRequest {
+    /// Which process.
+    Start {
+        /// It.
+        process: ProcessSelector,
+    },
+    /// Input.
+    Data {
+        /// The bytes.
+        input: ProcessInput,
+    },
+    /// Nothing; the stream is alive.
+    #[serde(rename = "keepalive")]
+    KeepAlive {},
+}
+
 /// `process.SendSignalRequest`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

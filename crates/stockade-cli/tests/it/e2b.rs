@@ -160,7 +160,7 @@ fn g11_the_official_e2b_sdk_drives_sandboxes() {
     let bg = &c["background"];
     assert!(bg["listed"].as_array().unwrap().contains(&bg["pid"]), "{bg}");
     assert_eq!(bg["killed"], true, "{bg}");
-    assert_eq!(bg["stdout"], "got:ping\n", "{bg}");
+    assert_eq!(bg["stdout"], "got:pingpong\n", "{bg}");
     assert_eq!(bg["ended"], "CommandExitException", "{bg}");
     assert_eq!(bg["kill_again"], false, "{bg}");
 

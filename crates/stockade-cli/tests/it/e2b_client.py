@@ -62,8 +62,9 @@ def sync_checks():
     except TimeoutException as e:
         say("timeout", raised=kind(e), seconds=time.monotonic() - t0)
 
-    h = sbx.commands.run(f"read line; echo got:$line; sleep {MARK}", background=True, stdin=True)
+    h = sbx.commands.run(f"read line; read two; echo got:$line$two; sleep {MARK}", background=True, stdin=True)
     sbx.commands.send_stdin(h.pid, "ping\n")
+    sbx.commands.stream_input(h.pid, ["po", "ng\n"])
     time.sleep(0.5)
     listed = [p.pid for p in sbx.commands.list()]
     killed = sbx.commands.kill(h.pid)
