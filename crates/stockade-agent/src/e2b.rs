@@ -20,8 +20,9 @@
 //!   is `401`, an unknown id `404`.
 //! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
 //!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
-//!   a header section must arrive within 10 s (slow clients are cut off), connections and
-//!   streams are capped, and a sandbox count per server.
+//!   a header section must arrive within 10 s (slow clients are cut off), connections,
+//!   streams and sandboxes are capped, and at most [`MAX_TRANSFERS`] file transfers (held
+//!   whole in memory) run at once.
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
@@ -57,6 +58,10 @@ type Body = BoxBody<Bytes, Infallible>;
 
 /// The guest's home, where relative paths resolve.
 const HOME: &str = "/home/user";
+
+/// Most `/files` uploads and downloads at once (each is held whole in memory, so the server
+/// holds at most this many times [`E2bLimits::max_upload`]); more wait for one to end.
+pub const MAX_TRANSFERS: usize = 4;
 
 /// The one user a sandbox has.
 const USER: &str = "user";
@@ -151,6 +156,8 @@ pub struct E2bServer {
     boxes: Mutex<HashMap<String, Arc<Sandbox>>>,
     streams: Arc<tokio::sync::Semaphore>,
     connections: Arc<tokio::sync::Semaphore>,
+    // Transfers through `/files` are held whole in memory: at most this many at once.
+    transfers: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for E2bServer {
@@ -268,13 +275,28 @@ fn query(req: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
     req.uri().query().map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default()
 }
 
-/// Reads a body of at most `max` bytes.
-async fn read_body(body: hyper::body::Incoming, max: usize) -> Result<Bytes, String> {
-    match Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(format!("the body is over the {max}-byte limit")),
-        Err(e) => Err(format!("reading the body: {e}")),
+/// How long a request body (but an upload's) may take to arrive: a client that trickles one
+/// is cut off.
+const BODY_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long an upload's body may take to arrive.
+const UPLOAD_WITHIN: Duration = Duration::from_secs(600);
+
+/// Reads a body of at most `max` bytes that arrives within `within`.
+async fn read_body_within(body: hyper::body::Incoming, max: usize, within: Duration) -> Result<Bytes, String> {
+    match tokio::time::timeout(within, Limited::new(body, max).collect()).await {
+        Err(_) => Err(format!("the body did not arrive within {within:?}")),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(format!("the body is over the {max}-byte limit"))
+        }
+        Ok(Err(e)) => Err(format!("reading the body: {e}")),
     }
+}
+
+/// Reads a body of at most `max` bytes that arrives within [`BODY_WITHIN`].
+async fn read_body(body: hyper::body::Incoming, max: usize) -> Result<Bytes, String> {
+    read_body_within(body, max, BODY_WITHIN).await
 }
 
 impl E2bServer {
@@ -283,7 +305,8 @@ impl E2bServer {
     pub fn new(sessions: Arc<Sessions>, config: E2bConfig) -> Arc<Self> {
         let streams = Arc::new(tokio::sync::Semaphore::new(config.limits.max_streams));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
-        Arc::new(Self { sessions, config, boxes: Mutex::new(HashMap::new()), streams, connections })
+        let transfers = tokio::sync::Semaphore::new(MAX_TRANSFERS);
+        Arc::new(Self { sessions, config, boxes: Mutex::new(HashMap::new()), streams, connections, transfers })
     }
 
     fn boxes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Sandbox>>> {
@@ -939,6 +962,9 @@ impl E2bServer {
         }
         let path = q.get("path").map(|p| guest_path(p));
         let max = self.config.limits.max_upload;
+        let Ok(Ok(_transfer)) = tokio::time::timeout(Duration::from_secs(60), self.transfers.acquire()).await else {
+            return api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
+        };
         let file_err = |e: &FilesError| {
             let c = files_code(e);
             api_error(StatusCode::from_u16(c.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &c.message)
@@ -957,9 +983,8 @@ impl E2bServer {
         if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
             return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
         }
-        let body = match read_body(req.into_body(), usize::try_from(max).unwrap_or(usize::MAX).saturating_add(64 << 10))
-            .await
-        {
+        let cap = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(64 << 10);
+        let body = match read_body_within(req.into_body(), cap, UPLOAD_WITHIN).await {
             Ok(b) => b,
             Err(e) => return api_error(StatusCode::PAYLOAD_TOO_LARGE, &e),
         };

@@ -302,6 +302,15 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
     assert!(s >= 400, "{s} {b}");
     assert!(!outside.join("planted").exists(), "an upload followed a planted symlink out of the home");
 
+    // A client that never finishes its headers is cut off (slowloris).
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(t0.elapsed() < Duration::from_secs(15), "a slow client held its connection {:?}", t0.elapsed());
+
     // 1,000 idle connections, then a real call still answers.
     let idle: Vec<TcpStream> = (0..1000).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
     assert!(idle.len() >= 900, "only {} connections", idle.len());
