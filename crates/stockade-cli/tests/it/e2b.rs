@@ -186,6 +186,14 @@ fn g11_the_official_e2b_sdk_drives_sandboxes() {
     assert_eq!(info["state"], "running", "{info}");
     assert_eq!(c["connect"]["listed"], true);
     assert_eq!(c["connect"]["stdout"], "connected\n");
+    let pause = &c["pause"];
+    assert_eq!(
+        (pause["paused"].clone(), pause["paused_again"].clone()),
+        (Value::Bool(true), Value::Bool(false)),
+        "{pause}"
+    );
+    assert_eq!((pause["state"].as_str(), pause["after"].as_str()), (Some("paused"), Some("running")), "{pause}");
+    assert_eq!(pause["stdout"], "text one", "{pause}");
 
     let iso = &c["isolation"];
     assert_eq!(iso["cross_read"], "AuthenticationException", "{iso}");

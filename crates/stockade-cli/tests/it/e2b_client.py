@@ -124,6 +124,13 @@ def sync_checks():
     r = again.commands.run("echo connected")
     say("connect", listed=sbx.sandbox_id in listed, stdout=r.stdout)
 
+    paused = sbx.pause()
+    paused_again = sbx.pause()
+    state = str(Sandbox.get_info(sbx.sandbox_id).state)
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    r = resumed.commands.run("cat /home/user/notes/c.txt")
+    say("pause", paused=paused, paused_again=paused_again, state=state, after=str(sbx.get_info().state), stdout=r.stdout)
+
     other = Sandbox.create(timeout=120)
     other.files.write("/home/user/secret.txt", "other's secret")
     hb = other.commands.run(f"sleep {MARK}", background=True)
