@@ -169,7 +169,8 @@ fn serve(root: &Path, target: &Path, write: bool) -> Result<()> {
     let key = "bench-key-0123456789abcdef";
     let mut server = std::process::Command::new(target.join("release/stockade"))
         .args(["serve", "--socket"])
-        .arg(state.join("serve.sock"))
+        // In a directory serve makes itself (0700).
+        .arg(state.join("run/serve.sock"))
         .args(["--listen", "127.0.0.1:0", "--api-key-env", "BENCH_E2B_KEY"])
         .env("BENCH_E2B_KEY", key)
         .env("STOCKADE_STATE_DIR", &state)

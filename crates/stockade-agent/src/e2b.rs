@@ -334,6 +334,9 @@ impl E2bServer {
         });
         loop {
             let Ok((conn, _)) = listener.accept().await else { continue };
+            // A stream's events are small writes: without this, Nagle's algorithm holds each
+            // behind the client's delayed ACK (40 ms a command).
+            let _ = conn.set_nodelay(true);
             // Over the cap, the connection is closed at once.
             let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
                 drop(conn);
