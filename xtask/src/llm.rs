@@ -174,35 +174,26 @@ const MCP_SDK: &str = "mcp==2.3.0";
 
 /// Installs [`MCP_SDK`] into a virtual environment of its own; returns its interpreter.
 pub(crate) fn install_mcp_client() -> Result<PathBuf> {
-    let venv = dir().join("mcp-venv");
-    let python = venv.join("bin/python");
-    let version = MCP_SDK.trim_start_matches("mcp==");
-    let installed = Command::new(&python)
-        .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version);
-    if installed {
-        return Ok(python);
-    }
-    std::fs::create_dir_all(dir())?;
-    if !venv.join("bin/pip").exists() {
-        run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
-    }
-    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", MCP_SDK]))?;
-    Ok(python)
+    pinned_venv("mcp-venv", MCP_SDK)
 }
 
 /// The official E2B Python SDK, pinned (it needs Python 3.11, Debian 12's python3).
 const E2B_SDK: &str = "e2b==2.63.0";
 
-/// Installs the E2B SDK into its own venv (once) and returns its interpreter, for the tests
-/// where it drives `stockade serve --listen` (`STOCKADE_E2B_PYTHON`).
+/// Installs [`E2B_SDK`] into a virtual environment of its own; returns its interpreter, for
+/// the tests where it drives `stockade serve --listen` (`STOCKADE_E2B_PYTHON`).
 pub(crate) fn install_e2b_sdk() -> Result<PathBuf> {
-    let venv = dir().join("e2b-venv");
+    pinned_venv("e2b-venv", E2B_SDK)
+}
+
+/// A venv `name` under the llm directory holding `pin` (`package==version`), installed once;
+/// its interpreter.
+fn pinned_venv(name: &str, pin: &str) -> Result<PathBuf> {
+    let venv = dir().join(name);
     let python = venv.join("bin/python");
-    let version = E2B_SDK.trim_start_matches("e2b==");
+    let (package, version) = pin.split_once("==").context("a pin is package==version")?;
     let installed = Command::new(&python)
-        .args(["-c", "import importlib.metadata as m; print(m.version('e2b'))"])
+        .args(["-c", &format!("import importlib.metadata as m; print(m.version('{package}'))")])
         .output()
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version);
     if installed {
@@ -212,7 +203,7 @@ pub(crate) fn install_e2b_sdk() -> Result<PathBuf> {
     if !venv.join("bin/pip").exists() {
         run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     }
-    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", E2B_SDK]))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", pin]))?;
     Ok(python)
 }
 
