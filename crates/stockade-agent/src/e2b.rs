@@ -18,6 +18,8 @@
 //! - The API key is compared in constant time; a sandbox's token is 32 random bytes, also
 //!   compared in constant time, and opens that sandbox alone: another sandbox's id with it
 //!   is `401`, an unknown id `404`.
+//! - Off loopback it serves HTTPS only (rustls, TLS 1.2 and 1.3); the CLI refuses a
+//!   non-loopback address without a certificate and key.
 //! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
 //!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
 //!   a header section must arrive within 10 s (slow clients are cut off), connections,
@@ -30,7 +32,7 @@
 //!   or hard link reaches past the sandbox's home.
 //!
 //! # Non-guarantees
-//! No TLS yet: the listener must be loopback. No protobuf codec (the SDKs speak JSON), no
+//! No protobuf codec (the SDKs speak JSON), no
 //! directory watch, no file metadata; a docker-tier template offers
 //! commands and whole-file reads and writes, not the rest of the filesystem service.
 
@@ -115,7 +117,8 @@ impl Default for Template {
     }
 }
 
-/// The server's configuration: its key, templates (`base` is the SDK's default) and bounds.
+/// The server's configuration: its key, templates (`base` is the SDK's default), bounds and
+/// TLS.
 #[derive(Debug, Clone)]
 pub struct E2bConfig {
     /// The API key clients present (`X-API-Key`).
@@ -124,6 +127,50 @@ pub struct E2bConfig {
     pub templates: BTreeMap<String, Template>,
     /// Bounds.
     pub limits: E2bLimits,
+    /// Serve HTTPS with this certificate and key ([`Tls::from_pem`]); without it, plain HTTP.
+    pub tls: Option<Tls>,
+}
+
+/// A server certificate chain and key for HTTPS (rustls with ring; HTTP/1.1 by ALPN).
+#[derive(Clone)]
+pub struct Tls(#[cfg(feature = "tls")] Arc<rustls::ServerConfig>, #[cfg(not(feature = "tls"))] ());
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls(..)")
+    }
+}
+
+impl Tls {
+    /// The chain (leaf first) and private key, both PEM.
+    pub fn from_pem(chain: &[u8], key: &[u8]) -> Result<Self, String> {
+        #[cfg(feature = "tls")]
+        {
+            use rustls::pki_types::pem::PemObject as _;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("the certificate file: {e}"))?;
+            if certs.is_empty() {
+                return Err("the certificate file holds no certificate".into());
+            }
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("the key file: {e}"))?;
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .map_err(|e| format!("the certificate and key: {e}"))?;
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(Self(Arc::new(config)))
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = (chain, key);
+            Err("this build has no TLS (the `tls` feature)".into())
+        }
+    }
 }
 
 /// One sandbox: its session, token and timeout.
@@ -344,19 +391,39 @@ impl E2bServer {
             };
             let me = Arc::clone(&self);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let me = Arc::clone(&me);
-                    async move { Ok::<_, Infallible>(me.handle(req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .max_buf_size(64 << 10)
-                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
-                    .await;
+                match me.config.tls.clone() {
+                    None => me.serve_io(conn).await,
+                    #[cfg(feature = "tls")]
+                    Some(tls) => {
+                        // The handshake is bounded like a request's headers.
+                        let accept = tokio_rustls::TlsAcceptor::from(tls.0).accept(conn);
+                        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), accept).await {
+                            me.serve_io(stream).await;
+                        }
+                    }
+                    #[cfg(not(feature = "tls"))]
+                    Some(_) => {}
+                }
                 drop(permit);
             });
         }
+    }
+
+    /// Serves one connection's requests.
+    async fn serve_io<I>(self: Arc<Self>, io: I)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| {
+            let me = Arc::clone(&self);
+            async move { Ok::<_, Infallible>(me.handle(req).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .max_buf_size(64 << 10)
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .await;
     }
 
     /// Kills sandboxes past their timeout, and forgets those whose session ended.
@@ -1308,6 +1375,7 @@ impl E2bConfig {
             api_key,
             templates: BTreeMap::from([("base".to_owned(), Template::default())]),
             limits: E2bLimits::default(),
+            tls: None,
         }
     }
 

@@ -125,7 +125,8 @@
 //! serves the connections the runtime hands it and sends requests through its [`Endpoint`].
 //!
 //! # Feature flags
-//! `process` (default): `run_code` for python and sh in the process tier. `tls` (default):
+//! `process` (default): `run_code` for python and sh in the process tier, and [`e2b`] (its
+//! sandboxes are the runtime's sessions). `tls` (default):
 //! https endpoints (rustls with ring; the OS trust store plus `Endpoint::with_root_pem`).
 //! `wasm`: `run_code` for javascript in the wasm tier. `docker`: `run_code` in a container.
 //! Each adds a tier or a transport and never changes a default.
@@ -141,6 +142,7 @@
 mod agent;
 mod command;
 pub mod config;
+#[cfg(feature = "process")]
 pub mod e2b;
 mod endpoint;
 mod machine;

@@ -101,7 +101,8 @@
 //!     command says in one line how to start one. A SIGTERM ends every session; a
 //!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
 //!     (pinned by: tests/it/session.rs::g10_*)
-//! G11. `stockade serve --listen ADDR --api-key-env VAR` (loopback only) also speaks E2B's API
+//! G11. `stockade serve --listen ADDR --api-key-env VAR` (HTTPS only off loopback: `--tls-cert`,
+//!     `--tls-key`) also speaks E2B's API
 //!     over the same sessions, so the official E2B Python SDK, sync and async, drives them
 //!     unchanged: create, info, list, connect, timeout and kill; `commands.run` with its
 //!     output callbacks, a non-zero exit as `CommandExitException`, its timeout as

@@ -47,27 +47,37 @@ pub(crate) struct ServeArgs {
     /// template: the process tier, no network.
     #[arg(long, requires = "listen")]
     config: Option<PathBuf>,
+    /// Serve the E2B face over HTTPS with this certificate chain (PEM); needed off loopback.
+    #[arg(long, requires_all = ["listen", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// The E2B face's configuration, from `--api-key-env` and `--config`.
 fn e2b_config(args: &ServeArgs) -> Result<Option<(std::net::SocketAddr, stockade_agent::e2b::E2bConfig)>> {
     let (Some(addr), Some(var)) = (args.listen, args.api_key_env.as_deref()) else { return Ok(None) };
-    if !addr.ip().is_loopback() {
-        bail!(
-            "--listen {addr}: not a loopback address; serving beyond this host needs TLS, which stockade serve does not offer yet"
-        );
+    if !addr.ip().is_loopback() && args.tls_cert.is_none() {
+        bail!("--listen {addr}: not a loopback address; serving beyond this host needs --tls-cert and --tls-key");
     }
     let key = std::env::var(var).map_err(|_| anyhow!("--api-key-env {var}: the variable is not set"))?;
     if key.len() < 16 {
         bail!("--api-key-env {var}: the key is shorter than 16 characters");
     }
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             stockade_agent::e2b::E2bConfig::from_toml(key, &text).map_err(|e| anyhow!("{}: {e}", path.display()))?
         }
         None => stockade_agent::e2b::E2bConfig::new(key),
     };
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let tls = stockade_agent::e2b::Tls::from_pem(&read(cert)?, &read(key)?)
+            .map_err(|e| anyhow!("--tls-cert {} --tls-key {}: {e}", cert.display(), key.display()))?;
+        config.tls = Some(tls);
+    }
     Ok(Some((addr, config)))
 }
 
@@ -286,8 +296,10 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
         if let (Some(addr), Some(var)) = (args.listen, &args.api_key_env) {
             extra.extend(["--listen".into(), addr.to_string().into(), "--api-key-env".into(), var.into()]);
         }
-        if let Some(c) = &args.config {
-            extra.extend(["--config".into(), std::fs::canonicalize(c)?.into_os_string()]);
+        for (flag, file) in [("--config", &args.config), ("--tls-cert", &args.tls_cert), ("--tls-key", &args.tls_key)] {
+            if let Some(f) = file {
+                extra.extend([flag.into(), std::fs::canonicalize(f)?.into_os_string()]);
+            }
         }
         return detach(&socket, args.max_sessions, &extra);
     }
@@ -298,7 +310,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
         let _e2b = match e2b {
             Some((addr, config)) => {
                 let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--listen {addr}"))?;
-                let _ = writeln!(std::io::stderr(), "stockade serve: E2B API on http://{}", tcp.local_addr()?);
+                let scheme = if config.tls.is_some() { "https" } else { "http" };
+                let _ = writeln!(std::io::stderr(), "stockade serve: E2B API on {scheme}://{}", tcp.local_addr()?);
                 let server = stockade_agent::e2b::E2bServer::new(Arc::clone(&sessions), config);
                 Some(AbortOnDrop(tokio::spawn(server.serve(tcp))))
             }

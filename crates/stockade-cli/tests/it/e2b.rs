@@ -39,6 +39,10 @@ struct Server {
 
 impl Server {
     fn start(tag: &str) -> Self {
+        Self::start_with(tag, &[])
+    }
+
+    fn start_with(tag: &str, extra: &[&std::ffi::OsStr]) -> Self {
         let state = std::env::temp_dir().join(format!("stockade-e2b-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state);
         std::fs::create_dir_all(&state).unwrap();
@@ -46,6 +50,7 @@ impl Server {
             .args(["serve", "--socket"])
             .arg(state.join("run/serve.sock"))
             .args(["--listen", "127.0.0.1:0", "--api-key-env", "TEST_E2B_KEY"])
+            .args(extra)
             .env("TEST_E2B_KEY", KEY)
             .env("STOCKADE_STATE_DIR", &state)
             .stdin(Stdio::null())
@@ -56,8 +61,8 @@ impl Server {
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let addr = loop {
             let line = lines.next().expect("serve exited before it listened").unwrap();
-            if let Some(a) = line.strip_prefix("stockade serve: E2B API on http://") {
-                break a.to_owned();
+            if let Some(a) = line.strip_prefix("stockade serve: E2B API on ") {
+                break a.trim_start_matches("http://").trim_start_matches("https://").to_owned();
             }
         };
         // Keep reading its log, so that it never blocks on a full pipe.
@@ -329,4 +334,60 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
         raw(&addr, format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes());
     assert_eq!(status, 204);
     assert!(server.session_dirs().is_empty());
+}
+
+#[test]
+fn g11_off_loopback_it_serves_https_only() {
+    // Refused before anything is bound: a non-loopback address without a certificate.
+    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--api-key-env", "TEST_E2B_KEY"])
+        .env("TEST_E2B_KEY", KEY)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs --tls-cert and --tls-key"), "{err}");
+
+    // With one, HTTPS (judged by curl against the certificate), and plain HTTP is not answered.
+    let dir = std::env::temp_dir().join(format!("stockade-e2b-certs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"])
+        // A leaf, not a CA (webpki refuses a CA certificate as the server's own).
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let server =
+        Server::start_with("tls", &["--tls-cert".as_ref(), cert.as_os_str(), "--tls-key".as_ref(), key.as_os_str()]);
+    let curl = |url: String| {
+        let o = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "--cacert"])
+            .arg(&cert)
+            .arg(url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(curl(format!("https://{}/health", server.addr)), "204");
+    assert_ne!(curl(format!("http://{}/health", server.addr)), "204");
+    if let Some(python) = e2b_python() {
+        // The SDK over HTTPS, trusting the test's certificate.
+        let url = format!("https://{}", server.addr);
+        let o = Command::new(python)
+            .args(["-c", "from e2b import Sandbox\nwith Sandbox.create() as s: print(s.commands.run('echo over-tls').stdout, end='')"])
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", KEY)
+            .env("SSL_CERT_FILE", &cert)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "over-tls\n", "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
