@@ -48,9 +48,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::{Method, Request, Response, StatusCode};
 use stockade_protocol::e2b::{self as wire, Code, ConnectError, ProcessEvent};
-use stockade_runtime::protocol::{Job, Limits, RunError, Status};
+use stockade_runtime::protocol::{Limits, RunError, Status};
 use stockade_runtime::session::{
-    Chunk, FilesError, Kind, Session, SessionProfile, SessionTier, Sessions, StartOptions,
+    Background, Chunk, FilesError, Kind, Session, SessionProfile, SessionTier, Sessions, StartOptions, exec_job,
 };
 use subtle::ConstantTimeEq;
 
@@ -256,12 +256,30 @@ fn run_code(e: &RunError) -> ConnectError {
     let code = match e {
         RunError::Busy(_) => Code::ResourceExhausted,
         RunError::Unsupported { .. } => Code::Unimplemented,
-        RunError::Misconfigured(m) if m.contains("no background exec") => Code::NotFound,
+        // The session, or the process, ended since the call looked it up.
         RunError::Misconfigured(m) if m.contains("is gone") || m.contains("has ended") => Code::NotFound,
         RunError::Misconfigured(_) => Code::FailedPrecondition,
         _ => Code::Internal,
     };
     ConnectError::new(code, e.to_string())
+}
+
+/// The running process a selector names (a pid, or the tag of a running one): `not_found`
+/// for one the sandbox never started through the API or one that has ended, as envd says.
+fn running_exec(s: &Session, sel: &wire::ProcessSelector) -> Result<Arc<Background>, ConnectError> {
+    let found = match sel {
+        wire::ProcessSelector::Pid(p) => s.find(*p).ok(),
+        wire::ProcessSelector::Tag(t) => {
+            s.background().into_iter().find(|x| x.running() && x.tag() == Some(t.as_str()))
+        }
+    };
+    found.filter(|x| x.running()).ok_or_else(|| {
+        let which = match sel {
+            wire::ProcessSelector::Pid(p) => format!("pid {p}"),
+            wire::ProcessSelector::Tag(t) => format!("tag {t:?}"),
+        };
+        ConnectError::new(Code::NotFound, format!("no running process has {which}"))
+    })
 }
 
 /// A files error as a Connect error.
@@ -362,25 +380,18 @@ impl E2bServer {
 
     /// Serves `listener` until the task is dropped; ends sandboxes at their timeouts.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        /// Ends the reaper with the server.
-        struct Abort(tokio::task::JoinHandle<()>);
-        impl Drop for Abort {
-            fn drop(&mut self) {
-                self.0.abort();
-            }
-        }
-        let _reaper = Abort({
-            let me = Arc::clone(&self);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(250));
-                loop {
-                    tick.tick().await;
-                    me.reap().await;
-                }
-            })
-        });
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
-            let Ok((conn, _)) = listener.accept().await else { continue };
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = tick.tick() => {
+                    // Off the accept loop: a kill can take a while.
+                    let me = Arc::clone(&self);
+                    tokio::spawn(async move { me.reap().await });
+                    continue;
+                }
+            };
+            let Ok((conn, _)) = accepted else { continue };
             // A stream's events are small writes: without this, Nagle's algorithm holds each
             // behind the client's delayed ACK (40 ms a command).
             let _ = conn.set_nodelay(true);
@@ -780,17 +791,7 @@ impl E2bServer {
 
     async fn unary(&self, b: &Sandbox, path: &str, body: &[u8]) -> Result<serde_json::Value, ConnectError> {
         let s = &b.session;
-        let pid_of = |sel: &wire::ProcessSelector| -> Result<u32, ConnectError> {
-            match sel {
-                wire::ProcessSelector::Pid(p) => Ok(*p),
-                wire::ProcessSelector::Tag(t) => s
-                    .background()
-                    .iter()
-                    .find(|x| x.running() && x.tag() == Some(t.as_str()))
-                    .map(|x| x.pid())
-                    .ok_or_else(|| ConnectError::new(Code::NotFound, format!("no running process has tag {t:?}"))),
-            }
-        };
+        let pid_of = |sel: &wire::ProcessSelector| running_exec(s, sel).map(|x| x.pid());
         let empty = serde_json::json!({});
         match path {
             "/process.Process/List" => {
@@ -922,13 +923,9 @@ impl E2bServer {
             // The deadline ends the process (E2B's command timeout); without one, the
             // sandbox's own end does.
             let wall = deadline.unwrap_or(stockade_runtime::protocol::limits::MAX_DURATION);
-            let invalid = |e: &dyn std::fmt::Display| ConnectError::new(Code::InvalidArgument, e.to_string());
-            let limits = Limits::default().with_wall(wall).and_then(|l| l.with_cpu(wall)).map_err(|e| invalid(&e))?;
-            let mut job =
-                Job::command(cfg.cmd.clone(), cfg.args.iter().cloned()).map_err(|e| invalid(&e))?.with_limits(limits);
-            for (k, v) in &cfg.envs {
-                job = job.with_env(k.clone(), v.clone()).map_err(|e| invalid(&e))?;
-            }
+            let argv: Vec<String> = std::iter::once(cfg.cmd.clone()).chain(cfg.args.iter().cloned()).collect();
+            let job = exec_job(&argv, cfg.envs.clone(), Vec::new(), Some(wall))
+                .map_err(|e| ConnectError::new(Code::InvalidArgument, e.to_string()))?;
             let pty = match r.pty {
                 Some(p) => Some(pty_size(p.size.unwrap_or(wire::PtySize { cols: 80, rows: 24 }))?),
                 None => None,
@@ -939,20 +936,7 @@ impl E2bServer {
             (h, true)
         } else {
             let r: wire::ProcessRequest = wire::parse(msg)?;
-            let pid = match &r.process {
-                wire::ProcessSelector::Pid(p) => *p,
-                wire::ProcessSelector::Tag(t) => s
-                    .background()
-                    .iter()
-                    .find(|x| x.tag() == Some(t.as_str()))
-                    .map(|x| x.pid())
-                    .ok_or_else(|| ConnectError::new(Code::NotFound, format!("no process has tag {t:?}")))?,
-            };
-            let h = s.find(pid).map_err(|e| ConnectError::new(Code::NotFound, e.to_string()))?;
-            if !h.running() {
-                return Err(ConnectError::new(Code::NotFound, format!("process {pid} has ended")));
-            }
-            (h, false)
+            (running_exec(&s, &r.process)?, false)
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let send = move |tx: &tokio::sync::mpsc::UnboundedSender<Bytes>, ev: &ProcessEvent| {
@@ -1239,18 +1223,7 @@ async fn stream_input(s: &Session, mut body: hyper::body::Incoming, deadline: Du
             let msg: wire::StreamInputRequest = wire::parse(wire::single_envelope(&frame)?)?;
             match (msg, pid) {
                 (wire::StreamInputRequest::Start { process }, None) => {
-                    let p = match process {
-                        wire::ProcessSelector::Pid(p) => p,
-                        wire::ProcessSelector::Tag(t) => s
-                            .background()
-                            .iter()
-                            .find(|x| x.running() && x.tag() == Some(t.as_str()))
-                            .map(|x| x.pid())
-                            .ok_or_else(|| {
-                                ConnectError::new(Code::NotFound, format!("no running process has tag {t:?}"))
-                            })?,
-                    };
-                    pid = Some(p);
+                    pid = Some(running_exec(s, &process)?.pid());
                 }
                 (wire::StreamInputRequest::Start { .. }, Some(_)) => {
                     return Err(ConnectError::new(Code::InvalidArgument, "a second start message"));
@@ -1323,11 +1296,8 @@ fn net_grant(t: &Template, new: &wire::NewSandbox) -> Result<Option<stockade_run
     if hosts.is_empty() {
         return Ok(None);
     }
-    let rules =
-        hosts.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-    let policy = egress::NetPolicy::allow(&rules).map_err(|e| e.to_string())?;
-    let resolve =
-        t.net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e)).map_err(|e| e.to_string())?;
+    let policy = egress::NetPolicy::allow_entries(&hosts).map_err(|e| e.to_string())?;
+    let resolve = egress::Resolve::entries(&t.net_resolve).map_err(|e| e.to_string())?;
     Ok(Some(egress::NetGrant::new(policy).resolve(resolve)))
 }
 

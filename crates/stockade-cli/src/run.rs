@@ -415,14 +415,11 @@ pub(crate) fn net_grant_from(
                 std::fs::read_to_string(file).with_context(|| format!("reading the net policy {}", file.display()))?;
             egress::NetPolicy::from_toml(&text).map_err(|e| anyhow::anyhow!("net policy {}: {e}", file.display()))?
         }
-        (None, false) => {
-            let rules = allow_net.iter().map(|e| egress::NetRule::parse(e)).collect::<Result<Vec<_>, _>>()?;
-            egress::NetPolicy::allow(&rules)?
-        }
+        (None, false) => egress::NetPolicy::allow_entries(allow_net)?,
         (None, true) if !net_resolve.is_empty() => bail!("--net-resolve needs --allow-net or --net-policy"),
         (None, true) => return Ok(None),
     };
-    let resolve = net_resolve.iter().try_fold(egress::Resolve::new(), |r, e| r.entry(e))?;
+    let resolve = egress::Resolve::entries(net_resolve)?;
     let shown: egress::OnRefused = std::sync::Arc::new(|c| {
         let _ = writeln!(std::io::stderr(), "stockade: {}", egress::denied_line(c));
     });

@@ -19,8 +19,8 @@ use stockade_agent::config::{parse_duration, parse_size};
 use stockade_runtime::protocol::session::{
     ExecInfo, MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
 };
-use stockade_runtime::protocol::{Access, Busy, Job, Limits, LiveIo, RunError, Workspace};
-use stockade_runtime::session::{FilesError, SessionProfile, Sessions};
+use stockade_runtime::protocol::{Access, Busy, Limits, LiveIo, RunError, Workspace};
+use stockade_runtime::session::{FilesError, SessionProfile, Sessions, exec_job};
 use tokio::net::{UnixListener, UnixStream};
 
 /// `stockade serve`.
@@ -598,29 +598,13 @@ fn files_error(e: &FilesError) -> SessionReply {
     error(kind, e.to_string())
 }
 
-/// An exec's job: `argv` with `env`, its stdin bytes, and its deadline (wall clock and CPU
-/// alike).
-fn exec_job(argv: &[String], env: Vec<(String, String)>, stdin: Vec<u8>, timeout_ms: Option<u64>) -> Result<Job> {
-    let (program, args) = argv.split_first().ok_or_else(|| anyhow!("no command"))?;
-    // The session adds its own variables, then PATH and HOME, where the exec sets none.
-    let mut job = Job::command(program.clone(), args.iter().cloned())?.with_stdin(stdin)?;
-    for (k, v) in env {
-        job = job.with_env(k, v)?;
-    }
-    if let Some(ms) = timeout_ms {
-        let d = Duration::from_millis(ms);
-        job = job.with_limits(Limits::default().with_wall(d)?.with_cpu(d)?);
-    }
-    Ok(job)
-}
-
 /// One exec, with `io` as its live stdio.
 async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> SessionReply {
     let SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } = call else {
         return error("invalid", "not an exec");
     };
     let Some(session) = sessions.get(&id) else { return missing(&id) };
-    let job = match exec_job(&argv, env, stdin, timeout_ms) {
+    let job = match exec_job(&argv, env, stdin, timeout_ms.map(Duration::from_millis)) {
         Ok(j) => j,
         Err(e) => return error("invalid", e.to_string()),
     };
@@ -705,7 +689,7 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
         ),
         SessionCall::Start { id, argv, env, cwd, timeout_ms, pty, stdin, tag } => {
             let Some(session) = sessions.get(&id) else { return missing(&id) };
-            let job = match exec_job(&argv, env, Vec::new(), timeout_ms) {
+            let job = match exec_job(&argv, env, Vec::new(), timeout_ms.map(Duration::from_millis)) {
                 Ok(j) => j,
                 Err(e) => return error("invalid", e.to_string()),
             };

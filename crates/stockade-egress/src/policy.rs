@@ -155,6 +155,11 @@ impl Resolve {
         Ok(self)
     }
 
+    /// Every `HOST:PORT:ADDRESS` entry of a list (`--net-resolve` given again and again).
+    pub fn entries(entries: &[String]) -> Result<Self, NetPolicyError> {
+        entries.iter().try_fold(Self::new(), |r, e| r.entry(e))
+    }
+
     /// The address `host:port` is pointed at, if an entry names it.
     #[must_use]
     pub fn lookup(&self, host: &str, port: u16) -> Option<IpAddr> {
@@ -190,6 +195,12 @@ impl NetPolicy {
         let rules = rules.iter().filter(|r| seen.insert(r.rule_id())).map(NetRule::rule).collect();
         let policy = Policy::new(Self::registry(), rules, None).map_err(|e| NetPolicyError::Policy(e.to_string()))?;
         Ok(Self { policy: Arc::new(policy) })
+    }
+
+    /// A policy that allows exactly these `--allow-net` entries, as written (each parsed by
+    /// [`NetRule::parse`]).
+    pub fn allow_entries(entries: &[String]) -> Result<Self, NetPolicyError> {
+        Self::allow(&entries.iter().map(|e| NetRule::parse(e)).collect::<Result<Vec<_>, _>>()?)
     }
 
     /// A policy file (`--net-policy`): rules over [`NET_TOOL`], with limits and examples.

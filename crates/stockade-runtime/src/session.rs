@@ -102,6 +102,29 @@ impl Control {
     }
 }
 
+/// An exec's job: `argv` with `env` and its stdin bytes, its deadline both its wall clock
+/// and its CPU time (without one, the default limits'). The session adds its own variables,
+/// then `PATH` and `HOME`, where the exec sets none.
+pub fn exec_job(
+    argv: &[String],
+    env: impl IntoIterator<Item = (String, String)>,
+    stdin: Vec<u8>,
+    deadline: Option<Duration>,
+) -> Result<Job, RunError> {
+    let invalid = |e: &dyn std::fmt::Display| RunError::Misconfigured(e.to_string());
+    let (program, args) = argv.split_first().ok_or_else(|| invalid(&"no command"))?;
+    let mut job = Job::command(program.clone(), args.iter().cloned())
+        .and_then(|j| j.with_stdin(stdin))
+        .map_err(|e| invalid(&e))?;
+    for (k, v) in env {
+        job = job.with_env(k, v).map_err(|e| invalid(&e))?;
+    }
+    if let Some(d) = deadline {
+        job = job.with_limits(Limits::default().with_wall(d).and_then(|l| l.with_cpu(d)).map_err(|e| invalid(&e))?);
+    }
+    Ok(job)
+}
+
 /// Why a session ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
