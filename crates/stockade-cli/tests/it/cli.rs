@@ -98,6 +98,22 @@ pub(crate) fn llm_url() -> Option<(String, std::sync::MutexGuard<'static, ()>)> 
     url.map(|u| (u, MODEL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)))
 }
 
+/// A pinned SDK's interpreter or directory, from the variable `cargo xtask ci` sets (`var`);
+/// `None` (the test skips) when it is unset, which CI, requiring all, does not allow.
+pub(crate) fn installed(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(path) => Some(path),
+        Err(_) => {
+            assert!(
+                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
+                "STOCKADE_REQUIRE_ALL is set but {var} is not (cargo xtask ci installs the pinned SDKs)"
+            );
+            eprintln!("SKIPPED: {var} is not set");
+            None
+        }
+    }
+}
+
 pub(crate) fn ready() -> bool {
     tier_ready("process", |v| v["process_tier"].as_bool().unwrap())
 }

@@ -17,17 +17,7 @@ const KEY: &str = "test-key-0123456789abcdef";
 /// The E2B SDK's interpreter (`cargo xtask ci` sets `STOCKADE_E2B_PYTHON`); required when CI
 /// requires all.
 fn e2b_python() -> Option<String> {
-    match std::env::var("STOCKADE_E2B_PYTHON") {
-        Ok(p) => Some(p),
-        Err(_) => {
-            assert!(
-                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
-                "STOCKADE_REQUIRE_ALL is set but STOCKADE_E2B_PYTHON is not (cargo xtask ci installs the E2B SDK)"
-            );
-            eprintln!("SKIPPED e2b: STOCKADE_E2B_PYTHON is not set");
-            None
-        }
-    }
+    crate::cli::installed("STOCKADE_E2B_PYTHON")
 }
 
 /// A `stockade serve --listen 127.0.0.1:0`, killed (by its pid) when dropped.

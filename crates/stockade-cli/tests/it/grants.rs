@@ -391,17 +391,7 @@ fn g4_a_tcp_only_client_reaches_the_model_grant_at_openai_base_url_and_nothing_e
 /// The pinned OpenAI Python SDK installed for the guests' interpreter (`cargo xtask ci` and
 /// `cargo xtask llm --test` set `STOCKADE_OPENAI_PYTHON`); required when CI requires all.
 fn openai_sdk() -> Option<String> {
-    match std::env::var("STOCKADE_OPENAI_PYTHON") {
-        Ok(dir) => Some(dir),
-        Err(_) => {
-            assert!(
-                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
-                "STOCKADE_REQUIRE_ALL is set but STOCKADE_OPENAI_PYTHON is not (cargo xtask ci installs the SDK)"
-            );
-            eprintln!("SKIPPED openai_sdk: STOCKADE_OPENAI_PYTHON is not set");
-            None
-        }
-    }
+    crate::cli::installed("STOCKADE_OPENAI_PYTHON")
 }
 
 /// A guest using the stock OpenAI SDK with nothing configured but what the grant put in its

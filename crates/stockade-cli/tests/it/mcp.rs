@@ -14,17 +14,7 @@ const STOCKADE: &str = env!("CARGO_BIN_EXE_stockade");
 /// The MCP SDK's interpreter (`cargo xtask ci` sets `STOCKADE_MCP_PYTHON`); required when CI
 /// requires all.
 fn mcp_python() -> Option<String> {
-    match std::env::var("STOCKADE_MCP_PYTHON") {
-        Ok(p) => Some(p),
-        Err(_) => {
-            assert!(
-                std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(),
-                "STOCKADE_REQUIRE_ALL is set but STOCKADE_MCP_PYTHON is not (cargo xtask ci installs the MCP SDK)"
-            );
-            eprintln!("SKIPPED mcp_python: STOCKADE_MCP_PYTHON is not set (cargo xtask llm --mcp)");
-            None
-        }
-    }
+    crate::cli::installed("STOCKADE_MCP_PYTHON")
 }
 
 /// Processes on the host whose command line holds `marker`.

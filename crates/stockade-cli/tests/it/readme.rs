@@ -109,7 +109,7 @@ fn readme_commands_run_as_written() {
             }
         } else if block.contains(" serve --detach --listen 127.0.0.1:3000") {
             if ready()
-                && let Ok(python) = std::env::var("STOCKADE_E2B_PYTHON")
+                && let Some(python) = crate::cli::installed("STOCKADE_E2B_PYTHON")
             {
                 // As written, but for a free port and the pinned SDK's interpreter.
                 let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -119,8 +119,6 @@ fn readme_commands_run_as_written() {
                 let state = dir.join("state-e2b");
                 let (code, out, err) = run(&block, &dir, &[("STOCKADE_STATE_DIR", state.to_str().unwrap())]);
                 assert_eq!((code, out.as_str()), (0, "{\"total\": 42}\n"), "{block}{err}");
-            } else {
-                assert!(std::env::var_os("STOCKADE_REQUIRE_ALL").is_none(), "the E2B block needs STOCKADE_E2B_PYTHON");
             }
         } else if block.contains(" serve --detach") {
             if ready() {
