@@ -114,6 +114,15 @@
 //!     oversized Connect messages and unknown methods and fields get their Connect codes,
 //!     and 1,000 idle connections do not stop it answering.
 //!     (pinned by: tests/it/e2b.rs::g11_*)
+//! G12. `stockade run --grant-mcp NAME=COMMAND` starts a host MCP server (the pinned MCP
+//!     Python SDK's, in the tests) and grants its tools as `NAME.TOOL`: `stockade-call
+//!     NAME.TOOL JSON` in the process tier, `NAME.TOOL(...)` in JavaScript. The server's log
+//!     shows that only calls the policy allowed and the tool's schema accepted reached it;
+//!     the guest gets the tool's result with its `isError`, and of a crash only that the
+//!     server stopped, while the server's stderr and exit status are shown on stockade's
+//!     stderr, prefixed; `--json` lists each call with its rule; the server is gone when the
+//!     run ends; a server that cannot start is one line before the run.
+//!     (pinned by: tests/it/mcp_grant.rs::g12_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What
@@ -129,7 +138,9 @@
 //! # Ambient authority
 //! Reads its arguments, forks (or re-executes) itself as the sandbox helper; for `run` with
 //! grants, reads the named data, schema and policy files and runs each `--grant-tool`
-//! command on the host (as the user, environment cleared to `PATH`) when a call is allowed;
+//! command on the host (as the user, environment cleared to `PATH`) when a call is allowed,
+//! and starts each `--grant-mcp` server on the host (as the user, with stockade's
+//! environment, for the whole run);
 //! for `mcp`, reads its policy file and serves stdin and stdout; for `agent`, reads
 //! its config and policy files, the API key's variable, connects to the endpoint and starts the
 //! configured command tools; reads the wasm tier's guest and

@@ -120,6 +120,15 @@ pub(crate) struct RunArgs {
     /// positional parameters in JavaScript.
     #[arg(long = "grant-schema", value_name = "NAME=@FILE.json")]
     grant_schema: Vec<String>,
+    /// Grant a host MCP server's tools (repeatable): stockade starts COMMAND (a shell command
+    /// line, run on the host as you, as any MCP client starts a stdio server), shakes hands,
+    /// and grants each tool as the function `NAME.TOOL` with the server's input schema; the
+    /// guest calls `stockade-call NAME.TOOL '{...}'` (`NAME.TOOL(...)` in JavaScript,
+    /// `NAME.TOOL(...)` in Python), and only when --grant-policy allows the call (`tool =
+    /// "NAME.TOOL"`). The result keeps the server's `isError`; the server's stderr is shown
+    /// here, prefixed, and never to the guest.
+    #[arg(long = "grant-mcp", value_name = "NAME=COMMAND")]
+    grant_mcp: Vec<String>,
     /// The policy (TOML) that decides every call of a granted tool; without one, every call
     /// is denied.
     #[arg(long = "grant-policy", value_name = "FILE")]
@@ -207,7 +216,10 @@ fn job(args: &RunArgs) -> Result<Job> {
         if args.tier != TierKind::Wasm {
             bail!("--python needs --tier wasm");
         }
-        let granted = !args.grant_data.is_empty() || !args.grant_tool.is_empty() || args.grant_model;
+        let granted = !args.grant_data.is_empty()
+            || !args.grant_tool.is_empty()
+            || !args.grant_mcp.is_empty()
+            || args.grant_model;
         return with_grants(python_job(code, granted)?.with_limits(limits), args);
     }
     let job = match (args.tier, script) {
@@ -329,10 +341,36 @@ fn named_json(flag: &str, arg: &str) -> Result<(String, serde_json::Value)> {
     Ok((name.to_owned(), value))
 }
 
+/// The host MCP servers of `--grant-mcp`, started (each `NAME=COMMAND`, run by `/bin/sh -c`);
+/// their stderr is shown on this process's stderr, each line prefixed with the server's name.
+pub(crate) async fn mcp_servers(specs: &[String]) -> Result<Vec<std::sync::Arc<stockade_runtime::mcp::McpServer>>> {
+    use stockade_runtime::mcp::{McpCommand, McpServer};
+    let mut servers = Vec::new();
+    for spec in specs {
+        let (name, command) =
+            spec.split_once('=').with_context(|| format!("--grant-mcp {spec:?} is not NAME=COMMAND"))?;
+        let prefix = format!("stockade: mcp {name}: ");
+        let command = McpCommand::new(name, "/bin/sh", ["-c", command])?
+            .on_stderr(move |line| drop(writeln!(std::io::stderr(), "{prefix}{line}")));
+        let server = McpServer::start(command).await?;
+        for (tool, why) in server.skipped() {
+            writeln!(std::io::stderr(), "stockade: mcp {name}: tool {tool:?} is not granted: {why}")?;
+        }
+        servers.push(server);
+    }
+    Ok(servers)
+}
+
 /// The grants the run's flags name, with their policy.
-fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
+fn grants(
+    args: &RunArgs,
+    mcp: &[std::sync::Arc<stockade_runtime::mcp::McpServer>],
+) -> Result<stockade_runtime::Grants> {
     use stockade_agent::{CommandTool, ToolDef, Trust};
     let mut grants = stockade_runtime::Grants::new();
+    for server in mcp {
+        grants = grants.mcp(server).with_context(|| format!("--grant-mcp {}", server.name()))?;
+    }
     for arg in &args.grant_data {
         let (name, value) = named_json("--grant-data", arg)?;
         grants = grants.data(&name, value).with_context(|| format!("--grant-data {name}"))?;
@@ -372,7 +410,7 @@ fn grants(args: &RunArgs) -> Result<stockade_runtime::Grants> {
         let policy = stockade_runtime::policy::allow::Policy::from_toml(&text, &grants.registry())
             .map_err(|e| anyhow::anyhow!("grant policy {}: {e}", file.display()))?;
         grants = grants.policy(policy);
-    } else if !args.grant_tool.is_empty() {
+    } else if !args.grant_tool.is_empty() || !args.grant_mcp.is_empty() {
         let _ = writeln!(std::io::stderr(), "stockade: no --grant-policy: every call of a granted tool is denied");
     }
     if let Some(net) = net_grant(args)? {
@@ -467,8 +505,9 @@ fn sandbox(args: &RunArgs, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     let job = job(&args)?;
-    let grants = std::sync::Arc::new(grants(&args)?);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mcp = rt.block_on(mcp_servers(&args.grant_mcp))?;
+    let grants = std::sync::Arc::new(grants(&args, &mcp)?);
     let sandbox = sandbox(&args, &rt)?;
     let budget = Budget::new(args.timeout, args.max_output);
     let io = live_io(&args, &job)?;
@@ -488,6 +527,17 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
             _ = hup.recv() => Err(("SIGHUP", 1)),
         })
     })?;
+    // A host MCP server that stopped during the run is the host's news, not the guest's.
+    for server in &mcp {
+        if let Some(why) = server.stopped() {
+            writeln!(std::io::stderr(), "stockade: mcp {}: stopped during the run: {why}", server.name())?;
+        }
+    }
+    rt.block_on(async {
+        for server in &mcp {
+            server.shutdown(std::time::Duration::from_secs(2)).await;
+        }
+    });
     // A stdin copy may still be blocked reading the CLI's stdin (a pipe nobody closes):
     // leave it behind rather than wait for it.
     rt.shutdown_background();

@@ -719,6 +719,21 @@ pub fn listen_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpList
     sys::net::listen_in_netns(pid, port)
 }
 
+/// Sends SIGKILL to the process group `pgid`: a host helper that stockade started as the
+/// leader of a group of its own (`Command::process_group(0)`), such as a host MCP server
+/// (`stockade-runtime`'s `mcp`), and everything it started. Refuses 0 and 1 (the caller's
+/// own group, and every process). A group that is already empty is not an error.
+pub fn kill_process_group(pgid: u32) -> std::io::Result<()> {
+    let pgid = libc::pid_t::try_from(pgid).map_err(|_| std::io::Error::other("no such process group"))?;
+    if pgid <= 1 {
+        return Err(std::io::Error::other("refusing to signal process group 0 or 1"));
+    }
+    match sys::process::kill(-pgid, libc::SIGKILL) {
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        r => r,
+    }
+}
+
 /// Per-run cgroups left behind by supervisors that are gone (a `kill -9` gives a supervisor
 /// no chance to remove them), under this process's own cgroups or `v2_dir`. Names carry the
 /// owner's pid and start time, so a live supervisor's cgroups are never listed.

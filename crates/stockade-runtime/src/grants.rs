@@ -84,6 +84,7 @@ pub struct FunctionGrant {
     pub(crate) schema: Value,
     pub(crate) spec: ToolSpec,
     pub(crate) params: Vec<String>,
+    pub(crate) description: String,
     pub(crate) handler: Arc<dyn GrantFn>,
 }
 
@@ -110,7 +111,19 @@ impl FunctionGrant {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
             .unwrap_or_default();
-        Ok(Self { name, schema, spec, params, handler: Arc::new(handler) })
+        Ok(Self { name, schema, spec, params, description: String::new(), handler: Arc::new(handler) })
+    }
+
+    /// Describes the function to the guest (the manifest's `description`; the Python
+    /// guest's tool description), at most 4 KiB.
+    #[must_use]
+    pub fn describe(mut self, description: &str) -> Self {
+        let mut end = description.len().min(4 << 10);
+        while !description.is_char_boundary(end) {
+            end -= 1;
+        }
+        description[..end].clone_into(&mut self.description);
+        self
     }
 
     /// The grant's name.
@@ -337,6 +350,16 @@ impl Grants {
         Ok(self)
     }
 
+    /// Grants every tool of a host MCP server as the function `SERVER.TOOL`
+    /// ([`crate::mcp`]); the grants hold the server, which ends when the last of them (and
+    /// the caller's handle) is dropped.
+    pub fn mcp(mut self, server: &Arc<crate::mcp::McpServer>) -> Result<Self, GrantError> {
+        for grant in server.grants()? {
+            self = self.function(grant)?;
+        }
+        Ok(self)
+    }
+
     /// The function grants as a policy registry, to load a policy against:
     /// `Policy::from_toml(text, &grants.registry())`.
     #[must_use]
@@ -420,7 +443,13 @@ impl Grants {
         let mut functions: Vec<Value> = self
             .functions
             .values()
-            .map(|f| serde_json::json!({"name": f.name(), "params": f.params, "schema": f.schema}))
+            .map(|f| {
+                let mut entry = serde_json::json!({"name": f.name(), "params": f.params, "schema": f.schema});
+                if !f.description.is_empty() {
+                    entry["description"] = Value::String(f.description.clone());
+                }
+                entry
+            })
             .collect();
         if self.model.is_some() {
             functions.push(serde_json::json!({

@@ -96,7 +96,9 @@
 //! as a `Report` (leaving it only through `stockade_verify::verify`) or as broker frames:
 //! every byte, length, grant name and argument of a call, their number and their timing.
 //! Out of scope: enforcement itself, which lives in the tier crates; what a function grant
-//! does once the policy allowed it (it is the host's code, and runs unconfined).
+//! does once the policy allowed it (it is the host's code, and runs unconfined), and so what
+//! a host MCP server does with an allowed call. A host MCP server's answers are
+//! attacker-influenced too (it may relay a web page), and are bounded like any reply.
 //!
 //! # Guarantees
 //! G1. [`Sandbox::run`] returns a `Verified<T>` only through `stockade_verify::verify` on the
@@ -156,6 +158,18 @@
 //!     socket is bound nowhere in this network namespace, read from `/proc/net/unix`, never
 //!     connected to) and it is older than the age asked for; a live run's is never named.
 //!     (pinned by: tests/it/grants.rs::g11_*)
+//! G12. A host MCP server ([`mcp::McpServer`], [`Grants::mcp`]) is started over stdio and
+//!     shaken hands with as any MCP client does (`initialize` at 2025-11-25, every page of
+//!     `tools/list`); each tool is granted as `NAME.TOOL` with its input schema (an optional
+//!     `anyOf [T, null]` narrowed to an optional `T`; a tool whose name or schema cannot be
+//!     checked is not granted, and [`mcp::McpServer::skipped`] says why). A call reaches the
+//!     server only with its permit, and its result keeps the server's `isError`; a call
+//!     abandoned at its deadline is cancelled at the server; the server's requests get
+//!     "method not found" (`ping` is answered); its crash, exit status and stderr go to the
+//!     host, the guest learns only that it stopped; an oversized message stops it; dropping
+//!     it kills its whole process group; a server that cannot start or shake hands is one
+//!     typed error.
+//!     (pinned by: tests/it/mcp.rs::g12_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -172,6 +186,8 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
+//! [`mcp::McpServer::start`] starts the host program it is given, as the caller, with the
+//! caller's environment (the server is the user's, and holds the user's tokens).
 //! For a granted run only: creates a directory under the system's temporary directory (or
 //! [`SandboxBuilder::grants_dir`]), writes the client and the data grants into it, listens
 //! on unix sockets there, and removes it afterwards; draws the model grant's placeholder
@@ -192,6 +208,7 @@
 
 mod broker;
 mod grants;
+pub mod mcp;
 
 pub use broker::stale_grants_dirs;
 

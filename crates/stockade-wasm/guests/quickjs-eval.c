@@ -91,7 +91,9 @@ static JSValue js_stockade_raw(JSContext *c, JSValueConst this_val, int argc, JS
 }
 
 /* Turns the manifest into globals. Positional arguments bind to a function's `params` (its
- * schema's `required` list); a single plain object is the arguments object itself. It is
+ * schema's `required` list); a single plain object is the arguments object itself. A name
+ * with a dot (a host MCP server's `NAME.TOOL`) is also reachable as `NAME.TOOL(...)`, through
+ * an object `NAME` made for it when no global of that name exists. It is
  * compiled once, in wizer-initialize, so that a run pays only for the call (one host call,
  * answered -1, when the run has no grants). */
 static const char bootstrap[] =
@@ -115,8 +117,9 @@ static const char bootstrap[] =
     "  }\n"
     "  const plain = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);\n"
     "  for (const [name, value] of Object.entries(manifest.data)) globalThis[name] = value;\n"
+    "  const spaces = new Set();\n"
     "  for (const f of manifest.functions.filter((f) => f.name !== 'fetch')) {\n"
-    "    globalThis[f.name] = function (...a) {\n"
+    "    const fn = globalThis[f.name] = function (...a) {\n"
     "      if (a.length === 0) return call(f.name, {});\n"
     "      if (a.length === 1 && plain(a[0])) return call(f.name, a[0]);\n"
     "      const args = {};\n"
@@ -124,6 +127,12 @@ static const char bootstrap[] =
     "      if (a.length > f.params.length) throw new TypeError(f.name + ' takes ' + f.params.length + ' positional arguments');\n"
     "      return call(f.name, args);\n"
     "    };\n"
+    "    const dot = f.name.indexOf('.');\n"
+    "    if (dot > 0) {\n"
+    "      const ns = f.name.slice(0, dot);\n"
+    "      if (!(ns in globalThis)) { globalThis[ns] = {}; spaces.add(ns); }\n"
+    "      if (spaces.has(ns)) globalThis[ns][f.name.slice(dot + 1)] = fn;\n"
+    "    }\n"
     "  }\n"
     "  if (manifest.functions.some((f) => f.name === 'fetch')) {\n"
     "    class Headers {\n"

@@ -356,14 +356,26 @@ pub fn python_job_with_grants(code: impl Into<String>) -> Result<Job, RunError> 
 }
 
 /// Binds the tools `host.tools` offers as globals; a data grant (described by
-/// `python_door` as "Data granted to this run") is called once and bound to its value.
+/// `python_door` as "Data granted to this run") is called once and bound to its value, and
+/// `NAME__TOOL` (a host MCP server's `NAME.TOOL`) is bound as `NAME.TOOL`.
 #[cfg(feature = "python")]
-const PYTHON_GRANTS_PRELUDE: &str = r#"from host import tools as _stockade_tools
-for _stockade_name in [n for n in dir(_stockade_tools) if not n.startswith('_')]:
-    _stockade_fn = getattr(_stockade_tools, _stockade_name)
-    _stockade_d = getattr(_stockade_fn, 'descriptor', None) or {}
-    globals()[_stockade_name] = _stockade_fn() if str(_stockade_d.get('description', '')).startswith('Data granted') else _stockade_fn
-del _stockade_tools, _stockade_name, _stockade_fn, _stockade_d
+const PYTHON_GRANTS_PRELUDE: &str = r#"def _stockade_bind():
+    import types
+    from host import tools
+    g = globals()
+    for name in [n for n in dir(tools) if not n.startswith('_')]:
+        fn = getattr(tools, name)
+        if '__' in name:
+            space, _, tool = name.partition('__')
+            if g.get(space) is None:
+                g[space] = types.SimpleNamespace()
+            if isinstance(g[space], types.SimpleNamespace):
+                setattr(g[space], tool, fn)
+            continue
+        d = getattr(fn, 'descriptor', None) or {}
+        g[name] = fn() if str(d.get('description', '')).startswith('Data granted') else fn
+_stockade_bind()
+del _stockade_bind
 "#;
 
 /// A job that runs `source` in the JavaScript guest (QuickJS-ng), which must have been

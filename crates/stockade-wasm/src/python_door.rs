@@ -11,8 +11,9 @@
 //!
 //! What the guest is offered, from the broker's manifest: each function grant as a tool with
 //! its schema; each data grant as a tool of no arguments that returns the data; the model
-//! grant as `model(request)`. Names that are not Python identifiers of at most 64 characters
-//! are left out (a guest could not call them). Every call becomes one broker call, so the
+//! grant as `model(request)`; a grant named `NAME.TOOL` (a host MCP server's tool) as
+//! `NAME__TOOL`, which the prelude binds as `NAME.TOOL`. Names that are not Python
+//! identifiers of at most 64 characters are left out (a guest could not call them). Every call becomes one broker call, so the
 //! policy, the bounds and the report see exactly what they see for any other tier.
 
 use serde_json::{Value, json};
@@ -48,7 +49,9 @@ async fn broker_call(
 fn tools(manifest: &Value) -> Vec<DoorTool> {
     let mut out = Vec::new();
     for f in manifest.get("functions").and_then(Value::as_array).into_iter().flatten() {
-        let Some(name) = f.get("name").and_then(Value::as_str) else { continue };
+        let Some(grant) = f.get("name").and_then(Value::as_str) else { continue };
+        let Some(name) = door_name(grant) else { continue };
+        let name = name.as_str();
         let tool = if name == MODEL {
             DoorTool::new(
                 name,
@@ -57,11 +60,13 @@ fn tools(manifest: &Value) -> Vec<DoorTool> {
                     "description": "an OpenAI chat completions request"}}, "required": ["request"], "additionalProperties": false}),
             )
         } else {
-            DoorTool::new(
-                name,
-                "A host function granted to this run; every call is decided by the run's policy.",
-                f.get("schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
-            )
+            let description = match f.get("description").and_then(Value::as_str) {
+                Some(d) => {
+                    format!("{d} (A host function granted to this run; every call is decided by the run's policy.)")
+                }
+                None => "A host function granted to this run; every call is decided by the run's policy.".to_owned(),
+            };
+            DoorTool::new(name, description, f.get("schema").cloned().unwrap_or_else(|| json!({"type": "object"})))
         };
         out.extend(tool);
     }
@@ -73,6 +78,26 @@ fn tools(manifest: &Value) -> Vec<DoorTool> {
         ));
     }
     out
+}
+
+/// The door's name for the grant `grant`: the grant's own name, or, for a name with one dot
+/// (a host MCP server's `NAME.TOOL`), `NAME__TOOL`, which the guest's prelude binds as
+/// `NAME.TOOL`. A grant whose own name holds `__` is left out, so the mapping back
+/// ([`grant_name`]) is exact.
+fn door_name(grant: &str) -> Option<String> {
+    if grant.contains("__") {
+        return None;
+    }
+    Some(match grant.split_once('.') {
+        Some((space, tool)) if !tool.contains('.') => format!("{space}__{tool}"),
+        Some(_) => return None,
+        None => grant.to_owned(),
+    })
+}
+
+/// The grant a door tool name calls (the inverse of [`door_name`]).
+fn grant_name(door: &str) -> String {
+    door.replacen("__", ".", 1)
 }
 
 /// Answers one door frame. `Err` means the broker session has ended.
@@ -87,7 +112,7 @@ pub(crate) async fn answer(calls: &dyn crate::HostCalls, frame: &[u8], next_id: 
         DoorRequest::List => (LIST.to_owned(), json!({})),
         // `model(request)`: the broker's model call takes the request itself.
         DoorRequest::Call { tool, mut args } if tool == MODEL => (tool, args.remove("request").unwrap_or_default()),
-        DoorRequest::Call { tool, args } => (tool, Value::Object(args)),
+        DoorRequest::Call { tool, args } => (grant_name(&tool), Value::Object(args)),
         _ => return Ok(door_error(id, DoorErrorKind::Protocol, "unknown operation")),
     };
     Ok(match broker_call(calls, *next_id, &grant, args).await? {

@@ -5,6 +5,7 @@ mod cli;
 mod e2b;
 mod grants;
 mod mcp;
+mod mcp_grant;
 mod net;
 mod readme;
 mod session;

@@ -48,16 +48,19 @@ fn list_offers_functions_data_and_the_model_and_drops_non_identifiers() {
         "functions": [
             {"name": "add", "params": ["a", "b"], "schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}},
             {"name": "model", "params": ["request"], "schema": {"type": "object"}},
-            {"name": "my.tool", "params": [], "schema": {"type": "object"}},
+            {"name": "my.tool", "params": [], "schema": {"type": "object"}, "description": "An MCP tool."},
+            {"name": "a.b.c", "params": [], "schema": {"type": "object"}},
+            {"name": "x__y", "params": [], "schema": {"type": "object"}},
         ]}}))
     });
     let a = ask(&f, json!({"v": 1, "id": 7, "op": "list"}));
     assert_eq!((&a["v"], &a["id"], &a["ok"]), (&json!(1), &json!(7), &json!(true)), "{a}");
     let names: Vec<&str> = a["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["add", "model", "rows"]);
+    assert_eq!(names, ["add", "model", "my__tool", "rows"]);
     assert_eq!(a["tools"][0]["inputSchema"]["properties"]["a"]["type"], "integer");
     assert_eq!(a["tools"][1]["inputSchema"]["required"], json!(["request"]));
-    assert_eq!(a["tools"][2]["inputSchema"]["properties"], json!({}));
+    assert!(a["tools"][2]["description"].as_str().unwrap().starts_with("An MCP tool."), "{a}");
+    assert_eq!(a["tools"][3]["inputSchema"]["properties"], json!({}));
 }
 
 #[test]
@@ -108,4 +111,13 @@ fn the_end_of_the_broker_session_ends_the_door() {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let frame = json!({"v": 1, "id": 1, "op": "call", "tool": "add", "args": {}}).to_string();
     assert!(rt.block_on(answer(&f, frame.as_bytes(), &mut 0)).is_err());
+}
+
+#[test]
+fn a_door_name_for_a_dotted_grant_calls_that_grant() {
+    let f = fake(|frame| Ok(json!({"type": "reply", "id": frame["id"], "result": frame["grant"]})));
+    let a = ask(&f, json!({"v": 1, "id": 1, "op": "call", "tool": "desk__write_note", "args": {"text": "x"}}));
+    assert_eq!(a["value"], "desk.write_note", "{a}");
+    let a = ask(&f, json!({"v": 1, "id": 2, "op": "call", "tool": "add", "args": {}}));
+    assert_eq!(a["value"], "add", "{a}");
 }
