@@ -30,6 +30,14 @@
 //! # confine = "process"            # optional: run it in the process tier, not on the host
 //! # allow_net = ["api.github.com"] # optional, confined only: the hosts its runs reach
 //!
+//! [grant]                          # what run_code's programs may call on the host
+//! policy = "grants.toml"           # decides each call (`tool = "desk.write_note"`)
+//!
+//! [[grant.mcp]]                    # a host MCP server: its tools are granted as desk.TOOL
+//! name = "desk"
+//! command = ["python3", "desk_server.py"]   # started on the host when the agent starts
+//! env = ["DESK_LOG"]               # besides PATH and HOME, from the agent's environment
+//!
 //! [[tool]]                         # the built-in run_code
 //! builtin = "run_code"
 //! languages = ["python", "javascript", "sh"]
@@ -76,6 +84,85 @@ struct File {
     agent: AgentSection,
     #[serde(default, rename = "tool")]
     tools: Vec<ToolSection>,
+    #[serde(default)]
+    grant: GrantSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantSection {
+    policy: Option<PathBuf>,
+    #[serde(default)]
+    mcp: Vec<McpSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSection {
+    name: String,
+    command: Vec<String>,
+    #[serde(default)]
+    env: Vec<String>,
+}
+
+/// `[grant]` and each `[[grant.mcp]]`: what run_code's programs may call on the host, and
+/// the policy that decides each call.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct GrantsConfig {
+    /// The grants policy (TOML), relative to the config file; it names the granted tools
+    /// (`tool = "desk.write_note"`), not the agent's.
+    pub policy: Option<PathBuf>,
+    /// The host MCP servers whose tools are granted as `NAME.TOOL`.
+    pub mcp: Vec<McpGrantConfig>,
+}
+
+/// One `[[grant.mcp]]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct McpGrantConfig {
+    /// Its name: its tools are granted as `NAME.TOOL`.
+    pub name: String,
+    /// The program and its arguments (a relative path resolves against the config file).
+    pub argv: Vec<String>,
+    /// Variables passed through from the agent's environment (besides `PATH` and `HOME`).
+    pub env: Vec<String>,
+}
+
+impl McpGrantConfig {
+    /// The command that starts the server, with the named variables taken from this
+    /// process's environment.
+    ///
+    /// # Ambient Authority
+    /// Reads the process environment.
+    pub fn command_ambient(&self) -> Result<stockade_runtime::mcp::McpCommand, stockade_runtime::mcp::McpError> {
+        let (program, args) = self.argv.split_first().map_or(("", &[][..]), |(p, a)| (p.as_str(), a));
+        let mut command =
+            stockade_runtime::mcp::McpCommand::new(&self.name, program, args.iter().cloned())?.env_clear();
+        for var in &self.env {
+            if let Some(v) = std::env::var_os(var).and_then(|v| v.into_string().ok()) {
+                command = command.env(var.clone(), v);
+            }
+        }
+        Ok(command)
+    }
+}
+
+/// `argv` with a relative program path, and arguments that name a file beside the config
+/// (e.g. `tools/x.py`), resolved against `base`.
+fn resolve_argv(base: &Path, mut argv: Vec<String>) -> Vec<String> {
+    if let Some(program) = argv.first_mut()
+        && program.contains('/')
+        && Path::new(program.as_str()).is_relative()
+    {
+        *program = base.join(program.as_str()).to_string_lossy().into_owned();
+    }
+    for a in argv.iter_mut().skip(1) {
+        if a.contains('/') && Path::new(a.as_str()).is_relative() && base.join(a.as_str()).exists() {
+            *a = base.join(a.as_str()).to_string_lossy().into_owned();
+        }
+    }
+    argv
 }
 
 /// `[endpoint]`.
@@ -257,6 +344,8 @@ pub struct AgentConfig {
     pub commands: Vec<CommandConfig>,
     /// The built-in run_code, if configured.
     pub run_code: Option<RunCodeConfig>,
+    /// `[grant]`: what run_code's programs may call on the host.
+    pub grants: GrantsConfig,
 }
 
 impl AgentConfig {
@@ -331,20 +420,12 @@ impl AgentConfig {
                     if !stockade_protocol::chat::is_valid_tool_name(&name) {
                         return Err(err(at, place("the name must be 1 to 64 of [a-zA-Z0-9_-]")));
                     }
-                    let mut argv = t
+                    let argv = t
                         .command
                         .clone()
                         .filter(|c| !c.is_empty())
                         .ok_or_else(|| err(at, place("a command tool needs command = [program, args...]")))?;
-                    if argv[0].contains('/') && Path::new(&argv[0]).is_relative() {
-                        argv[0] = base.join(&argv[0]).to_string_lossy().into_owned();
-                    }
-                    for a in argv.iter_mut().skip(1) {
-                        // Arguments that name a file beside the config (e.g. tools/x.py) resolve there.
-                        if a.contains('/') && Path::new(a.as_str()).is_relative() && base.join(a.as_str()).exists() {
-                            *a = base.join(a.as_str()).to_string_lossy().into_owned();
-                        }
-                    }
+                    let argv = resolve_argv(&base, argv);
                     let parameters: Value = match &t.parameters {
                         Some(p) => serde_json::to_value(p).map_err(|e| err(at, place(&e.to_string())))?,
                         None => serde_json::json!({"type": "object", "properties": {}}),
@@ -398,11 +479,12 @@ impl AgentConfig {
                 return Err(err(at, place("a tool of this name is defined twice")));
             }
         }
+        let grants = grants_config(file.grant, &base, run_code.is_some()).map_err(|m| err(None, m))?;
         let mut agent = file.agent;
         agent.policy = agent.policy.map(|p| if p.is_relative() { base.join(p) } else { p });
         let mut endpoint = file.endpoint;
         endpoint.ca_file = endpoint.ca_file.map(|p| if p.is_relative() { base.join(p) } else { p });
-        Ok(Self { path: path.to_owned(), endpoint, agent, commands, run_code })
+        Ok(Self { path: path.to_owned(), endpoint, agent, commands, run_code, grants })
     }
 
     /// The budgets this config names (defaults for the rest).
@@ -477,6 +559,35 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, col)
+}
+
+/// `[grant]` checked: each `[[grant.mcp]]` needs a name, a command, run_code to grant to,
+/// and a `[grant] policy` to decide its calls.
+fn grants_config(section: GrantSection, base: &Path, run_code: bool) -> Result<GrantsConfig, String> {
+    let policy = section.policy.map(|p| if p.is_relative() { base.join(p) } else { p });
+    let mut mcp: Vec<McpGrantConfig> = Vec::new();
+    for (i, m) in section.mcp.into_iter().enumerate() {
+        let place = format!("grant.mcp {} ({})", i + 1, m.name);
+        if m.command.is_empty() {
+            return Err(format!("{place}: needs command = [program, args...]"));
+        }
+        if mcp.iter().any(|o| o.name == m.name) {
+            return Err(format!("{place}: a server of this name is defined twice"));
+        }
+        stockade_runtime::mcp::McpCommand::new(&m.name, "", Vec::<String>::new())
+            .map_err(|e| format!("{place}: {e}"))?;
+        mcp.push(McpGrantConfig { name: m.name, argv: resolve_argv(base, m.command), env: m.env });
+    }
+    if !mcp.is_empty() && !run_code {
+        return Err("[[grant.mcp]] grants to run_code's programs: add the built-in run_code".into());
+    }
+    if !mcp.is_empty() && policy.is_none() {
+        return Err("[[grant.mcp]] needs [grant] policy = \"FILE\": the policy that decides each call".into());
+    }
+    if mcp.is_empty() && policy.is_some() {
+        return Err("[grant] policy decides grant calls, and nothing is granted".into());
+    }
+    Ok(GrantsConfig { policy, mcp })
 }
 
 /// The place of the `i`-th `[[tool]]` header.

@@ -114,7 +114,13 @@ pub struct RunCode {
     limits: Limits,
     runners: Vec<(Language, Runner)>,
     /// The network grant of command and image runs, with the hosts it allows.
-    net: Option<(Arc<Grants>, Vec<String>)>,
+    net: Option<(stockade_runtime::egress::NetGrant, Vec<String>)>,
+    /// Host functions (a host MCP server's tools) and the policy deciding their calls.
+    functions: Option<Grants>,
+    /// What command and image runs get (functions and the network), and JavaScript runs
+    /// (functions only), from the two above.
+    for_commands: Option<Arc<Grants>>,
+    for_javascript: Option<Arc<Grants>>,
 }
 
 impl RunCode {
@@ -122,11 +128,28 @@ impl RunCode {
     /// [`RunCode::javascript`] or [`RunCode::image`]. Every run gets `limits`.
     #[must_use]
     pub fn new(limits: Limits) -> Self {
-        Self { def: Self::definition(&[], None), limits, runners: Vec::new(), net: None }
+        Self {
+            def: Self::definition(&[], None, &[]),
+            limits,
+            runners: Vec::new(),
+            net: None,
+            functions: None,
+            for_commands: None,
+            for_javascript: None,
+        }
     }
 
-    fn definition(languages: &[Language], hosts: Option<&[String]>) -> ToolDef {
+    fn definition(languages: &[Language], hosts: Option<&[String]>, functions: &[&str]) -> ToolDef {
         let names: Vec<&str> = languages.iter().map(|l| l.name()).collect();
+        let calls = if functions.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " The program may call these host tools, each only as the host's policy allows: {} \
+                 (in sh: `stockade-call NAME '{{JSON arguments}}'`; in JavaScript and Python: `NAME(args)`).",
+                functions.join(", ")
+            )
+        };
         let network = match hosts {
             None => "no network".to_owned(),
             Some(h) => {
@@ -137,7 +160,7 @@ impl RunCode {
             "run_code",
             format!(
                 "Runs code in a sandbox with {network} and no host files, and returns its standard output. \
-                 Languages: {}. Print the result you need. The output is untrusted text.",
+                 Languages: {}. Print the result you need. The output is untrusted text.{calls}",
                 if names.is_empty() { "none".to_owned() } else { names.join(", ") }
             ),
             json!({
@@ -166,14 +189,37 @@ impl RunCode {
 
     fn describe(&mut self) {
         let languages: Vec<Language> = self.runners.iter().map(|(l, _)| *l).collect();
-        self.def = Self::definition(&languages, self.net.as_ref().map(|(_, h)| h.as_slice()));
+        let functions: Vec<&str> = self.functions.iter().flat_map(Grants::function_names).collect();
+        self.def = Self::definition(&languages, self.net.as_ref().map(|(_, h)| h.as_slice()), &functions);
+        let functions = self.functions.clone();
+        self.for_javascript = functions.clone().map(Arc::new);
+        self.for_commands = match (&self.net, functions) {
+            (None, None) => None,
+            (net, functions) => {
+                let grants = functions.unwrap_or_default();
+                Some(Arc::new(match net {
+                    Some((grant, _)) => grants.net(grant.clone()),
+                    None => grants,
+                }))
+            }
+        };
     }
 
     /// Gives python and sh runs the network through `grant`; `hosts` (the `--allow-net`
     /// entries, or a description of the policy) are named in the tool's description.
     #[must_use]
     pub fn net(mut self, grant: stockade_runtime::egress::NetGrant, hosts: Vec<String>) -> Self {
-        self.net = Some((Arc::new(Grants::new().net(grant)), hosts));
+        self.net = Some((grant, hosts));
+        self.describe();
+        self
+    }
+
+    /// Gives every run host functions (a host MCP server's tools, [`Grants::mcp`]) with the
+    /// policy that decides each call (`grants` should carry one; without it every call is
+    /// denied). The tool's description names them to the model.
+    #[must_use]
+    pub fn functions(mut self, grants: Grants) -> Self {
+        self.functions = Some(grants);
         self.describe();
         self
     }
@@ -184,12 +230,13 @@ impl RunCode {
         self.net.as_ref().map(|(_, h)| h.as_slice())
     }
 
-    /// The grants a run of `runner` gets: the network grant, for command and image runs.
+    /// The grants a run of `runner` gets: the functions, and the network grant for command
+    /// and image runs.
     #[must_use]
     pub fn grants_for(&self, runner: &Runner) -> Option<Arc<Grants>> {
         match runner {
-            Runner::Javascript(_) => None,
-            Runner::Command(_) | Runner::Image(..) => self.net.as_ref().map(|(g, _)| g.clone()),
+            Runner::Javascript(_) => self.for_javascript.clone(),
+            Runner::Command(_) | Runner::Image(..) => self.for_commands.clone(),
         }
     }
 

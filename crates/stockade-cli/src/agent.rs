@@ -151,7 +151,11 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         (None, Some(_)) => None,
     };
     if let Some(rc) = &run_code {
-        builder = builder.tool(Arc::new(rt.block_on(run_code_tool(rc))?));
+        let mut tool = rt.block_on(run_code_tool(rc))?;
+        if !config.grants.mcp.is_empty() {
+            tool = tool.functions(rt.block_on(mcp_grants(&config.grants))?);
+        }
+        builder = builder.tool(Arc::new(tool));
     }
     let policy_text = match (&args.policy, config.policy_text_ambient()?) {
         (Some(path), _) => {
@@ -274,6 +278,20 @@ fn message(e: &AgentError) -> String {
     let text = e.to_string();
     let mut chars = text.chars();
     chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()
+}
+
+/// The `[[grant.mcp]]` servers, started, with the `[grant] policy` over their tools.
+async fn mcp_grants(config: &stockade_agent::config::GrantsConfig) -> Result<stockade_runtime::Grants> {
+    let mut grants = stockade_runtime::Grants::new();
+    for m in &config.mcp {
+        let server = crate::run::start_mcp(m.command_ambient()?).await?;
+        grants = grants.mcp(&server).with_context(|| format!("grant.mcp {}", m.name))?;
+    }
+    let path = config.policy.as_ref().context("[[grant.mcp]] needs [grant] policy")?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the grant policy {}", path.display()))?;
+    let policy = stockade_runtime::policy::allow::Policy::from_toml(&text, &grants.registry())
+        .map_err(|e| anyhow::anyhow!("grant policy {}: {e}", path.display()))?;
+    Ok(grants.policy(policy))
 }
 
 /// `run_code` with a sandbox per configured language; a language this host cannot run is

@@ -121,7 +121,8 @@
 //!     the guest gets the tool's result with its `isError`, and of a crash only that the
 //!     server stopped, while the server's stderr and exit status are shown on stockade's
 //!     stderr, prefixed; `--json` lists each call with its rule; the server is gone when the
-//!     run ends; a server that cannot start is one line before the run.
+//!     run ends; a server that cannot start is one line before the run. `stockade agent`'s
+//!     `[[grant.mcp]]` gives the same grants, under `[grant] policy`, to `run_code`'s programs.
 //!     (pinned by: tests/it/mcp_grant.rs::g12_*)
 //!
 //! # Non-guarantees

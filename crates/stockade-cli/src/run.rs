@@ -344,21 +344,28 @@ fn named_json(flag: &str, arg: &str) -> Result<(String, serde_json::Value)> {
 /// The host MCP servers of `--grant-mcp`, started (each `NAME=COMMAND`, run by `/bin/sh -c`);
 /// their stderr is shown on this process's stderr, each line prefixed with the server's name.
 pub(crate) async fn mcp_servers(specs: &[String]) -> Result<Vec<std::sync::Arc<stockade_runtime::mcp::McpServer>>> {
-    use stockade_runtime::mcp::{McpCommand, McpServer};
     let mut servers = Vec::new();
     for spec in specs {
         let (name, command) =
             spec.split_once('=').with_context(|| format!("--grant-mcp {spec:?} is not NAME=COMMAND"))?;
-        let prefix = format!("stockade: mcp {name}: ");
-        let command = McpCommand::new(name, "/bin/sh", ["-c", command])?
-            .on_stderr(move |line| drop(writeln!(std::io::stderr(), "{prefix}{line}")));
-        let server = McpServer::start(command).await?;
-        for (tool, why) in server.skipped() {
-            writeln!(std::io::stderr(), "stockade: mcp {name}: tool {tool:?} is not granted: {why}")?;
-        }
-        servers.push(server);
+        servers.push(start_mcp(stockade_runtime::mcp::McpCommand::new(name, "/bin/sh", ["-c", command])?).await?);
     }
     Ok(servers)
+}
+
+/// Starts a host MCP server with its stderr on this process's stderr, each line prefixed
+/// with the server's name, and says which of its tools are not granted, and why.
+pub(crate) async fn start_mcp(
+    command: stockade_runtime::mcp::McpCommand,
+) -> Result<std::sync::Arc<stockade_runtime::mcp::McpServer>> {
+    let name = command.name().to_owned();
+    let prefix = format!("stockade: mcp {name}: ");
+    let command = command.on_stderr(move |line| drop(writeln!(std::io::stderr(), "{prefix}{line}")));
+    let server = stockade_runtime::mcp::McpServer::start(command).await?;
+    for (tool, why) in server.skipped() {
+        writeln!(std::io::stderr(), "stockade: mcp {name}: tool {tool:?} is not granted: {why}")?;
+    }
+    Ok(server)
 }
 
 /// The grants the run's flags name, with their policy.

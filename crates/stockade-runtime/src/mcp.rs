@@ -79,6 +79,7 @@ pub struct McpCommand {
     program: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    clear_env: bool,
     cwd: Option<PathBuf>,
     start_timeout: Duration,
     stderr: Option<StderrSink>,
@@ -118,6 +119,7 @@ impl McpCommand {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             env: Vec::new(),
+            clear_env: false,
             cwd: None,
             start_timeout: Duration::from_secs(30),
             stderr: None,
@@ -128,6 +130,14 @@ impl McpCommand {
     #[must_use]
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Starts the server with an environment of `PATH` and `HOME` (this process's) and the
+    /// variables [`env`](Self::env) sets, instead of this process's whole environment.
+    #[must_use]
+    pub fn env_clear(mut self) -> Self {
+        self.clear_env = true;
         self
     }
 
@@ -355,6 +365,14 @@ impl McpServer {
         let name = command.name.clone();
         let ms = u64::try_from(command.start_timeout.as_millis()).unwrap_or(u64::MAX);
         let mut cmd = tokio::process::Command::new(&command.program);
+        if command.clear_env {
+            cmd.env_clear();
+            for key in ["PATH", "HOME"] {
+                if let Some(value) = std::env::var_os(key) {
+                    cmd.env(key, value);
+                }
+            }
+        }
         cmd.args(&command.args)
             .envs(command.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())

@@ -76,3 +76,41 @@ fn allow_net_is_checked_at_load_and_needs_a_confined_command() {
             .unwrap();
     assert_eq!(confined.commands[0].allow_net, ["pypi.org"]);
 }
+
+#[test]
+fn grant_mcp_needs_run_code_a_policy_and_a_command() {
+    const RUN_CODE: &str = "[[tool]]\nbuiltin = \"run_code\"\n";
+    let ok = load(&format!(
+        "[grant]\npolicy = \"grants.toml\"\n[[grant.mcp]]\nname = \"desk\"\ncommand = [\"python3\", \"desk.py\"]\nenv = [\"DESK_LOG\"]\n{RUN_CODE}"
+    ))
+    .unwrap();
+    assert_eq!(ok.grants.policy.as_deref(), Some(Path::new("/etc/stockade/grants.toml")));
+    assert_eq!(
+        (ok.grants.mcp[0].name.as_str(), ok.grants.mcp[0].env.as_slice()),
+        ("desk", &["DESK_LOG".to_owned()][..])
+    );
+    let cases = [
+        ("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n", "add the built-in run_code"),
+        (&format!("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n{RUN_CODE}"), "needs [grant] policy"),
+        (
+            &format!("[grant]\npolicy = \"g.toml\"\n[[grant.mcp]]\nname = \"desk\"\ncommand = []\n{RUN_CODE}"),
+            "needs command",
+        ),
+        (
+            &format!("[grant]\npolicy = \"g.toml\"\n[[grant.mcp]]\nname = \"a.b\"\ncommand = [\"x\"]\n{RUN_CODE}"),
+            "invalid MCP server name",
+        ),
+        (
+            &format!(
+                "[grant]\npolicy = \"g.toml\"\n[[grant.mcp]]\nname = \"d\"\ncommand = [\"x\"]\n[[grant.mcp]]\nname = \"d\"\ncommand = [\"y\"]\n{RUN_CODE}"
+            ),
+            "defined twice",
+        ),
+        (&format!("[grant]\npolicy = \"g.toml\"\n{RUN_CODE}"), "nothing is granted"),
+        ("[[grant.mcp]]\nname = \"d\"\ncommand = [\"x\"]\nargs = 1\n", "unknown field `args`"),
+    ];
+    for (text, expected) in cases {
+        let e = load(text).unwrap_err();
+        assert!(e.contains(expected), "{text}: {e}");
+    }
+}

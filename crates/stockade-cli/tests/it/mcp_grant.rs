@@ -184,3 +184,61 @@ fn g12_a_bad_mcp_server_is_a_clear_error_before_the_run() {
         }
     }
 }
+
+#[test]
+fn g12_an_agents_run_code_programs_call_the_configs_mcp_servers_as_the_grant_policy_allows() {
+    use stockade_test_support::{MockLlm, Reply};
+    if !ready() {
+        return;
+    }
+    let Some(desk) = Desk::new("agent") else { return };
+    let config = format!(
+        r#"[endpoint]
+model = "m"
+[agent]
+policy = "agent-policy.toml"
+[grant]
+policy = "policy.toml"
+[[grant.mcp]]
+name = "desk"
+command = ["{}", "{}/tests/it/desk_server.py"]
+env = ["DESK_LOG", "DESK_PID"]
+[[tool]]
+builtin = "run_code"
+languages = ["sh"]
+timeout = "20s"
+"#,
+        desk.python,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(desk.dir.join("agent.toml"), config).unwrap();
+    std::fs::write(
+        desk.dir.join("agent-policy.toml"),
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"code\"\ntool = \"run_code\"\neffect = \"allow\"\n",
+    )
+    .unwrap();
+    let code = r#"stockade-call desk.write_note '{"text":"from the agent"}'; stockade-call desk.burn '{"text":"x"}' 2>&1; echo "burn=$?""#;
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[("run_code", serde_json::json!({"language": "sh", "code": code}))]),
+        Reply::text("done"),
+    ])
+    .unwrap();
+    let config = desk.path("agent.toml");
+    let (log, pid) = (desk.path("desk.log"), desk.path("desk.pid"));
+    let (code, out, err) = check_env(
+        &["agent", "--config", &config, "--base-url", &mock.url(), "write it"],
+        &[("DESK_LOG", &log), ("DESK_PID", &pid)],
+    );
+    assert_eq!((code, out.as_str()), (0, "done\n"), "{err}");
+    let got = mock.received();
+    let offered = got[0].body["tools"][0]["function"]["description"].as_str().unwrap().to_owned();
+    assert!(offered.contains("desk.write_note") && offered.contains("desk.burn"), "{offered}");
+    let result = got[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("noted: from the agent"), "{result}");
+    assert!(result.contains("no rule allows this call of `desk.burn`") && result.contains("burn=1"), "{result}");
+    assert_eq!(desk.log(), "write_note - from the agent\n");
+    assert!(err.contains("stockade: mcp desk: DESK-STDERR-CANARY"), "{err}");
+}
