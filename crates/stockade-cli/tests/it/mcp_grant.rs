@@ -151,6 +151,19 @@ fn g12_the_report_lists_each_call_and_the_server_ends_with_the_run() {
 }
 
 #[test]
+fn g12_busybox_sh_in_the_docker_tier_calls_the_same_tools_through_its_read_only_broker() {
+    if !tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let Some(desk) = Desk::new("docker") else { return };
+    let script = r#"stockade-call desk.write_note '{"text":"from docker"}'; stockade-call desk.burn '{"text":"x"}' 2>/dev/null; echo "burn=$?""#;
+    let (code, out, err) = desk.run(&["--tier", "docker", "--", "sh", "-c", script]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("noted: from docker") && out.ends_with("burn=1\n"), "{out}");
+    assert_eq!(desk.log(), "write_note - from docker\n");
+}
+
+#[test]
 fn g12_javascript_in_the_wasm_tier_calls_name_dot_tool() {
     if !tier_ready("wasm", |v| {
         let guest = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "wasm js guest").unwrap();
