@@ -257,7 +257,7 @@ fn run_code(e: &RunError) -> ConnectError {
         RunError::Busy(_) => Code::ResourceExhausted,
         RunError::Unsupported { .. } => Code::Unimplemented,
         // The session, or the process, ended since the call looked it up.
-        RunError::Misconfigured(m) if m.contains("is gone") || m.contains("has ended") => Code::NotFound,
+        RunError::Ended(_) => Code::NotFound,
         RunError::Misconfigured(_) => Code::FailedPrecondition,
         _ => Code::Internal,
     };

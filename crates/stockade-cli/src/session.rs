@@ -581,6 +581,7 @@ fn missing(id: &str) -> SessionReply {
 fn run_error(e: &RunError) -> SessionReply {
     let kind = match e {
         RunError::Misconfigured(_) => "invalid",
+        RunError::Ended(_) => "not_found",
         RunError::Unsupported { .. } => "unsupported",
         RunError::Busy(_) | RunError::Exhausted(_) => "busy",
         _ => "internal",

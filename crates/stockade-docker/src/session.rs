@@ -218,7 +218,7 @@ impl DockerTier {
 
 impl DockerSession {
     fn id(&self) -> Result<&str, RunError> {
-        self.id.as_deref().ok_or_else(|| RunError::Misconfigured("the session is gone".into()))
+        self.id.as_deref().ok_or_else(|| RunError::Ended("the session is gone".into()))
     }
 
     /// The container's id.

@@ -393,7 +393,7 @@ impl ProcessSession {
         {
             return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
         }
-        let sock = self.sock.as_ref().ok_or_else(|| RunError::Misconfigured("the session is gone".into()))?;
+        let sock = self.sock.as_ref().ok_or_else(|| RunError::Ended("the session is gone".into()))?;
         if self.paused() {
             return Err(RunError::Misconfigured("the session is paused; resume it first".into()));
         }
@@ -433,7 +433,7 @@ impl ProcessSession {
             let (master, slave) = crate::supervisor::open_terminal(Some(size))?;
             let fds = [slave.as_fd(), slave.as_fd(), slave.as_fd(), status_w.as_fd()];
             crate::fdpass::send(sock.as_fd(), &message, &fds)
-                .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
+                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
             drop((slave, status_w));
             terminal = Some(Terminal(master.raw_clone().map_err(internal("the terminal's master"))?));
             if let Ok(mut typist) = master.try_clone() {
@@ -460,7 +460,7 @@ impl ProcessSession {
             let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
             let fds = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
             crate::fdpass::send(sock.as_fd(), &message, &fds)
-                .map_err(|e| RunError::Misconfigured(format!("the session is gone: {e}")))?;
+                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
             drop((in_r, out_w, err_w, status_w));
             let stdin = in_w.map(launch::sender).transpose()?;
             let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));

@@ -6,8 +6,8 @@
 //! that is, so a caller can match it without reading the message: retry later
 //! ([`Exhausted`](RunError::Exhausted), [`Busy`](RunError::Busy),
 //! [`Engine`](RunError::Engine)), fix the request ([`Misconfigured`](RunError::Misconfigured)),
-//! pick another host or tier ([`Unsupported`](RunError::Unsupported)), or report a bug
-//! ([`Internal`](RunError::Internal)).
+//! pick another host or tier ([`Unsupported`](RunError::Unsupported)), look the session up
+//! again ([`Ended`](RunError::Ended)), or report a bug ([`Internal`](RunError::Internal)).
 
 use crate::job::JobError;
 
@@ -40,6 +40,10 @@ pub enum RunError {
     /// mid-run; what the run created is removed once it answers again.
     #[error("{0}")]
     Engine(String),
+    /// The live session or background process the call named has ended (killed, expired,
+    /// exited) since it was looked up; nothing ran.
+    #[error("{0}")]
+    Ended(String),
     /// A bug in stockade.
     #[error("internal error: {0}")]
     Internal(String),

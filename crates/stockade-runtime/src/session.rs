@@ -524,7 +524,7 @@ impl Session {
         self.touch();
         let b = self.find(pid)?;
         if !b.running() {
-            return Err(RunError::Misconfigured(format!("the exec with pid {pid} has ended")));
+            return Err(RunError::Ended(format!("the exec with pid {pid} has ended")));
         }
         let inner = self.inner.read().await;
         match (inner.as_ref(), &b.control) {
@@ -656,7 +656,7 @@ impl Session {
 
     /// The error of a call on a session that has ended.
     fn gone(&self) -> RunError {
-        RunError::Misconfigured(format!("session {} is gone", self.id))
+        RunError::Ended(format!("session {} is gone", self.id))
     }
 
     /// A filesystem-only snapshot: the session's home (every file, directory and symlink
