@@ -23,7 +23,7 @@ const GROUPS: &[(&str, &str, &str, &str, &[&str])] = &[
         "stockade-runtime",
         "grants",
         "wasm",
-        &["grants_socket_round_trip", "grants_in_process", "grants_wasm_js"],
+        &["grants_socket_round_trip", "grants_in_process", "grants_wasm_js", "grants_mcp"],
     ),
 ];
 

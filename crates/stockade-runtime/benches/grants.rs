@@ -7,7 +7,10 @@
 //! - `grants_in_process`: `Broker::call` (the wasm tier's `host.call` path), next to parsing
 //!   the call frame and serialising a reply;
 //! - `grants_wasm_js` (with `--features wasm` and the JavaScript guest): one run of 1000
-//!   `add(1, 2)` calls in JavaScript, next to one run of 1000 calls of a local function.
+//!   `add(1, 2)` calls in JavaScript, next to one run of 1000 calls of a local function;
+//! - `grants_mcp`: `McpServer::call` of a host MCP server's tool (the raw stdio server of the
+//!   runtime's tests, in python3), next to a bare client writing the same `tools/call` line
+//!   to that server's stdin and reading its answer line.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -178,9 +181,65 @@ fn wasm_js(c: &mut Criterion) {
 #[cfg(not(feature = "wasm"))]
 fn wasm_js(_c: &mut Criterion) {}
 
+fn mcp(c: &mut Criterion) {
+    use std::io::BufRead;
+    use stockade_runtime::mcp::{McpCommand, McpServer};
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_server.py");
+    let mut g = c.benchmark_group("grants_mcp");
+    // The baseline: the server alone, driven over its pipes by hand.
+    let mut child = std::process::Command::new("python3")
+        .args([script, "ok"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"hi\"}}}\n";
+    let mut answer = String::new();
+    g.bench_function("baseline_bare_stdio_client", |b| {
+        b.iter(|| {
+            stdin.write_all(line).unwrap();
+            answer.clear();
+            stdout.read_line(&mut answer).unwrap();
+        })
+    });
+    drop(stdin);
+    let _ = child.wait();
+    let rt = rt();
+    let server = rt.block_on(McpServer::start(McpCommand::new("raw", "python3", [script, "ok"]).unwrap())).unwrap();
+    let grants = Grants::new().mcp(&server).unwrap();
+    let policy = Policy::from_toml(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"echo\"\ntool = \"raw.echo\"\neffect = \"allow\"\n",
+        &grants.registry(),
+    )
+    .unwrap();
+    let mut gate = stockade_policy::allow::Gate::new(policy);
+    let call = stockade_policy::allow::ToolCall::from_json(
+        "raw.echo",
+        &json!({"text": "hi"}),
+        &stockade_policy::allow::Source::Sandbox,
+    )
+    .unwrap();
+    g.bench_function("mcp_server_call", |b| {
+        b.iter_custom(|iters| {
+            let permits: Vec<Permit> =
+                (0..iters).map(|_| gate.decide_unattended(&call, Duration::ZERO).unwrap()).collect();
+            let start = Instant::now();
+            rt.block_on(async {
+                for p in permits {
+                    server.call(p).await.unwrap();
+                }
+            });
+            start.elapsed()
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = socket, in_process, wasm_js
+    targets = socket, in_process, wasm_js, mcp
 }
 criterion_main!(benches);
