@@ -15,8 +15,9 @@ use stockade_protocol::broker::{GrantName, LIST_GRANT};
 /// Largest size of all data grants of one job together, serialised: 1 MiB.
 pub const MAX_DATA_BYTES: usize = 1 << 20;
 
-/// Most grants (data and functions together) one job may have: 64.
-pub const MAX_GRANTS: usize = 64;
+/// Most grants (data and functions together) one job may have: 256 (a host MCP server such
+/// as GitHub's lists about a hundred tools, each one grant).
+pub const MAX_GRANTS: usize = 256;
 
 /// What a function grant's future yields: a JSON result, or an error message for the guest.
 pub type GrantResult = Result<Value, String>;

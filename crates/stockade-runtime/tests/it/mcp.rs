@@ -209,3 +209,11 @@ async fn g12_a_server_that_cannot_start_or_shake_hands_is_a_clear_error() {
 
     assert!(matches!(McpCommand::new("a.b", "true", ["x"]), Err(McpError::Name(_))));
 }
+
+#[tokio::test]
+async fn g12_a_server_with_a_hundred_tools_is_granted_whole() {
+    let f = Fixture::new("many");
+    let server = McpServer::start(f.command("many")).await.unwrap();
+    let grants = Grants::new().mcp(&server).unwrap();
+    assert_eq!(grants.function_names().count(), 120);
+}

@@ -60,6 +60,8 @@ for line in sys.stdin:
     if method == "initialize":
         version = "2023-01-01" if mode == "old" else "2025-06-18"
         result(i, {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}})
+    elif method == "tools/list" and mode == "many":
+        result(i, {"tools": [{"name": f"t{n}", "inputSchema": obj} for n in range(120)]})
     elif method == "tools/list":
         if (message.get("params") or {}).get("cursor") is None:
             result(i, {"tools": tools[:3], "nextCursor": "page-2"})
