@@ -246,7 +246,9 @@ type Answer = Result<Value, (i64, String)>;
 /// What the connection's tasks and the callers share.
 struct Shared {
     name: String,
-    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    /// Lines for the writer task, which owns the server's stdin and writes each line whole
+    /// (a caller that stops waiting never leaves half a line); `None` once stdin is closed.
+    lines: Mutex<Option<tokio::sync::mpsc::Sender<Vec<u8>>>>,
     /// Calls waiting for an answer, by id; `None` once the server has stopped.
     pending: Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>,
     next_id: AtomicU64,
@@ -270,12 +272,9 @@ impl Shared {
     async fn write(&self, message: &Value) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let mut stdin = self.stdin.lock().await;
-        let Some(stdin) = stdin.as_mut() else {
-            return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin is closed"));
-        };
-        stdin.write_all(&line).await?;
-        stdin.flush().await
+        let closed = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin is closed");
+        let tx = Self::lock(&self.lines).clone().ok_or_else(closed)?;
+        tx.send(line).await.map_err(|_| closed())
     }
 
     /// Marks the server stopped (the first reason wins) and fails every waiting call.
@@ -392,9 +391,11 @@ impl McpServer {
         else {
             return Err(McpError::Spawn { name, program: command.program, reason: "no pipes".into() });
         };
+        let (lines, queue) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(write_stdin(stdin, queue));
         let shared = Arc::new(Shared {
             name: name.clone(),
-            stdin: tokio::sync::Mutex::new(Some(stdin)),
+            lines: Mutex::new(Some(lines)),
             pending: Mutex::new(Some(HashMap::new())),
             next_id: AtomicU64::new(1),
             stopped: Mutex::new(None),
@@ -606,7 +607,7 @@ impl McpServer {
     /// `grace` the whole process group is killed. Calls still waiting fail.
     pub async fn shutdown(&self, grace: Duration) {
         self.shared.stop("shut down");
-        self.shared.stdin.lock().await.take();
+        Shared::lock(&self.shared.lines).take();
         let child = Shared::lock(&self.child).take();
         if let Some(mut child) = child {
             let status = tokio::time::timeout(grace, child.wait()).await;
@@ -768,6 +769,16 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(shared: Arc<Shared>, mut stdout: R
         }
     };
     shared.stop(&why);
+}
+
+/// Writes each queued line to the server's stdin, whole; ends (closing stdin) when the
+/// queue's senders are gone or a write fails.
+async fn write_stdin(mut stdin: ChildStdin, mut queue: tokio::sync::mpsc::Receiver<Vec<u8>>) {
+    while let Some(line) = queue.recv().await {
+        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Reads the server's stderr: each line to the sink, the latest kept.
