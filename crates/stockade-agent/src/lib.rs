@@ -121,7 +121,8 @@
 //! [`Endpoint`] opens TCP connections to the one configured origin. [`ApiKey::from_env_ambient`]
 //! reads one environment variable. [`CommandTool`] starts the configured program.
 //! [`Trace::create_ambient`] creates the trace file. [`AgentConfig::load_ambient`] reads the
-//! config and policy files. `run_code` runs in the sandboxes it is given. [`ModelProxy`]
+//! config and policy files; [`config::McpGrantConfig::command_ambient`] reads the variables a
+//! `[[grant.mcp]]` server is given. `run_code` runs in the sandboxes it is given. [`ModelProxy`]
 //! serves the connections the runtime hands it and sends requests through its [`Endpoint`].
 //!
 //! # Feature flags
