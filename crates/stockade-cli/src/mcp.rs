@@ -46,8 +46,9 @@ use serde_json::{Map, Value, json};
 use stockade_agent::policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall, ToolSpec};
 use stockade_agent::{Language, RunCode, Runner, Trace};
 use stockade_runtime::RunRequest;
+use stockade_runtime::protocol::frame::{Line, read_line};
 use stockade_runtime::protocol::{Access, Job, Limits, Report, Status};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::tiers::{self, TierKind};
@@ -324,7 +325,7 @@ where
     let calls: Arc<InFlight> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
     loop {
-        let line = match next_line(&mut input, server.max_line).await? {
+        let line = match read_line(&mut input, server.max_line).await? {
             Line::Eof => break,
             Line::TooLong(n) => {
                 let e = RpcError::new(
@@ -879,43 +880,4 @@ fn result(r: &Report, tier: &str, limits: &Limits) -> Value {
         copy.push_str(&format!("\nstderr:\n{stderr}"));
     }
     json!({"content": [{"type": "text", "text": copy}], "structuredContent": structured, "isError": reason.is_some()})
-}
-
-/// One line of input.
-enum Line {
-    Text(Vec<u8>),
-    /// Over the limit: this many bytes were read and dropped, up to the newline.
-    TooLong(usize),
-    Eof,
-}
-
-/// Reads one line of at most `max` bytes; a longer line is read through and dropped without
-/// being held, so a client cannot make the server buffer an unbounded message.
-async fn next_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Line> {
-    let (mut buf, mut seen, mut over) = (Vec::new(), 0usize, false);
-    loop {
-        let avail = r.fill_buf().await?;
-        if avail.is_empty() {
-            return Ok(match (seen, over) {
-                (0, _) => Line::Eof,
-                (n, true) => Line::TooLong(n),
-                _ => Line::Text(buf),
-            });
-        }
-        let newline = avail.iter().position(|b| *b == b'\n');
-        let chunk = &avail[..newline.unwrap_or(avail.len())];
-        seen += chunk.len();
-        if !over && buf.len() + chunk.len() > max {
-            over = true;
-            buf = Vec::new();
-        }
-        if !over {
-            buf.extend_from_slice(chunk);
-        }
-        let used = newline.map_or(avail.len(), |i| i + 1);
-        r.consume(used);
-        if newline.is_some() {
-            return Ok(if over { Line::TooLong(seen) } else { Line::Text(buf) });
-        }
-    }
 }

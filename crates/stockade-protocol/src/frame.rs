@@ -1,4 +1,5 @@
-//! Length-prefixed frames: a `u32` big-endian length, then that many payload bytes.
+//! Length-prefixed frames: a `u32` big-endian length, then that many payload bytes; and
+//! bounded newline-delimited messages ([`read_line`]).
 //!
 //! The length is checked against the codec's maximum before a single payload byte is
 //! allocated, and the payload buffer then grows only as bytes actually arrive, in steps of
@@ -7,7 +8,7 @@
 
 use std::io::{self, Read, Write};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Default largest payload a [`FrameCodec`] accepts: 1 MiB.
 ///
@@ -24,6 +25,48 @@ pub const READ_CHUNK: usize = 64 * 1024;
 
 /// Size of the length prefix, in bytes.
 pub const HEADER_LEN: usize = 4;
+
+/// One newline-delimited message, as MCP's stdio transport frames them ([`read_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// The line, without its newline.
+    Text(Vec<u8>),
+    /// Over the limit: this many bytes were read and dropped, up to the newline.
+    TooLong(usize),
+    /// The end of the input, with no partial line.
+    Eof,
+}
+
+/// Reads one line of at most `max` bytes; a longer line is read through and dropped without
+/// being held, so a peer cannot make the reader buffer an unbounded message.
+pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> io::Result<Line> {
+    let (mut buf, mut seen, mut over) = (Vec::new(), 0usize, false);
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(match (seen, over) {
+                (0, _) => Line::Eof,
+                (n, true) => Line::TooLong(n),
+                _ => Line::Text(buf),
+            });
+        }
+        let newline = avail.iter().position(|b| *b == b'\n');
+        let chunk = &avail[..newline.unwrap_or(avail.len())];
+        seen += chunk.len();
+        if !over && buf.len() + chunk.len() > max {
+            over = true;
+            buf = Vec::new();
+        }
+        if !over {
+            buf.extend_from_slice(chunk);
+        }
+        let used = newline.map_or(avail.len(), |i| i + 1);
+        r.consume(used);
+        if newline.is_some() {
+            return Ok(if over { Line::TooLong(seen) } else { Line::Text(buf) });
+        }
+    }
+}
 
 /// Encodes and decodes length-prefixed frames with a fixed maximum payload length.
 ///

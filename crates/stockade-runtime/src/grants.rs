@@ -119,11 +119,7 @@ impl FunctionGrant {
     /// guest's tool description), at most 4 KiB.
     #[must_use]
     pub fn describe(mut self, description: &str) -> Self {
-        let mut end = description.len().min(4 << 10);
-        while !description.is_char_boundary(end) {
-            end -= 1;
-        }
-        description[..end].clone_into(&mut self.description);
+        self.description = stockade_protocol::completion::cut(description, 4 << 10);
         self
     }
 

@@ -44,7 +44,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stockade_policy::allow::Permit;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use stockade_protocol::frame::{Line, read_line};
+use tokio::io::{AsyncBufRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::oneshot;
 
@@ -682,42 +683,10 @@ fn narrow_nullable(schema: &mut Value) {
     }
 }
 
-/// `s` cut to at most `max` bytes, at a character boundary.
+/// `s` cut to at most `max` bytes, at a character boundary, with `…` where it was cut.
 fn bounded(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
-/// One line of at most `max` bytes (without its newline): `Ok(None)` at the end, `Err` for
-/// a longer line (the rest of which is not read).
-async fn next_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Option<Vec<u8>>> {
-    let mut line = Vec::new();
-    loop {
-        let buf = r.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(if line.is_empty() { None } else { Some(line) });
-        }
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            if line.len() + i > max {
-                return Err(std::io::Error::other(format!("a message over {max} bytes")));
-            }
-            line.extend_from_slice(&buf[..i]);
-            r.consume(i + 1);
-            return Ok(Some(line));
-        }
-        let n = buf.len();
-        if line.len() + n > max {
-            return Err(std::io::Error::other(format!("a message over {max} bytes")));
-        }
-        line.extend_from_slice(buf);
-        r.consume(n);
-    }
+    let cut = stockade_protocol::completion::cut(s, max);
+    if cut.len() < s.len() { format!("{cut}…") } else { cut }
 }
 
 /// Reads the server's stdout: answers go to their callers, `ping` is answered, other
@@ -725,10 +694,11 @@ async fn next_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> std::io::R
 /// stdout or at a protocol fault.
 async fn read_stdout<R: AsyncBufRead + Unpin>(shared: Arc<Shared>, mut stdout: R) {
     let why = loop {
-        let line = match next_line(&mut stdout, MAX_MESSAGE_BYTES).await {
-            Ok(Some(line)) => line,
-            Ok(None) => break "its stdout closed".to_owned(),
-            Err(e) => break format!("it broke the protocol: {e}"),
+        let line = match read_line(&mut stdout, MAX_MESSAGE_BYTES).await {
+            Ok(Line::Text(line)) => line,
+            Ok(Line::Eof) => break "its stdout closed".to_owned(),
+            Ok(Line::TooLong(_)) => break format!("it broke the protocol: a message over {MAX_MESSAGE_BYTES} bytes"),
+            Err(e) => break format!("reading its stdout failed: {e}"),
         };
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
@@ -848,13 +818,9 @@ mod tests {
         assert_eq!((ok.name(), ok.description()), ("ok", "d"));
     }
 
-    #[tokio::test]
-    async fn a_line_over_the_bound_is_a_fault_and_lines_under_it_are_read() {
-        let data: &[u8] = b"{\"a\":1}\n\nxxxxxxxxxxxxxxxxxxxx\n";
-        let mut r = BufReader::with_capacity(4, data);
-        assert_eq!(next_line(&mut r, 16).await.unwrap().unwrap(), b"{\"a\":1}");
-        assert_eq!(next_line(&mut r, 16).await.unwrap().unwrap(), b"");
-        assert!(next_line(&mut r, 16).await.is_err());
+    #[test]
+    fn a_bounded_message_is_cut_at_a_character_and_marked() {
         assert_eq!(bounded("héllo", 2), "h…");
+        assert_eq!(bounded("hé", 3), "hé");
     }
 }

@@ -157,3 +157,16 @@ proptest! {
         prop_assert_eq!(&back_async, &payloads);
     }
 }
+
+#[tokio::test]
+async fn read_line_reads_lines_under_the_bound_and_drops_a_longer_one_whole() {
+    use stockade_protocol::frame::{Line, read_line};
+    let data: &[u8] = b"{\"a\":1}\n\nxxxxxxxxxxxxxxxxxxxx\nafter\nlast";
+    let mut r = tokio::io::BufReader::with_capacity(4, data);
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::Text(b"{\"a\":1}".to_vec()));
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::Text(Vec::new()));
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::TooLong(20));
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::Text(b"after".to_vec()));
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::Text(b"last".to_vec()));
+    assert_eq!(read_line(&mut r, 16).await.unwrap(), Line::Eof);
+}
