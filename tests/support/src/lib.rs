@@ -367,6 +367,13 @@ pub fn eventually(within: std::time::Duration, what: &str, f: impl Fn() -> bool)
     }
 }
 
+/// Whether `pid` is a live process on the host: in `/proc`, and not a zombie.
+#[must_use]
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
 /// Host pids (the host's view of `/proc`, never a guest's word) whose command line, its
 /// arguments NUL-separated as the kernel stores them, satisfies `matches`; this process is
 /// never among them.

@@ -71,12 +71,6 @@ impl Drop for Desk {
     }
 }
 
-/// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
-}
-
 #[test]
 fn g12_sh_in_the_process_tier_calls_a_host_mcp_servers_tools_only_as_the_policy_allows() {
     if !ready() {
@@ -141,13 +135,9 @@ fn g12_the_report_lists_each_call_and_the_server_ends_with_the_run() {
     // The server (and its process group) ended with the run: stockade has exited, and so
     // has the server it started.
     let pid = desk.server_pid();
-    for _ in 0..100 {
-        if !alive(pid) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(!alive(pid), "the MCP server {pid} outlived the run");
+    stockade_test_support::eventually(std::time::Duration::from_secs(5), "the MCP server outlived the run", || {
+        !stockade_test_support::alive(pid)
+    });
 }
 
 #[test]

@@ -233,11 +233,9 @@ fn g15_a_sigkilled_owner_leaves_nothing_that_the_next_run_does_not_remove() {
     let stale_before = stale_cgroups(None).len();
     child.kill().unwrap();
     child.wait().unwrap();
-    let alive = |pid: &u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-    };
-    eventually(WITHIN, "every process of the pool dies with its owner", || !pids.iter().any(alive));
+    eventually(WITHIN, "every process of the pool dies with its owner", || {
+        !pids.iter().any(|p| stockade_test_support::alive(*p))
+    });
     let stale = stale_cgroups(None);
     assert!(stale.len() >= stale_before + 4, "the four waiting sandboxes' cgroups are stale: {stale:?}");
     // The next run of any supervisor removes them.

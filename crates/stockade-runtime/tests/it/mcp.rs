@@ -167,9 +167,9 @@ async fn g12_dropping_the_server_kills_its_whole_process_group() {
         log.lines().find_map(|l| l.strip_prefix(what)).and_then(|p| p.trim().parse().ok()).unwrap()
     };
     let (helper, leader) = (pid_of("helper "), pid_of("server "));
+    // A live process: in /proc, and not a zombie (the state, stat's field 3).
     let alive = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
+        stockade_sys::proc::stat_fields(&pid.to_string()).is_some_and(|f| f.first().is_some_and(|s| s != "Z"))
     };
     assert!(alive(helper) && alive(leader));
     let grants = Grants::new().mcp(&server).unwrap();
