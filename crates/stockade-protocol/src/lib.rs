@@ -78,6 +78,12 @@
 //!     under `.git` everything but the closed [`GIT_WRITABLE`] list and lock files, so a new
 //!     name git would follow (`.git/commondir`) is protected without being listed.
 //!     (pinned by: tests/it/protected.rs::g11_*)
+//! G12. [`turn::Reply::parse`], the host's reading of a confined agent's answer, accepts
+//!     exactly `{"ok":bool,"text":string}` with the text at most [`turn::MAX_TURN_TEXT`]
+//!     bytes, and [`turn::Turn::parse`] refuses unknown keys, a tool named twice or outside
+//!     the grant-name rule, a tool whose parameters are not an object schema, and every count
+//!     and size over its bound; a turn written by [`turn::Turn::to_bytes`] parses back equal.
+//!     (pinned by: tests/it/turn.rs::g12_*)
 //!
 //! # Non-guarantees
 //! This crate isolates nothing and decides nothing: a well-formed [`Job`] may still be
@@ -119,6 +125,7 @@ pub mod json;
 pub mod limits;
 pub mod report;
 pub mod session;
+pub mod turn;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyCode, ReplyError};
 pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};

@@ -10,3 +10,4 @@ mod frame;
 mod json;
 mod protected;
 mod schema;
+mod turn;
