@@ -289,7 +289,11 @@ impl Session {
             let _slot = self.slots.acquire().await;
             function.handler.call(permit).await
         };
-        match tokio::time::timeout(timeout, run).await {
+        let result = tokio::time::timeout(timeout, run).await;
+        if function.spec.has_untrusted_output() && matches!(result, Ok(Ok(_))) {
+            self.state().gate.set_read_untrusted();
+        }
+        match result {
             Ok(Ok(value)) => (GrantOutcome::Ok, rule, ReplyBody::Result(value)),
             Ok(Err(message)) => (GrantOutcome::Failed, rule, error(ReplyCode::Failed, message)),
             Err(_) => (
@@ -383,12 +387,20 @@ impl GrantsDir {
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(p)?;
             f.write_all(bytes)
         };
-        if !CLIENT.is_empty() {
+        if !CLIENT.is_empty() || !grants.programs.is_empty() {
             let bin = dir.path.join("bin");
             new_dir(&bin)?;
-            let client = bin.join("stockade-call");
-            new_file(&client, CLIENT)?;
-            share(&client, 0o750)?;
+            if !CLIENT.is_empty() {
+                let client = bin.join("stockade-call");
+                new_file(&client, CLIENT)?;
+                share(&client, 0o750)?;
+            }
+            for (name, source) in &grants.programs {
+                let target = bin.join(name);
+                copy_program(source, &target)
+                    .map_err(|e| io::Error::new(e.kind(), format!("copying the program {}: {e}", source.display())))?;
+                share(&target, 0o750)?;
+            }
             share(&bin, 0o750)?;
         }
         let data = dir.path.join("data");
@@ -420,6 +432,21 @@ impl GrantsDir {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Copies the regular file `source` to the new file `target` (`O_EXCL`, owner-only until it
+/// is shared): a copy, never a link, so the guest's view cannot reach the host's file and
+/// sharing the copy changes nothing of the original.
+fn copy_program(source: &Path, target: &Path) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut from = std::fs::File::open(source)?;
+    if !from.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut to = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o700).open(target)?;
+    // A file-to-file copy: the kernel's copy_file_range where the filesystem has it.
+    io::copy(&mut from, &mut to)?;
+    Ok(())
 }
 
 /// The model socket's file name inside a run's grants directory.

@@ -123,10 +123,32 @@ impl FunctionGrant {
         self
     }
 
+    /// Marks the function's output as possibly an outsider's words (a web page, a letter, a
+    /// host MCP server's answer): once a call of it returned, the run's policy sees the
+    /// session as having read untrusted data (`when = { session_read_untrusted = ... }`), as
+    /// the agent loop's does.
+    #[must_use]
+    pub fn untrusted_output(mut self) -> Self {
+        self.spec = self.spec.untrusted_output();
+        self
+    }
+
     /// The grant's name.
     #[must_use]
     pub fn name(&self) -> &str {
         self.name.as_str()
+    }
+
+    /// What the guest is told the function does ([`describe`](Self::describe)).
+    #[must_use]
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The arguments' JSON Schema, as given.
+    #[must_use]
+    pub fn schema(&self) -> &Value {
+        &self.schema
     }
 }
 
@@ -291,6 +313,7 @@ pub struct Grants {
     pub(crate) limits: GrantLimits,
     pub(crate) model: Option<Arc<dyn ModelService>>,
     pub(crate) net: Option<stockade_egress::NetGrant>,
+    pub(crate) programs: BTreeMap<String, std::path::PathBuf>,
 }
 
 impl fmt::Debug for Grants {
@@ -302,6 +325,7 @@ impl fmt::Debug for Grants {
             .field("limits", &self.limits)
             .field("model", &self.model.is_some())
             .field("net", &self.net)
+            .field("programs", &self.programs.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -355,6 +379,26 @@ impl Grants {
             self = self.function(grant)?;
         }
         Ok(self)
+    }
+
+    /// Gives the guest a host program to run: a copy of the regular file at `path`, made
+    /// when the run starts, as `bin/NAME` in the run's grants directory (on the guest's
+    /// `PATH` unless the job sets one; read-only, like the client beside it). The copy is the
+    /// guest's to run with the guest's authority, inside the tier: a program is not a
+    /// function grant and the host runs nothing of it. Process and docker tiers (a docker
+    /// image needs what the program links); the wasm tier refuses it.
+    pub fn program(mut self, name: &str, path: impl Into<std::path::PathBuf>) -> Result<Self, GrantError> {
+        grant_name(name)?;
+        if name == "stockade-call" || name.starts_with('.') || self.programs.contains_key(name) {
+            return Err(GrantError::Duplicate(name.into()));
+        }
+        self.programs.insert(name.into(), path.into());
+        Ok(self)
+    }
+
+    /// The programs' names.
+    pub fn program_names(&self) -> impl Iterator<Item = &str> {
+        self.programs.keys().map(String::as_str)
     }
 
     /// The function grants as a policy registry, to load a policy against:
@@ -421,7 +465,11 @@ impl Grants {
     /// True if nothing is granted.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty() && self.functions.is_empty() && self.model.is_none() && self.net.is_none()
+        self.data.is_empty()
+            && self.functions.is_empty()
+            && self.model.is_none()
+            && self.net.is_none()
+            && self.programs.is_empty()
     }
 
     /// The data grants' names.
@@ -432,6 +480,11 @@ impl Grants {
     /// The function grants' names.
     pub fn function_names(&self) -> impl Iterator<Item = &str> {
         self.functions.keys().map(String::as_str)
+    }
+
+    /// The function grants, by name.
+    pub fn function_grants(&self) -> impl Iterator<Item = &FunctionGrant> {
+        self.functions.values()
     }
 
     /// What [`LIST_GRANT`] answers: the data and each function's name, positional

@@ -113,7 +113,9 @@
 //!     that call. Its arguments carry the source `sandbox`, so no `source = "trusted"` rule
 //!     matches them; a name the run was not granted, arguments that are not the grant's
 //!     schema, or grants without a policy are denied and run nothing. The grants are fixed
-//!     before the run starts.
+//!     before the run starts. Once a call of a function marked
+//!     [`FunctionGrant::untrusted_output`] (every host MCP tool, an untrusted agent tool)
+//!     returned, the run's policy sees the session as having read untrusted data.
 //!     (pinned by: tests/it/grants.rs::g4_*)
 //! G5. Each run's broker is bounded: calls per run, bytes per call (checked on the length
 //!     prefix, before anything is allocated), bytes per reply, time per call (the function's
@@ -170,6 +172,13 @@
 //!     it kills its whole process group; a server that cannot start or shake hands is one
 //!     typed error.
 //!     (pinned by: tests/it/mcp.rs::g12_*)
+//! G13. A program grant ([`Grants::program`]) is a copy, made when the run starts and never
+//!     a link, of a host file as `bin/NAME` in the run's grants directory (mode 0750, on the
+//!     guest's `PATH`), so sharing it changes nothing of the host's file; a name outside the
+//!     grant-name rule, the client's own name or a second program of one name is refused, a
+//!     source that is not a regular file fails the run before it starts, and the wasm tier
+//!     refuses program grants.
+//!     (pinned by: tests/it/grants.rs::g13_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -611,6 +620,12 @@ impl Tier for stockade_wasm::WasmTier {
     }
 
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
+        if broker.grants().programs.keys().next().is_some() {
+            return Err(RunError::Unsupported {
+                mechanism: "program grant".into(),
+                reason: "the wasm tier runs no host programs (it has a module, not a PATH)".into(),
+            });
+        }
         // A network grant reaches a wasm guest as the call `fetch` only (the guest has no
         // sockets): the JavaScript global `fetch`.
         let calls: Arc<dyn stockade_wasm::HostCalls> = Arc::new(broker.caller());

@@ -599,7 +599,8 @@ impl McpServer {
                     let server = server.clone();
                     async move { server.call(permit).await }
                 })
-                .map(|g| g.describe(&tool.description))
+                // What a server answers may relay an outsider's words (a web page, an issue).
+                .map(|g| g.describe(&tool.description).untrusted_output())
             })
             .collect()
     }

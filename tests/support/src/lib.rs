@@ -392,6 +392,35 @@ pub fn host_pids(matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
         .collect()
 }
 
+/// Scans the whole readable memory of process `pid` (its `/proc/PID/maps` and `mem`, as
+/// the host sees them) for `needle`: the first mapping that holds it, and how many bytes
+/// were scanned. A mapping that cannot be read (gone, `[vvar]`) is skipped.
+#[must_use]
+pub fn memory_holds(pid: u32, needle: &[u8]) -> (Option<String>, usize) {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return (None, 0) };
+    let Ok(mut mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else { return (None, 0) };
+    let mut scanned = 0usize;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        let Ok(len) = usize::try_from(hi - lo) else { continue };
+        let mut buf = vec![0u8; len];
+        if mem.seek(SeekFrom::Start(lo)).is_ok() && mem.read_exact(&mut buf).is_ok() {
+            scanned += buf.len();
+            if find(&buf, needle).is_some() {
+                return (Some(line.to_owned()), scanned);
+            }
+        }
+    }
+    (None, scanned)
+}
+
 /// Every live descendant of process `root`, from the host's `/proc` (each process's `PPid`),
 /// parents before their children; `root` itself is not among them.
 #[must_use]

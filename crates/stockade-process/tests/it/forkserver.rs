@@ -146,27 +146,8 @@ fn g14_the_fork_server_holds_only_its_socket_and_none_of_the_environment() {
         }
     }
     // Its whole readable memory: the key the embedder was started with is not in it.
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut scanned = 0usize;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
-        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
-            continue;
-        }
-        let (lo, hi) = range.split_once('-').unwrap();
-        let (lo, hi) = (u64::from_str_radix(lo, 16).unwrap(), u64::from_str_radix(hi, 16).unwrap());
-        let mut buf = vec![0u8; usize::try_from(hi - lo).unwrap()];
-        use std::io::{Read, Seek, SeekFrom};
-        if mem.seek(SeekFrom::Start(lo)).is_ok() && mem.read_exact(&mut buf).is_ok() {
-            scanned += buf.len();
-            assert!(
-                !buf.windows(canary.len()).any(|w| w == canary.as_bytes()),
-                "the environment's key is in the fork server's memory at {line}"
-            );
-        }
-    }
+    let (found, scanned) = stockade_test_support::memory_holds(pid, canary.as_bytes());
+    assert!(found.is_none(), "the environment's key is in the fork server's memory at {found:?}");
     assert!(scanned > 1 << 20, "scanned only {scanned} bytes of the server's memory");
     e.finish();
 }
