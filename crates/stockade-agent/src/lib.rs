@@ -99,6 +99,17 @@
 //!     server-sent events while it arrives, held back by at most the key's length so a key
 //!     split across pieces is scrubbed too); a run's tokens are bounded.
 //!     (pinned by: tests/it/proxy.rs::g10_*)
+//! G11. A confined agent ([`ConfinedAgent`]) runs the whole loop inside a tier. Inside,
+//!     [`serve_turn`] reaches each tool only as a call to its grant through the run's
+//!     broker (an MCP tool `desk.file_ticket` offered to the model as `desk__file_ticket`),
+//!     marks an untrusted tool's answer, takes a broker's refusal as the call's result, and
+//!     ends every turn in one [`Reply`](stockade_protocol::turn::Reply), never a crash. On
+//!     the host, the model is the run's model grant ([`ModelProxy`], the key never inside),
+//!     every tool is a function grant decided by the host's policy, the loop's program is a
+//!     copy in the run, the reply passes `stockade_verify` and
+//!     `stockade_protocol::turn::Reply::parse`, and the trace is written from the broker's
+//!     own record, outside every mount.
+//!     (pinned by: tests/it/confine.rs::g11_*; end to end, stockade-cli's tests/it/confined.rs)
 //!
 //! # Non-guarantees
 //! The model's own text is not checked: an answer can be wrong or injected. MARK is hygiene,
@@ -108,7 +119,12 @@
 //! untrusted output is treated as untrusted. A command tool runs unconfined with the user's
 //! privileges (its environment is cleared but for `PATH` and the variables the config names)
 //! unless its config confines it; its timeout kills the process it started, not that
-//! process's own children.
+//! process's own children. A confined agent's loop can ask for anything its grants name, as
+//! often as the broker's bounds allow, and its answer is its own words; every argument it
+//! sends carries the source `sandbox`, so a rule with `source = "trusted"` never matches a
+//! confined call (the host cannot check the loop's account of where a value came from), and
+//! a rule that asks has no one to ask. Its trace records each call's tool, decision and rule
+//! (the broker's record), not its arguments.
 //!
 //! # Failure behaviour
 //! Fails closed: an unknown tool, an unparseable argument or any policy error runs nothing.
@@ -124,6 +140,8 @@
 //! config and policy files; [`config::McpGrantConfig::command_ambient`] reads the variables a
 //! `[[grant.mcp]]` server is given. `run_code` runs in the sandboxes it is given. [`ModelProxy`]
 //! serves the connections the runtime hands it and sends requests through its [`Endpoint`].
+//! [`ConfinedAgent`] copies its loop's program into each run; [`serve_turn_ambient`] reads
+//! `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `STOCKADE_BROKER` and connects to them.
 //!
 //! # Feature flags
 //! `process` (default): `run_code` for python and sh in the process tier, and [`e2b`] (its
@@ -141,8 +159,10 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod channel;
 mod command;
 pub mod config;
+mod confine;
 #[cfg(feature = "process")]
 pub mod e2b;
 mod endpoint;
@@ -154,8 +174,10 @@ mod tool;
 mod trace;
 
 pub use agent::{Agent, AgentBuilder, ApprovalRequest, Approver, BuildError, NoApprover, TextSink};
+pub use channel::{Channel, ChannelError};
 pub use command::{CommandTool, MAX_STDERR_EXCERPT};
 pub use config::AgentConfig;
+pub use confine::{ConfinedAgent, ConfinedBuilder, LOOP_PROGRAM, serve_turn, serve_turn_ambient};
 pub use endpoint::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRIES,
     DEFAULT_STREAM_IDLE_TIMEOUT, Endpoint, EndpointError, Exchange,

@@ -190,6 +190,20 @@ pub enum AgentError {
     /// The endpoint failed (after retries, where they apply).
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// A confined loop ([`crate::ConfinedAgent`]) ended without an answer: it said why, or
+    /// it exited, was killed at a limit, or wrote something that is not one reply. The
+    /// loop runs the model's plan, so this is a normal outcome, never a host failure.
+    #[error("the confined loop gave no answer: {reason}")]
+    #[non_exhaustive]
+    Confined {
+        /// Why, as the host saw it (the loop's own words after "the loop ended without an
+        /// answer:").
+        reason: String,
+    },
+    /// A confined loop could not be run: the tier cannot enforce what it needs, or is
+    /// misconfigured.
+    #[error("the confined loop could not run: {0}")]
+    Sandbox(stockade_runtime::RunError),
     /// A step was fed out of order, or a result is missing: stockade's bug.
     #[error("internal error: {0}")]
     Internal(String),

@@ -202,7 +202,8 @@ impl ToolBox {
 pub fn tool_grant(tool: Arc<dyn Tool>) -> Result<stockade_runtime::FunctionGrant, stockade_runtime::GrantError> {
     let name = tool.def().name().to_owned();
     let schema = tool.def().parameters().clone();
-    stockade_runtime::FunctionGrant::new(&name, schema, move |permit: Permit| {
+    let (description, untrusted) = (tool.def().description().to_owned(), tool.def().trust() == Trust::Untrusted);
+    let grant = stockade_runtime::FunctionGrant::new(&name, schema, move |permit: Permit| {
         let tool = tool.clone();
         async move {
             match tool.call(permit).await {
@@ -211,5 +212,7 @@ pub fn tool_grant(tool: Arc<dyn Tool>) -> Result<stockade_runtime::FunctionGrant
                 ToolOutput::Failed { reason, .. } | ToolOutput::TimedOut { reason } => Err(reason),
             }
         }
-    })
+    })?
+    .describe(&description);
+    Ok(if untrusted { grant.untrusted_output() } else { grant })
 }

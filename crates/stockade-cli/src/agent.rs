@@ -58,8 +58,60 @@ pub(crate) struct AgentArgs {
     /// shown only when stderr is a terminal, and never with --json.
     #[arg(long, short)]
     quiet: bool,
-    /// The task.
-    prompt: String,
+    /// Run the whole loop inside a tier: the model is reached through the run's model grant
+    /// (the key stays here), every tool (commands, run_code, [[grant.mcp]] servers' tools)
+    /// runs here only when the policy, decided here, allows the call, and the trace is
+    /// written here from the broker's record.
+    #[arg(long, value_name = "TIER")]
+    confine: Option<ConfineTier>,
+    /// For tests: the program run inside as the loop, in place of this binary.
+    #[arg(long, value_name = "PROGRAM", hide = true, requires = "confine")]
+    confine_loop: Option<PathBuf>,
+    /// With --confine: keep this channel's conversation and workspace between turns, under
+    /// stockade's state directory (outside every mount; the workspace is the loop's
+    /// /workspace).
+    #[arg(long, value_name = "NAME", requires = "confine")]
+    channel: Option<String>,
+    /// With --channel: who sends this message (a name of [a-zA-Z0-9_.-]).
+    #[arg(long, value_name = "NAME", requires = "channel")]
+    speaker: Option<String>,
+    /// With --channel: start the channel over (its history and workspace removed) before
+    /// this turn; without a message, only that.
+    #[arg(long, requires = "channel")]
+    reset: bool,
+    /// The task (with --confine --channel, the channel's next message).
+    #[arg(required_unless_present = "reset")]
+    prompt: Option<String>,
+}
+
+/// `--confine`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ConfineTier {
+    /// A confined Linux process (namespaces, landlock, seccomp, cgroups).
+    Process,
+    /// A hardened container.
+    Docker,
+}
+
+/// The hidden subcommand the confined loop runs as, inside the tier.
+pub(crate) const LOOP_COMMAND: &str = "confined-loop";
+
+/// `stockade confined-loop`, inside a confined run: one turn on stdin, one reply line on
+/// stdout (exit 0 whenever a reply was written; its `ok` says whether there is an answer).
+pub(crate) fn confined_loop() -> Result<ExitCode> {
+    use std::io::Read;
+    use stockade_runtime::protocol::turn::{MAX_TURN_BYTES, Reply, Turn};
+    let mut input = Vec::new();
+    std::io::stdin().take(MAX_TURN_BYTES as u64 + 1).read_to_end(&mut input)?;
+    let reply = match Turn::parse(&input) {
+        Ok(turn) => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(stockade_agent::serve_turn_ambient(&turn))
+        }
+        Err(e) => Reply::new(false, format!("the turn: {e}")),
+    };
+    std::io::stdout().lock().write_all(&reply.to_line())?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Asks on the terminal, on stderr, for each `ask` decision: the exact call, y/N.
@@ -96,6 +148,15 @@ fn escape(s: &str) -> String {
 }
 
 pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
+    match args.confine {
+        Some(ConfineTier::Docker) => bail!(
+            "--confine docker: the loop is this binary, which links the C library, and the docker tier's image has none; use --confine process"
+        ),
+        Some(ConfineTier::Process) if args.stream => {
+            bail!("--stream is not available with --confine: the loop's text reaches the host as one reply")
+        }
+        _ => {}
+    }
     let config = match &args.config {
         Some(path) => AgentConfig::load_ambient(path)?,
         None => AgentConfig::parse("", Path::new("agent.toml"))?,
@@ -131,8 +192,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         endpoint = endpoint.with_key(ApiKey::from_env_ambient(var)?);
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut builder =
-        Agent::builder(endpoint).system_prompt(config.agent.system_prompt.clone()).profile(config.profile());
+    let mut tools: Vec<Arc<dyn stockade_agent::Tool>> = Vec::new();
     for c in &config.commands {
         let mut tool = c.tool_ambient();
         if c.confine == Some(ConfinedTier::Process) {
@@ -142,7 +202,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
                 tool = tool.net(grant);
             }
         }
-        builder = builder.tool(Arc::new(tool));
+        tools.push(Arc::new(tool));
     }
     let run_code = match (&config.run_code, &args.config) {
         (Some(rc), _) => Some(rc.clone()),
@@ -150,12 +210,13 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         (None, None) => Some(RunCodeConfig::all()),
         (None, Some(_)) => None,
     };
+    let servers = rt.block_on(start_mcp_servers(&config.grants))?;
     if let Some(rc) = &run_code {
         let mut tool = rt.block_on(run_code_tool(rc))?;
-        if !config.grants.mcp.is_empty() {
-            tool = tool.functions(rt.block_on(mcp_grants(&config.grants))?);
+        if !servers.is_empty() && (args.confine.is_none() || config.grants.policy.is_some()) {
+            tool = tool.functions(mcp_grants(&config.grants, &servers)?);
         }
-        builder = builder.tool(Arc::new(tool));
+        tools.push(Arc::new(tool));
     }
     let policy_text = match (&args.policy, config.policy_text_ambient()?) {
         (Some(path), _) => {
@@ -171,6 +232,14 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     if let Some(n) = args.max_turns {
         limits = limits.max_turns(n);
     }
+    if let Some(tier) = args.confine {
+        return confined(&args, &config, tier, endpoint, tools, &servers, &policy_text, limits, &rt);
+    }
+    let mut builder =
+        Agent::builder(endpoint).system_prompt(config.agent.system_prompt.clone()).profile(config.profile());
+    for tool in tools {
+        builder = builder.tool(tool);
+    }
     builder = builder.policy_toml(&policy_text).context("loading the policy")?.limits(limits);
     if let Some(d) = config.agent.deadline {
         builder = builder.deadline(d);
@@ -183,19 +252,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     }
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
     builder = builder.approver(if interactive { Arc::new(TerminalApprover) } else { Arc::new(NoApprover) });
-    let file = match &args.trace {
-        Some(path) => {
-            Some(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?)
-        }
-        None => None,
-    };
-    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
-    let trace = match (file, show) {
-        (Some(t), true) => Some(t.with_observer(Arc::new(show_step))),
-        (None, true) => Some(Trace::observer(Arc::new(show_step))),
-        (file, false) => file,
-    };
-    if let Some(t) = trace {
+    if let Some(t) = trace(&args)? {
         builder = builder.trace(t);
     }
     if args.stream {
@@ -206,16 +263,116 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         }));
     }
     let agent = builder.build()?;
-    let result = rt.block_on(agent.run(&args.prompt));
+    let result = rt.block_on(agent.run(args.prompt.as_deref().unwrap_or_default()));
+    answer(&args, &result)
+}
+
+/// The trace `--trace` names, and on a terminal (without `--quiet` or `--json`) the steps
+/// shown as they happen.
+fn trace(args: &AgentArgs) -> Result<Option<Trace>> {
+    let file = match &args.trace {
+        Some(path) => {
+            Some(Trace::create_ambient(path).with_context(|| format!("creating the trace {}", path.display()))?)
+        }
+        None => None,
+    };
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    Ok(match (file, show) {
+        (Some(t), true) => Some(t.with_observer(Arc::new(show_step))),
+        (None, true) => Some(Trace::observer(Arc::new(show_step))),
+        (file, false) => file,
+    })
+}
+
+/// `stockade agent --confine`: the loop inside the tier, everything with authority here.
+#[allow(clippy::too_many_arguments, reason = "one call site: the pieces `run` already built")]
+fn confined(
+    args: &AgentArgs,
+    config: &AgentConfig,
+    tier: ConfineTier,
+    endpoint: Endpoint,
+    tools: Vec<Arc<dyn stockade_agent::Tool>>,
+    servers: &[Arc<stockade_runtime::mcp::McpServer>],
+    policy_text: &str,
+    limits: stockade_agent::RunLimits,
+    rt: &tokio::runtime::Runtime,
+) -> Result<ExitCode> {
+    // `run` refused the others before anything started.
+    debug_assert_eq!(tier, ConfineTier::Process);
+    let sandbox = crate::tiers::process_pool(1)?;
+    let program = match &args.confine_loop {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("locating the stockade binary to run as the loop")?,
+    };
+    let loop_args = if args.confine_loop.is_some() { Vec::new() } else { vec![LOOP_COMMAND.to_owned()] };
+    let mut builder = stockade_agent::ConfinedAgent::builder(sandbox, endpoint, program, loop_args)
+        .system_prompt(config.agent.system_prompt.clone())
+        .profile(config.profile())
+        .limits(limits);
+    for tool in tools {
+        builder = builder.tool(tool);
+    }
+    let mut grants = stockade_runtime::Grants::new();
+    for server in servers {
+        grants = grants.mcp(server)?;
+    }
+    builder = builder.grants(&grants)?.policy_toml(policy_text);
+    if let Some(d) = config.agent.deadline {
+        builder = builder.deadline(d);
+    }
+    if let Some(d) = config.agent.tool_timeout {
+        builder = builder.tool_timeout(d);
+    }
+    if let Some(t) = trace(args)? {
+        builder = builder.trace(t);
+    }
+    let channel = match &args.channel {
+        Some(name) => {
+            let root = stockade_runtime::process::state_dir()
+                .context("--channel: no state directory (set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME)")?;
+            let channel = stockade_agent::Channel::open(&root, name)?;
+            if args.reset {
+                channel.reset()?;
+            }
+            builder = builder.workspace(channel.workspace(), stockade_runtime::protocol::Access::ReadWrite);
+            Some(channel)
+        }
+        None => None,
+    };
+    let Some(prompt) = args.prompt.as_deref() else { return Ok(ExitCode::SUCCESS) };
+    let agent = builder.build().context("loading the policy")?;
+    let mut turn = agent.turn(prompt);
+    if let Some(speaker) = &args.speaker {
+        turn.speaker = Some(
+            stockade_runtime::protocol::GrantName::new(speaker.clone())
+                .map_err(|_| anyhow::anyhow!("--speaker {speaker:?}: a name of 1-64 bytes of [a-zA-Z0-9_.-]"))?,
+        );
+    }
+    if let Some(channel) = &channel {
+        turn.history = channel.history()?;
+    }
+    let result = rt.block_on(agent.run(&turn));
+    if let (Some(channel), Ok(answer)) = (&channel, &result) {
+        let message = match &args.speaker {
+            Some(who) => format!("{who}: {prompt}"),
+            None => prompt.to_owned(),
+        };
+        channel.record(&message, &answer.text)?;
+    }
+    answer(args, &result)
+}
+
+/// Prints the answer (or the error) as `--json` or text says, and the exit code for it.
+fn answer(args: &AgentArgs, result: &Result<stockade_agent::Answer, AgentError>) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    let code = match &result {
+    let code = match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(AgentError::Endpoint(_)) => ExitCode::from(EXIT_ENDPOINT),
-        Err(AgentError::Internal(_)) => ExitCode::from(crate::EXIT_STOCKADE),
+        Err(AgentError::Internal(_) | AgentError::Sandbox(_)) => ExitCode::from(crate::EXIT_STOCKADE),
         Err(_) => ExitCode::from(EXIT_NO_ANSWER),
     };
     if args.json {
-        let value = match &result {
+        let value = match result {
             Ok(a) => {
                 serde_json::json!({"answer": a.text, "turns": a.turns, "tool_calls": a.tool_calls, "tokens": a.tokens, "error": null})
             }
@@ -223,7 +380,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         };
         writeln!(out, "{value}")?;
     } else {
-        match &result {
+        match result {
             // Streamed: the text is on the terminal already.
             Ok(_) if args.stream => writeln!(out)?,
             Ok(a) => writeln!(out, "{}", escape(&a.text))?,
@@ -244,6 +401,10 @@ fn show_step(event: &str, v: &serde_json::Value) {
     let line = match event {
         "request" if n("attempt") <= 1 => format!("turn {}: asking the model", n("turn")),
         "request" => format!("turn {}: asking the model again (attempt {})", n("turn"), n("attempt")),
+        // A confined loop's call, as the broker recorded it: no arguments.
+        "decision" if v["args"].is_null() => {
+            format!("  {} (confined): {} (rule {})", s("tool"), s("effect"), s("rule"))
+        }
         "decision" => {
             let args = v["args"].as_str().map_or_else(|| visible(&v["args"].to_string()), visible);
             let args: String = if args.chars().count() > 80 {
@@ -280,12 +441,27 @@ fn message(e: &AgentError) -> String {
     chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()
 }
 
-/// The `[[grant.mcp]]` servers, started, with the `[grant] policy` over their tools.
-async fn mcp_grants(config: &stockade_agent::config::GrantsConfig) -> Result<stockade_runtime::Grants> {
-    let mut grants = stockade_runtime::Grants::new();
+/// The `[[grant.mcp]]` servers, started.
+async fn start_mcp_servers(
+    config: &stockade_agent::config::GrantsConfig,
+) -> Result<Vec<Arc<stockade_runtime::mcp::McpServer>>> {
+    let mut servers = Vec::new();
     for m in &config.mcp {
-        let server = crate::run::start_mcp(m.command_ambient()?).await?;
-        grants = grants.mcp(&server).with_context(|| format!("grant.mcp {}", m.name))?;
+        servers
+            .push(crate::run::start_mcp(m.command_ambient()?).await.with_context(|| format!("grant.mcp {}", m.name))?);
+    }
+    Ok(servers)
+}
+
+/// The started `[[grant.mcp]]` servers' tools, with the `[grant] policy` over them (the
+/// grants `run_code`'s programs get).
+fn mcp_grants(
+    config: &stockade_agent::config::GrantsConfig,
+    servers: &[Arc<stockade_runtime::mcp::McpServer>],
+) -> Result<stockade_runtime::Grants> {
+    let mut grants = stockade_runtime::Grants::new();
+    for server in servers {
+        grants = grants.mcp(server)?;
     }
     let path = config.policy.as_ref().context("[[grant.mcp]] needs [grant] policy")?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the grant policy {}", path.display()))?;

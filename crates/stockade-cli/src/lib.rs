@@ -124,6 +124,18 @@
 //!     run ends; a server that cannot start is one line before the run. `stockade agent`'s
 //!     `[[grant.mcp]]` gives the same grants, under `[grant] policy`, to `run_code`'s programs.
 //!     (pinned by: tests/it/mcp_grant.rs::g12_*)
+//! G13. `stockade agent --confine process` runs the whole loop inside the process tier (the
+//!     host sees NoNewPrivs, seccomp mode 2 and namespaces of its own in its
+//!     `/proc/PID/status`): the endpoint gets the real key, added on the host, while the
+//!     loop's environment and memory hold only the run's placeholder, and an answer that
+//!     echoes the key reaches the user scrubbed; each tool (commands, `run_code`,
+//!     `[[grant.mcp]]` servers' tools) runs on the host only when the policy, decided on the
+//!     host, allows the call; the `--trace` file is the host's, written from the broker's
+//!     record. A loop replaced by a hostile program can ask for a denied or ungranted tool,
+//!     forge a permit in a frame, or try to write the host's trace or side-effect files:
+//!     nothing runs that the policy denies, the files are unchanged, and the trace records
+//!     each attempt. `--confine docker` is refused in one line (exit 125).
+//!     (pinned by: tests/it/confined.rs::g13_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What
@@ -144,7 +156,9 @@
 //! environment, for the whole run);
 //! for `mcp`, reads its policy file and serves stdin and stdout; for `agent`, reads
 //! its config and policy files, the API key's variable, connects to the endpoint and starts the
-//! configured command tools; reads the wasm tier's guest and
+//! configured command tools (with `--confine`, copies its own binary into the run as the
+//! loop; `stockade confined-loop`, inside, reads its turn on stdin and the broker's and the
+//! model's addresses from its environment); reads the wasm tier's guest and
 //! cache directories, and for `doctor` probes the host and the Docker socket.
 //!
 //! # Feature flags
@@ -248,6 +262,10 @@ a bad response); 125 stockade failed (configuration, policy, setup).")]
     /// Docker tier maintenance.
     #[command(subcommand)]
     Docker(DockerCommand),
+    /// Inside a confined agent's run (`stockade agent --confine`): one turn on stdin, one
+    /// reply on stdout.
+    #[command(name = "confined-loop", hide = true)]
+    ConfinedLoop,
     /// Show what this host can enforce.
     #[command(after_help = "Examples:\n  stockade doctor\n  stockade doctor --json")]
     Doctor {
@@ -267,6 +285,13 @@ enum DockerCommand {
     },
 }
 
+/// Whether this process is a confined agent's loop (`stockade confined-loop`), which runs
+/// no sandbox of its own: `main` starts no fork server for it.
+#[must_use]
+pub fn is_confined_loop() -> bool {
+    std::env::args_os().nth(1).is_some_and(|a| a == agent::LOOP_COMMAND)
+}
+
 /// Entry point for the binary.
 #[must_use]
 pub fn main() -> ExitCode {
@@ -280,6 +305,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Agent(args) => agent::run(*args),
+        Command::ConfinedLoop => agent::confined_loop(),
         Command::Mcp(args) => mcp::run(*args),
         Command::Serve(args) => session::serve(args),
         Command::Session(cmd) => session::session(*cmd),

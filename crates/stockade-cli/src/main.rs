@@ -8,6 +8,8 @@ fn main() -> std::process::ExitCode {
     stockade_cli::process::helper_main();
     // A launch optimisation, not a mechanism: if it cannot start, runs fork this process
     // while it is single-threaded, or execute it as the helper.
-    let _ = stockade_cli::process::ForkServer::start();
+    if !stockade_cli::is_confined_loop() {
+        let _ = stockade_cli::process::ForkServer::start();
+    }
     stockade_cli::main()
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 mod agent;
 mod cli;
+mod confined;
 mod e2b;
 mod grants;
 mod mcp;
