@@ -110,6 +110,14 @@
 //!     `stockade_protocol::turn::Reply::parse`, and the trace is written from the broker's
 //!     own record, outside every mount.
 //!     (pinned by: tests/it/confine.rs::g11_*; end to end, stockade-cli's tests/it/confined.rs)
+//! G12. A [`Channel`] keeps one conversation's history (at most
+//!     [`MAX_HISTORY`](stockade_protocol::turn::MAX_HISTORY) entries, the oldest dropped
+//!     first; written whole to a new file, mode 0600, renamed over the old) and one
+//!     workspace under `ROOT/channels/NAME`; its name cannot leave or hide in `channels/`,
+//!     and the path rule is checked in code on every open and write: the workspace a real
+//!     directory, the state file, resolved, never under the workspace, resolved, and never
+//!     read through a symlink. A reset removes the history and the workspace's contents.
+//!     (pinned by: tests/it/confine.rs::g12_*)
 //!
 //! # Non-guarantees
 //! The model's own text is not checked: an answer can be wrong or injected. MARK is hygiene,
@@ -140,7 +148,8 @@
 //! config and policy files; [`config::McpGrantConfig::command_ambient`] reads the variables a
 //! `[[grant.mcp]]` server is given. `run_code` runs in the sandboxes it is given. [`ModelProxy`]
 //! serves the connections the runtime hands it and sends requests through its [`Endpoint`].
-//! [`ConfinedAgent`] copies its loop's program into each run; [`serve_turn_ambient`] reads
+//! [`ConfinedAgent`] copies its loop's program into each run; [`Channel`] creates, reads and
+//! writes its directory under the root it is given; [`serve_turn_ambient`] reads
 //! `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `STOCKADE_BROKER` and connects to them.
 //!
 //! # Feature flags

@@ -137,3 +137,48 @@ fn g11_a_turn_the_loop_cannot_serve_is_a_reply_not_a_crash() {
     assert_eq!((reply.ok, reply.text.as_str()), (true, "No ledger."));
     assert!(tool_messages(&mock.received()[1])[0].1.contains("the broker:"), "{:?}", mock.received()[1].body);
 }
+
+fn channel_root(name: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("stockade-agent-channel-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+#[test]
+fn g12_a_channel_keeps_a_bounded_history_beside_its_workspace_never_inside() {
+    use stockade_agent::{Channel, ChannelError};
+    let root = channel_root("history");
+    let c = Channel::open(&root, "ops").unwrap();
+    assert_eq!(c.workspace(), root.join("channels/ops/workspace"));
+    assert!(!c.state_path().starts_with(c.workspace()));
+    assert!(c.history().unwrap().is_empty());
+    for i in 0..40 {
+        c.record(&format!("message {i}"), &format!("answer {i}")).unwrap();
+    }
+    let h = c.history().unwrap();
+    assert_eq!(h.len(), stockade_agent::protocol::turn::MAX_HISTORY, "the oldest are dropped first");
+    assert_eq!((h[0].role, h[0].text.as_str()), (Role::User, "message 8"));
+    assert_eq!((h[63].role, h[63].text.as_str()), (Role::Assistant, "answer 39"));
+    // Names that could leave `channels/`, or hide there.
+    for bad in ["", "..", ".hidden", "a/b", "x".repeat(65).as_str()] {
+        assert!(matches!(Channel::open(&root, bad), Err(ChannelError::Name(_))), "{bad:?}");
+    }
+    // A workspace swapped for a symlink to the channel's own directory would show the
+    // state file to the loop: refused, by the path rule.
+    let evil = Channel::open(&root, "evil").unwrap();
+    std::fs::remove_dir(evil.workspace()).unwrap();
+    std::os::unix::fs::symlink(root.join("channels/evil"), evil.workspace()).unwrap();
+    assert!(matches!(Channel::open(&root, "evil"), Err(ChannelError::Layout { .. })));
+    assert!(evil.record("hi", "there").is_err(), "no write through a swapped layout");
+    // A state file that is a symlink is not followed.
+    let linked = Channel::open(&root, "linked").unwrap();
+    std::os::unix::fs::symlink(c.state_path(), linked.state_path()).unwrap();
+    assert!(matches!(linked.history(), Err(ChannelError::Layout { .. })));
+    // A reset empties the history and the workspace; another channel is untouched.
+    std::fs::write(c.workspace().join("note.txt"), "kept").unwrap();
+    c.reset().unwrap();
+    assert!(c.history().unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(c.workspace()).unwrap().count(), 0);
+    assert_eq!(linked.state_path().symlink_metadata().map(|m| m.file_type().is_symlink()).ok(), Some(true));
+    std::fs::remove_dir_all(&root).unwrap();
+}
