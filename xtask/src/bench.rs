@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|serve|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|serve|confined|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -48,6 +48,12 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "confined" || *w == "all") {
+        confined(root, target, write)?;
+        if wanted == ["confined"] {
+            return Ok(());
+        }
+    }
     if wanted.iter().any(|w| *w == "docker" || *w == "all") {
         docker(root, target, write)?;
         if wanted == ["docker"] {
@@ -58,7 +64,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, confined, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {
@@ -153,6 +159,77 @@ fn mcp(root: &Path, target: &Path, write: bool) -> Result<()> {
     println!("\n{table}");
     if write {
         write_docs(root, "mcp", &table)?;
+    }
+    Ok(())
+}
+
+/// One turn of `stockade agent --confine process` next to the same turn unconfined, both
+/// against the scripted endpoint (`stockade-mock-llm`, one answer per request, no tool
+/// call), with hyperfine, in one run.
+fn confined(root: &Path, target: &Path, write: bool) -> Result<()> {
+    apt_install(&[("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "stockade-cli",
+        "--package",
+        "stockade-test-support",
+        "--bin",
+        "stockade",
+        "--bin",
+        "stockade-mock-llm",
+    ]))?;
+    let (warmup, runs) = (3, 30);
+    let answer = serde_json::json!({
+        "id": "bench", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+    });
+    let dir = target.join("bench-confined");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let script = dir.join("script.json");
+    fs::write(&script, serde_json::to_vec(&vec![answer; 2 * (warmup + runs) + 8])?)?;
+    let policy = dir.join("policy.toml");
+    fs::write(&policy, "version = 1\ndefault = \"deny\"\n")?;
+    let mut mock = std::process::Command::new(target.join("release/stockade-mock-llm"))
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let url = {
+        use std::io::BufRead as _;
+        let stdout = mock.stdout.take().context("the mock's stdout")?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        line.trim().to_owned()
+    };
+    let stockade = target.join("release/stockade");
+    let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    let policy = policy.to_str().context("target path is not UTF-8")?;
+    let agent = format!("{stockade} agent --base-url {url} --model m --policy {policy} --quiet hi");
+    let json = dir.join("hyperfine.json");
+    let mut cmd = std::process::Command::new("hyperfine");
+    cmd.args(["-N", "--warmup", &warmup.to_string(), "--runs", &runs.to_string(), "--export-json"]).arg(&json);
+    cmd.args(["-n", "unconfined", &agent]);
+    cmd.args(["-n", "confined", &agent.replace(" agent ", " agent --confine process ")]);
+    let result = hyperfine(&mut cmd, &json);
+    // Ended by its pid: the mock is this process's child.
+    let _ = mock.kill();
+    let _ = mock.wait();
+    let ms = result?;
+    let (plain, confined) = (ms["unconfined"], ms["confined"]);
+    let mut table = String::from("| what | p50 | against the unconfined turn |\n|---|---|---|\n");
+    let _ = writeln!(table, "| `stockade agent` turn, unconfined (baseline) | {plain:.1} ms | 1.00x |");
+    let _ = writeln!(
+        table,
+        "| `stockade agent --confine process` turn | {confined:.1} ms | {:.2}x (+{:.1} ms) |",
+        confined / plain,
+        confined - plain
+    );
+    println!("\n{table}");
+    if write {
+        write_docs(root, "confined", &table)?;
     }
     Ok(())
 }

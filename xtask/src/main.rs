@@ -24,7 +24,7 @@ commands:
   tidy               lib.rs headings, guarantee <-> test pairing, banned test attributes,
                      unsafe allow-list, layering and one-owner rules, manifest conventions
   deny               cargo deny --offline check, against ../shared/advisory-db
-  bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, all) and a ratio table
+  bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, serve, confined, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
   guests [--python]  build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
                      sources, Debian's clang for wasm32-wasi) into the guest directory;

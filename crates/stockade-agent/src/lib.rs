@@ -109,7 +109,8 @@
 //!     copy in the run, the reply passes `stockade_verify` and
 //!     `stockade_protocol::turn::Reply::parse`, and the trace is written from the broker's
 //!     own record, outside every mount.
-//!     (pinned by: tests/it/confine.rs::g11_*; end to end, stockade-cli's tests/it/confined.rs)
+//!     (pinned by: tests/it/confine.rs::g11_*)
+//!     End to end, with a real tier and a hostile loop, `stockade agent --confine`'s G13.
 //! G12. A [`Channel`] keeps one conversation's history (at most
 //!     [`MAX_HISTORY`](stockade_protocol::turn::MAX_HISTORY) entries, the oldest dropped
 //!     first; written whole to a new file, mode 0600, renamed over the old) and one
