@@ -479,7 +479,7 @@ impl AgentConfig {
                 return Err(err(at, place("a tool of this name is defined twice")));
             }
         }
-        let grants = grants_config(file.grant, &base, run_code.is_some()).map_err(|m| err(None, m))?;
+        let grants = grants_config(file.grant, &base).map_err(|m| err(None, m))?;
         let mut agent = file.agent;
         agent.policy = agent.policy.map(|p| if p.is_relative() { base.join(p) } else { p });
         let mut endpoint = file.endpoint;
@@ -512,6 +512,22 @@ impl AgentConfig {
             temperature: self.endpoint.temperature,
             max_tokens: self.endpoint.max_tokens,
         }
+    }
+
+    /// What an agent whose loop runs on the host (not `--confine`) needs beyond what
+    /// [`parse`](Self::parse) checks: `[[grant.mcp]]` grants to `run_code`'s programs, so it
+    /// needs the built-in `run_code` and a `[grant] policy` to decide their calls.
+    pub fn check_unconfined(&self) -> Result<(), String> {
+        if self.grants.mcp.is_empty() {
+            return Ok(());
+        }
+        if self.run_code.is_none() {
+            return Err("[[grant.mcp]] grants to run_code's programs: add the built-in run_code (or run the agent with --confine, whose model calls them)".into());
+        }
+        if self.grants.policy.is_none() {
+            return Err("[[grant.mcp]] needs [grant] policy = \"FILE\": the policy that decides each call (or run the agent with --confine, where the agent's policy does)".into());
+        }
+        Ok(())
     }
 
     /// The policy file's text, if the config names one.
@@ -561,9 +577,11 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-/// `[grant]` checked: each `[[grant.mcp]]` needs a name, a command, run_code to grant to,
-/// and a `[grant] policy` to decide its calls.
-fn grants_config(section: GrantSection, base: &Path, run_code: bool) -> Result<GrantsConfig, String> {
+/// `[grant]` checked: each `[[grant.mcp]]` needs a name and a command. (What an unconfined
+/// agent also needs, run_code to grant to and a `[grant] policy`, is
+/// [`AgentConfig::check_unconfined`]: a confined agent's model calls the tools itself,
+/// under the agent's policy.)
+fn grants_config(section: GrantSection, base: &Path) -> Result<GrantsConfig, String> {
     let policy = section.policy.map(|p| if p.is_relative() { base.join(p) } else { p });
     let mut mcp: Vec<McpGrantConfig> = Vec::new();
     for (i, m) in section.mcp.into_iter().enumerate() {
@@ -577,12 +595,6 @@ fn grants_config(section: GrantSection, base: &Path, run_code: bool) -> Result<G
         stockade_runtime::mcp::McpCommand::new(&m.name, "", Vec::<String>::new())
             .map_err(|e| format!("{place}: {e}"))?;
         mcp.push(McpGrantConfig { name: m.name, argv: resolve_argv(base, m.command), env: m.env });
-    }
-    if !mcp.is_empty() && !run_code {
-        return Err("[[grant.mcp]] grants to run_code's programs: add the built-in run_code".into());
-    }
-    if !mcp.is_empty() && policy.is_none() {
-        return Err("[[grant.mcp]] needs [grant] policy = \"FILE\": the policy that decides each call".into());
     }
     if mcp.is_empty() && policy.is_some() {
         return Err("[grant] policy decides grant calls, and nothing is granted".into());

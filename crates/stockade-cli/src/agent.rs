@@ -210,6 +210,12 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         (None, None) => Some(RunCodeConfig::all()),
         (None, Some(_)) => None,
     };
+    if args.confine.is_none()
+        && let Err(e) = config.check_unconfined()
+    {
+        let path = args.config.as_deref().unwrap_or(Path::new("agent.toml"));
+        bail!("{}: {e}", path.display());
+    }
     let servers = rt.block_on(start_mcp_servers(&config.grants))?;
     if let Some(rc) = &run_code {
         let mut tool = rt.block_on(run_code_tool(rc))?;

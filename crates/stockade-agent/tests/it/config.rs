@@ -89,9 +89,16 @@ fn grant_mcp_needs_run_code_a_policy_and_a_command() {
         (ok.grants.mcp[0].name.as_str(), ok.grants.mcp[0].env.as_slice()),
         ("desk", &["DESK_LOG".to_owned()][..])
     );
-    let cases = [
-        ("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n", "add the built-in run_code"),
-        (&format!("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n{RUN_CODE}"), "needs [grant] policy"),
+    // Loaded either way; an agent whose loop runs on the host needs run_code and a policy.
+    assert!(ok.check_unconfined().is_ok());
+    for (text, expected) in [
+        ("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n".to_owned(), "add the built-in run_code"),
+        (format!("[[grant.mcp]]\nname = \"desk\"\ncommand = [\"x\"]\n{RUN_CODE}"), "needs [grant] policy"),
+    ] {
+        let e = load(&text).unwrap().check_unconfined().unwrap_err();
+        assert!(e.contains(expected), "{text}: {e}");
+    }
+    let cases: [(&str, &str); 5] = [
         (
             &format!("[grant]\npolicy = \"g.toml\"\n[[grant.mcp]]\nname = \"desk\"\ncommand = []\n{RUN_CODE}"),
             "needs command",

@@ -245,3 +245,81 @@ timeout = "20s"
     assert_eq!(desk.log(), "write_note - from the agent\n");
     assert!(err.contains("stockade: mcp desk: DESK-STDERR-CANARY"), "{err}");
 }
+
+/// G13 with a real host MCP server: a confined agent's model is offered the server's tools
+/// (as `desk__write_note`), and each call reaches the server on the host only as the
+/// agent's policy, decided there, allows.
+#[test]
+fn g13_a_confined_agents_model_calls_host_mcp_tools_as_the_host_policy_allows() {
+    use stockade_test_support::{MockLlm, Reply};
+    if !ready() {
+        return;
+    }
+    let Some(desk) = Desk::new("confined") else { return };
+    let config = format!(
+        r#"[endpoint]
+model = "m"
+[agent]
+policy = "policy.toml"
+[[grant.mcp]]
+name = "desk"
+command = ["{}", "{}/tests/it/desk_server.py"]
+env = ["DESK_LOG", "DESK_PID"]
+[[tool]]
+builtin = "run_code"
+languages = ["sh"]
+"#,
+        desk.python,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(desk.dir.join("agent.toml"), config).unwrap();
+    let mock = MockLlm::script(vec![
+        Reply::calls(&[
+            ("desk__write_note", serde_json::json!({"text": "from the confined agent"})),
+            ("desk__burn", serde_json::json!({"text": "x"})),
+        ]),
+        Reply::text("done"),
+    ])
+    .unwrap();
+    let (config, trace) = (desk.path("agent.toml"), desk.path("trace.jsonl"));
+    let (log, pid) = (desk.path("desk.log"), desk.path("desk.pid"));
+    let (code, out, err) = check_env(
+        &[
+            "agent",
+            "--confine",
+            "process",
+            "--config",
+            &config,
+            "--base-url",
+            &mock.url(),
+            "--trace",
+            &trace,
+            "write it",
+        ],
+        &[("DESK_LOG", &log), ("DESK_PID", &pid)],
+    );
+    assert_eq!((code, out.as_str()), (0, "done\n"), "{err}");
+    let offered: Vec<String> = mock.received()[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        offered.contains(&"desk__write_note".to_owned()) && offered.contains(&"run_code".to_owned()),
+        "{offered:?}"
+    );
+    let results: Vec<String> = mock.received()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(results[0].contains("noted: from the confined agent") && results[0].contains("<untrusted"), "{results:?}");
+    assert!(results[1].contains("denied"), "{results:?}");
+    // The server's own log: only the allowed call reached it.
+    assert_eq!(desk.log(), "write_note - from the confined agent\n");
+    let trace = std::fs::read_to_string(desk.dir.join("trace.jsonl")).unwrap();
+    assert!(trace.contains(r#""tool":"desk.write_note""#) && trace.contains(r#""tool":"desk.burn""#), "{trace}");
+}
