@@ -536,7 +536,9 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     })?;
     // A host MCP server that stopped during the run is the host's news, not the guest's.
     for server in &mcp {
-        if let Some(why) = server.stopped() {
+        // A crash is seen on the server's stdout first; its exit status and last stderr
+        // lines arrive a moment later.
+        if let Some(why) = rt.block_on(server.settled(std::time::Duration::from_secs(2))) {
             writeln!(std::io::stderr(), "stockade: mcp {}: stopped during the run: {why}", server.name())?;
         }
     }

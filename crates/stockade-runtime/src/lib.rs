@@ -168,7 +168,8 @@
 //!     server only with its permit, and its result keeps the server's `isError`; a call
 //!     abandoned at its deadline is cancelled at the server; the server's requests get
 //!     "method not found" (`ping` is answered); its crash, exit status and stderr go to the
-//!     host, the guest learns only that it stopped; an oversized message stops it; dropping
+//!     host (all of them once [`mcp::McpServer::settled`] returns), the guest learns only
+//!     that it stopped; an oversized message stops it; dropping
 //!     it kills its whole process group; a server that cannot start or shake hands is one
 //!     typed error.
 //!     (pinned by: tests/it/mcp.rs::g12_*)

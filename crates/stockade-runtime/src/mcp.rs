@@ -256,6 +256,8 @@ struct Shared {
     /// Why the server stopped, for the host, once it has.
     stopped: Mutex<Option<String>>,
     stderr_tail: Mutex<String>,
+    /// Set when the stderr reader has read the end (every line given to the sink).
+    stderr_done: std::sync::atomic::AtomicBool,
     sink: Option<StderrSink>,
 }
 
@@ -401,6 +403,7 @@ impl McpServer {
             next_id: AtomicU64::new(1),
             stopped: Mutex::new(None),
             stderr_tail: Mutex::new(String::new()),
+            stderr_done: std::sync::atomic::AtomicBool::new(false),
             sink: command.stderr.clone(),
         });
         let pgid = child.id();
@@ -551,6 +554,22 @@ impl McpServer {
             Some(status) => format!("{why} ({status})"),
             None => why,
         })
+    }
+
+    /// [`stopped`](Self::stopped), once the stopped server's news is all in: it waits, at
+    /// most `within`, for the server's exit status and for its stderr's last line to reach
+    /// the sink (a crash is seen on stdout first, and the rest arrives a moment later).
+    /// `None` at once while the server runs.
+    pub async fn settled(&self, within: Duration) -> Option<String> {
+        self.stopped()?;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let exited = Shared::lock(&self.child).as_mut().is_none_or(|c| c.try_wait().ok().flatten().is_some());
+            if (exited && self.shared.stderr_done.load(Ordering::SeqCst)) || tokio::time::Instant::now() >= deadline {
+                return self.stopped();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Calls the tool `permit` was minted for (`SERVER.TOOL`) with the permit's arguments:
@@ -759,7 +778,10 @@ async fn read_stderr<R: AsyncBufRead + Unpin>(shared: Arc<Shared>, mut stderr: R
         buf.clear();
         let mut limited = (&mut stderr).take(MAX_STDERR_LINE as u64);
         match tokio::io::AsyncBufReadExt::read_until(&mut limited, b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                shared.stderr_done.store(true, Ordering::SeqCst);
+                return;
+            }
             Ok(_) => {}
         }
         let line = String::from_utf8_lossy(&buf);

@@ -132,15 +132,8 @@ async fn g12_a_crash_is_the_hosts_news_and_the_guest_learns_only_that_the_server
     let server = McpServer::start(f.command("ok")).await.unwrap();
     let err = server.call(permit(&server, "raw.die", json!({}))).await.unwrap_err();
     assert_eq!(err, "the MCP server raw has stopped");
-    let mut why = None;
-    for _ in 0..100 {
-        why = server.stopped().filter(|w| w.contains("exit status"));
-        if why.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let why = why.expect("the host learns the exit status");
+    // Once settled, the host has all of it: the exit status, and the last stderr line.
+    let why = server.settled(Duration::from_secs(10)).await.expect("the host learns that it stopped");
     assert!(why.contains("exit status: 3"), "{why}");
     assert!(f.stderr().contains("dying words"), "{}", f.stderr());
     // Later calls fail at once, and run nothing.
