@@ -229,6 +229,9 @@ the refusal line tells them apart); 116 a grant call was denied (--grant-strict)
   stockade agent --base-url http://127.0.0.1:8080/v1 --model smollm2 --policy policy.toml 'What is 6*7? Use run_code.'
   stockade agent --config agent.toml --api-key-env OPENAI_API_KEY --trace run.jsonl --json 'Summarise the scrolls.'
   stockade agent --config agent.toml --stream 'Tell me about the keep.'
+  stockade agent --confine process --config agent.toml --trace run.jsonl 'Summarise the scrolls.'
+  stockade agent --confine process --config agent.toml --channel ops --speaker alice 'Is the gate fixed?'
+  stockade agent --confine process --config agent.toml --channel ops --reset
 
 On a terminal, a call the policy marks `ask` is shown (tool, canonical arguments, rule, reason)
 and runs only if you answer y; with no terminal it is denied.
