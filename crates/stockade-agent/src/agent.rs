@@ -64,6 +64,10 @@ pub enum BuildError {
     /// The policy was built for other tools.
     #[error("the policy's registry does not match the agent's tools ({0})")]
     Mismatch(String),
+    /// A confined agent's tool cannot be served as a grant (a name outside the grant-name
+    /// rule, two tools of one name, too many).
+    #[error("a confined agent's tool cannot be granted: {0}")]
+    Grant(#[from] stockade_runtime::GrantError),
 }
 
 /// Builds an [`Agent`]. Defaults: no tools, an empty system prompt (MARK's sentence is always

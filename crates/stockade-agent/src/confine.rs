@@ -127,9 +127,7 @@ impl ConfinedBuilder {
     /// its output marked untrusted.
     pub fn grants(mut self, grants: &Grants) -> Result<Self, crate::BuildError> {
         for f in grants.function_grants() {
-            self.agent.grants = std::mem::take(&mut self.agent.grants)
-                .function(f.clone())
-                .map_err(|e| crate::BuildError::Mismatch(e.to_string()))?;
+            self.agent.grants = std::mem::take(&mut self.agent.grants).function(f.clone())?;
         }
         Ok(self)
     }
@@ -205,8 +203,8 @@ impl ConfinedBuilder {
         let Self { mut agent, endpoint, tokens, tool_timeout, host_tools, policy_text } = self;
         for tool in host_tools {
             let def = tool.def().clone();
-            let grant = tool_grant(tool).map_err(|e| crate::BuildError::Mismatch(e.to_string()))?;
-            agent.grants = agent.grants.function(grant).map_err(|e| crate::BuildError::Mismatch(e.to_string()))?;
+            let grant = tool_grant(tool)?;
+            agent.grants = agent.grants.function(grant)?;
             agent.tools.push(turn_tool(
                 def.name(),
                 def.description(),
@@ -233,8 +231,7 @@ impl ConfinedBuilder {
             .policy(policy)
             .limits(calls)
             .model(Arc::new(proxy))
-            .program(LOOP_PROGRAM, &agent.program.0)
-            .map_err(|e| crate::BuildError::Mismatch(e.to_string()))?;
+            .program(LOOP_PROGRAM, &agent.program.0)?;
         Ok(agent)
     }
 
@@ -252,7 +249,8 @@ fn turn_tool(
     parameters: &Value,
     untrusted: bool,
 ) -> Result<TurnTool, crate::BuildError> {
-    let name = GrantName::new(name).map_err(|e| crate::BuildError::Mismatch(e.to_string()))?;
+    let name = GrantName::new(name)
+        .map_err(|_| crate::BuildError::Grant(stockade_runtime::GrantError::Name(name.to_owned())))?;
     let description = stockade_protocol::completion::cut(description, stockade_protocol::turn::MAX_TOOL_DESCRIPTION);
     Ok(TurnTool::new(name, description, parameters.clone(), untrusted))
 }
