@@ -113,6 +113,8 @@ fn sdk(python: &str, server: &Server, which: &str, mark: &str) -> HashMap<String
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", KEY)
         .env("MARK", mark)
+        // glibc's own fatal messages (a heap check's abort) go to stderr, not the absent tty.
+        .env("LIBC_FATAL_STDERR_", "1")
         .env_remove("E2B_DEBUG")
         .stdin(Stdio::null())
         .output()
