@@ -403,6 +403,17 @@ impl GrantsDir {
             }
             share(&bin, 0o750)?;
         }
+        if !grants.libraries.is_empty() {
+            let lib = dir.path.join("lib");
+            new_dir(&lib)?;
+            for (name, source) in &grants.libraries {
+                let target = lib.join(name);
+                copy_program(source, &target)
+                    .map_err(|e| io::Error::new(e.kind(), format!("copying the library {}: {e}", source.display())))?;
+                share(&target, 0o750)?;
+            }
+            share(&lib, 0o750)?;
+        }
         let data = dir.path.join("data");
         new_dir(&data)?;
         for (name, value) in &grants.data {

@@ -69,6 +69,19 @@ pub enum GrantError {
         /// What is wrong with its schema.
         reason: String,
     },
+    /// A program's runtime could not be found ([`Grants::program_linked`]).
+    #[error("program {name:?}: {reason}")]
+    Program {
+        /// The program grant.
+        name: String,
+        /// Why (the loader's own words where it gave them).
+        reason: String,
+    },
+}
+
+/// The last component of `path`, as UTF-8.
+fn file_name(path: &std::path::Path) -> Option<String> {
+    path.file_name()?.to_str().map(str::to_owned)
 }
 
 fn grant_name(name: &str) -> Result<GrantName, GrantError> {
@@ -314,6 +327,10 @@ pub struct Grants {
     pub(crate) model: Option<Arc<dyn ModelService>>,
     pub(crate) net: Option<stockade_egress::NetGrant>,
     pub(crate) programs: BTreeMap<String, std::path::PathBuf>,
+    /// The shared objects (and loaders) of [`Grants::program_linked`], by file name in `lib/`.
+    pub(crate) libraries: BTreeMap<String, std::path::PathBuf>,
+    /// A linked program's loader, by the program's name.
+    loaders: BTreeMap<String, String>,
 }
 
 impl fmt::Debug for Grants {
@@ -326,6 +343,7 @@ impl fmt::Debug for Grants {
             .field("model", &self.model.is_some())
             .field("net", &self.net)
             .field("programs", &self.programs.keys().collect::<Vec<_>>())
+            .field("libraries", &self.libraries.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -394,6 +412,60 @@ impl Grants {
         }
         self.programs.insert(name.into(), path.into());
         Ok(self)
+    }
+
+    /// Like [`program`](Self::program), for a dynamically linked program that is to run where
+    /// the image lacks what it links (a docker image built on busybox or `FROM scratch`): its
+    /// dynamic loader and each shared object the host's loader resolves for it are copied too,
+    /// as `lib/NAME` in the grants directory (the name the loader looks for), and
+    /// [`program_command`](Self::program_command) starts it through that loader. The
+    /// objects are found as `ldd` finds them: the host's loader is asked to `--list` the
+    /// program, in an empty environment, which maps the objects and runs none of the
+    /// program's code, so the program must be one the host trusts. A static program or a
+    /// script is granted as [`program`](Self::program) grants it. A loader that cannot list
+    /// the program (a library it does not find, another architecture) is
+    /// [`GrantError::Program`], with the loader's words.
+    pub fn program_linked(self, name: &str, path: impl Into<std::path::PathBuf>) -> Result<Self, GrantError> {
+        let path = path.into();
+        let failed = |e: std::io::Error| GrantError::Program { name: name.into(), reason: e.to_string() };
+        let linked = crate::linked::resolve(&path).map_err(failed)?;
+        let mut this = self.program(name, path)?;
+        let Some(linked) = linked else { return Ok(this) };
+        let loader = file_name(&linked.loader).ok_or_else(|| {
+            failed(std::io::Error::other(format!("its loader {} has no file name", linked.loader.display())))
+        })?;
+        for (lib, source) in std::iter::once((loader.clone(), linked.loader)).chain(linked.objects) {
+            if lib.is_empty() || lib.contains('/') || lib == "." || lib == ".." || lib.len() > 255 {
+                return Err(failed(std::io::Error::other(format!("the loader names a library {lib:?}"))));
+            }
+            match this.libraries.get(&lib) {
+                Some(had) if *had != source => return Err(GrantError::Duplicate(lib)),
+                _ => {
+                    this.libraries.insert(lib, source);
+                }
+            }
+        }
+        this.loaders.insert(name.into(), loader);
+        Ok(this)
+    }
+
+    /// How a shell inside the run starts program `name`: its name, found on the guest's
+    /// `PATH`, or, for a [`program_linked`](Self::program_linked) program with a loader, that
+    /// loader with the run's `lib/` as its only library path. Shell words over
+    /// `$STOCKADE_GRANTS`, to be followed by the arguments (`exec WORDS "$@"`); `None` for a
+    /// name that is not a program grant.
+    #[must_use]
+    pub fn program_command(&self, name: &str) -> Option<String> {
+        if !self.programs.contains_key(name) {
+            return None;
+        }
+        let dir = crate::GRANTS_ENV;
+        Some(match self.loaders.get(name) {
+            Some(loader) => {
+                format!("\"${dir}/lib/{loader}\" --library-path \"${dir}/lib\" \"${dir}/bin/{name}\"")
+            }
+            None => name.to_owned(),
+        })
     }
 
     /// The programs' names.
@@ -470,6 +542,7 @@ impl Grants {
             && self.model.is_none()
             && self.net.is_none()
             && self.programs.is_empty()
+            && self.libraries.is_empty()
     }
 
     /// The data grants' names.

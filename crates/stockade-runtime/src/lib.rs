@@ -180,6 +180,15 @@
 //!     source that is not a regular file fails the run before it starts, and the wasm tier
 //!     refuses program grants.
 //!     (pinned by: tests/it/grants.rs::g13_*)
+//! G14. A linked program grant ([`Grants::program_linked`]) also copies, the same way, the
+//!     dynamic loader named in the program's ELF `PT_INTERP` and each shared object that loader
+//!     lists for it (asked with `--list`, in an empty environment) into the run's `lib/`
+//!     under the name the loader looks for; [`Grants::program_command`] starts it through
+//!     that loader with `lib/` as its only library path, so it runs where the image has no C
+//!     library (the libraries it loads are the run's copies); a script or a static program
+//!     is granted as [`Grants::program`] grants it, and a library the loader cannot find is
+//!     [`GrantError::Program`].
+//!     (pinned by: tests/it/grants.rs::g14_*, src/linked/tests.rs)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -218,6 +227,7 @@
 
 mod broker;
 mod grants;
+mod linked;
 pub mod mcp;
 
 pub use broker::stale_grants_dirs;
@@ -237,6 +247,7 @@ pub use stockade_protocol as protocol;
 pub use stockade_protocol::LiveIo;
 use stockade_protocol::broker::{BROKER_ENV, GRANTS_SOCKET};
 use stockade_protocol::{Enforced, Job, Mechanism, Report};
+pub use stockade_sys as sys;
 pub use stockade_verify as verify;
 use stockade_verify::{Contract, Outcome};
 

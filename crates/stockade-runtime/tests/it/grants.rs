@@ -868,3 +868,60 @@ fn g13_a_program_is_a_copy_in_bin_that_only_the_run_sees() {
     }
     std::fs::remove_file(&src).unwrap();
 }
+
+#[test]
+fn g14_a_linked_program_brings_its_loader_and_libraries_and_runs_through_them() {
+    let grants = Grants::new().program_linked("ls", "/bin/ls").unwrap();
+    let command = grants.program_command("ls").unwrap();
+    assert!(command.contains("--library-path \"$STOCKADE_GRANTS/lib\""), "{command}");
+    let run_command = command.clone();
+    let tier = SocketTier::new(move |sock| {
+        let dir = sock.parent().unwrap().to_path_buf();
+        let mut libs: Vec<(String, u32)> = std::fs::read_dir(dir.join("lib"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().into_string().unwrap(), e.metadata().unwrap().permissions().mode() & 0o777)
+            })
+            .collect();
+        libs.sort();
+        // Run as a shell inside would, with nothing of the host's environment: the loader
+        // says where it found each library.
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("exec {run_command} \"$@\""), "ls", "--version"])
+            .env_clear()
+            .env("STOCKADE_GRANTS", &dir)
+            .env("LD_DEBUG", "libs")
+            .output()
+            .unwrap();
+        vec![
+            json!(libs),
+            json!(String::from_utf8_lossy(&out.stdout)),
+            json!(String::from_utf8_lossy(&out.stderr)),
+            json!(dir.to_str().unwrap()),
+        ]
+    });
+    let (_, tier) = run(tier, grants);
+    let seen = tier.seen.lock().unwrap().clone();
+    let libs: Vec<(String, u32)> = serde_json::from_value(seen[0].clone()).unwrap();
+    let names: Vec<&str> = libs.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"libc.so.6") && names.iter().any(|n| n.starts_with("ld-")), "{names:?}");
+    assert!(libs.iter().all(|(_, mode)| *mode == 0o750), "{libs:?}");
+    assert!(seen[1].as_str().unwrap().starts_with("ls (GNU coreutils)"), "{seen:?}");
+    let dir = seen[3].as_str().unwrap();
+    assert!(
+        seen[2].as_str().unwrap().contains(&format!("trying file={dir}/lib/libc.so.6")),
+        "the C library came from the run's lib/: {}",
+        seen[2]
+    );
+    // A script, or a static program, is granted as it is: no loader, no lib/.
+    let script = std::env::temp_dir().join(format!("stockade-runtime-linked-{}", std::process::id()));
+    std::fs::write(&script, b"#!/bin/sh\necho hi\n").unwrap();
+    let plain = Grants::new().program_linked("hi", &script).unwrap();
+    assert_eq!(plain.program_command("hi").as_deref(), Some("hi"));
+    assert_eq!(plain.program_command("other"), None);
+    std::fs::remove_file(&script).unwrap();
+    // A file that is not there is the grant's error, naming the program.
+    let err = Grants::new().program_linked("gone", "/nonexistent/stockade-x").unwrap_err();
+    assert!(matches!(err, GrantError::Program { ref name, .. } if name == "gone"), "{err}");
+}
