@@ -163,11 +163,13 @@ fn mcp(root: &Path, target: &Path, write: bool) -> Result<()> {
     Ok(())
 }
 
-/// One turn of `stockade agent --confine process` next to the same turn unconfined, both
-/// against the scripted endpoint (`stockade-mock-llm`, one answer per request, no tool
-/// call), with hyperfine, in one run.
+/// One turn of `stockade agent --confine process` and `--confine docker` next to the same
+/// turn unconfined, all against the scripted endpoint (`stockade-mock-llm`, one answer per
+/// request, no tool call), and `docker run --rm IMAGE true` for scale, with hyperfine, in one
+/// run.
 fn confined(root: &Path, target: &Path, write: bool) -> Result<()> {
     apt_install(&[("hyperfine", "hyperfine")])?;
+    crate::run(&mut crate::cargo(&["xtask", "images"]))?;
     crate::run(&mut crate::cargo(&[
         "build",
         "--release",
@@ -190,7 +192,7 @@ fn confined(root: &Path, target: &Path, write: bool) -> Result<()> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let script = dir.join("script.json");
-    fs::write(&script, serde_json::to_vec(&vec![answer; 2 * (warmup + runs) + 8])?)?;
+    fs::write(&script, serde_json::to_vec(&vec![answer; 3 * (warmup + runs) + 8])?)?;
     let policy = dir.join("policy.toml");
     fs::write(&policy, "version = 1\ndefault = \"deny\"\n")?;
     let mut mock = std::process::Command::new(target.join("release/stockade-mock-llm"))
@@ -213,20 +215,25 @@ fn confined(root: &Path, target: &Path, write: bool) -> Result<()> {
     cmd.args(["-N", "--warmup", &warmup.to_string(), "--runs", &runs.to_string(), "--export-json"]).arg(&json);
     cmd.args(["-n", "unconfined", &agent]);
     cmd.args(["-n", "confined", &agent.replace(" agent ", " agent --confine process ")]);
+    cmd.args(["-n", "confined-docker", &agent.replace(" agent ", " agent --confine docker ")]);
+    let image = crate::images::BUSYBOX_IMAGE;
+    cmd.args(["-n", "docker-run", &format!("docker run --rm --network none {image} true")]);
     let result = hyperfine(&mut cmd, &json);
     // Ended by its pid: the mock is this process's child.
     let _ = mock.kill();
     let _ = mock.wait();
     let ms = result?;
-    let (plain, confined) = (ms["unconfined"], ms["confined"]);
+    let plain = ms["unconfined"];
     let mut table = String::from("| what | p50 | against the unconfined turn |\n|---|---|---|\n");
     let _ = writeln!(table, "| `stockade agent` turn, unconfined (baseline) | {plain:.1} ms | 1.00x |");
-    let _ = writeln!(
-        table,
-        "| `stockade agent --confine process` turn | {confined:.1} ms | {:.2}x (+{:.1} ms) |",
-        confined / plain,
-        confined - plain
-    );
+    for (name, what) in [
+        ("confined", "`stockade agent --confine process` turn"),
+        ("confined-docker", "`stockade agent --confine docker` turn"),
+        ("docker-run", "`docker run --rm --network none busybox true` (for scale)"),
+    ] {
+        let t = *ms.get(name).with_context(|| format!("hyperfine reported no {name}"))?;
+        let _ = writeln!(table, "| {what} | {t:.1} ms | {:.2}x (+{:.1} ms) |", t / plain, t - plain);
+    }
     println!("\n{table}");
     if write {
         write_docs(root, "confined", &table)?;

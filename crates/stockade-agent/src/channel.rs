@@ -15,7 +15,7 @@
 //! whole to a new file renamed over the old one, so a crash leaves the old or the new.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use stockade_protocol::turn::{MAX_HISTORY, MAX_TURN_TEXT, Role, Said};
@@ -175,6 +175,27 @@ impl Channel {
             let _ = std::fs::remove_file(&tmp);
             self.io(&path, e)
         })
+    }
+
+    /// Gives the workspace (the directory itself; what the loop writes in it is the loop's)
+    /// to the user a tier runs the loop as: a one-shot docker run binds the directory into a
+    /// container of that uid and gid, which must be able to write it. The channel's own
+    /// directory must be its owner's alone (no access for group or others), so no host
+    /// process of that uid reaches the workspace through it; the state file stays the
+    /// owner's. Needs the right to chown (root). [`reset`](Self::reset) gives it back.
+    pub fn share_workspace(&self, uid: u32, gid: u32) -> Result<(), ChannelError> {
+        self.check()?;
+        let mode = std::fs::symlink_metadata(&self.dir).map_err(|e| self.io(&self.dir, e))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            return Err(self.layout(format!(
+                "{} has mode {:o}: a channel's directory is its owner's alone before its workspace is shared",
+                self.dir.display(),
+                mode & 0o777
+            )));
+        }
+        let workspace = self.workspace();
+        // `check` saw a directory, not a symlink; lchown never follows one planted since.
+        std::os::unix::fs::lchown(&workspace, Some(uid), Some(gid)).map_err(|e| self.io(&workspace, e))
     }
 
     /// Starts the channel over: the history and everything in the workspace are removed.

@@ -62,6 +62,7 @@ pub struct ConfinedAgent {
     deadline: Duration,
     memory: u64,
     workspace: Option<(PathBuf, stockade_protocol::Access)>,
+    image: Option<String>,
     trace: Option<Trace>,
 }
 
@@ -102,6 +103,7 @@ impl ConfinedAgent {
                 deadline: Duration::from_secs(600),
                 memory: 1 << 30,
                 workspace: None,
+                image: None,
                 trace: None,
             },
             endpoint,
@@ -190,6 +192,18 @@ impl ConfinedBuilder {
         self
     }
 
+    /// Runs the loop in `image`: the sandbox's tier is then the docker tier, whose jobs name
+    /// an image. The loop's program goes with its dynamic loader and the shared objects the
+    /// host's loader resolves for it ([`Grants::program_linked`]), so an image without a C
+    /// library (busybox, `FROM scratch` with a shell) runs it; it needs `sh`. In the docker
+    /// tier the loop reaches the model at `$OPENAI_BASE_URL` only when stockade runs as root
+    /// (see `stockade_runtime`); otherwise its reply says so.
+    #[must_use]
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.agent.image = Some(image.into());
+        self
+    }
+
     /// Writes the host's JSONL trace: each call the broker decided, as the broker recorded
     /// it, and the turn's end.
     #[must_use]
@@ -227,11 +241,11 @@ impl ConfinedBuilder {
             proxy = proxy.max_tokens(n);
         }
         let calls = GrantLimits::default().call_timeout(tool_timeout);
-        agent.grants = std::mem::take(&mut agent.grants)
-            .policy(policy)
-            .limits(calls)
-            .model(Arc::new(proxy))
-            .program(LOOP_PROGRAM, &agent.program.0)?;
+        let grants = std::mem::take(&mut agent.grants).policy(policy).limits(calls).model(Arc::new(proxy));
+        agent.grants = match agent.image {
+            Some(_) => grants.program_linked(LOOP_PROGRAM, &agent.program.0)?,
+            None => grants.program(LOOP_PROGRAM, &agent.program.0)?,
+        };
         Ok(agent)
     }
 
@@ -280,13 +294,17 @@ impl ConfinedAgent {
             .and_then(|l| l.with_stdout(stdout))
             .map_err(|e| failed(e.to_string()))?;
         // The program is on the guest's PATH (the grants directory's `bin/`, wherever the
-        // tier shows it), which the shell searches and a tier's exec need not.
-        let mut argv = vec!["-c".to_owned(), format!("exec {LOOP_PROGRAM} \"$@\""), LOOP_PROGRAM.to_owned()];
+        // tier shows it), which the shell searches and a tier's exec need not; a linked one is
+        // started through the loader it came with.
+        let command = self.grants.program_command(LOOP_PROGRAM).unwrap_or_else(|| LOOP_PROGRAM.to_owned());
+        let mut argv = vec!["-c".to_owned(), format!("exec {command} \"$@\""), LOOP_PROGRAM.to_owned()];
         argv.extend(self.program.1.iter().cloned());
-        let mut job = Job::command("sh", argv)
-            .and_then(|j| j.with_stdin(turn.to_bytes()))
-            .map_err(|e| failed(e.to_string()))?
-            .with_limits(limits);
+        let job = match &self.image {
+            Some(image) => Job::image(image.clone(), std::iter::once("sh".to_owned()).chain(argv)),
+            None => Job::command("sh", argv),
+        };
+        let mut job =
+            job.and_then(|j| j.with_stdin(turn.to_bytes())).map_err(|e| failed(e.to_string()))?.with_limits(limits);
         if let Some((path, access)) = &self.workspace {
             job = job.with_workspace(path, *access).map_err(|e| failed(e.to_string()))?;
         }
@@ -319,10 +337,14 @@ impl ConfinedAgent {
             Err(refusal) => {
                 let reason = refusal.message();
                 self.trace_end(&reason, Some(&calls));
-                return Err(if matches!(refusal, stockade_runtime::verify::Refusal::Timeout { .. }) {
-                    AgentError::Deadline { after: self.deadline }
-                } else {
-                    failed(reason)
+                return Err(match refusal {
+                    stockade_runtime::verify::Refusal::Timeout { .. } => AgentError::Deadline { after: self.deadline },
+                    // The sandbox could not start the loop (an image the engine lacks, a
+                    // program it cannot exec): stockade's failure, not the loop's.
+                    stockade_runtime::verify::Refusal::FailedToStart { .. } => {
+                        AgentError::Sandbox(stockade_runtime::RunError::Misconfigured(format!("the loop {reason}")))
+                    }
+                    _ => failed(reason),
                 });
             }
         };
@@ -419,6 +441,13 @@ pub async fn serve_turn_ambient(turn: &Turn) -> Reply {
         |name: &str| std::env::var(name).map_err(|_| format!("${name} is not set: this runs inside a confined run"));
     let (base, broker) = match (var("OPENAI_BASE_URL"), var(BROKER_ENV)) {
         (Ok(base), Ok(broker)) => (base, broker),
+        (Err(_), Ok(_)) if std::env::var_os(stockade_runtime::MODEL_ENV).is_some() => {
+            return Reply::new(
+                false,
+                "the model is reachable here only at $STOCKADE_MODEL_SOCKET, not at $OPENAI_BASE_URL, which the loop needs: \
+                 a docker-tier run serves OPENAI_BASE_URL only when stockade runs as root",
+            );
+        }
         (Err(e), _) | (_, Err(e)) => return Reply::new(false, e),
     };
     let key = match std::env::var_os("OPENAI_API_KEY") {

@@ -106,7 +106,8 @@
 //!     ends every turn in one [`Reply`](stockade_protocol::turn::Reply), never a crash. On
 //!     the host, the model is the run's model grant ([`ModelProxy`], the key never inside),
 //!     every tool is a function grant decided by the host's policy, the loop's program is a
-//!     copy in the run, the reply passes `stockade_verify` and
+//!     copy in the run (with [`ConfinedBuilder::image`], an image job in the docker tier,
+//!     with the loader and libraries it links: `Grants::program_linked`), the reply passes `stockade_verify` and
 //!     `stockade_protocol::turn::Reply::parse`, and the trace is written from the broker's
 //!     own record, outside every mount.
 //!     (pinned by: tests/it/confine.rs::g11_*)
@@ -118,6 +119,8 @@
 //!     and the path rule is checked in code on every open and write: the workspace a real
 //!     directory, the state file, resolved, never under the workspace, resolved, and never
 //!     read through a symlink. A reset removes the history and the workspace's contents.
+//!     [`Channel::share_workspace`] gives the workspace directory (never a symlink) to a
+//!     container's user only while the channel's own directory is its owner's alone.
 //!     (pinned by: tests/it/confine.rs::g12_*)
 //!
 //! # Non-guarantees

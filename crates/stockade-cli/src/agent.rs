@@ -64,6 +64,10 @@ pub(crate) struct AgentArgs {
     /// written here from the broker's record.
     #[arg(long, value_name = "TIER")]
     confine: Option<ConfineTier>,
+    /// With --confine docker: the image the loop runs in (built locally; nothing is pulled).
+    /// It needs `sh`; the loop brings its own C library.
+    #[arg(long, value_name = "IMAGE", requires = "confine")]
+    image: Option<String>,
     /// For tests: the program run inside as the loop, in place of this binary.
     #[arg(long, value_name = "PROGRAM", hide = true, requires = "confine")]
     confine_loop: Option<PathBuf>,
@@ -89,8 +93,8 @@ pub(crate) struct AgentArgs {
 enum ConfineTier {
     /// A confined Linux process (namespaces, landlock, seccomp, cgroups).
     Process,
-    /// A hardened container: refused for now, naming why (the loop, this binary, needs the C
-    /// library the docker tier's image lacks).
+    /// A hardened container (the docker tier), the loop with the C library it was linked
+    /// against; needs root, for the model grant's listener in the container's network.
     Docker,
 }
 
@@ -149,14 +153,11 @@ fn escape(s: &str) -> String {
 }
 
 pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
-    match args.confine {
-        Some(ConfineTier::Docker) => bail!(
-            "--confine docker: the loop is this binary, which links the C library, and the docker tier's image has none; use --confine process"
-        ),
-        Some(ConfineTier::Process) if args.stream => {
-            bail!("--stream is not available with --confine: the loop's text reaches the host as one reply")
-        }
-        _ => {}
+    if args.confine.is_some() && args.stream {
+        bail!("--stream is not available with --confine: the loop's text reaches the host as one reply")
+    }
+    if args.image.is_some() && args.confine != Some(ConfineTier::Docker) {
+        bail!("--image is the image of --confine docker")
     }
     let config = match &args.config {
         Some(path) => AgentConfig::load_ambient(path)?,
@@ -304,9 +305,19 @@ fn confined(
     limits: stockade_agent::RunLimits,
     rt: &tokio::runtime::Runtime,
 ) -> Result<ExitCode> {
-    // `run` refused the others before anything started.
-    debug_assert_eq!(tier, ConfineTier::Process);
-    let sandbox = crate::tiers::process_pool(1)?;
+    let sandbox = match tier {
+        ConfineTier::Process => crate::tiers::process_pool(1)?,
+        ConfineTier::Docker => {
+            // The loop reaches the model at OPENAI_BASE_URL, a listener the host puts in the
+            // container's network namespace, which takes root (setns).
+            if !stockade_runtime::sys::proc::is_root().context("reading /proc/self")? {
+                bail!(
+                    "--confine docker needs root: the loop reaches the model at OPENAI_BASE_URL, a listener put in the container's network namespace (setns); use --confine process"
+                );
+            }
+            rt.block_on(crate::tiers::docker())?
+        }
+    };
     let program = match &args.confine_loop {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locating the stockade binary to run as the loop")?,
@@ -316,6 +327,9 @@ fn confined(
         .system_prompt(config.agent.system_prompt.clone())
         .profile(config.profile())
         .limits(limits);
+    if tier == ConfineTier::Docker {
+        builder = builder.image(args.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned()));
+    }
     for tool in tools {
         builder = builder.tool(tool);
     }
@@ -340,6 +354,10 @@ fn confined(
             let channel = stockade_agent::Channel::open(&root, name)?;
             if args.reset {
                 channel.reset()?;
+            }
+            if tier == ConfineTier::Docker {
+                // A one-shot docker run binds the workspace as the container's user.
+                channel.share_workspace(docker::spec::JOB_UID, docker::spec::JOB_UID)?;
             }
             builder = builder.workspace(channel.workspace(), stockade_runtime::protocol::Access::ReadWrite);
             Some(channel)

@@ -134,7 +134,11 @@
 //!     record. A loop replaced by a hostile program can ask for a denied or ungranted tool,
 //!     forge a permit in a frame, or try to write the host's trace or side-effect files:
 //!     nothing runs that the policy denies, the files are unchanged, and the trace records
-//!     each attempt. `--confine docker` is refused in one line (exit 125).
+//!     each attempt. `--confine docker` (as root) does the same with the loop in a hardened
+//!     container of `--image` (busybox by default, which has no C library: the loop brings
+//!     the loader and libraries it was linked with), judged the same way from the host;
+//!     without root, or with `--image` but not docker, or an image the engine lacks, it is one
+//!     line and exit 125.
 //!     (pinned by: tests/it/confined.rs::g13_*)
 //!
 //! # Non-guarantees
@@ -232,6 +236,7 @@ the refusal line tells them apart); 116 a grant call was denied (--grant-strict)
   stockade agent --confine process --config agent.toml --trace run.jsonl 'Summarise the scrolls.'
   stockade agent --confine process --config agent.toml --channel ops --speaker alice 'Is the gate fixed?'
   stockade agent --confine process --config agent.toml --channel ops --reset
+  stockade agent --confine docker --config agent.toml 'Summarise the scrolls.'
 
 On a terminal, a call the policy marks `ask` is shown (tool, canonical arguments, rule, reason)
 and runs only if you answer y; with no terminal it is denied.

@@ -180,5 +180,20 @@ fn g12_a_channel_keeps_a_bounded_history_beside_its_workspace_never_inside() {
     assert!(c.history().unwrap().is_empty());
     assert_eq!(std::fs::read_dir(c.workspace()).unwrap().count(), 0);
     assert_eq!(linked.state_path().symlink_metadata().map(|m| m.file_type().is_symlink()).ok(), Some(true));
+    // Sharing the workspace with a container's user gives it the directory alone, and only
+    // while the channel's directory is its owner's alone; a reset gives it back.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let root_user = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    if root_user {
+        c.share_workspace(65534, 65534).unwrap();
+        let ws = std::fs::metadata(c.workspace()).unwrap();
+        assert_eq!((ws.uid(), ws.gid()), (65534, 65534));
+        assert_eq!(std::fs::metadata(root.join("channels/ops")).unwrap().uid(), 0);
+        c.reset().unwrap();
+        assert_eq!(std::fs::metadata(c.workspace()).unwrap().uid(), 0);
+    }
+    std::fs::set_permissions(root.join("channels/ops"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(matches!(c.share_workspace(65534, 65534), Err(ChannelError::Layout { .. })));
+    assert!(matches!(evil.share_workspace(65534, 65534), Err(ChannelError::Layout { .. })), "never through a link");
     std::fs::remove_dir_all(&root).unwrap();
 }

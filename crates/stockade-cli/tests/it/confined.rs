@@ -50,11 +50,12 @@ impl Drop for Scratch {
 /// Runs `stockade agent --confine process` with the steward's files, the real key in
 /// `$STEWARD_KEY`; returns (exit code, stdout, stderr).
 fn confined(dir: &Scratch, url: &str, key: &str, extra: &[&str]) -> (i32, String, String) {
-    confined_env(dir, url, key, extra, &[], Some(PROMPT))
+    confined_env("process", dir, url, key, extra, &[], Some(PROMPT))
 }
 
-/// [`confined`], with `env` added and the prompt given (or none).
+/// [`confined`] in `tier`, with `env` added and the prompt given (or none).
 fn confined_env(
+    tier: &str,
     dir: &Scratch,
     url: &str,
     key: &str,
@@ -67,7 +68,7 @@ fn confined_env(
     let mut args = vec![
         "agent",
         "--confine",
-        "process",
+        tier,
         "--config",
         config.to_str().unwrap(),
         "--base-url",
@@ -106,9 +107,17 @@ struct Seen {
     scanned: usize,
 }
 
-/// The confined loop's pid: stockade's own binary, run as `stockade-loop confined-loop`.
-fn loop_pid() -> Option<u32> {
-    stockade_test_support::host_pids(|cmd| cmd.starts_with(b"stockade-loop\0confined-loop\0")).into_iter().next()
+/// The confined loop's pid in `tier`: stockade's own binary, run as `stockade-loop
+/// confined-loop` (in the docker tier, by the loader it brought: `/broker/lib/ld-...
+/// --library-path /broker/lib /broker/bin/stockade-loop confined-loop`).
+fn loop_pid(tier: &str) -> Option<u32> {
+    let tail = b"/broker/bin/stockade-loop\0confined-loop\0";
+    stockade_test_support::host_pids(|cmd| match tier {
+        "docker" => cmd.starts_with(b"/broker/lib/ld-") && cmd.ends_with(tail),
+        _ => cmd.starts_with(b"stockade-loop\0confined-loop\0"),
+    })
+    .into_iter()
+    .next()
 }
 
 fn look(pid: u32, key: &str) -> Seen {
@@ -131,15 +140,35 @@ fn g13_the_confined_steward_reaches_the_model_and_tools_only_through_the_host() 
     if !ready() {
         return;
     }
-    let dir = Scratch::new("steward");
+    steward_confined_in("process");
+}
+
+/// `--confine docker`: the same steward, its loop (stockade's own binary, with the loader and
+/// C library it brought) in a busybox container, which has no C library of its own.
+#[test]
+fn g13_confine_docker_the_steward_runs_in_a_container_without_a_c_library() {
+    if !ready() || !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let libc = Command::new("docker")
+        .args(["run", "--rm", "--network", "none", "stockade-busybox:local", "sh", "-c", "ls /lib* /usr/lib* 2>&1"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&libc.stdout).contains("libc.so"), "the image has a C library");
+    steward_confined_in("docker");
+}
+
+/// The steward with its loop in `tier`, judged from the host.
+fn steward_confined_in(tier: &str) {
+    let dir = Scratch::new(&format!("steward-{tier}"));
     let key = format!("sk-confined-canary-{}", std::process::id());
     let seen = Arc::new(Mutex::new(None::<Seen>));
     let copied = "the bridge at the ford is out";
-    let (seen2, key2) = (seen.clone(), key.clone());
+    let (seen2, key2, tier2) = (seen.clone(), key.clone(), tier.to_owned());
     let mock = MockLlm::start(move |i, got| match i {
         0 => {
             // The loop is waiting for this answer: look at it from the host now.
-            if let Some(pid) = loop_pid() {
+            if let Some(pid) = loop_pid(&tier2) {
                 *seen2.lock().unwrap() = Some(look(pid, &key2));
             }
             Reply::calls(&[
@@ -158,7 +187,7 @@ fn g13_the_confined_steward_reaches_the_model_and_tools_only_through_the_host() 
         _ => Reply::text(&format!("Done. You sent me {}", got.header("authorization").unwrap_or("nothing"))),
     })
     .unwrap();
-    let (code, out, err) = confined(&dir, &mock.url(), &key, &[]);
+    let (code, out, err) = confined_env(tier, &dir, &mock.url(), &key, &[], &[], Some(PROMPT));
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("Done. You sent me Bearer "), "{out}");
     assert!(!out.contains(&key) && !err.contains(&key), "the real key reached the loop: {out}{err}");
@@ -297,7 +326,7 @@ fn g13_a_channel_keeps_its_conversation_and_workspace_and_no_other_channel_is_in
     let turn = |channel: &str, loop_: &str, extra: &[&str], prompt: Option<&str>| {
         let mut args = vec!["--channel", channel, "--confine-loop", loop_];
         args.extend_from_slice(extra);
-        confined_env(&dir, &mock.url(), "sk-x", &args, &env, prompt)
+        confined_env("process", &dir, &mock.url(), "sk-x", &args, &env, prompt)
     };
     // Another channel, whose history holds a secret.
     let other = script(&dir, "other.sh", "cat > /dev/null\nprintf '{\"ok\":true,\"text\":\"other-secret-4711\"}\\n'\n");
@@ -347,13 +376,60 @@ fn g13_a_channel_keeps_its_conversation_and_workspace_and_no_other_channel_is_in
     assert!(mock.received().is_empty());
 }
 
+/// `--confine docker --channel`: the workspace is bound into each turn's container, the
+/// state file stays on the host, outside it, its owner's alone.
+#[test]
+fn g13_confine_docker_a_channel_keeps_its_workspace_in_the_container() {
+    if !ready() || !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let dir = Scratch::new("channel-docker");
+    let state = dir.path("state");
+    let env = [("STOCKADE_STATE_DIR", state.as_str())];
+    let mock = MockLlm::script(vec![]).unwrap();
+    let note = script(
+        &dir,
+        "note.sh",
+        "cat > /workspace/turn.json\necho kept >> /workspace/note.txt\nprintf '{\"ok\":true,\"text\":\"notes %s in %s\"}\\n' \"$(wc -l < /workspace/note.txt)\" \"$(ls /broker/lib | wc -l)\"\n",
+    );
+    for (turn, says) in [("one", "notes 1 in 0\n"), ("two", "notes 2 in 0\n")] {
+        let args = ["--channel", "ops", "--confine-loop", note.as_str()];
+        let (code, out, err) = confined_env("docker", &dir, &mock.url(), "sk-x", &args, &env, Some(turn));
+        assert_eq!((code, out.as_str()), (0, says), "a script brings no libraries: {err}");
+    }
+    let ops = dir.0.join("state/channels/ops");
+    let turn: Value = serde_json::from_slice(&std::fs::read(ops.join("workspace/turn.json")).unwrap()).unwrap();
+    assert_eq!(turn["history"][0], json!({"role": "user", "text": "one"}));
+    use std::os::unix::fs::MetadataExt;
+    let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+    assert_eq!((meta(&ops.join("workspace")).uid(), meta(&ops.join("workspace/note.txt")).uid()), (65534, 65534));
+    assert_eq!((meta(&ops).uid(), meta(&ops).mode() & 0o777), (0, 0o700), "the channel stays its owner's");
+    assert_eq!((meta(&ops.join("state.json")).uid(), meta(&ops.join("state.json")).mode() & 0o777), (0, 0o600));
+    assert!(mock.received().is_empty());
+}
+
 #[test]
 fn g13_confinement_it_cannot_give_is_one_line_and_exit_125() {
-    let (code, _, err) =
-        check(&["agent", "--confine", "docker", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "hi"]);
-    assert_eq!(code, 125, "{err}");
-    assert!(err.contains("--confine docker") && err.contains("--confine process"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let url = "http://127.0.0.1:9/v1";
+    for (args, says) in [
+        (
+            &["--image", "stockade-busybox:local", "--confine", "process"][..],
+            "--image is the image of --confine docker",
+        ),
+        (&["--confine", "docker", "--stream"][..], "--stream is not available with --confine"),
+        (&["--confine", "docker", "--image", "no-such-image:local"][..], "no-such-image:local"),
+    ] {
+        let config = example();
+        let mut all = vec!["agent", "--base-url", url, "--model", "m", "--config", config.to_str().unwrap()];
+        all.extend_from_slice(args);
+        all.push("hi");
+        let (code, _, err) = check(&all);
+        assert_eq!(code, 125, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        // One line (beside run_code's note on a host without the JavaScript guest).
+        let lines = err.lines().filter(|l| !l.contains("run_code will not offer")).count();
+        assert_eq!(lines, 1, "{args:?}: {err}");
+    }
     let (code, _, err) = check(&["agent", "--confine-loop", "/bin/true", "--model", "m", "hi"]);
     assert_eq!(code, 2, "--confine-loop needs --confine: {err}");
 }
