@@ -388,7 +388,7 @@ impl Agent {
     }
 }
 
-fn approval_request(call: &ToolCall, rule: &str, reason: &str) -> ApprovalRequest {
+pub(crate) fn approval_request(call: &ToolCall, rule: &str, reason: &str) -> ApprovalRequest {
     let arguments = call.canonical_args();
     ApprovalRequest { tool: call.tool().to_owned(), arguments, rule: rule.to_owned(), reason: reason.to_owned() }
 }

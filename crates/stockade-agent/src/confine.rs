@@ -34,7 +34,7 @@ use stockade_protocol::{FrameCodec, GrantOutcome, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract};
 use stockade_runtime::{GrantLimits, Grants, RunRequest, Sandbox};
 
-use crate::agent::Agent;
+use crate::agent::{Agent, Approver};
 use crate::endpoint::Endpoint;
 use crate::machine::{AgentError, Answer, Profile, RunLimits};
 use crate::proxy::ModelProxy;
@@ -77,6 +77,7 @@ pub struct ConfinedBuilder {
     tool_timeout: Duration,
     host_tools: Vec<Arc<dyn Tool>>,
     policy_text: Option<String>,
+    approver: Option<Arc<dyn Approver>>,
 }
 
 impl ConfinedAgent {
@@ -111,6 +112,7 @@ impl ConfinedAgent {
             tool_timeout: Duration::from_secs(60),
             host_tools: Vec::new(),
             policy_text: None,
+            approver: None,
         }
     }
 }
@@ -139,6 +141,14 @@ impl ConfinedBuilder {
     #[must_use]
     pub fn policy_toml(mut self, text: impl Into<String>) -> Self {
         self.policy_text = Some(text.into());
+        self
+    }
+
+    /// Who answers a call the host's policy marks `ask`, on the host, while the loop's call
+    /// waits at the broker (one question at a time); without one, such a call is denied.
+    #[must_use]
+    pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = Some(approver);
         self
     }
 
@@ -214,7 +224,7 @@ impl ConfinedBuilder {
 
     /// The agent.
     pub fn build(self) -> Result<ConfinedAgent, crate::BuildError> {
-        let Self { mut agent, endpoint, tokens, tool_timeout, host_tools, policy_text } = self;
+        let Self { mut agent, endpoint, tokens, tool_timeout, host_tools, policy_text, approver } = self;
         for tool in host_tools {
             let def = tool.def().clone();
             let grant = tool_grant(tool)?;
@@ -241,7 +251,10 @@ impl ConfinedBuilder {
             proxy = proxy.max_tokens(n);
         }
         let calls = GrantLimits::default().call_timeout(tool_timeout);
-        let grants = std::mem::take(&mut agent.grants).policy(policy).limits(calls).model(Arc::new(proxy));
+        let mut grants = std::mem::take(&mut agent.grants).policy(policy).limits(calls).model(Arc::new(proxy));
+        if let Some(approver) = approver {
+            grants = grants.approver(Arc::new(HostApprover(approver)));
+        }
         agent.grants = match agent.image {
             Some(_) => grants.program_linked(LOOP_PROGRAM, &agent.program.0)?,
             None => grants.program(LOOP_PROGRAM, &agent.program.0)?,
@@ -361,14 +374,17 @@ impl ConfinedAgent {
             text: reply.text,
             turns: u32::try_from(turns).unwrap_or(u32::MAX),
             tool_calls: u32::try_from(tool_calls).unwrap_or(u32::MAX),
-            tokens: 0,
+            tokens: calls.model_tokens,
         })
     }
 
     fn trace_end(&self, outcome: &str, calls: Option<&stockade_protocol::GrantsReport>) {
         if let Some(t) = &self.trace {
-            let (total, denied) = calls.map_or((0, 0), |c| (c.total, c.denied));
-            t.event("end", json!({"confined": true, "outcome": outcome, "broker_calls": total, "denied": denied}));
+            let (total, denied, tokens) = calls.map_or((0, 0, 0), |c| (c.total, c.denied, c.model_tokens));
+            t.event(
+                "end",
+                json!({"confined": true, "outcome": outcome, "broker_calls": total, "denied": denied, "tokens": tokens}),
+            );
         }
     }
 }
@@ -379,6 +395,17 @@ fn outcome(o: GrantOutcome) -> &'static str {
         GrantOutcome::Denied => "deny",
         GrantOutcome::Failed => "failed",
         _ => "refused",
+    }
+}
+
+/// The agent's [`Approver`] as the broker's: the same request an unconfined run shows.
+#[derive(Debug)]
+struct HostApprover(Arc<dyn Approver>);
+
+#[async_trait]
+impl stockade_runtime::GrantApprover for HostApprover {
+    async fn approve(&self, call: &stockade_policy::allow::ToolCall, rule: &str, reason: &str) -> bool {
+        self.0.approve(&crate::agent::approval_request(call, rule, reason)).await
     }
 }
 

@@ -135,7 +135,8 @@
 //! often as the broker's bounds allow, and its answer is its own words; every argument it
 //! sends carries the source `sandbox`, so a rule with `source = "trusted"` never matches a
 //! confined call (the host cannot check the loop's account of where a value came from), and
-//! a rule that asks has no one to ask. Its trace records each call's tool, decision and rule
+//! a rule that asks is put to the host's approver ([`ConfinedBuilder::approver`]; without
+//! one, it is a denial). Its trace records each call's tool, decision and rule
 //! (the broker's record), not its arguments.
 //!
 //! # Failure behaviour

@@ -126,22 +126,33 @@ struct TerminalApprover;
 #[async_trait]
 impl Approver for TerminalApprover {
     async fn approve(&self, r: &ApprovalRequest) -> bool {
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(
-            err,
-            "\nstockade: the policy asks before this call runs\n  tool:      {}\n  arguments: {}\n  rule:      {}\n  reason:    {}",
+        let question = format!(
+            "\nstockade: the policy asks before this call runs\n  tool:      {}\n  arguments: {}\n  rule:      {}\n  reason:    {}\nAllow this one call? [y/N] ",
             r.tool,
             escape(&r.arguments),
             r.rule,
             escape(&r.reason)
         );
-        let _ = write!(err, "Allow this one call? [y/N] ");
-        let _ = err.flush();
-        let mut line = String::new();
-        if std::io::stdin().read_line(&mut line).is_err() {
-            return false;
-        }
-        matches!(line.trim(), "y" | "Y" | "yes")
+        // The terminal is read off the runtime's thread: the broker (a confined run's model
+        // and tool calls, its deadline) goes on serving while the human decides.
+        tokio::task::spawn_blocking(move || {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(question.as_bytes());
+            let _ = err.flush();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).is_ok() && matches!(line.trim(), "y" | "Y" | "yes")
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
+
+/// The terminal, when stdin and stderr are one; otherwise nobody, and every `ask` is a denial.
+fn approver() -> Arc<dyn Approver> {
+    if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        Arc::new(TerminalApprover)
+    } else {
+        Arc::new(NoApprover)
     }
 }
 
@@ -258,8 +269,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     if let Some(n) = config.agent.parallel_tools {
         builder = builder.parallel_tools(n);
     }
-    let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
-    builder = builder.approver(if interactive { Arc::new(TerminalApprover) } else { Arc::new(NoApprover) });
+    builder = builder.approver(approver());
     if let Some(t) = trace(&args)? {
         builder = builder.trace(t);
     }
@@ -327,6 +337,7 @@ fn confined(
         .system_prompt(config.agent.system_prompt.clone())
         .profile(config.profile())
         .limits(limits);
+    builder = builder.approver(approver());
     if tier == ConfineTier::Docker {
         builder = builder.image(args.image.clone().unwrap_or_else(|| docker::spec::DEFAULT_IMAGE.to_owned()));
     }

@@ -134,7 +134,8 @@
 //!     record. A loop replaced by a hostile program can ask for a denied or ungranted tool,
 //!     forge a permit in a frame, or try to write the host's trace or side-effect files:
 //!     nothing runs that the policy denies, the files are unchanged, and the trace records
-//!     each attempt. `--confine docker` (as root) does the same with the loop in a hardened
+//!     each attempt. A call the policy marks `ask` is shown on the host's terminal (tool,
+//!     canonical arguments, rule) while the loop's call waits, and runs only if approved. `--confine docker` (as root) does the same with the loop in a hardened
 //!     container of `--image` (busybox by default, which has no C library: the loop brings
 //!     the loader and libraries it was linked with), judged the same way from the host;
 //!     without root, or with `--image` but not docker, or an image the engine lacks, it is one

@@ -296,6 +296,10 @@ pub struct GrantsReport {
     /// [`MAX_GRANT_RECORDS`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub connections_total: u64,
+    /// The tokens the model grant's upstream reported this run used (its `usage`), 0 without
+    /// a model grant.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub model_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stockade_policy::allow::{Gate, Policy, RefusalKind, Registry, Source, ToolCall};
+use stockade_policy::allow::{
+    Approval, Decision, Gate, Permit, Policy, RefusalKind, Refused, Registry, Source, ToolCall,
+};
 use stockade_protocol::broker::{BrokerFrame, GRANTS_SOCKET, LIST_GRANT, ReplyBody, ReplyCode, ReplyError};
 use stockade_protocol::{DecodeError, FrameCodec, GrantCall, GrantOutcome, GrantsReport};
 use tokio::net::{UnixListener, UnixStream};
@@ -55,6 +57,8 @@ pub(crate) struct Session {
     model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>)>,
     /// The run's network proxy, through which a call to [`crate::FETCH_GRANT`] goes.
     egress: std::sync::OnceLock<stockade_egress::Egress>,
+    /// Held while the grants' approver is asked: one question at a time.
+    asking: tokio::sync::Mutex<()>,
 }
 
 fn reply(id: u64, body: ReplyBody) -> Vec<u8> {
@@ -78,6 +82,7 @@ impl Session {
             ended: watch::channel(None).0,
             model: std::sync::OnceLock::new(),
             egress: std::sync::OnceLock::new(),
+            asking: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -123,6 +128,7 @@ impl Session {
         self.closed.store(true, Ordering::SeqCst);
         let mut report = std::mem::take(&mut self.state().report);
         report.session_ended = self.ended_reason();
+        report.model_tokens = self.model.get().map_or(0, |(_, tokens)| tokens.load(Ordering::SeqCst));
         report
     }
 
@@ -269,10 +275,19 @@ impl Session {
         };
         let now = self.start.elapsed();
         let decided = self.state().gate.decide_unattended(&call, now);
+        let decided = match (decided, &self.grants.approver) {
+            (Err(refused), Some(approver)) if refused.kind == RefusalKind::NeedsApproval => {
+                self.ask(approver.as_ref(), &call).await
+            }
+            (decided, _) => decided,
+        };
         let permit = match decided {
             Ok(permit) => permit,
             Err(refused) => {
                 let (code, msg) = match refused.kind {
+                    RefusalKind::NeedsApproval if self.grants.approver.is_some() => {
+                        (ReplyCode::Denied, format!("rule `{}` asks for approval, and it was not given", refused.rule))
+                    }
                     RefusalKind::NeedsApproval => (
                         ReplyCode::Denied,
                         format!("rule `{}` asks for approval, and a sandbox call has no one to ask", refused.rule),
@@ -301,6 +316,29 @@ impl Session {
                 rule,
                 error(ReplyCode::Failed, format!("timed out after {} ms", timeout.as_millis())),
             ),
+        }
+    }
+}
+
+impl Session {
+    /// A call the policy marks `ask`, put to the grants' approver (one question at a time);
+    /// approved, it is decided again with that single-use approval, so every other rule
+    /// (limits, the ledger) still holds; not approved, it stays refused as needing approval.
+    async fn ask(&self, approver: &dyn crate::GrantApprover, call: &ToolCall) -> Result<Permit, Refused> {
+        let _one = self.asking.lock().await;
+        // Decided again now: a call allowed meanwhile may have changed the ledger.
+        let (rule, reason, key) = match self.state().gate.decide(call, self.start.elapsed()) {
+            Decision::Ask { rule, reason, approval_key } => (rule, reason, approval_key),
+            Decision::Allow(permit) => return Ok(permit),
+            Decision::Deny { rule, reason } => return Err(Refused { kind: RefusalKind::Denied, rule, reason }),
+        };
+        if !approver.approve(call, &rule, &reason).await {
+            return Err(Refused { kind: RefusalKind::NeedsApproval, rule, reason });
+        }
+        match self.state().gate.decide_approved(call, self.start.elapsed(), Approval::grant(key)) {
+            Decision::Allow(permit) => Ok(permit),
+            Decision::Ask { rule, reason, .. } => Err(Refused { kind: RefusalKind::NeedsApproval, rule, reason }),
+            Decision::Deny { rule, reason } => Err(Refused { kind: RefusalKind::Denied, rule, reason }),
         }
     }
 }

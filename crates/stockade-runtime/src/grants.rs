@@ -331,6 +331,19 @@ pub struct Grants {
     pub(crate) libraries: BTreeMap<String, std::path::PathBuf>,
     /// A linked program's loader, by the program's name.
     loaders: BTreeMap<String, String>,
+    /// Who answers a call the policy marks `ask`.
+    pub(crate) approver: Option<Arc<dyn GrantApprover>>,
+}
+
+/// Answers a function call the policy marks `ask` (a human at a terminal, an approval in a
+/// chat): whether this one call, exactly as given, may run. The broker asks one question at a
+/// time, while the call waits (under the run's deadline, not the call's timeout); an
+/// approved call is decided again with a single-use approval for exactly its arguments.
+#[async_trait::async_trait]
+pub trait GrantApprover: Send + Sync + fmt::Debug {
+    /// Whether `call` (its tool and arguments, from the sandbox) may run; `rule` asked, for
+    /// `reason`.
+    async fn approve(&self, call: &stockade_policy::allow::ToolCall, rule: &str, reason: &str) -> bool;
 }
 
 impl fmt::Debug for Grants {
@@ -344,6 +357,7 @@ impl fmt::Debug for Grants {
             .field("net", &self.net)
             .field("programs", &self.programs.keys().collect::<Vec<_>>())
             .field("libraries", &self.libraries.keys().collect::<Vec<_>>())
+            .field("approver", &self.approver)
             .finish()
     }
 }
@@ -492,6 +506,14 @@ impl Grants {
     #[must_use]
     pub fn shared_policy(mut self, policy: Arc<Policy>) -> Self {
         self.policy = Some(policy);
+        self
+    }
+
+    /// Puts each call the policy marks `ask` to `approver`; without one, such a call is
+    /// denied, saying that a sandbox call has no one to ask.
+    #[must_use]
+    pub fn approver(mut self, approver: Arc<dyn GrantApprover>) -> Self {
+        self.approver = Some(approver);
         self
     }
 

@@ -189,6 +189,12 @@
 //!     is granted as [`Grants::program`] grants it, and a library the loader cannot find is
 //!     [`GrantError::Program`].
 //!     (pinned by: tests/it/grants.rs::g14_*, src/linked/tests.rs)
+//! G15. A function call the policy marks `ask` is put to the grants' approver
+//!     ([`Grants::approver`], a [`GrantApprover`]), one question at a time, while the call
+//!     waits; it runs only if approved, decided again with a single-use approval for exactly
+//!     its arguments, so the rule's limits and the ledger still bind; refused, or with no
+//!     approver, it is denied, the reply saying which.
+//!     (pinned by: tests/it/grants.rs::g15_*)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -238,8 +244,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 pub use grants::{
-    FETCH_GRANT, FunctionGrant, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants, MAX_DATA_BYTES,
-    MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
+    FETCH_GRANT, FunctionGrant, GrantApprover, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants,
+    MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
 };
 pub use stockade_egress as egress;
 pub use stockade_policy as policy;

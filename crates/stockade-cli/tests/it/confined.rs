@@ -227,7 +227,12 @@ fn steward_confined_in(tier: &str) {
     assert_eq!(effect("run_code"), ["allow"]);
     assert_eq!(effect("send_raven"), ["deny", "deny"], "{trace:?}");
     assert_eq!(effect("model"), ["allow"; 4]);
-    assert!(trace.iter().any(|v| v["event"] == "end" && v["outcome"] == "answer"), "{trace:?}");
+    let end = trace.iter().find(|v| v["event"] == "end").unwrap();
+    assert_eq!(
+        (end["outcome"].as_str(), end["tokens"].as_u64()),
+        (Some("answer"), Some(4 * 15)),
+        "the upstream's usage, counted on the host"
+    );
     assert!(!std::fs::read_to_string(dir.0.join("trace.jsonl")).unwrap().contains(&key), "the key is in the trace");
 
     // The loop itself, as the host saw it while it ran.
@@ -374,6 +379,63 @@ fn g13_a_channel_keeps_its_conversation_and_workspace_and_no_other_channel_is_in
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("invalid channel name \"../ops\""), "{err}");
     assert!(mock.received().is_empty());
+}
+
+/// A call the host's policy marks `ask` is put to the human at the terminal, on the host,
+/// while the loop's call waits at the broker: approved, it runs (the steward's raven after a
+/// scroll was read); refused, it is denied. Driven through a real pty (`script(1)`), the
+/// answers typed ahead.
+#[test]
+fn g13_an_ask_is_answered_at_the_hosts_terminal_while_the_loop_waits() {
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("ask");
+    let asker = script(
+        &dir,
+        "asker.sh",
+        r#"cat > /dev/null
+stockade-call read_scroll '{"name":"north"}' > /dev/null 2>&1
+b=$(stockade-call send_raven '{"to":"riverhold","text":"approved one"}' 2>&1)
+c=$(stockade-call send_raven '{"to":"highcliff","text":"refused one"}' 2>&1)
+printf '{"ok":true,"text":"%s | %s"}
+' "$(echo "$b" | tr -d '"\')" "$(echo "$c" | tr -d '"\')"
+"#,
+    );
+    let config = example();
+    let command = format!(
+        "{} agent --confine process --confine-loop {asker} --config {} --base-url http://127.0.0.1:9/v1 --trace {} hi",
+        env!("CARGO_BIN_EXE_stockade"),
+        config.display(),
+        dir.path("trace.jsonl"),
+    );
+    let _runs = crate::cli::shared();
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("STEWARD_RAVENS", dir.0.join("ravens.jsonl"))
+        .env("STEWARD_LOG", dir.0.join("log.jsonl"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1), util-linux");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"y\nn\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("Allow this one call? [y/N]").count(), 2, "{text}");
+    assert!(text.contains(r#"arguments: {"text":"approved one","to":"riverhold"}"#), "{text}");
+    assert!(text.contains("A raven flew to riverhold. | stockade-call: {code:denied"), "{text}");
+    // Judged from the host: the approved raven flew, the refused one did not.
+    let ravens = dir.lines("ravens.jsonl");
+    assert_eq!(ravens, [json!({"to": "riverhold", "text": "approved one"})]);
+    let decisions: Vec<(String, String)> = dir
+        .lines("trace.jsonl")
+        .iter()
+        .filter(|v| v["event"] == "decision" && v["tool"] == "send_raven")
+        .map(|v| (v["effect"].as_str().unwrap().to_owned(), v["rule"].as_str().unwrap().to_owned()))
+        .collect();
+    let ask = "ask-after-untrusted".to_owned();
+    assert_eq!(decisions, [("allow".to_owned(), ask.clone()), ("deny".to_owned(), ask)]);
 }
 
 /// `--confine docker --channel`: the workspace is bound into each turn's container, the

@@ -925,3 +925,64 @@ fn g14_a_linked_program_brings_its_loader_and_libraries_and_runs_through_them() 
     let err = Grants::new().program_linked("gone", "/nonexistent/stockade-x").unwrap_err();
     assert!(matches!(err, GrantError::Program { ref name, .. } if name == "gone"), "{err}");
 }
+
+/// Approves `add` only when `a` is 7, and records each question.
+#[derive(Debug, Default)]
+struct Sevens(Mutex<Vec<String>>);
+
+#[async_trait]
+impl stockade_runtime::GrantApprover for Sevens {
+    async fn approve(&self, call: &stockade_policy::allow::ToolCall, rule: &str, _reason: &str) -> bool {
+        self.0.lock().unwrap().push(format!("{} {} {rule}", call.tool(), call.canonical_args()));
+        call.args_json()["a"] == 7
+    }
+}
+
+#[test]
+fn g15_an_ask_is_put_to_the_approver_and_runs_only_approved_within_the_rules_limits() {
+    let ask = r#"
+version = 1
+default = "deny"
+[[rule]]
+id = "ask-big"
+tool = "add"
+effect = "ask"
+args.a = { minimum = 1 }
+limits = { max_calls = 1, per_secs = 3600 }
+"#;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let base = grants(&log);
+    let policy = Policy::from_toml(ask, &base.registry()).unwrap();
+    let calls = |sock: PathBuf| {
+        let mut s = connect(&sock);
+        vec![
+            call(&mut s, 1, "add", json!({"a": 8, "b": 1})).unwrap(),
+            call(&mut s, 2, "add", json!({"b": 1, "a": 7})).unwrap(),
+            // Approved, but over the rule's limit: the approval does not lift it.
+            call(&mut s, 3, "add", json!({"a": 7, "b": 2})).unwrap(),
+        ]
+    };
+    let approver = Arc::new(Sevens::default());
+    let (report, tier) = run(SocketTier::new(calls), base.policy(policy.clone()).approver(approver.clone()));
+    let seen = tier.seen.lock().unwrap().clone();
+    assert_eq!(seen[0]["error"]["code"], "denied");
+    assert!(seen[0]["error"]["message"].as_str().unwrap().contains("it was not given"), "{}", seen[0]);
+    assert_eq!(seen[1]["result"], 8, "{seen:?}");
+    assert!(seen[2]["error"]["message"].as_str().unwrap().contains("call limit reached"), "{}", seen[2]);
+    // The host's record: only the approved call ran, and the approver saw each ask exactly.
+    assert_eq!(*log.lock().unwrap(), vec![r#"add {"a":7,"b":1}"#.to_owned()]);
+    let asked = approver.0.lock().unwrap().clone();
+    assert_eq!(asked, [r#"add {"a":8,"b":1} ask-big"#.to_owned(), r#"add {"a":7,"b":1} ask-big"#.to_owned()]);
+    let rules: Vec<(GrantOutcome, &str)> =
+        report.grants.as_ref().unwrap().calls.iter().map(|c| (c.outcome, c.rule.as_str())).collect();
+    assert_eq!(
+        rules,
+        [(GrantOutcome::Denied, "ask-big"), (GrantOutcome::Ok, "ask-big"), (GrantOutcome::Denied, "ask-big")]
+    );
+    // Without an approver, an ask is a denial that says no one can be asked.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (_, tier) = run(SocketTier::new(calls), grants(&log).policy(policy));
+    let seen = tier.seen.lock().unwrap().clone();
+    assert!(seen[0]["error"]["message"].as_str().unwrap().contains("no one to ask"), "{}", seen[0]);
+    assert!(log.lock().unwrap().is_empty());
+}
