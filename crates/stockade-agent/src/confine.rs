@@ -334,7 +334,7 @@ impl ConfinedAgent {
             for c in &calls.calls {
                 t.event(
                     "decision",
-                    json!({"confined": true, "tool": c.grant, "effect": outcome(c.outcome), "rule": c.rule,
+                    json!({"confined": true, "tool": c.grant, "args": c.args, "effect": outcome(c.outcome), "rule": c.rule,
                            "ms": c.duration.as_millis() as u64, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out}),
                 );
             }

@@ -136,8 +136,8 @@
 //! sends carries the source `sandbox`, so a rule with `source = "trusted"` never matches a
 //! confined call (the host cannot check the loop's account of where a value came from), and
 //! a rule that asks is put to the host's approver ([`ConfinedBuilder::approver`]; without
-//! one, it is a denial). Its trace records each call's tool, decision and rule
-//! (the broker's record), not its arguments.
+//! one, it is a denial). Its trace records each call's tool, decision and rule,
+//! and a function call's canonical arguments cut at 512 bytes (the broker's record).
 //!
 //! # Failure behaviour
 //! Fails closed: an unknown tool, an unparseable argument or any policy error runs nothing.

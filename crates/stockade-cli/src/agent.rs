@@ -437,18 +437,20 @@ fn show_step(event: &str, v: &serde_json::Value) {
     let line = match event {
         "request" if n("attempt") <= 1 => format!("turn {}: asking the model", n("turn")),
         "request" => format!("turn {}: asking the model again (attempt {})", n("turn"), n("attempt")),
-        // A confined loop's call, as the broker recorded it: no arguments.
-        "decision" if v["args"].is_null() => {
-            format!("  {} (confined): {} (rule {})", s("tool"), s("effect"), s("rule"))
-        }
+        // A confined loop's call is the broker's record: arguments for a function grant only.
         "decision" => {
-            let args = v["args"].as_str().map_or_else(|| visible(&v["args"].to_string()), visible);
-            let args: String = if args.chars().count() > 80 {
-                args.chars().take(79).chain(std::iter::once('…')).collect()
+            let args = match &v["args"] {
+                serde_json::Value::Null => String::new(),
+                serde_json::Value::String(a) => format!(" {}", visible(a)),
+                other => format!(" {}", visible(&other.to_string())),
+            };
+            let args: String = if args.chars().count() > 81 {
+                args.chars().take(80).chain(std::iter::once('…')).collect()
             } else {
                 args
             };
-            format!("  {} {args}: {} (rule {})", s("tool"), s("effect"), s("rule"))
+            let confined = if v["confined"] == serde_json::Value::Bool(true) { " (confined)" } else { "" };
+            format!("  {}{confined}{args}: {} (rule {})", s("tool"), s("effect"), s("rule"))
         }
         "tool" => format!(
             "  ran {}: {} in {} ms, {} bytes{}",

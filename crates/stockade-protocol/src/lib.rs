@@ -139,6 +139,6 @@ pub use job::{
 pub use json::{JsonError, JsonLimits, parse_untrusted};
 pub use limits::{Limits, LimitsError};
 pub use report::{
-    Enforced, GrantCall, GrantOutcome, GrantsReport, MAX_GRANT_RECORDS, Mechanism, NetConnection, NetDecision, Report,
-    Status, Stream,
+    Enforced, GrantCall, GrantOutcome, GrantsReport, MAX_GRANT_ARGS_LEN, MAX_GRANT_RECORDS, Mechanism, NetConnection,
+    NetDecision, Report, Status, Stream,
 };

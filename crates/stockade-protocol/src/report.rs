@@ -270,7 +270,14 @@ pub struct GrantCall {
     /// Time from the call's arrival to its reply.
     #[serde(with = "micros")]
     pub duration: Duration,
+    /// A function grant's arguments as the policy saw them (canonical JSON: sorted keys, no
+    /// whitespace), cut to at most [`MAX_GRANT_ARGS_LEN`] bytes; absent for other calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
 }
+
+/// The most bytes of a call's arguments a [`GrantCall`] keeps.
+pub const MAX_GRANT_ARGS_LEN: usize = 512;
 
 /// What a run's broker saw: every call (the first [`MAX_GRANT_RECORDS`] one by one), and
 /// why the broker session ended early, if it did.
@@ -370,7 +377,23 @@ impl GrantCall {
         bytes: (u64, u64),
         duration: Duration,
     ) -> Self {
-        Self { grant: grant.into(), outcome, rule: rule.into(), bytes_in: bytes.0, bytes_out: bytes.1, duration }
+        Self {
+            grant: grant.into(),
+            outcome,
+            rule: rule.into(),
+            bytes_in: bytes.0,
+            bytes_out: bytes.1,
+            duration,
+            args: None,
+        }
+    }
+
+    /// The record with the call's canonical arguments, cut to [`MAX_GRANT_ARGS_LEN`] bytes.
+    #[must_use]
+    pub fn with_args(mut self, mut args: String) -> Self {
+        truncate_at_char(&mut args, MAX_GRANT_ARGS_LEN);
+        self.args = Some(args);
+        self
     }
 }
 

@@ -174,8 +174,12 @@ impl Session {
         bytes: (u64, u64),
         duration: std::time::Duration,
     ) {
+        self.record_call(GrantCall::new(grant, outcome, rule, bytes, duration));
+    }
+
+    fn record_call(&self, call: GrantCall) {
         if !self.closed.load(Ordering::SeqCst) {
-            self.state().report.record(GrantCall::new(grant, outcome, rule, bytes, duration));
+            self.state().report.record(call);
         }
     }
 
@@ -203,6 +207,13 @@ impl Session {
             self.record(name, GrantOutcome::Refused, "max-calls", (payload.len() as u64, 0), t0.elapsed());
             return Err(Ended(reason));
         }
+        // A function call's arguments go in the record as the policy sees them.
+        let shown = self
+            .grants
+            .functions
+            .contains_key(name)
+            .then(|| ToolCall::from_json(name, &args, &Source::Sandbox).map(|c| c.canonical_args()))
+            .flatten();
         let (outcome, rule, body) = self.dispatch(name, args).await;
         let mut out = reply(id, body);
         let (outcome, rule) = if out.len() > self.grants.limits.max_reply_bytes as usize {
@@ -216,7 +227,11 @@ impl Session {
         } else {
             (outcome, rule)
         };
-        self.record(name, outcome, &rule, (payload.len() as u64, out.len() as u64), t0.elapsed());
+        let call = GrantCall::new(name, outcome, &rule, (payload.len() as u64, out.len() as u64), t0.elapsed());
+        self.record_call(match shown {
+            Some(args) => call.with_args(args),
+            None => call,
+        });
         Ok(out)
     }
 

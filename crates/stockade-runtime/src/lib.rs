@@ -129,8 +129,9 @@
 //!     ends; nothing the job carries configures the broker.
 //!     (pinned by: tests/it/grants.rs::g6_*)
 //! G7. The report's `grants` section lists each call's grant, outcome, rule, bytes and
-//!     duration (the first 1024 one by one, every call counted), and the enforcement list
-//!     names the broker.
+//!     duration (the first 1024 one by one, every call counted), a function call's
+//!     arguments as the policy saw them (canonical, cut at `MAX_GRANT_ARGS_LEN` bytes), and the
+//!     enforcement list names the broker.
 //!     (pinned by: tests/it/grants.rs::g7_*)
 //! G8. A tier that cannot carry grants fails closed with [`RunError::Unsupported`]
 //!     (`grants`). (The wasm tier's Python guest carries them through its own tool door:

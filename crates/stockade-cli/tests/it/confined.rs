@@ -226,6 +226,21 @@ fn steward_confined_in(tier: &str) {
     assert_eq!(effect("read_ledger"), ["allow"]);
     assert_eq!(effect("run_code"), ["allow"]);
     assert_eq!(effect("send_raven"), ["deny", "deny"], "{trace:?}");
+    // Each function call's arguments, canonical, as the host's policy saw them.
+    let mut ravens: Vec<&str> =
+        decisions.iter().filter(|d| d["tool"] == "send_raven").map(|d| d["args"].as_str().unwrap()).collect();
+    ravens.sort_unstable();
+    assert_eq!(
+        ravens,
+        [
+            r#"{"text":"page 1: 1200 measures of grain","to":"eastwatch"}"#.to_owned(),
+            format!(r#"{{"text":"{copied}","to":"riverhold"}}"#)
+        ]
+    );
+    assert!(
+        decisions.iter().filter(|d| d["tool"] == "model").all(|d| d["args"].is_null()),
+        "a model call's body is not kept"
+    );
     assert_eq!(effect("model"), ["allow"; 4]);
     let end = trace.iter().find(|v| v["event"] == "end").unwrap();
     assert_eq!(

@@ -572,7 +572,8 @@ fn g7_the_report_lists_each_call_and_the_broker_is_enforced() {
         let mut s = connect(&sock);
         vec![
             call(&mut s, 1, "stockade.list", json!({})).unwrap(),
-            call(&mut s, 2, "add", json!({"a": 1, "b": 2})).unwrap(),
+            call(&mut s, 2, "add", json!({"b": 2, "a": 1})).unwrap(),
+            call(&mut s, 3, "add", json!({"a": 1, "b": 2, "pad": "x".repeat(600)})).unwrap(),
         ]
     });
     let (report, tier) = run(tier, grants(&log));
@@ -584,6 +585,10 @@ fn g7_the_report_lists_each_call_and_the_broker_is_enforced() {
     let add = &g.calls[1];
     assert_eq!((add.grant.as_str(), add.outcome, add.rule.as_str()), ("add", GrantOutcome::Ok, "small-sums"));
     assert!(add.bytes_in > 0 && add.bytes_out > 0);
+    // A function call's arguments as the policy saw them: canonical, and cut to a bound.
+    assert_eq!(add.args.as_deref(), Some(r#"{"a":1,"b":2}"#));
+    assert_eq!(g.calls[2].args.as_ref().map(String::len), Some(stockade_protocol::MAX_GRANT_ARGS_LEN));
+    assert_eq!(g.calls[0].args, None, "the manifest call has no arguments to keep");
     assert!(report.enforced(stockade_protocol::Mechanism::GrantsBroker));
     // Without grants nothing changes: no broker, no section.
     let plain = rt()
