@@ -99,7 +99,9 @@
 //!     cp` moves a file in or out by the guest's path (and nothing outside the home and the
 //!     workspace), and `session ps` lists its processes by their pids inside the session, `session pause` freezes every process of the session (no exec until `session resume`), `session snapshot ID FILE` writes its home as a new tar file (mode 0600) from which `session create --from FILE` starts another, a session idle past its `--idle-timeout` ends by itself (one with an exec running is not idle), and `session kill` leaves no process and no home. `session exec -d` starts a command in the background and prints its pid; `session input` writes its stdin (`-i`) from ours and closes it, `session signal` signals its process group (by name or number), `session resize` sizes its terminal (`-t`), `session jobs` lists it running or ended, and `session attach` streams its output (`--replay`: what it wrote before first) and passes its exit status through. `session create --allow-net HOST` lets every exec of the session reach what the rules name through one proxy for the session's life, and nothing else; `--tier docker` makes the session one hardened container driven by the same commands. Without an owner, each
 //!     command says in one line how to start one. A SIGTERM ends every session; a
-//!     SIGKILLed owner's sessions die with it, and `stockade gc` removes their homes.
+//!     SIGKILLed owner's sessions die with it (a docker session's container stops, every
+//!     process in it gone, judged from the host), and `stockade gc` removes their homes and
+//!     containers.
 //!     (pinned by: tests/it/session.rs::g10_*)
 //! G11. `stockade serve --listen ADDR --api-key-env VAR` (HTTPS only off loopback: `--tls-cert`,
 //!     `--tls-key`) also speaks E2B's API

@@ -119,9 +119,10 @@
 //!     its process group the same way, and may have a terminal the engine resizes; a
 //!     workspace is staged as in G7 and, read-write, copied back when the session ends; a
 //!     snapshot is the engine's archive of the home, which a new session starts from; a
-//!     kill removes the container and its volumes, and a killed owner's session containers
-//!     are reaped as in G4.
-//!     (pinned by: tests/it/docker.rs::g10_*)
+//!     kill removes the container and its volumes; the container stops with its owner (its
+//!     keeper reads a stdin only the owner's attachment holds open, `StdinOnce`), and a
+//!     killed owner's stopped session containers are reaped as in G4.
+//!     (pinned by: tests/it/docker.rs::g10_*, stockade-cli's tests/it/session.rs::g10_a_sigkilled_owner_s_docker_*)
 //!
 //! # Non-guarantees
 //! - Under runc the container shares the host kernel; seccomp is [`spec::SECCOMP_PROFILE`],

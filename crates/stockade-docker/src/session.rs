@@ -17,6 +17,15 @@
 //! (mapped into the container's pid namespace through the host's `/proc`, so this needs a
 //! local engine and a `kill` in the image, as busybox has); where either is missing, the
 //! container is killed and the session ends, and the report says so.
+//!
+//! The container dies with its owner: its keeper ([`SESSION_KEEPER`], `cat`) reads a stdin
+//! the engine closes once the one client attached to it goes (`StdinOnce`), and that client
+//! is the owner, attached from before the container starts until the session ends. When a
+//! SIGKILLed owner's connection to the engine closes, the keeper reads end-of-file and exits,
+//! and the container stops with every process in it (the engine's init is its pid 1); the
+//! owner label still lets `gc` remove the stopped container and its volumes. A guest runs as
+//! the keeper's uid and could stop or kill it: killed, the session ends at once; stopped, the
+//! container outlives a SIGKILLed owner until the next stockade connects or `gc`, as before.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +41,10 @@ use stockade_protocol::{
 use tokio::io::AsyncWriteExt;
 
 use crate::{DockerTier, RunError, engine, spec};
+
+/// What a session's container runs: `cat`, which reads the stdin its owner holds open and
+/// exits (stopping the container) when the owner is gone.
+pub const SESSION_KEEPER: [&str; 1] = ["cat"];
 
 /// Where a docker session's home is, as in the process tier and E2B's images.
 pub const SESSION_HOME: &str = "/home/user";
@@ -125,6 +138,19 @@ pub struct DockerSession {
     apply_back: std::sync::Mutex<Option<(std::path::PathBuf, u64)>>,
     applied: std::sync::Mutex<Option<Result<crate::stage::Applied, RunError>>>,
     _lock: Option<stockade_hostfs::WorkspaceLock>,
+    _lifeline: std::sync::Mutex<Option<Lifeline>>,
+}
+
+/// The owner's attachment to the keeper's stdin: held, never written, for the session's life.
+struct Lifeline {
+    _input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    _output: std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+}
+
+impl std::fmt::Debug for Lifeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lifeline")
+    }
 }
 
 impl DockerTier {
@@ -132,7 +158,7 @@ impl DockerTier {
     /// home volume at [`SESSION_HOME`], where execs start by default.
     pub async fn session(&self, config: DockerSessionConfig) -> Result<DockerSession, RunError> {
         self.retry_pending().await;
-        let keeper = Job::image(config.image.clone(), spec::KEEPER)?.with_limits(config.limits);
+        let keeper = Job::image(config.image.clone(), SESSION_KEEPER)?.with_limits(config.limits);
         // The workspace: locked for the session's life, packed before any container exists.
         let (lock, staged) = match &config.workspace {
             None => (None, None),
@@ -152,9 +178,11 @@ impl DockerTier {
         let id = crate::run_id();
         let expires = crate::unix_now() + config.lifetime.as_secs() + spec::ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(&keeper, &self.hardening, &id, expires)?;
-        spec.body.attach_stdin = Some(false);
-        spec.body.open_stdin = Some(false);
-        spec.body.stdin_once = Some(false);
+        // The keeper's stdin is the owner's lifeline: open, closed by the engine once the
+        // owner's attachment goes.
+        spec.body.attach_stdin = Some(true);
+        spec.body.open_stdin = Some(true);
+        spec.body.stdin_once = Some(true);
         spec.body.attach_stdout = Some(false);
         spec.body.attach_stderr = Some(false);
         let mut mounts =
@@ -176,8 +204,19 @@ impl DockerTier {
             apply_back: std::sync::Mutex::new(None),
             applied: std::sync::Mutex::new(None),
             _lock: lock,
+            _lifeline: std::sync::Mutex::new(None),
         };
-        // On an error from here, dropping the session removes the container.
+        // On an error from here, dropping the session removes the container. Attached before
+        // it starts, so there is no moment when the keeper runs without its owner.
+        let attach = bollard::query_parameters::AttachContainerOptionsBuilder::default()
+            .stream(true)
+            .logs(false)
+            .stdin(true)
+            .stdout(false)
+            .stderr(false)
+            .build();
+        let attached = self.docker.attach_container(&created.id, Some(attach)).await.map_err(engine)?;
+        session._lifeline = std::sync::Mutex::new(Some(Lifeline { _input: attached.input, _output: attached.output }));
         self.docker.start_container(&created.id, None).await.map_err(engine)?;
         if let Some(tar) = config.restore {
             self.upload(&created.id, SESSION_HOME, tar.into()).await?;
@@ -505,7 +544,7 @@ impl DockerSession {
                 Some(DockerProcess { pid, host_pid, cmdline })
             })
             // The container's own init and the keeper it runs are not the session's.
-            .filter(|p| p.cmdline != spec::KEEPER.join(" ") && !p.cmdline.starts_with("/sbin/docker-init"))
+            .filter(|p| p.cmdline != SESSION_KEEPER.join(" ") && !p.cmdline.starts_with("/sbin/docker-init"))
             .collect())
     }
 

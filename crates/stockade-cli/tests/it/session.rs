@@ -512,21 +512,38 @@ fn g10_a_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// The session containers of owner `pid` that are running.
+fn running_session_containers(pid: u32) -> usize {
+    let out = Command::new("docker")
+        .args(["ps", "--filter", "name=stockade-session-", "--filter", "status=running", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    let mine = format!("-{pid:x}-");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|n| n.contains(&mine)).count()
+}
+
 #[test]
-fn g10_a_sigkilled_owner_s_docker_session_containers_are_reaped_by_gc() {
+fn g10_a_sigkilled_owner_s_docker_sessions_stop_with_it_and_gc_removes_them() {
     if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
         return;
     }
     let _runs = shared();
     let mut owner = Owner::start("docker-sigkill");
-    let (code, _, err) = owner.session(&["create", "--tier", "docker"], b"");
+    let (code, out, err) = owner.session(&["create", "--tier", "docker"], b"");
     assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    // A background process that would run on if the container did.
+    let marker = format!("{}", 4_000_000 + std::process::id() % 1_000_000);
+    let (code, _, err) = owner.session(&["exec", "-d", &id, "--", "sleep", &marker], b"");
+    assert_eq!(code, 0, "{err}");
+    eventually(WITHIN, "the background sleep runs", || !with_marker(&format!("sleep\0{marker}")).is_empty());
     let owner_pid = owner.child.id();
-    assert_eq!(session_containers(owner_pid), 1);
+    assert_eq!((session_containers(owner_pid), running_session_containers(owner_pid)), (1, 1));
     owner.child.kill().unwrap();
     owner.child.wait().unwrap();
-    // Its container outlives it (the engine owns it) until the next stockade that looks.
-    assert_eq!(session_containers(owner_pid), 1);
+    // Judged from the host: the container stops with its owner, and every process in it.
+    eventually(WITHIN, "the SIGKILLed owner's container stops", || running_session_containers(owner_pid) == 0);
+    eventually(WITHIN, "the session's processes are gone", || with_marker(&format!("sleep\0{marker}")).is_empty());
     let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .arg("gc")
         .env("STOCKADE_STATE_DIR", &owner.state)
