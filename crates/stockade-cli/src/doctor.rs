@@ -47,7 +47,7 @@ pub(crate) fn gc() -> Result<()> {
     // died with it).
     if let Some(state) = process::state_dir() {
         let stale = stockade_runtime::session::stale_homes(&state.join("sessions"));
-        let gone = stale.iter().filter(|d| std::fs::remove_dir_all(d).is_ok()).count();
+        let gone = stale.iter().filter(|d| stockade_runtime::session::remove_stale_home(d).is_ok()).count();
         println!("removed the session homes of {gone} killed session owner(s)");
         for d in stale.iter().filter(|d| d.exists()) {
             println!("could not remove {}", d.display());

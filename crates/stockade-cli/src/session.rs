@@ -122,6 +122,11 @@ pub(crate) enum SessionCommand {
         /// KEY=VALUE for every exec of the session, unless the exec sets KEY (repeatable).
         #[arg(long, short = 'e')]
         env: Vec<String>,
+        /// The size of the session's home (e.g. 64M): a write past it fails with "No space
+        /// left on device". The process tier makes it a tmpfs (memory-backed, as root only);
+        /// the docker tier sizes the home volume (default 512M).
+        #[arg(long, value_name = "SIZE")]
+        disk: Option<String>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -628,8 +633,9 @@ async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
             allow_net,
             net_resolve,
             env,
+            disk_bytes,
         } => {
-            let mut profile = SessionProfile { env, ..SessionProfile::default() };
+            let mut profile = SessionProfile { env, home_bytes: disk_bytes, ..SessionProfile::default() };
             match crate::run::net_grant_from(None, &allow_net, &net_resolve) {
                 Ok(Some(net)) => profile.grants = Some(Arc::new(stockade_runtime::Grants::new().net(net))),
                 Ok(None) => {}
@@ -934,6 +940,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             allow_net,
             net_resolve,
             env,
+            disk,
             socket,
         } => {
             // Checked here too, so that a typo is this command's one line.
@@ -968,6 +975,10 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                     allow_net,
                     net_resolve,
                     env: parse_env(&env)?,
+                    disk_bytes: disk
+                        .as_deref()
+                        .map(|d| parse_size(d).map_err(|e| anyhow!("--disk {d}: {e}")))
+                        .transpose()?,
                 },
             )?;
             match expect_ok(reply)? {

@@ -230,6 +230,13 @@
 //!     first bytes for the report and the exec goes on (its live copies see every byte); the
 //!     default fails fast, as a run.
 //!     (pinned by: tests/it/session.rs::g18_*)
+//! G19. [`HomeMount::mount`] caps a session home's size with a tmpfs (nosuid, nodev, the
+//!     directory's owner and mode, an inode bound) mounted on the host directory by a root
+//!     supervisor, so the guest's view and the host's files API see one filesystem and a
+//!     write past the size fails with `ENOSPC`; without root it is refused, naming the
+//!     mechanism; it is unmounted when dropped, and [`unmount_under`] unmounts what a killed
+//!     owner left before its directory is removed.
+//!     (pinned by: stockade-cli's tests/it/session.rs::g10_a_session_s_disk_*)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
@@ -294,6 +301,7 @@ mod confine;
 mod fdpass;
 mod forkserver;
 mod helper;
+mod home;
 mod launch;
 mod pool;
 mod session;
@@ -305,6 +313,7 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
+pub use home::{HomeMount, unmount_under};
 pub use session::{ExecOptions, ExecStarted, ProcessSession, SessionConfig, SessionProcess, Terminal};
 pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
 use stockade_protocol::{Job, LiveIo, Report};

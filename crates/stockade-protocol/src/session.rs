@@ -46,6 +46,9 @@ pub enum SessionCall {
         /// The session's environment: every exec's, unless it sets the variable itself.
         #[serde(default)]
         env: Vec<(String, String)>,
+        /// The size of the session's home, bytes (a write past it fails).
+        #[serde(default)]
+        disk_bytes: Option<u64>,
     },
     /// Run a command in a session.
     Exec {

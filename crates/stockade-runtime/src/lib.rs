@@ -75,7 +75,9 @@
 //! are served by one [`Broker`] for the session's whole life, to every exec. A profile's
 //! [`session::SessionTier::Docker`] makes the session one hardened container instead
 //! (`stockade_docker::session`), its files read and written through the engine, its
-//! workspace staged; a docker session has no grants yet, and says so by name.
+//! workspace staged; a docker session has no grants yet, and says so by name. A profile's
+//! `home_bytes` caps the home: a tmpfs the owner mounts on it (process tier, root;
+//! `stockade_process::HomeMount`), or the home volume's size (docker tier).
 //! The owner's
 //! directory is named after its pid and start time, so a later owner (or `stockade gc`)
 //! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`

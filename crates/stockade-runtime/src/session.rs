@@ -54,6 +54,12 @@ pub struct SessionProfile {
     /// The session's environment: every exec gets these variables unless it sets them
     /// itself (then `PATH` and `HOME` as defaults, the same way).
     pub env: Vec<(String, String)>,
+    /// The size of the session's home, bytes: a write past it fails (`ENOSPC`). In the
+    /// process tier, a tmpfs the owner mounts on the home (it takes root; without it the
+    /// session is refused, naming the mechanism), memory-backed and charged to the session's
+    /// memory; `None` leaves the home on the state directory's disk, uncapped. In the docker
+    /// tier, the home volume's size (default `stockade_docker::session::HOME_BYTES`).
+    pub home_bytes: Option<u64>,
 }
 
 impl Default for SessionProfile {
@@ -67,6 +73,7 @@ impl Default for SessionProfile {
             from_snapshot: None,
             grants: None,
             env: Vec::new(),
+            home_bytes: None,
         }
     }
 }
@@ -328,6 +335,8 @@ pub struct Session {
     profile: SessionProfile,
     made: Instant,
     used: Mutex<Instant>,
+    // The home's size cap (a tmpfs), unmounted when the session ends.
+    home_mount: Mutex<Option<stockade_process::HomeMount>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -751,6 +760,7 @@ impl Session {
             }
             None => stockade_process::Swept::default(),
         };
+        drop(self.home_mount.lock().unwrap_or_else(PoisonError::into_inner).take());
         let _ = std::fs::remove_dir_all(&self.dir);
         swept
     }
@@ -785,7 +795,9 @@ impl Sessions {
     /// that were killed left there.
     pub fn new(tier: ProcessTier, state: &Path, max: usize) -> Result<Self, RunError> {
         let base = state.join("sessions");
-        let _ = stale_homes(&base).into_iter().map(std::fs::remove_dir_all).count();
+        for dir in stale_homes(&base) {
+            let _ = remove_stale_home(&dir);
+        }
         let start = stockade_sys::proc::start_time("self").unwrap_or(0);
         let root = base.join(format!("{}-{start}", std::process::id()));
         std::fs::create_dir_all(&root)
@@ -822,9 +834,13 @@ impl Sessions {
         std::fs::create_dir_all(&home)
             .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
         let cleanup = |e| {
+            stockade_process::unmount_under(&dir);
             let _ = std::fs::remove_dir_all(&dir);
             e
         };
+        // The size cap first: what a snapshot restores, and what the files API opens, is on it.
+        let home_mount =
+            profile.home_bytes.map(|b| stockade_process::HomeMount::mount(&home, b)).transpose().map_err(cleanup)?;
         if let Some(from) = &profile.from_snapshot {
             restore(from, &home).map_err(cleanup)?;
         }
@@ -856,7 +872,9 @@ impl Sessions {
             None => None,
         };
         let inner = self.tier.session(config).await.map_err(cleanup)?;
-        Ok(self.keep(id, Backend::Process(Box::new(inner)), Some(files), dir, profile, broker))
+        let session = self.keep(id, Backend::Process(Box::new(inner)), Some(files), dir, profile, broker);
+        *session.home_mount.lock().unwrap_or_else(PoisonError::into_inner) = home_mount;
+        Ok(session)
     }
 
     fn keep(
@@ -880,6 +898,7 @@ impl Sessions {
             profile,
             made: Instant::now(),
             used: Mutex::new(Instant::now()),
+            home_mount: Mutex::new(None),
         });
         self.live().insert(id, Arc::clone(&session));
         session
@@ -899,12 +918,14 @@ impl Sessions {
         }
         let tier = self.docker.get_or_try_init(|| async { stockade_docker::DockerTier::connect().await }).await?;
         let restore = profile.from_snapshot.as_deref().map(read_snapshot).transpose()?;
+        let base = stockade_docker::session::DockerSessionConfig::new(image);
         let config = stockade_docker::session::DockerSessionConfig {
             limits: profile.limits,
             lifetime: profile.max_lifetime,
             workspace: profile.workspace.clone(),
             restore,
-            ..stockade_docker::session::DockerSessionConfig::new(image)
+            home_bytes: profile.home_bytes.unwrap_or(base.home_bytes),
+            ..base
         };
         let inner = tier.session(config).await?;
         Ok(self.keep(id.clone(), Backend::Docker(Box::new(inner)), None, self.root.join(&id), profile, None))
@@ -980,6 +1001,13 @@ pub fn stale_homes(base: &Path) -> Vec<PathBuf> {
         })
         .map(|e| e.path())
         .collect()
+}
+
+/// Removes a [`stale_homes`] directory: first what is mounted under it (a home's size cap,
+/// left by a SIGKILLed owner), then the directory.
+pub fn remove_stale_home(dir: &Path) -> std::io::Result<()> {
+    stockade_process::unmount_under(dir);
+    std::fs::remove_dir_all(dir)
 }
 
 /// `job` with each of `env` whose key it does not set already.

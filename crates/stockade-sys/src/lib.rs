@@ -4,7 +4,8 @@
 //!
 //! - [`proc`]: the fields of `/proc/PID/stat` and a `Key:` line of `/proc/PID/status` (or
 //!   `fdinfo`), a process's start time, this boot's id, this process's pid namespace,
-//!   whether a process named by pid and start time is gone, whether this process runs as root;
+//!   whether a process named by pid and start time is gone, whether this process runs as root,
+//!   the mount points under a directory;
 //! - [`cgroup`]: a process's cgroup path for a controller (v1) or the unified one (v2), and
 //!   the out-of-memory kill counter of a memory cgroup.
 //!
@@ -32,6 +33,10 @@
 //!     network namespace, and only those: a socket file left by a killed process is not
 //!     among them, abstract names are left out.
 //!     (pinned by: tests/it/sys.rs::g3_*)
+//! G4. [`proc::mount_points_under`] lists the mount points at or under a directory, path
+//!     components compared (a sibling sharing a prefix is not under it), the kernel's octal
+//!     escapes undone, deepest first.
+//!     (pinned by: tests/it/sys.rs::g4_*)
 //!
 //! # Non-guarantees
 //! A pid and start time name one process of this boot and this pid namespace only: callers

@@ -79,3 +79,51 @@ pub fn unix_socket_paths_in(text: &str) -> std::collections::HashSet<std::path::
         .map(std::path::PathBuf::from)
         .collect()
 }
+
+/// The mount points of this process's mount namespace at or under `dir` (`/proc/self/mountinfo`,
+/// its fifth field, with the kernel's octal escapes undone), deepest first, so that unmounting
+/// them in order never meets a busy parent.
+#[must_use]
+pub fn mount_points_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mount_points_under_in(&text, dir)
+}
+
+/// [`mount_points_under`] of a `/proc/PID/mountinfo` text.
+#[must_use]
+pub fn mount_points_under_in(text: &str, dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut points: Vec<std::path::PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| std::path::PathBuf::from(std::ffi::OsString::from_vec(unescape_octal(p))))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    points
+}
+
+/// Undoes the kernel's `\NNN` octal escapes of a mountinfo path (space, tab, newline, `\`).
+fn unescape_octal(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::try_from(d.iter().fold(0u16, |v, c| v * 8 + u16::from(c - b'0'))).ok());
+        match (b[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}

@@ -571,3 +571,63 @@ fn g10_a_session_s_environment_reaches_every_exec_and_an_exec_s_own_wins() {
         owner.session(&["exec", "-e", "MODE=exec", "-e", "PATH=/bin", &id, "--", "/bin/sh", "-c", show], b"");
     assert_eq!((code, out.as_str()), (0, "hello exec /home/user\n/bin\n"), "{err}");
 }
+
+#[test]
+fn g10_a_session_s_disk_is_capped_and_its_mount_ends_with_it_or_with_gc() {
+    let _runs = shared();
+    let root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap();
+    let mut owner = Owner::start("disk");
+    let (code, out, err) = owner.session(&["create", "--disk", "1M"], b"");
+    if !root {
+        // Without root there is no tmpfs to mount: refused, naming the mechanism.
+        assert_ne!(code, 0);
+        assert!(err.contains("session disk limit"), "{err}");
+        return;
+    }
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    let home = owner.home(&id);
+    let mounted = || mounts_under(&owner.state);
+    assert_eq!(mounted(), std::slice::from_ref(&home), "judged from the host: a mount on the session's home");
+    // Under the cap a write lands; past it, the guest's write fails as a full disk does.
+    let (code, out, err) = owner.session(
+        &["exec", &id, "--", "sh", "-c", "head -c 500000 /dev/zero > ok && echo fits; head -c 2000000 /dev/zero > big"],
+        b"",
+    );
+    assert_eq!(out, "fits\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert_eq!(std::fs::metadata(home.join("ok")).unwrap().len(), 500_000, "the host's view is the guest's");
+    // The files API writes into the same capped home.
+    let (code, _, err) = owner.session(&["cp", "-", &format!("{id}:/home/user/in.bin")], &vec![b'x'; 2 << 20]);
+    assert_ne!(code, 0, "{err}");
+    let (code, _, err) = owner.session(&["kill", &id], b"");
+    assert_eq!(code, 0, "{err}");
+    assert!(mounted().is_empty() && !home.exists(), "kill unmounts and removes the home");
+    // A SIGKILLed owner leaves its mount; gc unmounts it before it removes the home.
+    let (code, out, err) = owner.session(&["create", "--disk", "1M"], b"");
+    assert_eq!(code, 0, "{err}");
+    let home = owner.home(out.trim());
+    assert_eq!(mounted(), std::slice::from_ref(&home));
+    owner.child.kill().unwrap();
+    owner.child.wait().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .arg("gc")
+        .env("STOCKADE_STATE_DIR", &owner.state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(mounted().is_empty() && !home.exists(), "gc unmounted and removed the home");
+}
+
+/// The mount points under `dir`, from the host's `/proc/self/mountinfo`.
+fn mounts_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let dir = std::fs::canonicalize(dir).unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(&dir))
+        .collect()
+}

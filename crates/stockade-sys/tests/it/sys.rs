@@ -114,3 +114,21 @@ fn g3_a_bound_socket_is_listed_and_a_socket_file_left_behind_is_not() {
     assert_eq!(proc::unix_socket_paths_in(text), [std::path::PathBuf::from("/run/a.sock")].into());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn g4_mount_points_under_a_directory_are_read_unescaped_and_deepest_first() {
+    use std::path::{Path, PathBuf};
+    let text = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
+                90 22 0:50 / /var/s/a\\040b rw,nosuid - tmpfs tmpfs rw,size=1024k\n\
+                91 90 0:51 / /var/s/a\\040b/deep rw - tmpfs tmpfs rw\n\
+                92 22 0:52 / /var/sx rw - tmpfs tmpfs rw\n\
+                93 22 0:53 / /var/s/odd\\777 rw - tmpfs tmpfs rw\n";
+    let got = stockade_sys::proc::mount_points_under_in(text, Path::new("/var/s"));
+    assert_eq!(
+        got,
+        [PathBuf::from("/var/s/a b/deep"), PathBuf::from("/var/s/a b"), PathBuf::from("/var/s/odd\\777")],
+        "a sibling with the same prefix (/var/sx) is not under it; an escape past a byte is kept as written"
+    );
+    // This process's own table: its root is a mount point under /.
+    assert!(stockade_sys::proc::mount_points_under(Path::new("/")).contains(&PathBuf::from("/")));
+}
