@@ -118,6 +118,9 @@
 //!     ([`session::DockerExecOptions`]) reports its pid in the container, takes a signal to
 //!     its process group the same way, and may have a terminal the engine resizes; a
 //!     workspace is staged as in G7 and, read-write, copied back when the session ends; a
+//!     grants directory is bound read-only at `/broker` and [`DockerTier::session_joined`]'s
+//!     `join` puts a listener in the started container's own network namespace before it
+//!     returns (refused under another runtime); a
 //!     snapshot is the engine's archive of the home, which a new session starts from; a
 //!     kill removes the container and its volumes; the container stops with its owner (its
 //!     keeper reads a stdin only the owner's attachment holds open, `StdinOnce`), and a

@@ -73,6 +73,10 @@ pub struct DockerSessionConfig {
     /// A snapshot ([`DockerSession::snapshot`]) unpacked into the home before the first
     /// exec.
     pub restore: Option<Vec<u8>>,
+    /// A run's grants directory (the runtime's broker, for the session's whole life),
+    /// bound read-only at [`spec::GRANTS`], as a one-shot run's is: the only host path in the
+    /// container.
+    pub grants_dir: Option<std::path::PathBuf>,
 }
 
 impl DockerSessionConfig {
@@ -87,9 +91,14 @@ impl DockerSessionConfig {
             workspace: None,
             workspace_bytes: crate::stage::DEFAULT_STAGE_BYTES,
             restore: None,
+            grants_dir: None,
         }
     }
 }
+
+/// Puts a listener in a started session container's network namespace, given the host pid
+/// of its init (`stockade_process::listen_in_netns`, by the runtime): `Err` is why not.
+pub type Join = Box<dyn FnOnce(u32) -> Result<(), String> + Send>;
 
 /// How [`DockerSession::exec_with`] runs an exec, beyond its job.
 #[derive(Debug, Default)]
@@ -157,7 +166,26 @@ impl DockerTier {
     /// Starts a session's container: the pool keeper's hardening, the config's limits, and a
     /// home volume at [`SESSION_HOME`], where execs start by default.
     pub async fn session(&self, config: DockerSessionConfig) -> Result<DockerSession, RunError> {
+        self.session_joined(config, None).await
+    }
+
+    /// [`session`](Self::session), with `join` run once the container has started and before
+    /// anything else runs in it, given the host pid of its init: it puts a listener (a model
+    /// grant's, a network grant's proxy) in the container's own network namespace, which
+    /// only loopback reaches. A `join` that fails removes the container
+    /// ([`RunError::Unsupported`], with its reason). The engine's default runtime only.
+    pub async fn session_joined(
+        &self,
+        config: DockerSessionConfig,
+        join: Option<Join>,
+    ) -> Result<DockerSession, RunError> {
         self.retry_pending().await;
+        if let (Some(rt), Some(_)) = (self.oci_runtime(), &join) {
+            return Err(RunError::Unsupported {
+                mechanism: "a listener in the session's network namespace".into(),
+                reason: format!("the {rt} runtime gives its guest a network stack of its own"),
+            });
+        }
         let keeper = Job::image(config.image.clone(), SESSION_KEEPER)?.with_limits(config.limits);
         // The workspace: locked for the session's life, packed before any container exists.
         let (lock, staged) = match &config.workspace {
@@ -192,6 +220,9 @@ impl DockerTier {
         }
         if let Some(host) = spec.body.host_config.as_mut() {
             host.mounts = Some(mounts);
+            if let Some(dir) = &config.grants_dir {
+                host.binds.get_or_insert_with(Vec::new).push(spec::grants_bind(dir, &keeper)?);
+            }
         }
         spec.body.working_dir = Some(SESSION_HOME.into());
         let name = format!("stockade-session-{id}");
@@ -218,6 +249,20 @@ impl DockerTier {
         let attached = self.docker.attach_container(&created.id, Some(attach)).await.map_err(engine)?;
         session._lifeline = std::sync::Mutex::new(Some(Lifeline { _input: attached.input, _output: attached.output }));
         self.docker.start_container(&created.id, None).await.map_err(engine)?;
+        if let Some(join) = join {
+            let state = self.docker.inspect_container(&created.id, None).await.map_err(engine)?.state;
+            let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
+            let pid = pid.ok_or_else(|| engine("the session's container has no pid"))?;
+            join(pid).map_err(|reason| RunError::Unsupported {
+                mechanism: "a listener in the session's network namespace".into(),
+                reason,
+            })?;
+            // Still running under that pid: the listener is in this container's namespace.
+            let again = self.docker.inspect_container(&created.id, None).await.map_err(engine)?.state;
+            if !again.as_ref().is_some_and(|s| s.running == Some(true) && s.pid == Some(i64::from(pid))) {
+                return Err(engine(format!("the session's container left pid {pid} while the listener was placed")));
+            }
+        }
         if let Some(tar) = config.restore {
             self.upload(&created.id, SESSION_HOME, tar.into()).await?;
         }

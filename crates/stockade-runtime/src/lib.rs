@@ -75,7 +75,10 @@
 //! are served by one [`Broker`] for the session's whole life, to every exec. A profile's
 //! [`session::SessionTier::Docker`] makes the session one hardened container instead
 //! (`stockade_docker::session`), its files read and written through the engine, its
-//! workspace staged; a docker session has no grants yet, and says so by name. A profile's
+//! workspace staged, its grants served by one broker whose directory is bound read-only at
+//! `/broker` and whose loopback listener (a model grant's `OPENAI_BASE_URL`, a network
+//! grant's proxy) is put in the container's own network namespace once it has started,
+//! before any exec (root; a network grant fails closed without it). A profile's
 //! `home_bytes` caps the home: a tmpfs the owner mounts on it (process tier, root;
 //! `stockade_process::HomeMount`), or the home volume's size (docker tier).
 //! The owner's
@@ -543,12 +546,14 @@ impl Broker {
         Ok(job?)
     }
 
-    /// A session's exec as its guest sees the grants: [`guest_job`](Self::guest_job) at the
-    /// process tier's grants directory, plus [`loopback_env`](Self::loopback_env).
+    /// A session's exec as its guest sees the grants: [`guest_job`](Self::guest_job) at
+    /// `guest_dir` (the process tier's grants directory, or a docker session's `/broker`),
+    /// plus [`loopback_env`](Self::loopback_env) when the loopback listener is in the
+    /// session's network namespace.
     #[cfg(feature = "process")]
-    pub(crate) fn session_job(&self, job: &Job) -> Result<Job, RunError> {
-        let job = self.guest_job(job, stockade_process::GRANTS_GUEST_DIR)?;
-        self.with_loopback_env(job)
+    pub(crate) fn session_job(&self, job: &Job, guest_dir: &str, loopback: bool) -> Result<Job, RunError> {
+        let job = self.guest_job(job, guest_dir)?;
+        if loopback { self.with_loopback_env(job) } else { Ok(job) }
     }
 
     /// Handles one call in-process (the wasm tier's `host.call`): a call frame's payload in,

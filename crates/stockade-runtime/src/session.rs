@@ -312,13 +312,6 @@ enum Backend {
 
 /// What a docker session cannot do yet, named.
 #[cfg(feature = "docker")]
-fn docker_lacks(what: &str) -> RunError {
-    RunError::Unsupported {
-        mechanism: what.into(),
-        reason: "a docker-tier session does not offer it yet; use the process tier".into(),
-    }
-}
-
 /// One live session ([`Sessions::create`]).
 pub struct Session {
     id: String,
@@ -327,6 +320,9 @@ pub struct Session {
     background: Mutex<Vec<Arc<Background>>>,
     // The grants' broker, for the session's whole life.
     broker: Option<crate::Broker>,
+    // Where an exec sees the grants directory, and whether the loopback listener is there
+    // (a docker session's; a process session's is the process tier's, always).
+    guest: std::sync::OnceLock<(&'static str, bool)>,
     // Execs in flight, foreground and background.
     running: std::sync::atomic::AtomicUsize,
     files: Option<Files>,
@@ -396,7 +392,8 @@ impl Session {
         // job that sets those is refused), then the defaults.
         let mut full = with_missing(job.clone(), &self.profile.env)?;
         if let Some(b) = &self.broker {
-            full = b.session_job(&full)?;
+            let (dir, loopback) = self.guest.get().copied().unwrap_or((stockade_process::GRANTS_GUEST_DIR, true));
+            full = b.session_job(&full, dir, loopback)?;
         }
         let defaults =
             [("PATH".to_owned(), crate::DEFAULT_PATH.to_owned()), ("HOME".to_owned(), SESSION_HOME.to_owned())];
@@ -891,6 +888,7 @@ impl Sessions {
             inner: tokio::sync::RwLock::new(Some(backend)),
             background: Mutex::new(Vec::new()),
             broker,
+            guest: std::sync::OnceLock::new(),
             running: std::sync::atomic::AtomicUsize::new(0),
             files,
             dir,
@@ -913,10 +911,43 @@ impl Sessions {
         image: String,
         profile: SessionProfile,
     ) -> Result<Arc<Session>, RunError> {
-        if profile.grants.as_ref().is_some_and(|g| !g.is_empty()) {
-            return Err(docker_lacks("grants"));
-        }
         let tier = self.docker.get_or_try_init(|| async { stockade_docker::DockerTier::connect().await }).await?;
+        // Grants: one broker for the session's life, its directory bound read-only at
+        // `/broker` as a one-shot run's is; a model grant's `OPENAI_BASE_URL` and a network
+        // grant's proxy are a listener put in the container's own network namespace once it
+        // has started, before any exec (root and the process tier's `setns`, as one-shot).
+        let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
+            Some(g) => Some(crate::Broker::new(Arc::clone(g), std::env::temp_dir())?),
+            None => None,
+        };
+        let mut grants_dir = None;
+        let mut join: Option<stockade_docker::session::Join> = None;
+        if let Some(b) = &broker {
+            grants_dir = Some(b.socket_dir()?);
+            let root =
+                stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?;
+            let placeable = cfg!(feature = "process") && root;
+            if b.grants().has_net() && !placeable {
+                return Err(RunError::Unsupported {
+                    mechanism: "network grant in a docker session".into(),
+                    reason: "it needs root, to put the proxy's listener in the container's network namespace (setns)"
+                        .into(),
+                });
+            }
+            #[cfg(feature = "process")]
+            if let Some((port, serve)) = b.loopback()
+                && placeable
+            {
+                join = Some(Box::new(move |pid: u32| {
+                    let listener = stockade_process::listen_in_netns(pid, port).map_err(|e| {
+                        format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}")
+                    })?;
+                    serve(listener);
+                    Ok(())
+                }));
+            }
+        }
+        let loopback = join.is_some();
         let restore = profile.from_snapshot.as_deref().map(read_snapshot).transpose()?;
         let base = stockade_docker::session::DockerSessionConfig::new(image);
         let config = stockade_docker::session::DockerSessionConfig {
@@ -925,10 +956,14 @@ impl Sessions {
             workspace: profile.workspace.clone(),
             restore,
             home_bytes: profile.home_bytes.unwrap_or(base.home_bytes),
+            grants_dir,
             ..base
         };
-        let inner = tier.session(config).await?;
-        Ok(self.keep(id.clone(), Backend::Docker(Box::new(inner)), None, self.root.join(&id), profile, None))
+        let inner = tier.session_joined(config, join).await?;
+        let session =
+            self.keep(id.clone(), Backend::Docker(Box::new(inner)), None, self.root.join(&id), profile, broker);
+        let _ = session.guest.set((stockade_docker::spec::GRANTS, loopback));
+        Ok(session)
     }
 
     #[cfg(not(feature = "docker"))]

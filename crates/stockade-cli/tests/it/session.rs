@@ -512,6 +512,45 @@ fn g10_a_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// `--tier docker --allow-net`: the session's container reaches what the grant names through
+/// the proxy the owner put in the container's own network namespace (busybox wget, which reads
+/// `http_proxy`), across execs, and nothing else; judged by the upstream's log.
+#[test]
+fn g10_a_docker_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
+    if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let _runs = shared();
+    let up = crate::net::HttpUpstream::start("127.0.0.3");
+    let port = up.port.to_string();
+    let owner = Owner::start("docker-net");
+    let allow = format!("api.test:{port}");
+    let resolve = format!("api.test:{port}:127.0.0.3");
+    let (code, out, err) =
+        owner.session(&["create", "--tier", "docker", "--allow-net", &allow, "--net-resolve", &resolve], b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    for path in ["first", "second"] {
+        let (code, out, err) =
+            owner.session(&["exec", &id, "--", "wget", "-qO-", &format!("http://api.test:{port}/{path}")], b"");
+        assert_eq!((code, out.as_str()), (0, "hello from 127.0.0.3\n"), "{err}");
+    }
+    // A name the grant does not name is refused by the proxy; around the proxy, no route.
+    let (code, _, _) =
+        owner.session(&["exec", &id, "--", "wget", "-qO-", &format!("http://other.test:{port}/denied")], b"");
+    assert_ne!(code, 0);
+    let direct = format!("http_proxy= wget -qO- -T 3 http://127.0.0.3:{port}/direct");
+    let (code, _, _) = owner.session(&["exec", &id, "--", "sh", "-c", &direct], b"");
+    assert_ne!(code, 0);
+    // The grants directory is the broker's, read-only, at /broker.
+    let (code, out, err) =
+        owner.session(&["exec", &id, "--", "sh", "-c", "echo $STOCKADE_BROKER; touch /broker/x"], b"");
+    assert_ne!(code, 0);
+    assert_eq!(out, "/broker/grants.sock\n", "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(up.requests(), ["GET /first HTTP/1.1", "GET /second HTTP/1.1"]);
+}
+
 /// The session containers of owner `pid` that are running.
 fn running_session_containers(pid: u32) -> usize {
     let out = Command::new("docker")
