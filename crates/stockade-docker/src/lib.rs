@@ -124,8 +124,9 @@
 //!     snapshot is the engine's archive of the home, which a new session starts from; a
 //!     kill removes the container and its volumes; the container stops with its owner (its
 //!     keeper reads a stdin only the owner's attachment holds open, `StdinOnce`), and a
-//!     killed owner's stopped session containers are reaped as in G4.
-//!     (pinned by: tests/it/docker.rs::g10_*, stockade-cli's tests/it/session.rs::g10_a_sigkilled_owner_s_docker_*)
+//!     killed owner's stopped session containers are reaped as in G4 (the owner's death
+//!     walked end to end, SIGKILLed, in stockade-cli's session tests).
+//!     (pinned by: tests/it/docker.rs::g10_*)
 //!
 //! # Non-guarantees
 //! - Under runc the container shares the host kernel; seccomp is [`spec::SECCOMP_PROFILE`],

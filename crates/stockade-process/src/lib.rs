@@ -236,7 +236,8 @@
 //!     write past the size fails with `ENOSPC`; without root it is refused, naming the
 //!     mechanism; it is unmounted when dropped, and [`unmount_under`] unmounts what a killed
 //!     owner left before its directory is removed.
-//!     (pinned by: stockade-cli's tests/it/session.rs::g10_a_session_s_disk_*)
+//!     (pinned by: tests/it/session.rs::g19_*; walked end to end with a session in
+//!     stockade-cli's session tests)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's

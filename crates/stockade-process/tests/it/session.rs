@@ -378,3 +378,54 @@ fn g18_a_drained_exec_goes_on_past_its_output_budget_and_keeps_its_first_bytes()
     });
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// The mount points at or under `dir`, from the host's own mount table.
+fn mounts_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+#[test]
+fn g19_a_home_mount_caps_the_home_and_is_gone_when_dropped_or_unmounted_under() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = std::env::temp_dir().join(format!("stockade-process-g19-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let mounted = stockade_process::HomeMount::mount(&home, 1 << 20);
+    if !root {
+        let err = mounted.unwrap_err();
+        assert!(
+            matches!(err, stockade_protocol::RunError::Unsupported { ref mechanism, .. } if mechanism == "session disk limit"),
+            "{err}"
+        );
+        return;
+    }
+    let mount = mounted.unwrap();
+    // Judged from the host's mount table; the tmpfs keeps the directory's owner and mode.
+    assert_eq!(mounts_under(&dir), [home.clone()]);
+    assert_eq!(std::fs::metadata(&home).unwrap().mode() & 0o7777, 0o750);
+    std::fs::write(home.join("fits"), vec![0u8; 512 << 10]).unwrap();
+    let err = std::fs::write(home.join("big"), vec![0u8; 2 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(mount);
+    assert!(mounts_under(&dir).is_empty(), "unmounted when dropped");
+    assert!(!home.join("fits").exists(), "what was on the tmpfs is gone with it");
+    // What a killed owner left mounted: unmounted under its directory, deepest first.
+    let left = stockade_process::HomeMount::mount(&home, 1 << 20).unwrap();
+    std::mem::forget(left);
+    assert_eq!(stockade_process::unmount_under(&dir), 1);
+    assert!(mounts_under(&dir).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A size of 0 is a misconfiguration, not an unbounded home.
+    std::fs::create_dir_all(&home).unwrap();
+    assert!(matches!(stockade_process::HomeMount::mount(&home, 0), Err(stockade_protocol::RunError::Misconfigured(_))));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
