@@ -492,6 +492,7 @@ impl Broker {
     }
 
     /// `job` with [`loopback_env`](Self::loopback_env) added.
+    #[cfg(feature = "process")]
     fn with_loopback_env(&self, job: Job) -> Result<Job, RunError> {
         self.loopback_env().into_iter().try_fold(job, |j, (k, v)| Ok(j.with_env(k, v)?))
     }

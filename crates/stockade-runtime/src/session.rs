@@ -310,8 +310,6 @@ enum Backend {
     Docker(Box<stockade_docker::session::DockerSession>),
 }
 
-/// What a docker session cannot do yet, named.
-#[cfg(feature = "docker")]
 /// One live session ([`Sessions::create`]).
 pub struct Session {
     id: String,

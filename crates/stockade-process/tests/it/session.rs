@@ -410,7 +410,7 @@ fn g19_a_home_mount_caps_the_home_and_is_gone_when_dropped_or_unmounted_under() 
     }
     let mount = mounted.unwrap();
     // Judged from the host's mount table; the tmpfs keeps the directory's owner and mode.
-    assert_eq!(mounts_under(&dir), [home.clone()]);
+    assert_eq!(mounts_under(&dir), std::slice::from_ref(&home));
     assert_eq!(std::fs::metadata(&home).unwrap().mode() & 0o7777, 0o750);
     std::fs::write(home.join("fits"), vec![0u8; 512 << 10]).unwrap();
     let err = std::fs::write(home.join("big"), vec![0u8; 2 << 20]).unwrap_err();
