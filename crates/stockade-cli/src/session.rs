@@ -149,12 +149,16 @@ pub(crate) enum SessionCommand {
         /// and `jobs` take it), as `docker exec -d`.
         #[arg(long, short = 'd')]
         detach: bool,
-        /// With --detach: keep its stdin open for `session input` (else it reads /dev/null).
-        #[arg(long, short = 'i', requires = "detach")]
+        /// Keep its stdin open: in the foreground, ours is streamed to it as it comes (as
+        /// `docker exec -i`); with --detach, `session input` writes it (else it reads
+        /// /dev/null).
+        #[arg(long, short = 'i')]
         interactive: bool,
-        /// With --detach: give it a pseudo-terminal (ROWSxCOLS, default this terminal's size
-        /// or 24x80); `session resize` changes it.
-        #[arg(long, short = 't', requires = "detach", num_args = 0..=1, default_missing_value = "")]
+        /// Give it a pseudo-terminal (ROWSxCOLS, default this terminal's size or 24x80). In
+        /// the foreground (`-it`, as `docker exec -it`), this terminal goes raw, each
+        /// keystroke goes to it and its size follows ours; with --detach, `session resize`
+        /// changes it.
+        #[arg(long, short = 't', num_args = 0..=1, default_missing_value = "")]
         tty: Option<String>,
         #[command(flatten)]
         socket: SocketArg,
@@ -279,6 +283,71 @@ pub(crate) struct SocketArg {
     /// The owner's socket (default: `serve/serve.sock` in stockade's state directory).
     #[arg(long)]
     socket: Option<PathBuf>,
+}
+
+/// The size (rows, columns) of the terminal our stdout or stdin is, if either is one.
+fn our_terminal_size() -> Option<(u16, u16)> {
+    use std::os::fd::AsFd;
+    stockade_runtime::process::terminal_size(std::io::stdout().as_fd())
+        .or_else(|| stockade_runtime::process::terminal_size(std::io::stdin().as_fd()))
+}
+
+/// `session exec -i`/`-it` in the foreground, as `docker exec -it`: the exec starts in the
+/// background with its stdin open (and a terminal with `-t`), our stdin is streamed to it as
+/// it comes (this terminal raw, with a terminal on both ends), its size follows ours when
+/// `follow` is set, and its output is attached (from its first byte) until it ends, whose
+/// status is passed through.
+fn foreground(socket: &SocketArg, start: SessionCall, follow: bool) -> Result<ExitCode> {
+    let SessionCall::Start { id, pty, .. } = &start else { bail!("not a start") };
+    let (id, with_pty) = (id.clone(), pty.is_some());
+    let SessionReply::Started { pid } = expect_ok(call(socket, &start)?)? else { bail!("unexpected reply") };
+    let raw = if with_pty && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        use std::os::fd::AsFd;
+        Some(
+            stockade_runtime::process::RawTerminal::enter(std::io::stdin().as_fd())
+                .context("putting this terminal in raw mode")?,
+        )
+    } else {
+        None
+    };
+    let (socket_in, id_in) = (SocketArg { socket: socket.socket.clone() }, id.clone());
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 << 10];
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            let data = match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => Vec::new(),
+                Ok(n) => buf[..n].to_vec(),
+            };
+            let close = data.is_empty();
+            // An exec that ended answers with an error: nothing more to send.
+            let sent = call(&socket_in, &SessionCall::Input { id: id_in.clone(), pid, data, close });
+            if close || !sent.is_ok_and(|r| expect_ok(r).is_ok()) {
+                return;
+            }
+        }
+    });
+    if with_pty && follow {
+        let (socket_sz, id_sz) = (SocketArg { socket: socket.socket.clone() }, id.clone());
+        std::thread::spawn(move || {
+            let mut last = our_terminal_size();
+            loop {
+                std::thread::sleep(Duration::from_millis(250));
+                let now = our_terminal_size();
+                if let (true, Some((rows, cols))) = (now != last, now) {
+                    let resize = SessionCall::Resize { id: id_sz.clone(), pid, rows, cols };
+                    if !call(&socket_sz, &resize).is_ok_and(|r| expect_ok(r).is_ok()) {
+                        return;
+                    }
+                    last = now;
+                }
+            }
+        });
+    }
+    let reply = call(socket, &SessionCall::Attach { id, pid, replay: true });
+    drop(raw);
+    let SessionReply::Ran(report) = expect_ok(reply?)? else { bail!("unexpected reply") };
+    exit_status(*report)
 }
 
 fn default_socket() -> Result<PathBuf> {
@@ -987,18 +1056,28 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Exec { id, workdir, env, timeout, detach: true, interactive, tty, socket, argv } => {
+        SessionCommand::Exec { id, workdir, env, timeout, detach, interactive, tty, socket, argv }
+            if detach || interactive || tty.is_some() =>
+        {
             let pty = match tty.as_deref() {
                 None => None,
-                Some("") => Some({
-                    use std::os::fd::AsFd;
-                    stockade_runtime::process::terminal_size(std::io::stdout().as_fd())
-                        .or_else(|| stockade_runtime::process::terminal_size(std::io::stdin().as_fd()))
-                        .unwrap_or((24, 80))
-                }),
+                Some("") => Some(our_terminal_size().unwrap_or((24, 80))),
                 Some(size) => Some(parse_size_rc(size)?),
             };
             let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
+            if !detach {
+                let start = SessionCall::Start {
+                    id,
+                    argv,
+                    env: parse_env(&env)?,
+                    cwd: workdir,
+                    timeout_ms: Some(timeout.as_millis() as u64),
+                    pty,
+                    stdin: true,
+                    tag: None,
+                };
+                return foreground(&socket, start, tty.as_deref() == Some(""));
+            }
             let call_ = SessionCall::Start {
                 id,
                 argv,
@@ -1058,7 +1137,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Exec { id, workdir, env, timeout, detach: false, socket, argv, .. } => {
+        SessionCommand::Exec { id, workdir, env, timeout, socket, argv, .. } => {
             let timeout = timeout.unwrap_or(Duration::from_secs(600));
             let mut stdin = Vec::new();
             if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {

@@ -48,7 +48,7 @@
 //! # Position in the stack
 //! Depends on: `stockade-protocol`, `stockade-hostfs`, `stockade-sys` (the /proc and cgroup readers). Used by:
 //! `stockade-runtime`.
-//! API boundary: yes; [`ProcessTier`] (with [`ProcessTier::pool`]), [`Helper`], [`ForkServer`], [`helper_main`], [`probe`].
+//! API boundary: yes; [`ProcessTier`] (with [`ProcessTier::pool`]), [`Helper`], [`ForkServer`], [`helper_main`], [`probe`], [`HomeMount`], [`RawTerminal`].
 //!
 //! # Threat model
 //! Trusted: the host kernel, this crate, the helper binary it execs.
@@ -324,6 +324,30 @@ use stockade_protocol::{Job, LiveIo, Report};
 #[must_use]
 pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
     sys::tty::window_size(fd)
+}
+
+/// This process's own terminal in raw mode (`stockade session exec -it`), as `docker exec -it` puts it, so that each
+/// keystroke (Ctrl-C included) goes to a remote pseudo-terminal as typed; its settings are
+/// restored when this is dropped.
+#[derive(Debug)]
+pub struct RawTerminal {
+    fd: std::os::fd::OwnedFd,
+    saved: rustix::termios::Termios,
+}
+
+impl RawTerminal {
+    /// Raw mode for the terminal on `fd` (a duplicate of it is kept to restore it).
+    pub fn enter(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
+        let fd = fd.try_clone_to_owned()?;
+        let saved = sys::tty::make_raw(std::os::fd::AsFd::as_fd(&fd))?;
+        Ok(Self { fd, saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        let _ = sys::tty::restore(std::os::fd::AsFd::as_fd(&self.fd), &self.saved);
+    }
 }
 
 /// Where [`ProcessTier::run_live`] binds a grants directory in the guest's view.

@@ -670,3 +670,48 @@ fn mounts_under(dir: &std::path::Path) -> Vec<PathBuf> {
         .filter(|p| p.starts_with(&dir))
         .collect()
 }
+
+/// `session exec -i` and `-it` in the foreground, as `docker exec -i`/`-it`: stdin streamed
+/// as it comes, a terminal (judged by `test -t` inside) when asked, this terminal raw meanwhile
+/// and restored after (judged by `stty -g` around it), the exit status passed through.
+#[test]
+fn g10_exec_it_in_the_foreground_streams_stdin_to_a_terminal_and_passes_the_status_through() {
+    let _runs = shared();
+    let owner = Owner::start("exec-it");
+    let id = owner.create();
+    let (code, out, err) = owner.session(
+        &["exec", "-i", &id, "--", "sh", "-c", "read a; echo got $a; read b; echo got $b; exit 7"],
+        b"one\ntwo\n",
+    );
+    assert_eq!((code, out.as_str()), (7, "got one\ngot two\n"), "{err}");
+    let dir = owner.state.join("tty");
+    std::fs::create_dir_all(&dir).unwrap();
+    let command = format!(
+        "stty -g > {d}/before; {bin} session exec -it --socket {sock} {id} -- sh; code=$?; stty -g > {d}/after; exit $code",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_stockade"),
+        sock = owner.socket.display(),
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("STOCKADE_STATE_DIR", &owner.state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script(1), util-linux");
+    use std::io::Write;
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"echo tty-$((6*7)); test -t 0 && test -t 1 && echo is-a-tty; exit 3\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "the exit status passed through: {text}");
+    assert!(text.contains("tty-42"), "{text}");
+    assert!(text.contains("\nis-a-tty"), "a terminal inside: {text}");
+    let (before, after) =
+        (std::fs::read_to_string(dir.join("before")).unwrap(), std::fs::read_to_string(dir.join("after")).unwrap());
+    assert_eq!(before, after, "this terminal's settings are restored");
+}

@@ -143,3 +143,18 @@ impl AsyncWrite for Master {
         Poll::Ready(Ok(()))
     }
 }
+
+/// Puts the terminal on `fd` in raw mode (no line editing, echo or signal keys: each byte
+/// goes through as typed); returns its settings before, for [`restore`].
+pub(crate) fn make_raw(fd: BorrowedFd<'_>) -> io::Result<rustix::termios::Termios> {
+    let saved = rustix::termios::tcgetattr(fd)?;
+    let mut raw = saved.clone();
+    raw.make_raw();
+    rustix::termios::tcsetattr(fd, rustix::termios::OptionalActions::Now, &raw)?;
+    Ok(saved)
+}
+
+/// Gives the terminal on `fd` the settings `saved` back.
+pub(crate) fn restore(fd: BorrowedFd<'_>, saved: &rustix::termios::Termios) -> io::Result<()> {
+    rustix::termios::tcsetattr(fd, rustix::termios::OptionalActions::Now, saved).map_err(io::Error::from)
+}
