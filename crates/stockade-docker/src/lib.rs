@@ -432,6 +432,36 @@ impl DockerTier {
         self.run_with(job, None, None).await
     }
 
+    /// Hands `join` the host pid of the started container `id` (`who`, for messages) to put
+    /// a listener in its network namespace (the `whose` run's or session's), then checks the
+    /// container still runs under that pid. A `join` that fails is
+    /// [`RunError::Unsupported`], with its reason.
+    pub(crate) async fn join_netns(
+        &self,
+        id: &str,
+        join: impl FnOnce(u32) -> Result<(), String>,
+        who: &str,
+        whose: &str,
+    ) -> Result<(), RunError> {
+        let state = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
+        let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
+        let pid = pid.ok_or_else(|| engine(format!("{who} has no pid")))?;
+        join(pid).map_err(|reason| RunError::Unsupported {
+            mechanism: format!("a listener in the {whose}'s network namespace"),
+            reason,
+        })?;
+        // `join` pinned `pid` and found it alive after opening its namespace; the container
+        // still running under that pid now means the pid was the container's all along (a pid
+        // is reused only once its process is gone), so the listener is in its namespace and
+        // no other process's.
+        let again = self.docker.inspect_container(id, None).await.map_err(engine)?.state;
+        if again.as_ref().is_some_and(|s| s.running == Some(true) && s.pid == Some(i64::from(pid))) {
+            Ok(())
+        } else {
+            Err(engine(format!("{who} left pid {pid} while the listener was placed")))
+        }
+    }
+
     /// Runs an image job with the host directory `grants_dir` bound read-only at
     /// [`spec::GRANTS`] (`/broker`): a broker's socket, its client and the job's data grants
     /// (`stockade-runtime` serves them). Connecting to a unix socket needs no write access
@@ -486,24 +516,7 @@ impl DockerTier {
         };
         let joined = async {
             started?;
-            let state = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
-            let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
-            let pid = pid.ok_or_else(|| engine("the network holder has no pid"))?;
-            join(pid).map_err(|reason| RunError::Unsupported {
-                mechanism: "a listener in the run's network namespace".into(),
-                reason,
-            })?;
-            // `join` pinned `pid` and found it alive after opening its namespace; the holder
-            // still running under that pid now means the pid was the holder's all along (a
-            // pid is reused only once its process is gone), so the listener is in the run's
-            // namespace and no other process's.
-            let again = self.docker.inspect_container(&holder, None).await.map_err(engine)?.state;
-            let still = again.as_ref().is_some_and(|s| s.running == Some(true) && s.pid == Some(i64::from(pid)));
-            if still {
-                Ok(())
-            } else {
-                Err(engine(format!("the network holder left pid {pid} while the listener was placed")))
-            }
+            self.join_netns(&holder, join, "the network holder", "run").await
         };
         let result = match joined.await {
             Ok(()) => self.run_with(job, Some(grants_dir), Some(&holder)).await,

@@ -250,18 +250,7 @@ impl DockerTier {
         session._lifeline = std::sync::Mutex::new(Some(Lifeline { _input: attached.input, _output: attached.output }));
         self.docker.start_container(&created.id, None).await.map_err(engine)?;
         if let Some(join) = join {
-            let state = self.docker.inspect_container(&created.id, None).await.map_err(engine)?.state;
-            let pid = state.and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
-            let pid = pid.ok_or_else(|| engine("the session's container has no pid"))?;
-            join(pid).map_err(|reason| RunError::Unsupported {
-                mechanism: "a listener in the session's network namespace".into(),
-                reason,
-            })?;
-            // Still running under that pid: the listener is in this container's namespace.
-            let again = self.docker.inspect_container(&created.id, None).await.map_err(engine)?.state;
-            if !again.as_ref().is_some_and(|s| s.running == Some(true) && s.pid == Some(i64::from(pid))) {
-                return Err(engine(format!("the session's container left pid {pid} while the listener was placed")));
-            }
+            self.join_netns(&created.id, join, "the session's container", "session").await?;
         }
         if let Some(tar) = config.restore {
             self.upload(&created.id, SESSION_HOME, tar.into()).await?;

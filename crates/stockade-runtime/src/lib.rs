@@ -492,7 +492,7 @@ impl Broker {
     }
 
     /// `job` with [`loopback_env`](Self::loopback_env) added.
-    #[cfg(feature = "process")]
+    #[cfg(any(feature = "process", feature = "docker"))]
     fn with_loopback_env(&self, job: Job) -> Result<Job, RunError> {
         self.loopback_env().into_iter().try_fold(job, |j, (k, v)| Ok(j.with_env(k, v)?))
     }
@@ -689,41 +689,55 @@ impl Tier for stockade_docker::DockerTier {
     async fn run_granted(&self, job: &Job, broker: &Broker) -> Result<Report, RunError> {
         let dir = broker.socket_dir()?;
         let job = broker.guest_job(job, stockade_docker::spec::GRANTS)?;
-        // A model grant also answers at OPENAI_BASE_URL, and a network grant's proxy is only
-        // there: a listener the host puts in the run's network namespace (held by a holder
-        // container the guest then joins). That takes root (joining a container's
-        // namespace), the process tier's `setns` and the engine's default runtime (gVisor's
-        // guest has a network stack of its own); without them the guest has `model.sock`
-        // and `stockade-call model` only, and a network grant fails closed.
+        match broker.docker_join(self.oci_runtime(), "network grant in the docker tier")? {
+            Some(join) => {
+                let job = broker.with_loopback_env(job)?;
+                stockade_docker::DockerTier::run_granted_in_netns(self, &job, &dir, join).await
+            }
+            None => stockade_docker::DockerTier::run_granted(self, &job, &dir).await,
+        }
+    }
+}
+
+#[cfg(feature = "docker")]
+impl Broker {
+    /// For a docker container: the `join` that puts this broker's loopback listener in the
+    /// container's network namespace, given its init's host pid, if there is a listener to
+    /// put there. A model grant also answers at OPENAI_BASE_URL, and a network grant's
+    /// proxy is only there. Placing it takes root (joining a container's namespace), the
+    /// process tier's `setns` and the engine's default runtime (gVisor's guest has a network
+    /// stack of its own); without them the guest has `model.sock` and `stockade-call model`
+    /// only (`None`), and a network grant fails closed ([`RunError::Unsupported`] naming
+    /// `mechanism`).
+    pub(crate) fn docker_join(
+        &self,
+        oci_runtime: Option<&str>,
+        mechanism: &str,
+    ) -> Result<Option<stockade_docker::session::Join>, RunError> {
         let root = stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?;
-        let holder = cfg!(feature = "process") && root && self.oci_runtime().is_none();
-        if broker.grants().has_net() && !holder {
+        let placeable = cfg!(feature = "process") && root && oci_runtime.is_none();
+        if self.grants().has_net() && !placeable {
             let why = if !root {
                 "it needs root, to put the proxy's listener in the container's network namespace (setns)"
-            } else if self.oci_runtime().is_some() {
+            } else if oci_runtime.is_some() {
                 "gVisor's guest has a network stack of its own, where the host cannot put the proxy's listener"
             } else {
                 "this build has no process tier, whose setns puts the proxy's listener in the container's network namespace"
             };
-            return Err(RunError::Unsupported {
-                mechanism: "network grant in the docker tier".into(),
-                reason: why.into(),
-            });
+            return Err(RunError::Unsupported { mechanism: mechanism.into(), reason: why.into() });
         }
         #[cfg(feature = "process")]
-        if let Some((port, serve)) = broker.loopback()
-            && holder
+        if let Some((port, serve)) = self.loopback()
+            && placeable
         {
-            let job = broker.with_loopback_env(job)?;
-            let join = move |pid: u32| {
+            return Ok(Some(Box::new(move |pid: u32| {
                 let listener = stockade_process::listen_in_netns(pid, port)
                     .map_err(|e| format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}"))?;
                 serve(listener);
                 Ok(())
-            };
-            return stockade_docker::DockerTier::run_granted_in_netns(self, &job, &dir, join).await;
+            })));
         }
-        stockade_docker::DockerTier::run_granted(self, &job, &dir).await
+        Ok(None)
     }
 }
 

@@ -913,37 +913,16 @@ impl Sessions {
         // Grants: one broker for the session's life, its directory bound read-only at
         // `/broker` as a one-shot run's is; a model grant's `OPENAI_BASE_URL` and a network
         // grant's proxy are a listener put in the container's own network namespace once it
-        // has started, before any exec (root and the process tier's `setns`, as one-shot).
+        // has started, before any exec (`Broker::docker_join`, as for a one-shot run).
         let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
             Some(g) => Some(crate::Broker::new(Arc::clone(g), std::env::temp_dir())?),
             None => None,
         };
         let mut grants_dir = None;
-        let mut join: Option<stockade_docker::session::Join> = None;
+        let mut join = None;
         if let Some(b) = &broker {
             grants_dir = Some(b.socket_dir()?);
-            let root =
-                stockade_sys::proc::is_root().map_err(|e| RunError::Internal(format!("reading /proc/self: {e}")))?;
-            let placeable = cfg!(feature = "process") && root;
-            if b.grants().has_net() && !placeable {
-                return Err(RunError::Unsupported {
-                    mechanism: "network grant in a docker session".into(),
-                    reason: "it needs root, to put the proxy's listener in the container's network namespace (setns)"
-                        .into(),
-                });
-            }
-            #[cfg(feature = "process")]
-            if let Some((port, serve)) = b.loopback()
-                && placeable
-            {
-                join = Some(Box::new(move |pid: u32| {
-                    let listener = stockade_process::listen_in_netns(pid, port).map_err(|e| {
-                        format!("listening on 127.0.0.1:{port} in the container's network namespace: {e}")
-                    })?;
-                    serve(listener);
-                    Ok(())
-                }));
-            }
+            join = b.docker_join(tier.oci_runtime(), "network grant in a docker session")?;
         }
         let loopback = join.is_some();
         let restore = profile.from_snapshot.as_deref().map(read_snapshot).transpose()?;
