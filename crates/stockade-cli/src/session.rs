@@ -292,15 +292,32 @@ fn our_terminal_size() -> Option<(u16, u16)> {
         .or_else(|| stockade_runtime::process::terminal_size(std::io::stdin().as_fd()))
 }
 
-/// `session exec -i`/`-it` in the foreground, as `docker exec -it`: the exec starts in the
-/// background with its stdin open (and a terminal with `-t`), our stdin is streamed to it as
-/// it comes (this terminal raw, with a terminal on both ends), its size follows ours when
-/// `follow` is set, and its output is attached (from its first byte) until it ends, whose
-/// status is passed through.
-fn foreground(socket: &SocketArg, start: SessionCall, follow: bool) -> Result<ExitCode> {
-    let SessionCall::Start { id, pty, .. } = &start else { bail!("not a start") };
-    let (id, with_pty) = (id.clone(), pty.is_some());
-    let SessionReply::Started { pid } = expect_ok(call(socket, &start)?)? else { bail!("unexpected reply") };
+/// Writes our stdin to background exec `pid` as it comes, until end of file (or a read
+/// error, which is returned), then closes its stdin if `close` is set.
+fn send_stdin(socket: &SocketArg, id: &str, pid: u32, close: bool) -> Result<()> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut stdin = std::io::stdin().lock();
+    let read = loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => n,
+            Err(e) => break Err(e),
+        };
+        let data = buf[..n].to_vec();
+        expect_ok(call(socket, &SessionCall::Input { id: id.to_owned(), pid, data, close: false })?)?;
+    };
+    if close {
+        expect_ok(call(socket, &SessionCall::Input { id: id.to_owned(), pid, data: Vec::new(), close: true })?)?;
+    }
+    Ok(read?)
+}
+
+/// `session exec -i`/`-it` in the foreground, as `docker exec -it`, once exec `pid` has
+/// started in the background with its stdin open (and a terminal, `with_pty`): our stdin is
+/// streamed to it as it comes (this terminal raw, with a terminal on both ends), its size
+/// follows ours when `follow` is set, and its output is attached (from its first byte) until
+/// it ends, whose status is passed through.
+fn foreground(socket: SocketArg, id: String, pid: u32, with_pty: bool, follow: bool) -> Result<ExitCode> {
     let raw = if with_pty && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         use std::os::fd::AsFd;
         Some(
@@ -311,22 +328,8 @@ fn foreground(socket: &SocketArg, start: SessionCall, follow: bool) -> Result<Ex
         None
     };
     let (socket_in, id_in) = (SocketArg { socket: socket.socket.clone() }, id.clone());
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 16 << 10];
-        let mut stdin = std::io::stdin().lock();
-        loop {
-            let data = match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => Vec::new(),
-                Ok(n) => buf[..n].to_vec(),
-            };
-            let close = data.is_empty();
-            // An exec that ended answers with an error: nothing more to send.
-            let sent = call(&socket_in, &SessionCall::Input { id: id_in.clone(), pid, data, close });
-            if close || !sent.is_ok_and(|r| expect_ok(r).is_ok()) {
-                return;
-            }
-        }
-    });
+    // An exec that ended answers with an error, which ends the sending: nothing to report.
+    std::thread::spawn(move || send_stdin(&socket_in, &id_in, pid, true));
     if with_pty && follow {
         let (socket_sz, id_sz) = (SocketArg { socket: socket.socket.clone() }, id.clone());
         std::thread::spawn(move || {
@@ -344,7 +347,7 @@ fn foreground(socket: &SocketArg, start: SessionCall, follow: bool) -> Result<Ex
             }
         });
     }
-    let reply = call(socket, &SessionCall::Attach { id, pid, replay: true });
+    let reply = call(&socket, &SessionCall::Attach { id, pid, replay: true });
     drop(raw);
     let SessionReply::Ran(report) = expect_ok(reply?)? else { bail!("unexpected reply") };
     exit_status(*report)
@@ -1065,30 +1068,21 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
                 Some(size) => Some(parse_size_rc(size)?),
             };
             let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
-            if !detach {
-                let start = SessionCall::Start {
-                    id,
-                    argv,
-                    env: parse_env(&env)?,
-                    cwd: workdir,
-                    timeout_ms: Some(timeout.as_millis() as u64),
-                    pty,
-                    stdin: true,
-                    tag: None,
-                };
-                return foreground(&socket, start, tty.as_deref() == Some(""));
-            }
-            let call_ = SessionCall::Start {
-                id,
+            let start = SessionCall::Start {
+                id: id.clone(),
                 argv,
                 env: parse_env(&env)?,
                 cwd: workdir,
                 timeout_ms: Some(timeout.as_millis() as u64),
                 pty,
-                stdin: interactive,
+                // In the foreground, our stdin is streamed to it.
+                stdin: interactive || !detach,
                 tag: None,
             };
-            let SessionReply::Started { pid } = expect_ok(call(&socket, &call_)?)? else { bail!("unexpected reply") };
+            let SessionReply::Started { pid } = expect_ok(call(&socket, &start)?)? else { bail!("unexpected reply") };
+            if !detach {
+                return foreground(socket, id, pid, pty.is_some(), tty.as_deref() == Some(""));
+            }
             println!("{pid}");
             Ok(ExitCode::SUCCESS)
         }
@@ -1099,19 +1093,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             exit_status(*report)
         }
         SessionCommand::Input { id, pid, keep_open, socket } => {
-            let mut buf = vec![0u8; 64 << 10];
-            let mut stdin = std::io::stdin().lock();
-            loop {
-                let n = stdin.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                let data = buf[..n].to_vec();
-                expect_ok(call(&socket, &SessionCall::Input { id: id.clone(), pid, data, close: false })?)?;
-            }
-            if !keep_open {
-                expect_ok(call(&socket, &SessionCall::Input { id, pid, data: Vec::new(), close: true })?)?;
-            }
+            send_stdin(&socket, &id, pid, !keep_open)?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Signal { id, pid, signal, socket } => {
