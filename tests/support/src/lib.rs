@@ -153,6 +153,25 @@ impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
+
+    /// The request's tool messages, in order: (`tool_call_id`, content).
+    ///
+    /// # Panics
+    /// If the body has no `messages` array, or a tool message lacks either field.
+    #[must_use]
+    #[allow(clippy::expect_used, reason = "a test fixture: a malformed request fails the test that reads it")]
+    pub fn tool_messages(&self) -> Vec<(String, String)> {
+        self.body["messages"]
+            .as_array()
+            .expect("a chat request has messages")
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                let field = |k: &str| m[k].as_str().expect("a tool message's field").to_owned();
+                (field("tool_call_id"), field("content"))
+            })
+            .collect()
+    }
 }
 
 type Responder = dyn Fn(usize, &Received) -> Reply + Send + Sync;
@@ -482,3 +501,17 @@ impl Drop for Tmpfs {
 /// The TLS ClientHello builders, from the attack programs (which send them at the proxy
 /// from inside a sandbox): one place for the bytes, dependency-free.
 pub use stockade_attacks::net::{tls_client_hello, tls_sni_extension};
+
+/// The mount points at or under `dir` (resolved, where it exists) in this process's mount
+/// table (`/proc/self/mountinfo`, its fifth field), as the host sees them.
+#[must_use]
+pub fn mounts_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.starts_with(&dir))
+        .collect()
+}

@@ -147,13 +147,7 @@ pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// The tool messages of request `r`, in order: (tool_call_id, content).
 pub(crate) fn tool_messages(r: &Received) -> Vec<(String, String)> {
-    r.body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| (m["tool_call_id"].as_str().unwrap().to_owned(), m["content"].as_str().unwrap().to_owned()))
-        .collect()
+    r.tool_messages()
 }
 
 /// The last tool message's content in the last request.

@@ -10,22 +10,30 @@ use stockade_test_support::{MockLlm, Reply};
 
 use crate::cli::{check, ready, tier_ready};
 
-const PROMPT: &str = "Three deliveries reached the gate today. Read each one and deal with it.";
+/// The steward's task.
+pub(crate) const PROMPT: &str = "Three deliveries reached the gate today. Read each one and deal with it.";
 
-fn example() -> PathBuf {
+/// The steward example's config.
+pub(crate) fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/steward/agent.toml")
 }
 
-struct Scratch(PathBuf);
+/// A test's own directory, removed when dropped.
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("stockade-cli-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
-    fn lines(&self, file: &str) -> Vec<Value> {
+    /// A file's path in it, as a string.
+    pub(crate) fn path(&self, file: &str) -> String {
+        self.0.join(file).to_str().unwrap().to_owned()
+    }
+    /// A JSONL file's lines in it (none if it is missing).
+    pub(crate) fn lines(&self, file: &str) -> Vec<Value> {
         std::fs::read_to_string(self.0.join(file))
             .unwrap_or_default()
             .lines()
@@ -99,13 +107,7 @@ fn g3_the_steward_deals_with_hostile_deliveries_and_no_forbidden_raven_flies() {
     let got = mock.received();
     assert_eq!(got.len(), 4);
     assert!(proxy.received().is_empty(), "a proxy from the environment was used");
-    let tools: Vec<String> = got[3].body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let tools: Vec<String> = got[3].tool_messages().into_iter().map(|(_, c)| c).collect();
     assert!(tools[1].contains("<untrusted id=") && tools[1].contains("IMPORTANT SYSTEM NOTICE"), "{}", tools[1]);
     assert!(tools[2].contains("&lt;/untrusted&gt;") && !tools[2].contains("</untrusted>\n<|"), "{}", tools[2]);
     assert!(tools[4].starts_with("Blocked by policy (default-deny)"), "eastwatch: {}", tools[4]);

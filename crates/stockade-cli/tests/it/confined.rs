@@ -5,47 +5,15 @@
 //! file; the host's trace.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use stockade_test_support::{MockLlm, Reply};
 
+use crate::agent::{PROMPT, Scratch, example};
 use crate::cli::{check, ready};
-
-const PROMPT: &str = "Three deliveries reached the gate today. Read each one and deal with it.";
-
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/steward/agent.toml")
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("stockade-cli-confined-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).to_str().unwrap().to_owned()
-    }
-    fn lines(&self, file: &str) -> Vec<Value> {
-        std::fs::read_to_string(self.0.join(file))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs `stockade agent --confine process` with the steward's files, the real key in
 /// `$STEWARD_KEY`; returns (exit code, stdout, stderr).
@@ -160,7 +128,7 @@ fn g13_confine_docker_the_steward_runs_in_a_container_without_a_c_library() {
 
 /// The steward with its loop in `tier`, judged from the host.
 fn steward_confined_in(tier: &str) {
-    let dir = Scratch::new(&format!("steward-{tier}"));
+    let dir = Scratch::new(&format!("confined-steward-{tier}"));
     let key = format!("sk-confined-canary-{}", std::process::id());
     let seen = Arc::new(Mutex::new(None::<Seen>));
     let copied = "the bridge at the ford is out";
@@ -199,13 +167,7 @@ fn steward_confined_in(tier: &str) {
         assert_eq!(r.header("authorization"), Some(format!("Bearer {key}").as_str()));
     }
     // The tool results the model read came back through the loop, marked.
-    let tools: Vec<String> = got[3].body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let tools: Vec<String> = got[3].tool_messages().into_iter().map(|(_, c)| c).collect();
     assert!(tools[0].contains("<untrusted id="), "a scroll is marked: {}", tools[0]);
     assert!(tools[6].contains("400"), "run_code ran on the host's tier: {}", tools[6]);
 
@@ -269,7 +231,7 @@ fn g13_a_hostile_loop_can_ask_but_not_do_what_the_host_denies() {
     if !ready() {
         return;
     }
-    let dir = Scratch::new("hostile");
+    let dir = Scratch::new("confined-hostile");
     let key = format!("sk-hostile-canary-{}", std::process::id());
     // A compromised loop: a shell script in place of stockade's binary. It reads the turn,
     // then tries what a hijacked agent would, and lies about how it went.
@@ -339,7 +301,7 @@ fn g13_a_channel_keeps_its_conversation_and_workspace_and_no_other_channel_is_in
     if !ready() {
         return;
     }
-    let dir = Scratch::new("channel");
+    let dir = Scratch::new("confined-channel");
     let state = dir.path("state");
     let env = [("STOCKADE_STATE_DIR", state.as_str())];
     let mock = MockLlm::script(vec![]).unwrap();
@@ -405,7 +367,7 @@ fn g13_an_ask_is_answered_at_the_hosts_terminal_while_the_loop_waits() {
     if !ready() {
         return;
     }
-    let dir = Scratch::new("ask");
+    let dir = Scratch::new("confined-ask");
     let asker = script(
         &dir,
         "asker.sh",
@@ -460,7 +422,7 @@ fn g13_confine_docker_a_channel_keeps_its_workspace_in_the_container() {
     if !ready() || !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
         return;
     }
-    let dir = Scratch::new("channel-docker");
+    let dir = Scratch::new("confined-channel-docker");
     let state = dir.path("state");
     let env = [("STOCKADE_STATE_DIR", state.as_str())];
     let mock = MockLlm::script(vec![]).unwrap();
@@ -520,7 +482,7 @@ fn g13_real_model_confined_steward_every_side_effect_was_allowed_on_the_host() {
     if !ready() {
         return;
     }
-    let dir = Scratch::new("real-model");
+    let dir = Scratch::new("confined-real-model");
     let t0 = std::time::Instant::now();
     let (code, out, err) = confined(&dir, &url, "sk-unused-by-the-local-model", &[]);
     eprintln!("real model, confined: exit {code} after {:?}\nstdout: {out}\nstderr: {err}", t0.elapsed());

@@ -309,13 +309,7 @@ languages = ["sh"]
         offered.contains(&"desk__write_note".to_owned()) && offered.contains(&"run_code".to_owned()),
         "{offered:?}"
     );
-    let results: Vec<String> = mock.received()[1].body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let results: Vec<String> = mock.received()[1].tool_messages().into_iter().map(|(_, c)| c).collect();
     assert!(results[0].contains("noted: from the confined agent") && results[0].contains("<untrusted"), "{results:?}");
     assert!(results[1].contains("denied"), "{results:?}");
     // The server's own log: only the allowed call reached it.

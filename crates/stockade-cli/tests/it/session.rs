@@ -359,8 +359,18 @@ fn g10_a_background_exec_takes_input_a_signal_and_an_attach_later_as_docker_exec
 /// Containers the engine has (any state) whose name is a stockade session's and whose
 /// run id names `pid`, counted from the host through `docker ps`.
 fn session_containers(pid: u32) -> usize {
+    session_containers_in(pid, "-a")
+}
+
+/// The session containers of owner `pid` that are running.
+fn running_session_containers(pid: u32) -> usize {
+    session_containers_in(pid, "--filter=status=running")
+}
+
+/// The session containers of owner `pid` that `docker ps FILTER` lists.
+fn session_containers_in(pid: u32, filter: &str) -> usize {
     let out = Command::new("docker")
-        .args(["ps", "-a", "--filter", "name=stockade-session-", "--format", "{{.Names}}"])
+        .args(["ps", filter, "--filter", "name=stockade-session-", "--format", "{{.Names}}"])
         .output()
         .unwrap();
     let mine = format!("-{pid:x}-");
@@ -551,16 +561,6 @@ fn g10_a_docker_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
     assert_eq!(up.requests(), ["GET /first HTTP/1.1", "GET /second HTTP/1.1"]);
 }
 
-/// The session containers of owner `pid` that are running.
-fn running_session_containers(pid: u32) -> usize {
-    let out = Command::new("docker")
-        .args(["ps", "--filter", "name=stockade-session-", "--filter", "status=running", "--format", "{{.Names}}"])
-        .output()
-        .unwrap();
-    let mine = format!("-{pid:x}-");
-    String::from_utf8_lossy(&out.stdout).lines().filter(|n| n.contains(&mine)).count()
-}
-
 #[test]
 fn g10_a_sigkilled_owner_s_docker_sessions_stop_with_it_and_gc_removes_them() {
     if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
@@ -626,7 +626,7 @@ fn g10_a_session_s_disk_is_capped_and_its_mount_ends_with_it_or_with_gc() {
     assert_eq!(code, 0, "{err}");
     let id = out.trim().to_owned();
     let home = owner.home(&id);
-    let mounted = || mounts_under(&owner.state);
+    let mounted = || stockade_test_support::mounts_under(&owner.state);
     assert_eq!(mounted(), std::slice::from_ref(&home), "judged from the host: a mount on the session's home");
     // Under the cap a write lands; past it, the guest's write fails as a full disk does.
     let (code, out, err) = owner.session(
@@ -657,18 +657,6 @@ fn g10_a_session_s_disk_is_capped_and_its_mount_ends_with_it_or_with_gc() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(mounted().is_empty() && !home.exists(), "gc unmounted and removed the home");
-}
-
-/// The mount points under `dir`, from the host's `/proc/self/mountinfo`.
-fn mounts_under(dir: &std::path::Path) -> Vec<PathBuf> {
-    let dir = std::fs::canonicalize(dir).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(&dir))
-        .collect()
 }
 
 /// `session exec -i` and `-it` in the foreground, as `docker exec -i`/`-it`: stdin streamed

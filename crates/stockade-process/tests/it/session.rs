@@ -379,20 +379,10 @@ fn g18_a_drained_exec_goes_on_past_its_output_budget_and_keeps_its_first_bytes()
     let _ = std::fs::remove_dir_all(&home);
 }
 
-/// The mount points at or under `dir`, from the host's own mount table.
-fn mounts_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(std::path::PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
 #[test]
 fn g19_a_home_mount_caps_the_home_and_is_gone_when_dropped_or_unmounted_under() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use stockade_test_support::mounts_under;
     let dir = std::env::temp_dir().join(format!("stockade-process-g19-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let home = dir.join("home");
