@@ -208,13 +208,8 @@ impl Session {
             return Err(Ended(reason));
         }
         // A function call's arguments go in the record as the policy sees them.
-        let shown = self
-            .grants
-            .functions
-            .contains_key(name)
-            .then(|| ToolCall::from_json(name, &args, &Source::Sandbox).map(|c| c.canonical_args()))
-            .flatten();
-        let (outcome, rule, body) = self.dispatch(name, args).await;
+        let mut shown = None;
+        let (outcome, rule, body) = self.dispatch(name, args, &mut shown).await;
         let mut out = reply(id, body);
         let (outcome, rule) = if out.len() > self.grants.limits.max_reply_bytes as usize {
             let msg = format!(
@@ -235,7 +230,13 @@ impl Session {
         Ok(out)
     }
 
-    async fn dispatch(self: &Arc<Self>, name: &str, args: Value) -> (GrantOutcome, String, ReplyBody) {
+    /// Runs one call; a function call's canonical arguments are put in `shown`.
+    async fn dispatch(
+        self: &Arc<Self>,
+        name: &str,
+        args: Value,
+        shown: &mut Option<String>,
+    ) -> (GrantOutcome, String, ReplyBody) {
         if name == LIST_GRANT {
             let mut manifest = self.grants.manifest();
             // A guest without an environment (wasm) finds its secrets' placeholders here.
@@ -288,6 +289,7 @@ impl Session {
             let body = error(ReplyCode::BadArgs, "a function grant takes its arguments as one JSON object");
             return (GrantOutcome::Denied, "bad-args".into(), body);
         };
+        *shown = Some(call.canonical_args());
         let now = self.start.elapsed();
         let decided = self.state().gate.decide_unattended(&call, now);
         let decided = match (decided, &self.grants.approver) {
