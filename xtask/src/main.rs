@@ -268,6 +268,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "broker_frame",
     "stage_unpack",
     "agent_config",
+    "e2b_wire",
 ];
 
 fn fuzz(args: &[String]) -> Result<()> {

@@ -31,13 +31,20 @@
 //! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
 //!   or hard link reaches past the sandbox's home.
 //!
+//! - A filesystem snapshot (`create_snapshot(mode="filesystem")`) is the session's own
+//!   (bounded, never through a link), kept 0600 in a 0700 directory until deleted; a full
+//!   one is refused by name, since stockade keeps no memory image.
+//! - A Connect call speaks the codec its content type names: proto3's JSON mapping (what the
+//!   SDKs send) or its binary encoding (connectrpc's default), read into the same types with
+//!   the same refusals ([`stockade_protocol::e2b::Codec`]).
+//!
 //! # Non-guarantees
-//! No protobuf codec (the SDKs speak JSON), no
-//! directory watch, no file metadata; a docker-tier template offers
+//! No compression, no directory watch, no file metadata; a docker-tier template offers
 //! commands and whole-file reads and writes, not the rest of the filesystem service.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -47,7 +54,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::{Method, Request, Response, StatusCode};
-use stockade_protocol::e2b::{self as wire, Code, ConnectError, ProcessEvent};
+use stockade_protocol::e2b::{self as wire, Code, Codec, ConnectError, ProcessEvent, Shape};
 use stockade_runtime::protocol::{Limits, RunError, Status};
 use stockade_runtime::session::{
     Background, Chunk, FilesError, Kind, Session, SessionProfile, SessionTier, Sessions, StartOptions, exec_job,
@@ -79,13 +86,28 @@ pub struct E2bLimits {
     pub max_streams: usize,
     /// Largest upload or download through `/files`.
     pub max_upload: u64,
+    /// Most snapshots kept (each at most [`stockade_runtime::session::MAX_SNAPSHOT_BYTES`]).
+    pub max_snapshots: usize,
 }
 
 impl Default for E2bLimits {
     fn default() -> Self {
-        Self { max_sandboxes: 64, max_connections: 1024, max_streams: 256, max_upload: 256 << 20 }
+        Self { max_sandboxes: 64, max_connections: 1024, max_streams: 256, max_upload: 256 << 20, max_snapshots: 64 }
     }
 }
+
+/// One filesystem snapshot: its archive, the template it is made on, and who it came from.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Snapshot {
+    id: String,
+    names: Vec<String>,
+    template: String,
+    sandbox: String,
+    made: u64,
+}
+
+/// Most items one page of a list holds, and the default.
+const MAX_PAGE: usize = 100;
 
 /// A template: what a sandbox made from it is.
 #[derive(Debug, Clone)]
@@ -129,6 +151,10 @@ pub struct E2bConfig {
     pub limits: E2bLimits,
     /// Serve HTTPS with this certificate and key ([`Tls::from_pem`]); without it, plain HTTP.
     pub tls: Option<Tls>,
+    /// Where filesystem snapshots are kept (made 0700; each snapshot a 0600 archive and a
+    /// record beside it), so that they outlive their sandbox and the server; without it,
+    /// snapshots are refused.
+    pub snapshots: Option<PathBuf>,
 }
 
 /// A server certificate chain and key for HTTPS (rustls with ring; HTTP/1.1 by ALPN).
@@ -205,6 +231,8 @@ pub struct E2bServer {
     connections: Arc<tokio::sync::Semaphore>,
     // Transfers through `/files` are held whole in memory: at most this many at once.
     transfers: tokio::sync::Semaphore,
+    // Filesystem snapshots, oldest first.
+    snapshots: Mutex<Vec<Snapshot>>,
 }
 
 impl std::fmt::Debug for E2bServer {
@@ -371,7 +399,20 @@ impl E2bServer {
         let streams = Arc::new(tokio::sync::Semaphore::new(config.limits.max_streams));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let transfers = tokio::sync::Semaphore::new(MAX_TRANSFERS);
-        Arc::new(Self { sessions, config, boxes: Mutex::new(HashMap::new()), streams, connections, transfers })
+        let snapshots = Mutex::new(config.snapshots.as_deref().map(load_snapshots).unwrap_or_default());
+        Arc::new(Self {
+            sessions,
+            config,
+            boxes: Mutex::new(HashMap::new()),
+            streams,
+            connections,
+            transfers,
+            snapshots,
+        })
+    }
+
+    fn snapshots(&self) -> std::sync::MutexGuard<'_, Vec<Snapshot>> {
+        self.snapshots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn boxes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Sandbox>>> {
@@ -496,6 +537,12 @@ impl E2bServer {
                     None => api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found")),
                 }
             }
+            (&Method::POST, ["sandboxes", id, "snapshots"]) => {
+                let id = (*id).to_owned();
+                self.snapshot(&id, req).await
+            }
+            (&Method::GET, ["snapshots"]) => self.list_snapshots(&req),
+            (&Method::DELETE, ["templates", id]) => self.delete_snapshot(id),
             (&Method::POST, ["sandboxes", id, op @ ("timeout" | "refreshes" | "pause" | "resume" | "connect")]) => {
                 let id = (*id).to_owned();
                 let op = (*op).to_owned();
@@ -504,7 +551,7 @@ impl E2bServer {
             (_, ["sandboxes", ..]) => api_error(
                 StatusCode::NOT_IMPLEMENTED,
                 &format!(
-                    "{method} {path}: stockade does not offer this (no snapshots, forks, logs, metrics or network updates yet)"
+                    "{method} {path}: stockade does not offer this (no forks, logs, metrics or network updates yet)"
                 ),
             ),
             _ => api_error(StatusCode::NOT_FOUND, &format!("{method} {path}: no such route")),
@@ -546,16 +593,127 @@ impl E2bServer {
         let states: Option<Vec<String>> = q.get("state").map(|s| s.split(',').map(str::to_owned).collect());
         let wanted: Vec<(String, String)> =
             q.get("metadata").map(|m| form_urlencoded::parse(m.as_bytes()).into_owned().collect()).unwrap_or_default();
-        let mut all: Vec<(String, Arc<Sandbox>)> =
-            self.boxes().iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
-        all.sort_by_key(|(_, b)| b.started);
-        let out: Vec<wire::SandboxDetail> = all
+        let all: Vec<(String, Arc<Sandbox>)> = self.boxes().iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect();
+        let out: Vec<(String, wire::SandboxDetail)> = all
             .iter()
-            .map(|(id, b)| self.detail(id, b))
-            .filter(|d| states.as_ref().is_none_or(|s| s.contains(&d.state)))
-            .filter(|d| wanted.iter().all(|(k, v)| d.metadata.get(k) == Some(v)))
+            .map(|(id, b)| (page_key(b.started, id), self.detail(id, b)))
+            .filter(|(_, d)| states.as_ref().is_none_or(|s| s.contains(&d.state)))
+            .filter(|(_, d)| wanted.iter().all(|(k, v)| d.metadata.get(k) == Some(v)))
             .collect();
-        json(StatusCode::OK, &out)
+        page(&q, out)
+    }
+
+    /// `POST /sandboxes/{id}/snapshots`: a filesystem-only snapshot of the sandbox's home,
+    /// kept under [`E2bConfig::snapshots`] until deleted; `Sandbox.create(snapshot_id)` (or
+    /// its name) makes a sandbox of the same template whose home starts as this one's is now.
+    async fn snapshot(&self, id: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let (b, r) = match self.sandbox_request::<wire::SnapshotRequest>(id, req).await {
+            Ok(x) => x,
+            Err(response) => return response,
+        };
+        if r.memory != Some(false) {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                "a full snapshot (memory and running processes): stockade takes filesystem-only snapshots; pass mode=\"filesystem\"",
+            );
+        }
+        let Some(dir) = self.config.snapshots.clone() else {
+            return api_error(
+                StatusCode::NOT_IMPLEMENTED,
+                "this server keeps no snapshots (it has no snapshot directory)",
+            );
+        };
+        if let Some(name) = &r.name {
+            if let Err(e) = snapshot_name(name) {
+                return api_error(StatusCode::BAD_REQUEST, &e);
+            }
+            if self.config.templates.contains_key(name) {
+                return api_error(StatusCode::CONFLICT, &format!("snapshot name {name:?}: a template has that name"));
+            }
+        }
+        if self.snapshots().len() >= self.config.limits.max_snapshots {
+            return api_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("{} snapshots are kept, the most this server keeps", self.config.limits.max_snapshots),
+            );
+        }
+        let mut raw = [0u8; 8];
+        if getrandom::fill(&mut raw).is_err() {
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for the snapshot's id");
+        }
+        let snap = Snapshot {
+            id: format!("snapshot-{}", raw.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+            names: r.name.into_iter().collect(),
+            template: b.template.clone(),
+            sandbox: id.to_owned(),
+            made: u64::try_from(secs(SystemTime::now())).unwrap_or(0),
+        };
+        let archive = dir.join(format!("{}.tar", snap.id));
+        if let Err(e) = b.session.snapshot(&archive).await {
+            let _ = std::fs::remove_file(&archive);
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("snapshot of sandbox {id}: {e}"));
+        }
+        if let Err(e) = save_snapshot(&dir, &snap) {
+            let _ = std::fs::remove_file(&archive);
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("recording snapshot {}: {e}", snap.id));
+        }
+        let out = wire::SnapshotInfo { snapshot_id: snap.id.clone(), names: snap.names.clone() };
+        self.snapshots().push(snap);
+        json(StatusCode::CREATED, &out)
+    }
+
+    /// `GET /snapshots`: the snapshots kept, oldest first, by source sandbox (`sandboxID`)
+    /// or `name` if asked, a page at a time.
+    fn list_snapshots(&self, req: &Request<hyper::body::Incoming>) -> Response<Body> {
+        let q = query(req);
+        let out: Vec<(String, wire::SnapshotInfo)> = self
+            .snapshots()
+            .iter()
+            .filter(|s| q.get("sandboxID").is_none_or(|id| *id == s.sandbox))
+            .filter(|s| q.get("name").is_none_or(|n| s.names.contains(n)))
+            .map(|s| {
+                let key = page_key(SystemTime::UNIX_EPOCH + Duration::from_secs(s.made), &s.id);
+                (key, wire::SnapshotInfo { snapshot_id: s.id.clone(), names: s.names.clone() })
+            })
+            .collect();
+        page(&q, out)
+    }
+
+    /// `DELETE /templates/{id}`: a snapshot, its archive and its record.
+    fn delete_snapshot(&self, id: &str) -> Response<Body> {
+        if self.config.templates.contains_key(id) {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                &format!("template {id:?} is this server's configuration (--config), not a snapshot"),
+            );
+        }
+        let removed = {
+            let mut all = self.snapshots();
+            all.iter().position(|s| s.id == id).map(|i| all.remove(i))
+        };
+        match (removed, &self.config.snapshots) {
+            (Some(s), Some(dir)) => {
+                let _ = std::fs::remove_file(dir.join(format!("{}.tar", s.id)));
+                let _ = std::fs::remove_file(dir.join(format!("{}.json", s.id)));
+                no_content()
+            }
+            _ => api_error(StatusCode::NOT_FOUND, &format!("snapshot {id} not found")),
+        }
+    }
+
+    /// A template by name, or a snapshot by id or name (the newest of that name): the
+    /// template's name and the archive a new home starts from.
+    fn resolve_template(&self, name: &str) -> Option<(String, Option<PathBuf>)> {
+        if self.config.templates.contains_key(name) {
+            return Some((name.to_owned(), None));
+        }
+        let dir = self.config.snapshots.as_ref()?;
+        let all = self.snapshots();
+        let s = all
+            .iter()
+            .find(|s| s.id == name)
+            .or_else(|| all.iter().rev().find(|s| s.names.iter().any(|n| n == name)))?;
+        Some((s.template.clone(), Some(dir.join(format!("{}.tar", s.id)))))
     }
 
     async fn create(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
@@ -567,11 +725,18 @@ impl E2bServer {
             Ok(n) => n,
             Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the sandbox request: {e}")),
         };
-        let Some(template) = self.config.templates.get(&new.template_id) else {
+        let resolved = self.resolve_template(&new.template_id);
+        let Some((template_name, template, from_snapshot)) =
+            resolved.and_then(|(n, from)| self.config.templates.get(&n).map(|t| (n, t, from)))
+        else {
             let names: Vec<&str> = self.config.templates.keys().map(String::as_str).collect();
             return api_error(
                 StatusCode::NOT_FOUND,
-                &format!("template {:?} not found (this server has: {})", new.template_id, names.join(", ")),
+                &format!(
+                    "template {:?} not found (this server has: {}, and the snapshots GET /snapshots lists)",
+                    new.template_id,
+                    names.join(", ")
+                ),
             );
         };
         let refused = |what: &str| api_error(StatusCode::BAD_REQUEST, &format!("{what}: stockade does not offer it"));
@@ -617,6 +782,7 @@ impl E2bServer {
             max_lifetime: template.max_timeout,
             grants: grants.map(|g| Arc::new(stockade_runtime::Grants::new().net(g))),
             env,
+            from_snapshot,
             ..SessionProfile::default()
         };
         let session = match self.sessions.create(profile).await {
@@ -640,7 +806,7 @@ impl E2bServer {
         let b = Arc::new(Sandbox {
             session,
             token: token.iter().map(|b| format!("{b:02x}")).collect(),
-            template: new.template_id.clone(),
+            template: template_name,
             metadata: new.metadata,
             env: new.env_vars,
             started: now.1,
@@ -653,21 +819,29 @@ impl E2bServer {
         json(StatusCode::CREATED, &out)
     }
 
-    async fn lifecycle(&self, id: &str, op: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    /// A control-plane call on one sandbox: the sandbox, and its body (empty: the default).
+    async fn sandbox_request<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        id: &str,
+        req: Request<hyper::body::Incoming>,
+    ) -> Result<(Arc<Sandbox>, T), Response<Body>> {
         let Some(b) = self.sandbox(id) else {
-            return api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found"));
+            return Err(api_error(StatusCode::NOT_FOUND, &format!("sandbox {id} not found")));
         };
-        let body = match read_body(req.into_body(), wire::MAX_API_BYTES).await {
-            Ok(b) => b,
-            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
-        };
-        let t: wire::TimeoutRequest = if body.is_empty() {
-            wire::TimeoutRequest::default()
-        } else {
-            match wire::parse_api(&body) {
-                Ok(t) => t,
-                Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the request: {e}")),
-            }
+        let body = read_body(req.into_body(), wire::MAX_API_BYTES)
+            .await
+            .map_err(|e| api_error(StatusCode::BAD_REQUEST, &e))?;
+        if body.is_empty() {
+            return Ok((b, T::default()));
+        }
+        let t = wire::parse_api(&body).map_err(|e| api_error(StatusCode::BAD_REQUEST, &format!("the request: {e}")))?;
+        Ok((b, t))
+    }
+
+    async fn lifecycle(&self, id: &str, op: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let (b, t) = match self.sandbox_request::<wire::TimeoutRequest>(id, req).await {
+            Ok(x) => x,
+            Err(response) => return response,
         };
         let max = self.config.templates.get(&b.template).map_or(Duration::from_secs(3600), |t| t.max_timeout);
         if let Some(s) = t.timeout
@@ -735,18 +909,28 @@ impl E2bServer {
         if req.method() != Method::POST {
             return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: Connect calls are POST")));
         }
+        let Some(method) = wire::find_method(path) else {
+            let why = if wire::NOT_OFFERED.contains(&path) {
+                "not offered (stockade has no directory watch yet)"
+            } else {
+                "no such method"
+            };
+            return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: {why}")));
+        };
+        let streaming = method.shape.streaming();
         let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
-        let streaming =
-            matches!(path, "/process.Process/Start" | "/process.Process/Connect" | "/process.Process/StreamInput");
-        let want = if streaming { "application/connect+json" } else { "application/json" };
-        if ct.split(';').next().is_none_or(|c| c.trim() != want) {
+        let Some(codec) = Codec::from_content_type(&ct, streaming) else {
             let mut r = rpc_error(&ConnectError::new(
                 Code::Unimplemented,
-                format!("content type {ct:?}: this server speaks the Connect JSON codec ({want})"),
+                format!(
+                    "content type {ct:?}: this call takes Connect's JSON or binary codec ({} or {})",
+                    Codec::Json.content_type(streaming),
+                    Codec::Proto.content_type(streaming)
+                ),
             ));
             *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
             return r;
-        }
+        };
         let deadline = header(req.headers(), "connect-timeout-ms")
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|ms| *ms > 0)
@@ -755,15 +939,15 @@ impl E2bServer {
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|s| *s > 0)
             .map(Duration::from_secs);
-        if path == "/process.Process/StreamInput" {
-            let input = stream_input(&b.session, req.into_body(), deadline.unwrap_or(Duration::from_secs(3600)));
-            return match input.await {
-                Ok(()) => {
-                    let mut out = wire::envelope(0, b"{}");
+        if method.shape == Shape::ClientStream {
+            let input = stream_input(&b.session, codec, req.into_body(), deadline.unwrap_or(Duration::from_secs(3600)));
+            return match input.await.and_then(|()| codec.encode(&serde_json::json!({}), method.response)) {
+                Ok(reply) => {
+                    let mut out = wire::envelope(0, &reply);
                     out.extend(wire::end_stream(None));
-                    whole(StatusCode::OK, "application/connect+json", out)
+                    whole(StatusCode::OK, codec.content_type(true), out)
                 }
-                Err(e) => stream_error(&e),
+                Err(e) => stream_error(codec, &e),
             };
         }
         let body = match read_body(req.into_body(), wire::MAX_RPC_BYTES + 5).await {
@@ -771,31 +955,33 @@ impl E2bServer {
             Err(e) => return rpc_error(&ConnectError::new(Code::ResourceExhausted, e)),
         };
         if streaming {
-            let msg = match wire::single_envelope(&body) {
-                Ok(m) => m.to_vec(),
-                Err(e) => return stream_error(&e),
+            let bytes = match wire::single_envelope(&body) {
+                Ok(m) => m,
+                Err(e) => return stream_error(codec, &e),
             };
             let Ok(permit) = Arc::clone(&self.streams).try_acquire_owned() else {
-                return stream_error(&ConnectError::new(Code::ResourceExhausted, "too many streams are open"));
+                return stream_error(codec, &ConnectError::new(Code::ResourceExhausted, "too many streams are open"));
             };
-            return match self.stream(&b, path, &msg, deadline, keepalive, permit).await {
+            let msg = Message { codec, method, bytes };
+            return match self.stream(&b, msg, deadline, keepalive, permit).await {
                 Ok(r) => r,
-                Err(e) => stream_error(&e),
+                Err(e) => stream_error(codec, &e),
             };
         }
-        match self.unary(&b, path, &body).await {
-            Ok(v) => json(StatusCode::OK, &v),
+        let msg = Message { codec, method, bytes: &body };
+        match self.unary(&b, msg).await.and_then(|v| codec.encode(&v, method.response)) {
+            Ok(reply) => whole(StatusCode::OK, codec.content_type(false), reply),
             Err(e) => rpc_error(&e),
         }
     }
 
-    async fn unary(&self, b: &Sandbox, path: &str, body: &[u8]) -> Result<serde_json::Value, ConnectError> {
+    async fn unary(&self, b: &Sandbox, msg: Message<'_>) -> Result<serde_json::Value, ConnectError> {
         let s = &b.session;
         let pid_of = |sel: &wire::ProcessSelector| running_exec(s, sel).map(|x| x.pid());
         let empty = serde_json::json!({});
-        match path {
+        match msg.method.path {
             "/process.Process/List" => {
-                let _: wire::Empty = wire::parse(body)?;
+                let _: wire::Empty = msg.read()?;
                 let processes = s
                     .background()
                     .iter()
@@ -820,7 +1006,7 @@ impl E2bServer {
                 Ok(serde_json::to_value(wire::ListResponse { processes }).unwrap_or(empty))
             }
             "/process.Process/SendInput" => {
-                let r: wire::SendInputRequest = wire::parse(body)?;
+                let r: wire::SendInputRequest = msg.read()?;
                 let pid = pid_of(&r.process)?;
                 let bytes = match r.input {
                     wire::ProcessInput::Stdin(b) | wire::ProcessInput::Pty(b) => b,
@@ -829,19 +1015,19 @@ impl E2bServer {
                 Ok(empty)
             }
             "/process.Process/CloseStdin" => {
-                let r: wire::ProcessRequest = wire::parse(body)?;
+                let r: wire::ProcessRequest = msg.read()?;
                 let pid = pid_of(&r.process)?;
                 s.close_stdin(pid).await.map_err(|e| run_code(&e))?;
                 Ok(empty)
             }
             "/process.Process/SendSignal" => {
-                let r: wire::SendSignalRequest = wire::parse(body)?;
+                let r: wire::SendSignalRequest = msg.read()?;
                 let pid = pid_of(&r.process)?;
                 s.signal(pid, r.signal.number()).await.map_err(|e| run_code(&e))?;
                 Ok(empty)
             }
             "/process.Process/Update" => {
-                let r: wire::UpdateRequest = wire::parse(body)?;
+                let r: wire::UpdateRequest = msg.read()?;
                 let pid = pid_of(&r.process)?;
                 if let Some(size) = r.pty.and_then(|p| p.size) {
                     let (rows, cols) = pty_size(size)?;
@@ -849,12 +1035,12 @@ impl E2bServer {
                 }
                 Ok(empty)
             }
-            p if p.starts_with("/filesystem.Filesystem/") => self.filesystem(s, p, body).await,
+            p if p.starts_with("/filesystem.Filesystem/") => self.filesystem(s, msg).await,
             other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
         }
     }
 
-    async fn filesystem(&self, s: &Session, path: &str, body: &[u8]) -> Result<serde_json::Value, ConnectError> {
+    async fn filesystem(&self, s: &Session, msg: Message<'_>) -> Result<serde_json::Value, ConnectError> {
         let files = s.files().ok_or_else(|| {
             ConnectError::new(
                 Code::Unimplemented,
@@ -864,13 +1050,13 @@ impl E2bServer {
         let info = |p: &str| -> Result<wire::EntryInfo, ConnectError> {
             files.stat(p).map(|e| entry_info(&e)).map_err(|e| files_code(&e))
         };
-        match path {
+        match msg.method.path {
             "/filesystem.Filesystem/Stat" => {
-                let r: wire::PathRequest = wire::parse(body)?;
+                let r: wire::PathRequest = msg.read()?;
                 Ok(serde_json::json!({ "entry": info(&guest_path(&r.path))? }))
             }
             "/filesystem.Filesystem/MakeDir" => {
-                let r: wire::PathRequest = wire::parse(body)?;
+                let r: wire::PathRequest = msg.read()?;
                 let p = guest_path(&r.path);
                 if !files.mkdir(&p).map_err(|e| files_code(&e))? {
                     return Err(ConnectError::new(Code::AlreadyExists, format!("{p}: the directory exists")));
@@ -878,13 +1064,13 @@ impl E2bServer {
                 Ok(serde_json::json!({ "entry": info(&p)? }))
             }
             "/filesystem.Filesystem/Move" => {
-                let r: wire::MoveRequest = wire::parse(body)?;
+                let r: wire::MoveRequest = msg.read()?;
                 let (from, to) = (guest_path(&r.source), guest_path(&r.destination));
                 files.rename(&from, &to).map_err(|e| files_code(&e))?;
                 Ok(serde_json::json!({ "entry": info(&to)? }))
             }
             "/filesystem.Filesystem/ListDir" => {
-                let r: wire::ListDirRequest = wire::parse(body)?;
+                let r: wire::ListDirRequest = msg.read()?;
                 let p = guest_path(&r.path);
                 let depth = usize::try_from(r.depth.max(1)).unwrap_or(1);
                 let entries: Vec<wire::EntryInfo> =
@@ -892,14 +1078,11 @@ impl E2bServer {
                 Ok(serde_json::json!({ "entries": entries }))
             }
             "/filesystem.Filesystem/Remove" => {
-                let r: wire::PathRequest = wire::parse(body)?;
+                let r: wire::PathRequest = msg.read()?;
                 files.remove(&guest_path(&r.path)).map_err(|e| files_code(&e))?;
                 Ok(serde_json::json!({}))
             }
-            other => Err(ConnectError::new(
-                Code::Unimplemented,
-                format!("{other}: not offered (stockade has no directory watch yet)"),
-            )),
+            other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
         }
     }
 
@@ -907,15 +1090,14 @@ impl E2bServer {
     async fn stream(
         self: &Arc<Self>,
         b: &Arc<Sandbox>,
-        path: &str,
-        msg: &[u8],
+        msg: Message<'_>,
         deadline: Option<Duration>,
         keepalive: Option<Duration>,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Response<Body>, ConnectError> {
         let s = Arc::clone(&b.session);
-        let (handle, announce) = if path == "/process.Process/Start" {
-            let r: wire::StartRequest = wire::parse(msg)?;
+        let handle = if msg.method.path == "/process.Process/Start" {
+            let r: wire::StartRequest = msg.read()?;
             let cfg = r.process.unwrap_or_default();
             if cfg.cmd.is_empty() {
                 return Err(ConnectError::new(Code::InvalidArgument, "process.cmd: empty"));
@@ -932,15 +1114,21 @@ impl E2bServer {
             };
             let opts = StartOptions { pty, stdin: r.stdin.unwrap_or(true), tag: r.tag };
             let cwd = Some(cfg.cwd.as_deref().map_or_else(|| HOME.to_owned(), guest_path));
-            let h = s.start(job, cwd, opts).await.map_err(|e| run_code(&e))?;
-            (h, true)
+            s.start(job, cwd, opts).await.map_err(|e| run_code(&e))?
         } else {
-            let r: wire::ProcessRequest = wire::parse(msg)?;
-            (running_exec(&s, &r.process)?, false)
+            let r: wire::ProcessRequest = msg.read()?;
+            running_exec(&s, &r.process)?
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
-        let send = move |tx: &tokio::sync::mpsc::UnboundedSender<Bytes>, ev: &ProcessEvent| {
-            tx.send(Bytes::from(wire::envelope(0, ev.to_json().to_string().as_bytes()))).is_ok()
+        let (codec, response) = (msg.codec, msg.method.response);
+        let send = move |tx: &tokio::sync::mpsc::UnboundedSender<Bytes>, ev: &ProcessEvent| match codec
+            .encode(&ev.to_json(), response)
+        {
+            Ok(bytes) => tx.send(Bytes::from(wire::envelope(0, &bytes))).is_ok(),
+            Err(e) => {
+                let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
+                false
+            }
         };
         let pty = handle.has_pty();
         let to_event = move |c: Chunk| match c {
@@ -950,8 +1138,7 @@ impl E2bServer {
         };
         tokio::spawn(async move {
             let _permit = permit;
-            // Connect re-announces the pid too, as envd does.
-            let _ = announce;
+            // Connect announces the pid too, as envd does.
             if !send(&tx, &ProcessEvent::Start { pid: handle.pid() }) {
                 return;
             }
@@ -1002,7 +1189,7 @@ impl E2bServer {
             }
         });
         let mut r = Response::new(ChannelBody(rx).boxed());
-        if let Ok(v) = "application/connect+json".parse() {
+        if let Ok(v) = codec.content_type(true).parse() {
             r.headers_mut().insert(CONTENT_TYPE, v);
         }
         Ok(r)
@@ -1080,6 +1267,79 @@ impl E2bServer {
 
 /// The parts of a `multipart/form-data` body: each part's file name, if it has one, and its
 /// bytes.
+/// A list item's place in the order pages follow: its start, then its id.
+fn page_key(t: SystemTime, id: &str) -> String {
+    let nanos = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{nanos:020}.{id}")
+}
+
+/// One page of `items` (each with its [`page_key`]): those after the request's `nextToken`,
+/// at most its `limit` (1 to 100; 100 when absent), in order; when more follow, the last
+/// one's key is the next page's token, in `x-next-token`, as E2B's API pages.
+fn page<T: serde::Serialize>(q: &HashMap<String, String>, mut items: Vec<(String, T)>) -> Response<Body> {
+    let limit = match q.get("limit").map(|l| (l, l.parse::<usize>())) {
+        None => MAX_PAGE,
+        Some((_, Ok(n))) if (1..=MAX_PAGE).contains(&n) => n,
+        Some((l, _)) => return api_error(StatusCode::BAD_REQUEST, &format!("limit {l:?}: must be 1 to {MAX_PAGE}")),
+    };
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let after = q.get("nextToken");
+    items.retain(|(k, _)| after.is_none_or(|a| k > a));
+    let more = items.len() > limit;
+    items.truncate(limit);
+    let next = items.last().map(|(k, _)| k.clone()).filter(|_| more);
+    let out: Vec<T> = items.into_iter().map(|(_, v)| v).collect();
+    let mut r = json(StatusCode::OK, &out);
+    if let Some(v) = next.and_then(|k| k.parse().ok()) {
+        r.headers_mut().insert("x-next-token", v);
+    }
+    r
+}
+
+/// A snapshot's name: 1 to 64 letters, digits, `-`, `_` or `.`.
+fn snapshot_name(name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len()) && name.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+    if ok { Ok(()) } else { Err(format!("snapshot name {name:?}: 1 to 64 letters, digits, '-', '_' or '.'")) }
+}
+
+/// The snapshots a server's directory holds: each record whose archive is beside it (the
+/// directory is made, and kept 0700, first). What cannot be read is skipped.
+fn load_snapshots(dir: &Path) -> Vec<Snapshot> {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .is_err()
+    {
+        return Vec::new();
+    }
+    let mut out: Vec<Snapshot> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| {
+            let text = std::fs::read(e.path()).ok().filter(|t| t.len() <= wire::MAX_API_BYTES)?;
+            let s: Snapshot = serde_json::from_slice(&text).ok()?;
+            let stem_ok = e.path().file_stem().is_some_and(|f| *f == *s.id);
+            (stem_ok && dir.join(format!("{}.tar", s.id)).is_file()).then_some(s)
+        })
+        .collect();
+    out.sort_by(|a, b| (a.made, &a.id).cmp(&(b.made, &b.id)));
+    out
+}
+
+/// Writes a snapshot's record beside its archive (a new file, mode 0600).
+fn save_snapshot(dir: &Path, s: &Snapshot) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join(format!("{}.json", s.id)))?;
+    f.write_all(&serde_json::to_vec(s).map_err(std::io::Error::other)?)
+}
+
 fn multipart(ct: &str, body: &Bytes) -> Result<Vec<(Option<String>, Bytes)>, String> {
     let boundary = ct
         .split(';')
@@ -1197,7 +1457,12 @@ fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
 /// `StreamInput`: a client stream of envelopes, the first naming the process, each later one
 /// input for it, written in order as each arrives (one message at most 1 MiB; the whole
 /// stream within `deadline`).
-async fn stream_input(s: &Session, mut body: hyper::body::Incoming, deadline: Duration) -> Result<(), ConnectError> {
+async fn stream_input(
+    s: &Session,
+    codec: Codec,
+    mut body: hyper::body::Incoming,
+    deadline: Duration,
+) -> Result<(), ConnectError> {
     let until = tokio::time::Instant::now() + deadline;
     let mut buf = bytes::BytesMut::new();
     let mut pid: Option<u32> = None;
@@ -1220,7 +1485,8 @@ async fn stream_input(s: &Session, mut body: hyper::body::Incoming, deadline: Du
             if flags & wire::FLAG_END_STREAM != 0 {
                 return Ok(());
             }
-            let msg: wire::StreamInputRequest = wire::parse(wire::single_envelope(&frame)?)?;
+            let msg: wire::StreamInputRequest =
+                codec.decode(wire::single_envelope(&frame)?, &wire::proto::STREAM_INPUT_REQUEST)?;
             match (msg, pid) {
                 (wire::StreamInputRequest::Start { process }, None) => {
                     pid = Some(running_exec(s, &process)?.pid());
@@ -1261,8 +1527,21 @@ async fn stream_input(s: &Session, mut body: hyper::body::Incoming, deadline: Du
 }
 
 /// A streaming call's error: HTTP 200 and an end-of-stream envelope holding it.
-fn stream_error(e: &ConnectError) -> Response<Body> {
-    whole(StatusCode::OK, "application/connect+json", wire::end_stream(Some(e)))
+fn stream_error(codec: Codec, e: &ConnectError) -> Response<Body> {
+    whole(StatusCode::OK, codec.content_type(true), wire::end_stream(Some(e)))
+}
+
+/// One request message and the call it came with, read in that call's codec.
+struct Message<'a> {
+    codec: Codec,
+    method: &'static wire::Method,
+    bytes: &'a [u8],
+}
+
+impl Message<'_> {
+    fn read<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConnectError> {
+        self.codec.decode(self.bytes, self.method.request)
+    }
 }
 
 /// The network a sandbox gets: the template's hosts, narrowed by the request's
@@ -1318,6 +1597,7 @@ struct LimitsFile {
     max_connections: Option<usize>,
     max_streams: Option<usize>,
     max_upload: Option<String>,
+    max_snapshots: Option<usize>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1346,6 +1626,7 @@ impl E2bConfig {
             templates: BTreeMap::from([("base".to_owned(), Template::default())]),
             limits: E2bLimits::default(),
             tls: None,
+            snapshots: None,
         }
     }
 
@@ -1365,6 +1646,7 @@ impl E2bConfig {
                     Some(s) => crate::config::parse_size(&s).map_err(|e| format!("limits.max_upload: {e}"))?,
                     None => d.max_upload,
                 },
+                max_snapshots: l.max_snapshots.unwrap_or(d.max_snapshots),
             };
         }
         for (name, t) in file.template {

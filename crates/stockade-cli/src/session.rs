@@ -385,7 +385,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
         let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
         let sessions = Arc::new(Sessions::new(tier, &state, args.max_sessions)?);
         let _e2b = match e2b {
-            Some((addr, config)) => {
+            Some((addr, mut config)) => {
+                // Snapshots outlive their sandbox and this server, as E2B's do.
+                config.snapshots = Some(state.join("e2b-snapshots"));
                 let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--listen {addr}"))?;
                 let scheme = if config.tls.is_some() { "https" } else { "http" };
                 let _ = writeln!(std::io::stderr(), "stockade serve: E2B API on {scheme}://{}", tcp.local_addr()?);

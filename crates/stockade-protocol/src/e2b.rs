@@ -20,6 +20,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::json::{JsonError, JsonLimits, parse_untrusted};
 
+pub mod proto;
+
 /// The envd version stockade answers as: the SDKs gate features on it (`0.5.7` brings the
 /// octet-stream upload; 0.6 brings file metadata in extended attributes, which stockade does
 /// not keep).
@@ -193,6 +195,152 @@ pub fn single_envelope(body: &[u8]) -> Result<&[u8], ConnectError> {
 pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ConnectError> {
     Ok(parse_untrusted(bytes, LIMITS)?)
 }
+
+/// A Connect call's codec, from its content type: proto3's JSON mapping or its binary
+/// encoding. Both read into the same types with the same refusals, and both answer with
+/// the same message; a stream's end message and a unary error are JSON in both, as the
+/// Connect protocol has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// `application/json`, `application/connect+json`.
+    Json,
+    /// `application/proto`, `application/connect+proto`.
+    Proto,
+}
+
+impl Codec {
+    /// The codec a `Content-Type` names (`application/proto` for a unary call,
+    /// `application/connect+proto` for a streaming one; a `charset` parameter is allowed).
+    #[must_use]
+    pub fn from_content_type(content_type: &str, streaming: bool) -> Option<Self> {
+        let bare = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        [Self::Json, Self::Proto].into_iter().find(|c| c.content_type(streaming) == bare)
+    }
+
+    /// Its content type for a unary or a streaming call.
+    #[must_use]
+    pub const fn content_type(self, streaming: bool) -> &'static str {
+        match (self, streaming) {
+            (Self::Json, false) => "application/json",
+            (Self::Json, true) => "application/connect+json",
+            (Self::Proto, false) => "application/proto",
+            (Self::Proto, true) => "application/connect+proto",
+        }
+    }
+
+    /// Reads one request message (bounded; unknown keys or field numbers refused by name).
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        self,
+        bytes: &[u8],
+        message: &'static proto::Message,
+    ) -> Result<T, ConnectError> {
+        match self {
+            Self::Json => parse(bytes),
+            Self::Proto => {
+                if bytes.len() > MAX_RPC_BYTES {
+                    return Err(ConnectError::new(
+                        Code::ResourceExhausted,
+                        format!("a {}-byte message is over the {MAX_RPC_BYTES}-byte limit", bytes.len()),
+                    ));
+                }
+                let bad = |e: &dyn std::fmt::Display| {
+                    ConnectError::new(Code::InvalidArgument, format!("the request message: {e}"))
+                };
+                let value = proto::decode(bytes, message).map_err(|e| bad(&e))?;
+                serde_json::from_value(value).map_err(|e| bad(&e))
+            }
+        }
+    }
+
+    /// Writes one response message, given as proto3's JSON value for it.
+    pub fn encode(self, value: &serde_json::Value, message: &'static proto::Message) -> Result<Vec<u8>, ConnectError> {
+        match self {
+            Self::Json => Ok(value.to_string().into_bytes()),
+            Self::Proto => proto::encode(value, message)
+                .map_err(|e| ConnectError::new(Code::Internal, format!("encoding the response: {e}"))),
+        }
+    }
+}
+
+/// How a method's messages flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One request, one response.
+    Unary,
+    /// One request, a stream of responses (`Start`, `Connect`).
+    ServerStream,
+    /// A stream of requests, one response (`StreamInput`).
+    ClientStream,
+}
+
+impl Shape {
+    /// Whether its messages travel in envelopes (`application/connect+...`).
+    #[must_use]
+    pub const fn streaming(self) -> bool {
+        !matches!(self, Self::Unary)
+    }
+}
+
+/// One envd method stockade offers: its path and its messages' schemas.
+#[derive(Debug)]
+pub struct Method {
+    /// `/process.Process/Start`.
+    pub path: &'static str,
+    /// How its messages flow.
+    pub shape: Shape,
+    /// Its request message.
+    pub request: &'static proto::Message,
+    /// Its response message.
+    pub response: &'static proto::Message,
+}
+
+const fn method(
+    path: &'static str,
+    shape: Shape,
+    request: &'static proto::Message,
+    response: &'static proto::Message,
+) -> Method {
+    Method { path, shape, request, response }
+}
+
+/// Every envd method stockade offers.
+pub static METHODS: [Method; 13] = {
+    use Shape::{ClientStream, ServerStream, Unary};
+    use proto::{
+        EMPTY, ENTRY_RESPONSE, EVENT_RESPONSE, LIST_DIR_REQUEST, LIST_DIR_RESPONSE, LIST_RESPONSE, MOVE_REQUEST,
+        PATH_REQUEST, PROCESS_REQUEST, SEND_INPUT_REQUEST, SEND_SIGNAL_REQUEST, START_REQUEST, STREAM_INPUT_REQUEST,
+        UPDATE_REQUEST,
+    };
+    [
+        method("/process.Process/Start", ServerStream, &START_REQUEST, &EVENT_RESPONSE),
+        method("/process.Process/Connect", ServerStream, &PROCESS_REQUEST, &EVENT_RESPONSE),
+        method("/process.Process/StreamInput", ClientStream, &STREAM_INPUT_REQUEST, &EMPTY),
+        method("/process.Process/List", Unary, &EMPTY, &LIST_RESPONSE),
+        method("/process.Process/SendInput", Unary, &SEND_INPUT_REQUEST, &EMPTY),
+        method("/process.Process/CloseStdin", Unary, &PROCESS_REQUEST, &EMPTY),
+        method("/process.Process/SendSignal", Unary, &SEND_SIGNAL_REQUEST, &EMPTY),
+        method("/process.Process/Update", Unary, &UPDATE_REQUEST, &EMPTY),
+        method("/filesystem.Filesystem/Stat", Unary, &PATH_REQUEST, &ENTRY_RESPONSE),
+        method("/filesystem.Filesystem/MakeDir", Unary, &PATH_REQUEST, &ENTRY_RESPONSE),
+        method("/filesystem.Filesystem/Move", Unary, &MOVE_REQUEST, &ENTRY_RESPONSE),
+        method("/filesystem.Filesystem/ListDir", Unary, &LIST_DIR_REQUEST, &LIST_DIR_RESPONSE),
+        method("/filesystem.Filesystem/Remove", Unary, &PATH_REQUEST, &EMPTY),
+    ]
+};
+
+/// The method at `path`, if stockade offers it.
+#[must_use]
+pub fn find_method(path: &str) -> Option<&'static Method> {
+    METHODS.iter().find(|m| m.path == path)
+}
+
+/// envd's methods stockade does not offer (it has no directory watch).
+pub const NOT_OFFERED: [&str; 4] = [
+    "/filesystem.Filesystem/WatchDir",
+    "/filesystem.Filesystem/CreateWatcher",
+    "/filesystem.Filesystem/GetWatcherEvents",
+    "/filesystem.Filesystem/RemoveWatcher",
+];
 
 /// Parses one control-plane request body (bounded, unknown keys refused).
 pub fn parse_api<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
@@ -600,6 +748,38 @@ pub fn rfc3339(secs: i64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// RFC 3339 in UTC (`2026-12-05T06:00:00Z`, or with up to nine digits of a fraction) as
+/// seconds since the epoch and nanoseconds: [`rfc3339`]'s inverse.
+#[must_use]
+pub fn parse_rfc3339(text: &str) -> Option<(i64, u32)> {
+    let body = text.strip_suffix('Z')?;
+    let (stamp, fraction) = body.split_once('.').unwrap_or((body, "0"));
+    let b = stamp.as_bytes();
+    if b.len() != 19 || [b[4], b[7], b[10], b[13], b[16]] != *b"--T::" {
+        return None;
+    }
+    let num =
+        |r: std::ops::Range<usize>| stamp.get(r).filter(|d| d.bytes().all(|c| c.is_ascii_digit()))?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    if !(1..=9).contains(&fraction.len()) || !fraction.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let nanos = format!("{fraction:0<9}").parse().ok()?;
+    // Howard Hinnant's days-from-civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + hour * 3600 + minute * 60 + second, nanos))
+}
+
 // ---- the control plane ----
 
 /// `NewSandbox`/`NewSandboxV2`: what `Sandbox.create` sends.
@@ -737,4 +917,27 @@ pub struct SandboxDetail {
 #[must_use]
 pub fn api_error(status: u16, message: &str) -> serde_json::Value {
     serde_json::json!({ "code": status, "message": message })
+}
+
+/// `SandboxSnapshotRequest`: what `create_snapshot` sends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name sandboxes can be created from, besides the snapshot's id.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Whether memory is kept too (`mode="full"`; absent means full, E2B's default);
+    /// `false` is `mode="filesystem"`, the only kind stockade takes.
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// `SnapshotInfo`: a snapshot as `create_snapshot` and `list_snapshots` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotInfo {
+    /// Its id: `Sandbox.create(snapshot_id)` makes a sandbox from it.
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    /// Its names.
+    pub names: Vec<String>,
 }

@@ -36,6 +36,11 @@ impl Server {
         let state = std::env::temp_dir().join(format!("stockade-e2b-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state);
         std::fs::create_dir_all(&state).unwrap();
+        Self::start_in(state, extra)
+    }
+
+    /// A server on `state`, as it is.
+    fn start_in(state: PathBuf, extra: &[&std::ffi::OsStr]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
             .args(["serve", "--socket"])
             .arg(state.join("run/serve.sock"))
@@ -82,8 +87,16 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
+impl Server {
+    /// Stops this server (SIGTERM, as a user would) and starts another on the same state.
+    fn restart(mut self, extra: &[&std::ffi::OsStr]) -> Self {
+        self.stop();
+        let state = std::mem::take(&mut self.state);
+        std::mem::forget(self);
+        Self::start_in(state, extra)
+    }
+
+    fn stop(&mut self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -94,6 +107,12 @@ impl Drop for Server {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.state);
     }
 }
@@ -192,6 +211,31 @@ fn g11_the_official_e2b_sdk_drives_sandboxes() {
     assert_eq!((pause["state"].as_str(), pause["after"].as_str()), (Some("paused"), Some("running")), "{pause}");
     assert_eq!(pause["stdout"], "text one", "{pause}");
 
+    // Filesystem snapshots: a full one is refused by name; a filesystem one makes sandboxes
+    // (by id and by name) whose homes start as the source's was, apart from it afterwards.
+    let snap = &c["snapshot"];
+    assert!(snap["full"].as_str().unwrap().contains("mode=\"filesystem\""), "{snap}");
+    assert_eq!(snap["names"], serde_json::json!(["notes-snap"]), "{snap}");
+    assert_eq!((snap["restored"].as_str(), snap["by_name"].as_str()), (Some("text one"), Some("text one")), "{snap}");
+    assert_eq!(snap["original"], "text one", "{snap}");
+    assert_eq!(snap["listed"], serde_json::json!([snap["id"]]), "{snap}");
+    assert_eq!((snap["deleted"].as_bool(), snap["deleted_again"].as_bool()), (Some(true), Some(false)), "{snap}");
+    let gone = format!("404: template {} not found", snap["id"]);
+    assert!(snap["after_delete"].as_str().unwrap().contains(&gone), "{snap}");
+    // Judged from the host: the archive was kept 0600 in a 0700 directory, and is gone.
+    let snaps = server.state.join("e2b-snapshots");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&snaps).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(std::fs::read_dir(&snaps).unwrap().count(), 0, "a deleted snapshot's files stayed");
+
+    // A page at a time: one sandbox a page, every live one once.
+    let pages = &c["pages"];
+    let seen: Vec<&Value> = pages["pages"].as_array().unwrap().iter().flat_map(|p| p.as_array().unwrap()).collect();
+    assert!(pages["pages"].as_array().unwrap().iter().all(|p| p.as_array().unwrap().len() == 1), "{pages}");
+    for id in pages["ids"].as_array().unwrap() {
+        assert_eq!(seen.iter().filter(|s| **s == id).count(), 1, "{pages}");
+    }
+
     let iso = &c["isolation"];
     assert_eq!(iso["cross_read"], "AuthenticationException", "{iso}");
     assert_eq!(iso["cross_kill"], "AuthenticationException", "{iso}");
@@ -222,6 +266,44 @@ fn g11_the_official_e2b_sdk_drives_sandboxes() {
 
     let k = sdk(&python, &server, "bad_key", &mark);
     assert_eq!(k["bad_key"]["raised"], "AuthenticationException", "{}", k["bad_key"]);
+}
+
+#[test]
+fn g11_the_sdk_on_connects_binary_codec_gets_the_same_answers() {
+    let Some(python) = e2b_python() else { return };
+    let server = Server::start("binary");
+    let mark = format!("602.{}", std::process::id());
+    let c = sdk(&python, &server, "binary", &mark);
+    let b = &c["binary"];
+    // Every call went through the binary codec (the SDK's JSON one was swapped out).
+    assert_eq!(b["codec"], "proto", "{b}");
+    assert!(b["used"]["encoded"].as_u64().unwrap() >= 12 && b["used"]["decoded"].as_u64().unwrap() >= 12, "{b}");
+    assert_eq!((b["stdout"].as_str(), b["stderr"].as_str()), (Some("hello\n"), Some("oops\n")), "{b}");
+    assert_eq!(b["callbacks"], "hello\noops\n", "{b}");
+    assert_eq!(b["nonzero"], 3, "{b}");
+    assert!(b["listed"].as_array().unwrap().contains(&b["pid"]), "{b}");
+    // A killed process ends with exit code -1: sint32's zigzag, both ways.
+    assert_eq!(b["killed"]["exit_code"], -1, "{b}");
+    assert_eq!(b["killed"]["stdout"], "got:ping\n", "{b}");
+    assert_eq!(b["made"], true, "{b}");
+    assert_eq!(b["entries"]["a.txt"], serde_json::json!(["file", 3]), "{b}");
+    assert_eq!(b["entries"]["d"][0], "dir", "{b}");
+    // An EntryInfo's int64 size and its google.protobuf.Timestamp, as the SDK's classes read them.
+    assert_eq!(b["size"], 3, "{b}");
+    let year =
+        1970 + std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 31_556_952;
+    assert!(b["modified_year"].as_u64().unwrap().abs_diff(year) <= 1, "{b}");
+    assert!(b["permissions"].as_str().unwrap().starts_with("-rw"), "{b}");
+    assert_eq!(b["after"], serde_json::json!(["c.txt"]), "{b}");
+    assert!(b["missing"].as_str().unwrap().contains("NotFound"), "{b}");
+    assert!(b["pty"].as_str().unwrap().contains("33 99"), "{b}");
+    // Killed: from the host, no session directory and no process is left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !with_marker(&mark).is_empty() {
+        assert!(Instant::now() < deadline, "processes of a killed sandbox still run: {:?}", with_marker(&mark));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.session_dirs().is_empty(), "sessions left: {:?}", server.session_dirs());
 }
 
 /// One raw HTTP/1.1 request: (status, body).
@@ -279,8 +361,30 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
     assert!(s == 400 && b.contains("unknown field `x`"), "{s} {b}");
     let (s, b) = post(&addr, "/process.Process/Nope", &envd("application/json"), b"{}");
     assert!(s == 501 && b.contains("unimplemented"), "{s} {b}");
-    let (s, _) = post(&addr, "/process.Process/List", &envd("application/proto"), b"");
-    assert_eq!(s, 415);
+    let (s, b) = post(&addr, "/process.Process/List", &envd("text/plain"), b"");
+    assert!(s == 415 && b.contains("application/proto"), "{s} {b}");
+    let (s, b) = post(&addr, "/filesystem.Filesystem/WatchDir", &envd("application/connect+json"), b"");
+    assert!(s == 501 && b.contains("directory watch"), "{s} {b}");
+
+    // The binary codec: an empty message is a valid ListRequest; then malformed protobuf,
+    // each refused in one line naming the message and the field.
+    let (s, b) = post(&addr, "/process.Process/List", &envd("application/proto"), b"");
+    assert_eq!((s, b.as_str()), (200, ""), "no process runs yet, so the ListResponse is empty");
+    let stat = |body: &[u8]| post(&addr, "/filesystem.Filesystem/Stat", &envd("application/proto"), body);
+    for (body, says) in [
+        (&[0x38, 0x01][..], "filesystem.StatRequest: unknown field 7"),
+        (&[0x0a, 0x05, b'/'][..], "filesystem.StatRequest.path: a 5-byte length with 1 bytes left (truncated)"),
+        (&[0x08, 0x01][..], "filesystem.StatRequest.path: varint wire type where length-delimited was expected"),
+        (&[0x0a, 0x01, 0xff][..], "filesystem.StatRequest.path: a string that is not UTF-8"),
+        (&[0x0a, 0x80][..], "truncated varint"),
+        (&[0x0b][..], "filesystem.StatRequest.path: group wire type where length-delimited was expected"),
+    ] {
+        let (s, b) = stat(body);
+        assert!(s == 400 && b.contains("invalid_argument") && b.contains(says), "{body:?}: {s} {b}");
+    }
+    let (s, b) =
+        post(&addr, "/process.Process/Start", &envd("application/connect+proto"), &[0, 0, 0, 0, 2, 0x0a, 0x09]);
+    assert!(s == 200 && b.contains("truncated") && b.contains("process.StartRequest.process"), "{s} {b}");
     let wrong =
         format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {}\r\nContent-Type: application/json\r\n", "0".repeat(64));
     assert_eq!(post(&addr, "/process.Process/List", &wrong, b"{}").0, 401);
@@ -326,6 +430,69 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
         raw(&addr, format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes());
     assert_eq!(status, 204);
     assert!(server.session_dirs().is_empty());
+}
+
+#[test]
+fn g11_a_snapshot_outlives_its_sandbox_and_the_server() {
+    // With the README's own templates (examples/e2b/serve.toml).
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/e2b/serve.toml");
+    let config = [std::ffi::OsStr::new("--config"), example.as_os_str()];
+    let server = Server::start_with("persist", &config);
+    let key = format!("X-API-Key: {KEY}\r\nContent-Type: application/json\r\n");
+    let create = |addr: &str, template: &str| {
+        let (s, b) =
+            post(addr, "/v2/sandboxes", &key, format!(r#"{{"templateID":"{template}","timeout":60}}"#).as_bytes());
+        assert_eq!(s, 201, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        (v["sandboxID"].as_str().unwrap().to_owned(), v["envdAccessToken"].as_str().unwrap().to_owned())
+    };
+    let (id, token) = create(&server.addr, "base");
+    let envd = format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\nContent-Type: application/octet-stream\r\n");
+    assert_eq!(post(&server.addr, "/files?path=/home/user/kept.txt", &envd, b"kept").0, 200);
+    let (s, b) = post(&server.addr, &format!("/sandboxes/{id}/snapshots"), &key, br#"{"memory":false,"name":"kept"}"#);
+    assert_eq!(s, 201, "{b}");
+    let snap: Value = serde_json::from_str(&b).unwrap();
+    // A bad name and a full snapshot are refused in one line.
+    let (s, b) = post(&server.addr, &format!("/sandboxes/{id}/snapshots"), &key, br#"{"memory":false,"name":"../x"}"#);
+    assert!(s == 400 && b.contains("snapshot name"), "{s} {b}");
+    let (s, b) = post(&server.addr, &format!("/sandboxes/{id}/snapshots"), &key, b"{}");
+    assert!(s == 400 && b.contains("filesystem-only"), "{s} {b}");
+
+    // A new server on the same state directory still has it, by id and by name.
+    let server = server.restart(&config);
+    let get = |path: &str| {
+        raw(&server.addr, format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes())
+    };
+    let (s, listed) = get("/snapshots");
+    assert_eq!(s, 200);
+    let listed: Value = serde_json::from_slice(&listed).unwrap();
+    assert_eq!(listed, serde_json::json!([{"snapshotID": snap["snapshotID"], "names": ["kept"]}]));
+    for template in [snap["snapshotID"].as_str().unwrap(), "kept"] {
+        let (id, token) = create(&server.addr, template);
+        let (s, body) = raw(
+            &server.addr,
+            format!(
+                "GET /files?path=/home/user/kept.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!((s, body.as_slice()), (200, &b"kept"[..]), "{template}");
+    }
+    // A limit outside 1 to 100 is refused; a page of one names the next.
+    assert_eq!(get("/v2/sandboxes?limit=0").0, 400);
+    let mut tokens = 0;
+    let mut next = String::new();
+    loop {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        write!(s, "GET /v2/sandboxes?limit=1{next} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let Some(token) = out.lines().find_map(|l| l.strip_prefix("x-next-token: ")) else { break };
+        next = format!("&nextToken={token}");
+        tokens += 1;
+        assert!(tokens < 5, "{out}");
+    }
+    assert_eq!(tokens, 1, "two sandboxes, one a page: one next token");
 }
 
 #[test]

@@ -37,6 +37,19 @@ def kind(e):
     return type(e).__name__
 
 
+def resized_pty(sbx, rows, cols):
+    """A terminal opened at 24x80, resized, asked its size: (its pid, what it printed)."""
+    data = []
+    term = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.resize(term.pid, PtySize(rows=rows, cols=cols))
+    sbx.pty.send_stdin(term.pid, b"stty size; exit\n")
+    try:
+        term.wait(on_pty=data.append)
+    except CommandExitException:
+        pass
+    return term.pid, b"".join(data).decode(errors="replace")
+
+
 def sync_checks():
     sbx = Sandbox.create(timeout=120, metadata={"suite": "e2b"}, envs={"SANDBOX_VAR": "from-create"})
     say("created", id=sbx.sandbox_id)
@@ -108,15 +121,8 @@ def sync_checks():
     except SandboxException as e:
         say("dotdot", raised=kind(e), message=str(e)[:200])
 
-    data = []
-    term = sbx.pty.create(PtySize(rows=24, cols=80))
-    sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
-    sbx.pty.send_stdin(term.pid, b"stty size; exit\n")
-    try:
-        term.wait(on_pty=data.append)
-    except CommandExitException:
-        pass
-    say("pty", pid=term.pid, output=b"".join(data).decode(errors="replace"))
+    pid, output = resized_pty(sbx, rows=40, cols=100)
+    say("pty", pid=pid, output=output)
 
     info = sbx.get_info()
     say("info", id=info.sandbox_id, template=info.template_id, metadata=info.metadata, state=str(info.state))
@@ -132,7 +138,36 @@ def sync_checks():
     r = resumed.commands.run("cat /home/user/notes/c.txt")
     say("pause", paused=paused, paused_again=paused_again, state=state, after=str(sbx.get_info().state), stdout=r.stdout)
 
+    try:
+        sbx.create_snapshot()
+        full = None
+    except SandboxException as e:
+        full = kind(e) + ": " + str(e)[:200]
+    snap = sbx.create_snapshot(name="notes-snap", mode="filesystem")
+    from_id = Sandbox.create(snap.snapshot_id, timeout=60)
+    restored = from_id.files.read("/home/user/notes/c.txt")
+    from_id.files.write("/home/user/notes/c.txt", "changed in the copy")
+    by_name = Sandbox.create("notes-snap", timeout=60)
+    by_name_read = by_name.files.read("/home/user/notes/c.txt")
+    listed_snaps = [x.snapshot_id for x in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()]
+    from_id.kill()
+    by_name.kill()
+    deleted = Sandbox.delete_snapshot(snap.snapshot_id)
+    deleted_again = Sandbox.delete_snapshot(snap.snapshot_id)
+    try:
+        Sandbox.create(snap.snapshot_id, timeout=60)
+        after_delete = None
+    except SandboxException as e:
+        after_delete = kind(e) + ": " + str(e)[:200]
+    say("snapshot", full=full, id=snap.snapshot_id, names=snap.names, restored=restored, by_name=by_name_read,
+        original=sbx.files.read("/home/user/notes/c.txt"), listed=listed_snaps, deleted=deleted,
+        deleted_again=deleted_again, after_delete=after_delete)
+
     other = Sandbox.create(timeout=120)
+    pages, paginator = [], Sandbox.list(limit=1)
+    while paginator.has_next and len(pages) < 10:
+        pages.append([x.sandbox_id for x in paginator.next_items()])
+    say("pages", pages=pages, ids=[sbx.sandbox_id, other.sandbox_id])
     other.files.write("/home/user/secret.txt", "other's secret")
     hb = other.commands.run(f"sleep {MARK}", background=True)
     # sandbox A with B's id but A's token: the SDK's own headers, swapped by hand.
@@ -188,6 +223,68 @@ async def async_checks():
     say("async", stdout=r.stdout, back=back, path=w.path)
 
 
+def binary_checks():
+    """The same SDK with connectrpc's default codec, binary protobuf, in place of the SDK's
+    JSON one: what a client generated from envd's protos with any Connect library sends.
+    The codec counts what it encodes and decodes, so a run that never used it shows."""
+    import e2b.envd.client_sync as rpc
+    from connectrpc.codec import proto_binary_codec
+
+    inner = proto_binary_codec()
+    used = {"encoded": 0, "decoded": 0}
+
+    class Counting:
+        def name(self):
+            return inner.name()
+
+        def encode(self, message):
+            used["encoded"] += 1
+            return inner.encode(message)
+
+        def decode(self, data, message_class):
+            used["decoded"] += 1
+            return inner.decode(data, message_class)
+
+    rpc.ENVD_JSON_CODEC = Counting()
+    sbx = Sandbox.create(timeout=60)
+    out, err = [], []
+    r = sbx.commands.run("echo hello; echo oops >&2", on_stdout=out.append, on_stderr=err.append)
+    try:
+        sbx.commands.run("exit 3")
+        nonzero = None
+    except CommandExitException as e:
+        nonzero = e.exit_code
+    h = sbx.commands.run(f"read line; echo got:$line; sleep {MARK}", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "ping\n")
+    time.sleep(0.5)
+    listed = [p.pid for p in sbx.commands.list()]
+    sbx.commands.kill(h.pid)
+    try:
+        h.wait()
+        killed = None
+    except CommandExitException as e:
+        killed = {"exit_code": e.exit_code, "stdout": e.stdout}
+    sbx.files.write("/home/user/b/a.txt", "one")
+    made = sbx.files.make_dir("/home/user/b/d")
+    entries = {e.name: [e.type.value if e.type else None, e.size] for e in sbx.files.list("/home/user/b")}
+    info = sbx.files.get_info("/home/user/b/a.txt")
+    sbx.files.rename("/home/user/b/a.txt", "/home/user/b/c.txt")
+    sbx.files.remove("/home/user/b/d")
+    after = sorted(e.name for e in sbx.files.list("/home/user/b"))
+    try:
+        sbx.files.get_info("/home/user/b/nothing")
+        missing = None
+    except NotFoundException as e:
+        missing = kind(e)
+    _, pty = resized_pty(sbx, rows=33, cols=99)
+    sbx.kill()
+    say("binary", codec=rpc.ENVD_JSON_CODEC.name(), used=used, stdout=r.stdout, stderr=r.stderr,
+        callbacks="".join(out) + "".join(err), nonzero=nonzero, pid=h.pid, listed=listed, killed=killed,
+        made=made, entries=entries, size=info.size, modified_year=info.modified_time.year,
+        permissions=info.permissions, after=after, missing=missing,
+        pty=pty)
+
+
 def bad_key():
     try:
         Sandbox.create(api_key="wrong-key-wrong-key-1234")
@@ -208,6 +305,8 @@ if __name__ == "__main__":
         asyncio.run(async_checks())
     if which in ("all", "bad_key"):
         bad_key()
+    if which in ("all", "binary"):
+        binary_checks()
     # Every check has been said (each line flushed). The interpreter's teardown is not what
     # this tests: CI once saw this process die by SIGABRT after the async checks had all
     # passed and been printed, with nothing on stderr (a native abort while the SDK's

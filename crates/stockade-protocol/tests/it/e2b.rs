@@ -76,3 +76,116 @@ fn g7_events_and_entries_read_as_proto3_json() {
         (Some("FILE_TYPE_FILE"), Some("5"), Some("1970-01-01T00:00:00Z"))
     );
 }
+
+// ---- the binary codec ----
+
+use e2b::Codec;
+use e2b::proto::{self, EVENT_RESPONSE, LIST_DIR_RESPONSE, START_REQUEST};
+
+#[test]
+fn g7_the_binary_codec_writes_protobufs_bytes_and_reads_them_back() {
+    // Bytes worked out by hand from the protobuf encoding spec: StartRequest{process:
+    // ProcessConfig{cmd:"ls", args:["-l"], envs:{"A":"1"}}, stdin:false}.
+    let start = serde_json::json!({"process": {"cmd": "ls", "args": ["-l"], "envs": {"A": "1"}}, "stdin": false});
+    let bytes = [
+        0x0a, 0x10, // field 1 (process), 16 bytes
+        0x0a, 0x02, b'l', b's', // cmd
+        0x12, 0x02, b'-', b'l', // args
+        0x1a, 0x06, 0x0a, 0x01, b'A', 0x12, 0x01, b'1', // envs entry
+        0x20, 0x00, // stdin = false (explicit presence)
+    ];
+    assert_eq!(proto::encode(&start, &START_REQUEST).unwrap(), bytes);
+    assert_eq!(proto::decode(&bytes, &START_REQUEST).unwrap(), start);
+    let r: StartRequest = Codec::Proto.decode(&bytes, &START_REQUEST).unwrap();
+    assert_eq!((r.process.unwrap().envs["A"].as_str(), r.stdin), ("1", Some(false)));
+
+    // sint32 is zigzag: exit code -1 is 0x01, 3 is 0x06; bytes are raw on the wire.
+    let end = ProcessEvent::End { exit_code: -1, exited: false, status: "signal: killed".into(), error: None };
+    let wire = Codec::Proto.encode(&end.to_json(), &EVENT_RESPONSE).unwrap();
+    assert_eq!(&wire[..8], [0x0a, 0x16, 0x1a, 0x14, 0x08, 0x01, 0x10, 0x00]);
+    assert_eq!(proto::decode(&wire, &EVENT_RESPONSE).unwrap(), end.to_json());
+    let out = Codec::Proto.encode(&ProcessEvent::Stdout(vec![0, 0xff]).to_json(), &EVENT_RESPONSE).unwrap();
+    assert_eq!(out, [0x0a, 0x06, 0x12, 0x04, 0x0a, 0x02, 0x00, 0xff]);
+
+    // An EntryInfo: int64 size from its JSON string, the enum by number, the time as a
+    // google.protobuf.Timestamp, all read back as proto3 JSON writes them.
+    let entry = serde_json::json!({"entries": [{
+        "name": "a", "type": "FILE_TYPE_DIRECTORY", "path": "/home/user/a", "size": "5000000000",
+        "mode": 493, "permissions": "drwxr-xr-x", "owner": "user", "group": "user",
+        "modifiedTime": "2026-12-05T06:00:00.500Z",
+    }]});
+    let wire = Codec::Proto.encode(&entry, &LIST_DIR_RESPONSE).unwrap();
+    assert_eq!(proto::decode(&wire, &LIST_DIR_RESPONSE).unwrap(), entry);
+    assert_eq!(e2b::parse_rfc3339("2026-12-05T06:00:00Z"), Some((1_796_450_400, 0)));
+    assert_eq!(e2b::parse_rfc3339("2000-02-29T00:00:00.000000001Z"), Some((951_782_400, 1)));
+    for secs in [0, 951_782_400, 1_796_450_400, -86_401, 253_402_300_799] {
+        assert_eq!(e2b::parse_rfc3339(&e2b::rfc3339(secs)), Some((secs, 0)), "{secs}");
+    }
+    for bad in ["2026-12-05 06:00:00Z", "2026-13-05T06:00:00Z", "2026-12-05T06:00:00", "2026-12-05T06:00:00.Z"] {
+        assert_eq!(e2b::parse_rfc3339(bad), None, "{bad}");
+    }
+    // A response key the schema lacks is an error, not a silently dropped field.
+    let e = Codec::Proto.encode(&serde_json::json!({"event": {"start": {"pid": 1, "x": 2}}}), &EVENT_RESPONSE);
+    assert!(e.unwrap_err().message.contains("no field \"x\""));
+}
+
+#[test]
+fn g2_the_binary_codec_refuses_malformed_messages_by_name() {
+    let refuse = |bytes: &[u8], says: &str| {
+        let e = Codec::Proto.decode::<StartRequest>(bytes, &START_REQUEST).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        assert!(e.message.contains(says), "{bytes:?}: {e}");
+    };
+    refuse(&[0x28, 0x01], "process.StartRequest: unknown field 5");
+    refuse(&[0x0a, 0x02, 0x0a], "process.StartRequest.process: a 2-byte length with 1 bytes left");
+    refuse(&[0x0a, 0x02, 0x0a, 0x09], "process.ProcessConfig.cmd: a 9-byte length");
+    refuse(&[0x18, 0x01], "process.StartRequest.tag: varint wire type where length-delimited");
+    refuse(&[0x1a, 0x01, 0xc3], "process.StartRequest.tag: a string that is not UTF-8");
+    refuse(&[0x20, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], "varint over 64 bits");
+    refuse(&[0x20, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], "varint over");
+    refuse(&[0x0b, 0x0c], "group wire type");
+    // The schema's own refusals still apply after decoding: a signal outside the two.
+    let e = Codec::Proto
+        .decode::<e2b::SendSignalRequest>(&[0x0a, 0x02, 0x08, 0x07, 0x10, 0x13], &proto::SEND_SIGNAL_REQUEST)
+        .unwrap_err();
+    assert!(e.message.contains("signal 19: not 15 or 9"), "{e}");
+    // Over the field budget: one request cannot grow without bound in memory.
+    let many: Vec<u8> = std::iter::repeat_n([0x1a, 0x00], proto::MAX_FIELDS + 2).flatten().collect();
+    let e = Codec::Proto.decode::<StartRequest>(&many, &START_REQUEST).unwrap_err();
+    assert!(e.message.contains("more than 65536 fields"), "{e}");
+    // Over the message cap, before anything is decoded.
+    let e = Codec::Proto.decode::<e2b::Empty>(&vec![0; e2b::MAX_RPC_BYTES + 1], &proto::EMPTY).unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+}
+
+#[test]
+fn g2_content_types_name_the_codec() {
+    assert_eq!(Codec::from_content_type("application/proto", false), Some(Codec::Proto));
+    assert_eq!(Codec::from_content_type("application/connect+proto", true), Some(Codec::Proto));
+    assert_eq!(Codec::from_content_type("application/json; charset=utf-8", false), Some(Codec::Json));
+    assert_eq!(Codec::from_content_type("application/connect+json", false), None);
+    assert_eq!(Codec::from_content_type("application/proto", true), None);
+    assert_eq!(Codec::from_content_type("text/plain", false), None);
+    assert!(e2b::find_method("/process.Process/Start").unwrap().shape.streaming());
+    assert!(e2b::find_method("/filesystem.Filesystem/WatchDir").is_none());
+}
+
+proptest::proptest! {
+    #[test]
+    fn g2_no_bytes_make_the_binary_codec_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        for m in &e2b::METHODS {
+            let _ = proto::decode(&bytes, m.request);
+            let _ = proto::decode(&bytes, m.response);
+        }
+    }
+
+    #[test]
+    fn g7_what_decodes_encodes_back_to_the_same_value(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        for m in &e2b::METHODS {
+            if let Ok(v) = proto::decode(&bytes, m.request) {
+                let again = proto::encode(&v, m.request).unwrap();
+                proptest::prop_assert_eq!(proto::decode(&again, m.request).unwrap(), v);
+            }
+        }
+    }
+}
