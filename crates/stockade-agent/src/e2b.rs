@@ -39,8 +39,9 @@
 //!   the same refusals ([`stockade_protocol::e2b::Codec`]).
 //!
 //! # Non-guarantees
-//! No compression, no directory watch, no file metadata; a docker-tier template offers
-//! commands and whole-file reads and writes, not the rest of the filesystem service.
+//! No compression, no directory watch, no file metadata. A docker-tier template's
+//! filesystem service runs inside its container with the image's own `stat`, `find`,
+//! `mkdir`, `rm` and `mv`, so its image needs them (busybox's or GNU's).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -1041,45 +1042,38 @@ impl E2bServer {
     }
 
     async fn filesystem(&self, s: &Session, msg: Message<'_>) -> Result<serde_json::Value, ConnectError> {
-        let files = s.files().ok_or_else(|| {
-            ConnectError::new(
-                Code::Unimplemented,
-                "a docker-tier sandbox offers whole-file reads and writes (/files) only; use a process-tier template",
-            )
-        })?;
-        let info = |p: &str| -> Result<wire::EntryInfo, ConnectError> {
-            files.stat(p).map(|e| entry_info(&e)).map_err(|e| files_code(&e))
-        };
+        let fail = |e: FilesError| files_code(&e);
+        let entry = |e: &stockade_runtime::session::Entry| serde_json::json!({ "entry": entry_info(e) });
         match msg.method.path {
             "/filesystem.Filesystem/Stat" => {
                 let r: wire::PathRequest = msg.read()?;
-                Ok(serde_json::json!({ "entry": info(&guest_path(&r.path))? }))
+                Ok(entry(&s.stat(&guest_path(&r.path)).await.map_err(fail)?))
             }
             "/filesystem.Filesystem/MakeDir" => {
                 let r: wire::PathRequest = msg.read()?;
                 let p = guest_path(&r.path);
-                if !files.mkdir(&p).map_err(|e| files_code(&e))? {
+                if !s.mkdir(&p).await.map_err(fail)? {
                     return Err(ConnectError::new(Code::AlreadyExists, format!("{p}: the directory exists")));
                 }
-                Ok(serde_json::json!({ "entry": info(&p)? }))
+                Ok(entry(&s.stat(&p).await.map_err(fail)?))
             }
             "/filesystem.Filesystem/Move" => {
                 let r: wire::MoveRequest = msg.read()?;
                 let (from, to) = (guest_path(&r.source), guest_path(&r.destination));
-                files.rename(&from, &to).map_err(|e| files_code(&e))?;
-                Ok(serde_json::json!({ "entry": info(&to)? }))
+                s.rename(&from, &to).await.map_err(fail)?;
+                Ok(entry(&s.stat(&to).await.map_err(fail)?))
             }
             "/filesystem.Filesystem/ListDir" => {
                 let r: wire::ListDirRequest = msg.read()?;
                 let p = guest_path(&r.path);
                 let depth = usize::try_from(r.depth.max(1)).unwrap_or(1);
                 let entries: Vec<wire::EntryInfo> =
-                    files.list(&p, depth).map_err(|e| files_code(&e))?.iter().map(entry_info).collect();
+                    s.list(&p, depth).await.map_err(fail)?.iter().map(entry_info).collect();
                 Ok(serde_json::json!({ "entries": entries }))
             }
             "/filesystem.Filesystem/Remove" => {
                 let r: wire::PathRequest = msg.read()?;
-                files.remove(&guest_path(&r.path)).map_err(|e| files_code(&e))?;
+                s.remove(&guest_path(&r.path)).await.map_err(fail)?;
                 Ok(serde_json::json!({}))
             }
             other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),

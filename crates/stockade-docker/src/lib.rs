@@ -112,9 +112,12 @@
 //!     execs. At an exec's deadline or a budget's breach, that exec's process group is
 //!     killed from inside the container (by its pid there, mapped through the host's
 //!     `/proc`) and the session goes on; where that cannot be done (a remote engine, no
-//!     `kill` in the image) the container is killed and the report says so. Files move
-//!     through the engine's archive API only (an absolute path without `..`; the root stays
-//!     read-only); pause and resume are `docker pause`; a background exec
+//!     `kill` in the image) the container is killed and the report says so. Whole files move
+//!     through the engine's archive API (an absolute path without `..`; the root stays
+//!     read-only; a write makes its parents); stat, list (links listed, never followed),
+//!     mkdir, remove and rename run inside the container as the job user, by the image's own
+//!     `sh`, `stat`, `find`, `mkdir`, `rm` and `mv` with every path an argument, so the
+//!     guest's own permissions bound them; pause and resume are `docker pause`; a background exec
 //!     ([`session::DockerExecOptions`]) reports its pid in the container, takes a signal to
 //!     its process group the same way, and may have a terminal the engine resizes; a
 //!     workspace is staged as in G7 and, read-write, copied back when the session ends; a

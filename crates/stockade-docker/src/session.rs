@@ -40,6 +40,8 @@ use stockade_protocol::{
 };
 use tokio::io::AsyncWriteExt;
 
+use stockade_hostfs::files::{Entry, Kind, MAX_DEPTH, MAX_LIST};
+
 use crate::{DockerTier, RunError, engine, spec};
 
 /// What a session's container runs: `cat`, which reads the stdin its owner holds open and
@@ -596,26 +598,106 @@ impl DockerSession {
         })
     }
 
-    /// Writes `content` to the file at `path` (absolute; its directory must exist in the
-    /// container), owned by the job user, through the engine's archive API.
+    /// Writes `content` to the file at `path` (absolute), owned by the job user, through the
+    /// engine's archive API; a missing parent directory is made first, as the job user
+    /// ([`mkdir`](Self::mkdir)).
     pub async fn write(&self, path: &str, content: &[u8]) -> Result<(), RunError> {
         check_path(path)?;
         let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
         let dir = if dir.is_empty() { "/" } else { dir };
         let tar = stockade_hostfs::stage::pack_file(name, content, self.tier.hardening.uid, self.tier.hardening.gid)
             .map_err(|e| RunError::Misconfigured(format!("{path}: {e}")))?;
-        let opts = UploadToContainerOptionsBuilder::default().path(dir).no_overwrite_dir_non_dir("true").build();
-        self.tier.docker.upload_to_container(self.id()?, Some(opts), bollard::body_full(tar.into())).await.map_err(
-            |e| match e {
-                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
-                    RunError::Misconfigured(format!("{dir}: no such directory in the session"))
-                }
-                bollard::errors::Error::DockerResponseServerError { status_code: 403 | 400, message } => {
-                    RunError::Misconfigured(format!("{path}: {message}"))
-                }
-                e => engine(e),
-            },
-        )
+        let id = self.id()?;
+        let upload = || {
+            let opts = UploadToContainerOptionsBuilder::default().path(dir).no_overwrite_dir_non_dir("true").build();
+            self.tier.docker.upload_to_container(id, Some(opts), bollard::body_full(tar.clone().into()))
+        };
+        let missing_dir = |e: &bollard::errors::Error| {
+            matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+        };
+        let mut done = upload().await;
+        if done.as_ref().is_err_and(missing_dir) {
+            self.mkdir(dir).await?;
+            done = upload().await;
+        }
+        done.map_err(|e| match e {
+            bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                RunError::Misconfigured(format!("{dir}: no such directory in the session"))
+            }
+            bollard::errors::Error::DockerResponseServerError { status_code: 403 | 400, message } => {
+                RunError::Misconfigured(format!("{path}: {message}"))
+            }
+            e => engine(e),
+        })
+    }
+
+    /// The entry at `path` (absolute), a final symlink not followed.
+    pub async fn stat(&self, path: &str) -> Result<Entry, RunError> {
+        check_path(path)?;
+        let out = self.files_op(&["stat", path]).await?;
+        parse_entries(&out).into_iter().next().ok_or_else(|| RunError::Internal(format!("{path}: stat said nothing")))
+    }
+
+    /// The entries under the directory `path`, down to `depth` levels (1: its own entries),
+    /// at most [`MAX_LIST`], sorted by path; symlinks are listed, never followed. A name
+    /// holding a newline is left out.
+    pub async fn list(&self, path: &str, depth: usize) -> Result<Vec<Entry>, RunError> {
+        check_path(path)?;
+        let depth = depth.clamp(1, MAX_DEPTH).to_string();
+        let mut out = parse_entries(&self.files_op(&["list", path, &depth]).await?);
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.truncate(MAX_LIST);
+        Ok(out)
+    }
+
+    /// Makes the directory `path` and its parents; `false` if it was there already.
+    pub async fn mkdir(&self, path: &str) -> Result<bool, RunError> {
+        check_path(path)?;
+        match self.files_op(&["mkdir", path]).await {
+            Ok(_) => Ok(true),
+            Err(RunError::Misconfigured(why)) if why.ends_with(": exists") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the file, link or directory (with what is in it) at `path`.
+    pub async fn remove(&self, path: &str) -> Result<(), RunError> {
+        check_path(path)?;
+        self.files_op(&["remove", path]).await.map(drop)
+    }
+
+    /// Renames `from` to `to`, making `to`'s parent directories.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<(), RunError> {
+        check_path(from)?;
+        check_path(to)?;
+        self.files_op(&["rename", from, to]).await.map(drop)
+    }
+
+    /// Runs [`FILES_SCRIPT`] with `args` inside the container as the job user: its stdout,
+    /// or its one-line complaint (`PATH: no such file or directory`) as the error.
+    async fn files_op(&self, args: &[&str]) -> Result<Vec<u8>, RunError> {
+        let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(e.to_string());
+        let argv = ["-c", FILES_SCRIPT, "sh"].iter().chain(args).map(|a| (*a).to_owned());
+        let limits = Limits::default()
+            .with_wall(FILES_OP_WALL)
+            .and_then(|l| l.with_stdout(FILES_OP_OUTPUT))
+            .map_err(|e| bad(&e))?;
+        let job = Job::command("sh", argv)
+            .and_then(|j| j.with_env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
+            .map_err(|e| bad(&e))?
+            .with_limits(limits);
+        let r = self.exec(&job, Some("/"), LiveIo::default()).await?;
+        let complaint = || String::from_utf8_lossy(&r.stderr.bytes).lines().last().unwrap_or_default().to_owned();
+        match r.status {
+            Status::Exited { code: 0 } => Ok(r.stdout.bytes),
+            Status::Exited { code: 2 | 3 } => Err(RunError::Misconfigured(complaint())),
+            Status::Exited { code: 127 } => Err(RunError::Unsupported {
+                mechanism: "the files API in this image".into(),
+                reason: format!("the image lacks a tool it runs ({})", complaint()),
+            }),
+            Status::Exited { .. } => Err(RunError::Misconfigured(format!("{}: {}", args[1], complaint()))),
+            other => Err(RunError::Internal(format!("the files call ended {other:?}"))),
+        }
     }
 
     /// A filesystem-only snapshot: the home's files (a tar, at most `limit` bytes of
@@ -658,6 +740,59 @@ impl DockerSession {
         self.tier.remove(&id).await;
         self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
+}
+
+/// The files API's calls besides whole-file reads and writes, run inside a session's
+/// container as the job user by the image's own `sh`, `stat`, `find`, `mkdir`, `rm` and `mv`
+/// (busybox's or GNU's): the container is the wall, and the guest's own permissions apply,
+/// as they do to E2B's envd. Paths arrive as arguments, never in the script's text. An
+/// entry is one line, `MODE SIZE MTIME PATH` (the raw mode in hex); exit 2 or 3 with one
+/// line on stderr is the call's refusal.
+const FILES_SCRIPT: &str = r#"set -u
+gone() { echo "$1: no such file or directory" >&2; exit 2; }
+there() { [ -e "$1" ] || [ -L "$1" ]; }
+case $1 in
+stat) there "$2" || gone "$2"; exec stat -c '%f %s %Y %n' "$2" ;;
+list) there "$2" || gone "$2"
+  [ -d "$2" ] || { echo "$2: not a directory" >&2; exit 2; }
+  exec find "$2" -mindepth 1 -maxdepth "$3" -exec stat -c '%f %s %Y %n' {} + ;;
+mkdir) [ -d "$2" ] && { echo "$2: exists" >&2; exit 3; }
+  there "$2" && { echo "$2: a file is there" >&2; exit 2; }
+  exec mkdir -p "$2" ;;
+remove) there "$2" || gone "$2"; exec rm -rf "$2" ;;
+rename) there "$2" || gone "$2"
+  [ -d "$3" ] && [ ! -L "$3" ] && { echo "$3: a directory is there" >&2; exit 2; }
+  mkdir -p "$(dirname "$3")" && exec mv -f "$2" "$3" ;;
+esac
+echo "$1: no such files call" >&2; exit 2
+"#;
+
+/// A files call's deadline.
+const FILES_OP_WALL: Duration = Duration::from_secs(30);
+
+/// A files call's largest answer: [`MAX_LIST`] entries of up to 4 KiB paths.
+const FILES_OP_OUTPUT: u64 = 48 << 20;
+
+/// The entries [`FILES_SCRIPT`] printed (a line that is not one, such as a name's second
+/// line, is skipped).
+fn parse_entries(out: &[u8]) -> Vec<Entry> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(4, ' ');
+            let mode = u32::from_str_radix(f.next()?, 16).ok()?;
+            let size = f.next()?.parse().ok()?;
+            let modified = f.next()?.parse().ok()?;
+            let path = f.next().filter(|p| p.starts_with('/'))?.to_owned();
+            let kind = match mode & 0o170_000 {
+                0o100_000 => Kind::File,
+                0o040_000 => Kind::Dir,
+                0o120_000 => Kind::Symlink,
+                _ => Kind::Other,
+            };
+            Some(Entry { path, kind, size, mode: mode & 0o7777, modified })
+        })
+        .collect()
 }
 
 /// An absolute path with no `..` and no NUL.

@@ -339,6 +339,21 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// One files call of a [`Session`]: through its host [`Files`] (a process-tier session), or
+/// its docker session's own call, its error mapped to the files API's.
+macro_rules! files_call {
+    ($session:ident, $path:expr, |$f:ident| $host:expr, |$d:ident| $docker:expr) => {{
+        if let Some($f) = $session.files() {
+            return $host;
+        }
+        #[cfg(feature = "docker")]
+        if let Some(Backend::Docker($d)) = $session.inner.read().await.as_ref() {
+            return $docker.await.map_err(|e| docker_files_error($path, e));
+        }
+        Err($session.files_gone($path))
+    }};
+}
+
 impl Session {
     /// The session's id.
     #[must_use]
@@ -703,29 +718,45 @@ impl Session {
     /// Reads a file of the session by the guest's path, at most `limit` bytes: through
     /// [`Session::files`], or a docker session's container (the engine's archive API).
     pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, FilesError> {
-        if let Some(files) = self.files() {
-            return files.read(path, limit);
-        }
-        #[cfg(feature = "docker")]
-        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
-            return s.read(path, limit).await.map_err(|e| docker_files_error(path, e));
-        }
-        Err(FilesError::Invalid { path: path.into(), why: self.gone().to_string() })
+        files_call!(self, path, |f| f.read(path, limit), |d| d.read(path, limit))
     }
 
     /// Writes a file of the session by the guest's path, at most `limit` bytes.
     pub async fn write(&self, path: &str, data: &[u8], limit: u64) -> Result<(), FilesError> {
-        if let Some(files) = self.files() {
-            return files.write(path, &mut &data[..], limit).map(drop);
-        }
         if data.len() as u64 > limit {
             return Err(FilesError::TooLarge { path: path.into(), limit });
         }
-        #[cfg(feature = "docker")]
-        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
-            return s.write(path, data).await.map_err(|e| docker_files_error(path, e));
-        }
-        Err(FilesError::Invalid { path: path.into(), why: self.gone().to_string() })
+        files_call!(self, path, |f| f.write(path, &mut &data[..], limit).map(drop), |d| d.write(path, data))
+    }
+
+    /// The entry at `path`: through [`Session::files`], or inside a docker session's
+    /// container (as its user, by the image's own tools).
+    pub async fn stat(&self, path: &str) -> Result<Entry, FilesError> {
+        files_call!(self, path, |f| f.stat(path), |d| d.stat(path))
+    }
+
+    /// The entries under the directory `path`, `depth` levels down ([`Files::list`]).
+    pub async fn list(&self, path: &str, depth: usize) -> Result<Vec<Entry>, FilesError> {
+        files_call!(self, path, |f| f.list(path, depth), |d| d.list(path, depth))
+    }
+
+    /// Makes the directory `path` and its parents; `false` if it was there.
+    pub async fn mkdir(&self, path: &str) -> Result<bool, FilesError> {
+        files_call!(self, path, |f| f.mkdir(path), |d| d.mkdir(path))
+    }
+
+    /// Removes what is at `path` (a directory with what is in it).
+    pub async fn remove(&self, path: &str) -> Result<(), FilesError> {
+        files_call!(self, path, |f| f.remove(path), |d| d.remove(path))
+    }
+
+    /// Renames `from` to `to`.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<(), FilesError> {
+        files_call!(self, from, |f| f.rename(from, to), |d| d.rename(from, to))
+    }
+
+    fn files_gone(&self, path: &str) -> FilesError {
+        FilesError::Invalid { path: path.into(), why: self.gone().to_string() }
     }
 
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
@@ -1083,7 +1114,10 @@ pub use files::{Entry, FilesError, Kind};
 fn docker_files_error(path: &str, e: RunError) -> FilesError {
     match e {
         RunError::Misconfigured(why) if why.contains("no such") => FilesError::NotFound(path.into()),
-        RunError::Misconfigured(why) => FilesError::Invalid { path: path.into(), why },
+        RunError::Misconfigured(why) => {
+            let why = why.strip_prefix(path).and_then(|w| w.strip_prefix(": ")).map_or(why.clone(), str::to_owned);
+            FilesError::Invalid { path: path.into(), why }
+        }
         other => FilesError::Io { path: path.into(), source: std::io::Error::other(other.to_string()) },
     }
 }

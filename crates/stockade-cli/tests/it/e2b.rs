@@ -433,6 +433,31 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
 }
 
 #[test]
+fn g11_a_docker_template_offers_the_filesystem_service() {
+    let Some(python) = e2b_python() else { return };
+    if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
+        return;
+    }
+    let config = std::env::temp_dir().join(format!("stockade-e2b-docker-{}.toml", std::process::id()));
+    std::fs::write(&config, "[template.dock]\ntier = \"docker\"\nimage = \"stockade-busybox:local\"\n").unwrap();
+    let server = Server::start_with("docker", &[std::ffi::OsStr::new("--config"), config.as_os_str()]);
+    let c = sdk(&python, &server, "docker", "603");
+    let _ = std::fs::remove_file(&config);
+    let d = &c["docker"];
+    assert_eq!(d["written"], "/home/user/notes/a.txt", "{d}");
+    assert_eq!((d["made"].as_bool(), d["made_again"].as_bool()), (Some(true), Some(false)), "{d}");
+    assert_eq!(d["listing"], serde_json::json!([["a.txt", "file", 14], ["sub", "dir", d["listing"][1][2]]]), "{d}");
+    assert_eq!(d["size"], 14, "{d}");
+    assert_eq!(d["exists"], serde_json::json!([false, true]), "{d}");
+    assert_eq!(d["read_back"], "in a container", "{d}");
+    assert_eq!(d["after"], serde_json::json!(["b.txt"]), "{d}");
+    assert_eq!(d["missing"], "FileNotFoundException", "{d}");
+    // The guest's own permissions hold: the image's root is read-only to it.
+    assert!(d["read_only"].as_str().unwrap().contains("/etc/planted"), "{d}");
+    assert!(server.session_dirs().is_empty(), "sessions left: {:?}", server.session_dirs());
+}
+
+#[test]
 fn g11_a_snapshot_outlives_its_sandbox_and_the_server() {
     // With the README's own templates (examples/e2b/serve.toml).
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/e2b/serve.toml");

@@ -285,6 +285,34 @@ def binary_checks():
         pty=pty)
 
 
+def docker_checks():
+    """A docker-tier template (`dock`): the filesystem service, run inside its container."""
+    sbx = Sandbox.create("dock", timeout=60)
+    w = sbx.files.write("/home/user/notes/a.txt", "in a container")
+    made = sbx.files.make_dir("/home/user/notes/sub")
+    made_again = sbx.files.make_dir("/home/user/notes/sub")
+    listing = sorted([e.name, e.type.value, e.size] for e in sbx.files.list("/home/user/notes"))
+    info = sbx.files.get_info("/home/user/notes/a.txt")
+    sbx.files.rename("/home/user/notes/a.txt", "/home/user/notes/b.txt")
+    exists = [sbx.files.exists("/home/user/notes/a.txt"), sbx.files.exists("/home/user/notes/b.txt")]
+    read_back = sbx.files.read("/home/user/notes/b.txt")
+    sbx.files.remove("/home/user/notes/sub")
+    after = sorted(e.name for e in sbx.files.list("/home/user/notes"))
+    try:
+        sbx.files.list("/home/user/nothing")
+        missing = None
+    except NotFoundException as e:
+        missing = kind(e)
+    try:
+        sbx.files.make_dir("/etc/planted")
+        read_only = None
+    except SandboxException as e:
+        read_only = kind(e) + ": " + str(e)[:200]
+    sbx.kill()
+    say("docker", written=w.path, made=made, made_again=made_again, listing=listing, size=info.size,
+        exists=exists, read_back=read_back, after=after, missing=missing, read_only=read_only)
+
+
 def bad_key():
     try:
         Sandbox.create(api_key="wrong-key-wrong-key-1234")
@@ -307,6 +335,8 @@ if __name__ == "__main__":
         bad_key()
     if which in ("all", "binary"):
         binary_checks()
+    if which == "docker":
+        docker_checks()
     # Every check has been said (each line flushed). The interpreter's teardown is not what
     # this tests: CI once saw this process die by SIGABRT after the async checks had all
     # passed and been printed, with nothing on stderr (a native abort while the SDK's

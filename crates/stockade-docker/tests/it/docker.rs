@@ -790,6 +790,33 @@ fn g10_a_session_container_keeps_files_and_processes_between_execs_and_its_deadl
         assert!(session.read("/home/user", 1 << 20).await.is_err(), "a directory is not a file");
         // The root stays read-only for a write through the API as for the guest.
         assert!(session.write("/etc/planted", b"x").await.is_err());
+        // The rest of the files API runs inside the container, as the job user.
+        use stockade_hostfs::files::Kind;
+        assert!(session.mkdir("/home/user/d/e").await.unwrap(), "made, with its parent");
+        assert!(!session.mkdir("/home/user/d/e").await.unwrap(), "there already");
+        session.write("/home/user/d/a b.txt", b"12345").await.unwrap();
+        session.exec(&cmd("ln -s /etc/passwd /home/user/d/link"), None, LiveIo::default()).await.unwrap();
+        let listed = session.list("/home/user/d", 2).await.unwrap();
+        let seen: Vec<(&str, Kind, u64)> = listed.iter().map(|e| (e.path.as_str(), e.kind, e.size)).collect();
+        assert_eq!(seen[0], ("/home/user/d/a b.txt", Kind::File, 5), "{listed:?}");
+        assert_eq!((seen[1].0, seen[1].1), ("/home/user/d/e", Kind::Dir), "{listed:?}");
+        assert_eq!((seen[2].0, seen[2].1), ("/home/user/d/link", Kind::Symlink), "a link is listed, not followed");
+        assert_eq!(listed.len(), 3, "{listed:?}");
+        let st = session.stat("/home/user/d/a b.txt").await.unwrap();
+        assert_eq!((st.kind, st.size, st.mode), (Kind::File, 5, 0o644), "{st:?}");
+        assert!(st.modified > 1_700_000_000, "{st:?}");
+        session.write("/home/user/new/deeper/f", b"x").await.unwrap();
+        assert_eq!(session.stat("/home/user/new/deeper").await.unwrap().kind, Kind::Dir, "a write makes its parents");
+        session.rename("/home/user/d/a b.txt", "/home/user/moved/c.txt").await.unwrap();
+        assert_eq!(session.read("/home/user/moved/c.txt", 64).await.unwrap(), b"12345");
+        session.remove("/home/user/d").await.unwrap();
+        let gone = session.stat("/home/user/d").await.unwrap_err().to_string();
+        assert!(gone.contains("/home/user/d: no such file or directory"), "{gone}");
+        assert!(session.list("/home/user/../etc", 1).await.is_err(), "`..` is refused");
+        // The guest's own permissions: the read-only root cannot be changed this way either.
+        let denied = session.mkdir("/etc/planted").await.unwrap_err().to_string();
+        assert!(denied.contains("/etc/planted"), "{denied}");
+        assert!(session.remove("/etc/passwd").await.is_err());
         // A deadline ends that exec (and its process group), not the session.
         let slow = cmd("sleep 30").with_limits(Limits::default().with_wall(Duration::from_millis(500)).unwrap());
         let r = session.exec(&slow, None, LiveIo::default()).await.unwrap();
