@@ -23,8 +23,11 @@
 //! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
 //!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
 //!   a header section must arrive within 10 s (slow clients are cut off), connections,
-//!   streams and sandboxes are capped, and at most [`MAX_TRANSFERS`] file transfers (held
-//!   whole in memory) run at once.
+//!   streams and sandboxes are capped. A process-tier sandbox's download, and its
+//!   `application/octet-stream` upload (what the SDK sends for a file-like object), stream
+//!   between the socket and the file's descriptor through a bounded channel (a few 64 KiB
+//!   pieces); an upload cut short or over the cap writes nothing. Multipart bodies and a
+//!   docker sandbox's files are held whole, at most [`MAX_TRANSFERS`] at once.
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
@@ -64,13 +67,14 @@ use subtle::ConstantTimeEq;
 
 use crate::proxy::ChannelBody;
 
-type Body = BoxBody<Bytes, Infallible>;
+type Body = BoxBody<Bytes, std::io::Error>;
 
 /// The guest's home, where relative paths resolve.
 const HOME: &str = "/home/user";
 
-/// Most `/files` uploads and downloads at once (each is held whole in memory, so the server
-/// holds at most this many times [`E2bLimits::max_upload`]); more wait for one to end.
+/// Most `/files` transfers held whole in memory at once (multipart uploads, and a docker
+/// sandbox's files), so the server holds at most this many times [`E2bLimits::max_upload`];
+/// more wait for one to end. Streamed transfers do not count.
 pub const MAX_TRANSFERS: usize = 4;
 
 /// The one user a sandbox has.
@@ -230,7 +234,7 @@ pub struct E2bServer {
     boxes: Mutex<HashMap<String, Arc<Sandbox>>>,
     streams: Arc<tokio::sync::Semaphore>,
     connections: Arc<tokio::sync::Semaphore>,
-    // Transfers through `/files` are held whole in memory: at most this many at once.
+    // Transfers through `/files` held whole in memory: at most this many at once.
     transfers: tokio::sync::Semaphore,
     // Filesystem snapshots, oldest first.
     snapshots: Mutex<Vec<Snapshot>>,
@@ -247,7 +251,7 @@ fn secs(t: SystemTime) -> i64 {
 }
 
 fn whole(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(Full::new(body.into()).boxed());
+    let mut r = Response::new(Full::new(body.into()).map_err(|never| match never {}).boxed());
     *r.status_mut() = status;
     if let Ok(v) = content_type.parse() {
         r.headers_mut().insert(CONTENT_TYPE, v);
@@ -1182,7 +1186,7 @@ impl E2bServer {
                 }
             }
         });
-        let mut r = Response::new(ChannelBody(rx).boxed());
+        let mut r = Response::new(ChannelBody(rx).map_err(|never| match never {}).boxed());
         if let Ok(v) = codec.content_type(true).parse() {
             r.headers_mut().insert(CONTENT_TYPE, v);
         }
@@ -1197,12 +1201,36 @@ impl E2bServer {
         }
         let path = q.get("path").map(|p| guest_path(p));
         let max = self.config.limits.max_upload;
-        let Ok(Ok(_transfer)) = tokio::time::timeout(Duration::from_secs(60), self.transfers.acquire()).await else {
-            return api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
-        };
         let file_err = |e: &FilesError| {
             let c = files_code(e);
             api_error(StatusCode::from_u16(c.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &c.message)
+        };
+        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
+        if req.method() == Method::GET {
+            let Some(path) = &path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
+            // A process-tier file streams from its descriptor; a docker one comes whole.
+            if let Some(files) = b.session.files() {
+                return match files.open(path, max) {
+                    Ok((file, len)) => stream_file(file, len),
+                    Err(e) => file_err(&e),
+                };
+            }
+        } else if req.method() != Method::POST {
+            return api_error(StatusCode::METHOD_NOT_ALLOWED, "/files takes GET or POST");
+        }
+        if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
+            return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
+        }
+        if req.method() == Method::POST && !ct.starts_with("multipart/form-data") && b.session.files().is_some() {
+            let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
+            return match stream_upload(Arc::clone(&b.session), p.clone(), req.into_body(), max).await {
+                Ok(()) => json(StatusCode::OK, &[written(&p)]),
+                Err(e) => file_err(&e),
+            };
+        }
+        // Whole transfers (multipart bodies, docker sessions' files) are held in memory.
+        let Ok(Ok(_transfer)) = tokio::time::timeout(Duration::from_secs(60), self.transfers.acquire()).await else {
+            return api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
         };
         if req.method() == Method::GET {
             let Some(path) = path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
@@ -1210,13 +1238,6 @@ impl E2bServer {
                 Ok(bytes) => whole(StatusCode::OK, "application/octet-stream", bytes),
                 Err(e) => file_err(&e),
             };
-        }
-        if req.method() != Method::POST {
-            return api_error(StatusCode::METHOD_NOT_ALLOWED, "/files takes GET or POST");
-        }
-        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
-        if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
-            return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
         }
         let cap = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(64 << 10);
         let body = match read_body_within(req.into_body(), cap, UPLOAD_WITHIN).await {
@@ -1247,20 +1268,151 @@ impl E2bServer {
             let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
             vec![(p, body)]
         };
-        let mut written = Vec::new();
+        let mut done = Vec::new();
         for (p, data) in uploads {
             if let Err(e) = b.session.write(&p, &data, max).await {
                 return file_err(&e);
             }
-            let name = p.rsplit('/').next().unwrap_or_default().to_owned();
-            written.push(serde_json::json!({ "name": name, "type": "file", "path": p }));
+            done.push(written(&p));
         }
-        json(StatusCode::OK, &written)
+        json(StatusCode::OK, &done)
     }
 }
 
-/// The parts of a `multipart/form-data` body: each part's file name, if it has one, and its
-/// bytes.
+/// `/files`' answer for one file written.
+fn written(path: &str) -> serde_json::Value {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    serde_json::json!({ "name": name, "type": "file", "path": path })
+}
+
+/// How many pieces of a streamed transfer wait between the network and the disk.
+const PIPE_PIECES: usize = 4;
+
+/// Most bytes one piece of a streamed download holds.
+const PIPE_PIECE_BYTES: usize = 64 << 10;
+
+/// A download of an open file, `len` bytes long, streamed from a blocking thread through a
+/// bounded channel: a slow client holds at most [`PIPE_PIECES`] pieces in memory. A file the
+/// guest shortened meanwhile ends the response early with an error (the connection is
+/// closed, so the client sees a short body against its `Content-Length`).
+fn stream_file(file: std::fs::File, len: u64) -> Response<Body> {
+    use std::io::Read as _;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(PIPE_PIECES);
+    tokio::task::spawn_blocking(move || {
+        let mut src = file.take(len);
+        let mut left = len;
+        while left > 0 {
+            let mut buf = vec![0u8; PIPE_PIECE_BYTES.min(usize::try_from(left).unwrap_or(PIPE_PIECE_BYTES))];
+            let piece = match src.read(&mut buf) {
+                Ok(0) => {
+                    Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank while it was read"))
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    left -= n as u64;
+                    Ok(Bytes::from(buf))
+                }
+                Err(e) => Err(e),
+            };
+            let failed = piece.is_err();
+            if tx.blocking_send(piece).is_err() || failed {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(PipeBody(rx).boxed());
+    r.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
+    r.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(len));
+    r
+}
+
+/// An `application/octet-stream` upload written as it arrives, through the session's
+/// descriptor-held files API, on a blocking thread fed by a bounded channel: the body is
+/// never held whole. Over `max`, or cut short, or late past [`UPLOAD_WITHIN`], nothing is
+/// written (the files API writes a new file and renames it over the name only at the end).
+async fn stream_upload(
+    session: Arc<Session>,
+    path: String,
+    mut body: hyper::body::Incoming,
+    max: u64,
+) -> Result<(), FilesError> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Piece>(PIPE_PIECES);
+    let at = path.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        let files =
+            session.files().ok_or_else(|| FilesError::Invalid { path: at.clone(), why: "the sandbox ended".into() })?;
+        files.write(&at, &mut PipeReader { rx, piece: Bytes::new(), ended: false }, max).map(drop)
+    });
+    let until = tokio::time::Instant::now() + UPLOAD_WITHIN;
+    let end = loop {
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) => break Piece::Fail(format!("the body did not arrive within {UPLOAD_WITHIN:?}")),
+            Ok(None) => break Piece::End,
+            Ok(Some(Err(e))) => break Piece::Fail(format!("reading the body: {e}")),
+            Ok(Some(Ok(frame))) => {
+                // A writer that stopped (over the cap, a failed write) has said why.
+                if let Ok(data) = frame.into_data()
+                    && tx.send(Piece::Data(data)).await.is_err()
+                {
+                    break Piece::End;
+                }
+            }
+        }
+    };
+    let _ = tx.send(end).await;
+    drop(tx);
+    writer.await.unwrap_or_else(|e| Err(FilesError::Invalid { path, why: format!("the upload's writer: {e}") }))
+}
+
+/// One piece of a streamed upload, or how it ended.
+enum Piece {
+    Data(Bytes),
+    End,
+    Fail(String),
+}
+
+/// The blocking side of a streamed upload: the body's pieces as a [`std::io::Read`]. A
+/// stream that ends without [`Piece::End`] is an error, so a cut-off upload is never taken
+/// for a whole one.
+struct PipeReader {
+    rx: tokio::sync::mpsc::Receiver<Piece>,
+    piece: Bytes,
+    ended: bool,
+}
+
+impl std::io::Read for PipeReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.piece.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Piece::Data(b)) => self.piece = b,
+                Some(Piece::End) => self.ended = true,
+                Some(Piece::Fail(why)) => return Err(std::io::Error::other(why)),
+                None => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the upload ended early")),
+            }
+        }
+        let n = buf.len().min(self.piece.len());
+        buf[..n].copy_from_slice(&self.piece.split_to(n));
+        Ok(n)
+    }
+}
+
+/// A response body fed by a bounded channel; an error ends it short.
+struct PipeBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl hyper::body::Body for PipeBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(hyper::body::Frame::data)))
+    }
+}
+
 /// A list item's place in the order pages follow: its start, then its id.
 fn page_key(t: SystemTime, id: &str) -> String {
     let nanos = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -1334,6 +1486,8 @@ fn save_snapshot(dir: &Path, s: &Snapshot) -> std::io::Result<()> {
     f.write_all(&serde_json::to_vec(s).map_err(std::io::Error::other)?)
 }
 
+/// The parts of a `multipart/form-data` body: each part's file name, if it has one, and its
+/// bytes.
 fn multipart(ct: &str, body: &Bytes) -> Result<Vec<(Option<String>, Bytes)>, String> {
     let boundary = ct
         .split(';')

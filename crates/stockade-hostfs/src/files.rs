@@ -173,14 +173,29 @@ impl Files {
 
     /// Reads a whole file, refusing one over `max` bytes.
     pub fn read(&self, path: &str, max: u64) -> Result<Vec<u8>, FilesError> {
-        let (root, rel) = self.locate(path)?;
-        let file = root.dir.open(&rel).map_err(io_err(path))?;
+        let (file, _) = self.open(path, max)?;
         let mut out = Vec::new();
         file.take(max + 1).read_to_end(&mut out).map_err(io_err(path))?;
         if out.len() as u64 > max {
             return Err(FilesError::TooLarge { path: path.to_owned(), limit: max });
         }
         Ok(out)
+    }
+
+    /// Opens the regular file at `path` for reading, to stream it: the file and its size,
+    /// refusing one over `max` bytes or anything but a regular file. It may change while it
+    /// is read (the guest can write it), so a reader takes at most the size returned.
+    pub fn open(&self, path: &str, max: u64) -> Result<(std::fs::File, u64), FilesError> {
+        let (root, rel) = self.locate(path)?;
+        let file = root.dir.open(&rel).map_err(io_err(path))?;
+        let meta = file.metadata().map_err(io_err(path))?;
+        if !meta.is_file() {
+            return Err(FilesError::Invalid { path: path.to_owned(), why: "not a regular file".into() });
+        }
+        if meta.len() > max {
+            return Err(FilesError::TooLarge { path: path.to_owned(), limit: max });
+        }
+        Ok((file.into_std(), meta.len()))
     }
 
     /// Writes `data` (streamed, at most `max` bytes) as the whole file at `path`, creating

@@ -191,6 +191,7 @@ fn g11_the_official_e2b_sdk_drives_sandboxes() {
 
     assert_eq!(c["big"]["same"], true, "{}", c["big"]);
     assert_eq!(c["big"]["size"], 10 << 20);
+    assert_eq!(c["big"]["streamed_same"], true, "{}", c["big"]);
     assert!(!Path::new("/etc/evil").exists());
     assert_eq!(c["dotdot"]["raised"], "InvalidArgumentException", "{}", c["dotdot"]);
 
@@ -430,6 +431,85 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
         raw(&addr, format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes());
     assert_eq!(status, 204);
     assert!(server.session_dirs().is_empty());
+}
+
+/// The server's peak resident memory so far, from the host's `/proc` (`VmHWM`), in bytes.
+fn peak_rss(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb << 10
+}
+
+#[test]
+fn g11_uploads_and_downloads_stream_through_bounded_memory() {
+    let server = Server::start("stream");
+    let key = format!("X-API-Key: {KEY}\r\nContent-Type: application/json\r\n");
+    let (s, b) = post(&server.addr, "/v2/sandboxes", &key, br#"{"templateID":"base","timeout":120}"#);
+    assert_eq!(s, 201, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    let (id, token) = (v["sandboxID"].as_str().unwrap(), v["envdAccessToken"].as_str().unwrap());
+    let home = server.home_of(id).unwrap();
+    let envd = format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n");
+    let upload = |name: &str, announced: usize, sent: usize| {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "POST /files?path=/home/user/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{envd}Content-Type: application/octet-stream\r\nContent-Length: {announced}\r\n\r\n"
+        )
+        .unwrap();
+        let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let mut left = sent;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if s.write_all(&chunk[..n]).is_err() {
+                break;
+            }
+            left -= n;
+        }
+        if sent < announced {
+            // A client that goes away midway.
+            return String::new();
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let before = peak_rss(&server);
+    // 200 MiB in, as one octet-stream body: it goes to disk as it comes.
+    let big = 200 << 20;
+    let answer = upload("big.bin", big, big);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(std::fs::metadata(home.join("big.bin")).unwrap().len(), big as u64);
+    // And out again, counted as it comes.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(s, "GET /files?path=/home/user/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{envd}\r\n").unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    assert!(got > big && got < big + 4096, "{got} bytes for a {big}-byte file and its head");
+    let grew = peak_rss(&server).saturating_sub(before);
+    assert!(grew < 64 << 20, "moving 200 MiB each way grew the server's peak memory by {} MiB", grew >> 20);
+
+    // Cut off midway: nothing is written, not even a partial file.
+    upload("cut.bin", 10 << 20, 1 << 20);
+    std::thread::sleep(Duration::from_millis(500));
+    let names: Vec<String> =
+        std::fs::read_dir(&home).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["big.bin"], "a cut-off upload left something");
 }
 
 #[test]

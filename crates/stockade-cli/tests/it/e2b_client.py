@@ -8,6 +8,7 @@ name, so the test checks the SDK mapped our errors to the exceptions its users c
 
 import asyncio
 import faulthandler
+import io
 import json
 import os
 import sys
@@ -113,7 +114,11 @@ def sync_checks():
     t0 = time.monotonic()
     sbx.files.write("/home/user/big.bin", big)
     got = sbx.files.read("/home/user/big.bin", format="bytes")
-    say("big", same=bytes(got) == big, size=len(got), seconds=time.monotonic() - t0)
+    # A file-like object goes as one application/octet-stream body, which the server streams.
+    sbx.files.write("/home/user/big2.bin", io.BytesIO(big))
+    got2 = sbx.files.read("/home/user/big2.bin", format="bytes")
+    say("big", same=bytes(got) == big, size=len(got), streamed_same=bytes(got2) == big,
+        seconds=time.monotonic() - t0)
 
     try:
         sbx.files.write("/home/user/../../etc/evil", "x")

@@ -37,6 +37,16 @@ fn g9_paths_resolve_beneath_the_served_directory_whatever_the_guest_planted() {
         assert!(matches!(e, FilesError::Invalid { .. }), "{path}: {e}");
         assert_eq!(e.to_string().lines().count(), 1);
     }
+    // Opening to stream is the same lookup: the links fail, a directory is not a file,
+    // and the cap is checked against the file's size before a byte is read.
+    for path in ["/home/user/abs", "/home/user/rel", "/home/user/outdir/secret"] {
+        assert!(matches!(files.open(path, 1 << 20), Err(FilesError::Io { .. })), "{path}");
+    }
+    std::fs::write(home.join("five"), "12345").unwrap();
+    assert_eq!(files.open("/home/user/five", 5).unwrap().1, 5);
+    assert!(matches!(files.open("/home/user/five", 4), Err(FilesError::TooLarge { limit: 4, .. })));
+    std::fs::create_dir(home.join("sub")).unwrap();
+    assert!(matches!(files.open("/home/user/sub", 1 << 20), Err(FilesError::Invalid { .. })));
     // A listing shows the links as links, and never enters them.
     let listed = files.list("/home/user", 3).unwrap();
     assert!(listed.iter().all(|e| !e.path.contains("secret")), "{listed:?}");
