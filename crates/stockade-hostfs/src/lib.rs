@@ -62,7 +62,8 @@
 //!     panic (also fuzzed: `fuzz/fuzz_targets/stage_unpack.rs`); an entry the host cannot
 //!     take (its directory full, a NUL or an overlong name) is skipped and listed with the
 //!     reason while the rest is applied, and a host file is replaced only by a complete
-//!     copy, renamed over it.
+//!     copy, renamed over it. [`stage::unpack_snapshot`] (a session's home) also restores
+//!     symlinks, each made only where nothing is and never followed by a later entry.
 //!     (pinned by: tests/it/stage.rs::g5_*)
 //! G6. When `.git` is a directory at inspection, [`Guarded::sweep`] also lists in
 //!     [`Swept::refs_moved`] every ref the run created, moved or deleted (`HEAD`, loose refs

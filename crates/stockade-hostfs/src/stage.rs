@@ -224,6 +224,8 @@ pub struct Applied {
     pub unchanged: usize,
     /// Directories created on the host.
     pub dirs: usize,
+    /// Symlinks restored (a snapshot's; [`unpack`] restores none).
+    pub links: usize,
     /// Entries not applied (links, special files, protected paths, names or places that are
     /// not plain): the exact count.
     pub skipped: usize,
@@ -249,11 +251,16 @@ pub fn unpack(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
 
 /// [`unpack`] of an archive [`pack`] made (entries named from the directory's root, no
 /// prefix), into `dest`, with the same rules but the protected paths' (`guarded: false`: a
-/// session's home from its snapshot, a directory no host program runs code from). Symlinks
-/// are not restored, as [`unpack`] restores none.
+/// session's home from its snapshot, a directory no host program runs code from), and one
+/// more kind: symlinks are restored as the guest left them (a virtualenv's
+/// `bin/python -> /usr/bin/python3`), made where nothing is and never followed: an entry
+/// under a restored link is skipped, as under any link.
 pub fn unpack_snapshot(archive: &[u8], dest: &Path) -> Result<Applied, StageError> {
     unpack_into(archive, dest, "", false)
 }
+
+/// Longest symlink target restored: Linux's `PATH_MAX` less its NUL.
+const MAX_LINK_TARGET: usize = 4095;
 
 fn unpack_into(archive: &[u8], dest: &Path, prefix: &str, guarded: bool) -> Result<Applied, StageError> {
     let top = open_root(dest)?;
@@ -292,7 +299,8 @@ fn unpack_into(archive: &[u8], dest: &Path, prefix: &str, guarded: bool) -> Resu
             applied.skip(&rel, "protected path");
             continue;
         }
-        if !(kind.is_dir() || kind.is_file()) {
+        let link = !guarded && kind.is_symlink();
+        if !(kind.is_dir() || kind.is_file() || link) {
             applied.skip(&rel, "not a regular file or directory");
             continue;
         }
@@ -311,6 +319,21 @@ fn unpack_into(archive: &[u8], dest: &Path, prefix: &str, guarded: bool) -> Resu
             }
         };
         let name = rel.file_name().unwrap_or_default();
+        if link {
+            let target = entry.link_name().ok().flatten().map(std::borrow::Cow::into_owned).unwrap_or_default();
+            let bytes = target.as_os_str().as_bytes();
+            if bytes.is_empty() || bytes.len() > MAX_LINK_TARGET || bytes.contains(&0) {
+                applied.skip(&rel, "a link without a plain target");
+            } else if dir.symlink_metadata(name).is_ok() {
+                applied.skip(&rel, "exists on the host");
+            } else {
+                match dir.symlink_contents(&target, name) {
+                    Ok(()) => applied.links += 1,
+                    Err(e) => applied.skip(&rel, &format!("host: {e}")),
+                }
+            }
+            continue;
+        }
         match dir.symlink_metadata(name) {
             Ok(m) if kind.is_dir() && m.is_dir() => {}
             Ok(_) if kind.is_dir() => applied.skip(&rel, "exists on the host and is not a directory"),

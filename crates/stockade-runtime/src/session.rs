@@ -1090,7 +1090,8 @@ fn read_snapshot(from: &Path) -> Result<Vec<u8>, RunError> {
 }
 
 /// Fills a new session's `home` from the snapshot file `from` (bounded, never through a link,
-/// files and directories only: `stockade_hostfs::stage::unpack_snapshot`).
+/// files, directories and symlinks, nothing through a link:
+/// `stockade_hostfs::stage::unpack_snapshot`).
 fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
     let bytes = read_snapshot(from)?;
     let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(format!("snapshot {}: {e}", from.display()));

@@ -215,7 +215,7 @@ fn g10_a_snapshot_of_a_session_s_home_starts_another_session_with_its_files() {
             "--",
             "sh",
             "-c",
-            "mkdir -p proj/src && echo 'print(42)' > proj/src/main.py && printf '#!/bin/sh\\necho run\\n' > proj/run.sh && chmod +x proj/run.sh && echo rc > .bashrc && echo gone > /tmp/not-kept",
+            "mkdir -p proj/src && echo 'print(42)' > proj/src/main.py && printf '#!/bin/sh\\necho run\\n' > proj/run.sh && chmod +x proj/run.sh && echo rc > .bashrc && echo gone > /tmp/not-kept && ln -s /usr/bin/python3 proj/py && ln -s src/main.py proj/main-link",
         ],
         b"",
     );
@@ -240,8 +240,14 @@ fn g10_a_snapshot_of_a_session_s_home_starts_another_session_with_its_files() {
     let (code, out, err) = owner
         .session(&["exec", &second, "--", "sh", "-c", "cat proj/src/main.py .bashrc; ./proj/run.sh; ls /tmp"], b"");
     assert_eq!((code, out.as_str()), (0, "print(42)\nrc\nrun\n"), "{err}");
-    // Judged on the host: the new session's home holds the files.
-    assert_eq!(std::fs::read_to_string(owner.home(&second).join("proj/src/main.py")).unwrap(), "print(42)\n");
+    // Judged on the host: the new session's home holds the files, and the links as links.
+    let home = owner.home(&second);
+    assert_eq!(std::fs::read_to_string(home.join("proj/src/main.py")).unwrap(), "print(42)\n");
+    assert_eq!(std::fs::read_link(home.join("proj/py")).unwrap(), Path::new("/usr/bin/python3"));
+    assert_eq!(std::fs::read_link(home.join("proj/main-link")).unwrap(), Path::new("src/main.py"));
+    let (code, out, err) =
+        owner.session(&["exec", &second, "--", "sh", "-c", "proj/py -c 'print(6*7)'; cat proj/main-link"], b"");
+    assert_eq!((code, out.as_str()), (0, "42\nprint(42)\n"), "{err}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use stockade_protocol::Access;
 
-use stockade_hostfs::stage::{MAX_ENTRIES, StageError, pack, unpack};
+use stockade_hostfs::stage::{MAX_ENTRIES, StageError, pack, unpack, unpack_snapshot};
 
 /// A fresh directory under the temp dir, removed with everything in it when the test ends
 /// (passed or failed), so the suite leaves nothing behind.
@@ -153,6 +153,40 @@ fn g5_unpack_writes_only_plain_files_inside_and_never_follows_links() {
     {
         assert!(applied.skipped_names.iter().any(|n| n.contains(why)), "{why}: {applied:?}");
     }
+}
+
+#[test]
+fn g5_a_snapshot_restores_its_links_as_links_and_nothing_through_them() {
+    let home = scratch("snap-home");
+    let outside = scratch("snap-outside");
+    let mut b = tar::Builder::new(Vec::new());
+    use tar::EntryType::{Directory, Regular, Symlink};
+    raw_entry(&mut b, "venv/", Directory, 0o755, b"", "");
+    raw_entry(&mut b, "venv/bin/python", Symlink, 0o777, b"", "/usr/bin/python3");
+    raw_entry(&mut b, "rel", Symlink, 0o777, b"", "venv/bin/python");
+    raw_entry(&mut b, "dangling", Symlink, 0o777, b"", "no/such/thing");
+    // A link out, then entries through it and over it: neither is followed.
+    raw_entry(&mut b, "out", Symlink, 0o777, b"", outside.to_str().unwrap());
+    raw_entry(&mut b, "out/planted", Regular, 0o644, b"pwn", "");
+    raw_entry(&mut b, "rel", Regular, 0o644, b"over a link", "");
+    let applied = unpack_snapshot(&b.into_inner().unwrap(), &home).unwrap();
+    assert_eq!((applied.links, applied.written, applied.skipped), (4, 0, 2), "{applied:?}");
+    for (name, target) in [
+        ("venv/bin/python", "/usr/bin/python3"),
+        ("rel", "venv/bin/python"),
+        ("dangling", "no/such/thing"),
+        ("out", outside.to_str().unwrap()),
+    ] {
+        assert!(fs::symlink_metadata(home.join(name)).unwrap().file_type().is_symlink(), "{name}");
+        assert_eq!(fs::read_link(home.join(name)).unwrap(), Path::new(target), "{name}");
+    }
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "an entry went through a restored link: {applied:?}");
+    // A workspace's apply-back still restores no link at all.
+    let mut b = tar::Builder::new(Vec::new());
+    raw_entry(&mut b, "workspace/l", Symlink, 0o777, b"", "/etc");
+    let ws = scratch("snap-ws");
+    assert_eq!(unpack(&b.into_inner().unwrap(), &ws).unwrap().links, 0);
+    assert!(fs::symlink_metadata(ws.join("l")).is_err());
 }
 
 #[test]
