@@ -38,6 +38,8 @@
 //!     user had stays), never stops at an error (a tree deeper than the descriptor limit, a
 //!     directory its owner took the rights of: each path is tried, and every failure is
 //!     returned with its path), and holds at most [`MAX_SWEEP_FDS`] descriptors.
+//!     [`Guarded::sweep_planted`] does the same while the guest may still run (a live
+//!     session), keeping the sweep record; two sweeps of one workspace never overlap.
 //!     (pinned by: tests/it/guard.rs::g2_*)
 //! G3. [`specials`] finds every unix socket and fifo in a granted tree, however deep and
 //!     whatever the bytes of their names, without following a symlink, and refuses a tree
@@ -462,6 +464,8 @@ pub struct Guarded {
     /// For a sweep finished after its supervisor was killed: the latest moment the run could
     /// have written; what changed later is left ([`Swept::left`]).
     written_by: Option<std::time::SystemTime>,
+    /// Held by every sweep, so that a live session's sweeps never run two at once.
+    sweeping: std::sync::Mutex<()>,
 }
 
 /// What a sweep did: every path it removed, and every path it could not remove with the
@@ -525,6 +529,7 @@ impl Guarded {
             refs_before: None,
             record: None,
             written_by: None,
+            sweeping: std::sync::Mutex::new(()),
         };
         for pin in PINNED_DIRS {
             match g.kind(&g.dir, pin)? {
@@ -600,17 +605,34 @@ impl Guarded {
     /// inspection.
     #[must_use]
     pub fn sweep(&self) -> Swept {
+        let _one = self.sweeping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = self.sweep_paths();
+        out.refs_moved = self.refs_moved();
+        if let Some(r) = &self.record {
+            r.remove();
+        }
+        out
+    }
+
+    /// [`Guarded::sweep`] while the guest may still run (a live session, between and during
+    /// its execs): removes what was planted so far, by the same descriptor-held walk that
+    /// follows no link, so that a planted path exists on the host only until the next one.
+    /// It keeps the sweep record (the final [`Guarded::sweep`] removes it) and compares no
+    /// refs. Sweeps of one workspace never run two at once.
+    #[must_use]
+    pub fn sweep_planted(&self) -> Swept {
+        let _one = self.sweeping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.sweep_paths()
+    }
+
+    fn sweep_paths(&self) -> Swept {
         let mut out = Swept::default();
         for rel in &self.absent {
             self.sweep_one(rel, &mut out);
         }
         self.sweep_git(&mut out);
-        out.refs_moved = self.refs_moved();
         out.removed.sort();
         out.removed.dedup();
-        if let Some(r) = &self.record {
-            r.remove();
-        }
         out
     }
 

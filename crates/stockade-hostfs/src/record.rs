@@ -266,6 +266,7 @@ fn finish_one(record: &Path) -> Option<Finished> {
         refs_before: None,
         record: Some(Record { path: record.to_path_buf(), file }),
         written_by: Some(touched + RECORD_GRACE),
+        sweeping: std::sync::Mutex::new(()),
     };
     let swept = guarded.sweep();
     drop(lock);

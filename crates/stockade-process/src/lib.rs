@@ -215,7 +215,8 @@
 //!     exec, and its execs' deadlines stop until [`ProcessSession::resume`]; without a freezer
 //!     pause is [`RunError::Unsupported`], named. [`ProcessSession::kill`] (or
 //!     a drop, or the owner's death) ends every process of the session, then its cgroup; a
-//!     read-write workspace stays locked for the session's life and is swept at its end.
+//!     read-write workspace stays locked for the session's life and is swept at the end of
+//!     each exec (named in its report), at each heartbeat (every second) and at its end.
 //!     A session's network namespace has its loopback up (its only interface), and its
 //!     landlock domain leaves TCP free there: a server one exec starts answers the next, and
 //!     neither another session nor the host reaches it.

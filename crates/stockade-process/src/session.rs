@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -170,6 +171,8 @@ pub struct ProcessSession {
     sweep: crate::supervisor::SweepGuard,
     _lock: Option<stockade_hostfs::WorkspaceLock>,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    // What the heartbeat's sweeps removed since the last exec's report (or the kill's).
+    planted: Arc<std::sync::Mutex<stockade_hostfs::Swept>>,
     tier: ProcessTier,
     limits: stockade_protocol::Limits,
     workspace: Option<stockade_protocol::Workspace>,
@@ -207,8 +210,8 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         _ => None,
     };
     let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), false)?;
-    let mut sweep = crate::supervisor::SweepGuard(guard);
-    if let Some(g) = sweep.0.as_mut() {
+    let mut guard = guard;
+    if let Some(g) = guard.as_mut() {
         let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
             RunError::Misconfigured(
                 "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
@@ -216,6 +219,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         })?;
         g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
+    let sweep = crate::supervisor::SweepGuard(guard.map(Arc::new));
     if let Some(home) = &config.home {
         let workspace = view.workspace.as_ref().map(|(ws, _)| ws.as_path());
         crate::supervisor::check_own_tree("session home", home, workspace, false)?;
@@ -313,13 +317,24 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     }
     let status = tokio::spawn(async move { crate::supervisor::read_lines(&mut lines, |_| false).await });
     // The sweep record's heartbeat, for the session's whole life (see
-    // `stockade_hostfs::finish_killed_sweeps`).
-    let heartbeat = sweep.0.as_ref().and_then(stockade_hostfs::Guarded::heartbeat_file).map(|file| {
+    // `stockade_hostfs::finish_killed_sweeps`), and a sweep of what the guest planted so
+    // far at each beat, so that a planted path lasts on the host a beat at most, not until
+    // the session ends.
+    let planted = Arc::new(std::sync::Mutex::new(stockade_hostfs::Swept::default()));
+    let heartbeat = sweep.0.clone().map(|g| {
+        let file = g.heartbeat_file();
+        let planted = Arc::clone(&planted);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(stockade_hostfs::HEARTBEAT);
             loop {
                 tick.tick().await;
-                let _ = file.set_modified(std::time::SystemTime::now());
+                if let Some(f) = &file {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
+                let g = Arc::clone(&g);
+                if let Ok(found) = tokio::task::spawn_blocking(move || g.sweep_planted()).await {
+                    absorb(&mut planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner), found);
+                }
             }
         })
     });
@@ -331,6 +346,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         sweep,
         _lock: lock,
         heartbeat,
+        planted,
         tier: tier.clone(),
         limits,
         workspace: config.workspace,
@@ -581,7 +597,7 @@ impl ProcessSession {
             msgs,
             usage,
             cgroup_detail: None,
-            swept: stockade_hostfs::Swept::default(),
+            swept: self.swept_so_far().await,
             drained: mode == CaptureMode::Drain,
         };
         let mut report = crate::supervisor::assemble(ended, limits, self.tier.best_effort)?;
@@ -714,7 +730,25 @@ impl ProcessSession {
         }
         let cgroup = std::mem::replace(&mut self.cgroup, CgroupGuard(None));
         let _ = tokio::task::spawn_blocking(move || drop(cgroup)).await;
-        self.sweep.now()
+        let mut swept = self.sweep.now();
+        absorb(
+            &mut swept,
+            std::mem::take(&mut *self.planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
+        );
+        swept
+    }
+
+    /// A read-write workspace's sweep at the end of an exec, while the session goes on:
+    /// what the guest planted so far, removed now, with what the heartbeat's sweeps removed
+    /// since the last report (the exec's report names them all).
+    async fn swept_so_far(&self) -> stockade_hostfs::Swept {
+        let Some(g) = self.sweep.0.clone() else { return stockade_hostfs::Swept::default() };
+        let mut swept = tokio::task::spawn_blocking(move || g.sweep_planted()).await.unwrap_or_default();
+        absorb(
+            &mut swept,
+            std::mem::take(&mut *self.planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
+        );
+        swept
     }
 
     /// The session's limits, as made.
@@ -736,4 +770,12 @@ impl Drop for ProcessSession {
             status.abort();
         }
     }
+}
+
+/// Adds one sweep's removals and errors to another's.
+fn absorb(into: &mut stockade_hostfs::Swept, from: stockade_hostfs::Swept) {
+    into.removed.extend(from.removed);
+    into.removed.sort();
+    into.removed.dedup();
+    into.errors.extend(from.errors);
 }

