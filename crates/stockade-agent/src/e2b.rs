@@ -26,8 +26,9 @@
 //!   streams and sandboxes are capped. A process-tier sandbox's download, and its
 //!   `application/octet-stream` upload (what the SDK sends for a file-like object), stream
 //!   between the socket and the file's descriptor through a bounded channel (a few 64 KiB
-//!   pieces); an upload cut short or over the cap writes nothing. Multipart bodies and a
-//!   docker sandbox's files are held whole, at most [`MAX_TRANSFERS`] at once.
+//!   pieces), at most [`MAX_STREAMED`] at once, each within 10 minutes, and a waiting client
+//!   holds no thread; an upload cut short, late or over the cap writes nothing. Multipart
+//!   bodies and a docker sandbox's files are held whole, at most [`MAX_TRANSFERS`] at once.
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
@@ -236,6 +237,8 @@ pub struct E2bServer {
     connections: Arc<tokio::sync::Semaphore>,
     // Transfers through `/files` held whole in memory: at most this many at once.
     transfers: tokio::sync::Semaphore,
+    // Streamed transfers through `/files`: at most this many at once.
+    streamed: Arc<tokio::sync::Semaphore>,
     // Filesystem snapshots, oldest first.
     snapshots: Mutex<Vec<Snapshot>>,
 }
@@ -412,6 +415,7 @@ impl E2bServer {
             streams,
             connections,
             transfers,
+            streamed: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMED)),
             snapshots,
         })
     }
@@ -1194,7 +1198,13 @@ impl E2bServer {
     }
 
     /// `/files`: GET downloads, POST uploads (octet-stream or multipart).
+    /// A slot for a streamed transfer, waiting at most [`TRANSFER_WAIT`] for one.
+    async fn streamed_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(TRANSFER_WAIT, Arc::clone(&self.streamed).acquire_owned()).await.ok()?.ok()
+    }
+
     async fn files(&self, b: &Sandbox, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let busy = || api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
         let q = query(&req);
         if let Err(e) = check_user(q.get("username").map(String::as_str)) {
             return api_error(StatusCode::UNAUTHORIZED, &e.message);
@@ -1210,8 +1220,9 @@ impl E2bServer {
             let Some(path) = &path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
             // A process-tier file streams from its descriptor; a docker one comes whole.
             if let Some(files) = b.session.files() {
+                let Some(permit) = self.streamed_permit().await else { return busy() };
                 return match files.open(path, max) {
-                    Ok((file, len)) => stream_file(file, len),
+                    Ok((file, len)) => stream_file(file, len, permit),
                     Err(e) => file_err(&e),
                 };
             }
@@ -1223,14 +1234,15 @@ impl E2bServer {
         }
         if req.method() == Method::POST && !ct.starts_with("multipart/form-data") && b.session.files().is_some() {
             let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
+            let Some(_permit) = self.streamed_permit().await else { return busy() };
             return match stream_upload(Arc::clone(&b.session), p.clone(), req.into_body(), max).await {
                 Ok(()) => json(StatusCode::OK, &[written(&p)]),
                 Err(e) => file_err(&e),
             };
         }
         // Whole transfers (multipart bodies, docker sessions' files) are held in memory.
-        let Ok(Ok(_transfer)) = tokio::time::timeout(Duration::from_secs(60), self.transfers.acquire()).await else {
-            return api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
+        let Ok(Ok(_transfer)) = tokio::time::timeout(TRANSFER_WAIT, self.transfers.acquire()).await else {
+            return busy();
         };
         if req.method() == Method::GET {
             let Some(path) = path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
@@ -1285,38 +1297,62 @@ fn written(path: &str) -> serde_json::Value {
     serde_json::json!({ "name": name, "type": "file", "path": path })
 }
 
+/// Most streamed `/files` transfers at once (each holds at most four 64 KiB pieces, and an
+/// upload a blocking thread, for at most 10 minutes); more wait for one to end.
+pub const MAX_STREAMED: usize = 64;
+
+/// How long a transfer waits for a slot before it is refused (429).
+const TRANSFER_WAIT: Duration = Duration::from_secs(60);
+
 /// How many pieces of a streamed transfer wait between the network and the disk.
 const PIPE_PIECES: usize = 4;
 
 /// Most bytes one piece of a streamed download holds.
 const PIPE_PIECE_BYTES: usize = 64 << 10;
 
-/// A download of an open file, `len` bytes long, streamed from a blocking thread through a
-/// bounded channel: a slow client holds at most [`PIPE_PIECES`] pieces in memory. A file the
-/// guest shortened meanwhile ends the response early with an error (the connection is
-/// closed, so the client sees a short body against its `Content-Length`).
-fn stream_file(file: std::fs::File, len: u64) -> Response<Body> {
-    use std::io::Read as _;
+/// A download of an open file, `len` bytes long, streamed through a bounded channel: each
+/// piece is read on a blocking thread and handed on asynchronously, so a slow client holds
+/// at most [`PIPE_PIECES`] pieces in memory and no thread while it waits, and the whole
+/// transfer must end within [`UPLOAD_WITHIN`]. A file the guest shortened meanwhile, or a
+/// transfer past its time, ends the response early with an error (the connection is closed,
+/// so the client sees a short body against its `Content-Length`). `permit` is held until
+/// the transfer ends.
+fn stream_file(file: std::fs::File, len: u64, permit: tokio::sync::OwnedSemaphorePermit) -> Response<Body> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(PIPE_PIECES);
-    tokio::task::spawn_blocking(move || {
-        let mut src = file.take(len);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let until = tokio::time::Instant::now() + UPLOAD_WITHIN;
+        let mut src = Some(file);
         let mut left = len;
         while left > 0 {
-            let mut buf = vec![0u8; PIPE_PIECE_BYTES.min(usize::try_from(left).unwrap_or(PIPE_PIECE_BYTES))];
-            let piece = match src.read(&mut buf) {
-                Ok(0) => {
-                    Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank while it was read"))
+            let want = PIPE_PIECE_BYTES.min(usize::try_from(left).unwrap_or(PIPE_PIECE_BYTES));
+            let Some(mut f) = src.take() else { return };
+            let read = tokio::task::spawn_blocking(move || {
+                use std::io::Read as _;
+                let mut buf = vec![0u8; want];
+                let n = f.read(&mut buf);
+                (f, n.map(|n| Bytes::from(buf).slice(..n)))
+            })
+            .await;
+            let piece = match read {
+                Ok((f, Ok(b))) if !b.is_empty() => {
+                    src = Some(f);
+                    left -= b.len() as u64;
+                    Ok(b)
                 }
-                Ok(n) => {
-                    buf.truncate(n);
-                    left -= n as u64;
-                    Ok(Bytes::from(buf))
-                }
-                Err(e) => Err(e),
+                Ok((_, Ok(_))) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank")),
+                Ok((_, Err(e))) => Err(e),
+                Err(e) => Err(std::io::Error::other(e)),
             };
             let failed = piece.is_err();
-            if tx.blocking_send(piece).is_err() || failed {
-                return;
+            match tokio::time::timeout_at(until, tx.send(piece)).await {
+                Ok(Ok(())) if !failed => {}
+                Ok(_) => return,
+                Err(_) => {
+                    let late = std::io::Error::new(std::io::ErrorKind::TimedOut, "the download's time passed");
+                    let _ = tx.try_send(Err(late));
+                    return;
+                }
             }
         }
     });
