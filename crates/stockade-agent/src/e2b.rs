@@ -34,7 +34,6 @@
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
 //! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
 //!   or hard link reaches past the sandbox's home.
-//!
 //! - A filesystem snapshot (`create_snapshot(mode="filesystem")`) is the session's own
 //!   (bounded, never through a link), kept 0600 in a 0700 directory until deleted; a full
 //!   one is refused by name, since stockade keeps no memory image.
@@ -380,8 +379,8 @@ fn query(req: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
 /// is cut off.
 const BODY_WITHIN: Duration = Duration::from_secs(30);
 
-/// How long an upload's body may take to arrive.
-const UPLOAD_WITHIN: Duration = Duration::from_secs(600);
+/// How long one `/files` transfer (an upload's body, or a streamed download) may take.
+const TRANSFER_WITHIN: Duration = Duration::from_secs(600);
 
 /// Reads a body of at most `max` bytes that arrives within `within`.
 async fn read_body_within(body: hyper::body::Incoming, max: usize, within: Duration) -> Result<Bytes, String> {
@@ -949,7 +948,8 @@ impl E2bServer {
             .filter(|s| *s > 0)
             .map(Duration::from_secs);
         if method.shape == Shape::ClientStream {
-            let input = stream_input(&b.session, codec, req.into_body(), deadline.unwrap_or(Duration::from_secs(3600)));
+            let within = deadline.unwrap_or(Duration::from_secs(3600));
+            let input = stream_input(&b.session, codec, method.request, req.into_body(), within);
             return match input.await.and_then(|()| codec.encode(&serde_json::json!({}), method.response)) {
                 Ok(reply) => {
                     let mut out = wire::envelope(0, &reply);
@@ -1197,66 +1197,73 @@ impl E2bServer {
         Ok(r)
     }
 
-    /// `/files`: GET downloads, POST uploads (octet-stream or multipart).
     /// A slot for a streamed transfer, waiting at most [`TRANSFER_WAIT`] for one.
     async fn streamed_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         tokio::time::timeout(TRANSFER_WAIT, Arc::clone(&self.streamed).acquire_owned()).await.ok()?.ok()
     }
 
+    /// `/files`: GET downloads, POST uploads (octet-stream or multipart).
     async fn files(&self, b: &Sandbox, req: Request<hyper::body::Incoming>) -> Response<Body> {
-        let busy = || api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again");
         let q = query(&req);
         if let Err(e) = check_user(q.get("username").map(String::as_str)) {
             return api_error(StatusCode::UNAUTHORIZED, &e.message);
         }
         let path = q.get("path").map(|p| guest_path(p));
-        let max = self.config.limits.max_upload;
-        let file_err = |e: &FilesError| {
-            let c = files_code(e);
-            api_error(StatusCode::from_u16(c.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &c.message)
-        };
-        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
-        if req.method() == Method::GET {
-            let Some(path) = &path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
-            // A process-tier file streams from its descriptor; a docker one comes whole.
-            if let Some(files) = b.session.files() {
-                let Some(permit) = self.streamed_permit().await else { return busy() };
-                return match files.open(path, max) {
-                    Ok((file, len)) => stream_file(file, len, permit),
-                    Err(e) => file_err(&e),
-                };
-            }
-        } else if req.method() != Method::POST {
-            return api_error(StatusCode::METHOD_NOT_ALLOWED, "/files takes GET or POST");
+        match *req.method() {
+            Method::GET => match path {
+                Some(path) => self.download(b, &path).await,
+                None => api_error(StatusCode::BAD_REQUEST, "a download needs ?path="),
+            },
+            Method::POST => self.upload(b, req, path).await,
+            _ => api_error(StatusCode::METHOD_NOT_ALLOWED, "/files takes GET or POST"),
         }
+    }
+
+    /// A download: a process-tier file streams from its descriptor; a docker one comes whole.
+    async fn download(&self, b: &Sandbox, path: &str) -> Response<Body> {
+        let max = self.config.limits.max_upload;
+        if let Some(files) = b.session.files() {
+            let Some(permit) = self.streamed_permit().await else { return transfers_busy() };
+            return match files.open(path, max) {
+                Ok((file, len)) => stream_file(file, len, permit),
+                Err(e) => files_error(&e),
+            };
+        }
+        let Ok(Ok(_transfer)) = tokio::time::timeout(TRANSFER_WAIT, self.transfers.acquire()).await else {
+            return transfers_busy();
+        };
+        match b.session.read(path, max).await {
+            Ok(bytes) => whole(StatusCode::OK, "application/octet-stream", bytes),
+            Err(e) => files_error(&e),
+        }
+    }
+
+    /// An upload: an octet-stream body to a process-tier sandbox streams to its file; a
+    /// multipart body, or any to a docker sandbox, is read whole first.
+    async fn upload(&self, b: &Sandbox, req: Request<hyper::body::Incoming>, path: Option<String>) -> Response<Body> {
+        let max = self.config.limits.max_upload;
+        let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
         if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
             return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
         }
-        if req.method() == Method::POST && !ct.starts_with("multipart/form-data") && b.session.files().is_some() {
+        let multipart_body = ct.starts_with("multipart/form-data");
+        if !multipart_body && b.session.files().is_some() {
             let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
-            let Some(_permit) = self.streamed_permit().await else { return busy() };
+            let Some(_permit) = self.streamed_permit().await else { return transfers_busy() };
             return match stream_upload(Arc::clone(&b.session), p.clone(), req.into_body(), max).await {
                 Ok(()) => json(StatusCode::OK, &[written(&p)]),
-                Err(e) => file_err(&e),
+                Err(e) => files_error(&e),
             };
         }
-        // Whole transfers (multipart bodies, docker sessions' files) are held in memory.
         let Ok(Ok(_transfer)) = tokio::time::timeout(TRANSFER_WAIT, self.transfers.acquire()).await else {
-            return busy();
+            return transfers_busy();
         };
-        if req.method() == Method::GET {
-            let Some(path) = path else { return api_error(StatusCode::BAD_REQUEST, "a download needs ?path=") };
-            return match b.session.read(&path, max).await {
-                Ok(bytes) => whole(StatusCode::OK, "application/octet-stream", bytes),
-                Err(e) => file_err(&e),
-            };
-        }
         let cap = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(64 << 10);
-        let body = match read_body_within(req.into_body(), cap, UPLOAD_WITHIN).await {
+        let body = match read_body_within(req.into_body(), cap, TRANSFER_WITHIN).await {
             Ok(b) => b,
             Err(e) => return api_error(StatusCode::PAYLOAD_TOO_LARGE, &e),
         };
-        let uploads: Vec<(String, Bytes)> = if ct.starts_with("multipart/form-data") {
+        let uploads: Vec<(String, Bytes)> = if multipart_body {
             let parts = match multipart(&ct, &body) {
                 Ok(parts) => parts,
                 Err(e) => return api_error(StatusCode::BAD_REQUEST, &format!("the multipart body: {e}")),
@@ -1283,12 +1290,23 @@ impl E2bServer {
         let mut done = Vec::new();
         for (p, data) in uploads {
             if let Err(e) = b.session.write(&p, &data, max).await {
-                return file_err(&e);
+                return files_error(&e);
             }
             done.push(written(&p));
         }
         json(StatusCode::OK, &done)
     }
+}
+
+/// A `/files` call's refusal: the files API's error with its Connect code's HTTP status.
+fn files_error(e: &FilesError) -> Response<Body> {
+    let c = files_code(e);
+    api_error(StatusCode::from_u16(c.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST), &c.message)
+}
+
+/// A `/files` call that found no transfer slot within [`TRANSFER_WAIT`].
+fn transfers_busy() -> Response<Body> {
+    api_error(StatusCode::TOO_MANY_REQUESTS, "too many file transfers are in flight; try again")
 }
 
 /// `/files`' answer for one file written.
@@ -1313,7 +1331,7 @@ const PIPE_PIECE_BYTES: usize = 64 << 10;
 /// A download of an open file, `len` bytes long, streamed through a bounded channel: each
 /// piece is read on a blocking thread and handed on asynchronously, so a slow client holds
 /// at most [`PIPE_PIECES`] pieces in memory and no thread while it waits, and the whole
-/// transfer must end within [`UPLOAD_WITHIN`]. A file the guest shortened meanwhile, or a
+/// transfer must end within [`TRANSFER_WITHIN`]. A file the guest shortened meanwhile, or a
 /// transfer past its time, ends the response early with an error (the connection is closed,
 /// so the client sees a short body against its `Content-Length`). `permit` is held until
 /// the transfer ends.
@@ -1321,7 +1339,7 @@ fn stream_file(file: std::fs::File, len: u64, permit: tokio::sync::OwnedSemaphor
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(PIPE_PIECES);
     tokio::spawn(async move {
         let _permit = permit;
-        let until = tokio::time::Instant::now() + UPLOAD_WITHIN;
+        let until = tokio::time::Instant::now() + TRANSFER_WITHIN;
         let mut src = Some(file);
         let mut left = len;
         while left > 0 {
@@ -1364,7 +1382,7 @@ fn stream_file(file: std::fs::File, len: u64, permit: tokio::sync::OwnedSemaphor
 
 /// An `application/octet-stream` upload written as it arrives, through the session's
 /// descriptor-held files API, on a blocking thread fed by a bounded channel: the body is
-/// never held whole. Over `max`, or cut short, or late past [`UPLOAD_WITHIN`], nothing is
+/// never held whole. Over `max`, or cut short, or late past [`TRANSFER_WITHIN`], nothing is
 /// written (the files API writes a new file and renames it over the name only at the end).
 async fn stream_upload(
     session: Arc<Session>,
@@ -1379,10 +1397,10 @@ async fn stream_upload(
             session.files().ok_or_else(|| FilesError::Invalid { path: at.clone(), why: "the sandbox ended".into() })?;
         files.write(&at, &mut PipeReader { rx, piece: Bytes::new(), ended: false }, max).map(drop)
     });
-    let until = tokio::time::Instant::now() + UPLOAD_WITHIN;
+    let until = tokio::time::Instant::now() + TRANSFER_WITHIN;
     let end = loop {
         match tokio::time::timeout_at(until, body.frame()).await {
-            Err(_) => break Piece::Fail(format!("the body did not arrive within {UPLOAD_WITHIN:?}")),
+            Err(_) => break Piece::Fail(format!("the body did not arrive within {TRANSFER_WITHIN:?}")),
             Ok(None) => break Piece::End,
             Ok(Some(Err(e))) => break Piece::Fail(format!("reading the body: {e}")),
             Ok(Some(Ok(frame))) => {
@@ -1644,6 +1662,7 @@ fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
 async fn stream_input(
     s: &Session,
     codec: Codec,
+    request: &'static wire::proto::Message,
     mut body: hyper::body::Incoming,
     deadline: Duration,
 ) -> Result<(), ConnectError> {
@@ -1669,8 +1688,7 @@ async fn stream_input(
             if flags & wire::FLAG_END_STREAM != 0 {
                 return Ok(());
             }
-            let msg: wire::StreamInputRequest =
-                codec.decode(wire::single_envelope(&frame)?, &wire::proto::STREAM_INPUT_REQUEST)?;
+            let msg: wire::StreamInputRequest = codec.decode(wire::single_envelope(&frame)?, request)?;
             match (msg, pid) {
                 (wire::StreamInputRequest::Start { process }, None) => {
                     pid = Some(running_exec(s, &process)?.pid());

@@ -375,10 +375,8 @@ fn utf8(bytes: &[u8], what: &str) -> Result<String, ProtoError> {
     String::from_utf8(bytes.to_vec()).map_err(|_| ProtoError(format!("{what}: a string that is not UTF-8")))
 }
 
-static TIMESTAMP: Message = Message {
-    name: "google.protobuf.Timestamp",
-    fields: &[f(1, "seconds", Ty::I64), Field { num: 2, name: "nanos", ty: Ty::U32, repeated: false }],
-};
+static TIMESTAMP: Message =
+    Message { name: "google.protobuf.Timestamp", fields: &[f(1, "seconds", Ty::I64), f(2, "nanos", Ty::U32)] };
 static MAP_ENTRY: Message = Message { name: "a map entry", fields: &[f(1, "key", Ty::Str), f(2, "value", Ty::Str)] };
 
 /// Encodes proto3's JSON value for `msg` in the binary codec. A key the schema does not
