@@ -38,6 +38,16 @@ def kind(e):
     return type(e).__name__
 
 
+def raised(call, caught, said=False):
+    """What `call()` raised, if it is a `caught`: its class name, with its message (cut) if
+    `said`; None if it returned."""
+    try:
+        call()
+        return None
+    except caught as e:
+        return kind(e) + (": " + str(e)[:200] if said else "")
+
+
 def resized_pty(sbx, rows, cols):
     """A terminal opened at 24x80, resized, asked its size: (its pid, what it printed)."""
     data = []
@@ -102,11 +112,7 @@ def sync_checks():
     exists_new = sbx.files.exists("/home/user/notes/c.txt")
     sbx.files.remove("/home/user/notes/b.bin")
     after_remove = sorted(e.name for e in sbx.files.list("/home/user/notes"))
-    try:
-        sbx.files.read("/home/user/nothing-here")
-        missing = None
-    except NotFoundException as e:
-        missing = kind(e)
+    missing = raised(lambda: sbx.files.read("/home/user/nothing-here"), NotFoundException)
     say("files", written=w.path, listing=listing, made=made, made_again=made_again, read_back=read_back,
         exists_old=exists_old, exists_new=exists_new, after_remove=after_remove, missing=missing)
 
@@ -143,11 +149,7 @@ def sync_checks():
     r = resumed.commands.run("cat /home/user/notes/c.txt")
     say("pause", paused=paused, paused_again=paused_again, state=state, after=str(sbx.get_info().state), stdout=r.stdout)
 
-    try:
-        sbx.create_snapshot()
-        full = None
-    except SandboxException as e:
-        full = kind(e) + ": " + str(e)[:200]
+    full = raised(sbx.create_snapshot, SandboxException, said=True)
     snap = sbx.create_snapshot(name="notes-snap", mode="filesystem")
     from_id = Sandbox.create(snap.snapshot_id, timeout=60)
     restored = from_id.files.read("/home/user/notes/c.txt")
@@ -159,11 +161,7 @@ def sync_checks():
     by_name.kill()
     deleted = Sandbox.delete_snapshot(snap.snapshot_id)
     deleted_again = Sandbox.delete_snapshot(snap.snapshot_id)
-    try:
-        Sandbox.create(snap.snapshot_id, timeout=60)
-        after_delete = None
-    except SandboxException as e:
-        after_delete = kind(e) + ": " + str(e)[:200]
+    after_delete = raised(lambda: Sandbox.create(snap.snapshot_id, timeout=60), SandboxException, said=True)
     say("snapshot", full=full, id=snap.snapshot_id, names=snap.names, restored=restored, by_name=by_name_read,
         original=sbx.files.read("/home/user/notes/c.txt"), listed=listed_snaps, deleted=deleted,
         deleted_again=deleted_again, after_delete=after_delete)
@@ -208,11 +206,7 @@ def sync_checks():
 
     short = Sandbox.create(timeout=2)
     time.sleep(4)
-    try:
-        Sandbox.connect(short.sandbox_id)
-        expired = None
-    except SandboxException as e:
-        expired = kind(e)
+    expired = raised(lambda: Sandbox.connect(short.sandbox_id), SandboxException)
     say("expiry", running=short.is_running(), connect=expired, id=short.sandbox_id)
 
     sbx.kill()
@@ -276,11 +270,7 @@ def binary_checks():
     sbx.files.rename("/home/user/b/a.txt", "/home/user/b/c.txt")
     sbx.files.remove("/home/user/b/d")
     after = sorted(e.name for e in sbx.files.list("/home/user/b"))
-    try:
-        sbx.files.get_info("/home/user/b/nothing")
-        missing = None
-    except NotFoundException as e:
-        missing = kind(e)
+    missing = raised(lambda: sbx.files.get_info("/home/user/b/nothing"), NotFoundException)
     _, pty = resized_pty(sbx, rows=33, cols=99)
     sbx.kill()
     say("binary", codec=rpc.ENVD_JSON_CODEC.name(), used=used, stdout=r.stdout, stderr=r.stderr,
@@ -303,16 +293,8 @@ def docker_checks():
     read_back = sbx.files.read("/home/user/notes/b.txt")
     sbx.files.remove("/home/user/notes/sub")
     after = sorted(e.name for e in sbx.files.list("/home/user/notes"))
-    try:
-        sbx.files.list("/home/user/nothing")
-        missing = None
-    except NotFoundException as e:
-        missing = kind(e)
-    try:
-        sbx.files.make_dir("/etc/planted")
-        read_only = None
-    except SandboxException as e:
-        read_only = kind(e) + ": " + str(e)[:200]
+    missing = raised(lambda: sbx.files.list("/home/user/nothing"), NotFoundException)
+    read_only = raised(lambda: sbx.files.make_dir("/etc/planted"), SandboxException, said=True)
     sbx.kill()
     say("docker", written=w.path, made=made, made_again=made_again, listing=listing, size=info.size,
         exists=exists, read_back=read_back, after=after, missing=missing, read_only=read_only)

@@ -483,17 +483,27 @@ fn g10_a_docker_session_is_one_container_driven_by_the_same_commands() {
     eventually(WITHIN, "its container is removed", || session_containers(owner_pid) == 0);
 }
 
+/// An upstream on `addr`, an owner, and a session it made with `extra` and the grant of
+/// `api.test` (pinned to the upstream): the upstream, the owner, the session's id and the
+/// upstream's port.
+fn net_session(tag: &str, addr: &str, extra: &[&str]) -> (crate::net::HttpUpstream, Owner, String, String) {
+    let up = crate::net::HttpUpstream::start(addr);
+    let port = up.port.to_string();
+    let owner = Owner::start(tag);
+    let (allow, resolve) = (format!("api.test:{port}"), format!("api.test:{port}:{addr}"));
+    let mut args = vec!["create"];
+    args.extend(extra);
+    args.extend(["--allow-net", &allow, "--net-resolve", &resolve]);
+    let (code, out, err) = owner.session(&args, b"");
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_owned();
+    (up, owner, id, port)
+}
+
 #[test]
 fn g10_a_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
     let _runs = shared();
-    let up = crate::net::HttpUpstream::start("127.0.0.2");
-    let port = up.port.to_string();
-    let owner = Owner::start("net");
-    let allow = format!("api.test:{port}");
-    let resolve = format!("api.test:{port}:127.0.0.2");
-    let (code, out, err) = owner.session(&["create", "--allow-net", &allow, "--net-resolve", &resolve], b"");
-    assert_eq!(code, 0, "{err}");
-    let id = out.trim().to_owned();
+    let (up, owner, id, port) = net_session("net", "127.0.0.2", &[]);
     // The grant lasts across execs: one broker for the session.
     for path in ["first", "second"] {
         let (code, out, err) =
@@ -537,15 +547,7 @@ fn g10_a_docker_session_s_execs_reach_what_allow_net_names_and_nothing_else() {
         return;
     }
     let _runs = shared();
-    let up = crate::net::HttpUpstream::start("127.0.0.3");
-    let port = up.port.to_string();
-    let owner = Owner::start("docker-net");
-    let allow = format!("api.test:{port}");
-    let resolve = format!("api.test:{port}:127.0.0.3");
-    let (code, out, err) =
-        owner.session(&["create", "--tier", "docker", "--allow-net", &allow, "--net-resolve", &resolve], b"");
-    assert_eq!(code, 0, "{err}");
-    let id = out.trim().to_owned();
+    let (up, owner, id, port) = net_session("docker-net", "127.0.0.3", &["--tier", "docker"]);
     for path in ["first", "second"] {
         let (code, out, err) =
             owner.session(&["exec", &id, "--", "wget", "-qO-", &format!("http://api.test:{port}/{path}")], b"");
