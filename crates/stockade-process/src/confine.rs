@@ -808,8 +808,8 @@ pub(crate) fn apply_seccomp() -> Result<String, String> {
     apply_compiled_seccomp(&seccomp_filters()?)
 }
 
-/// Applies filters compiled before ([`seccomp_filters`]; a session's init compiles them once
-/// for all its execs).
+/// Applies filters compiled before ([`seccomp_filters`]; a session's init installs them once
+/// on itself, for all its execs to inherit).
 pub(crate) fn apply_compiled_seccomp(filters: &[BpfProgram]) -> Result<String, String> {
     let mut insns = 0;
     for f in filters {

@@ -49,14 +49,53 @@ pub fn helper_main() {
     process::exit_now(code);
 }
 
-pub(crate) struct Reporter(pub(crate) File);
+/// Writes report lines on a status pipe. Each write is one or more whole lines, at most
+/// `PIPE_BUF` bytes: atomic on a pipe, so lines from the processes that share it (init, and
+/// the exec's guest) never interleave.
+pub(crate) struct Reporter {
+    file: File,
+    /// Lines not yet written, while a guest confines itself: its enforcement lines go to the
+    /// supervisor in one write just before the exec (or with the error that stops it), not
+    /// one write (and one wake-up of the supervisor's reader) each.
+    held: Option<Vec<u8>>,
+}
 
 impl Reporter {
+    pub(crate) fn new(file: File) -> Self {
+        Self { file, held: None }
+    }
+
+    /// Holds every line from now on until [`flush`](Self::flush). Called in the guest only,
+    /// after its fork: lines held before a fork would be written by both processes.
+    fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the held lines, in writes of whole lines of at most `PIPE_BUF` bytes each.
+    fn flush(&mut self) {
+        let Some(held) = self.held.as_mut() else { return };
+        let (mut start, mut end) = (0, 0);
+        for line in held.split_inclusive(|b| *b == b'\n') {
+            if end > start && end - start + line.len() > libc::PIPE_BUF {
+                let _ = self.file.write_all(&held[start..end]);
+                start = end;
+            }
+            end += line.len();
+        }
+        let _ = self.file.write_all(&held[start..end]);
+        held.clear();
+    }
+
     pub(crate) fn send(&mut self, msg: &Msg) {
         if let Ok(mut line) = serde_json::to_vec(msg) {
             line.push(b'\n');
-            // One write of a short line: atomic on a pipe (PIPE_BUF), so lines never interleave.
-            let _ = self.0.write_all(&line);
+            match self.held.as_mut() {
+                Some(held) => held.extend_from_slice(&line),
+                // One write of a short line: atomic on a pipe (PIPE_BUF).
+                None => {
+                    let _ = self.file.write_all(&line);
+                }
+            }
         }
     }
 
@@ -66,7 +105,12 @@ impl Reporter {
 
     pub(crate) fn fail(&mut self, stage: &str, unsupported: bool, message: impl std::fmt::Display) -> i32 {
         self.send(&Msg::Error { stage: stage.into(), unsupported, message: message.to_string() });
+        self.flush();
         126
+    }
+
+    pub(crate) fn into_file(self) -> File {
+        self.file
     }
 }
 
@@ -75,7 +119,7 @@ impl Reporter {
 pub(crate) fn run(spec: Spec) -> i32 {
     let Ok(status) = sysfs::adopt(spec.status_fd) else { return 125 };
     let _ = sysfs::set_cloexec(spec.status_fd);
-    let mut rep = Reporter(status);
+    let mut rep = Reporter::new(status);
     match prepare(&spec, &mut rep) {
         Ok(ready) => start_init(&spec, &mut rep, ready),
         Err(code) => code,
@@ -840,8 +884,10 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
 
 /// The guest's confinement, which no job changes: a session of its own (with the run's
 /// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
-/// of a failed step (already reported).
+/// of a failed step (already reported). From here on the guest's report lines are held and
+/// written together, just before the exec or with the error that stops it.
 fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: bool) -> Result<(), i32> {
+    rep.hold();
     if let Err(e) = process::setsid() {
         return Err(rep.fail("setsid", false, e));
     }
@@ -853,7 +899,7 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: b
     if let Err(e) = caps::drop_all() {
         return Err(rep.fail("capabilities", true, e));
     }
-    match caps::effective() {
+    match caps::remaining() {
         Ok(0) => rep.enforced(
             Mechanism::CapabilitiesDropped,
             "bounding, ambient, effective, permitted and inheritable sets empty",
@@ -880,7 +926,8 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: b
         Err(e) => return Err(rep.fail("landlock", true, e)),
     }
     let seccomp = match pre {
-        Some(p) => confine::apply_compiled_seccomp(&p.filters),
+        // The session's filters, which init installed and every exec inherits.
+        Some(p) => Ok(p.seccomp.clone()),
         None => confine::apply_seccomp(),
     };
     match seccomp {
@@ -891,19 +938,23 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: b
 }
 
 /// A session's confinement, made once by its init for every exec: the landlock domain of the
-/// view, which init enters itself so that every exec's guest inherits the one domain (execs
-/// of a session can then signal each other's processes and reach each other's abstract
-/// sockets, as processes of one machine do, while landlock still scopes both to the
-/// session), and the compiled seccomp filters each exec's guest applies. The same rules and
-/// filters a run's guest builds for itself.
+/// view and the seccomp filters, which init enters and installs itself so that every exec's
+/// guest inherits them (execs of a session can then signal each other's processes and reach
+/// each other's abstract sockets, as processes of one machine do, while landlock still scopes
+/// both to the session). The same rules and filters a run's guest builds for itself; each
+/// exec's guest still drops its capabilities and sets `no_new_privs` itself, which the
+/// filters allow. Init is then as confined as the guests it serves, and the kernel checks and
+/// compiles the filters once per session rather than once per exec.
 pub(crate) struct Prepared {
     landlock: confine::LandlockOutcome,
-    filters: Vec<seccompiler::BpfProgram>,
+    seccomp: String,
 }
 
 impl Prepared {
-    /// Builds them in the view (init has pivoted into it) and puts init in the landlock
-    /// domain. `Err` is (stage, message).
+    /// Builds them in the view (init has pivoted into it) and confines init with them: the
+    /// landlock domain first, then the filters (init's own calls after this point, `poll`,
+    /// `recvmsg`, `fork`, `pidfd_open`, `wait4`, `kill` and `write`, are all on the
+    /// allowlist). `Err` is (stage, message).
     pub(crate) fn build(spec: &Spec) -> Result<Self, (&'static str, String)> {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);
         let grants = spec.grants_dir.is_some();
@@ -915,7 +966,9 @@ impl Prepared {
             detail: format!("{}; one domain for the whole session, entered by its init", landlock.detail),
             full: landlock.full,
         };
-        Ok(Self { landlock, filters })
+        let seccomp = confine::apply_compiled_seccomp(&filters).map_err(|e| ("seccomp", e))?;
+        let seccomp = format!("{seccomp}; installed once by the session's init, inherited by every exec");
+        Ok(Self { landlock, seccomp })
     }
 }
 
@@ -968,7 +1021,7 @@ fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
     let Some(program) = resolve(job.program) else {
         return rep.fail("exec", false, format!("{}: not found in the sandbox view", job.program));
     };
-    if let Err(e) = sysfs::close_from(3, rep.0.as_raw_fd() as u32) {
+    if let Err(e) = sysfs::close_from(3, rep.file.as_raw_fd() as u32) {
         return rep.fail("fds", false, e);
     }
     if let Err(e) = process::reset_signals() {
@@ -976,6 +1029,7 @@ fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
     }
     let mut argv = vec![job.program.to_owned()];
     argv.extend(job.args.iter().cloned());
+    rep.flush();
     let err = process::exec(&program.to_string_lossy(), &argv, job.env);
     rep.fail("exec", false, format!("{}: {err}", job.program))
 }
@@ -996,7 +1050,7 @@ pub(crate) struct JobRef<'a> {
 /// limits, then the exec, exactly as a run's guest (G15's steps in the same order). Returns
 /// only on failure (already reported on `status`).
 pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>, pre: &Prepared) -> i32 {
-    let mut rep = Reporter(status);
+    let mut rep = Reporter::new(status);
     if let Err(code) = confine_guest(spec, &mut rep, Some(pre), job.tty) {
         return code;
     }

@@ -202,10 +202,11 @@
 //!     helper, init, pid namespace, view and cgroup for its whole life, with its home (a host
 //!     directory its owner made for it) read-write at [`SESSION_HOME`]. Init forks one guest
 //!     per exec, and each exec's guest takes the steps a run's guest takes (its own session,
-//!     capabilities dropped, `no_new_privs`, seccomp, the exec's rlimits) in the session's one
-//!     landlock domain (the run's rules, entered once by init and inherited, so that a later
-//!     exec can signal what an earlier one left running and reach its abstract sockets, and
-//!     nothing outside the session can be either), with the
+//!     capabilities dropped, `no_new_privs`, the exec's rlimits) in the session's one
+//!     landlock domain and under its seccomp filters (the run's rules and filters, entered
+//!     and installed once by init, which is then as confined as its guests, and inherited, so
+//!     that a later exec can signal what an earlier one left running and reach its abstract
+//!     sockets, and nothing outside the session can be either), with the
 //!     exec's own argv, environment, working directory, stdin and output budgets; at its
 //!     deadline the exec's process group is killed and the session goes on. Files in the
 //!     home, `/tmp` and `/dev/shm`, and processes left running, persist between execs; two
@@ -225,7 +226,7 @@
 //!     (in the session's namespace) as soon as init forked its guest, so a caller can run it
 //!     in the background: [`ProcessSession::signal`] reaches its process group, and an exec
 //!     that ended is not signalled. With [`ExecOptions::pty`] its stdin, stdout and stderr
-//!     are one new pseudo-terminal (echo off) that is its controlling terminal, typed into
+//!     are one new pseudo-terminal (echo on, as a terminal someone types into) that is its controlling terminal, typed into
 //!     from its stdin, read as its stdout, and resized through [`Terminal::resize`] (the
 //!     kernel sends `SIGWINCH`). With [`CaptureMode::Drain`](stockade_protocol::CaptureMode::Drain) an output budget keeps the
 //!     first bytes for the report and the exec goes on (its live copies see every byte); the

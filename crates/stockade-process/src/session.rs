@@ -68,7 +68,9 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Stoppable<R> {
 pub struct ExecOptions {
     /// A pseudo-terminal of this size (rows, columns) as the exec's stdin, stdout, stderr
     /// and controlling terminal: its output is read from the terminal (the report's stdout;
-    /// stderr is empty), echo is off, and its stdin is typed into it.
+    /// stderr is empty), and its stdin is typed into it. The line discipline is the kernel's
+    /// default, echo on, as in E2B's PTY and `docker exec -it`: what is typed comes back as
+    /// output unless the program turns echo off (a shell's line editor, a password prompt).
     pub pty: Option<(u16, u16)>,
     /// What an output budget's breach does: [`CaptureMode::FailFast`] (the default, as a
     /// run) kills the exec; [`CaptureMode::Drain`] keeps the first bytes for the report and
@@ -446,7 +448,7 @@ impl ProcessSession {
             // controlling terminal); its master is read as the exec's output and written
             // with its stdin (the job's bytes, then the streamed stdin; no end of file: a
             // terminal's input has none until the guest exits).
-            let (master, slave) = crate::supervisor::open_terminal(Some(size))?;
+            let (master, slave) = crate::supervisor::open_terminal(Some(size), true)?;
             let fds = [slave.as_fd(), slave.as_fd(), slave.as_fd(), status_w.as_fd()];
             crate::fdpass::send(sock.as_fd(), &message, &fds)
                 .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;

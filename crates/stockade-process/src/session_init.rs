@@ -97,7 +97,7 @@ fn handle(spec: &Spec, pre: &Prepared, msg: &[u8], passed: Vec<OwnedFd>, running
 fn start(spec: &Spec, pre: &Prepared, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], status: File) -> Option<Running> {
     match process::fork() {
         Err(e) => {
-            let mut rep = Reporter(status);
+            let mut rep = Reporter::new(status);
             rep.fail("guest", false, format!("fork: {e}"));
             None
         }
@@ -116,13 +116,13 @@ fn start(spec: &Spec, pre: &Prepared, id: u64, job: &JobRef<'_>, stdio: [OwnedFd
                 Ok(pidfd) => {
                     // The exec's first line (one write, under PIPE_BUF: whole whatever the
                     // guest writes beside it): its pid, for a caller that signals or lists it.
-                    let mut status = Reporter(status);
+                    let mut status = Reporter::new(status);
                     status.send(&Msg::Started { pid });
-                    Some(Running { id, pid, pidfd, status: status.0 })
+                    Some(Running { id, pid, pidfd, status: status.into_file() })
                 }
                 Err(e) => {
                     let _ = process::kill(pid, libc::SIGKILL);
-                    Reporter(status).fail("guest", false, format!("pidfd_open: {e}"));
+                    Reporter::new(status).fail("guest", false, format!("pidfd_open: {e}"));
                     None
                 }
             }
@@ -136,7 +136,7 @@ fn reap(running: &mut Vec<Running>) {
     while let Ok(Some((exit, cpu_us, max_rss))) = process::wait_any_nohang() {
         if let Some(i) = running.iter().position(|r| r.pid == exit.pid) {
             let r = running.swap_remove(i);
-            let mut rep = Reporter(r.status);
+            let mut rep = Reporter::new(r.status);
             rep.send(&Msg::Exit { code: exit.code, signal: exit.signal, cpu_us, max_rss });
         }
     }

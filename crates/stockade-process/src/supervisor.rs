@@ -131,7 +131,7 @@ pub(crate) async fn run(
             ..crate::pool::sandbox_spec(tier, view, &cgroup, spec_limits)
         };
         start = Instant::now();
-        let (io, master) = match tier.tty.then(|| open_terminal(tier.tty_size)).transpose()? {
+        let (io, master) = match tier.tty.then(|| open_terminal(tier.tty_size, false)).transpose()? {
             Some((master, slave)) => (launch::GuestIo::Terminal(slave), Some(master)),
             None => (launch::GuestIo::Pipes { stdin: live_stdin.is_some() || !job.stdin().is_empty() }, None),
         };
@@ -508,10 +508,13 @@ pub(crate) fn captured(
 pub(crate) type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
 /// A private pty for a run that asked for a terminal.
-pub(crate) fn open_terminal(size: Option<(u16, u16)>) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {
+pub(crate) fn open_terminal(
+    size: Option<(u16, u16)>,
+    echo: bool,
+) -> Result<(tty::Master, std::os::fd::OwnedFd), RunError> {
     let unsupported =
         |e: std::io::Error| RunError::Unsupported { mechanism: "terminal".into(), reason: format!("pty: {e}") };
-    let (master, slave) = tty::open_pty(size).map_err(unsupported)?;
+    let (master, slave) = tty::open_pty(size, echo).map_err(unsupported)?;
     Ok((tty::Master::new(master).map_err(unsupported)?, slave))
 }
 

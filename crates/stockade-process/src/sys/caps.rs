@@ -19,41 +19,57 @@ pub(crate) fn set_parent_death_kill() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
 }
 
+/// `capget`/`capset`'s header (linux/capability.h).
+#[repr(C)]
+struct Header {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `capget`/`capset`'s data: version 3 takes two, the low and the high 32 capabilities.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Data {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
 /// Drops every capability from the bounding, ambient, effective, permitted and inheritable sets.
 pub(crate) fn drop_all() -> io::Result<()> {
     for cap in 0..=CAP_MAX {
-        // SAFETY: PR_CAPBSET_DROP takes a capability number; EINVAL for numbers past the
-        // kernel's last capability is expected and ignored.
+        // SAFETY: PR_CAPBSET_DROP takes a capability number and touches no memory.
         let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
-        if r == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-            return Err(io::Error::last_os_error());
+        if r == -1 {
+            match io::Error::last_os_error() {
+                // Past the kernel's last capability (numbers are contiguous from 0): done.
+                e if e.raw_os_error() == Some(libc::EINVAL) && cap > 0 => break,
+                e => return Err(e),
+            }
         }
     }
     // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integer arguments only.
     check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) })?;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut header = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    let mut header = Header { version: CAPABILITY_VERSION_3, pid: 0 };
+    let data = [Data::default(); 2];
     // SAFETY: capset reads one header and two data structs of exactly these layouts
     // (linux/capability.h, version 3), both live for the duration of the call.
     check_long(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }).map(drop)
 }
 
-/// The effective capability mask of this process (low 64 bits), from `/proc/self/status`.
-pub(crate) fn effective() -> io::Result<u64> {
-    let hex = stockade_sys::proc::field("/proc/self/status", "CapEff:")?;
-    u64::from_str_radix(&hex, 16).map_err(io::Error::other)
+/// The capabilities this process still holds, effective, permitted or inheritable, as one
+/// 64-bit mask (`capget(2)`: one call, where `/proc/self/status` is an open and a read).
+pub(crate) fn remaining() -> io::Result<u64> {
+    let mut header = Header { version: CAPABILITY_VERSION_3, pid: 0 };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget reads one header and writes two data structs of exactly these layouts
+    // (linux/capability.h, version 3), both live on this frame for the duration of the call.
+    check_long(unsafe { libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) })?;
+    let half = |d: &Data| u64::from(d.effective | d.permitted | d.inheritable);
+    Ok(half(&data[0]) | (half(&data[1]) << 32))
 }
 
 /// Marks the process not dumpable: its `/proc/PID` files become root-owned and its memory,

@@ -19,9 +19,10 @@ pub(crate) fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
 }
 
 /// A new pty: the master (for the supervisor) and the slave (the guest's stdin, stdout and
-/// stderr), with echo off so the job's stdin does not reappear as output, and the window
-/// size `size` (rows, columns), or 0x0.
-pub(crate) fn open_pty(size: Option<(u16, u16)>) -> io::Result<(OwnedFd, OwnedFd)> {
+/// stderr), with the window size `size` (rows, columns), or 0x0. Without `echo`, echo is off,
+/// so a run's stdin, typed in whole, does not reappear as its output; with it, the line
+/// discipline is the kernel's default, as a terminal someone types into has it.
+pub(crate) fn open_pty(size: Option<(u16, u16)>, echo: bool) -> io::Result<(OwnedFd, OwnedFd)> {
     let master: OwnedFd = OpenOptions::new()
         .read(true)
         .write(true)
@@ -38,13 +39,15 @@ pub(crate) fn open_pty(size: Option<(u16, u16)>) -> io::Result<(OwnedFd, OwnedFd
     })?;
     // SAFETY: the kernel just returned this descriptor; we own it.
     let slave = unsafe { OwnedFd::from_raw_fd(slave) };
-    // SAFETY: an all-zero termios is a valid value of this plain C struct; tcgetattr fills it.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: tcgetattr writes one termios into `t`, which lives on this frame.
-    check(unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut t) })?;
-    t.c_lflag &= !(libc::ECHO | libc::ECHONL);
-    // SAFETY: tcsetattr reads one termios from `t`.
-    check(unsafe { libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) })?;
+    if !echo {
+        // SAFETY: an all-zero termios is a valid value of this plain C struct; tcgetattr fills it.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: tcgetattr writes one termios into `t`, which lives on this frame.
+        check(unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut t) })?;
+        t.c_lflag &= !(libc::ECHO | libc::ECHONL);
+        // SAFETY: tcsetattr reads one termios from `t`.
+        check(unsafe { libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) })?;
+    }
     if let Some((rows, cols)) = size {
         set_window_size(master.as_fd(), rows, cols)?;
     }
