@@ -67,12 +67,12 @@ impl Reporter {
 
     /// Holds every line from now on until [`flush`](Self::flush). Called in the guest only,
     /// after its fork: lines held before a fork would be written by both processes.
-    fn hold(&mut self) {
+    pub(crate) fn hold(&mut self) {
         self.held.get_or_insert_with(Vec::new);
     }
 
     /// Writes the held lines, in writes of whole lines of at most `PIPE_BUF` bytes each.
-    fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         let Some(held) = self.held.as_mut() else { return };
         let (mut start, mut end) = (0, 0);
         for line in held.split_inclusive(|b| *b == b'\n') {
@@ -846,7 +846,7 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
 /// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
 /// dropped unused.
 fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    if let Err(code) = confine_guest(spec, rep, None, false) {
+    if let Err(code) = confine_guest(spec, rep) {
         return code;
     }
     let pooled;
@@ -882,16 +882,30 @@ fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
     exec_job(spec, rep, &job)
 }
 
+/// What a guest reports of its capabilities once they are dropped.
+const CAPABILITIES_DROPPED: &str = "bounding, ambient, effective, permitted and inheritable sets empty";
+/// What a guest reports of `no_new_privs`.
+const NO_NEW_PRIVS: &str = "no_new_privs set; new session without a controlling tty";
+
+/// Reports a landlock outcome: enforced when the kernel enforces the whole ruleset, else missing.
+fn report_landlock(rep: &mut Reporter, o: &confine::LandlockOutcome) {
+    if o.full {
+        rep.enforced(Mechanism::Landlock, o.detail.clone());
+    } else {
+        rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail.clone() });
+    }
+}
+
 /// The guest's confinement, which no job changes: a session of its own (with the run's
 /// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
 /// of a failed step (already reported). From here on the guest's report lines are held and
 /// written together, just before the exec or with the error that stops it.
-fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: bool) -> Result<(), i32> {
+fn confine_guest(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
     rep.hold();
     if let Err(e) = process::setsid() {
         return Err(rep.fail("setsid", false, e));
     }
-    if (spec.tty || tty)
+    if spec.tty
         && let Err(e) = tty::set_controlling(0)
     {
         return Err(rep.fail("terminal", false, format!("TIOCSCTTY: {e}")));
@@ -900,37 +914,21 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: b
         return Err(rep.fail("capabilities", true, e));
     }
     match caps::remaining() {
-        Ok(0) => rep.enforced(
-            Mechanism::CapabilitiesDropped,
-            "bounding, ambient, effective, permitted and inheritable sets empty",
-        ),
+        Ok(0) => rep.enforced(Mechanism::CapabilitiesDropped, CAPABILITIES_DROPPED),
         Ok(mask) => return Err(rep.fail("capabilities", false, format!("capabilities remain: {mask:#x}"))),
         Err(e) => return Err(rep.fail("capabilities", false, e)),
     }
     if let Err(e) = caps::set_no_new_privs() {
         return Err(rep.fail("no_new_privs", true, e));
     }
-    rep.enforced(Mechanism::NoNewPrivs, "no_new_privs set; new session without a controlling tty");
-    let landlock = match pre {
-        // The session's one domain, which init entered and every exec inherits.
-        Some(p) => Ok(confine::LandlockOutcome { detail: p.landlock.detail.clone(), full: p.landlock.full }),
-        None => {
-            let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-            let grants = spec.grants_dir.is_some();
-            confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi)
-        }
-    };
-    match landlock {
-        Ok(o) if o.full => rep.enforced(Mechanism::Landlock, o.detail),
-        Ok(o) => rep.send(&Msg::Missing { mechanism: "landlock".into(), reason: o.detail }),
+    rep.enforced(Mechanism::NoNewPrivs, NO_NEW_PRIVS);
+    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
+    let grants = spec.grants_dir.is_some();
+    match confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi) {
+        Ok(o) => report_landlock(rep, &o),
         Err(e) => return Err(rep.fail("landlock", true, e)),
     }
-    let seccomp = match pre {
-        // The session's filters, which init installed and every exec inherits.
-        Some(p) => Ok(p.seccomp.clone()),
-        None => confine::apply_seccomp(),
-    };
-    match seccomp {
+    match confine::apply_seccomp() {
         Ok(d) => rep.enforced(Mechanism::Seccomp, d),
         Err(e) => return Err(rep.fail("seccomp", true, e)),
     }
@@ -948,6 +946,8 @@ fn confine_guest(spec: &Spec, rep: &mut Reporter, pre: Option<&Prepared>, tty: b
 pub(crate) struct Prepared {
     landlock: confine::LandlockOutcome,
     seccomp: String,
+    /// The stack every exec's guest starts on (`sys::spawn`).
+    stack: crate::sys::spawn::Stack,
 }
 
 impl Prepared {
@@ -968,12 +968,14 @@ impl Prepared {
         };
         let seccomp = confine::apply_compiled_seccomp(&filters).map_err(|e| ("seccomp", e))?;
         let seccomp = format!("{seccomp}; installed once by the session's init, inherited by every exec");
-        Ok(Self { landlock, seccomp })
+        let stack = crate::sys::spawn::Stack::new().map_err(|e| ("guest", format!("the guests' stack: {e}")))?;
+        Ok(Self { landlock, seccomp, stack })
     }
 }
 
-/// The job's rlimits (memory and processes where the spec asks for them).
-fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32> {
+/// The job's rlimits (memory and processes where the spec asks for them), as (resource,
+/// soft, hard), and the report's detail for them.
+fn rlimits(spec: &Spec, l: SpecLimits) -> (Vec<(libc::__rlimit_resource_t, u64, u64)>, String) {
     let mut limits = vec![
         (libc::RLIMIT_CPU, l.cpu_secs, l.cpu_secs.saturating_add(1)),
         (libc::RLIMIT_NOFILE, l.open_files, l.open_files),
@@ -987,34 +989,33 @@ fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32
         // Counted per real uid on the host, and init and the helper count too.
         limits.push((libc::RLIMIT_NPROC, l.processes + 2, l.processes + 2));
     }
+    let detail = format!(
+        "cpu {}s, nofile {}, fsize {}, core 0{}{}",
+        l.cpu_secs,
+        l.open_files,
+        l.file_size_bytes,
+        if spec.rlimit_memory { format!(", as {}", l.memory_bytes) } else { String::new() },
+        if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
+    );
+    (limits, detail)
+}
+
+/// Sets the job's rlimits on this process.
+fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32> {
+    let (limits, detail) = rlimits(spec, l);
     for (res, soft, hard) in &limits {
         if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
             return Err(rep.fail("rlimits", false, format!("setrlimit({res}): {e}")));
         }
     }
-    rep.enforced(
-        Mechanism::Rlimits,
-        format!(
-            "cpu {}s, nofile {}, fsize {}, core 0{}{}",
-            l.cpu_secs,
-            l.open_files,
-            l.file_size_bytes,
-            if spec.rlimit_memory { format!(", as {}", l.memory_bytes) } else { String::new() },
-            if spec.rlimit_processes { format!(", nproc {}", l.processes + 2) } else { String::new() },
-        ),
-    );
+    rep.enforced(Mechanism::Rlimits, detail);
     Ok(())
 }
 
 /// The working directory, the program found in the view, every other descriptor closed and
 /// the signals reset, then the exec. Returns only on failure.
 fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
-    let cwd = match (job.cwd, &spec.home, &spec.workspace) {
-        (Some(cwd), _, _) => cwd,
-        (None, Some(_), _) => crate::SESSION_HOME,
-        (None, None, Some(_)) => "/workspace",
-        (None, None, None) => "/tmp",
-    };
+    let cwd = working_dir(spec, job);
     if let Err(e) = std::env::set_current_dir(cwd) {
         return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
     }
@@ -1034,6 +1035,16 @@ fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
     rep.fail("exec", false, format!("{}: {err}", job.program))
 }
 
+/// The job's working directory in the view: its own, else the home, the workspace or `/tmp`.
+fn working_dir<'a>(spec: &Spec, job: &JobRef<'a>) -> &'a str {
+    match (job.cwd, &spec.home, &spec.workspace) {
+        (Some(cwd), _, _) => cwd,
+        (None, Some(_), _) => crate::SESSION_HOME,
+        (None, None, Some(_)) => "/workspace",
+        (None, None, None) => "/tmp",
+    }
+}
+
 /// The job-specific part of a run, from the spec or from a pre-built sandbox's job message.
 pub(crate) struct JobRef<'a> {
     pub(crate) program: &'a str,
@@ -1046,18 +1057,84 @@ pub(crate) struct JobRef<'a> {
     pub(crate) tty: bool,
 }
 
-/// A session's exec, in the process init forked for it: the guest's confinement, the exec's
-/// limits, then the exec, exactly as a run's guest (G15's steps in the same order). Returns
-/// only on failure (already reported on `status`).
-pub(crate) fn session_guest(spec: &Spec, status: File, job: &JobRef<'_>, pre: &Prepared) -> i32 {
-    let mut rep = Reporter::new(status);
-    if let Err(code) = confine_guest(spec, &mut rep, Some(pre), job.tty) {
-        return code;
+/// Starts a session's exec: init spawns its guest (`sys::spawn`, a vfork-style clone whose
+/// child takes a run's guest's steps in the same order, with raw system calls on a plan
+/// built here: the exec's descriptors as 0–2, its own session and terminal, capabilities
+/// dropped and checked, `no_new_privs`, the exec's rlimits and working directory, every
+/// other descriptor closed, signals reset, then the exec; landlock and seccomp are
+/// inherited from init). Then it reports on `rep` in one write: `Started` with the guest's
+/// pid, each step that held, and the one that failed, if one did (that guest has exited
+/// 126, and init reaps it as any other). `None` when no guest was started (reported).
+pub(crate) fn start_session_exec(
+    spec: &Spec,
+    pre: &mut Prepared,
+    job: &JobRef<'_>,
+    stdio: [std::os::fd::RawFd; 3],
+    rep: &mut Reporter,
+) -> Option<libc::pid_t> {
+    use crate::sys::spawn::{Plan, Step, spawn};
+    rep.hold();
+    let Some(program) = resolve(job.program) else {
+        rep.fail("exec", false, format!("{}: not found in the sandbox view", job.program));
+        return None;
+    };
+    let cwd = working_dir(spec, job);
+    let (limits, rlimits_detail) = rlimits(spec, job.limits);
+    let mut argv = vec![job.program.to_owned()];
+    argv.extend(job.args.iter().cloned());
+    let plan = match Plan::new(&program.to_string_lossy(), &argv, job.env, cwd, stdio, job.tty, &limits) {
+        Ok(plan) => plan,
+        Err(e) => {
+            rep.fail("exec", false, format!("{}: {e}", job.program));
+            return None;
+        }
+    };
+    let spawned = match spawn(&plan, &mut pre.stack) {
+        Ok(s) => s,
+        Err(e) => {
+            rep.fail("guest", false, format!("clone: {e}"));
+            return None;
+        }
+    };
+    rep.send(&Msg::Started { pid: spawned.pid });
+    let failed = spawned.failed.map(|(step, errno, index)| (step, io::Error::from_raw_os_error(errno), index));
+    let held = |past: Step| failed.as_ref().is_none_or(|(step, _, _)| *step as u8 > past as u8);
+    if held(Step::CapabilitiesRemain) {
+        rep.enforced(Mechanism::CapabilitiesDropped, CAPABILITIES_DROPPED);
     }
-    if let Err(code) = set_rlimits(spec, &mut rep, job.limits) {
-        return code;
+    if held(Step::NoNewPrivs) {
+        rep.enforced(Mechanism::NoNewPrivs, NO_NEW_PRIVS);
+        report_landlock(rep, &pre.landlock);
+        rep.enforced(Mechanism::Seccomp, pre.seccomp.clone());
     }
-    exec_job(spec, &mut rep, job)
+    if held(Step::Rlimit) {
+        rep.enforced(Mechanism::Rlimits, rlimits_detail);
+    }
+    match failed {
+        None => rep.flush(),
+        Some((step, e, index)) => {
+            let (stage, unsupported, message) = match step {
+                Step::Stdio => ("guest", false, format!("moving the exec's descriptors onto 0-2: {e}")),
+                Step::Setsid => ("setsid", false, e.to_string()),
+                Step::Terminal => ("terminal", false, format!("TIOCSCTTY: {e}")),
+                Step::Capabilities => ("capabilities", true, e.to_string()),
+                Step::CapabilitiesRemain => {
+                    ("capabilities", false, "capabilities remain after dropping them all".into())
+                }
+                Step::NoNewPrivs => ("no_new_privs", true, e.to_string()),
+                Step::Rlimit => {
+                    let res = limits.get(usize::from(index)).map_or(-1, |(r, _, _)| i64::from(*r));
+                    ("rlimits", false, format!("setrlimit({res}): {e}"))
+                }
+                Step::Chdir => ("guest", false, format!("chdir {cwd}: {e}")),
+                Step::Fds => ("fds", false, e.to_string()),
+                Step::Signals => ("signals", false, e.to_string()),
+                Step::Exec => ("exec", false, format!("{}: {e}", job.program)),
+            };
+            rep.fail(stage, unsupported, message);
+        }
+    }
+    Some(spawned.pid)
 }
 
 /// Reads a pre-built sandbox's job from `fd` to its end: `None` when it ends with no byte

@@ -200,8 +200,9 @@
 //!     (pinned by: tests/it/limits.rs::g16_*)
 //! G17. A [`ProcessSession`] ([`ProcessTier::session`]) is one sandbox for many execs: one
 //!     helper, init, pid namespace, view and cgroup for its whole life, with its home (a host
-//!     directory its owner made for it) read-write at [`SESSION_HOME`]. Init forks one guest
-//!     per exec, and each exec's guest takes the steps a run's guest takes (its own session,
+//!     directory its owner made for it) read-write at [`SESSION_HOME`]. Init spawns one guest
+//!     per exec (a vfork-style clone, as `posix_spawn` does, with no copy of init's memory), and
+//!     each exec's guest takes the steps a run's guest takes (its own session,
 //!     capabilities dropped, `no_new_privs`, the exec's rlimits) in the session's one
 //!     landlock domain and under its seccomp filters (the run's rules and filters, entered
 //!     and installed once by init, which is then as confined as its guests, and inherited, so

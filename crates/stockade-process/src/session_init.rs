@@ -1,6 +1,6 @@
 //! A session's init (pid 1 of the session's pid namespace), once the view is built: it takes
-//! [`SessionRequest`]s on its socket for as long as the session lives, forks one guest per
-//! exec (confined exactly as a run's guest: `helper::session_guest`), signals an exec's
+//! [`SessionRequest`]s on its socket for as long as the session lives, spawns one guest per
+//! exec (confined as a run's guest: `helper::start_session_exec`), signals an exec's
 //! process group when asked, and reaps everything, orphans included. When the socket ends
 //! (the supervisor closed it, or died), init returns, and the kernel kills every process
 //! left in the session.
@@ -35,7 +35,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
     };
     let _ = sysfs::set_cloexec(sock.as_raw_fd());
     // Built once, applied by every exec's guest.
-    let pre = match Prepared::build(spec) {
+    let mut pre = match Prepared::build(spec) {
         Ok(p) => p,
         Err((stage, e)) => return rep.fail(stage, true, e),
     };
@@ -50,7 +50,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
         reap(&mut running);
         if ready.first().is_some_and(|e| e & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0) {
             match receive(&sock, &mut buf) {
-                Some((len, passed)) => handle(spec, &pre, &buf[..len], passed, &mut running),
+                Some((len, passed)) => handle(spec, &mut pre, &buf[..len], passed, &mut running),
                 None => return 0,
             }
         }
@@ -71,7 +71,7 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> Option<(usize, Vec<OwnedFd>)> {
     Some((got.len, got.fds))
 }
 
-fn handle(spec: &Spec, pre: &Prepared, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Running>) {
+fn handle(spec: &Spec, pre: &mut Prepared, msg: &[u8], passed: Vec<OwnedFd>, running: &mut Vec<Running>) {
     match serde_json::from_slice::<SessionRequest>(msg) {
         Ok(SessionRequest::Exec { id, program, args, env, cwd, limits, tty }) => {
             let Ok([stdin, stdout, stderr, status]) = <[OwnedFd; 4]>::try_from(passed) else { return };
@@ -93,39 +93,26 @@ fn handle(spec: &Spec, pre: &Prepared, msg: &[u8], passed: Vec<OwnedFd>, running
     }
 }
 
-/// Forks the exec's guest with the exec's descriptors as 0–2.
-fn start(spec: &Spec, pre: &Prepared, id: u64, job: &JobRef<'_>, stdio: [OwnedFd; 3], status: File) -> Option<Running> {
-    match process::fork() {
+/// Starts the exec's guest with the exec's descriptors as 0–2 (`helper::start_session_exec`,
+/// which reports its start and its steps on the status pipe), and keeps its pidfd.
+fn start(
+    spec: &Spec,
+    pre: &mut Prepared,
+    id: u64,
+    job: &JobRef<'_>,
+    stdio: [OwnedFd; 3],
+    status: File,
+) -> Option<Running> {
+    let mut rep = Reporter::new(status);
+    let fds = [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()];
+    let pid = crate::helper::start_session_exec(spec, pre, job, fds, &mut rep)?;
+    drop(stdio);
+    match process::pidfd_open(pid) {
+        Ok(pidfd) => Some(Running { id, pid, pidfd, status: rep.into_file() }),
         Err(e) => {
-            let mut rep = Reporter::new(status);
-            rep.fail("guest", false, format!("fork: {e}"));
+            let _ = process::kill(pid, libc::SIGKILL);
+            rep.fail("guest", false, format!("pidfd_open: {e}"));
             None
-        }
-        Ok(process::Fork::Child) => {
-            for (fd, target) in stdio.iter().zip(0..) {
-                if sysfs::dup_onto(fd.as_raw_fd(), target).is_err() {
-                    process::exit_now(125);
-                }
-            }
-            drop(stdio);
-            process::exit_now(crate::helper::session_guest(spec, status, job, pre))
-        }
-        Ok(process::Fork::Parent(pid)) => {
-            drop(stdio);
-            match process::pidfd_open(pid) {
-                Ok(pidfd) => {
-                    // The exec's first line (one write, under PIPE_BUF: whole whatever the
-                    // guest writes beside it): its pid, for a caller that signals or lists it.
-                    let mut status = Reporter::new(status);
-                    status.send(&Msg::Started { pid });
-                    Some(Running { id, pid, pidfd, status: status.into_file() })
-                }
-                Err(e) => {
-                    let _ = process::kill(pid, libc::SIGKILL);
-                    Reporter::new(status).fail("guest", false, format!("pidfd_open: {e}"));
-                    None
-                }
-            }
         }
     }
 }

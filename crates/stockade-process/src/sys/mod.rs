@@ -5,7 +5,9 @@
 //! Everything here runs either in the supervisor (which may be multi-threaded: there, only
 //! `spawn`'s pre-exec hook runs between fork and exec, and it only calls `fcntl`; a fork
 //! launch first checks that the supervisor has one thread), or in the helper, a
-//! single-threaded process, where allocating after `fork` is safe.
+//! single-threaded process, where allocating after `fork` is safe. A session's exec is the
+//! exception: its guest is the child of a `CLONE_VM` clone (`spawn`), sharing init's memory,
+//! where only this module's plain system-call wrappers run, allocating nothing.
 
 #![allow(unsafe_code, reason = "the one module allowed to call libc directly (STYLE §5.2)")]
 
@@ -15,6 +17,7 @@ pub(crate) mod mount;
 pub(crate) mod net;
 pub(crate) mod probe;
 pub(crate) mod process;
+pub(crate) mod spawn;
 pub(crate) mod tty;
 
 use std::io;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use stockade_process::{ExecOptions, ProcessSession, SessionConfig};
-use stockade_protocol::{Job, Limits, LiveIo, Report, Status};
+use stockade_protocol::{Job, Limits, LiveIo, Mechanism, Report, Status};
 
 use crate::support::*;
 
@@ -230,6 +230,39 @@ fn g17_an_exec_ends_with_its_output_while_a_background_process_holds_its_pipes()
         assert_eq!(r.stderr.bytes, b"warn\n");
         let r = sh(&session, "pgrep -c sleep || ps -e | grep -c sleep").await;
         assert_eq!(stdout(&r), "1\n", "the background process lives on in the session");
+        let _ = session.kill().await;
+    });
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn g17_an_exec_that_cannot_start_names_its_step_and_the_session_goes_on() {
+    require!("g17_an_exec_that_cannot_start_names_its_step_and_the_session_goes_on");
+    let home = host_dir("session-nostart");
+    block_on(async {
+        let session = tier().session(config(&home)).await.unwrap();
+        let reason = |r: &Report| match &r.status {
+            Status::FailedToStart { reason } => reason.clone(),
+            other => panic!("expected a failure to start, got {other:?}"),
+        };
+        let none = LiveIo::default;
+        // Found by init before a guest is made.
+        let r =
+            session.exec(&Job::command("no-such-program", Vec::<String>::new()).unwrap(), None, none()).await.unwrap();
+        assert_eq!(reason(&r), "exec: no-such-program: not found in the sandbox view", "{r:?}");
+        // Failed in the spawned guest: its working directory, then the exec itself. The steps
+        // before the failed one are reported as enforced, the ones after it are not.
+        let r =
+            session.exec(&Job::command("true", Vec::<String>::new()).unwrap(), Some("/nowhere"), none()).await.unwrap();
+        assert!(reason(&r).starts_with("guest: chdir /nowhere: No such file or directory"), "{r:?}");
+        let mechanisms: Vec<_> = r.enforcement.iter().map(|e| e.mechanism).collect();
+        assert!(mechanisms.contains(&Mechanism::Rlimits) && mechanisms.contains(&Mechanism::Seccomp), "{r:?}");
+        let r = session.exec(&Job::command("/etc/passwd", Vec::<String>::new()).unwrap(), None, none()).await.unwrap();
+        assert!(reason(&r).starts_with("exec: /etc/passwd: Permission denied"), "{r:?}");
+        // Nothing is left of them, judged from the host, and the session serves the next exec.
+        assert!(session.processes().is_empty(), "{:?}", session.processes());
+        let r = sh(&session, "echo still here").await;
+        assert_eq!((r.status.clone(), stdout(&r)), (Status::Exited { code: 0 }, "still here\n".into()), "{r:?}");
         let _ = session.kill().await;
     });
     let _ = std::fs::remove_dir_all(&home);
