@@ -24,6 +24,9 @@ pub(crate) struct Cgroup {
     freezer: Option<PathBuf>,
     /// The memory and process limits it was created with.
     created: (u64, u64),
+    /// The file [`Cgroup::oom_kills`] reads, opened at its first read and read again from
+    /// its start each time (a session's every exec reads it twice).
+    oom_file: std::sync::OnceLock<Option<fs::File>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +90,14 @@ pub(crate) fn reap_stale(v2_dir: Option<&Path>) -> Vec<PathBuf> {
     stale(v2_dir)
         .into_iter()
         .filter(|dir| {
-            let cg =
-                Cgroup { kind, memory: dir.clone(), pids: dir.clone(), freezer: Some(dir.clone()), created: (0, 0) };
+            let cg = Cgroup {
+                kind,
+                memory: dir.clone(),
+                pids: dir.clone(),
+                freezer: Some(dir.clone()),
+                created: (0, 0),
+                oom_file: std::sync::OnceLock::new(),
+            };
             cg.remove();
             !dir.exists()
         })
@@ -112,6 +121,7 @@ impl Cgroup {
                 pids: dir,
                 freezer: None,
                 created: (memory_bytes, processes),
+                oom_file: std::sync::OnceLock::new(),
             };
             let ok = fs::write(cg.memory.join("memory.max"), memory_bytes.to_string()).is_ok()
                 && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
@@ -131,7 +141,14 @@ impl Cgroup {
             let _ = fs::remove_dir(&memory);
             return None;
         }
-        let cg = Self { kind: Kind::V1, memory, pids, freezer: None, created: (memory_bytes, processes) };
+        let cg = Self {
+            kind: Kind::V1,
+            memory,
+            pids,
+            freezer: None,
+            created: (memory_bytes, processes),
+            oom_file: std::sync::OnceLock::new(),
+        };
         let ok = fs::write(cg.memory.join("memory.limit_in_bytes"), memory_bytes.to_string()).is_ok()
             && fs::write(cg.pids.join("pids.max"), processes.to_string()).is_ok();
         // Swap must not extend the limit; the file exists only with swap accounting.
@@ -297,8 +314,11 @@ impl Cgroup {
             Kind::V1 => "memory.oom_control",
             Kind::V2 => "memory.events",
         };
-        let text = fs::read_to_string(self.memory.join(file)).unwrap_or_default();
-        stockade_sys::cgroup::oom_kills(&text).unwrap_or(0)
+        let Some(f) = self.oom_file.get_or_init(|| fs::File::open(self.memory.join(file)).ok()) else { return 0 };
+        // Both files are a few short lines; a read at offset 0 makes the kernel write them anew.
+        let mut buf = [0u8; 1024];
+        let n = std::os::unix::fs::FileExt::read_at(f, &mut buf, 0).unwrap_or(0);
+        stockade_sys::cgroup::oom_kills(&String::from_utf8_lossy(&buf[..n])).unwrap_or(0)
     }
 
     /// Removes the cgroups, retrying while the last processes finish exiting.

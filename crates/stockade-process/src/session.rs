@@ -181,6 +181,8 @@ pub struct ProcessSession {
     enforced: Vec<Enforced>,
     next: AtomicU64,
     clock: std::sync::Mutex<PauseClock>,
+    /// `/dev/null`, opened once: the stdin of every exec that has none.
+    null: File,
 }
 
 impl std::fmt::Debug for ProcessSession {
@@ -355,6 +357,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         enforced,
         next: AtomicU64::new(1),
         clock: std::sync::Mutex::new(PauseClock::default()),
+        null: File::open("/dev/null").map_err(|e| RunError::Internal(format!("opening /dev/null: {e}")))?,
     })
 }
 
@@ -470,13 +473,14 @@ impl ProcessSession {
             let has_stdin = live_stdin.is_some() || !job.stdin().is_empty();
             let (in_r, in_w) = if has_stdin {
                 let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
-                (r, Some(w))
+                (Some(r), Some(w))
             } else {
-                (File::open("/dev/null").map_err(internal("opening /dev/null"))?, None)
+                (None, None)
             };
             let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
             let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
-            let fds = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
+            let stdin = in_r.as_ref().map_or(self.null.as_fd(), AsFd::as_fd);
+            let fds = [stdin, out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
             crate::fdpass::send(sock.as_fd(), &message, &fds)
                 .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
             drop((in_r, out_w, err_w, status_w));
