@@ -23,9 +23,11 @@
 //! is the owner, attached from before the container starts until the session ends. When a
 //! SIGKILLed owner's connection to the engine closes, the keeper reads end-of-file and exits,
 //! and the container stops with every process in it (the engine's init is its pid 1); the
-//! owner label still lets `gc` remove the stopped container and its volumes. A guest runs as
-//! the keeper's uid and could stop or kill it: killed, the session ends at once; stopped, the
-//! container outlives a SIGKILLed owner until the next stockade connects or `gc`, as before.
+//! owner label still lets `gc` remove the stopped container and its volumes. The init and the
+//! keeper run as a uid of their own ([`keeper_uid`]), every exec as the job user, and no
+//! process of the container has a capability, so no guest can stop or kill them. A paused
+//! session's keeper is frozen with the rest: a paused container outlives a SIGKILLed owner,
+//! frozen, until the next stockade connects or `gc`.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +49,13 @@ use crate::{DockerTier, RunError, engine, spec};
 /// What a session's container runs: `cat`, which reads the stdin its owner holds open and
 /// exits (stopping the container) when the owner is gone.
 pub const SESSION_KEEPER: [&str; 1] = ["cat"];
+
+/// The uid (and gid) a session container's init and keeper run as: 65533, or 65532 when the
+/// job user is 65533. Never the job user's, so no exec can signal them; never root.
+#[must_use]
+pub fn keeper_uid(job_uid: u32) -> u32 {
+    if job_uid == 65533 { 65532 } else { 65533 }
+}
 
 /// Where a docker session's home is, as in the process tier and E2B's images.
 pub const SESSION_HOME: &str = "/home/user";
@@ -208,6 +217,11 @@ impl DockerTier {
         let id = crate::run_id();
         let expires = crate::unix_now() + config.lifetime.as_secs() + spec::ORPHAN_GRACE.as_secs();
         let mut spec = spec::spec(&keeper, &self.hardening, &id, expires)?;
+        // The container's init and keeper run as a uid of their own, which no exec runs as:
+        // with no capabilities, a guest cannot signal them (stop the keeper, and with it the
+        // lifeline), and every exec names the job user itself.
+        let keeper_uid = keeper_uid(self.hardening.uid);
+        spec.body.user = Some(format!("{keeper_uid}:{keeper_uid}"));
         // The keeper's stdin is the owner's lifeline: open, closed by the engine once the
         // owner's attachment goes.
         spec.body.attach_stdin = Some(true);

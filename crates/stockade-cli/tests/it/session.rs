@@ -355,6 +355,10 @@ fn g10_a_background_exec_takes_input_a_signal_and_an_attach_later_as_docker_exec
     let (code, out, err) = owner.session(&["attach", &id, &pid, "--replay"], b"");
     assert_eq!(code, 0, "{err}");
     let out = out.replace("\r\n", "\n");
+    // Echo is on, as in a terminal someone types into: the typed line comes back once, when
+    // it is typed (so before the answer to it).
+    assert_eq!(out.matches("typed\n").count(), 2, "the echo and the answer: {out:?}");
+    let out = out.replacen("typed\n", "", 1);
     // The first size is the one it started with, or the new one if the resize came first.
     assert!(out == "24 80\n40 120\ngot typed\n" || out == "40 120\n40 120\ngot typed\n", "{out:?}");
     // A terminal has no end of input to close.
@@ -372,6 +376,21 @@ fn session_containers(pid: u32) -> usize {
 /// The session containers of owner `pid` that are running.
 fn running_session_containers(pid: u32) -> usize {
     session_containers_in(pid, "--filter=status=running")
+}
+
+/// The host pid of the keeper of owner `pid`'s one session container: the child of the
+/// container's init.
+fn keeper_pid(pid: u32) -> u32 {
+    let out = Command::new("docker")
+        .args(["ps", "--filter", "name=stockade-session-", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    let mine = format!("-{pid:x}-");
+    let name = String::from_utf8_lossy(&out.stdout).lines().find(|n| n.contains(&mine)).unwrap().to_owned();
+    let out = Command::new("docker").args(["inspect", "-f", "{{.State.Pid}}", &name]).output().unwrap();
+    let init = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    children.split_whitespace().next().unwrap().parse().unwrap()
 }
 
 /// The session containers of owner `pid` that `docker ps FILTER` lists.
@@ -587,6 +606,18 @@ fn g10_a_sigkilled_owner_s_docker_sessions_stop_with_it_and_gc_removes_them() {
     eventually(WITHIN, "the background sleep runs", || !with_marker(&format!("sleep\0{marker}")).is_empty());
     let owner_pid = owner.child.id();
     assert_eq!((session_containers(owner_pid), running_session_containers(owner_pid)), (1, 1));
+    // A guest stops every process it may signal (`kill -1`): not the container's init or its
+    // keeper, which run as a uid of their own, so the lifeline holds. Judged from the host.
+    let (code, _, err) = owner.session(&["exec", &id, "--", "sh", "-c", "kill -STOP -1; echo tried"], b"");
+    assert_eq!(code, 0, "{err}");
+    let keeper = keeper_pid(owner_pid);
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(") ").unwrap().1.chars().next().unwrap()
+    };
+    assert_ne!(state(keeper), 'T', "the keeper was stopped by a guest");
+    let sleeper = with_marker(&format!("sleep\0{marker}"))[0];
+    assert_eq!(state(sleeper), 'T', "the guest's own process was stopped: the kill did run");
     owner.child.kill().unwrap();
     owner.child.wait().unwrap();
     // Judged from the host: the container stops with its owner, and every process in it.
