@@ -583,18 +583,35 @@ impl DockerSession {
         let (Some(pid), Some(cmd)) = (col("PID"), col("CMD").or_else(|| col("COMMAND"))) else {
             return Ok(Vec::new());
         };
+        let uid = col("UID");
+        let keeper = keeper_uid(self.tier.hardening.uid);
+        // `docker top` runs the engine host's `ps`, which names a uid that host's passwd names.
+        let keeper_name = std::fs::read_to_string("/etc/passwd").ok().and_then(|passwd| {
+            passwd.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.get(2) == Some(&keeper.to_string().as_str())).then(|| f[0].to_owned())
+            })
+        });
+        let is_keeper = |u: &String| *u == keeper.to_string() || keeper_name.as_ref() == Some(u);
         Ok(top
             .processes
             .unwrap_or_default()
             .into_iter()
+            // The container's own init and the keeper it runs are not the session's: they are
+            // the processes of the keeper's uid, which no exec runs as (so a guest's own `cat`
+            // is listed). Without a UID column, by their command lines.
+            .filter(|row| match uid.map(|u| row.get(u)) {
+                Some(u) => !u.is_some_and(is_keeper),
+                None => {
+                    row.get(cmd).is_some_and(|c| *c != SESSION_KEEPER.join(" ") && !c.starts_with("/sbin/docker-init"))
+                }
+            })
             .filter_map(|row| {
                 let host_pid: u32 = row.get(pid)?.parse().ok()?;
                 let cmdline = row.get(cmd)?.clone();
                 let pid = stockade_sys::proc::ns_pid(host_pid).unwrap_or(host_pid);
                 Some(DockerProcess { pid, host_pid, cmdline })
             })
-            // The container's own init and the keeper it runs are not the session's.
-            .filter(|p| p.cmdline != SESSION_KEEPER.join(" ") && !p.cmdline.starts_with("/sbin/docker-init"))
             .collect())
     }
 

@@ -779,6 +779,19 @@ fn g10_a_session_container_keeps_files_and_processes_between_execs_and_its_deadl
         // The engine lists the sleep the first exec left running.
         let listed = session.processes().await.unwrap();
         assert!(listed.iter().any(|p| p.cmdline.contains("sleep 300")), "{listed:?}");
+        // A guest's own `cat` is listed; the container's init and its keeper (`cat`, under a
+        // uid of their own) are not.
+        session.exec(&cmd("(sleep 299 | cat > /dev/null &)"), None, LiveIo::default()).await.unwrap();
+        let mut listed = Vec::new();
+        for _ in 0..100 {
+            listed = session.processes().await.unwrap();
+            if listed.iter().any(|p| p.cmdline == "cat") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(listed.iter().filter(|p| p.cmdline == "cat").count(), 1, "{listed:?}");
+        assert!(!listed.iter().any(|p| p.cmdline.contains("docker-init")), "{listed:?}");
         // The files API: through the engine's archive API, in and out of the home.
         session.write("/home/user/in.txt", b"from the host\n").await.unwrap();
         let r =
