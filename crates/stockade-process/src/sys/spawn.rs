@@ -129,9 +129,6 @@ pub(crate) struct Stack {
     len: usize,
 }
 
-// SAFETY: the mapping is owned by this value alone and holds no thread-bound state.
-unsafe impl Send for Stack {}
-
 /// The child's stack size: its steps are a few frames of plain calls.
 const STACK_LEN: usize = 256 * 1024;
 
