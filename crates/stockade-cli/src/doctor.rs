@@ -31,6 +31,38 @@ pub(crate) fn docker_gc(all: bool) -> Result<()> {
     Ok(())
 }
 
+/// `stockade docker lifeline --owner LABEL`, which `stockade serve` starts with a pipe as its
+/// stdin and holds the other end of: when the owner exits, however it exits (SIGKILL
+/// included), the pipe ends; once the owner is gone (a zombie counts), the engine's
+/// containers of owners that are gone are removed (`DockerTier::gc`), this owner's among
+/// them. A SIGKILLed owner's running session container stops by itself (its keeper's stdin
+/// closes with the owner's attachment), but a paused one's keeper is frozen and cannot see
+/// that: this removes it. Without an engine there is nothing to do.
+pub(crate) fn docker_lifeline(owner: &str) -> Result<()> {
+    use std::io::Read;
+    let mut sink = [0u8; 64];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !docker::spec::owner_gone(owner) {
+        if std::time::Instant::now() > deadline {
+            bail!("the owner {owner} has not exited 30 s after its lifeline ended");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Connecting reaps what is expired or orphaned.
+    let _ = rt.block_on(docker::DockerTier::connect());
+    Ok(())
+}
+
 pub(crate) fn gc() -> Result<()> {
     let sweeps = process::finish_killed_sweeps();
     let failed = sweeps

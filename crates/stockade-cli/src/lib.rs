@@ -294,6 +294,14 @@ enum DockerCommand {
         #[arg(long)]
         all: bool,
     },
+    /// `stockade serve`'s lifeline: once its stdin ends (the owner holding it exited, however
+    /// it exited), remove the containers of owners that are gone, this one's included.
+    #[command(hide = true)]
+    Lifeline {
+        /// The owner's label (`spec::owner` of the serving process).
+        #[arg(long)]
+        owner: String,
+    },
 }
 
 /// Whether this process is a confined agent's loop (`stockade confined-loop`), which runs
@@ -322,6 +330,9 @@ pub fn main() -> ExitCode {
         Command::Session(cmd) => session::session(*cmd),
         Command::Doctor { json } => doctor::doctor(json).map(|()| ExitCode::SUCCESS),
         Command::Docker(DockerCommand::Gc { all }) => doctor::docker_gc(all).map(|()| ExitCode::SUCCESS),
+        Command::Docker(DockerCommand::Lifeline { owner }) => {
+            doctor::docker_lifeline(&owner).map(|()| ExitCode::SUCCESS)
+        }
         Command::Gc => doctor::gc().map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| {

@@ -380,6 +380,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
         }
         return detach(&socket, args.max_sessions, &extra);
     }
+    let _lifeline = lifeline();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
@@ -428,6 +429,32 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
         let _ = std::fs::remove_file(&socket);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Starts this owner's lifeline (`stockade docker lifeline`, in a process group of its own, so
+/// a terminal's ^C reaches only the owner) and returns the pipe end it reads: held for the
+/// owner's life, closed by the kernel when the owner exits, however it exits. Then the
+/// lifeline removes what the engine still runs for this owner: a session container that was
+/// paused when its owner was SIGKILLed, whose frozen keeper cannot stop it. `None` (and one
+/// line on stderr) if it cannot be started; a running session container still stops with its
+/// owner without it.
+fn lifeline() -> Option<std::process::ChildStdin> {
+    use std::os::unix::process::CommandExt;
+    let owner = stockade_runtime::docker::spec::owner()?;
+    let started = std::process::Command::new(std::env::current_exe().ok()?)
+        .args(["docker", "lifeline", "--owner", owner])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    match started {
+        Ok(mut child) => child.stdin.take(),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "stockade serve: no lifeline for docker sessions: {e}");
+            None
+        }
+    }
 }
 
 /// A task that ends when this is dropped.

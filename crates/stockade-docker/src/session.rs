@@ -26,8 +26,10 @@
 //! owner label still lets `gc` remove the stopped container and its volumes. The init and the
 //! keeper run as a uid of their own ([`keeper_uid`]), every exec as the job user, and no
 //! process of the container has a capability, so no guest can stop or kill them. A paused
-//! session's keeper is frozen with the rest: a paused container outlives a SIGKILLed owner,
-//! frozen, until the next stockade connects or `gc`.
+//! session's keeper is frozen with the rest and cannot see its owner go: `stockade serve`
+//! removes such a container through its lifeline process (`stockade docker lifeline`, which
+//! the owner's exit wakes); for another owner it waits, frozen, for the next stockade that
+//! connects to the engine, or `gc`.
 
 use std::time::{Duration, Instant};
 

@@ -23,7 +23,8 @@
 //! # Guarantees
 //! G1. A process's start time is read after the last `)` of `/proc/PID/stat`, so no command
 //!     name moves the fields; a pid that is gone reads as `None`, and [`proc::gone`] tells a
-//!     reused pid from its first owner by the start time.
+//!     reused pid from its first owner by the start time, and counts an exited process that
+//!     is not yet reaped (a zombie) as gone.
 //!     (pinned by: tests/it/sys.rs::g1_*)
 //! G2. The cgroup readers find a controller's line by exact name in the comma list (v1), or
 //!     the line with no controllers (v2), and read the `oom_kill` counter by its exact key;

@@ -18,11 +18,15 @@ pub fn start_time(pid: &str) -> Option<u64> {
     stat_fields(pid)?.get(22 - 3)?.parse().ok()
 }
 
-/// Whether the process that had `pid` and started at `start` is gone: no such pid, or one
-/// that started at another time (the pid was reused).
+/// Whether the process that had `pid` and started at `start` is gone: no such pid, one
+/// that started at another time (the pid was reused), or one that has exited and waits only
+/// to be reaped (a zombie: its memory, descriptors and children are already gone, so it can
+/// use nothing of what it owned).
 #[must_use]
 pub fn gone(pid: &str, start: u64) -> bool {
-    start_time(pid) != Some(start)
+    let Some(fields) = stat_fields(pid) else { return true };
+    let exited = matches!(fields.first().map(String::as_str), Some("Z" | "X"));
+    exited || fields.get(22 - 3).and_then(|s| s.parse::<u64>().ok()) != Some(start)
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`).

@@ -606,6 +606,12 @@ fn g10_a_sigkilled_owner_s_docker_sessions_stop_with_it_and_gc_removes_them() {
     eventually(WITHIN, "the background sleep runs", || !with_marker(&format!("sleep\0{marker}")).is_empty());
     let owner_pid = owner.child.id();
     assert_eq!((session_containers(owner_pid), running_session_containers(owner_pid)), (1, 1));
+    // A second session, paused: its keeper is frozen and cannot see its owner go.
+    let (code, out, err) = owner.session(&["create", "--tier", "docker"], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = owner.session(&["pause", out.trim()], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!((session_containers(owner_pid), running_session_containers(owner_pid)), (2, 1));
     // A guest stops every process it may signal (`kill -1`): not the container's init or its
     // keeper, which run as a uid of their own, so the lifeline holds. Judged from the host.
     let (code, _, err) = owner.session(&["exec", &id, "--", "sh", "-c", "kill -STOP -1; echo tried"], b"");
@@ -620,9 +626,13 @@ fn g10_a_sigkilled_owner_s_docker_sessions_stop_with_it_and_gc_removes_them() {
     assert_eq!(state(sleeper), 'T', "the guest's own process was stopped: the kill did run");
     owner.child.kill().unwrap();
     owner.child.wait().unwrap();
-    // Judged from the host: the container stops with its owner, and every process in it.
+    // Judged from the host: the container stops with its owner, and every process in it; the
+    // owner's lifeline then removes both containers, the paused one too.
     eventually(WITHIN, "the SIGKILLed owner's container stops", || running_session_containers(owner_pid) == 0);
     eventually(WITHIN, "the session's processes are gone", || with_marker(&format!("sleep\0{marker}")).is_empty());
+    eventually(WITHIN, "the lifeline removed the owner's containers, the paused one too", || {
+        session_containers(owner_pid) == 0
+    });
     let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .arg("gc")
         .env("STOCKADE_STATE_DIR", &owner.state)

@@ -16,6 +16,15 @@ fn g1_a_start_time_names_one_process_and_a_reaped_one_is_gone() {
     assert!(start >= own);
     assert!(!proc::gone(&pid, start));
     child.kill().unwrap();
+    // Exited and not yet reaped (a zombie): gone already, as an owner that was SIGKILLed
+    // and whose parent has not waited for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while proc::stat_fields(&pid).is_some_and(|f| f[0] != "Z") {
+        assert!(std::time::Instant::now() < deadline, "the killed child never became a zombie");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(proc::start_time(&pid), Some(start), "still there, unreaped");
+    assert!(proc::gone(&pid, start), "a zombie is gone");
     child.wait().unwrap();
     assert!(proc::gone(&pid, start), "a reaped child is gone");
     assert_eq!(proc::start_time("no-such-pid"), None);
