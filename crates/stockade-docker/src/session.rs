@@ -586,15 +586,15 @@ impl DockerSession {
             return Ok(Vec::new());
         };
         let uid = col("UID");
-        let keeper = keeper_uid(self.tier.hardening.uid);
+        let keeper = keeper_uid(self.tier.hardening.uid).to_string();
         // `docker top` runs the engine host's `ps`, which names a uid that host's passwd names.
         let keeper_name = std::fs::read_to_string("/etc/passwd").ok().and_then(|passwd| {
             passwd.lines().find_map(|l| {
                 let f: Vec<&str> = l.split(':').collect();
-                (f.get(2) == Some(&keeper.to_string().as_str())).then(|| f[0].to_owned())
+                (f.get(2) == Some(&keeper.as_str())).then(|| f[0].to_owned())
             })
         });
-        let is_keeper = |u: &String| *u == keeper.to_string() || keeper_name.as_ref() == Some(u);
+        let is_keeper = |u: &String| *u == keeper || keeper_name.as_ref() == Some(u);
         Ok(top
             .processes
             .unwrap_or_default()

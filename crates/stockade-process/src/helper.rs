@@ -65,8 +65,10 @@ impl Reporter {
         Self { file, held: None }
     }
 
-    /// Holds every line from now on until [`flush`](Self::flush). Called in the guest only,
-    /// after its fork: lines held before a fork would be written by both processes.
+    /// Holds every line from now on until [`flush`](Self::flush). Called where no fork
+    /// comes before the flush (lines held across a fork would be written by both
+    /// processes): in a run's guest after its fork, and in a session's init around the
+    /// spawn of an exec's guest, whose child writes no line.
     pub(crate) fn hold(&mut self) {
         self.held.get_or_insert_with(Vec::new);
     }
@@ -953,7 +955,7 @@ pub(crate) struct Prepared {
 impl Prepared {
     /// Builds them in the view (init has pivoted into it) and confines init with them: the
     /// landlock domain first, then the filters (init's own calls after this point, `poll`,
-    /// `recvmsg`, `fork`, `pidfd_open`, `wait4`, `kill` and `write`, are all on the
+    /// `recvmsg`, `clone`, `pidfd_open`, `wait4`, `kill` and `write`, are all on the
     /// allowlist). `Err` is (stage, message).
     pub(crate) fn build(spec: &Spec) -> Result<Self, (&'static str, String)> {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);

@@ -34,7 +34,7 @@ pub(crate) fn serve(spec: &Spec, rep: &mut Reporter, sock_fd: i32) -> i32 {
         return rep.fail("session", false, "the session socket is not open");
     };
     let _ = sysfs::set_cloexec(sock.as_raw_fd());
-    // Built once, applied by every exec's guest.
+    // Built once; init enters and installs them, and every exec's guest inherits them.
     let mut pre = match Prepared::build(spec) {
         Ok(p) => p,
         Err((stage, e)) => return rep.fail(stage, true, e),

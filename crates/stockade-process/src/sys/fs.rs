@@ -36,7 +36,8 @@ pub(crate) fn close_from(first: u32, keep: u32) -> io::Result<()> {
     close_range(first.max(keep.saturating_add(1)), u32::MAX)
 }
 
-fn close_range(lo: u32, hi: u32) -> io::Result<()> {
+/// Closes the descriptors from `lo` to `hi`, both included (`close_range(2)`).
+pub(crate) fn close_range(lo: u32, hi: u32) -> io::Result<()> {
     // SAFETY: close_range takes integers; closing descriptors this process owns is sound
     // because nothing after this point uses them (the caller execs next).
     super::check_long(unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) }).map(drop)

@@ -278,7 +278,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     if let Err(e) = check(unsafe { libc::chdir(plan.cwd.as_ptr()) }) {
         fail(Step::Chdir, 0, errno(e));
     }
-    if let Err(e) = fs::close_from(3, u32::MAX) {
+    if let Err(e) = fs::close_range(3, u32::MAX) {
         fail(Step::Fds, 0, errno(e));
     }
     if let Err(e) = process::reset_signals() {
