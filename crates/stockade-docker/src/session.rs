@@ -59,6 +59,9 @@ pub fn keeper_uid(job_uid: u32) -> u32 {
     if job_uid == 65533 { 65532 } else { 65533 }
 }
 
+/// How long an exec's pid is waited for after its start (a loaded engine can take a while).
+const EXEC_START_WAIT: Duration = Duration::from_secs(5);
+
 /// Where a docker session's home is, as in the process tier and E2B's images.
 pub const SESSION_HOME: &str = "/home/user";
 
@@ -499,14 +502,19 @@ impl DockerSession {
     }
 
     /// An exec's pid in the container: the engine's host pid for it, mapped through the
-    /// host's `/proc` (`NSpid`); `None` for an engine whose processes this host cannot see.
+    /// host's `/proc` (`NSpid`), waited for until the engine has started it; `None` for an
+    /// engine whose processes this host cannot see, an exec that ended before it was seen
+    /// running, or one not started within [`EXEC_START_WAIT`].
     async fn exec_pid(&self, exec: &str) -> Option<u32> {
-        for _ in 0..100 {
+        let deadline = Instant::now() + EXEC_START_WAIT;
+        while Instant::now() < deadline {
             let i = self.tier.docker.inspect_exec(exec).await.ok()?;
             if let Some(p) = i.pid.filter(|p| *p > 0) {
                 return stockade_sys::proc::ns_pid(u32::try_from(p).ok()?);
             }
-            if i.running == Some(false) {
+            // Right after `start_exec` the engine can still show the exec not running and
+            // with no pid: not started yet, which is not ended (an ended one has its exit code).
+            if i.exit_code.is_some() {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
