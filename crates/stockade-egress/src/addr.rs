@@ -14,6 +14,23 @@ pub fn reachable(addr: IpAddr) -> Result<(), &'static str> {
     }
 }
 
+/// The one form of `addr` every rule and address check sees (G3): an IPv4 address carried
+/// in IPv6, IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible (`::a.b.c.d`, but not `::`
+/// or `::1`), is that IPv4 address. Without it an IPv6 rule (`::/0`) would count as naming
+/// the host's IPv4 loopback, which the kernel connects a mapped literal to.
+#[must_use]
+pub(crate) fn canonical(addr: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = addr else { return addr };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let s = v6.segments();
+    if s[..6] == [0; 6] && !v6.is_unspecified() && !v6.is_loopback() {
+        return IpAddr::V4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
+    }
+    addr
+}
+
 fn reachable_v4(a: Ipv4Addr) -> Result<(), &'static str> {
     let [o0, o1, o2, _] = a.octets();
     let kind = match (o0, o1, o2) {
@@ -68,7 +85,23 @@ fn reachable_v6(a: Ipv6Addr) -> Result<(), &'static str> {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
-    use super::reachable;
+    use super::{canonical, reachable};
+
+    #[test]
+    fn an_ipv4_address_carried_in_ipv6_is_seen_as_ipv4() {
+        for (given, seen) in [
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("0:0:0:0:0:ffff:7f00:1", "127.0.0.1"),
+            ("::127.0.0.1", "127.0.0.1"),
+            ("::ffff:10.0.0.1", "10.0.0.1"),
+            ("::1", "::1"),
+            ("::", "::"),
+            ("2606:4700::1111", "2606:4700::1111"),
+            ("8.8.8.8", "8.8.8.8"),
+        ] {
+            assert_eq!(canonical(given.parse().unwrap()).to_string(), seen, "{given}");
+        }
+    }
 
     #[test]
     fn every_way_back_in_is_refused_and_the_internet_is_not() {

@@ -246,16 +246,43 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, FetchError> {
     let mut out = Vec::new();
     loop {
         let line_end = raw.windows(2).position(|w| w == b"\r\n").ok_or_else(bad)?;
-        let size_text = std::str::from_utf8(&raw[..line_end]).map_err(|_| bad())?;
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).map_err(|_| bad())?;
+        let size = http::chunk_size(&raw[..line_end]).ok_or_else(bad)?;
         raw = &raw[line_end + 2..];
         if size == 0 {
             return Ok(out);
         }
-        if raw.len() < size + 2 {
+        // The upstream chooses the size: checked, never trusted to index with.
+        let size = usize::try_from(size).map_err(|_| bad())?;
+        let end = size.checked_add(2).ok_or_else(bad)?;
+        if raw.get(size..end) != Some(&b"\r\n"[..]) {
             return Err(bad());
         }
         out.extend_from_slice(&raw[..size]);
-        raw = &raw[size + 2..];
+        raw = &raw[end..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::dechunk;
+
+    #[test]
+    fn a_chunked_body_is_read_strictly_and_a_huge_size_is_an_error_not_a_panic() {
+        assert_eq!(dechunk(b"5\r\nhello\r\n1;x=y\r\n!\r\n0\r\n\r\n").unwrap(), b"hello!");
+        for bad in [
+            &b"ffffffffffffffff\r\nabc\r\n0\r\n\r\n"[..],
+            b"fffffffffffffffe\r\nabc",
+            b"10000000000000000\r\n",
+            b"5\r\nhello0\r\n\r\n",
+            b" 5\r\nhello\r\n0\r\n\r\n",
+            b"+5\r\nhello\r\n0\r\n\r\n",
+            b"0x5\r\nhello\r\n0\r\n\r\n",
+            b"5 ;x\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhel",
+        ] {
+            assert!(dechunk(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

@@ -88,6 +88,7 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Refusal> {
     }
     let (host, port) = authority_or(auth, default)
         .ok_or_else(|| Refusal { status: 400, reason: format!("the URL's host is not valid: {:?}", cut(auth)) })?;
+    let path = normalize_path(&path)?;
     let (head, body) = rebuild(method, &path, &req, (&host, port, default), None)?;
     Ok(Request::Forward { method: method.to_owned(), host, port, path, head, body, tls })
 }
@@ -128,8 +129,80 @@ pub(crate) fn parse_origin(head: &[u8], host: &str, port: u16, inject: Inject<'_
     if method == "CONNECT" || !path.starts_with('/') {
         return refuse(400, format!("inside the tunnel a request names a path, not {:?}", cut(path)));
     }
-    rebuild(method, path, &req, (host, port, 443), Some(inject))
+    // A secret host is a closed door: no method that reflects the request (TRACE) or
+    // opens another channel; the value would come back in the answer.
+    if !SECRET_METHODS.contains(&method) {
+        return refuse(405, format!("{} to a secret host: only {} are sent", cut(method), SECRET_METHODS.join(", ")));
+    }
+    let path = normalize_path(path)?;
+    rebuild(method, &path, &req, (host, port, 443), Some(inject))
 }
+
+/// A request target's path in the one form the policy decides on and the upstream is sent
+/// (G1), its query kept as sent: percent-escapes of unreserved characters decoded, other
+/// escapes (and any non-ASCII byte) in upper-case hex, then dot segments removed as RFC 3986
+/// §5.2.4 does, never above the root. What servers read in more than one way is refused: an
+/// escape of `/`, `\` or NUL, a raw `\`, a malformed escape, or a dot segment with path
+/// parameters (`..;`, which some servers strip to `..`).
+pub(crate) fn normalize_path(target: &str) -> Result<String, Refusal> {
+    let (path, query) = target.find('?').map_or((target, ""), |i| target.split_at(i));
+    if !path.starts_with('/') {
+        return refuse(400, format!("a request's path starts with `/`, not {:?}", cut(path)));
+    }
+    if path.contains('\\') {
+        return refuse(400, "a path with `\\` is refused: servers read it as `/` or as a character");
+    }
+    let bytes = path.as_bytes();
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b != b'%' {
+            if b.is_ascii() {
+                decoded.push(char::from(b));
+            } else {
+                decoded.push_str(&format!("%{b:02X}"));
+            }
+            i += 1;
+            continue;
+        }
+        let escaped = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+        let Some(v) = escaped.and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()) else {
+            return refuse(400, "a malformed percent-escape in the path");
+        };
+        match v {
+            b'/' | b'\\' | 0 => {
+                return refuse(400, "a path that encodes `/`, `\\` or NUL is refused: servers read it differently");
+            }
+            c if c.is_ascii_alphanumeric() || b"-._~".contains(&c) => decoded.push(char::from(c)),
+            c => decoded.push_str(&format!("%{c:02X}")),
+        }
+        i += 3;
+    }
+    let segments: Vec<&str> = decoded[1..].split('/').collect();
+    let last = segments.len() - 1;
+    let mut out: Vec<&str> = Vec::with_capacity(segments.len());
+    for (k, seg) in segments.iter().enumerate() {
+        let bare = seg.split(';').next().unwrap_or("");
+        if (bare == "." || bare == "..") && bare != *seg {
+            return refuse(400, "a dot segment with path parameters (`..;`) is refused: servers read it differently");
+        }
+        if bare == "." || bare == ".." {
+            if bare == ".." {
+                out.pop();
+            }
+            if k == last {
+                out.push("");
+            }
+        } else {
+            out.push(seg);
+        }
+    }
+    Ok(format!("/{}{query}", out.join("/")))
+}
+
+/// The methods a request to a secret host may use (G8).
+pub(crate) const SECRET_METHODS: [&str; 6] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
 
 /// The checks every request the proxy sends on makes, and its head as it goes upstream:
 /// exactly one `Host`, equal to `host:port` (`default` when the header names no port);
@@ -179,8 +252,11 @@ fn rebuild(
                     }
                 })
                 .collect();
-            let headers: Vec<httparse::Header<'_>> =
+            let mut headers: Vec<httparse::Header<'_>> =
                 req.headers.iter().zip(&replaced).map(|(h, v)| httparse::Header { name: h.name, value: v }).collect();
+            // The answer is scrubbed of the value (G8), which a compressed body would hide.
+            headers.retain(|h| !h.name.eq_ignore_ascii_case("accept-encoding"));
+            headers.push(httparse::Header { name: "Accept-Encoding", value: b"identity" });
             closing_head(&format!("{method} {path} HTTP/1.1"), &headers, dropped)
         }
     };
@@ -230,6 +306,59 @@ fn framing(lengths: &[&[u8]], encodings: &[&[u8]]) -> Result<Body, Refusal> {
     }
 }
 
+/// The size a chunk-size line (without its CRLF) announces, read strictly (G5): 1 to 16
+/// hex digits, then nothing or chunk extensions (`;` and visible ASCII only). No space,
+/// sign or `0x` is read past, so no reader downstream can see another size in the same
+/// line; the proxy forwards only the canonical `{size:x}` and drops the extensions.
+pub(crate) fn chunk_size(line: &[u8]) -> Option<u64> {
+    let end = line.iter().position(|b| !b.is_ascii_hexdigit()).unwrap_or(line.len());
+    let (digits, ext) = line.split_at(end);
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    if !ext.is_empty() && (ext[0] != b';' || !ext.iter().all(|b| (0x21..=0x7e).contains(b))) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
+/// Trailer fields a chunked body may not carry (RFC 9110 §6.5.1): framing, routing,
+/// authentication and connection control belong to the head, where they were decided.
+const NO_TRAILER: [&str; 12] = [
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-range",
+    "content-type",
+    "host",
+    "proxy-authorization",
+    "set-cookie",
+    "te",
+    "transfer-encoding",
+];
+
+/// One trailer field line (without its CRLF) in its canonical form, `name: value`, or
+/// `None` for a malformed one or a field the head alone may carry ([`NO_TRAILER`]).
+pub(crate) fn trailer_field(line: &[u8]) -> Option<Vec<u8>> {
+    let colon = line.iter().position(|b| *b == b':')?;
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    let token = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    if name.is_empty() || !name.iter().all(token) {
+        return None;
+    }
+    let value = value.trim_ascii();
+    if value.iter().any(|b| (*b < 0x20 && *b != b'\t') || *b == 0x7f) {
+        return None;
+    }
+    let lower = String::from_utf8_lossy(name).to_ascii_lowercase();
+    if NO_TRAILER.contains(&lower.as_str()) {
+        return None;
+    }
+    Some([name, b": ", value].concat())
+}
+
 /// [`authority`] of `s`, with port `default` when it names none (an URL's or a `Host`
 /// header's form).
 pub(crate) fn authority_or(s: &str, default: u16) -> Option<(String, u16)> {
@@ -251,12 +380,18 @@ pub(crate) fn authority(s: &str) -> Option<(String, u16)> {
         }
         None => s.rsplit_once(':')?,
     };
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    // An address is decided on, and connected to, in its one canonical form.
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Some((crate::addr::canonical(ip).to_string(), port));
+    }
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     let ok = !host.is_empty()
         && host.len() <= 253
-        && (host.parse::<std::net::IpAddr>().is_ok()
-            || host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
     ok.then_some((host, port))
 }
 
@@ -290,6 +425,20 @@ fn closing_head(first: &str, headers: &[httparse::Header<'_>], dropped: impl Fn(
     }
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     out
+}
+
+/// Whether a response head declares a content coding other than `identity` (a body that
+/// cannot be scrubbed as it passes).
+pub(crate) fn response_encoded(head: &[u8]) -> bool {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    if !matches!(res.parse(head), Ok(httparse::Status::Complete(_))) {
+        return true;
+    }
+    res.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-encoding")
+            && !h.value.split(|b| *b == b',').all(|v| v.trim_ascii().eq_ignore_ascii_case(b"identity"))
+    })
 }
 
 /// The `Proxy-Status` (RFC 9209) the proxy's own error replies carry, so a client can tell
@@ -332,7 +481,54 @@ pub(crate) fn cut(s: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
-    use super::{Body, Request, authority, parse_request};
+    use super::{Body, Request, authority, chunk_size, normalize_path, parse_request, trailer_field};
+
+    #[test]
+    fn a_path_is_decided_and_sent_in_one_normal_form_or_refused() {
+        for (given, sent) in [
+            ("/pub/%2e%2e/secret.txt", "/secret.txt"),
+            ("/pub/%2E%2e/%2e/x", "/x"),
+            ("/pub/../../../etc", "/etc"),
+            ("/a/./b/.", "/a/b/"),
+            ("/a/b/..", "/a/"),
+            ("/..", "/"),
+            ("/", "/"),
+            ("/a//b", "/a//b"),
+            ("/%7euser/%41%20b", "/~user/A%20b"),
+            ("/a%3fb?x=../y&z=%2F", "/a%3Fb?x=../y&z=%2F"),
+            ("/caf\u{e9}", "/caf%C3%A9"),
+        ] {
+            assert_eq!(normalize_path(given).map_err(|r| r.reason), Ok(sent.to_owned()), "{given}");
+        }
+        for bad in
+            ["/pub%2f..%2fsecret", "/a%5c..", "/a\\b", "/a%00", "/a%zz", "/a%4", "/pub/..;/secret", "/.;x/a", "x"]
+        {
+            let r = normalize_path(bad).unwrap_err();
+            assert_eq!(r.status, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_and_trailers_are_read_strictly() {
+        assert_eq!(chunk_size(b"1a"), Some(26));
+        assert_eq!(chunk_size(b"0"), Some(0));
+        assert_eq!(chunk_size(b"5;name=value"), Some(5));
+        assert_eq!(chunk_size(b"ffffffffffffffff"), Some(u64::MAX));
+        for bad in [&b""[..], b" 5", b"5 ", b"+5", b"0x5", b"5 ;x", b"5\t", b"10000000000000000", b"-1", b"5;a b"] {
+            assert_eq!(chunk_size(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(trailer_field(b"X-Checksum:  abc ").as_deref(), Some(&b"X-Checksum: abc"[..]));
+        for bad in [
+            &b"Host: other"[..],
+            b"Content-Length: 5",
+            b"Transfer-Encoding: chunked",
+            b"no colon",
+            b"Bad Name: x",
+            b": x",
+        ] {
+            assert_eq!(trailer_field(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
 
     fn forward(head: &str) -> Request {
         parse_request(head.as_bytes()).unwrap()

@@ -44,7 +44,11 @@
 //!     plain HTTP request is decided before any upstream is resolved or reached; a plain
 //!     request's `Host` must equal its target, and each connection carries one request
 //!     (the proxy answers `Connection: close`), so no request rides on another's decision.
-//!     (pinned by: tests/it/proxy.rs::g1_*)
+//!     What is decided is what is sent: a path is decoded and normalised before the
+//!     decision (percent-encoded unreserved characters, dot segments), the normal form goes
+//!     upstream, and what servers read in more than one way (an encoded `/`, `\` or NUL, a
+//!     raw `\`, `..;`) is refused.
+//!     (pinned by: tests/it/proxy.rs::g1_*, src/http.rs)
 //! G2. No DNS from the sandbox: names are resolved here, only for allowed connections (the
 //!     sandbox has no resolver of its own; its tier gives it no route).
 //!     (pinned by: tests/it/proxy.rs::g2_*)
@@ -54,19 +58,30 @@
 //!     the name there (curl's `--resolve`); the proxy connects to the address it checked.
 //!     An address literal the guest names is held to the same check unless the rule that
 //!     allowed it names that address ([`NetPolicy::names_literally`]): a rule for any host
-//!     on a port, or for hosts by pattern, does not open the host's loopback or LAN.
+//!     on a port, or for hosts by pattern, does not open the host's loopback or LAN. An IPv4
+//!     address carried in IPv6 (mapped, `::ffff:a.b.c.d`, or compatible, `::a.b.c.d`) is
+//!     that IPv4 address to every rule and check, so an IPv6 rule names no IPv4 host.
 //!     (pinned by: tests/it/proxy.rs::g3_*, src/addr.rs)
 //! G4. What goes inside a tunnel to a name is TLS for that name: the ClientHello's SNI must
 //!     equal the decided host, and a tunnel to a name without SNI is refused, before the
-//!     upstream is connected.
+//!     upstream is connected. Past the ClientHello the record layer is followed both ways
+//!     until each side's first application data: nothing more of the guest's goes upstream
+//!     until the upstream has answered with a ServerHello, and a byte that is not a TLS
+//!     record either way ends the tunnel (`not-tls`), so a non-TLS service allowed by name
+//!     receives a ClientHello and nothing else.
 //!     (pinned by: tests/it/proxy.rs::g4_*, src/tls.rs)
 //! G5. Request smuggling is refused: a head over [`NetLimits`]' size, both `Content-Length`
 //!     and `Transfer-Encoding`, a `Transfer-Encoding` other than `chunked`, differing
 //!     `Content-Length`s, or an upgrade; a body is forwarded by its own framing, no byte
-//!     past it.
-//!     (pinned by: tests/it/proxy.rs::g5_*)
-//! G6. Bounded per run: connections in all and at once, bytes each way, idle and total time
-//!     per connection, head sizes, and per rule: a policy rule's `limits.max_calls` counts
+//!     past it. A chunked body is parsed strictly and forwarded in its canonical form:
+//!     lines end in CRLF only, a chunk size is 1 to 16 hex digits (sent as `{size:x}`,
+//!     extensions dropped), sizes are checked arithmetic, and trailer fields are checked,
+//!     bounded by the head limit, counted and re-serialised (framing, routing and
+//!     authentication fields refused).
+//!     (pinned by: tests/it/proxy.rs::g5_*, src/http.rs)
+//! G6. Bounded per run: connections in all and at once, bytes each way (trailers included),
+//!     idle time per read and one total time per connection, from its accept, over every
+//!     phase (heads, ClientHello, bodies, relay), head sizes, and per rule: a policy rule's `limits.max_calls` counts
 //!     its connections and `limits.max_bytes` its bytes (both ways, all its connections);
 //!     a guest past a bound is cut off and the cut recorded.
 //!     (pinned by: tests/it/proxy.rs::g6_*)
@@ -81,8 +96,13 @@
 //!     replaces the placeholder in the one named header of each request, and sends it on
 //!     over TLS verified against the host's roots; an upstream that does not verify gets
 //!     nothing past a ClientHello, and a placeholder sent anywhere else stays one (end to
-//!     end with curl and Python in stockade-cli's `g9_a_net_secret_*`).
-//!     (pinned by: tests/it/proxy.rs::g8_*)
+//!     end with curl and Python in stockade-cli's `g9_a_net_secret_*`). The value never
+//!     comes back in: a secret host takes only GET, HEAD, POST, PUT, PATCH and DELETE (no
+//!     TRACE, no CONNECT), is asked for `Accept-Encoding: identity`, and every response head
+//!     and body relayed from it has the value masked as it streams (a compressed response
+//!     is refused, since it could not be scrubbed); `fetch` takes the same path.
+//!     (pinned by: tests/it/proxy.rs::g8_*, src/secret.rs, and stockade-cli's
+//!     `g9_a_secret_host_is_a_closed_door_*`)
 //! G9. [`Egress::fetch`] has no path to the network of its own: it is a client of the same
 //!     proxy, so a fetch is decided, checked and recorded as a connection is, and a refusal
 //!     is the proxy's own reply (`Proxy-Status: stockade`), never an upstream's.

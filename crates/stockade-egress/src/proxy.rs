@@ -386,9 +386,22 @@ impl Egress {
 
     /// Serves one guest connection to the proxy, to its end. Every way it can end is a
     /// normal outcome, recorded; nothing is returned.
+    ///
+    /// The connection has one deadline, `max_duration` from its accept, for every phase:
+    /// its head, a ClientHello, a request body, the relay. Past it the connection is cut
+    /// (`max-duration`), whatever the guest's pace.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, mut stream: S) {
+        let mut conn =
+            Conn { egress: self.inner.clone(), record: NetConnection::new("", 0, ""), started: Instant::now() };
+        let deadline = tokio::time::Instant::from_std(conn.started + self.inner.limits.max_duration);
+        if tokio::time::timeout_at(deadline, self.serve_conn(&mut conn, &mut stream)).await.is_err() {
+            conn.record.cut = Some("max-duration".into());
+        }
+    }
+
+    /// [`Egress::serve`]'s work, within its deadline.
+    async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, conn: &mut Conn, stream: &mut S) {
         let inner = &self.inner;
-        let mut conn = Conn { egress: inner.clone(), record: NetConnection::new("", 0, ""), started: Instant::now() };
         let mut buf = Vec::with_capacity(1024);
         let limits = inner.limits;
         if inner.opened.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
@@ -410,7 +423,7 @@ impl Egress {
             return;
         };
         // The first byte tells SOCKS5 from HTTP.
-        match read_until(&mut stream, &mut buf, 1, limits.idle, |b| !b.is_empty()).await {
+        match read_until(stream, &mut buf, 1, limits.idle, |b| !b.is_empty()).await {
             Ok(true) => {}
             _ => {
                 conn.record.rule = "no-request".into();
@@ -418,7 +431,7 @@ impl Egress {
             }
         }
         if buf[0] == 5 {
-            let mut s = Prefixed { head: std::mem::take(&mut buf), at: 0, inner: &mut stream };
+            let mut s = Prefixed { head: std::mem::take(&mut buf), at: 0, inner: stream };
             let asked = tokio::time::timeout(limits.idle, socks::handshake(&mut s)).await;
             let (host, port) = match asked {
                 Ok(Ok(Ok(target))) => target,
@@ -433,12 +446,11 @@ impl Egress {
                 }
             };
             conn.record = NetConnection::new(host, port, "socks");
-            self.tunnel(&mut conn, &mut stream, true).await;
+            self.tunnel(conn, stream, true).await;
             return;
         }
         let head =
-            read_until(&mut stream, &mut buf, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some())
-                .await;
+            read_until(stream, &mut buf, limits.max_head_bytes, limits.idle, |b| http::head_end(b).is_some()).await;
         let Some(end) = head.ok().filter(|ok| *ok).and_then(|_| http::head_end(&buf)) else {
             conn.refuse(
                 NetDecision::Refused,
@@ -466,12 +478,12 @@ impl Egress {
                     let _ = stream.write_all(&http::reply(400, &conn.record.reason)).await;
                     return;
                 }
-                self.tunnel(&mut conn, &mut stream, false).await;
+                self.tunnel(conn, stream, false).await;
             }
             Request::Forward { method, host, port, path, head, body, tls } => {
                 conn.record = NetConnection::new(host, port, if tls { "https" } else { "http" });
                 let rest = buf.split_off(end);
-                self.forward(&mut conn, &mut stream, (&method, &path), (&head, body, tls), rest).await;
+                self.forward(conn, stream, (&method, &path), (&head, body, tls), rest).await;
             }
         }
     }
@@ -680,7 +692,9 @@ impl Egress {
         if !self.charge(conn, hello.len(), Way::Up) || upstream.write_all(&hello).await.is_err() {
             return;
         }
-        self.splice(conn, stream, &mut upstream).await;
+        // A tunnel to a name stays TLS through its handshake, both ways (G4).
+        let watch = named.then(|| (tls::RecordWatch::new(false), tls::RecordWatch::new(true)));
+        self.splice(conn, stream, &mut upstream, watch).await;
     }
 
     /// A tunnel to a secret host (G8): the guest's TLS ends here with the per-run
@@ -784,6 +798,13 @@ impl Egress {
         let _ = upstream.shutdown().await;
     }
 
+    /// The scrubber of `conn`'s secret, if a secret was put into its request.
+    fn scrubber(&self, conn: &Conn) -> Option<crate::secret::Scrub> {
+        conn.record.secret.as_ref()?;
+        let Some(Ok(i)) = &self.inner.intercept else { return None };
+        i.target(&conn.record.host).map(|t| crate::secret::Scrub::new(t.secret.value().as_bytes()))
+    }
+
     /// `head` with the placeholder of `conn`'s host's secret replaced, if it has one.
     fn secret_head(&self, conn: &mut Conn, head: &[u8]) -> Result<Vec<u8>, (u16, String)> {
         let Some(Ok(i)) = &self.inner.intercept else { return Ok(head.to_vec()) };
@@ -873,13 +894,32 @@ impl Egress {
             let _ = client.inner.write_all(&http::reply(502, "the upstream's response head is malformed")).await;
             return;
         };
+        // A secret host's answer goes back with the value masked (G8): it could repeat the
+        // request (an echo, an error page), and the guest must never read the value.
+        let mut scrub = self.scrubber(conn);
+        if scrub.is_some() && http::response_encoded(&rewritten) {
+            conn.record.cut = Some("secret-encoded".into());
+            let _ = client
+                .inner
+                .write_all(&http::reply(502, "a secret host's response is compressed, so it cannot be scrubbed"))
+                .await;
+            return;
+        }
+        let (rewritten, first) = match scrub.as_mut() {
+            Some(s) => {
+                let mut h = s.feed(&rewritten);
+                h.extend(s.finish());
+                (h, s.feed(&head[end..]))
+            }
+            None => (rewritten, head[end..].to_vec()),
+        };
         if !self.charge(conn, head.len(), Way::Down)
             || client.inner.write_all(&rewritten).await.is_err()
-            || client.inner.write_all(&head[end..]).await.is_err()
+            || client.inner.write_all(&first).await.is_err()
         {
             return;
         }
-        let cut = self.pump_down(conn, upstream, client.inner).await;
+        let cut = self.pump_down(conn, upstream, client.inner, scrub.as_mut()).await;
         conn.record.cut = cut.map(str::to_owned);
         let _ = client.inner.shutdown().await;
     }
@@ -911,7 +951,12 @@ impl Egress {
         Ok(())
     }
 
-    /// Copies a chunked body upstream, chunk by chunk, to its last chunk and trailers.
+    /// Copies a chunked body upstream in its canonical form (G5): each size line read
+    /// strictly ([`http::chunk_size`]) and sent as `{size:x}`, each chunk's data and its
+    /// CRLF checked, the trailer section bounded by the head limit, each field checked and
+    /// re-serialised ([`http::trailer_field`]), and every byte of it counted. Lines end in
+    /// CRLF only: a bare LF is the end of the body, not a line, since a reader upstream
+    /// could take it for one and read what follows as a second request.
     async fn copy_chunked<C: AsyncRead + Unpin, U: AsyncWrite + Unpin>(
         &self,
         conn: &mut Conn,
@@ -920,39 +965,49 @@ impl Egress {
     ) -> Result<(), &'static str> {
         let limits = self.inner.limits;
         loop {
-            let mut line = Vec::new();
-            if !read_line(from, &mut line, limits).await? {
-                return Err("body-cut-short");
-            }
-            let text = std::str::from_utf8(&line).map_err(|_| "bad-chunk")?;
-            let size_text = text.trim_end_matches("\r\n").split(';').next().unwrap_or("").trim();
-            let size = u64::from_str_radix(size_text, 16).map_err(|_| "bad-chunk")?;
-            if size_text.is_empty() || size_text.len() > 16 {
-                return Err("bad-chunk");
-            }
-            if !self.charge(conn, line.len(), Way::Up) {
+            let line = read_line(from, limits.max_head_bytes, limits.idle).await?;
+            let size = http::chunk_size(&line).ok_or("bad-chunk")?;
+            let canonical = format!("{size:x}\r\n");
+            if !self.charge(conn, canonical.len(), Way::Up) {
                 return Err("max-bytes");
             }
-            to.write_all(&line).await.map_err(|_| "upstream-error")?;
+            to.write_all(canonical.as_bytes()).await.map_err(|_| "upstream-error")?;
             if size == 0 {
-                // Trailers, to the blank line.
-                loop {
-                    let mut t = Vec::new();
-                    if !read_line(from, &mut t, limits).await? {
-                        return Err("body-cut-short");
-                    }
-                    to.write_all(&t).await.map_err(|_| "upstream-error")?;
-                    if t == b"\r\n" {
-                        return Ok(());
-                    }
-                }
+                return self.copy_trailers(conn, from, to).await;
             }
             self.copy_exact(conn, from, to, size).await?;
-            let mut crlf = Vec::new();
-            if !read_line(from, &mut crlf, limits).await? || crlf != b"\r\n" {
+            if !read_line(from, 0, limits.idle).await?.is_empty() {
                 return Err("bad-chunk");
             }
             to.write_all(b"\r\n").await.map_err(|_| "upstream-error")?;
+        }
+    }
+
+    /// The trailer section after a last chunk, to its empty line: at most the head limit in
+    /// all, each field counted and sent in its canonical form.
+    async fn copy_trailers<C: AsyncRead + Unpin, U: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        from: &mut C,
+        to: &mut U,
+    ) -> Result<(), &'static str> {
+        let limits = self.inner.limits;
+        let mut left = limits.max_head_bytes;
+        loop {
+            let line = read_line(from, left, limits.idle).await?;
+            if line.is_empty() {
+                if !self.charge(conn, 2, Way::Up) {
+                    return Err("max-bytes");
+                }
+                return to.write_all(b"\r\n").await.map_err(|_| "upstream-error");
+            }
+            left = left.saturating_sub(line.len() + 2);
+            let mut field = http::trailer_field(&line).ok_or("bad-trailer")?;
+            field.extend_from_slice(b"\r\n");
+            if !self.charge(conn, field.len(), Way::Up) {
+                return Err("max-bytes");
+            }
+            to.write_all(&field).await.map_err(|_| "upstream-error")?;
         }
     }
 
@@ -989,6 +1044,7 @@ impl Egress {
         conn: &mut Conn,
         up: &mut U,
         client: &mut C,
+        mut scrub: Option<&mut crate::secret::Scrub>,
     ) -> Option<&'static str> {
         let limits = self.inner.limits;
         let deadline = tokio::time::Instant::from_std(conn.started + limits.max_duration);
@@ -998,25 +1054,38 @@ impl Egress {
                 () = tokio::time::sleep_until(deadline) => return Some("max-duration"),
                 r = tokio::time::timeout(limits.idle, up.read(&mut buf)) => match r {
                     Err(_) => return Some("idle"),
-                    Ok(Ok(0) | Err(_)) => return None,
+                    Ok(Ok(0) | Err(_)) => {
+                        if let Some(s) = scrub {
+                            let _ = client.write_all(&s.finish()).await;
+                        }
+                        return None;
+                    }
                     Ok(Ok(n)) => n,
                 },
             };
             if !self.charge(conn, n, Way::Down) {
                 return Some("max-bytes");
             }
-            if client.write_all(&buf[..n]).await.is_err() {
+            let wrote = match scrub.as_deref_mut() {
+                Some(s) => client.write_all(&s.feed(&buf[..n])).await,
+                None => client.write_all(&buf[..n]).await,
+            };
+            if wrote.is_err() {
                 return None;
             }
         }
     }
 
-    /// Carries bytes both ways until both sides have ended, or a bound cuts it (G6).
+    /// Carries bytes both ways until both sides have ended, or a bound cuts it (G6). With
+    /// `watch` (the client's and the upstream's [`tls::RecordWatch`]), each direction must be
+    /// TLS records until its first application data, and nothing more of the client's goes
+    /// upstream until the upstream has answered with a ServerHello (G4).
     async fn splice<C: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         conn: &mut Conn,
         client: &mut C,
         upstream: &mut TcpStream,
+        mut watch: Option<(tls::RecordWatch, tls::RecordWatch)>,
     ) {
         let limits = self.inner.limits;
         let deadline = tokio::time::Instant::from_std(conn.started + limits.max_duration);
@@ -1028,15 +1097,20 @@ impl Egress {
             if !up_open && !down_open {
                 break None;
             }
+            let hello_seen = watch.as_ref().is_none_or(|(_, server)| server.hello_seen());
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break Some("max-duration"),
                 () = tokio::time::sleep(limits.idle) => break Some("idle"),
-                r = cr.read(&mut cbuf), if up_open => match r {
+                r = cr.read(&mut cbuf), if up_open && hello_seen => match r {
                     Ok(0) | Err(_) => {
                         up_open = false;
                         let _ = uw.shutdown().await;
                     }
                     Ok(n) => {
+                        if let Some(Err(why)) = watch.as_mut().map(|(client, _)| client.feed(&cbuf[..n])) {
+                            conn.record.reason = format!("the tunnel stopped carrying TLS: {why}");
+                            break Some("not-tls");
+                        }
                         if !self.charge(conn, n, Way::Up) {
                             break Some("max-bytes");
                         }
@@ -1051,6 +1125,13 @@ impl Egress {
                         let _ = cw.shutdown().await;
                     }
                     Ok(n) => {
+                        if let Some(Err(why)) = watch.as_mut().map(|(_, server)| server.feed(&ubuf[..n])) {
+                            conn.record.reason = format!("the upstream does not speak TLS: {why}");
+                            break Some("not-tls");
+                        }
+                        if watch.as_ref().is_some_and(|(c, s)| c.done() && s.done()) {
+                            watch = None;
+                        }
                         if !self.charge(conn, n, Way::Down) {
                             break Some("max-bytes");
                         }
@@ -1065,26 +1146,28 @@ impl Egress {
     }
 }
 
-/// Reads one line (to `\n`) of at most the head limit.
-async fn read_line<C: AsyncRead + Unpin>(
-    from: &mut C,
-    line: &mut Vec<u8>,
-    limits: NetLimits,
-) -> Result<bool, &'static str> {
+/// Reads one line of at most `max` bytes before its CRLF, and returns it without the CRLF.
+/// A line that ends in a bare LF, holds a CR elsewhere, or runs past `max` is `bad-chunk`;
+/// a stream that ends first is `body-cut-short`.
+async fn read_line<C: AsyncRead + Unpin>(from: &mut C, max: usize, idle: Duration) -> Result<Vec<u8>, &'static str> {
+    let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
-        let n = tokio::time::timeout(limits.idle, from.read(&mut byte))
-            .await
-            .map_err(|_| "idle")?
-            .map_err(|_| "client-error")?;
+        let n =
+            tokio::time::timeout(idle, from.read(&mut byte)).await.map_err(|_| "idle")?.map_err(|_| "client-error")?;
         if n == 0 {
-            return Ok(false);
+            return Err("body-cut-short");
         }
-        line.push(byte[0]);
-        if byte[0] == b'\n' {
-            return Ok(true);
+        match byte[0] {
+            b'\n' if line.last() == Some(&b'\r') => {
+                line.pop();
+                return Ok(line);
+            }
+            b'\n' => return Err("bad-chunk"),
+            _ if line.last() == Some(&b'\r') => return Err("bad-chunk"),
+            b => line.push(b),
         }
-        if line.len() > limits.max_head_bytes {
+        if line.len() > max.saturating_add(1) {
             return Err("bad-chunk");
         }
     }

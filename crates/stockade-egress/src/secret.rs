@@ -210,3 +210,69 @@ fn random_hex(bytes: usize) -> Result<String, String> {
     getrandom::fill(&mut b).map_err(|e| format!("getrandom: {e}"))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
+
+/// Masks a secret's value out of bytes that arrive in pieces (a response from a secret
+/// host, G8): every occurrence becomes as many mask bytes, so lengths, and with them a
+/// response's framing, are unchanged. The last `len - 1` bytes wait for the next piece, so
+/// a value split across two pieces is masked too; [`Scrub::finish`] gives them up.
+pub(crate) struct Scrub {
+    value: Vec<u8>,
+    mask: u8,
+    pending: Vec<u8>,
+}
+
+impl Scrub {
+    /// A scrubber of `value` (not empty).
+    pub(crate) fn new(value: &[u8]) -> Self {
+        // A mask byte the value does not hold, so a mask can never be part of a value.
+        let mask = *b"*#~X0".iter().find(|b| !value.contains(b)).unwrap_or(&b'*');
+        Self { value: value.to_vec(), mask, pending: Vec::new() }
+    }
+
+    /// Takes `bytes`; returns what may go on, masked.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(bytes);
+        let n = self.value.len();
+        let mut i = 0;
+        while n > 0 && i + n <= self.pending.len() {
+            if self.pending[i..i + n] == self.value[..] {
+                self.pending[i..i + n].fill(self.mask);
+                i += n;
+            } else {
+                i += 1;
+            }
+        }
+        let keep = n.saturating_sub(1).min(self.pending.len());
+        let out = self.pending.len() - keep;
+        self.pending.drain(..out).collect()
+    }
+
+    /// The bytes still held back (none can hold a whole value).
+    pub(crate) fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scrub;
+
+    #[test]
+    fn a_value_is_masked_wherever_the_pieces_split_it() {
+        let text = b"echo: Bearer s3cr3t-token; again s3cr3t-token.";
+        for split in 0..text.len() {
+            let mut s = Scrub::new(b"s3cr3t-token");
+            let mut out = s.feed(&text[..split]);
+            out.extend(s.feed(&text[split..]));
+            out.extend(s.finish());
+            assert_eq!(out.len(), text.len(), "split at {split}");
+            assert!(!out.windows(12).any(|w| w == b"s3cr3t-token"), "split at {split}: {out:?}");
+            assert!(out.starts_with(b"echo: Bearer ") && out.ends_with(b"."), "split at {split}");
+        }
+        // One byte at a time.
+        let mut s = Scrub::new(b"s3cr3t-token");
+        let mut out: Vec<u8> = text.iter().flat_map(|b| s.feed(&[*b])).collect();
+        out.extend(s.finish());
+        assert!(!out.windows(12).any(|w| w == b"s3cr3t-token"));
+    }
+}

@@ -41,7 +41,7 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         4 => {
             let mut a = [0u8; 16];
             s.read_exact(&mut a).await?;
-            std::net::Ipv6Addr::from(a).to_string()
+            crate::addr::canonical(std::net::Ipv6Addr::from(a).into()).to_string()
         }
         3 => {
             let mut n = [0u8; 1];

@@ -46,6 +46,88 @@ pub(crate) fn client_hello(buf: &[u8]) -> Hello {
     }
 }
 
+/// Follows one direction of a tunnel's TLS record layer until its first application-data
+/// record (G4): every record before it must have a TLS record header (content type 20 to
+/// 23, version 3.x, a length within [`MAX_RECORD`] plus the 2048 bytes TLS 1.2 allows for
+/// protection), and, for the server's side, the first record must be a handshake record
+/// whose first message is a ServerHello. A non-TLS service answers nothing of the kind, so
+/// a tunnel to a name cannot carry another protocol past its ClientHello.
+#[derive(Debug)]
+pub(crate) struct RecordWatch {
+    // The current record's header bytes so far (0 to 5), or its body still to pass.
+    header: [u8; RECORD_HEADER],
+    have: usize,
+    body_left: usize,
+    // The server's first record: its first body byte must be a ServerHello (2).
+    expect_server_hello: bool,
+    first: bool,
+    done: bool,
+}
+
+impl RecordWatch {
+    /// A watch of the client's records (after its ClientHello) or, with `server`, of the
+    /// upstream's.
+    pub(crate) fn new(server: bool) -> Self {
+        Self {
+            header: [0; RECORD_HEADER],
+            have: 0,
+            body_left: 0,
+            expect_server_hello: server,
+            first: true,
+            done: false,
+        }
+    }
+
+    /// Whether the first application-data record has been seen (nothing more is checked).
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether the server's ServerHello has been seen (always true of a client's watch).
+    pub(crate) fn hello_seen(&self) -> bool {
+        !self.expect_server_hello || !self.first
+    }
+
+    /// Takes the next bytes of the direction: `Err` names what is not TLS.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> Result<(), &'static str> {
+        while !self.done && !bytes.is_empty() {
+            if self.body_left > 0 {
+                if self.expect_server_hello && self.first {
+                    if bytes[0] != 0x02 {
+                        return Err("the upstream's first handshake message is not a ServerHello");
+                    }
+                    self.first = false;
+                }
+                let n = self.body_left.min(bytes.len());
+                self.body_left -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (RECORD_HEADER - self.have).min(bytes.len());
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have < RECORD_HEADER {
+                return Ok(());
+            }
+            self.have = 0;
+            let [kind, major, _, hi, lo] = self.header;
+            let len = usize::from(u16::from_be_bytes([hi, lo]));
+            if !(20..=23).contains(&kind) || major != 0x03 || len == 0 || len > MAX_RECORD + 2048 {
+                return Err("a record that is not TLS");
+            }
+            if self.expect_server_hello && self.first && kind != 0x16 {
+                return Err("the upstream's first record is not a TLS handshake");
+            }
+            if kind == 23 {
+                self.done = true;
+            }
+            self.body_left = len;
+        }
+        Ok(())
+    }
+}
+
 /// A cursor over a byte slice that fails rather than reads past the end.
 struct Reader<'a>(&'a [u8]);
 

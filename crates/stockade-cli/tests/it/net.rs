@@ -603,7 +603,13 @@ while True:
             if not b: break
             head += b
         open(d + "/requests.log", "ab").write(head)
-        t.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nsecret-ok")
+        if b" /echo" in head.split(b"\r\n", 1)[0]:
+            # An echo endpoint: the request comes back, in a header and in the body.
+            auth = [l for l in head.split(b"\r\n") if l.lower().startswith(b"authorization:")]
+            echo = auth[0].split(b":", 1)[1].strip() if auth else b""
+            t.sendall(b"HTTP/1.1 200 OK\r\nX-Echo: " + echo + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(head) + head)
+        else:
+            t.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nsecret-ok")
         t.close()
     except Exception as e:
         open(d + "/requests.log", "a").write("failed %s\n" % e)
@@ -796,4 +802,52 @@ fn g9_busybox_wget_asks_for_https_urls_and_the_proxy_speaks_tls_with_the_secret(
     assert!(out.starts_with("secret-ok\n") && out.contains("TOKEN=stockade-secret-"), "{out}\n{err}");
     assert!(log.contains("GET /wget HTTP/1.1") && log.contains(&format!("Bearer {real}")), "{log}");
     assert!(!out.contains(real) && !err.contains(real), "{out}\n{err}");
+}
+
+#[test]
+fn g9_a_secret_host_is_a_closed_door_the_value_never_comes_back() {
+    // An echo endpoint on the secret host repeats the request, header and body, and TRACE
+    // would too: the value reached the upstream, and the sandbox must never read it back.
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED net secret echo: no openssl");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("stockade-net-secret-echo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    test_ca(&dir, "api.test");
+    let (mut child, port) = tls_logging_upstream(&dir);
+    let real = "real-echo-secret-93ab";
+    let cmd = format!(
+        "curl -sS -i -H \"Authorization: Bearer $TOKEN\" https://api.test:{port}/echo; \
+         curl -sS -i -X TRACE -H \"Authorization: Bearer $TOKEN\" https://api.test:{port}/trace; \
+         python3 -c \"import os, urllib.request as u; r = u.Request('https://api.test:{port}/echo/py', headers={{'Authorization': os.environ['TOKEN'], 'Accept-Encoding': 'gzip'}}); x = u.urlopen(r); print(x.headers['X-Echo']); print(x.read().decode())\""
+    );
+    let (_, out, err) = crate::cli::check_env(
+        &[
+            "run",
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--net-resolve",
+            &format!("api.test:{port}:127.0.0.5"),
+            "--net-secret",
+            "api.test=TOKEN",
+            "--",
+            "sh",
+            "-c",
+            &cmd,
+        ],
+        &[("TOKEN", real), ("SSL_CERT_FILE", dir.join("ca.pem").to_str().unwrap())],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    // The echo requests reached the host with the value; what came back has it masked.
+    assert!(log.contains("GET /echo HTTP/1.1") && log.contains(&format!("Bearer {real}")), "{log}");
+    assert!(log.contains("GET /echo/py HTTP/1.1") && log.contains("Accept-Encoding: identity"), "{log}");
+    assert!(!out.contains(real) && !err.contains(real), "the value came back:\n{out}\n{err}");
+    assert!(out.contains("HTTP/1.1 200") && out.contains("X-Echo: Bearer *"), "{out}\n{err}");
+    // TRACE never left the proxy.
+    assert!(!log.contains("TRACE"), "{log}");
+    assert!(out.contains("HTTP/1.1 405") && out.contains("only GET, HEAD, POST, PUT, PATCH, DELETE"), "{out}\n{err}");
 }

@@ -258,21 +258,51 @@ async fn g4_a_tunnel_carries_tls_for_its_own_name_or_nothing() {
     }
     settle().await;
     assert!(up.connections().is_empty(), "a refused tunnel reached the upstream: {:?}", up.connections());
-    // The right name: the hello and what follows reach the upstream; its answer comes back.
+    // The right name, but a service that does not speak TLS: the ClientHello reaches it,
+    // the plaintext after it never does (held until a ServerHello that never comes), and
+    // its answer never reaches the guest.
     let mut c = TcpStream::connect(p).await.unwrap();
     c.write_all(connect.as_bytes()).await.unwrap();
     let mut ok = [0u8; 39];
     c.read_exact(&mut ok).await.unwrap();
     let hello = client_hello(Some("Good.Test"));
     c.write_all(&hello).await.unwrap();
-    c.write_all(b"more").await.unwrap();
+    c.write_all(b"GET /secret HTTP/1.1\r\nHost: good.test\r\n\r\n").await.unwrap();
+    // Closed on it (a reset, since the plaintext was never read): nothing comes back.
     let mut back = Vec::new();
-    tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut back)).await.unwrap().unwrap();
-    assert_eq!(back, b"server-hello");
+    let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut back)).await.unwrap();
+    assert!(back.is_empty(), "{:?}", String::from_utf8_lossy(&back));
     settle().await;
     let seen = up.seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
-    assert!(seen[0].starts_with(&hello) && seen[0].ends_with(b"more"), "{seen:?}");
+    assert_eq!(seen[0], hello, "only the ClientHello reached a non-TLS service");
+    let r = records(&e);
+    let last = r.connections.last().unwrap();
+    assert_eq!(last.cut.as_deref(), Some("not-tls"), "{r:?}");
+
+    // A TLS upstream: its ServerHello comes back, then the client's records go up.
+    let mut server = vec![0x16, 0x03, 0x03, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00];
+    server.extend([0x17, 0x03, 0x03, 0x00, 0x01, b'x']);
+    let tls_up = Upstream::start("127.0.0.14", server.clone()).await;
+    let tport = tls_up.addr.port();
+    let e = NetGrant::new(allow(&[&format!("good.test:{tport}")]))
+        .resolve(Resolve::new().entry(&format!("good.test:{tport}:127.0.0.14")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    let mut c = TcpStream::connect(p).await.unwrap();
+    c.write_all(format!("CONNECT good.test:{tport} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    c.read_exact(&mut ok).await.unwrap();
+    c.write_all(&hello).await.unwrap();
+    let mut got = vec![0u8; server.len()];
+    c.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, server);
+    let record = [0x17, 0x03, 0x03, 0x00, 0x04, b'm', b'o', b'r', b'e'];
+    c.write_all(&record).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest)).await;
+    settle().await;
+    let seen = tls_up.seen.lock().unwrap().clone();
+    assert!(seen[0].starts_with(&hello) && seen[0].ends_with(&record), "{seen:?}");
 }
 
 #[tokio::test]
@@ -359,7 +389,9 @@ async fn g6_the_run_s_bounds_cut_off_a_greedy_guest() {
 
 #[tokio::test]
 async fn g7_every_connection_is_on_the_record_and_socks5_is_decided_like_connect() {
-    let up = Upstream::start("127.0.0.7", b"pong").await;
+    // A ServerHello-shaped answer: a tunnel to a name must carry TLS both ways (G4).
+    const PONG: [u8; 9] = [0x16, 0x03, 0x03, 0x00, 0x04, 0x02, b'p', b'o', b'n'];
+    let up = Upstream::start("127.0.0.7", PONG).await;
     let port = up.addr.port();
     let seen_refusals = Arc::new(Mutex::new(Vec::new()));
     let s = seen_refusals.clone();
@@ -388,7 +420,7 @@ async fn g7_every_connection_is_on_the_record_and_socks5_is_decided_like_connect
     c.write_all(&client_hello(Some("socks.test"))).await.unwrap();
     let mut back = Vec::new();
     tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut back)).await.unwrap().unwrap();
-    assert_eq!(back, b"pong");
+    assert_eq!(back, PONG);
     drop(c);
     settle().await;
     let r = records(&e);
@@ -400,7 +432,7 @@ async fn g7_every_connection_is_on_the_record_and_socks5_is_decided_like_connect
     );
     let ok = &r.connections[1];
     assert_eq!((ok.decision, ok.address.clone()), (NetDecision::Allowed, Some(format!("127.0.0.7:{port}"))));
-    assert_eq!((ok.bytes_up as usize, ok.bytes_down), (client_hello(Some("socks.test")).len(), 4));
+    assert_eq!((ok.bytes_up as usize, ok.bytes_down as usize), (client_hello(Some("socks.test")).len(), PONG.len()));
     assert!(ok.duration > Duration::ZERO);
     assert_eq!(
         seen_refusals.lock().unwrap().as_slice(),
@@ -608,4 +640,194 @@ async fn g8_an_https_url_in_absolute_form_is_verified_before_its_secret_goes_any
     assert_eq!((r.connections[0].scheme.as_str(), r.connections[0].rule.as_str()), ("https", "upstream-tls"), "{r:?}");
     assert_eq!(stockade_egress::classify(b"GET https://abs.test/ HTTP/1.1"), stockade_egress::Kind::Proxy);
     assert_eq!(stockade_egress::classify(b"GET https:/"), stockade_egress::Kind::NeedMore);
+}
+
+/// A path rule's proxy: `api.test` on the upstream's port, paths under `/pub` only.
+fn pub_only(port: u16) -> NetPolicy {
+    NetPolicy::from_toml(&format!(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"pub\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = {{ const = \"api.test\" }}\nargs.port = {{ const = {port} }}\nargs.path = {{ path_prefix = \"/pub\" }}\n"
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn g1_a_path_rule_judges_the_path_the_upstream_serves() {
+    let up = Upstream::start("127.0.0.10", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let e = NetGrant::new(pub_only(port))
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.10")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    let get = |path: &str| format!("GET http://api.test:{port}{path} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n");
+    // Encoded dot segments climb out of /pub: decided as the upstream reads them.
+    for out in ["/pub/%2e%2e/secret.txt", "/pub/%2E%2e/%2e%2e/secret.txt", "/pub/./../secret.txt"] {
+        let d = exchange(p, get(out).as_bytes()).await;
+        assert!(d.starts_with("HTTP/1.1 403"), "{out}: {d}");
+    }
+    // What two servers read differently is refused before any decision.
+    for ambiguous in ["/pub%2f..%2fsecret.txt", "/pub/..;/secret.txt", "/pub/%5c../secret.txt", "/pub/%zz"] {
+        let d = exchange(p, get(ambiguous).as_bytes()).await;
+        assert!(d.starts_with("HTTP/1.1 400"), "{ambiguous}: {d}");
+    }
+    // Inside /pub, the normal form is what goes upstream.
+    let d = exchange(p, get("/pub/a/%2e%2e/%62.txt?x=%2e%2e").as_bytes()).await;
+    assert!(d.starts_with("HTTP/1.1 200"), "{d}");
+    settle().await;
+    let seen = up.connections();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].starts_with("GET /pub/b.txt?x=%2e%2e HTTP/1.1\r\n"), "{seen:?}");
+    let r = records(&e);
+    assert!(r.connections.iter().filter(|c| c.decision == NetDecision::Denied).count() == 3, "{r:?}");
+}
+
+#[tokio::test]
+async fn g3_an_ipv4_mapped_literal_is_decided_as_the_ipv4_address_it_reaches() {
+    let up = Upstream::start("127.0.0.1", b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let port = up.addr.port();
+    // A rule for every IPv6 address names no IPv4 one, mapped or not.
+    let v6 = format!(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"v6\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = {{ hosts = [\"::/0\"] }}\nargs.port = {{ const = {port} }}\n"
+    );
+    let e = NetGrant::new(NetPolicy::from_toml(&v6).unwrap()).start();
+    let p = proxy(e.clone()).await;
+    for (what, bytes) in [
+        ("connect mapped", format!("CONNECT [::ffff:127.0.0.1]:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+        ("connect long form", format!("CONNECT [0:0:0:0:0:ffff:7f00:1]:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+        ("connect compatible", format!("CONNECT [::127.0.0.1]:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+        ("connect v4", format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").into_bytes()),
+        (
+            "get mapped",
+            format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\nHost: [::ffff:127.0.0.1]:{port}\r\n\r\n")
+                .into_bytes(),
+        ),
+    ] {
+        let d = exchange(p, &bytes).await;
+        assert!(d.starts_with("HTTP/1.1 403"), "{what}: {d}");
+    }
+    // SOCKS5 with the mapped address as an IPv6 one.
+    let mut socks = vec![5, 1, 0, 5, 1, 0, 4];
+    socks.extend("::ffff:127.0.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    socks.extend(port.to_be_bytes());
+    let d = exchange(p, &socks).await;
+    assert_eq!(d.as_bytes().get(3), Some(&2), "socks: not allowed, {d:?}");
+    settle().await;
+    assert!(up.connections().is_empty(), "{:?}", up.connections());
+    let r = records(&e);
+    assert!(r.connections.iter().all(|c| c.host == "127.0.0.1" && c.decision == NetDecision::Denied), "{r:?}");
+}
+
+#[tokio::test]
+async fn g5_a_chunked_body_goes_upstream_in_its_canonical_form_and_nothing_follows_it() {
+    let up = Upstream::start("127.0.0.11", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let mut limits = NetLimits::default();
+    limits.max_head_bytes = 4096;
+    let e = NetGrant::new(allow(&[&format!("api.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.11")).unwrap())
+        .limits(limits)
+        .start();
+    let p = proxy(e.clone()).await;
+    let host = format!("api.test:{port}");
+    let post = |body: &str| {
+        format!("POST http://{host}/up HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n{body}")
+    };
+    // A bare LF after the last chunk, then a second request: the body is malformed, and
+    // the second request never reaches the upstream.
+    let smuggle = post("0\r\n\nGET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n");
+    let _ = exchange(p, smuggle.as_bytes()).await;
+    // Sizes with padding and extensions are sent canonical; a trailer field is re-serialised.
+    let ok = exchange(p, post("0005;ext=1\r\nhello\r\n0\r\nX-Sum:   abc  \r\n\r\n").as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // Sizes and lines a lenient reader would take another way.
+    for bad in [
+        "5 \r\nhello\r\n0\r\n\r\n",
+        "5\nhello\r\n0\r\n\r\n",
+        "5\r\nhello\r\n0\r\nHost: x\r\n\r\n",
+        "+5\r\nhello\r\n0\r\n\r\n",
+    ] {
+        let _ = exchange(p, post(bad).as_bytes()).await;
+    }
+    settle().await;
+    let seen = up.connections();
+    assert!(seen.iter().all(|s| !s.contains("smuggled") && !s.contains("other.test")), "{seen:?}");
+    assert!(seen.iter().any(|s| s.ends_with("\r\n\r\n5\r\nhello\r\n0\r\nX-Sum: abc\r\n\r\n")), "{seen:?}");
+    assert!(seen.iter().all(|s| !s.contains("5 \r\n") && !s.contains("Host: x") && !s.contains("+5")), "{seen:?}");
+    let r = records(&e);
+    let cuts: Vec<&str> = r.connections.iter().filter_map(|c| c.cut.as_deref()).collect();
+    assert!(cuts.iter().filter(|c| matches!(**c, "bad-chunk" | "bad-trailer")).count() >= 5, "{r:?}");
+}
+
+#[tokio::test]
+async fn g6_trailers_are_counted_and_bounded() {
+    let up = Upstream::start("127.0.0.12", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let policy = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"small\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = { hosts = [\"api.test\"] }\nlimits = { max_bytes = 10000 }\n";
+    let e = NetGrant::new(NetPolicy::from_toml(policy).unwrap())
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.12")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    let host = format!("api.test:{port}");
+    // A megabyte of trailer fields, each under the head limit: cut at the budget.
+    let mut req = format!("POST http://{host}/t HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+        .into_bytes();
+    for i in 0..1000 {
+        req.extend(format!("X-T{i}: {}\r\n", "a".repeat(1000)).into_bytes());
+    }
+    req.extend(b"\r\n");
+    let mut c = TcpStream::connect(p).await.unwrap();
+    let _ = c.write_all(&req).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out)).await;
+    settle().await;
+    let sent: usize = up.connections().iter().map(String::len).sum();
+    assert!(sent < 20_000, "{sent} bytes went through a 10000-byte rule");
+    let r = records(&e);
+    let c = &r.connections[0];
+    assert!(c.bytes_up > 1000 && c.cut.is_some(), "{r:?}");
+}
+
+#[tokio::test]
+async fn g6_one_deadline_bounds_a_connection_in_every_phase() {
+    let up = Upstream::start("127.0.0.13", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let mut limits = NetLimits::default();
+    limits.max_duration = Duration::from_secs(1);
+    limits.idle = Duration::from_secs(60);
+    let e = NetGrant::new(allow(&[&format!("api.test:{port}")]))
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.13")).unwrap())
+        .limits(limits)
+        .start();
+    let p = proxy(e.clone()).await;
+    // A head sent a byte at a time, each well within the idle bound: the connection ends
+    // at its deadline, whatever the pace (the loop stops when the proxy closes).
+    let mut c = TcpStream::connect(p).await.unwrap();
+    let head = format!("POST http://api.test:{port}/ HTTP/1.1\r\nHost: api.test:{port}\r\nX-Slow: ");
+    c.write_all(head.as_bytes()).await.unwrap();
+    let closed = async {
+        let mut buf = [0u8; 64];
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let trickle = async {
+        let mut w = TcpStream::connect(p).await.unwrap();
+        w.write_all(head.as_bytes()).await.unwrap();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if w.write_all(b"a").await.is_err() {
+                return w;
+            }
+            let mut probe = [0u8; 1];
+            if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), w.read(&mut probe)).await {
+                return w;
+            }
+        }
+    };
+    let both = async { tokio::join!(closed, trickle) };
+    tokio::time::timeout(Duration::from_secs(60), both).await.expect("a trickled head outlived its deadline");
+    let r = records(&e);
+    assert!(r.connections.iter().filter(|c| c.cut.as_deref() == Some("max-duration")).count() == 2, "{r:?}");
 }
