@@ -23,7 +23,9 @@
 //! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
 //!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
 //!   a header section must arrive within 10 s (slow clients are cut off), connections,
-//!   streams and sandboxes are capped. A process-tier sandbox's download, and its
+//!   streams and sandboxes are capped, and a create reserves its place under the sandbox
+//!   cap before any work (racing creates cannot pass it). Every sandbox's home has the
+//!   template's `disk` size ([`DEFAULT_DISK`] unless set), or the create fails naming why. A process-tier sandbox's download, and its
 //!   `application/octet-stream` upload (what the SDK sends for a file-like object), stream
 //!   between the socket and the file's descriptor through a bounded channel (a few 64 KiB
 //!   pieces), at most [`MAX_STREAMED`] at once, each within 10 minutes, and a waiting client
@@ -33,7 +35,9 @@
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
 //! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
-//!   or hard link reaches past the sandbox's home.
+//!   or hard link reaches past the sandbox's home. Every files call runs off the async
+//!   workers, and only a regular file is opened to be read (`O_NONBLOCK`, so a guest's
+//!   fifo is refused at once), so no sandbox's files can stall another's API.
 //! - A filesystem snapshot (`create_snapshot(mode="filesystem")`) is the session's own
 //!   (bounded, never through a link), kept 0600 in a 0700 directory until deleted; a full
 //!   one is refused by name, since stockade keeps no memory image.
@@ -129,7 +133,14 @@ pub struct Template {
     pub net_resolve: Vec<String>,
     /// Its environment.
     pub env: Vec<(String, String)>,
+    /// The size of its home, in bytes ([`DEFAULT_DISK`] unless `disk` says otherwise):
+    /// untrusted code fills at most this much of the host. Where the host cannot enforce it
+    /// (a process-tier home is a tmpfs only root mounts), a create fails and says so.
+    pub disk: u64,
 }
+
+/// A template's home size when its `disk` is not set: 1 GiB.
+pub const DEFAULT_DISK: u64 = 1 << 30;
 
 impl Default for Template {
     fn default() -> Self {
@@ -140,6 +151,7 @@ impl Default for Template {
             allow_net: Vec::new(),
             net_resolve: Vec::new(),
             env: Vec::new(),
+            disk: DEFAULT_DISK,
         }
     }
 }
@@ -213,7 +225,10 @@ struct Sandbox {
     env: BTreeMap<String, String>,
     started: SystemTime,
     memory_mb: u64,
+    disk_mb: u64,
     end: Mutex<(Instant, SystemTime)>,
+    // Its place under `max_sandboxes`, taken before it was made and given back with it.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Sandbox {
@@ -232,6 +247,9 @@ pub struct E2bServer {
     sessions: Arc<Sessions>,
     config: E2bConfig,
     boxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    // `max_sandboxes` places: a create takes one before it starts (so concurrent creates
+    // cannot all pass a count taken before any of them ended), and its sandbox holds it.
+    slots: Arc<tokio::sync::Semaphore>,
     streams: Arc<tokio::sync::Semaphore>,
     connections: Arc<tokio::sync::Semaphore>,
     // Transfers through `/files` held whole in memory: at most this many at once.
@@ -406,11 +424,13 @@ impl E2bServer {
         let streams = Arc::new(tokio::sync::Semaphore::new(config.limits.max_streams));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let transfers = tokio::sync::Semaphore::new(MAX_TRANSFERS);
+        let slots = Arc::new(tokio::sync::Semaphore::new(config.limits.max_sandboxes));
         let snapshots = Mutex::new(config.snapshots.as_deref().map(load_snapshots).unwrap_or_default());
         Arc::new(Self {
             sessions,
             config,
             boxes: Mutex::new(HashMap::new()),
+            slots,
             streams,
             connections,
             transfers,
@@ -579,7 +599,7 @@ impl E2bServer {
             end_at: wire::rfc3339(secs(b.end().1)),
             cpu_count: 1,
             memory_mb: b.memory_mb,
-            disk_size_mb: 0,
+            disk_size_mb: b.disk_mb,
             state: if b.session.paused() { "paused".into() } else { "running".into() },
             envd_version: wire::ENVD_VERSION.into(),
             metadata: b.metadata.clone(),
@@ -770,12 +790,14 @@ impl E2bServer {
                 &format!("timeout {timeout}s: must be 1 to {}s for this template", template.max_timeout.as_secs()),
             );
         }
-        if self.boxes().len() >= self.config.limits.max_sandboxes {
+        // The place is reserved before any work, and kept by the sandbox, or given back
+        // (dropped) on any failure below.
+        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
             return api_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 &format!("{} sandboxes are live, the most this server keeps", self.config.limits.max_sandboxes),
             );
-        }
+        };
         let grants = match net_grant(template, &new) {
             Ok(g) => g,
             Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
@@ -791,6 +813,7 @@ impl E2bServer {
             grants: grants.map(|g| Arc::new(stockade_runtime::Grants::new().net(g))),
             env,
             from_snapshot,
+            home_bytes: Some(template.disk),
             ..SessionProfile::default()
         };
         let session = match self.sessions.create(profile).await {
@@ -819,7 +842,9 @@ impl E2bServer {
             env: new.env_vars,
             started: now.1,
             memory_mb: template.limits.memory_bytes() >> 20,
+            disk_mb: template.disk >> 20,
             end: Mutex::new(now),
+            _slot: slot,
         });
         b.set_timeout(timeout);
         let out = self.created(&id, &b);
@@ -1224,9 +1249,13 @@ impl E2bServer {
         let max = self.config.limits.max_upload;
         if let Some(files) = b.session.files() {
             let Some(permit) = self.streamed_permit().await else { return transfers_busy() };
-            return match files.open(path, max) {
-                Ok((file, len)) => stream_file(file, len, permit),
-                Err(e) => files_error(&e),
+            // The open is the guest's to slow (its path, its filesystem): off the workers.
+            let (files, at) = (Arc::clone(files), path.to_owned());
+            let opened = tokio::task::spawn_blocking(move || files.open(&at, max)).await;
+            return match opened {
+                Ok(Ok((file, len))) => stream_file(file, len, permit),
+                Ok(Err(e)) => files_error(&e),
+                Err(e) => api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("opening {path}: {e}")),
             };
         }
         let Ok(Ok(_transfer)) = tokio::time::timeout(TRANSFER_WAIT, self.transfers.acquire()).await else {
@@ -1817,6 +1846,7 @@ struct TemplateFile {
     net_resolve: Vec<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    disk: Option<String>,
 }
 
 impl E2bConfig {
@@ -1833,7 +1863,7 @@ impl E2bConfig {
     }
 
     /// Reads `serve.toml`: `[limits]` and `[template.NAME]` tables (`tier`, `image`,
-    /// `memory`, `pids`, `max_timeout`, `allow_net`, `net_resolve`, `env`). Without a
+    /// `memory`, `pids`, `disk`, `max_timeout`, `allow_net`, `net_resolve`, `env`). Without a
     /// `base` template, `base` is the default one.
     pub fn from_toml(api_key: String, text: &str) -> Result<Self, String> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
@@ -1875,6 +1905,13 @@ impl E2bConfig {
             if max_timeout.is_zero() || max_timeout > stockade_runtime::protocol::limits::MAX_DURATION {
                 return Err(at("max_timeout", &"must be more than 0 and at most 24h"));
             }
+            let disk = match &t.disk {
+                Some(d) => crate::config::parse_size(d).map_err(|e| at("disk", &e))?,
+                None => DEFAULT_DISK,
+            };
+            if disk < 1 << 20 {
+                return Err(at("disk", &"must be at least 1M"));
+            }
             let template = Template {
                 tier,
                 limits,
@@ -1882,6 +1919,7 @@ impl E2bConfig {
                 allow_net: t.allow_net,
                 net_resolve: t.net_resolve,
                 env: t.env.into_iter().collect(),
+                disk,
             };
             // Checked now, so that a typo is the server's first line, not a sandbox's error.
             net_grant(&template, &wire::NewSandbox::default()).map_err(|e| at("allow_net", &e))?;

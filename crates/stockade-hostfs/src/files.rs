@@ -185,12 +185,20 @@ impl Files {
     /// Opens the regular file at `path` for reading, to stream it: the file and its size,
     /// refusing one over `max` bytes or anything but a regular file. It may change while it
     /// is read (the guest can write it), so a reader takes at most the size returned.
+    ///
+    /// The open itself never waits: it is `O_NONBLOCK`, so a fifo the guest made (or a
+    /// symlink to one) opens at once, with no writer, and is then refused by its type, as
+    /// are sockets and devices. Without it an open of a fifo blocks until a writer comes,
+    /// which the guest decides.
     pub fn open(&self, path: &str, max: u64) -> Result<(std::fs::File, u64), FilesError> {
         let (root, rel) = self.locate(path)?;
-        let file = root.dir.open(&rel).map_err(io_err(path))?;
+        let mut opts = OpenOptions::new();
+        opts.read(true).custom_flags(crate::stage::O_NONBLOCK);
+        let file = root.dir.open_with(&rel, &opts).map_err(io_err(path))?;
         let meta = file.metadata().map_err(io_err(path))?;
         if !meta.is_file() {
-            return Err(FilesError::Invalid { path: path.to_owned(), why: "not a regular file".into() });
+            let what = kind_name(&meta);
+            return Err(FilesError::Invalid { path: path.to_owned(), why: format!("not a regular file (a {what})") });
         }
         if meta.len() > max {
             return Err(FilesError::TooLarge { path: path.to_owned(), limit: max });
@@ -294,6 +302,23 @@ fn split<'a>(rel: &'a Path, path: &str) -> Result<(PathBuf, &'a std::ffi::OsStr)
     let name =
         rel.file_name().ok_or_else(|| FilesError::Invalid { path: path.to_owned(), why: "no file name".into() })?;
     Ok((rel.parent().map(Path::to_path_buf).unwrap_or_default(), name))
+}
+
+/// What kind of entry `meta` describes, as a refusal names it.
+fn kind_name(meta: &cap_std::fs::Metadata) -> &'static str {
+    use cap_std::fs::FileTypeExt as _;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    }
 }
 
 fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {

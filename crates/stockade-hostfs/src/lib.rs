@@ -96,7 +96,8 @@
 //!     lookup; a symlink the guest planted that leads out (absolute, or climbing with `..`)
 //!     fails the call (cap-std resolves beneath the descriptor opened when the session was
 //!     made); a file opened to be streamed out is a regular file, its size checked against
-//!     the cap first; a write streams into a new file and renames it over the name, so it never
+//!     the cap first, and the open never waits (`O_NONBLOCK`: a fifo, socket or device the
+//!     guest made, or a link to one, is refused by its type at once); a write streams into a new file and renames it over the name, so it never
 //!     writes through a hard link the guest made, and over its cap changes nothing; a
 //!     read-only root takes no change, and a guarded one (a read-write workspace) never a
 //!     change to a protected path. Every failure is one typed line naming the path.

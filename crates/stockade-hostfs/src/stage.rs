@@ -50,6 +50,9 @@ const MAX_LISTED: usize = 16;
 pub(crate) const O_NOFOLLOW: i32 = 0o100_000;
 #[cfg(not(target_arch = "aarch64"))]
 pub(crate) const O_NOFOLLOW: i32 = 0o400_000;
+/// `O_NONBLOCK` (the same value on x86-64 and aarch64): an open of a fifo for reading
+/// returns at once instead of waiting for a writer.
+pub(crate) const O_NONBLOCK: i32 = 0o4_000;
 #[cfg(target_arch = "aarch64")]
 const O_DIRECTORY: i32 = 0o40_000;
 #[cfg(not(target_arch = "aarch64"))]

@@ -323,7 +323,7 @@ pub struct Session {
     guest: std::sync::OnceLock<(&'static str, bool)>,
     // Execs in flight, foreground and background.
     running: std::sync::atomic::AtomicUsize,
-    files: Option<Files>,
+    files: Option<Arc<Files>>,
     dir: PathBuf,
     paused: std::sync::atomic::AtomicBool,
     profile: SessionProfile,
@@ -331,6 +331,8 @@ pub struct Session {
     used: Mutex<Instant>,
     // The home's size cap (a tmpfs), unmounted when the session ends.
     home_mount: Mutex<Option<stockade_process::HomeMount>>,
+    // Its place under the owner's cap, given back when it has ended.
+    slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -339,12 +341,24 @@ impl std::fmt::Debug for Session {
     }
 }
 
-/// One files call of a [`Session`]: through its host [`Files`] (a process-tier session), or
-/// its docker session's own call, its error mapped to the files API's.
+/// One files call of a [`Session`]: through its host [`Files`] (a process-tier session), on
+/// the blocking pool, never on an async worker (a guest decides what a path is, and a call
+/// that waited on it would stall every session the worker serves); the names in `[...]`
+/// are owned first, since the call outlives the borrow. Or a docker session's own call, its
+/// error mapped to the files API's.
 macro_rules! files_call {
-    ($session:ident, $path:expr, |$f:ident| $host:expr, |$d:ident| $docker:expr) => {{
-        if let Some($f) = $session.files() {
-            return $host;
+    ($session:ident, $path:expr, [$($own:ident),*], |$f:ident| $host:expr, |$d:ident| $docker:expr) => {{
+        if let Some(files) = $session.files() {
+            let $f = Arc::clone(files);
+            let at: String = $path.to_owned();
+            $(let $own = $own.to_owned();)*
+            let joined = tokio::task::spawn_blocking(move || {
+                $(let $own = &$own;)*
+                $host
+            });
+            return joined.await.unwrap_or_else(|e| {
+                Err(FilesError::Invalid { path: at, why: format!("the files call ended: {e}") })
+            });
         }
         #[cfg(feature = "docker")]
         if let Some(Backend::Docker($d)) = $session.inner.read().await.as_ref() {
@@ -709,8 +723,11 @@ impl Session {
     /// The files API of a process-tier session: the home at `/home/user` (and the
     /// workspace at `/workspace`), on the host, through cap-std. `None` for a docker
     /// session, whose files are in its container ([`Session::read`], [`Session::write`]).
+    /// Its calls touch the host's filesystem and can wait on what the guest made there:
+    /// make them on a blocking thread (`tokio::task::spawn_blocking`), as this type's own
+    /// async calls do.
     #[must_use]
-    pub fn files(&self) -> Option<&Files> {
+    pub fn files(&self) -> Option<&Arc<Files>> {
         self.touch();
         self.files.as_ref()
     }
@@ -718,7 +735,7 @@ impl Session {
     /// Reads a file of the session by the guest's path, at most `limit` bytes: through
     /// [`Session::files`], or a docker session's container (the engine's archive API).
     pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, FilesError> {
-        files_call!(self, path, |f| f.read(path, limit), |d| d.read(path, limit))
+        files_call!(self, path, [path], |f| f.read(path, limit), |d| d.read(path, limit))
     }
 
     /// Writes a file of the session by the guest's path, at most `limit` bytes.
@@ -726,33 +743,34 @@ impl Session {
         if data.len() as u64 > limit {
             return Err(FilesError::TooLarge { path: path.into(), limit });
         }
-        files_call!(self, path, |f| f.write(path, &mut &data[..], limit).map(drop), |d| d.write(path, data))
+        files_call!(self, path, [path, data], |f| f.write(path, &mut &data[..], limit).map(drop), |d| d
+            .write(path, data))
     }
 
     /// The entry at `path`: through [`Session::files`], or inside a docker session's
     /// container (as its user, by the image's own tools).
     pub async fn stat(&self, path: &str) -> Result<Entry, FilesError> {
-        files_call!(self, path, |f| f.stat(path), |d| d.stat(path))
+        files_call!(self, path, [path], |f| f.stat(path), |d| d.stat(path))
     }
 
     /// The entries under the directory `path`, `depth` levels down ([`Files::list`]).
     pub async fn list(&self, path: &str, depth: usize) -> Result<Vec<Entry>, FilesError> {
-        files_call!(self, path, |f| f.list(path, depth), |d| d.list(path, depth))
+        files_call!(self, path, [path], |f| f.list(path, depth), |d| d.list(path, depth))
     }
 
     /// Makes the directory `path` and its parents; `false` if it was there.
     pub async fn mkdir(&self, path: &str) -> Result<bool, FilesError> {
-        files_call!(self, path, |f| f.mkdir(path), |d| d.mkdir(path))
+        files_call!(self, path, [path], |f| f.mkdir(path), |d| d.mkdir(path))
     }
 
     /// Removes what is at `path` (a directory with what is in it).
     pub async fn remove(&self, path: &str) -> Result<(), FilesError> {
-        files_call!(self, path, |f| f.remove(path), |d| d.remove(path))
+        files_call!(self, path, [path], |f| f.remove(path), |d| d.remove(path))
     }
 
     /// Renames `from` to `to`.
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), FilesError> {
-        files_call!(self, from, |f| f.rename(from, to), |d| d.rename(from, to))
+        files_call!(self, from, [from, to], |f| f.rename(from, to), |d| d.rename(from, to))
     }
 
     fn files_gone(&self, path: &str) -> FilesError {
@@ -787,7 +805,10 @@ impl Session {
             None => stockade_process::Swept::default(),
         };
         drop(self.home_mount.lock().unwrap_or_else(PoisonError::into_inner).take());
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A guest decides how big its tree is: removed off the async workers.
+        let dir = self.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+        drop(self.slot.lock().unwrap_or_else(PoisonError::into_inner).take());
         swept
     }
 }
@@ -800,6 +821,9 @@ pub struct Sessions {
     docker: tokio::sync::OnceCell<stockade_docker::DockerTier>,
     root: PathBuf,
     max: usize,
+    // `max` places: a create takes one before any work (concurrent creates cannot all pass
+    // a count taken before any of them is live), and its session gives it back when it ends.
+    slots: Arc<tokio::sync::Semaphore>,
     live: Mutex<HashMap<String, Arc<Session>>>,
 }
 
@@ -838,6 +862,7 @@ impl Sessions {
             docker: tokio::sync::OnceCell::new(),
             root,
             max,
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
             live: Mutex::new(HashMap::new()),
         })
     }
@@ -846,15 +871,26 @@ impl Sessions {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes a session.
+    /// Makes a session: its place under the owner's cap is reserved first, so at most
+    /// `max` sessions are live or being made, however many creates race.
     pub async fn create(&self, profile: SessionProfile) -> Result<Arc<Session>, RunError> {
-        if self.live().len() >= self.max {
+        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
             return Err(RunError::Busy(format!("{} sessions are live, the most this owner keeps", self.max)));
-        }
+        };
         let id = new_id().map_err(|e| RunError::Internal(format!("a session id: {e}")))?;
-        if let SessionTier::Docker { image } = &profile.tier {
-            return self.create_docker(id, image.clone(), profile).await;
-        }
+        let session = match &profile.tier {
+            SessionTier::Docker { image } => {
+                let image = image.clone();
+                self.create_docker(id, image, profile).await?
+            }
+            SessionTier::Process => self.create_process(id, profile).await?,
+        };
+        *session.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(slot);
+        Ok(session)
+    }
+
+    /// A process-tier session.
+    async fn create_process(&self, id: String, profile: SessionProfile) -> Result<Arc<Session>, RunError> {
         let dir = self.root.join(&id);
         let home = dir.join("home");
         std::fs::create_dir_all(&home)
@@ -919,13 +955,14 @@ impl Sessions {
             broker,
             guest: std::sync::OnceLock::new(),
             running: std::sync::atomic::AtomicUsize::new(0),
-            files,
+            files: files.map(Arc::new),
             dir,
             paused: std::sync::atomic::AtomicBool::new(false),
             profile,
             made: Instant::now(),
             used: Mutex::new(Instant::now()),
             home_mount: Mutex::new(None),
+            slot: Mutex::new(None),
         });
         self.live().insert(id, Arc::clone(&session));
         session

@@ -655,3 +655,119 @@ fn g11_off_loopback_it_serves_https_only() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A sandbox made through raw HTTP: its id and envd access token.
+fn create_raw(addr: &str, body: &str) -> Result<(String, String), (u16, String)> {
+    let key = format!("X-API-Key: {KEY}\r\nContent-Type: application/json\r\n");
+    let (s, b) = post(addr, "/v2/sandboxes", &key, body.as_bytes());
+    if s != 201 {
+        return Err((s, b));
+    }
+    let v: Value = serde_json::from_str(&b).unwrap();
+    Ok((v["sandboxID"].as_str().unwrap().to_owned(), v["envdAccessToken"].as_str().unwrap().to_owned()))
+}
+
+/// Runs `sh -c script` in the sandbox through envd's Start: the stream's body.
+fn sh_raw(addr: &str, id: &str, token: &str, script: &str) -> String {
+    let headers =
+        format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\nContent-Type: application/connect+json\r\n");
+    let start = serde_json::json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
+    let env = stockade_runtime::protocol::e2b::envelope(0, start.to_string().as_bytes());
+    let (s, b) = post(addr, "/process.Process/Start", &headers, &env);
+    assert_eq!(s, 200, "{b}");
+    b
+}
+
+#[test]
+fn g11_a_fifo_in_a_sandbox_stalls_no_download_and_no_other_sandbox() {
+    // A guest's fifo, downloaded by more clients than the server has workers: each is
+    // refused at once, by its type, and the server (the health check, another sandbox's
+    // API) answers meanwhile. Before the fix each open blocked a worker, and two froze all.
+    let server = Server::start("fifo");
+    let addr = server.addr.clone();
+    let (id, token) = create_raw(&addr, r#"{"templateID":"base","timeout":120}"#).unwrap();
+    let b = sh_raw(&addr, &id, &token, "mkfifo /home/user/result.csv && ln -s result.csv /home/user/link.csv");
+    assert!(b.contains("exitCode") || b.contains("\"end\""), "{b}");
+    let get = |path: &str| {
+        let req = format!(
+            "GET /files?path={path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n\r\n"
+        );
+        raw(&addr, req.as_bytes())
+    };
+    std::thread::scope(|scope| {
+        let downloads: Vec<_> = ["/home/user/result.csv", "/home/user/link.csv", "/home/user/result.csv"]
+            .into_iter()
+            .map(|p| scope.spawn(move || (p, get(p))))
+            .collect();
+        for d in downloads {
+            let (p, (status, body)) = d.join().unwrap();
+            let body = String::from_utf8_lossy(&body);
+            assert!(status == 400 && body.contains("not a regular file (a fifo)"), "{p}: {status} {body}");
+        }
+    });
+    // The server is whole: the health check, a new sandbox, and its API.
+    assert_eq!(raw(&addr, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").0, 204);
+    let (other, other_token) = create_raw(&addr, r#"{"templateID":"base","timeout":60}"#).unwrap();
+    assert!(sh_raw(&addr, &other, &other_token, "echo alive").contains("YWxpdmUK"), "the second sandbox's echo");
+}
+
+/// A server with this `serve.toml`.
+fn server_with_config(tag: &str, toml: &str) -> (Server, PathBuf) {
+    let conf = std::env::temp_dir().join(format!("stockade-e2b-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&conf, toml).unwrap();
+    (Server::start_with(tag, &[std::ffi::OsStr::new("--config"), conf.as_os_str()]), conf)
+}
+
+#[test]
+fn g11_the_sandbox_cap_holds_under_a_create_race() {
+    // 16 creates at once against `max_sandboxes = 2`: the place is reserved before the
+    // create's work, so at most 2 are made (before the fix, all 16 were), judged by the
+    // session directories on the host.
+    let (server, conf) = server_with_config("caps", "[limits]\nmax_sandboxes = 2\n");
+    let addr = server.addr.clone();
+    let made: Vec<Result<(String, String), (u16, String)>> = std::thread::scope(|scope| {
+        let all: Vec<_> =
+            (0..16).map(|_| scope.spawn(|| create_raw(&addr, r#"{"templateID":"base","timeout":60}"#))).collect();
+        all.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let ok = made.iter().filter(|r| r.is_ok()).count();
+    assert!((1..=2).contains(&ok), "{ok} sandboxes made under a cap of 2");
+    for r in &made {
+        if let Err((status, body)) = r {
+            assert!(*status == 429 && body.contains("the most this server keeps"), "{status} {body}");
+        }
+    }
+    assert!(server.session_dirs().len() <= 2, "on the host: {:?}", server.session_dirs());
+    let _ = std::fs::remove_file(&conf);
+    // The owner's own session cap (`--max-sessions`, shared with `stockade session create`)
+    // is reserved the same way, under the E2B face's larger one.
+    let server = Server::start_with("sessions-cap", &["--max-sessions".as_ref(), "2".as_ref()]);
+    let addr = server.addr.clone();
+    let ok = std::thread::scope(|scope| {
+        let all: Vec<_> =
+            (0..16).map(|_| scope.spawn(|| create_raw(&addr, r#"{"templateID":"base","timeout":60}"#))).collect();
+        all.into_iter().map(|t| t.join().unwrap()).filter(Result::is_ok).count()
+    });
+    assert!((1..=2).contains(&ok), "{ok} sessions made under --max-sessions 2");
+    assert!(server.session_dirs().len() <= 2, "on the host: {:?}", server.session_dirs());
+}
+
+#[test]
+fn g11_a_sandbox_home_holds_at_most_its_template_s_disk() {
+    // A guest's write past the template's `disk` fails, judged by the file on the host; the
+    // API reports the size. Before the fix a home had no cap at all.
+    let (server, conf) = server_with_config("disk", "[template.base]\ndisk = \"16M\"\n");
+    let addr = server.addr.clone();
+    let (id, token) = create_raw(&addr, r#"{"templateID":"base","timeout":60}"#).unwrap();
+    let out = sh_raw(&addr, &id, &token, "head -c 64M /dev/zero > /home/user/fill; echo rc=$?");
+    let home = server.home_of(&id).unwrap();
+    let written = std::fs::metadata(home.join("fill")).unwrap().len();
+    assert!(written <= 16 << 20, "the guest wrote {written} bytes into a 16M home ({out})");
+    let detail = raw(
+        &addr,
+        format!("GET /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-API-Key: {KEY}\r\n\r\n").as_bytes(),
+    );
+    let detail: Value = serde_json::from_slice(&detail.1).unwrap();
+    assert_eq!(detail["diskSizeMB"], 16, "{detail}");
+    let _ = std::fs::remove_file(&conf);
+}

@@ -103,3 +103,39 @@ fn g9_a_guarded_workspace_refuses_protected_paths_and_a_read_only_root_any_chang
     assert_eq!(ro.read("/workspace/src/main.py", 100).unwrap(), b"print(1)");
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+/// Opens `path` on another thread: its result once it returns, or `None` if it is still
+/// blocked after a minute (a blocked open never returns at all, so this waits on the
+/// event, with the minute only as the failure's bound).
+fn open_elsewhere(files: &std::sync::Arc<Files>, path: &str) -> Option<Result<u64, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (files, path) = (std::sync::Arc::clone(files), path.to_owned());
+    std::thread::spawn(move || {
+        let _ = tx.send(files.open(&path, 1 << 20).map(|(_, n)| n).map_err(|e| e.to_string()));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60)).ok()
+}
+
+#[test]
+fn g9_a_fifo_socket_or_link_to_one_is_refused_without_waiting_for_a_writer() {
+    let home = dir("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(home.join("result.csv")).status().unwrap().success());
+    std::os::unix::fs::symlink("result.csv", home.join("link.csv")).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(home.join("sock")).unwrap();
+    let files = std::sync::Arc::new(Files::default().serve("/home/user", &home, true, false).unwrap());
+    for (path, kind) in [("/home/user/result.csv", "fifo"), ("/home/user/link.csv", "fifo"), ("/home/user/sock", "")] {
+        let got = open_elsewhere(&files, path).unwrap_or_else(|| panic!("{path}: the open blocked"));
+        let e = got.unwrap_err();
+        assert!(e.starts_with(path) && e.lines().count() == 1, "{path}: {e}");
+        assert!(e.contains(kind), "{path}: {e}");
+    }
+    // `read` takes the same open, so it does not wait either.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let f = std::sync::Arc::clone(&files);
+    std::thread::spawn(move || tx.send(f.read("/home/user/result.csv", 10).is_err()));
+    assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(60)), Ok(true), "read of a fifo blocked");
+    // A regular file still opens.
+    std::fs::write(home.join("ok"), "fine").unwrap();
+    assert_eq!(open_elsewhere(&files, "/home/user/ok"), Some(Ok(4)));
+    let _ = std::fs::remove_dir_all(&home);
+}
