@@ -31,6 +31,10 @@
 //!   pieces), at most [`MAX_STREAMED`] at once, each within 10 minutes, and a waiting client
 //!   holds no thread; an upload cut short, late or over the cap writes nothing. Multipart
 //!   bodies and a docker sandbox's files are held whole, at most [`MAX_TRANSFERS`] at once.
+//! - A process's output reaches a slow client through bounded queues, with back-pressure
+//!   to the guest: a stream holds [`STREAM_QUEUE`] events, and the exec's output log at most
+//!   its history and [`stockade_runtime::session::LIVE_BYTES`] unread; past that the guest
+//!   waits on its write, and the server's memory for a stream is a constant.
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
@@ -68,8 +72,6 @@ use stockade_runtime::session::{
     Background, Chunk, FilesError, Kind, Session, SessionProfile, SessionTier, Sessions, StartOptions, exec_job,
 };
 use subtle::ConstantTimeEq;
-
-use crate::proxy::ChannelBody;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -1146,16 +1148,13 @@ impl E2bServer {
             let r: wire::ProcessRequest = msg.read()?;
             running_exec(&s, &r.process)?
         };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        // Bounded: a slow client holds the stream task at `send`, which stops taking the
+        // exec's output, which stops its reading (the guest waits on its write).
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(STREAM_QUEUE);
         let (codec, response) = (msg.codec, msg.method.response);
-        let send = move |tx: &tokio::sync::mpsc::UnboundedSender<Bytes>, ev: &ProcessEvent| match codec
-            .encode(&ev.to_json(), response)
-        {
-            Ok(bytes) => tx.send(Bytes::from(wire::envelope(0, &bytes))).is_ok(),
-            Err(e) => {
-                let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
-                false
-            }
+        let encode = move |ev: &ProcessEvent| match codec.encode(&ev.to_json(), response) {
+            Ok(bytes) => (Bytes::from(wire::envelope(0, &bytes)), true),
+            Err(e) => (Bytes::from(wire::end_stream(Some(&e))), false),
         };
         let pty = handle.has_pty();
         let to_event = move |c: Chunk| match c {
@@ -1165,13 +1164,24 @@ impl E2bServer {
         };
         tokio::spawn(async move {
             let _permit = permit;
+            let send = |ev: ProcessEvent| {
+                let (bytes, ok) = encode(&ev);
+                let tx = &tx;
+                async move { tx.send(Ok(bytes)).await.is_ok() && ok }
+            };
+            let end_with = |e: Option<ConnectError>| {
+                let tx = &tx;
+                async move {
+                    let _ = tx.send(Ok(Bytes::from(wire::end_stream(e.as_ref())))).await;
+                }
+            };
             // Connect announces the pid too, as envd does.
-            if !send(&tx, &ProcessEvent::Start { pid: handle.pid() }) {
+            if !send(ProcessEvent::Start { pid: handle.pid() }).await {
                 return;
             }
             let (history, mut live) = handle.attach();
             for c in history {
-                if !send(&tx, &to_event(c)) {
+                if !send(to_event(c)).await {
                     return;
                 }
             }
@@ -1182,40 +1192,28 @@ impl E2bServer {
                 tokio::select! {
                     result = &mut end => {
                         // Its output was all pushed before its end was: what is queued is the rest.
-                        while let Ok(c) = live.try_recv() {
-                            if !send(&tx, &to_event(c)) {
+                        while let Some(c) = live.try_recv() {
+                            if !send(to_event(c)).await {
                                 return;
                             }
                         }
                         break result;
                     }
-                    c = live.recv() => match c {
-                        Ok(c) => if !send(&tx, &to_event(c)) { return },
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                            let e = ConnectError::new(Code::ResourceExhausted, format!("the stream fell {n} chunks behind the output and lost them"));
-                            let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
-                            return;
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
-                    },
-                    () = tokio::time::sleep(tick) => if !send(&tx, &ProcessEvent::KeepAlive) { return },
+                    c = live.recv() => if !send(to_event(c)).await { return },
+                    () = tokio::time::sleep(tick) => if !send(ProcessEvent::KeepAlive).await { return },
                     () = tx.closed() => return,
                 }
             };
-            let end = match result {
-                Ok(report) => end_event(&report.status),
-                Err(e) => Err(run_code(&e)),
-            };
-            match end {
+            match result.map_err(|e| run_code(&e)).and_then(|report| end_event(&report.status)) {
                 Ok(ev) => {
-                    let _ = send(&tx, &ev) && tx.send(Bytes::from(wire::end_stream(None))).is_ok();
+                    if send(ev).await {
+                        end_with(None).await;
+                    }
                 }
-                Err(e) => {
-                    let _ = tx.send(Bytes::from(wire::end_stream(Some(&e))));
-                }
+                Err(e) => end_with(Some(e)).await,
             }
         });
-        let mut r = Response::new(ChannelBody(rx).map_err(|never| match never {}).boxed());
+        let mut r = Response::new(PipeBody(rx).boxed());
         if let Ok(v) = codec.content_type(true).parse() {
             r.headers_mut().insert(CONTENT_TYPE, v);
         }
@@ -1350,6 +1348,11 @@ pub const MAX_STREAMED: usize = 64;
 
 /// How long a transfer waits for a slot before it is refused (429).
 const TRANSFER_WAIT: Duration = Duration::from_secs(60);
+
+/// How many events of a process stream wait for a slow client (each at most one read of
+/// the guest's output, 64 KiB, encoded): with the exec's own bound
+/// ([`stockade_runtime::session::LIVE_BYTES`]), what one stream holds of the owner's memory.
+pub const STREAM_QUEUE: usize = 16;
 
 /// How many pieces of a streamed transfer wait between the network and the disk.
 const PIPE_PIECES: usize = 4;

@@ -365,7 +365,7 @@ impl DockerSession {
         }
         let docker = &self.tier.docker;
         let limits = job.limits();
-        let LiveIo { stdin: live_stdin, stdout: mut live_out, stderr: mut live_err } = io;
+        let LiveIo { stdin: live_stdin, stdout: mut live_out, stderr: mut live_err, pace } = io;
         let stdin = job.stdin().to_vec();
         let has_stdin = live_stdin.is_some() || !stdin.is_empty();
         let mut cmd = vec![program.clone()];
@@ -434,6 +434,11 @@ impl DockerSession {
                 if sink.push(&bytes) == Flow::OverBudget {
                     breach = Some(stream);
                     return;
+                }
+                // A slow consumer of the copies stops the reading: the engine's stream,
+                // then the container's pipe, fill, and the guest waits on its write.
+                if let (Some(p), true) = (pace.as_deref(), live.is_some()) {
+                    p.ready().await;
                 }
             }
         };

@@ -442,7 +442,7 @@ impl ProcessSession {
             move |e: std::io::Error| RunError::Internal(format!("{what}: {e}"))
         };
         let (status_r, status_w) = crate::sys::fs::pipe().map_err(internal("status pipe"))?;
-        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
+        let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout, pace } = io;
         let oom_before = self.cgroup.get().map(Cgroup::oom_kills);
         let start = Instant::now();
         let mut terminal = None;
@@ -509,11 +509,14 @@ impl ProcessSession {
         let mode = opts.output;
         let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
         let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
+        let err_pace = pace.clone();
         let mut out_task = tokio::spawn(async move {
-            stockade_protocol::capture::capture_tee_async(&mut out, out_limit, mode, live_stdout).await
+            let pace = pace.as_deref();
+            stockade_protocol::capture::capture_tee_async(&mut out, out_limit, mode, live_stdout, pace).await
         });
         let mut err_task = tokio::spawn(async move {
-            stockade_protocol::capture::capture_tee_async(&mut err, err_limit, mode, live_stderr).await
+            let pace = err_pace.as_deref();
+            stockade_protocol::capture::capture_tee_async(&mut err, err_limit, mode, live_stderr, pace).await
         });
         let deadline = tokio::time::sleep(limits.wall());
         tokio::pin!(deadline);

@@ -38,7 +38,8 @@ pub(crate) async fn run(
     if io.stdin.is_some() && tier.tty {
         return Err(RunError::Misconfigured("a streamed stdin and a terminal (tty) cannot be combined".into()));
     }
-    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout } = io;
+    // A one-shot run's copies are the caller's to keep up with (the CLI's terminal).
+    let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout, pace: _ } = io;
     let JobKind::Command { program, args } = job.kind() else {
         return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
     };
@@ -150,10 +151,12 @@ pub(crate) async fn run(
     let out_limit = usize::try_from(limits.stdout_bytes()).unwrap_or(usize::MAX);
     let err_limit = usize::try_from(limits.stderr_bytes()).unwrap_or(usize::MAX);
     let mut out_task = tokio::spawn(async move {
-        stockade_protocol::capture::capture_tee_async(&mut out, out_limit, CaptureMode::FailFast, live_stdout).await
+        stockade_protocol::capture::capture_tee_async(&mut out, out_limit, CaptureMode::FailFast, live_stdout, None)
+            .await
     });
     let mut err_task = tokio::spawn(async move {
-        stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr).await
+        stockade_protocol::capture::capture_tee_async(&mut err, err_limit, CaptureMode::FailFast, live_stderr, None)
+            .await
     });
 
     let deadline = tokio::time::sleep(limits.wall());

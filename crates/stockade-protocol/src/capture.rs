@@ -158,6 +158,19 @@ pub struct LiveIo {
     /// A live copy of the guest's stdout (unverified output: for a caller that shows it as
     /// it comes, as a session's exec does; `stockade run` does not).
     pub stdout: Option<Box<dyn std::io::Write + Send>>,
+    /// What paces the reading of stdout and stderr to the copies' consumers (see [`Pace`]);
+    /// without it the copies are written as fast as the guest writes.
+    pub pace: Option<std::sync::Arc<dyn Pace>>,
+}
+
+/// Paces a stream's reading to its slowest live consumer: [`capture_tee_async`] awaits
+/// [`Pace::ready`] after each chunk it hands its tee, so a consumer that falls behind stops
+/// the reading, the pipe fills and the writer (the guest) blocks on its write. The host
+/// holds what the consumers have not taken up to the implementation's bound, never the
+/// stream's length, and no reader runs ahead of a consumer by more than that.
+pub trait Pace: Send + Sync {
+    /// Resolves once the consumers have room for more.
+    fn ready(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 
 impl LiveIo {
@@ -177,6 +190,7 @@ impl std::fmt::Debug for LiveIo {
             .field("stdin", &self.stdin.is_some())
             .field("stderr", &self.stderr.is_some())
             .field("stdout", &self.stdout.is_some())
+            .field("pace", &self.pace.is_some())
             .finish()
     }
 }
@@ -187,17 +201,19 @@ pub async fn capture_async<R: AsyncRead + Unpin>(
     limit: usize,
     mode: CaptureMode,
 ) -> Result<CaptureEnd, CaptureError> {
-    capture_tee_async(reader, limit, mode, None).await
+    capture_tee_async(reader, limit, mode, None, None).await
 }
 
 /// [`capture_async`], also writing each chunk read to `tee` as it arrives (a live view of
 /// the stream, such as a CLI's stderr). A failing `tee` is dropped from then on; the
-/// capture goes on.
+/// capture goes on. With `pace`, the next read waits until the tee's consumers have room
+/// ([`Pace`]), so a slow consumer back-pressures the writer instead of growing the host.
 pub async fn capture_tee_async<R: AsyncRead + Unpin>(
     reader: &mut R,
     limit: usize,
     mode: CaptureMode,
     mut tee: Option<Box<dyn std::io::Write + Send>>,
+    pace: Option<&dyn Pace>,
 ) -> Result<CaptureEnd, CaptureError> {
     let mut sink = BoundedSink::new(limit, mode);
     let mut buf = vec![0u8; CAPTURE_BUF_LEN];
@@ -215,6 +231,9 @@ pub async fn capture_tee_async<R: AsyncRead + Unpin>(
         }
         if sink.push(&buf[..n]) == Flow::OverBudget {
             return Ok(end(sink, Flow::OverBudget));
+        }
+        if let (Some(p), Some(_)) = (pace, tee.as_ref()) {
+            p.ready().await;
         }
     }
 }

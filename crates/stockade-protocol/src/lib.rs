@@ -128,7 +128,7 @@ pub mod session;
 pub mod turn;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyCode, ReplyError};
-pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo};
+pub use capture::{BoundedSink, CAPTURE_BUF_LEN, CaptureEnd, CaptureError, CaptureMode, Captured, Flow, LiveIo, Pace};
 pub use dedicated::{NotDedicated, check_dedicated};
 pub use error::RunError;
 pub use frame::{DecodeError, EncodeError, FrameCodec, MAX_FRAME_LEN};

@@ -69,8 +69,10 @@
 //! anyone calling ([`session::Sessions::reap_expired`]), pause and resume, and a
 //! filesystem-only snapshot of its home that a new session can start from, and background
 //! execs ([`session::Session::start`]): each a [`session::Background`] handle by its pid,
-//! whose output is kept (its latest 1 MiB) for an attach at any time and streamed live,
-//! whose stdin can be written and closed, whose process group can be signalled and whose
+//! whose output is kept (its latest 1 MiB) for an attach at any time and streamed live to
+//! each reader ([`session::LiveOutput`]), every chunk once, with back-pressure: a reader
+//! 1 MiB behind ([`session::LIVE_BYTES`]) stops the exec's output from being read (the
+//! guest waits on its write) rather than growing the owner; whose stdin can be written and closed, whose process group can be signalled and whose
 //! terminal can be resized; a session with an exec running is not idle. A profile's grants
 //! are served by one [`Broker`] for the session's whole life, to every exec. A profile's
 //! [`session::SessionTier::Docker`] makes the session one hardened container instead
@@ -80,8 +82,9 @@
 //! grant's proxy) is put in the container's own network namespace once it has started,
 //! before any exec (root; a network grant fails closed without it). A profile's
 //! `home_bytes` caps the home: a tmpfs the owner mounts on it (process tier, root;
-//! `stockade_process::HomeMount`), or the home volume's size (docker tier).
-//! The owner's
+//! `stockade_process::HomeMount`), or the home volume's size (docker tier). The owner's
+//! session cap is reserved before a create's work, so racing creates cannot pass it, and
+//! every files call of a process-tier session runs on the blocking pool. The owner's
 //! directory is named after its pid and start time, so a later owner (or `stockade gc`)
 //! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`
 //! (its G10) and stockade-process's G17.
@@ -327,7 +330,7 @@ pub trait Tier: Send + Sync + Debug {
     /// ends; the process tier streams them.
     async fn run_live(&self, job: &Job, broker: Option<&Broker>, io: LiveIo) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
-        let LiveIo { stdin, stderr, stdout } = io;
+        let LiveIo { stdin, stderr, stdout, pace: _ } = io;
         let job = match stdin {
             Some(stdin) => job.clone().with_stdin(read_stdin(stdin).await?)?,
             None => job.clone(),
@@ -816,7 +819,7 @@ impl Sandbox {
         let RunRequest { job, grants, io } = request.into();
         let Some(grants) = grants.filter(|g| !g.is_empty()) else {
             return match io {
-                LiveIo { stdin: None, stderr: None, stdout: None } => self.tier.run(job).await,
+                LiveIo { stdin: None, stderr: None, stdout: None, .. } => self.tier.run(job).await,
                 io => self.tier.run_live(job, None, io).await,
             };
         };

@@ -176,33 +176,164 @@ impl Chunk {
 /// replay: 1 MiB (older chunks go first).
 pub const HISTORY_BYTES: usize = 1 << 20;
 
-/// Most chunks a slow [`Background::attach`] reader may fall behind before it loses some
-/// (its receiver says how many: `RecvError::Lagged`).
-const LIVE_CHUNKS: usize = 1024;
+/// Most bytes a live reader of a background exec ([`LiveOutput`]) may fall behind its
+/// output: past it, the exec's output is not read (its pipe fills and its writes wait)
+/// until the slowest reader has taken some. So a background exec's output holds at most
+/// [`HISTORY_BYTES`] plus this plus one read (64 KiB) of the owner's memory, however fast
+/// it writes and however slowly it is read.
+pub const LIVE_BYTES: usize = 1 << 20;
 
 /// Most background execs a session keeps a handle on, running or ended (the oldest ended
 /// one goes first; running ones are never dropped).
 pub const MAX_BACKGROUND: usize = 256;
 
-/// A background exec's output: its latest [`HISTORY_BYTES`] and a live feed, written under
-/// one lock so that an attach gets every chunk once, history then live.
-struct OutputLog {
-    state: Mutex<(std::collections::VecDeque<Chunk>, usize)>,
-    live: tokio::sync::broadcast::Sender<Chunk>,
+/// A background exec's output: every chunk from the oldest still kept, each with its
+/// sequence number and the byte offset it starts at, and each live reader's place.
+#[derive(Default)]
+struct LogState {
+    chunks: std::collections::VecDeque<(u64, Chunk)>,
+    // The sequence number of `chunks[0]`, and of the next chunk pushed.
+    first: u64,
+    next: u64,
+    // Bytes pushed in all, and bytes `chunks` holds.
+    pushed: u64,
+    held: usize,
+    // Each live reader's next sequence number.
+    readers: HashMap<u64, u64>,
+    next_reader: u64,
+    ended: bool,
 }
 
-impl OutputLog {
-    fn push(&self, chunk: Chunk) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self.live.send(chunk.clone());
-        state.1 += chunk.len();
-        state.0.push_back(chunk);
-        while state.1 > HISTORY_BYTES {
-            match state.0.pop_front() {
-                Some(old) => state.1 -= old.len(),
+impl LogState {
+    /// How far the reader at `seq` is behind the output, in bytes.
+    fn behind(&self, seq: u64) -> u64 {
+        let at = usize::try_from(seq.saturating_sub(self.first)).unwrap_or(usize::MAX);
+        self.chunks.get(at).map_or(0, |(offset, _)| self.pushed - offset)
+    }
+
+    /// Drops the oldest chunks past [`HISTORY_BYTES`] that every reader has taken.
+    fn trim(&mut self) {
+        let oldest_unread = self.readers.values().copied().min().unwrap_or(self.next);
+        while self.held > HISTORY_BYTES && self.first < oldest_unread {
+            match self.chunks.pop_front() {
+                Some((_, old)) => {
+                    self.held -= old.len();
+                    self.first += 1;
+                }
                 None => break,
             }
         }
+    }
+}
+
+/// A background exec's output: its latest [`HISTORY_BYTES`], and a place for each live
+/// reader ([`LiveOutput`]), written under one lock so that an attach gets every chunk once,
+/// history then live. It paces the exec's reading to its slowest reader ([`LIVE_BYTES`]).
+#[derive(Default)]
+struct OutputLog {
+    state: Mutex<LogState>,
+    // Woken on each push and at the end, and on each take and each reader gone.
+    pushed: tokio::sync::Notify,
+    taken: tokio::sync::Notify,
+}
+
+impl OutputLog {
+    fn state(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, chunk: Chunk) {
+        let mut state = self.state();
+        let seq = state.next;
+        let offset = state.pushed;
+        state.next += 1;
+        state.pushed += chunk.len() as u64;
+        state.held += chunk.len();
+        state.chunks.push_back((offset, chunk));
+        debug_assert_eq!(state.first + state.chunks.len() as u64, seq + 1);
+        state.trim();
+        drop(state);
+        self.pushed.notify_waiters();
+    }
+
+    fn end(&self) {
+        self.state().ended = true;
+        self.pushed.notify_waiters();
+        self.taken.notify_waiters();
+    }
+}
+
+impl stockade_protocol::Pace for OutputLog {
+    fn ready(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            loop {
+                let taken = self.taken.notified();
+                tokio::pin!(taken);
+                taken.as_mut().enable();
+                {
+                    let state = self.state();
+                    let limit = LIVE_BYTES as u64;
+                    if state.ended || state.readers.values().all(|seq| state.behind(*seq) <= limit) {
+                        return;
+                    }
+                }
+                taken.await;
+            }
+        })
+    }
+}
+
+/// A live reader of a background exec's output ([`Background::attach`]): each chunk once,
+/// in order. While it is [`LIVE_BYTES`] behind, the exec's output waits for it; dropping it
+/// lets the exec go on.
+pub struct LiveOutput {
+    log: Arc<OutputLog>,
+    id: u64,
+}
+
+impl std::fmt::Debug for LiveOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveOutput").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl LiveOutput {
+    /// The next chunk, if one is there now.
+    pub fn try_recv(&mut self) -> Option<Chunk> {
+        let mut state = self.log.state();
+        let seq = *state.readers.get(&self.id)?;
+        let at = usize::try_from(seq.checked_sub(state.first)?).ok()?;
+        let chunk = state.chunks.get(at)?.1.clone();
+        state.readers.insert(self.id, seq + 1);
+        state.trim();
+        drop(state);
+        self.log.taken.notify_waiters();
+        Some(chunk)
+    }
+
+    /// The next chunk, once there is one (pending for good once the exec has ended and
+    /// everything was taken: wait for the exec's end beside it, then [`Self::try_recv`]).
+    pub async fn recv(&mut self) -> Chunk {
+        let log = Arc::clone(&self.log);
+        loop {
+            let pushed = log.pushed.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            if let Some(c) = self.try_recv() {
+                return c;
+            }
+            pushed.await;
+        }
+    }
+}
+
+impl Drop for LiveOutput {
+    fn drop(&mut self) {
+        let mut state = self.log.state();
+        state.readers.remove(&self.id);
+        state.trim();
+        drop(state);
+        self.log.taken.notify_waiters();
     }
 }
 
@@ -281,14 +412,27 @@ impl Background {
         self.done.borrow().is_none()
     }
 
-    /// Its output so far (the latest [`HISTORY_BYTES`]) and a receiver of what comes next:
-    /// each chunk exactly once across the two. The receiver ends when the exec has ended
-    /// and its output is read; one that falls over 1,024 chunks behind is told how many it
-    /// lost.
+    /// Its output so far (the latest [`HISTORY_BYTES`]) and a reader of what comes next:
+    /// each chunk exactly once across the two, none lost. While the reader is
+    /// [`LIVE_BYTES`] behind, the exec's output waits for it (back-pressure to the guest).
     #[must_use]
-    pub fn attach(&self) -> (Vec<Chunk>, tokio::sync::broadcast::Receiver<Chunk>) {
-        let state = self.output.state.lock().unwrap_or_else(PoisonError::into_inner);
-        (state.0.iter().cloned().collect(), self.output.live.subscribe())
+    pub fn attach(&self) -> (Vec<Chunk>, LiveOutput) {
+        let mut state = self.output.state();
+        let mut history = Vec::new();
+        let mut bytes = 0;
+        for (_, c) in state.chunks.iter().rev() {
+            if bytes + c.len() > HISTORY_BYTES && !history.is_empty() {
+                break;
+            }
+            bytes += c.len();
+            history.push(c.clone());
+        }
+        history.reverse();
+        let id = state.next_reader;
+        state.next_reader += 1;
+        let next = state.next;
+        state.readers.insert(id, next);
+        (history, LiveOutput { log: Arc::clone(&self.output), id })
     }
 
     /// Waits for its end: its report (stdout and stderr hold the first bytes of each, up to
@@ -475,10 +619,7 @@ impl Session {
         opts: StartOptions,
     ) -> Result<Arc<Background>, RunError> {
         self.touch();
-        let log = Arc::new(OutputLog {
-            state: Mutex::new((std::collections::VecDeque::new(), 0)),
-            live: tokio::sync::broadcast::channel(LIVE_CHUNKS).0,
-        });
+        let log = Arc::new(OutputLog::default());
         let (stdin, reader) = match opts.stdin || opts.pty.is_some() {
             true => {
                 let (w, r) = tokio::io::duplex(64 << 10);
@@ -490,6 +631,7 @@ impl Session {
             stdin: reader,
             stdout: Some(Box::new(LogWriter { log: Arc::clone(&log), stdout: true })),
             stderr: Some(Box::new(LogWriter { log: Arc::clone(&log), stdout: false })),
+            pace: Some(Arc::clone(&log) as Arc<dyn stockade_protocol::Pace>),
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done_rx) = tokio::sync::watch::channel(None);
@@ -502,8 +644,10 @@ impl Session {
         };
         let session = Arc::clone(self);
         let task_cwd = cwd.clone();
+        let ended = Arc::clone(&log);
         tokio::spawn(async move {
             let result = session.exec_with(&job, task_cwd.as_deref(), io, exec_opts).await;
+            ended.end();
             let _ = done_tx.send(Some(result));
         });
         let Ok((pid, control)) = started_rx.await else {
@@ -1157,5 +1301,87 @@ fn docker_files_error(path: &str, e: RunError) -> FilesError {
             FilesError::Invalid { path: path.into(), why }
         }
         other => FilesError::Io { path: path.into(), source: std::io::Error::other(other.to_string()) },
+    }
+}
+
+#[cfg(test)]
+mod live_output_tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use std::sync::Arc;
+
+    use stockade_protocol::Pace as _;
+
+    use super::{Chunk, HISTORY_BYTES, LIVE_BYTES, OutputLog};
+
+    fn chunk(i: usize, len: usize) -> Chunk {
+        Chunk::Stdout(vec![u8::try_from(i % 251).unwrap(); len])
+    }
+
+    fn background(log: &Arc<OutputLog>) -> super::Background {
+        let (_, done) = tokio::sync::watch::channel(None);
+        super::Background {
+            pid: 1,
+            control: super::Control::Process { exec: 0, terminal: None },
+            argv: Vec::new(),
+            tag: None,
+            cwd: None,
+            output: Arc::clone(log),
+            stdin: tokio::sync::Mutex::new(None),
+            done,
+        }
+    }
+
+    #[tokio::test]
+    async fn every_chunk_reaches_every_reader_once_and_the_writer_waits_for_the_slowest() {
+        let log = Arc::new(OutputLog::default());
+        let b = background(&log);
+        log.push(chunk(0, 10));
+        let (history, mut fast) = b.attach();
+        assert_eq!(history, [chunk(0, 10)]);
+        let (_, mut slow) = b.attach();
+        // Past LIVE_BYTES unread by `slow`, the writer is not ready; `fast` keeping up does
+        // not make it so.
+        let piece = 64 << 10;
+        let mut pushed = 0;
+        let mut i = 1;
+        while pushed <= LIVE_BYTES {
+            log.push(chunk(i, piece));
+            pushed += piece;
+            i += 1;
+            assert_eq!(fast.recv().await.len(), piece);
+        }
+        let ready = log.ready();
+        tokio::pin!(ready);
+        assert!(futures_poll_once(ready.as_mut()).await.is_none(), "ready with a reader a MiB behind");
+        // The slow reader takes one chunk: the writer goes on, and nothing was lost.
+        assert_eq!(slow.try_recv(), Some(chunk(1, piece)));
+        ready.await;
+        let mut n = 1;
+        while let Some(c) = slow.try_recv() {
+            n += 1;
+            assert_eq!(c, chunk(n, piece));
+        }
+        assert_eq!(n, i - 1);
+        // A reader that goes away holds nothing back.
+        for j in 0..32 {
+            log.push(chunk(j, piece));
+        }
+        drop(slow);
+        drop(fast);
+        log.ready().await;
+        // With no reader, what is kept is the history's bound.
+        assert!(log.state().held <= HISTORY_BYTES + piece, "{}", log.state().held);
+        let (history, _) = b.attach();
+        assert!(history.iter().map(Chunk::len).sum::<usize>() <= HISTORY_BYTES);
+    }
+
+    /// Polls `f` once: its output if it is ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await
     }
 }
