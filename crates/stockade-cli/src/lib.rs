@@ -335,6 +335,8 @@ pub fn main() -> ExitCode {
         }
         Command::Gc => doctor::gc().map(|()| ExitCode::SUCCESS),
     };
+    // What the log queued is written before this process's own last line, and before exit.
+    term::flush_log(std::time::Duration::from_secs(2));
     result.unwrap_or_else(|e| {
         let _ = writeln!(std::io::stderr(), "stockade: {e:#}");
         ExitCode::from(EXIT_STOCKADE)

@@ -465,9 +465,9 @@ pub(crate) fn net_grant_from(
         (None, true) => return Ok(None),
     };
     let resolve = egress::Resolve::entries(net_resolve)?;
-    let shown: egress::OnRefused = std::sync::Arc::new(|c| {
-        let _ = writeln!(std::io::stderr(), "stockade: {}", egress::denied_line(c));
-    });
+    // A guest makes these at will, on the proxy's async workers: never a blocking write.
+    let shown: egress::OnRefused =
+        std::sync::Arc::new(|c| crate::term::log_line(format!("stockade: {}", egress::denied_line(c))));
     Ok(Some(egress::NetGrant::new(policy).resolve(resolve).on_refused(shown)))
 }
 

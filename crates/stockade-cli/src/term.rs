@@ -59,6 +59,63 @@ impl<W: Write> Write for Neutral<W> {
     }
 }
 
+/// Most log lines waiting for stderr ([`log_line`]); past it, lines are dropped and counted.
+const MAX_QUEUED_LINES: usize = 1024;
+
+/// The owner's stderr log: lines are queued (at most [`MAX_QUEUED_LINES`]) and written by a
+/// thread of their own, so a slow stderr (a pipe nobody reads, a paused terminal) never
+/// blocks the async worker that logged, and a guest that makes lines at will (one per
+/// denied connection) fills a bounded queue, not memory. Dropped lines are counted and the
+/// count is written once stderr takes lines again.
+struct Log {
+    tx: std::sync::mpsc::SyncSender<String>,
+    dropped: std::sync::atomic::AtomicU64,
+    // Lines queued and not yet written.
+    pending: std::sync::atomic::AtomicUsize,
+}
+
+static LOG_STARTED: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
+
+fn log() -> &'static Log {
+    LOG_STARTED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(MAX_QUEUED_LINES);
+        // Without a thread (none could be made), the queue fills and lines are dropped and
+        // counted, never written from a worker.
+        let _ = std::thread::Builder::new().name("stockade-log".into()).spawn(move || {
+            for line in rx {
+                let mut err = io::stderr().lock();
+                let dropped = log().dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+                if dropped > 0 {
+                    let _ = writeln!(err, "stockade: {dropped} log lines were dropped (stderr was slow)");
+                }
+                let _ = writeln!(err, "{line}");
+                log().pending.fetch_sub(1, std::sync::atomic::Ordering::Release);
+            }
+        });
+        Log { tx, dropped: std::sync::atomic::AtomicU64::new(0), pending: std::sync::atomic::AtomicUsize::new(0) }
+    })
+}
+
+/// Writes `line` to stderr without ever waiting for it (see [`Log`]).
+pub(crate) fn log_line(line: String) {
+    let log = log();
+    log.pending.fetch_add(1, std::sync::atomic::Ordering::Acquire);
+    if log.tx.try_send(line).is_err() {
+        log.pending.fetch_sub(1, std::sync::atomic::Ordering::Release);
+        log.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Waits, at most `within`, until every queued log line is written (a process about to
+/// exit; never called from an async worker).
+pub(crate) fn flush_log(within: std::time::Duration) {
+    let Some(log) = LOG_STARTED.get() else { return };
+    let until = std::time::Instant::now() + within;
+    while log.pending.load(std::sync::atomic::Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on broken invariants")]
 mod tests {

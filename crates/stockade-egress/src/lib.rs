@@ -149,5 +149,5 @@ mod tls;
 pub use addr::reachable;
 pub use fetch::{FetchError, MAX_FETCH_BODY, MAX_FETCH_RESPONSE};
 pub use policy::{NET_TOOL, NetPolicy, NetPolicyError, NetRule, Resolve};
-pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, classify, denied_line, proxy_env};
+pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, Prefixed, classify, denied_line, proxy_env};
 pub use secret::{CA_ENV, NetSecret, SECRET_ENV_PREFIX};

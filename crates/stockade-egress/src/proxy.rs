@@ -384,6 +384,15 @@ impl Egress {
         records.connections_total = 0;
     }
 
+    /// Starts the run's totals again: connections in all, and bytes each way (a session's
+    /// next exec: its grant lives as long as the session, and each exec gets the whole
+    /// budget). Connections open now go on; a policy rule's own limits are not renewed.
+    pub fn renew(&self) {
+        self.inner.opened.store(0, Ordering::SeqCst);
+        self.inner.up.store(0, Ordering::SeqCst);
+        self.inner.down.store(0, Ordering::SeqCst);
+    }
+
     /// Serves one guest connection to the proxy, to its end. Every way it can end is a
     /// normal outcome, recorded; nothing is returned.
     ///
@@ -431,7 +440,7 @@ impl Egress {
             }
         }
         if buf[0] == 5 {
-            let mut s = Prefixed { head: std::mem::take(&mut buf), at: 0, inner: stream };
+            let mut s = Prefixed { head: std::mem::take(&mut buf), at: 0, inner: &mut *stream };
             let asked = tokio::time::timeout(limits.idle, socks::handshake(&mut s)).await;
             let (host, port) = match asked {
                 Ok(Ok(Ok(target))) => target,
@@ -676,7 +685,7 @@ impl Egress {
             match &self.inner.intercept {
                 Some(Ok(i)) => {
                     if let Some(target) = i.target(&conn.record.host) {
-                        let client = Prefixed { head: hello, at: 0, inner: stream };
+                        let client = Prefixed { head: hello, at: 0, inner: &mut *stream };
                         self.intercept(conn, client, &addrs, target).await;
                         return;
                     }
@@ -703,7 +712,7 @@ impl Egress {
     async fn intercept<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         conn: &mut Conn,
-        client: Prefixed<'_, S>,
+        client: Prefixed<&mut S>,
         addrs: &[SocketAddr],
         target: &Target,
     ) {
@@ -864,7 +873,7 @@ impl Egress {
         if !self.charge(conn, head.len(), Way::Up) || upstream.write_all(head).await.is_err() {
             return;
         }
-        let mut client = Prefixed { head: rest, at: 0, inner: stream };
+        let mut client = Prefixed { head: rest, at: 0, inner: &mut *stream };
         let sent = match body {
             Body::Length(n) => self.copy_exact(conn, &mut client, upstream, n).await,
             // Buffered: size lines are read a line at a time, not a byte per read. What the
@@ -1191,13 +1200,22 @@ pub fn denied_line(r: &NetConnection) -> String {
 }
 
 /// A stream with some of its bytes already read: those first, then the stream.
-struct Prefixed<'a, S> {
+/// The runtime's loopback front reads a connection's first bytes to route it, then hands
+/// it on as one of these (so nothing is peeked in a loop).
+pub struct Prefixed<S> {
     head: Vec<u8>,
     at: usize,
-    inner: &'a mut S,
+    inner: S,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<'_, S> {
+impl<S> Prefixed<S> {
+    /// `inner`, whose first bytes, `head`, were already read.
+    pub fn new(head: Vec<u8>, inner: S) -> Self {
+        Self { head, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -1210,28 +1228,28 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<'_, S> {
             self.at += n;
             return std::task::Poll::Ready(Ok(()));
         }
-        std::pin::Pin::new(&mut *self.inner).poll_read(cx, buf)
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<'_, S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut *self.inner).poll_write(cx, buf)
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut *self.inner).poll_flush(cx)
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
     }
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut *self.inner).poll_shutdown(cx)
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -569,19 +569,7 @@ pub(crate) async fn serve_loopback(
     accept(listener, &session, proxied, move |stream| {
         let (model, run, egress) = (model.clone(), run.clone(), egress.clone());
         async move {
-            let mut prefix = [0u8; 32];
-            let kind = loop {
-                // Peeked, not read: the chosen service reads the request whole.
-                let n = match tokio::time::timeout(LOOPBACK_FIRST_BYTES, stream.peek(&mut prefix)).await {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-                match stockade_egress::classify(&prefix[..n]) {
-                    stockade_egress::Kind::NeedMore if n == 0 => return,
-                    stockade_egress::Kind::NeedMore => tokio::time::sleep(Duration::from_millis(2)).await,
-                    kind => break kind,
-                }
-            };
+            let Some((kind, stream)) = first_bytes(stream).await else { return };
             match (kind, model, egress) {
                 (stockade_egress::Kind::Proxy, _, Some(egress)) => egress.serve(stream).await,
                 (stockade_egress::Kind::Origin, Some(model), _) => model.serve(Box::new(stream), run).await,
@@ -593,7 +581,31 @@ pub(crate) async fn serve_loopback(
     .await;
 }
 
-/// How long the loopback waits for a connection's first bytes.
+/// Reads a loopback connection's first bytes, enough to tell a proxy request from the model
+/// grant's origin-form HTTP, within one deadline for the whole wait
+/// ([`LOOPBACK_FIRST_BYTES`]), and hands the connection on with them put back. `None`: the
+/// peer closed (its exec ended), the deadline passed, or 32 bytes did not tell.
+async fn first_bytes<S: tokio::io::AsyncRead + Unpin>(
+    mut stream: S,
+) -> Option<(stockade_egress::Kind, stockade_egress::Prefixed<S>)> {
+    use tokio::io::AsyncReadExt as _;
+    let until = tokio::time::Instant::now() + LOOPBACK_FIRST_BYTES;
+    let mut prefix = [0u8; 32];
+    let mut have = 0;
+    loop {
+        match tokio::time::timeout_at(until, stream.read(&mut prefix[have..])).await {
+            Ok(Ok(n)) if n > 0 => have += n,
+            _ => return None,
+        }
+        match stockade_egress::classify(&prefix[..have]) {
+            stockade_egress::Kind::NeedMore if have < prefix.len() => {}
+            stockade_egress::Kind::NeedMore => return None,
+            kind => return Some((kind, stockade_egress::Prefixed::new(prefix[..have].to_vec(), stream))),
+        }
+    }
+}
+
+/// How long the loopback waits for a connection's first bytes, in all.
 const LOOPBACK_FIRST_BYTES: Duration = Duration::from_secs(30);
 
 /// Serves `session`'s frame protocol on `listener` until the session ends or the task is

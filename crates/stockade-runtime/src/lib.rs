@@ -153,8 +153,10 @@
 //!     only HTTP refuses it, and no function grant may take the name.
 //!     (pinned by: tests/it/grants.rs::g9_*)
 //! G10. A network grant ([`Grants::net`], `stockade_egress`) is served on the run's loopback
-//!     beside the model grant: each connection goes, by its first bytes, to the run's own
-//!     proxy (CONNECT, an absolute-form URL, SOCKS5) or to the model (origin-form HTTP); the
+//!     beside the model grant: each connection goes, by its first bytes (read, within one
+//!     30 s deadline for the whole wait, and put back; a peer that closes first is let go at
+//!     once), to the run's own proxy (CONNECT, an absolute-form URL, SOCKS5) or to the model
+//!     (origin-form HTTP); a session's grant renews its totals at each exec; the
 //!     guest gets the proxy's variables, a job that sets them itself is refused, and the
 //!     report's grants section lists every connection. With secrets, the per-run CA
 //!     (appended to the host's roots) is [`NET_CA_FILE`] in the grants directory, the guest's
@@ -556,6 +558,11 @@ impl Broker {
     /// session's network namespace.
     #[cfg(feature = "process")]
     pub(crate) fn session_job(&self, job: &Job, guest_dir: &str, loopback: bool) -> Result<Job, RunError> {
+        // Each exec of a session gets the network grant's whole budget: the grant lives as
+        // long as the session, and its totals would otherwise run dry for good.
+        if let Some(e) = &self.egress {
+            e.renew();
+        }
         let job = self.guest_job(job, guest_dir)?;
         if loopback { self.with_loopback_env(job) } else { Ok(job) }
     }

@@ -753,3 +753,54 @@ fn g10_exec_it_in_the_foreground_streams_stdin_to_a_terminal_and_passes_the_stat
         (std::fs::read_to_string(dir.join("before")).unwrap(), std::fs::read_to_string(dir.join("after")).unwrap());
     assert_eq!(before, after, "this terminal's settings are restored");
 }
+
+/// A process's CPU time so far (user and system), in clock ticks, from the host's `/proc`.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's closing parenthesis: state is the 3rd, utime the 14th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn g10_the_loopback_front_waits_once_and_a_session_s_network_budget_renews_each_exec() {
+    let _runs = shared();
+    let (up, owner, id, port) = net_session("loopback", "127.0.0.3", &[]);
+    // 100 connections to the session's loopback front, each one byte that tells it
+    // nothing, from an exec that then ends (its sockets close). The front reads, sees the
+    // peer go and lets go; before the fix it peeked every 2 ms, forever, from the host's
+    // side: judged by the owner's CPU time over two seconds after the exec is gone.
+    let script = "import os, socket\n\
+        p = int(os.environ['HTTP_PROXY'].rsplit(':', 1)[1])\n\
+        s = [socket.create_connection(('127.0.0.1', p)) for _ in range(100)]\n\
+        [c.sendall(b'G') for c in s]\n\
+        print('sent')\n";
+    let (code, out, err) = owner.session(&["exec", &id, "--", "python3", "-c", script], b"");
+    assert_eq!((code, out.as_str()), (0, "sent\n"), "{err}");
+    let pid = owner.child.id();
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    assert!(used < 20, "the owner used {used} ticks of CPU in 2 s with no exec running");
+    // 1,100 connections in one exec: past the grant's 1,024 the proxy says 429. The next
+    // exec gets the budget whole again (before the fix, every later exec got 429).
+    let drain = format!(
+        "import os, socket\n\
+        p = int(os.environ['HTTP_PROXY'].rsplit(':', 1)[1])\n\
+        codes = []\n\
+        for _ in range(1100):\n\
+        \x20   c = socket.create_connection(('127.0.0.1', p))\n\
+        \x20   c.sendall(b'CONNECT denied.test:{port} HTTP/1.1\\r\\n\\r\\n')\n\
+        \x20   codes.append(c.recv(64).split(b' ')[1])\n\
+        \x20   c.close()\n\
+        print(codes.count(b'429'))\n"
+    );
+    let (code, out, err) = owner.session(&["exec", &id, "--", "python3", "-c", &drain], b"");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim().parse::<u32>().unwrap() >= 70, "{out}");
+    let (code, out, err) =
+        owner.session(&["exec", &id, "--", "curl", "-sS", &format!("http://api.test:{port}/after")], b"");
+    assert_eq!((code, out.as_str()), (0, "hello from 127.0.0.3\n"), "{err}");
+    assert!(up.requests().iter().any(|r| r == "GET /after HTTP/1.1"), "{:?}", up.requests());
+}
