@@ -23,7 +23,9 @@
 //! - Every request body is read under a cap before it is parsed (1 MiB for a Connect
 //!   message, 64 KiB for a control-plane body, [`E2bLimits::max_upload`] for `/files`);
 //!   a header section must arrive within 10 s (slow clients are cut off), connections,
-//!   streams and sandboxes are capped, and a create reserves its place under the sandbox
+//!   streams and sandboxes are capped (a connection counts against the connection cap once
+//!   it authenticated; until then it is in a quarter-sized share that lets its oldest go
+//!   and each go after 5 s, so an anonymous flood cannot lock clients out), and a create reserves its place under the sandbox
 //!   cap before any work (racing creates cannot pass it). Every sandbox's home has the
 //!   template's `disk` size ([`DEFAULT_DISK`] unless set), or the create fails naming why. A process-tier sandbox's download, and its
 //!   `application/octet-stream` upload (what the SDK sends for a file-like object), stream
@@ -218,6 +220,61 @@ impl Tls {
     }
 }
 
+/// How long a connection may stay unauthenticated (no request with valid credentials yet):
+/// a client sends its first request at once; a flood of idle connections is let go.
+const ANONYMOUS_WITHIN: Duration = Duration::from_secs(5);
+
+/// The unauthenticated share of the connection cap: one in this many of
+/// [`E2bLimits::max_connections`] (256 of 1,024).
+const ANONYMOUS_SHARE: usize = 4;
+
+/// The connections not yet authenticated, oldest first, each with the signal that lets it go.
+#[derive(Default)]
+struct Anonymous {
+    next: u64,
+    waiting: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>,
+}
+
+/// A connection's place among [`Anonymous`]: its id, and the signal that it was evicted.
+struct Admitted {
+    id: u64,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Anonymous {
+    /// Admits a connection; past `share`, the oldest is evicted first.
+    fn admit(&mut self, share: usize) -> Admitted {
+        while self.waiting.len() >= share {
+            match self.waiting.pop_front() {
+                Some((_, evict)) => drop(evict.send(())),
+                None => break,
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        let (tx, evicted) = tokio::sync::oneshot::channel();
+        self.waiting.push_back((id, tx));
+        Admitted { id, evicted }
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.waiting.retain(|(i, _)| *i != id);
+    }
+}
+
+/// One connection's standing: its id among [`Anonymous`], and once authenticated, its
+/// place under the connection cap.
+struct ConnState {
+    id: u64,
+    authed: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+}
+
+impl ConnState {
+    fn is_authed(&self) -> bool {
+        self.authed.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+}
+
 /// One sandbox: its session, token and timeout.
 struct Sandbox {
     session: Arc<Session>,
@@ -253,7 +310,10 @@ pub struct E2bServer {
     // cannot all pass a count taken before any of them ended), and its sandbox holds it.
     slots: Arc<tokio::sync::Semaphore>,
     streams: Arc<tokio::sync::Semaphore>,
+    // Connections whose client has authenticated (an API key, or a sandbox's token), up to
+    // `max_connections`; and those that have not yet, a small share of their own.
     connections: Arc<tokio::sync::Semaphore>,
+    anonymous: Mutex<Anonymous>,
     // Transfers through `/files` held whole in memory: at most this many at once.
     transfers: tokio::sync::Semaphore,
     // Streamed transfers through `/files`: at most this many at once.
@@ -435,6 +495,7 @@ impl E2bServer {
             slots,
             streams,
             connections,
+            anonymous: Mutex::new(Anonymous::default()),
             transfers,
             streamed: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMED)),
             snapshots,
@@ -466,39 +527,102 @@ impl E2bServer {
             // A stream's events are small writes: without this, Nagle's algorithm holds each
             // behind the client's delayed ACK (40 ms a command).
             let _ = conn.set_nodelay(true);
-            // Over the cap, the connection is closed at once.
-            let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else {
-                drop(conn);
-                continue;
-            };
+            // Every connection starts unauthenticated, in its small share; past that share
+            // the oldest unauthenticated one is let go, so a flood of idle connections
+            // cycles among themselves and a real client's new one gets in.
+            let admitted = self.admit();
             let me = Arc::clone(&self);
             tokio::spawn(async move {
-                match me.config.tls.clone() {
-                    None => me.serve_io(conn).await,
-                    #[cfg(feature = "tls")]
-                    Some(tls) => {
-                        // The handshake is bounded like a request's headers.
-                        let accept = tokio_rustls::TlsAcceptor::from(tls.0).accept(conn);
-                        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), accept).await {
-                            me.serve_io(stream).await;
+                let conn_state = Arc::new(ConnState { id: admitted.id, authed: Mutex::new(None) });
+                let evicted = admitted.evicted;
+                let serving = async {
+                    match me.config.tls.clone() {
+                        None => Arc::clone(&me).serve_io(conn, Arc::clone(&conn_state)).await,
+                        #[cfg(feature = "tls")]
+                        Some(tls) => {
+                            // The handshake is bounded like a request's headers.
+                            let accept = tokio_rustls::TlsAcceptor::from(tls.0).accept(conn);
+                            if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), accept).await {
+                                Arc::clone(&me).serve_io(stream, Arc::clone(&conn_state)).await;
+                            }
                         }
+                        #[cfg(not(feature = "tls"))]
+                        Some(_) => {}
                     }
-                    #[cfg(not(feature = "tls"))]
-                    Some(_) => {}
+                };
+                // Unauthenticated, a connection has ANONYMOUS_WITHIN in all, and ends when it
+                // is evicted; once authenticated, neither applies.
+                let watch_auth = async {
+                    let deadline = tokio::time::sleep(ANONYMOUS_WITHIN);
+                    tokio::pin!(deadline);
+                    tokio::select! {
+                        () = &mut deadline => {}
+                        _ = evicted => {}
+                    }
+                    if conn_state.is_authed() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    () = serving => {}
+                    () = watch_auth => {}
                 }
-                drop(permit);
+                me.anonymous().remove(admitted.id);
             });
         }
     }
 
-    /// Serves one connection's requests.
-    async fn serve_io<I>(self: Arc<Self>, io: I)
+    fn anonymous(&self) -> std::sync::MutexGuard<'_, Anonymous> {
+        self.anonymous.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new connection's place among the unauthenticated ones (evicting the oldest past
+    /// [`E2bLimits::max_connections`]' anonymous share).
+    fn admit(&self) -> Admitted {
+        let share = (self.config.limits.max_connections / ANONYMOUS_SHARE).max(1);
+        self.anonymous().admit(share)
+    }
+
+    /// Moves the connection `conn` out of the unauthenticated share, into the authenticated
+    /// cap; `false` if that cap is full (the request is refused, 503).
+    fn authenticate(&self, conn: &ConnState) -> bool {
+        if conn.is_authed() {
+            return true;
+        }
+        let Ok(permit) = Arc::clone(&self.connections).try_acquire_owned() else { return false };
+        *conn.authed.lock().unwrap_or_else(PoisonError::into_inner) = Some(permit);
+        self.anonymous().remove(conn.id);
+        true
+    }
+
+    /// Whether `req` carries valid credentials: the API key, or a live sandbox's id and
+    /// token (each compared in constant time, as the handlers compare them again).
+    fn credentials(&self, req: &Request<hyper::body::Incoming>) -> bool {
+        let h = req.headers();
+        if header(h, "x-api-key").is_some_and(|k| constant_eq(k, &self.config.api_key)) {
+            return true;
+        }
+        let (Some(id), Some(token)) = (header(h, "e2b-sandbox-id"), header(h, "x-access-token")) else {
+            return false;
+        };
+        self.sandbox(id).is_some_and(|b| constant_eq(token, &b.token))
+    }
+
+    /// Serves one connection's requests; the first with valid credentials moves it into
+    /// the authenticated cap.
+    async fn serve_io<I>(self: Arc<Self>, io: I, conn: Arc<ConnState>)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let service = hyper::service::service_fn(move |req| {
-            let me = Arc::clone(&self);
-            async move { Ok::<_, Infallible>(me.handle(req).await) }
+            let (me, conn) = (Arc::clone(&self), Arc::clone(&conn));
+            async move {
+                if me.credentials(&req) && !me.authenticate(&conn) {
+                    let busy = api_error(StatusCode::SERVICE_UNAVAILABLE, "the server's connections are all in use");
+                    return Ok::<_, Infallible>(busy);
+                }
+                Ok::<_, Infallible>(me.handle(req).await)
+            }
         });
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())

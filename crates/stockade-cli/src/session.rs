@@ -382,7 +382,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     let _lifeline = lifeline();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
         let sessions = Arc::new(Sessions::new(tier, &state, args.max_sessions)?);
         let _e2b = match e2b {
@@ -425,11 +425,24 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
             }
         }
         reaper.abort();
-        sessions.kill_all().await;
         let _ = std::fs::remove_file(&socket);
+        // Bounded, whatever the clients do: what is not ended by then ends with this
+        // process (every sandbox has a parent-death signal; a docker one, the lifeline).
+        if tokio::time::timeout(SHUTDOWN_WITHIN, sessions.kill_all()).await.is_err() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "stockade serve: sessions did not all end within {SHUTDOWN_WITHIN:?}; they end with this process"
+            );
+        }
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    // A blocking call still running (a client's files call) does not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    served
 }
+
+/// How long `serve` waits for its sessions to end on SIGTERM or SIGINT.
+const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 
 /// Starts this owner's lifeline (`stockade docker lifeline`, in a process group of its own, so
 /// a terminal's ^C reaches only the owner) and returns the pipe end it reads: held for the

@@ -837,3 +837,79 @@ fn g11_a_slow_reader_back_pressures_the_guest_and_the_owner_stays_flat() {
     );
     assert_eq!(status, 204);
 }
+
+#[test]
+fn g11_an_anonymous_flood_takes_no_capacity_an_authenticated_client_needs() {
+    // 1,100 connections that never send a byte, past the 1,024-connection cap: the
+    // unauthenticated share (a quarter) lets its oldest go, so an API call with the key, and
+    // an envd call with a sandbox's token, still answer on new connections. Before the fix
+    // the idle ones filled the cap and every later connection was closed at once.
+    let server = Server::start("anon-flood");
+    let addr = server.addr.clone();
+    let (id, token) = create_raw(&addr, r#"{"templateID":"base","timeout":60}"#).unwrap();
+    let idle: Vec<TcpStream> = (0..1100).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
+    assert!(idle.len() >= 1000, "only {} connections", idle.len());
+    let key = format!("X-API-Key: {KEY}\r\n");
+    let (status, body) =
+        raw(&addr, format!("GET /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes());
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let envd = format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\nContent-Type: application/json\r\n");
+    assert_eq!(post(&addr, "/process.Process/List", &envd, b"{}").0, 200);
+    // And the flood itself was let go: judged by the server's open descriptors.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", server.child.id())).unwrap().count();
+    assert!(fds < 600, "the server holds {fds} descriptors for 1,100 idle connections");
+    drop(idle);
+}
+
+#[test]
+fn g11_sigterm_ends_the_owner_in_bounded_time_whatever_its_clients_do() {
+    // Around the owner: a stream held by back-pressure, downloads of a guest's fifo, a big
+    // download nobody reads, an upload cut midway, and an idle connection. SIGTERM ends it,
+    // and its sandboxes, judged from the host.
+    let mut server = Server::start("sigterm");
+    let addr = server.addr.clone();
+    let (id, token) = create_raw(&addr, r#"{"templateID":"base","timeout":120}"#).unwrap();
+    sh_raw(&addr, &id, &token, "mkfifo /home/user/f && head -c 32M /dev/zero > /home/user/big");
+    let envd = format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n");
+    let marker = format!("sigterm-{}", std::process::id());
+    let start = serde_json::json!({"process": {"cmd": "/usr/bin/yes", "args": [marker]}});
+    let env = stockade_runtime::protocol::e2b::envelope(0, start.to_string().as_bytes());
+    let mut held = Vec::new();
+    let mut open = |request: Vec<u8>| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&request).unwrap();
+        held.push(s);
+    };
+    let mut stream = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\n{envd}Content-Type: application/connect+json\r\nContent-Length: {}\r\n\r\n",
+        env.len()
+    )
+    .into_bytes();
+    stream.extend(&env);
+    open(stream);
+    for path in ["/home/user/f", "/home/user/f", "/home/user/big"] {
+        open(format!("GET /files?path={path} HTTP/1.1\r\nHost: x\r\n{envd}\r\n").into_bytes());
+    }
+    open(format!("POST /files?path=/home/user/up HTTP/1.1\r\nHost: x\r\n{envd}Content-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\npartial").into_bytes());
+    open(Vec::new());
+    // The guest is running: then SIGTERM.
+    while !with_marker(&marker)
+        .iter()
+        .any(|p| std::fs::read(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with(b"yes")))
+    {
+        std::thread::yield_now();
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the owner did not end within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(with_marker(&marker).is_empty(), "a sandbox process outlived its owner");
+    drop(held);
+}
