@@ -335,7 +335,8 @@ impl ConfinedAgent {
                 t.event(
                     "decision",
                     json!({"confined": true, "tool": c.grant, "args": c.args, "effect": outcome(c.outcome), "rule": c.rule,
-                           "ms": c.duration.as_millis() as u64, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out}),
+                           "failure": c.failure, "ms": c.duration.as_millis() as u64, "bytes_in": c.bytes_in,
+                           "bytes_out": c.bytes_out}),
                 );
             }
             if let Some(why) = &calls.session_ended {
@@ -454,12 +455,6 @@ async fn broker_call(socket: &Path, id: u64, grant: &GrantName, args: Value) -> 
     }
 }
 
-/// The model-facing name of grant `name`: a chat tool name has no `.`, so an MCP tool
-/// `desk.file_ticket` is offered as `desk__file_ticket` (the Python door's spelling).
-fn chat_name(name: &str) -> String {
-    name.replace('.', "__")
-}
-
 /// Inside the tier: [`serve_turn`] with the model at `$OPENAI_BASE_URL`, the run's
 /// placeholder key in `$OPENAI_API_KEY`, and the broker at `$STOCKADE_BROKER`. Never fails:
 /// a missing variable is a reply with `ok` false.
@@ -511,8 +506,9 @@ async fn serve(turn: &Turn, base_url: &str, key: Option<ApiKey>, broker: &Path) 
     let mut rules = String::from("version = 1\ndefault = \"deny\"\n");
     let mut seen = std::collections::BTreeSet::new();
     for t in &turn.tools {
-        let name = chat_name(t.name.as_str());
-        // A name the chat format cannot carry, or one two grants would share, is not offered.
+        let name = stockade_runtime::door_name(t.name.as_str());
+        // A name the chat format cannot carry is not offered (two grants cannot share one:
+        // the host refused that when it loaded them).
         if name.len() > stockade_protocol::chat::MAX_TOOL_NAME_LEN || !seen.insert(name.clone()) {
             continue;
         }

@@ -129,9 +129,9 @@ impl Approver for TerminalApprover {
         let question = format!(
             "\nstockade: the policy asks before this call runs\n  tool:      {}\n  arguments: {}\n  rule:      {}\n  reason:    {}\nAllow this one call? [y/N] ",
             r.tool,
-            escape(&r.arguments),
+            crate::term::outside_text(&r.arguments),
             r.rule,
-            escape(&r.reason)
+            crate::term::outside_text(&r.reason)
         );
         // The terminal is read off the runtime's thread: the broker (a confined run's model
         // and tool calls, its deadline) goes on serving while the human decides.
@@ -154,13 +154,6 @@ fn approver() -> Arc<dyn Approver> {
     } else {
         Arc::new(NoApprover)
     }
-}
-
-/// Model- and tool-written text, safe on a terminal: control characters escaped.
-fn escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| if c.is_control() && c != '\n' { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
-        .collect()
 }
 
 pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
@@ -276,7 +269,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     if args.stream {
         builder = builder.stream(Arc::new(|text: &str| {
             let mut out = std::io::stdout().lock();
-            let _ = out.write_all(escape(text).as_bytes());
+            let _ = out.write_all(crate::term::outside_text(text).as_bytes());
             let _ = out.flush();
         }));
     }
@@ -419,8 +412,9 @@ fn answer(args: &AgentArgs, result: &Result<stockade_agent::Answer, AgentError>)
         match result {
             // Streamed: the text is on the terminal already.
             Ok(_) if args.stream => writeln!(out)?,
-            Ok(a) => writeln!(out, "{}", escape(&a.text))?,
-            Err(e) => writeln!(std::io::stderr(), "stockade: {}", message(e))?,
+            Ok(a) => writeln!(out, "{}", crate::term::outside_text(&a.text))?,
+            // An error can quote a tool, a server or a confined loop: outside text.
+            Err(e) => writeln!(std::io::stderr(), "stockade: {}", crate::term::outside_text(&message(e)))?,
         }
     }
     Ok(code)
@@ -432,7 +426,7 @@ fn answer(args: &AgentArgs, result: &Result<stockade_agent::Answer, AgentError>)
 /// saying when the output was marked untrusted. Model- and tool-written text has its control
 /// characters made visible, as the run's stderr has.
 fn show_step(event: &str, v: &serde_json::Value) {
-    let s = |k: &str| v[k].as_str().map(visible).unwrap_or_default();
+    let s = |k: &str| v[k].as_str().map(crate::term::outside_line).unwrap_or_default();
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let line = match event {
         "request" if n("attempt") <= 1 => format!("turn {}: asking the model", n("turn")),
@@ -441,8 +435,8 @@ fn show_step(event: &str, v: &serde_json::Value) {
         "decision" => {
             let args = match &v["args"] {
                 serde_json::Value::Null => String::new(),
-                serde_json::Value::String(a) => format!(" {}", visible(a)),
-                other => format!(" {}", visible(&other.to_string())),
+                serde_json::Value::String(a) => format!(" {}", crate::term::outside_line(a)),
+                other => format!(" {}", crate::term::outside_line(&other.to_string())),
             };
             let args: String = if args.chars().count() > 81 {
                 args.chars().take(80).chain(std::iter::once('…')).collect()
@@ -463,13 +457,6 @@ fn show_step(event: &str, v: &serde_json::Value) {
         _ => return,
     };
     let _ = writeln!(std::io::stderr().lock(), "stockade: {line}");
-}
-
-/// `text` with every control character made visible, a newline included (a step is one line).
-fn visible(text: &str) -> String {
-    let mut out = Vec::with_capacity(text.len());
-    crate::term::neutralise(text.replace('\n', "\\n").replace('\r', "\\r").as_bytes(), false, &mut out);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The error as the user reads it ("No answer after 12 turns").

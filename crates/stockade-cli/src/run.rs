@@ -360,7 +360,10 @@ pub(crate) async fn start_mcp(
 ) -> Result<std::sync::Arc<stockade_runtime::mcp::McpServer>> {
     let name = command.name().to_owned();
     let prefix = format!("stockade: mcp {name}: ");
-    let command = command.on_stderr(move |line| drop(writeln!(std::io::stderr(), "{prefix}{line}")));
+    // Outside text (a server that logs its arguments logs the sandbox's words), shown by the
+    // one rule, and never a blocking write.
+    let command =
+        command.on_stderr(move |line| crate::term::log_line(format!("{prefix}{}", crate::term::outside_line(line))));
     let server = stockade_runtime::mcp::McpServer::start(command).await?;
     for (tool, why) in server.skipped() {
         writeln!(std::io::stderr(), "stockade: mcp {name}: tool {tool:?} is not granted: {why}")?;

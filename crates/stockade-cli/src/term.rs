@@ -59,6 +59,28 @@ impl<W: Write> Write for Neutral<W> {
     }
 }
 
+/// One line of outside text (a host MCP server's stderr, a model's or a tool's words in a
+/// step line) as stockade shows it, wherever stderr goes: newlines and carriage returns as
+/// `\n` and `\r`, every other control byte in caret notation and the C1 controls as
+/// `\u{XX}` ([`neutralise`]). The one rule for outside text in stockade's own lines.
+pub(crate) fn outside_line(text: &str) -> String {
+    outside_text(&text.replace('\n', "\\n").replace('\r', "\\r"))
+}
+
+/// Outside text of several lines (a model's answer, an error that quotes a tool or a
+/// sandbox) as stockade shows it: its newlines kept (a CRLF as a newline), every other
+/// control, a lone carriage return included, made visible as [`outside_line`] does.
+pub(crate) fn outside_text(text: &str) -> String {
+    // A lone carriage return would let the text overwrite the line it is shown on.
+    let text = text.replace("\r\n", "\n").replace('\r', "\\r");
+    let mut out = Vec::with_capacity(text.len());
+    let pending = neutralise(text.as_bytes(), false, &mut out);
+    if pending {
+        out.extend_from_slice(b"\\u{c2}");
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Most log lines waiting for stderr ([`log_line`]); past it, lines are dropped and counted.
 const MAX_QUEUED_LINES: usize = 1024;
 
@@ -145,5 +167,14 @@ mod tests {
         w.write_all(b"\x9bb \xc2").unwrap();
         w.write_all(b"\xa9").unwrap();
         assert_eq!(String::from_utf8(w.inner).unwrap(), "a\\u{9b}b ©");
+    }
+
+    #[test]
+    fn outside_text_is_shown_by_one_rule_in_a_line_or_in_text() {
+        let hostile = "a\u{1b}[2J\u{1b}]52;c;eA==\u{7}b\u{9b}c\r\nnext";
+        assert_eq!(outside_line(hostile), "a^[[2J^[]52;c;eA==^Gb\\u{9b}c\\r\\nnext");
+        assert_eq!(outside_text(hostile), "a^[[2J^[]52;c;eA==^Gb\\u{9b}c\nnext");
+        assert_eq!(outside_text("ok\rDENIED hidden"), "ok\\rDENIED hidden");
+        assert_eq!(outside_line("plain words\ttab"), "plain words\ttab");
     }
 }

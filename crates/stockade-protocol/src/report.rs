@@ -274,6 +274,10 @@ pub struct GrantCall {
     /// whitespace), cut to at most [`MAX_GRANT_ARGS_LEN`] bytes; absent for other calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<String>,
+    /// Why a call that was decided (and may have run) failed after the decision
+    /// (`reply-too-large`); the decision's `rule` stays as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// The most bytes of a call's arguments a [`GrantCall`] keeps.
@@ -385,7 +389,17 @@ impl GrantCall {
             bytes_out: bytes.1,
             duration,
             args: None,
+            failure: None,
         }
+    }
+
+    /// The record of a call that failed after its decision: `Failed`, the decision's rule
+    /// kept, and why.
+    #[must_use]
+    pub fn failed_after(mut self, why: impl Into<String>) -> Self {
+        self.outcome = GrantOutcome::Failed;
+        self.failure = Some(why.into());
+        self
     }
 
     /// The record with the call's canonical arguments, cut to [`MAX_GRANT_ARGS_LEN`] bytes.

@@ -211,18 +211,22 @@ impl Session {
         let mut shown = None;
         let (outcome, rule, body) = self.dispatch(name, args, &mut shown).await;
         let mut out = reply(id, body);
-        let (outcome, rule) = if out.len() > self.grants.limits.max_reply_bytes as usize {
+        // A reply over the bound fails the call, and the record keeps the rule that allowed
+        // it (the call may have run): the failure is said beside it.
+        let mut too_large = false;
+        if out.len() > self.grants.limits.max_reply_bytes as usize {
             let msg = format!(
                 "the result of {} bytes is over the maximum of {}",
                 out.len(),
                 self.grants.limits.max_reply_bytes
             );
             out = reply(id, error(ReplyCode::TooLarge, msg));
-            (GrantOutcome::Failed, "reply-too-large".to_owned())
-        } else {
-            (outcome, rule)
-        };
-        let call = GrantCall::new(name, outcome, &rule, (payload.len() as u64, out.len() as u64), t0.elapsed());
+            too_large = true;
+        }
+        let mut call = GrantCall::new(name, outcome, &rule, (payload.len() as u64, out.len() as u64), t0.elapsed());
+        if too_large {
+            call = call.failed_after("reply-too-large");
+        }
         self.record_call(match shown {
             Some(args) => call.with_args(args),
             None => call,

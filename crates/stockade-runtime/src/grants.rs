@@ -55,6 +55,10 @@ pub enum GrantError {
     /// Two grants share a name.
     #[error("grant {0:?} is declared twice")]
     Duplicate(String),
+    /// Two grants' names would be one name where a `.` cannot be spelled (a chat tool
+    /// name, a Python attribute: [`door_name`] writes `.` as `__`).
+    #[error("grants {0:?} and {1:?} are both {door:?} where a `.` is written `__`: rename one", door = door_name(.0))]
+    Collides(String, String),
     /// More than [`MAX_GRANTS`] grants.
     #[error("at most {MAX_GRANTS} grants per job")]
     TooMany,
@@ -77,6 +81,14 @@ pub enum GrantError {
         /// Why (the loader's own words where it gave them).
         reason: String,
     },
+}
+
+/// How a grant's name is spelled where `.` cannot be (a chat tool's name, a Python
+/// attribute): each `.` as `__`, so a host MCP server's `desk.file_ticket` is
+/// `desk__file_ticket`. Two grants with one such name are refused when loaded.
+#[must_use]
+pub fn door_name(name: &str) -> String {
+    name.replace('.', "__")
 }
 
 /// The last component of `path`, as UTF-8.
@@ -372,6 +384,12 @@ impl Grants {
     fn check_new(&self, name: &str) -> Result<(), GrantError> {
         if self.data.contains_key(name) || self.functions.contains_key(name) {
             return Err(GrantError::Duplicate(name.into()));
+        }
+        // `a.b__c` and `a__b.c` are one name to a model or a guest that cannot spell `.`:
+        // a call meant for one would run the other.
+        let door = door_name(name);
+        if let Some(other) = self.data.keys().chain(self.functions.keys()).find(|n| door_name(n) == door) {
+            return Err(GrantError::Collides(other.clone(), name.into()));
         }
         if self.data.len() + self.functions.len() >= MAX_GRANTS {
             return Err(GrantError::TooMany);

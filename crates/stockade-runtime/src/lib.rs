@@ -256,7 +256,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 pub use grants::{
     FETCH_GRANT, FunctionGrant, GrantApprover, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants,
-    MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream,
+    MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream, door_name,
 };
 pub use stockade_egress as egress;
 pub use stockade_policy as policy;

@@ -18,6 +18,8 @@ def record(line):
 def write_note(text: str, title: str | None = None) -> str:
     """Writes a note on the desk."""
     record(f"write_note {title or '-'} {text}")
+    # A server that logs its arguments logs the sandbox's words.
+    print("DESK-NOTE " + text, file=sys.stderr, flush=True)
     return "noted: " + text
 
 

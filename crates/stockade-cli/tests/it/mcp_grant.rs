@@ -115,6 +115,23 @@ stockade-call desk.write_note '{"text":"late"}' 2>&1; echo "late=$?""#;
 }
 
 #[test]
+fn g12_a_servers_stderr_reaches_the_terminal_by_the_one_escaping_rule() {
+    // The guest's words, logged by the server: an escape sequence that would clear the
+    // screen and set the title arrives as visible text, never as the bytes (judged on
+    // stockade's own stderr, whatever it is).
+    if !ready() {
+        return;
+    }
+    let Some(desk) = Desk::new("escape") else { return };
+    let script = r#"stockade-call desk.write_note '{"text":"\u001b[2J\u001b]0;pwned\u0007"}' >/dev/null"#;
+    let (code, out, err) = desk.run(&["--", "sh", "-c", script]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(desk.log().contains("write_note"), "{}", desk.log());
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "raw control bytes on stderr: {err:?}");
+    assert!(err.contains("stockade: mcp desk: DESK-NOTE ^[[2J^[]0;pwned^G"), "{err}");
+}
+
+#[test]
 fn g12_the_report_lists_each_call_and_the_server_ends_with_the_run() {
     if !ready() {
         return;

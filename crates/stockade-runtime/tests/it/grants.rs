@@ -301,6 +301,16 @@ fn g4_grant_names_are_checked_and_fixed_before_the_run() {
         FunctionGrant::new("f", json!({"type": "string"}), |_p: Permit| async { Ok(Value::Null) }),
         Err(GrantError::Schema { .. })
     ));
+    // Names that are one name where `.` is written `__` (a chat tool, a Python attribute):
+    // refused when loaded, naming both.
+    let two = Grants::new().function(f("a.b__c").unwrap()).unwrap().function(f("a__b.c").unwrap());
+    let e = two.unwrap_err();
+    assert!(matches!(&e, GrantError::Collides(a, b) if a == "a.b__c" && b == "a__b.c"), "{e}");
+    assert!(e.to_string().contains("a__b__c"), "{e}");
+    assert!(matches!(
+        Grants::new().data("x.y", json!(1)).unwrap().data("x__y", json!(2)),
+        Err(GrantError::Collides(..))
+    ));
     let g = Grants::new().data("a", json!(1)).unwrap();
     assert!(matches!(g.clone().data("a", json!(2)), Err(GrantError::Duplicate(_))));
     assert!(matches!(g.function(f("a").unwrap()), Err(GrantError::Duplicate(_))));
@@ -473,7 +483,12 @@ fn g5_a_reply_over_the_cap_fails_the_call() {
     let seen = tier.seen.lock().unwrap().clone();
     assert_eq!(seen[0]["error"]["code"], "too_large");
     assert_eq!(seen[1]["error"]["code"], "too_large", "the session goes on after a failed call");
-    assert_eq!(report.grants.unwrap().calls[0].rule, "reply-too-large");
+    // The call ran, allowed by rule `ok`: the record keeps the rule and says why it failed.
+    let call = &report.grants.unwrap().calls[0];
+    assert_eq!(
+        (call.outcome, call.rule.as_str(), call.failure.as_deref()),
+        (stockade_runtime::protocol::GrantOutcome::Failed, "ok", Some("reply-too-large"))
+    );
 }
 
 #[test]
