@@ -430,7 +430,11 @@ impl Tool for BrokerTool {
         match broker_call(&self.socket, id, &self.grant, permit.call().args_json()).await {
             Ok(ReplyBody::Result(Value::String(s))) => ToolOutput::Text(s),
             Ok(ReplyBody::Result(v)) => ToolOutput::Json(v),
-            Ok(ReplyBody::Error(e)) => ToolOutput::failed(format!("{}: {}", e.code.as_str(), e.message)),
+            // The message can quote the tool (an MCP server's error): its output, marked when
+            // the tool is untrusted, never the trusted reason.
+            Ok(ReplyBody::Error(e)) => {
+                ToolOutput::Failed { reason: format!("the call failed ({})", e.code.as_str()), output: Some(e.message) }
+            }
             Ok(_) => ToolOutput::failed("the broker answered with neither a result nor an error"),
             Err(e) => ToolOutput::failed(format!("the broker: {e}")),
         }

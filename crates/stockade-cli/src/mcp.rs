@@ -31,7 +31,8 @@
 //!   tier kills the helper and with it the run's whole pid namespace), and no answer is sent.
 //! - Runs execute concurrently up to `--max-concurrency`; later calls wait their turn.
 //! - With `--policy FILE`, every call is decided by `stockade-policy` before it runs, its
-//!   arguments carrying the source `tool:mcp-client`; a denial names the rule.
+//!   arguments carrying the source `tool:mcp-client`; a denial names the rule. Once a run's
+//!   output went back, the session has read untrusted text (`session_read_untrusted`).
 //!
 //! The output that goes back (`stdout`, `stderr`) is the guest's: untrusted. The tools'
 //! descriptions say so; it is returned raw, in `structuredContent` and in a text copy.
@@ -729,6 +730,11 @@ async fn call(server: &Server, id: &Value, params: &Value, tx: &mpsc::Sender<Val
             "tool",
             json!({"call": id, "tool": name, "ms": started.elapsed().as_millis() as u64, "status": status, "report": detail}),
         );
+    }
+    // What a run printed is the guest's: from here the session has read untrusted text, and
+    // a rule with `when = { session_read_untrusted = false }` no longer allows.
+    if let (Some((gate, _)), Ok(_)) = (&server.gate, &report) {
+        gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_read_untrusted();
     }
     Ok(match report {
         Ok(r) => result(&r, sandbox.tier_name(), job.limits()),

@@ -326,7 +326,9 @@ impl Session {
             function.handler.call(permit).await
         };
         let result = tokio::time::timeout(timeout, run).await;
-        if function.spec.has_untrusted_output() && matches!(result, Ok(Ok(_))) {
+        // A failure's message carries the tool's words as a result does (an MCP server's
+        // JSON-RPC error quoting a page): either way, untrusted text was read.
+        if function.spec.has_untrusted_output() && result.is_ok() {
             self.state().gate.set_read_untrusted();
         }
         match result {

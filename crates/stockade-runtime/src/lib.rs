@@ -123,7 +123,9 @@
 //!     schema, or grants without a policy are denied and run nothing. The grants are fixed
 //!     before the run starts. Once a call of a function marked
 //!     [`FunctionGrant::untrusted_output`] (every host MCP tool, an untrusted agent tool)
-//!     returned, the run's policy sees the session as having read untrusted data.
+//!     returned, a result or a failure (whose message can quote the tool), the run's policy
+//!     sees the session as having read untrusted data. Two grants whose names are one where
+//!     a `.` is written `__` ([`door_name`]) are refused when loaded, naming both.
 //!     (pinned by: tests/it/grants.rs::g4_*)
 //! G5. Each run's broker is bounded: calls per run, bytes per call (checked on the length
 //!     prefix, before anything is allocated), bytes per reply, time per call (the function's
