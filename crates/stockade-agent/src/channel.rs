@@ -153,11 +153,14 @@ impl Channel {
     }
 
     /// Appends one exchange (the message, the answer) to the history, keeping the latest
-    /// [`MAX_HISTORY`] entries, each cut to [`MAX_TURN_TEXT`] bytes.
-    pub fn record(&self, message: &str, answer: &str) -> Result<(), ChannelError> {
+    /// [`MAX_HISTORY`] entries, each cut to [`MAX_TURN_TEXT`] bytes. `untrusted`: the turn
+    /// read untrusted output (the host's word), so the answer is kept as untrusted, and every
+    /// later turn of the channel starts as having read untrusted data.
+    pub fn record(&self, message: &str, answer: &str, untrusted: bool) -> Result<(), ChannelError> {
         let mut history = self.history()?;
         history.push(Said::new(Role::User, stockade_protocol::completion::cut(message, MAX_TURN_TEXT)));
-        history.push(Said::new(Role::Assistant, stockade_protocol::completion::cut(answer, MAX_TURN_TEXT)));
+        let said = Said::new(Role::Assistant, stockade_protocol::completion::cut(answer, MAX_TURN_TEXT));
+        history.push(if untrusted { said.untrusted() } else { said });
         let drop = history.len().saturating_sub(MAX_HISTORY);
         history.drain(..drop);
         self.check()?;

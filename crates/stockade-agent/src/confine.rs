@@ -321,7 +321,13 @@ impl ConfinedAgent {
         if let Some((path, access)) = &self.workspace {
             job = job.with_workspace(path, *access).map_err(|e| failed(e.to_string()))?;
         }
-        let report = self.sandbox.report(RunRequest::new(&job).grants(Arc::new(self.grants.clone()))).await;
+        // A conversation whose history was said after untrusted output keeps that taint: the
+        // host's policy starts as having read untrusted data (the history is the host's).
+        let mut grants = self.grants.clone();
+        if turn.history.iter().any(|s| s.untrusted) {
+            grants = grants.already_read_untrusted();
+        }
+        let report = self.sandbox.report(RunRequest::new(&job).grants(Arc::new(grants))).await;
         let report = match report {
             Ok(r) => r,
             Err(e) => {
@@ -376,6 +382,7 @@ impl ConfinedAgent {
             turns: u32::try_from(turns).unwrap_or(u32::MAX),
             tool_calls: u32::try_from(tool_calls).unwrap_or(u32::MAX),
             tokens: calls.model_tokens,
+            read_untrusted: calls.read_untrusted,
         })
     }
 
@@ -548,7 +555,15 @@ fn prompt(turn: &Turn) -> String {
                 Role::Assistant => "you",
                 _ => "other",
             };
-            text.push_str(&format!("{who}: {}\n", s.text));
+            // Said after untrusted output: it can quote an injection, so it is marked.
+            let said = if s.untrusted {
+                let provenance = stockade_policy::mark::Provenance::tool("channel-history", "earlier-turn");
+                stockade_policy::mark::mark(&stockade_policy::mark::Untrusted::new(s.text.clone(), provenance))
+                    .map_or_else(|_| "(withheld: it could not be marked)".to_owned(), |m| m.to_string())
+            } else {
+                s.text.clone()
+            };
+            text.push_str(&format!("{who}: {said}\n"));
         }
         text.push_str("\nThe new message:\n");
     }

@@ -137,6 +137,9 @@ pub struct Answer {
     pub tool_calls: u32,
     /// Tokens used, as reported.
     pub tokens: u64,
+    /// Untrusted output was read on the way to it (the host's word under confinement: its
+    /// broker's policy state), so the answer can quote an injection.
+    pub read_untrusted: bool,
 }
 
 /// Why a run ended without an answer.
@@ -448,6 +451,7 @@ impl AgentRun {
                 turns: self.turns,
                 tool_calls: self.tool_calls,
                 tokens: self.tokens,
+                read_untrusted: self.gate.has_read_untrusted(),
             };
             return self.done(Ok(answer));
         }

@@ -386,7 +386,7 @@ fn confined(
             Some(who) => format!("{who}: {prompt}"),
             None => prompt.to_owned(),
         };
-        channel.record(&message, &answer.text)?;
+        channel.record(&message, &answer.text, answer.read_untrusted)?;
     }
     answer(args, &result)
 }

@@ -311,6 +311,11 @@ pub struct GrantsReport {
     /// a model grant.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub model_tokens: u64,
+    /// The run read untrusted output through its grants (a call of an untrusted grant
+    /// returned, or a session that had already read some): the policy's
+    /// `session_read_untrusted`, as it stood when the run ended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_untrusted: bool,
 }
 
 fn is_zero(n: &u64) -> bool {

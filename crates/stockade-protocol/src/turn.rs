@@ -94,13 +94,25 @@ pub struct Said {
     pub role: Role,
     /// What was said.
     pub text: String,
+    /// It was said after untrusted output was read (an answer can quote an injection): the
+    /// host starts the next turn's policy as having read untrusted data, and the loop marks
+    /// the text when it replays it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untrusted: bool,
 }
 
 impl Said {
     /// An entry.
     #[must_use]
     pub fn new(role: Role, text: impl Into<String>) -> Self {
-        Self { role, text: text.into() }
+        Self { role, text: text.into(), untrusted: false }
+    }
+
+    /// The entry, said after untrusted output was read.
+    #[must_use]
+    pub fn untrusted(mut self) -> Self {
+        self.untrusted = true;
+        self
     }
 }
 

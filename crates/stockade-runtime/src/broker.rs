@@ -69,14 +69,25 @@ fn error(code: ReplyCode, message: impl Into<String>) -> ReplyBody {
     ReplyBody::Error(ReplyError::new(code, message))
 }
 
+/// The run's gate: as having read untrusted data from the start if the grants say an
+/// earlier turn did ([`Grants::already_read_untrusted`]).
+fn gate_for(grants: &Grants, policy: Arc<Policy>) -> Gate {
+    let mut gate = Gate::new(policy);
+    if grants.read_untrusted {
+        gate.set_read_untrusted();
+    }
+    gate
+}
+
 impl Session {
     pub(crate) fn new(grants: Arc<Grants>) -> Arc<Self> {
         let policy = grants.policy.clone().unwrap_or_else(|| Arc::new(Policy::deny_all(Registry::new())));
         let slots = Semaphore::new(grants.limits.concurrency.max(1));
+        let gate = gate_for(&grants, policy);
         Arc::new(Self {
             grants,
             start: Instant::now(),
-            state: Mutex::new(State { gate: Gate::new(policy), report: GrantsReport::default(), calls: 0 }),
+            state: Mutex::new(State { gate, report: GrantsReport::default(), calls: 0 }),
             slots,
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
@@ -129,6 +140,7 @@ impl Session {
         let mut report = std::mem::take(&mut self.state().report);
         report.session_ended = self.ended_reason();
         report.model_tokens = self.model.get().map_or(0, |(_, tokens)| tokens.load(Ordering::SeqCst));
+        report.read_untrusted = self.state().gate.has_read_untrusted();
         report
     }
 

@@ -345,6 +345,8 @@ pub struct Grants {
     loaders: BTreeMap<String, String>,
     /// Who answers a call the policy marks `ask`.
     pub(crate) approver: Option<Arc<dyn GrantApprover>>,
+    /// An earlier turn of the same conversation read untrusted data.
+    pub(crate) read_untrusted: bool,
 }
 
 /// Answers a function call the policy marks `ask` (a human at a terminal, an approval in a
@@ -411,6 +413,15 @@ impl Grants {
         self.data_bytes = total;
         self.data.insert(name.into(), value);
         Ok(self)
+    }
+
+    /// Starts each run's policy as having read untrusted data (`session_read_untrusted`):
+    /// for a conversation an earlier turn of which read some (a channel), whose history
+    /// can carry it on. Taint lasts; nothing clears it.
+    #[must_use]
+    pub fn already_read_untrusted(mut self) -> Self {
+        self.read_untrusted = true;
+        self
     }
 
     /// Grants a host function. Every call of it is decided by the [`policy`](Self::policy)

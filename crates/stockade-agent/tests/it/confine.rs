@@ -124,7 +124,10 @@ fn g11_the_loop_inside_reaches_each_tool_only_as_a_broker_call() {
     // The untrusted tool's answer is marked; the broker's refusal is the call's result.
     let results = tool_messages(&got[1]);
     assert!(results[0].1.contains("<untrusted id=") && results[0].1.contains("&lt;/untrusted&gt;"), "{}", results[0].1);
-    assert!(results[1].1.contains("denied: rule `ledger-closed` denies it"), "{}", results[1].1);
+    // The broker's words are the call's output (marked, were the tool untrusted), after the
+    // loop's own reason.
+    assert!(results[1].1.starts_with("Error: the call failed (denied)\n"), "{}", results[1].1);
+    assert!(results[1].1.contains("rule `ledger-closed` denies it"), "{}", results[1].1);
 }
 
 #[test]
@@ -156,7 +159,7 @@ fn g12_a_channel_keeps_a_bounded_history_beside_its_workspace_never_inside() {
     assert!(!c.state_path().starts_with(c.workspace()));
     assert!(c.history().unwrap().is_empty());
     for i in 0..40 {
-        c.record(&format!("message {i}"), &format!("answer {i}")).unwrap();
+        c.record(&format!("message {i}"), &format!("answer {i}"), false).unwrap();
     }
     let h = c.history().unwrap();
     assert_eq!(h.len(), stockade_agent::protocol::turn::MAX_HISTORY, "the oldest are dropped first");
@@ -172,7 +175,7 @@ fn g12_a_channel_keeps_a_bounded_history_beside_its_workspace_never_inside() {
     std::fs::remove_dir(evil.workspace()).unwrap();
     std::os::unix::fs::symlink(root.join("channels/evil"), evil.workspace()).unwrap();
     assert!(matches!(Channel::open(&root, "evil"), Err(ChannelError::Layout { .. })));
-    assert!(evil.record("hi", "there").is_err(), "no write through a swapped layout");
+    assert!(evil.record("hi", "there", false).is_err(), "no write through a swapped layout");
     // A state file that is a symlink is not followed.
     let linked = Channel::open(&root, "linked").unwrap();
     std::os::unix::fs::symlink(c.state_path(), linked.state_path()).unwrap();

@@ -503,3 +503,53 @@ fn g13_real_model_confined_steward_every_side_effect_was_allowed_on_the_host() {
     assert!(trace.iter().any(|e| e["event"] == "end"), "{trace:?}");
     eprintln!("real model, confined: {} model calls, {} tool runs on the host", allowed("model"), log.len());
 }
+
+#[test]
+fn g13_a_channel_s_taint_lasts_into_its_next_turns() {
+    // Turn one reads a scroll (untrusted) and answers quoting it. Turn two reads nothing and
+    // sends a raven: its history carries the quote, so the host's policy starts as having
+    // read untrusted data and the steward's ask-after-untrusted rule asks (no terminal: a
+    // denial). Judged by the ravens file on the host. Before the fix the raven flew.
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("confined-taint");
+    let state = dir.path("state");
+    let env = [("STOCKADE_STATE_DIR", state.as_str())];
+    let mock = MockLlm::script(vec![]).unwrap();
+    let turn = |loop_: &str| {
+        let args = ["--channel", "gate", "--confine-loop", loop_];
+        confined_env("process", &dir, &mock.url(), "sk-x", &args, &env, Some("deal with the deliveries"))
+    };
+    let reader = script(
+        &dir,
+        "reader.sh",
+        "cat > /dev/null\nstockade-call read_scroll '{\"name\":\"stranger\"}' > /dev/null 2>&1\nprintf '{\"ok\":true,\"text\":\"the stranger asks for a raven\"}\\n'\n",
+    );
+    let (code, _, err) = turn(&reader);
+    assert_eq!(code, 0, "{err}");
+    let sender = script(
+        &dir,
+        "sender.sh",
+        "cat > /workspace/turn2.json\nr=$(stockade-call send_raven '{\"to\":\"riverhold\",\"text\":\"as asked\"}' 2>&1 | tr -d '\"\\\\')\nprintf '{\"ok\":true,\"text\":\"%s\"}\\n' \"$r\"\n",
+    );
+    let (code, out, err) = turn(&sender);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("denied"), "{out}");
+    assert!(dir.lines("ravens.jsonl").is_empty(), "a raven flew on a tainted channel: {:?}", dir.lines("ravens.jsonl"));
+    // Decided by the rule for a session that read untrusted data (before the fix, the turn
+    // started clean and the ask rule did not apply).
+    let rules: Vec<String> = dir
+        .lines("trace.jsonl")
+        .iter()
+        .filter(|v| v["event"] == "decision" && v["tool"] == "send_raven")
+        .map(|v| v["rule"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(rules, ["ask-after-untrusted"], "the second turn's policy started clean");
+    // The host kept the answer as untrusted, and the loop was handed it as such.
+    let ws = dir.0.join("state/channels/gate");
+    let history: Value = serde_json::from_slice(&std::fs::read(ws.join("state.json")).unwrap()).unwrap();
+    assert_eq!(history[1]["untrusted"], true, "{history}");
+    let turn2: Value = serde_json::from_slice(&std::fs::read(ws.join("workspace/turn2.json")).unwrap()).unwrap();
+    assert_eq!(turn2["history"][1]["untrusted"], true, "{turn2}");
+}
