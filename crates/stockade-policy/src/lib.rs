@@ -94,9 +94,12 @@
 //!     (pinned by: tests/it/allow.rs::g10_*)
 //! G11. `path_prefix` is decided lexically after normalisation, so `..` tricks fail without
 //!     touching the filesystem; `url_hosts` is decided on the parsed URL, never on the raw
-//!     string; `hosts` never matches a name against an address block, nor a `*.` entry
-//!     against its bare domain; `pattern` is anchored.
-//!     (pinned by: tests/it/allow.rs::g11_*)
+//!     string, and only on a URL every reader reads alike: one with userinfo, a backslash, a
+//!     control byte or space, an encoded or normalised host or an odd port matches nothing,
+//!     and for every URL it allows, curl and Python read the same host (a differential test
+//!     over a corpus of tricky spellings); `hosts` never matches a name against an address
+//!     block, nor a `*.` entry against its bare domain; `pattern` is anchored.
+//!     (pinned by: tests/it/allow.rs::g11_*, tests/it/url_differential.rs::g11_*)
 //! G12. Loading a policy rejects unknown tools and arguments, mistyped values, invalid
 //!     regexes and rules that can never match, naming the line and column, and runs every
 //!     rule's examples; the shipped steward policy loads.

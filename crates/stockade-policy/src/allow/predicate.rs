@@ -57,8 +57,10 @@ pub enum Predicate {
     /// An absolute path that, after lexical normalisation (`.` and `..` resolved without
     /// touching the filesystem), lies inside this normalised prefix.
     PathPrefix(Vec<String>),
-    /// An `http` or `https` URL whose parsed host is one of these (a `*.` entry also allows
-    /// its subdomains).
+    /// An `http` or `https` URL whose host is one of these (a `*.` entry also allows its
+    /// subdomains), read so that curl, Python and a browser read the same host; a URL they
+    /// could read differently (userinfo, a backslash, a control byte, an encoded or
+    /// normalised host, an odd port) matches nothing.
     UrlHost(Vec<String>),
     /// A network host (a DNS name or an IP literal, as a connection names it) that one of
     /// these patterns matches: see [`HostPattern`].
@@ -232,13 +234,45 @@ fn normalise_components(path: &str) -> Option<Vec<&str>> {
     Some(parts)
 }
 
-/// The lower-case host of an `http`/`https` URL, from the WHATWG parse.
+/// The lower-case host of an `http`/`https` URL, read so that every client that fetches it
+/// reads the same host (curl, Python's `urlsplit`, browsers' WHATWG parse), or `None`.
+/// Refused, since readers differ on them: any byte that is a control, a space, a backslash
+/// or not ASCII (WHATWG drops tabs and newlines and reads `\` as `/`; curl does not);
+/// anything but `scheme://` at the start; userinfo (`user@`, which a `\` can hide from one
+/// reader and not another); a `%` in the authority (WHATWG decodes a host; others do not);
+/// a port that is not 1 to 5 digits without a leading zero. Last, the WHATWG parse's host
+/// must be the authority's own, so no reader normalises one into another (`0x7f.1`).
 fn url_host(s: &str) -> Option<String> {
-    let url = url::Url::parse(s).ok()?;
-    if !matches!(url.scheme(), "http" | "https") {
+    if s.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'\\' || !b.is_ascii()) {
         return None;
     }
-    url.host_str().map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+    let (scheme, rest) = s.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.contains(['@', '%']) {
+        return None;
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (h, after) = v6.split_once(']')?;
+            (format!("[{h}]"), after.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (authority.to_owned(), None),
+        },
+    };
+    if let Some(p) = port {
+        let canonical = !p.is_empty() && p.len() <= 5 && !p.starts_with('0') && p.bytes().all(|b| b.is_ascii_digit());
+        if !canonical || p.parse::<u16>().is_err() {
+            return None;
+        }
+    }
+    let url = url::Url::parse(s).ok()?;
+    let parsed = url.host_str()?.trim_end_matches('.').to_ascii_lowercase();
+    (parsed == host.trim_end_matches('.').to_ascii_lowercase()).then_some(parsed)
 }
 
 fn host_allowed(host: &str, allowed: &[String]) -> bool {

@@ -4,3 +4,4 @@ mod allow;
 mod document;
 mod mark;
 mod ui;
+mod url_differential;
