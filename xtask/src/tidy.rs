@@ -68,6 +68,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("rustix", "stockade-process"),
     ("nix", "stockade-process"),
     ("cap-std", "stockade-hostfs"),
+    ("jsonschema", "stockade-runtime"),
     ("reqwest", "stockade-agent"),
     ("ureq", "stockade-agent"),
     ("hyper", "stockade-agent"),

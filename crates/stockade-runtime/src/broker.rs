@@ -305,6 +305,14 @@ impl Session {
             let body = error(ReplyCode::BadArgs, "a function grant takes its arguments as one JSON object");
             return (GrantOutcome::Denied, "bad-args".into(), body);
         };
+        // The whole schema first (what the server itself would refuse never reaches it):
+        // the policy then decides on arguments that are what the tool takes.
+        if let Err(why) = function.check_args(&args) {
+            *shown = Some(call.canonical_args());
+            let body = error(ReplyCode::BadArgs, format!("the arguments do not follow {name}'s schema: {why}"));
+            // The rule the policy's own argument check records.
+            return (GrantOutcome::Denied, "bad-argument".into(), body);
+        }
         *shown = Some(call.canonical_args());
         let now = self.start.elapsed();
         let decided = self.state().gate.decide_unattended(&call, now);

@@ -83,6 +83,18 @@ pub enum GrantError {
     },
 }
 
+/// A grant's argument schema, compiled for the broker (JSON Schema draft 2020-12 unless
+/// it says otherwise). Nothing is fetched: a `$ref` resolves only inside the schema. A
+/// `pattern` runs on the `regex` crate (linear time: the guest writes the strings it is
+/// matched against), so a pattern that needs backtracking is refused here.
+fn compile_schema(schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+    jsonschema::options()
+        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .build(schema)
+        .map(Arc::new)
+        .map_err(|e| format!("its schema cannot be checked: {e}"))
+}
+
 /// How a grant's name is spelled where `.` cannot be (a chat tool's name, a Python
 /// attribute): each `.` as `__`, so a host MCP server's `desk.file_ticket` is
 /// `desk__file_ticket`. Two grants with one such name are refused when loaded.
@@ -109,6 +121,9 @@ pub struct FunctionGrant {
     pub(crate) name: GrantName,
     pub(crate) schema: Value,
     pub(crate) spec: ToolSpec,
+    /// The whole schema, compiled: every keyword (`enum`, `minimum`, `maxLength`,
+    /// `pattern`, ...) is checked at the broker, integers exactly.
+    pub(crate) validator: Arc<jsonschema::Validator>,
     pub(crate) params: Vec<String>,
     pub(crate) description: String,
     pub(crate) handler: Arc<dyn GrantFn>,
@@ -132,12 +147,29 @@ impl FunctionGrant {
         let name = grant_name(name)?;
         let spec = ToolSpec::from_json_schema(name.as_str(), &schema)
             .map_err(|e| GrantError::Schema { name: name.as_str().into(), reason: e.to_string() })?;
+        let validator =
+            compile_schema(&schema).map_err(|reason| GrantError::Schema { name: name.as_str().into(), reason })?;
         let params = schema
             .get("required")
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
             .unwrap_or_default();
-        Ok(Self { name, schema, spec, params, description: String::new(), handler: Arc::new(handler) })
+        Ok(Self { name, schema, spec, validator, params, description: String::new(), handler: Arc::new(handler) })
+    }
+
+    /// Checks `args` against the whole schema: `Err` is the first violation, one line (its
+    /// place in the arguments and what was wanted), at most 512 bytes.
+    pub(crate) fn check_args(&self, args: &Value) -> Result<(), String> {
+        match self.validator.iter_errors(args).next() {
+            None => Ok(()),
+            Some(e) => {
+                let line = format!(
+                    "{}: {e}",
+                    if e.instance_path().as_str().is_empty() { "/" } else { e.instance_path().as_str() }
+                );
+                Err(stockade_protocol::completion::cut(&line.replace(['\n', '\r'], " "), 512))
+            }
+        }
     }
 
     /// Describes the function to the guest (the manifest's `description`; the Python

@@ -120,7 +120,9 @@
 //! G4. A function grant runs only with the `Permit` the grants' policy minted for exactly
 //!     that call. Its arguments carry the source `sandbox`, so no `source = "trusted"` rule
 //!     matches them; a name the run was not granted, arguments that are not the grant's
-//!     schema, or grants without a policy are denied and run nothing. The grants are fixed
+//!     schema (the whole JSON Schema, checked before the policy with `jsonschema`: every
+//!     keyword, integers compared exactly, `pattern` in linear time), or grants without a
+//!     policy are denied and run nothing. The grants are fixed
 //!     before the run starts. Once a call of a function marked
 //!     [`FunctionGrant::untrusted_output`] (every host MCP tool, an untrusted agent tool)
 //!     returned, a result or a failure (whose message can quote the tool), the run's policy

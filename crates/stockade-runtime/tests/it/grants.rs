@@ -203,7 +203,8 @@ fn g4_a_function_runs_only_when_the_policy_allows_it() {
             ("add", GrantOutcome::Ok, "small-sums"),
             ("add", GrantOutcome::Denied, "default-deny"),
             ("add", GrantOutcome::Denied, "bad-argument"),
-            ("add", GrantOutcome::Denied, "unknown-argument"),
+            // The schema's `additionalProperties: false`, checked whole before the policy.
+            ("add", GrantOutcome::Denied, "bad-argument"),
             ("add", GrantOutcome::Denied, "bad-args"),
             ("delete_everything", GrantOutcome::Denied, "unknown-grant"),
             ("rows", GrantOutcome::Ok, "data-grant"),
@@ -1037,4 +1038,67 @@ limits = { max_calls = 1, per_secs = 3600 }
     let seen = tier.seen.lock().unwrap().clone();
     assert!(seen[0]["error"]["message"].as_str().unwrap().contains("no one to ask"), "{}", seen[0]);
     assert!(log.lock().unwrap().is_empty());
+}
+
+#[test]
+fn g4_the_whole_schema_is_checked_before_the_policy_integers_exactly() {
+    // A server's own schema: an enum, bounds, a length and a pattern. What it would refuse
+    // never reaches it; the bound past 2^53 is compared exactly (as floats, 2^53 + 1 would
+    // equal 2^53 and pass). Judged by what the handler ran.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "to": {"type": "string", "enum": ["riverhold", "highcliff"]},
+            "n": {"type": "integer", "minimum": 1, "maximum": 9_007_199_254_740_992_u64},
+            "text": {"type": "string", "maxLength": 5},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"}
+        },
+        "required": ["to"],
+        "additionalProperties": false
+    });
+    let send = FunctionGrant::new("send", schema, move |p: Permit| {
+        let log = l.clone();
+        async move {
+            log.lock().unwrap().push(p.call().args_json());
+            Ok(Value::Null)
+        }
+    })
+    .unwrap();
+    let g = Grants::new().function(send).unwrap();
+    let policy = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"any\"\ntool = \"send\"\neffect = \"allow\"\n";
+    let g = g.clone().policy(Policy::from_toml(policy, &g.registry()).unwrap());
+    let bad = [
+        json!({"to": "eastwatch"}),
+        json!({"to": "riverhold", "n": 0}),
+        json!({"to": "riverhold", "n": 9_007_199_254_740_993_u64}),
+        json!({"to": "riverhold", "text": "longer than five"}),
+        json!({"to": "riverhold", "code": "abc"}),
+        json!({"to": "riverhold", "extra": 1}),
+    ];
+    let calls: Vec<Value> = bad
+        .iter()
+        .cloned()
+        .chain([json!({"to": "riverhold", "n": 9_007_199_254_740_992_u64, "code": "ABC"})])
+        .collect();
+    let tier = SocketTier::new(move |sock| {
+        let mut s = connect(&sock);
+        calls.iter().enumerate().map(|(i, a)| call(&mut s, i as u64 + 1, "send", a.clone()).unwrap()).collect()
+    });
+    let (report, tier) = run(tier, g);
+    let seen = tier.seen.lock().unwrap().clone();
+    for (i, args) in bad.iter().enumerate() {
+        assert_eq!(seen[i]["error"]["code"], "bad_args", "{args}: {}", seen[i]);
+        assert!(seen[i]["error"]["message"].as_str().unwrap().contains("send's schema"), "{}", seen[i]);
+    }
+    assert_eq!(*log.lock().unwrap(), [json!({"code": "ABC", "n": 9_007_199_254_740_992_u64, "to": "riverhold"})]);
+    let rules: Vec<String> = report.grants.unwrap().calls.iter().map(|c| c.rule.clone()).collect();
+    assert_eq!(rules[..6], ["bad-argument"; 6]);
+    assert_eq!(rules[6], "any");
+    // A pattern that needs backtracking is refused when the grant is made (the guest
+    // writes what it is matched against).
+    let backtracking = json!({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+\\1$"}}});
+    let e = FunctionGrant::new("f", backtracking, |_p: Permit| async { Ok(Value::Null) }).unwrap_err();
+    assert!(matches!(e, GrantError::Schema { .. }), "{e}");
 }
