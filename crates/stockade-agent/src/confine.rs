@@ -246,11 +246,17 @@ impl ConfinedBuilder {
         if let Some(t) = &agent.trace {
             t.scrub_key(endpoint.key());
         }
-        let mut proxy = ModelProxy::new(endpoint);
-        if let Some(n) = tokens {
-            proxy = proxy.max_tokens(n);
-        }
-        let calls = GrantLimits::default().call_timeout(tool_timeout);
+        // The host owns the budgets, whatever the loop inside counts: its model calls and
+        // tokens at the model grant, its tool calls at the broker (each of which also takes
+        // one of the broker's calls, as a model request does).
+        let budget = agent.limits;
+        let proxy = ModelProxy::new(endpoint)
+            .max_tokens(tokens.map_or(budget.total_tokens(), |n| n.min(budget.total_tokens())))
+            .max_requests(u64::from(budget.turns()));
+        let calls = GrantLimits::default()
+            .call_timeout(tool_timeout)
+            .max_function_calls(budget.tool_calls())
+            .max_calls(budget.turns().saturating_add(budget.tool_calls()).saturating_add(8));
         let mut grants = std::mem::take(&mut agent.grants).policy(policy).limits(calls).model(Arc::new(proxy));
         if let Some(approver) = approver {
             grants = grants.approver(Arc::new(HostApprover(approver)));

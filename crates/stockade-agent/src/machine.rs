@@ -83,6 +83,18 @@ impl RunLimits {
     pub fn turns(&self) -> u32 {
         self.max_turns
     }
+
+    /// The tool-call budget.
+    #[must_use]
+    pub fn tool_calls(&self) -> u32 {
+        self.max_tool_calls
+    }
+
+    /// The token budget.
+    #[must_use]
+    pub fn total_tokens(&self) -> u64 {
+        self.max_total_tokens
+    }
 }
 
 /// What an assistant message that only calls tools carries as `content` when it is sent back.

@@ -108,6 +108,7 @@ fn scrub(key: Option<&crate::secret::ApiKey>, text: &str) -> String {
 pub struct ModelProxy {
     endpoint: Endpoint,
     max_tokens: u64,
+    max_requests: u64,
     request_timeout: Duration,
 }
 
@@ -116,7 +117,20 @@ impl ModelProxy {
     /// run and a 120 s limit per request.
     #[must_use]
     pub fn new(endpoint: Endpoint) -> Self {
-        Self { endpoint, max_tokens: DEFAULT_RUN_TOKENS, request_timeout: Duration::from_secs(120) }
+        Self {
+            endpoint,
+            max_tokens: DEFAULT_RUN_TOKENS,
+            max_requests: u64::MAX,
+            request_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// Sets the chat requests one run may make (an agent's turns), counted here, on the
+    /// host: past them a request is refused (429) and nothing goes upstream.
+    #[must_use]
+    pub fn max_requests(mut self, n: u64) -> Self {
+        self.max_requests = n;
+        self
     }
 
     /// Sets the tokens one run may use (the upstream's reported usage, summed).
@@ -243,6 +257,16 @@ impl ModelProxy {
                 msg,
                 GrantOutcome::Refused,
                 "model-token-budget",
+            ));
+        }
+        if run.begin_request() > self.max_requests {
+            let msg = format!("this run's {} model calls are spent", self.max_requests);
+            return Err(Refused::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "turns_spent",
+                msg,
+                GrantOutcome::Refused,
+                "model-turn-budget",
             ));
         }
         let stream = request.stream == Some(true);

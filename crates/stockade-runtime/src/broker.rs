@@ -42,6 +42,8 @@ struct State {
     gate: Gate,
     report: GrantsReport,
     calls: u64,
+    // Function calls decided so far (the bound `max_function_calls`).
+    functions: u64,
 }
 
 /// One run's broker session. Shared by every connection (and every `host.call`) of the run.
@@ -54,7 +56,7 @@ pub(crate) struct Session {
     ended: watch::Sender<Option<String>>,
     /// The model grant's placeholder and token count (set by the broker), from which a call
     /// to [`crate::MODEL_GRANT`] builds its [`ModelRun`].
-    model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>)>,
+    model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>, Arc<std::sync::atomic::AtomicU64>)>,
     /// The run's network proxy, through which a call to [`crate::FETCH_GRANT`] goes.
     egress: std::sync::OnceLock<stockade_egress::Egress>,
     /// Held while the grants' approver is asked: one question at a time.
@@ -87,7 +89,7 @@ impl Session {
         Arc::new(Self {
             grants,
             start: Instant::now(),
-            state: Mutex::new(State { gate, report: GrantsReport::default(), calls: 0 }),
+            state: Mutex::new(State { gate, report: GrantsReport::default(), calls: 0, functions: 0 }),
             slots,
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
@@ -98,8 +100,8 @@ impl Session {
     }
 
     /// The model grant's per-run state, shared with the broker's [`ModelRun`].
-    pub(crate) fn set_model(&self, placeholder: Arc<str>, tokens: Arc<std::sync::atomic::AtomicU64>) {
-        let _ = self.model.set((placeholder, tokens));
+    pub(crate) fn set_model(&self, run: &ModelRun) {
+        let _ = self.model.set((run.placeholder.clone(), run.tokens.clone(), run.requests.clone()));
     }
 
     /// The run's proxy, for [`crate::FETCH_GRANT`].
@@ -139,7 +141,7 @@ impl Session {
         self.closed.store(true, Ordering::SeqCst);
         let mut report = std::mem::take(&mut self.state().report);
         report.session_ended = self.ended_reason();
-        report.model_tokens = self.model.get().map_or(0, |(_, tokens)| tokens.load(Ordering::SeqCst));
+        report.model_tokens = self.model.get().map_or(0, |(_, tokens, _)| tokens.load(Ordering::SeqCst));
         report.read_untrusted = self.state().gate.has_read_untrusted();
         report
     }
@@ -267,12 +269,17 @@ impl Session {
             }
             return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(manifest));
         }
-        if let (crate::MODEL_GRANT, Some(service), Some((placeholder, tokens))) =
+        if let (crate::MODEL_GRANT, Some(service), Some((placeholder, tokens, requests))) =
             (name, &self.grants.model, self.model.get())
         {
             // The model grant as a call: the same service, validation and token budget as
             // its socket, bounded by the run's concurrency and recorded here.
-            let run = ModelRun { placeholder: placeholder.clone(), session: self.clone(), tokens: tokens.clone() };
+            let run = ModelRun {
+                placeholder: placeholder.clone(),
+                session: self.clone(),
+                tokens: tokens.clone(),
+                requests: requests.clone(),
+            };
             let _slot = self.slots.acquire().await;
             return match service.complete(args, run).await {
                 Ok(v) => (GrantOutcome::Ok, "model-call".into(), ReplyBody::Result(v)),
@@ -314,6 +321,16 @@ impl Session {
             return (GrantOutcome::Denied, "bad-argument".into(), body);
         }
         *shown = Some(call.canonical_args());
+        let max = u64::from(self.grants.limits.max_function_calls);
+        let over = {
+            let mut st = self.state();
+            st.functions += 1;
+            st.functions > max
+        };
+        if over {
+            let body = error(ReplyCode::Refused, format!("this run's {max} function calls are spent"));
+            return (GrantOutcome::Refused, "max-function-calls".into(), body);
+        }
         let now = self.start.elapsed();
         let decided = self.state().gate.decide_unattended(&call, now);
         let decided = match (decided, &self.grants.approver) {

@@ -226,6 +226,9 @@ pub struct GrantLimits {
     pub concurrency: usize,
     /// Most broker connections open at once (default 8).
     pub max_connections: usize,
+    /// Most function calls per run (default: no bound but `max_calls`); past it a function
+    /// call is refused (`max-function-calls`) and runs nothing, and the session goes on.
+    pub max_function_calls: u32,
 }
 
 impl Default for GrantLimits {
@@ -237,6 +240,7 @@ impl Default for GrantLimits {
             call_timeout: Duration::from_secs(10),
             concurrency: 4,
             max_connections: 8,
+            max_function_calls: u32::MAX,
         }
     }
 }
@@ -246,6 +250,13 @@ impl GrantLimits {
     #[must_use]
     pub fn max_calls(mut self, n: u32) -> Self {
         self.max_calls = n;
+        self
+    }
+
+    /// Sets the most function calls per run (an agent's tool calls).
+    #[must_use]
+    pub fn max_function_calls(mut self, n: u32) -> Self {
+        self.max_function_calls = n;
         self
     }
 
@@ -321,6 +332,8 @@ pub struct ModelRun {
     pub(crate) placeholder: Arc<str>,
     pub(crate) session: Arc<crate::broker::Session>,
     pub(crate) tokens: Arc<std::sync::atomic::AtomicU64>,
+    /// Chat requests asked for so far ([`ModelRun::begin_request`]).
+    pub(crate) requests: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl fmt::Debug for ModelRun {
@@ -346,6 +359,13 @@ impl ModelRun {
     /// Records one request in the run's report, as the grant `model`.
     pub fn record(&self, outcome: stockade_protocol::GrantOutcome, rule: &str, bytes: (u64, u64), duration: Duration) {
         self.session.record("model", outcome, rule, bytes, duration);
+    }
+
+    /// Counts one chat request of the run and returns how many there have been, this one
+    /// included: a service bounds a run's model calls (an agent's turns) with it, on the
+    /// host, whatever the guest's loop says.
+    pub fn begin_request(&self) -> u64 {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst).saturating_add(1)
     }
 
     /// Adds `n` tokens to the run's count and returns the new total.

@@ -406,8 +406,9 @@ impl Broker {
                 "a function grant is named {MODEL_GRANT:?}, which the model grant answers to: rename it"
             )));
         }
-        let model_run = ModelRun { placeholder, session: session.clone(), tokens: Arc::default() };
-        session.set_model(model_run.placeholder.clone(), model_run.tokens.clone());
+        let model_run =
+            ModelRun { placeholder, session: session.clone(), tokens: Arc::default(), requests: Arc::default() };
+        session.set_model(&model_run);
         if grants.net.is_some() && grants.functions.contains_key(FETCH_GRANT) {
             return Err(RunError::Misconfigured(format!(
                 "a function grant is named {FETCH_GRANT:?}, which the network grant answers to: rename it"

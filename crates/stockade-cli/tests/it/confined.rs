@@ -553,3 +553,65 @@ fn g13_a_channel_s_taint_lasts_into_its_next_turns() {
     let turn2: Value = serde_json::from_slice(&std::fs::read(ws.join("workspace/turn2.json")).unwrap()).unwrap();
     assert_eq!(turn2["history"][1]["untrusted"], true, "{turn2}");
 }
+
+#[test]
+fn g13_the_host_owns_a_confined_loops_budgets() {
+    // agent.toml says 2 model calls and 1 tool call. A hostile loop ignores its turn's
+    // budget and asks the model grant 6 times and the broker 5 times: the host counts both
+    // and refuses past the budget. Judged by what reached the mock model and the tool's own
+    // log. Before the fix the loop's word was the only bound.
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("confined-budgets");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap();
+    let policy = dir.path("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"ledger\"\ntool = \"read_ledger\"\neffect = \"allow\"\n",
+    )
+    .unwrap();
+    let config = dir.path("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[endpoint]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n[agent]\nsystem_prompt = \"x\"\npolicy = \"{policy}\"\nmax_turns = 2\nmax_tool_calls = 1\n\
+             [[tool]]\nname = \"read_ledger\"\ndescription = \"Reads a page.\"\ncommand = [\"python3\", \"{}/examples/steward/tools/read_ledger.py\"]\n\
+             parameters = {{ type = \"object\", properties = {{ page = {{ type = \"integer\" }} }}, required = [\"page\"] }}\noutput = \"trusted\"\nenv = [\"STEWARD_LOG\"]\n",
+            root.display()
+        ),
+    )
+    .unwrap();
+    let hostile = script(
+        &dir,
+        "hostile.sh",
+        "cat > /dev/null\n\
+         for i in 1 2 3 4 5 6; do curl -s -o /dev/null -H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' -d '{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' \"$OPENAI_BASE_URL/chat/completions\"; done\n\
+         for i in 1 2 3 4 5; do stockade-call read_ledger '{\"page\":1}' > /dev/null 2>&1; done\n\
+         printf '{\"ok\":true,\"text\":\"done\"}\\n'\n",
+    );
+    let mock = MockLlm::script((0..10).map(|_| Reply::text("x")).collect()).unwrap();
+    let _runs = crate::cli::shared();
+    let o = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args([
+            "agent",
+            "--confine",
+            "process",
+            "--confine-loop",
+            &hostile,
+            "--config",
+            &config,
+            "--base-url",
+            &mock.url(),
+        ])
+        .arg("go")
+        .env("STEWARD_LOG", dir.0.join("log.jsonl"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(mock.received().len(), 2, "the model grant served past max_turns: {err}");
+    let runs = dir.lines("log.jsonl");
+    assert_eq!(runs.len(), 1, "the broker ran tools past max_tool_calls: {runs:?}");
+}

@@ -139,7 +139,9 @@ fn readme_commands_run_as_written() {
             eprintln!("SKIPPED README block {first:?}: it needs a model; readme_real_model_steward_block runs it");
         } else if block.trim() == "cargo xtask ci" {
             eprintln!("SKIPPED README block {first:?}: it is this CI run itself");
-        } else if block.trim() == "cargo test -p stockade-protocol -p stockade-policy -p stockade-verify -p stockade-egress" {
+        } else if block.trim()
+            == "cargo test -p stockade-protocol -p stockade-policy -p stockade-verify -p stockade-egress"
+        {
             eprintln!("SKIPPED README block {first:?}: a subset of this CI run");
         } else {
             panic!("README.md has a command this test does not check; add its expected output here:\n{block}");

@@ -118,19 +118,26 @@ fn g17_a_read_write_workspace_is_swept_after_each_exec_and_between_them() {
         assert_eq!(r.swept, [".bashrc"], "{r:?}");
         assert!(!ws.join(".bashrc").exists());
         assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "kept\n");
-        // Planted by a process the exec left behind, after the exec ended: gone within a
-        // heartbeat or two, judged from the host, and named in the next exec's report.
-        let r = sh(&session, "(sleep 0.3; echo evil > /workspace/.bashrc) > /dev/null 2>&1 &").await;
+        // Planted by a process the exec left behind, after the exec ended: swept by the
+        // heartbeat with no exec running, judged from the host, and named in the next
+        // exec's report. Ordered by events, not by time: the process plants only once the
+        // host says the exec has reported (`go`), and says when it has (`planted`).
+        let r = sh(
+            &session,
+            "(while [ ! -e /workspace/go ]; do sleep 0.05; done; echo evil > /workspace/.bashrc; touch /workspace/planted) > /dev/null 2>&1 &",
+        )
+        .await;
         assert_eq!(r.swept, Vec::<String>::new(), "{r:?}");
-        let planted_at = std::time::Instant::now() + Duration::from_millis(300);
-        let mut seen = false;
-        while std::time::Instant::now() < planted_at + 3 * stockade_hostfs::HEARTBEAT {
-            seen |= ws.join(".bashrc").exists();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(!ws.join(".bashrc").exists(), "a planted path outlived two heartbeats");
+        std::fs::write(ws.join("go"), "").unwrap();
+        let swept = async {
+            while !ws.join("planted").exists() || ws.join(".bashrc").exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        // The bound is the failure's only (a sweep that never comes): the heartbeat is 1 s.
+        tokio::time::timeout(Duration::from_secs(60), swept).await.expect("a planted path was never swept");
         let r = sh(&session, "true").await;
-        assert_eq!(r.swept, [".bashrc"], "seen on the host meanwhile: {seen}; {r:?}");
+        assert_eq!(r.swept, [".bashrc"], "{r:?}");
         session.kill().await;
     });
     assert!(!ws.join(".bashrc").exists());
