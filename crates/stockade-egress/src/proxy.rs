@@ -976,11 +976,7 @@ impl Egress {
         loop {
             let line = read_line(from, limits.max_head_bytes, limits.idle).await?;
             let size = http::chunk_size(&line).ok_or("bad-chunk")?;
-            let canonical = format!("{size:x}\r\n");
-            if !self.charge(conn, canonical.len(), Way::Up) {
-                return Err("max-bytes");
-            }
-            to.write_all(canonical.as_bytes()).await.map_err(|_| "upstream-error")?;
+            self.send_up(conn, to, format!("{size:x}\r\n").as_bytes()).await?;
             if size == 0 {
                 return self.copy_trailers(conn, from, to).await;
             }
@@ -1005,19 +1001,26 @@ impl Egress {
         loop {
             let line = read_line(from, left, limits.idle).await?;
             if line.is_empty() {
-                if !self.charge(conn, 2, Way::Up) {
-                    return Err("max-bytes");
-                }
-                return to.write_all(b"\r\n").await.map_err(|_| "upstream-error");
+                return self.send_up(conn, to, b"\r\n").await;
             }
             left = left.saturating_sub(line.len() + 2);
             let mut field = http::trailer_field(&line).ok_or("bad-trailer")?;
             field.extend_from_slice(b"\r\n");
-            if !self.charge(conn, field.len(), Way::Up) {
-                return Err("max-bytes");
-            }
-            to.write_all(&field).await.map_err(|_| "upstream-error")?;
+            self.send_up(conn, to, &field).await?;
         }
+    }
+
+    /// Counts `bytes` going up ([`Egress::charge`]), then writes them to the upstream.
+    async fn send_up<U: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        to: &mut U,
+        bytes: &[u8],
+    ) -> Result<(), &'static str> {
+        if !self.charge(conn, bytes.len(), Way::Up) {
+            return Err("max-bytes");
+        }
+        to.write_all(bytes).await.map_err(|_| "upstream-error")
     }
 
     /// Counts `n` bytes of `conn` going `way`: against the run's bound that way, and against
