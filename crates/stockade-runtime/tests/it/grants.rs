@@ -246,6 +246,19 @@ fn g4_sandbox_arguments_are_never_trusted_and_no_policy_denies_everything() {
     assert!(log.lock().unwrap().is_empty(), "a function ran without a policy: {:?}", log.lock().unwrap());
 }
 
+/// A `send(to)` grant that logs each call it runs (`send {"to":...}`) to `log`.
+fn logged_send(log: &Arc<Mutex<Vec<String>>>) -> FunctionGrant {
+    let log = log.clone();
+    FunctionGrant::new("send", json!({"type": "object", "properties": {"to": {"type": "string"}}}), move |p: Permit| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(format!("send {}", p.call().args_json()));
+            Ok(Value::Null)
+        }
+    })
+    .unwrap()
+}
+
 #[test]
 fn g4_an_untrusted_functions_answer_turns_the_session_untrusted() {
     // `fetch_page` relays an outsider's words; `send` is allowed only before any was read.
@@ -261,18 +274,7 @@ fn g4_an_untrusted_functions_answer_turns_the_session_untrusted() {
     .unwrap()
     .untrusted_output();
     let l = log.clone();
-    let send = FunctionGrant::new(
-        "send",
-        json!({"type": "object", "properties": {"to": {"type": "string"}}}),
-        move |p: Permit| {
-            let log = l.clone();
-            async move {
-                log.lock().unwrap().push(format!("send {}", p.call().args_json()));
-                Ok(Value::Null)
-            }
-        },
-    )
-    .unwrap();
+    let send = logged_send(&l);
     let g = Grants::new().function(fetch).unwrap().function(send).unwrap();
     let policy = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"page\"\ntool = \"fetch_page\"\neffect = \"allow\"\n[[rule]]\nid = \"send-while-clean\"\ntool = \"send\"\neffect = \"allow\"\nwhen = { session_read_untrusted = false }\n";
     let g = g.clone().policy(Policy::from_toml(policy, &g.registry()).unwrap());
@@ -298,18 +300,7 @@ fn g4_an_untrusted_functions_answer_turns_the_session_untrusted() {
     })
     .unwrap()
     .untrusted_output();
-    let send = FunctionGrant::new(
-        "send",
-        json!({"type": "object", "properties": {"to": {"type": "string"}}}),
-        move |p: Permit| {
-            let log = l.clone();
-            async move {
-                log.lock().unwrap().push(format!("send {}", p.call().args_json()));
-                Ok(Value::Null)
-            }
-        },
-    )
-    .unwrap();
+    let send = logged_send(&l);
     let g = Grants::new().function(failing).unwrap().function(send).unwrap();
     let g = g.clone().policy(Policy::from_toml(policy, &g.registry()).unwrap());
     let tier = SocketTier::new(|sock| {
