@@ -269,6 +269,9 @@ const FUZZ_TARGETS: &[&str] = &[
     "stage_unpack",
     "agent_config",
     "e2b_wire",
+    "proxy_request",
+    "proxy_relay",
+    "fetch_response",
 ];
 
 fn fuzz(args: &[String]) -> Result<()> {

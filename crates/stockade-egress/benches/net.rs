@@ -9,6 +9,9 @@
 //!   the same ClientHello and answer;
 //! - `net_decide`: one connection's policy decision under 10 `--allow-net` rules, next to
 //!   building the call alone;
+//! - in the first two, `peer_tinyproxy`: the same through tinyproxy (Debian's), a forward
+//!   proxy users already run, started on the same loopback for the run when it is installed
+//!   (skipped, and said so, when it is not);
 //! - `net_relay_ceiling`: what any relay can do on this machine's loopback, with no proxy
 //!   logic at all: 100 MiB read straight, through a plain 256 KiB copy loop on a thread, and
 //!   through `splice(2)` via a 1 MiB pipe (zero-copy relaying), all with std threads.
@@ -85,6 +88,67 @@ fn grant(up: SocketAddr) -> NetGrant {
         .limits(limits)
 }
 
+/// tinyproxy on 127.0.0.1, started for one group and ended by its PID when the group ends.
+struct Tinyproxy {
+    child: std::process::Child,
+    addr: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Tinyproxy {
+    /// Starts it, or `None` (said on stderr) when it is not installed.
+    fn start() -> Option<Self> {
+        let bin = ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"].into_iter().find(|p| std::path::Path::new(p).exists());
+        let Some(bin) = bin else {
+            eprintln!("net: peer_tinyproxy SKIPPED: tinyproxy is not installed (apt-get install tinyproxy)");
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = std::env::temp_dir().join(format!("stockade-bench-tinyproxy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // No ConnectPort line: CONNECT to any port, as the grant allows the upstream's.
+        let conf = format!(
+            "Port {port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 256\nAllow 127.0.0.1\nLogLevel Critical\nLogFile \"{}\"\nPidFile \"{}\"\n",
+            dir.join("log").display(),
+            dir.join("pid").display()
+        );
+        std::fs::write(dir.join("conf"), conf).unwrap();
+        let child = std::process::Command::new(bin).arg("-d").arg("-c").arg(dir.join("conf")).spawn().unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // Ready when it accepts: asked, not waited for.
+        let start = Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "tinyproxy did not listen on {addr}");
+            std::thread::yield_now();
+        }
+        Some(Self { child, addr, dir })
+    }
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `CONNECT target` and reads the proxy's answer head.
+async fn connect_through(proxy: SocketAddr, target: &str) -> TcpStream {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::with_capacity(128);
+    let mut buf = [0u8; 256];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the proxy closed before answering CONNECT");
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4 == head.len(), "bytes after the answer");
+    assert!(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"), "{head:?}");
+    s
+}
+
 async fn drain(s: &mut TcpStream) -> usize {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0;
@@ -117,18 +181,20 @@ fn download(c: &mut Criterion) {
             })
         });
     });
-    g.bench_function("through_the_proxy", |b| {
+    let target = format!("127.0.0.2:{}", up.port());
+    let through = |b: &mut criterion::Bencher<'_>, proxy: SocketAddr| {
         b.iter(|| {
             rt.block_on(async {
-                let mut s = TcpStream::connect(p).await.unwrap();
-                s.write_all(format!("CONNECT 127.0.0.2:{} HTTP/1.1\r\n\r\n", up.port()).as_bytes()).await.unwrap();
-                let mut ok = [0u8; 39];
-                s.read_exact(&mut ok).await.unwrap();
+                let mut s = connect_through(proxy, &target).await;
                 s.write_all(b"g").await.unwrap();
                 assert!(drain(&mut s).await >= DOWNLOAD);
             })
         });
-    });
+    };
+    g.bench_function("through_the_proxy", |b| through(b, p));
+    if let Some(peer) = Tinyproxy::start() {
+        g.bench_function("peer_tinyproxy", |b| through(b, peer.addr));
+    }
     g.finish();
 }
 
@@ -148,19 +214,21 @@ fn connect(c: &mut Criterion) {
             })
         });
     });
-    g.bench_function("connect_sni_checked", |b| {
+    let through = |b: &mut criterion::Bencher<'_>, proxy: SocketAddr, target: &str| {
         b.iter(|| {
             rt.block_on(async {
-                let mut s = TcpStream::connect(p).await.unwrap();
-                s.write_all(format!("CONNECT bench.test:{} HTTP/1.1\r\n\r\n", up.port()).as_bytes()).await.unwrap();
-                let mut ok = [0u8; 39];
-                s.read_exact(&mut ok).await.unwrap();
+                let mut s = connect_through(proxy, target).await;
                 s.write_all(&hello).await.unwrap();
                 let mut k = [0u8; 1];
                 s.read_exact(&mut k).await.unwrap();
             })
         });
-    });
+    };
+    g.bench_function("connect_sni_checked", |b| through(b, p, &format!("bench.test:{}", up.port())));
+    if let Some(peer) = Tinyproxy::start() {
+        // tinyproxy resolves what it is given; an address literal costs it no lookup.
+        g.bench_function("peer_tinyproxy", |b| through(b, peer.addr, &format!("127.0.0.2:{}", up.port())));
+    }
     g.finish();
 }
 

@@ -212,7 +212,7 @@ fn proxy_reason(answer: &[u8]) -> String {
 }
 
 /// The guest's view of a response: status, headers, and the body, de-chunked.
-fn response(answer: &[u8]) -> Result<Value, FetchError> {
+pub(crate) fn response(answer: &[u8]) -> Result<Value, FetchError> {
     let end = http::head_end(answer).ok_or_else(|| FetchError::Failed("the response head is malformed".into()))?;
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut res = httparse::Response::new(&mut headers);

@@ -237,6 +237,12 @@ fn rebuild(
         .flat_map(|v| std::str::from_utf8(v).unwrap_or("").split(','))
         .map(|t| t.trim().to_ascii_lowercase())
         .collect();
+    // What the request was decided and framed by is end to end: dropping it as hop-by-hop
+    // would send no Host (the upstream's default site) or a body without its framing (read
+    // upstream as a second request).
+    if let Some(n) = named.iter().find(|n| matches!(n.as_str(), "host" | "content-length" | "transfer-encoding")) {
+        return refuse(400, format!("the Connection header names {n}, which the request is decided or framed by"));
+    }
     let dropped = |name: &str| HOP_BY_HOP.contains(&name) || named.iter().any(|n| n == name);
     let head = match inject {
         None => closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, dropped),
@@ -482,6 +488,24 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
     use super::{Body, Request, authority, chunk_size, normalize_path, parse_request, trailer_field};
+
+    /// Found by the fuzz target `proxy_request`: a `Connection` header that names `Host`
+    /// dropped the decided host from what went upstream, and one that names
+    /// `Content-Length` dropped the body's framing, so the upstream read the body as a
+    /// second request.
+    #[test]
+    fn a_connection_header_cannot_drop_the_host_or_the_framing() {
+        for named in ["host", "Content-Length", "transfer-encoding", "keep-alive, HOST"] {
+            let head = format!(
+                "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nConnection: {named}\r\n\r\n"
+            );
+            let r = parse_request(head.as_bytes());
+            assert!(matches!(&r, Err(e) if e.status == 400), "{named}: {r:?}");
+        }
+        let ok = "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive, x-drop\r\nX-Drop: 1\r\n\r\n";
+        let Ok(Request::Forward { head, .. }) = parse_request(ok.as_bytes()) else { panic!() };
+        assert_eq!(head, b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n");
+    }
 
     #[test]
     fn a_path_is_decided_and_sent_in_one_normal_form_or_refused() {

@@ -47,8 +47,12 @@
 //!     What is decided is what is sent: a path is decoded and normalised before the
 //!     decision (percent-encoded unreserved characters, dot segments), the normal form goes
 //!     upstream, and what servers read in more than one way (an encoded `/`, `\` or NUL, a
-//!     raw `\`, `..;`) is refused.
-//!     (pinned by: tests/it/proxy.rs::g1_*, src/http.rs)
+//!     raw `\`, `..;`) is refused. A differential test puts a corpus of tricky paths through
+//!     curl (as written and as it normalises) and Python's `http.client` to Python's own
+//!     `http.server` behind a `/pub`-only rule: every file the server resolves lies under
+//!     `pub/`, and a canary outside it reaches no client.
+//!     (pinned by: tests/it/proxy.rs::g1_*, tests/it/path_differential.rs::g1_*, src/http.rs,
+//!     and the fuzz target `proxy_request`)
 //! G2. No DNS from the sandbox: names are resolved here, only for allowed connections (the
 //!     sandbox has no resolver of its own; its tier gives it no route).
 //!     (pinned by: tests/it/proxy.rs::g2_*)
@@ -77,14 +81,17 @@
 //!     lines end in CRLF only, a chunk size is 1 to 16 hex digits (sent as `{size:x}`,
 //!     extensions dropped), sizes are checked arithmetic, and trailer fields are checked,
 //!     bounded by the head limit, counted and re-serialised (framing, routing and
-//!     authentication fields refused).
-//!     (pinned by: tests/it/proxy.rs::g5_*, src/http.rs)
+//!     authentication fields refused). The fuzz target `proxy_request` checks every input
+//!     against a strict reader of its own: what is forwarded is one request with the decided
+//!     method, `Host` and canonical path, a canonical body, and nothing after it.
+//!     (pinned by: tests/it/proxy.rs::g5_*, src/http.rs, src/fuzzing.rs)
 //! G6. Bounded per run: connections in all and at once, bytes each way (trailers included),
 //!     idle time per read and one total time per connection, from its accept, over every
 //!     phase (heads, ClientHello, bodies, relay), head sizes, and per rule: a policy rule's `limits.max_calls` counts
 //!     its connections and `limits.max_bytes` its bytes (both ways, all its connections);
-//!     a guest past a bound is cut off and the cut recorded.
-//!     (pinned by: tests/it/proxy.rs::g6_*)
+//!     a guest past a bound is cut off and the cut recorded. Every byte that goes up is
+//!     counted, each chunk's own CRLF included.
+//!     (pinned by: tests/it/proxy.rs::g6_*, src/fuzzing.rs)
 //! G7. Every connection is on the record ([`Egress::record_into`]): host, port, scheme,
 //!     the address used, the decision and its rule, bytes each way, duration, and why the
 //!     proxy cut it.
@@ -127,7 +134,9 @@
 //! the system store, as rustls-native-certs does) and the OS's randomness; nothing else.
 //!
 //! # Feature flags
-//! None.
+//! `fuzzing` (off): the hidden `fuzzing` module, the proxy's readers driven in memory with
+//! the properties each keeps, for `fuzz/fuzz_targets/{proxy_request,proxy_relay,
+//! fetch_response}.rs`. It adds no dependency and no behaviour.
 //!
 //! # Invariants
 //! Stated as absences: resolves no name and opens no upstream before the policy allowed the
@@ -139,6 +148,9 @@
 
 mod addr;
 mod fetch;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod policy;
 mod proxy;

@@ -170,7 +170,7 @@ impl std::fmt::Debug for Egress {
 
 /// A connection's record, written when it is dropped (so a connection the run's end cuts
 /// is recorded too).
-struct Conn {
+pub(crate) struct Conn {
     egress: Arc<Inner>,
     record: NetConnection,
     started: Instant,
@@ -185,6 +185,12 @@ impl Drop for Conn {
 }
 
 impl Conn {
+    /// The bytes that went up so far.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn bytes_up(&self) -> u64 {
+        self.record.bytes_up
+    }
+
     fn refuse(&mut self, decision: NetDecision, rule: &str, reason: impl Into<String>) {
         self.record.decision = decision;
         self.record.rule = rule.to_owned();
@@ -400,12 +406,16 @@ impl Egress {
     /// its head, a ClientHello, a request body, the relay. Past it the connection is cut
     /// (`max-duration`), whatever the guest's pace.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send>(&self, mut stream: S) {
-        let mut conn =
-            Conn { egress: self.inner.clone(), record: NetConnection::new("", 0, ""), started: Instant::now() };
+        let mut conn = self.conn();
         let deadline = tokio::time::Instant::from_std(conn.started + self.inner.limits.max_duration);
         if tokio::time::timeout_at(deadline, self.serve_conn(&mut conn, &mut stream)).await.is_err() {
             conn.record.cut = Some("max-duration".into());
         }
+    }
+
+    /// A new connection's record, written when it is dropped.
+    pub(crate) fn conn(&self) -> Conn {
+        Conn { egress: self.inner.clone(), record: NetConnection::new("", 0, ""), started: Instant::now() }
     }
 
     /// [`Egress::serve`]'s work, within its deadline.
@@ -870,18 +880,11 @@ impl Egress {
         body: Body,
         rest: Vec<u8>,
     ) {
-        if !self.charge(conn, head.len(), Way::Up) || upstream.write_all(head).await.is_err() {
+        if self.send_up(conn, upstream, head).await.is_err() {
             return;
         }
         let mut client = Prefixed { head: rest, at: 0, inner: &mut *stream };
-        let sent = match body {
-            Body::Length(n) => self.copy_exact(conn, &mut client, upstream, n).await,
-            // Buffered: size lines are read a line at a time, not a byte per read. What the
-            // buffer holds past the last chunk is dropped with it: nothing after a body is
-            // forwarded.
-            Body::Chunked => self.copy_chunked(conn, &mut tokio::io::BufReader::new(&mut client), upstream).await,
-        };
-        if let Err(cut) = sent {
+        if let Err(cut) = self.send_body(conn, &mut client, upstream, body).await {
             conn.record.cut = Some(cut.into());
             return;
         }
@@ -931,6 +934,23 @@ impl Egress {
         let cut = self.pump_down(conn, upstream, client.inner, scrub.as_mut()).await;
         conn.record.cut = cut.map(str::to_owned);
         let _ = client.inner.shutdown().await;
+    }
+
+    /// Copies one request body, framed as `body`, from the guest upstream.
+    pub(crate) async fn send_body<C: AsyncRead + Unpin, U: AsyncWrite + Unpin>(
+        &self,
+        conn: &mut Conn,
+        from: &mut C,
+        to: &mut U,
+        body: Body,
+    ) -> Result<(), &'static str> {
+        match body {
+            Body::Length(n) => self.copy_exact(conn, from, to, n).await,
+            // Buffered: size lines are read a line at a time, not a byte per read. What the
+            // buffer holds past the last chunk is dropped with it: nothing after a body is
+            // forwarded.
+            Body::Chunked => self.copy_chunked(conn, &mut tokio::io::BufReader::new(from), to).await,
+        }
     }
 
     /// Copies exactly `n` body bytes from the guest upstream.
@@ -984,7 +1004,7 @@ impl Egress {
             if !read_line(from, 0, limits.idle).await?.is_empty() {
                 return Err("bad-chunk");
             }
-            to.write_all(b"\r\n").await.map_err(|_| "upstream-error")?;
+            self.send_up(conn, to, b"\r\n").await?;
         }
     }
 
@@ -1011,7 +1031,7 @@ impl Egress {
     }
 
     /// Counts `bytes` going up ([`Egress::charge`]), then writes them to the upstream.
-    async fn send_up<U: AsyncWrite + Unpin>(
+    pub(crate) async fn send_up<U: AsyncWrite + Unpin>(
         &self,
         conn: &mut Conn,
         to: &mut U,

@@ -189,6 +189,7 @@ pub mod expect {
         )
     }
     pub const net_direct_egress: Spec = net();
+    pub const net_decided_is_sent: Spec = net();
     pub const net_dns_exfil: Spec = net();
     pub const net_proxy_to_host_loopback: Spec = net();
     pub const net_rebind: Spec = net();

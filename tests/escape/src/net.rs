@@ -6,7 +6,10 @@
 //!   on 127.0.0.2 that records every byte it is sent. Each attack first makes one allowed
 //!   request; the harness requires the upstream to have seen it, so that a grant that never
 //!   worked cannot pass for one that held.
-//! - A second rule is careless on purpose: any host on the world's port (its listener on
+//! - `paths.test` names the same upstream through a narrower rule: paths under `/pub` only,
+//!   and 10,000 bytes in all. What a request carries past a decided path or past the byte
+//!   budget carries the word `forbidden` too.
+//! - A third rule is careless on purpose: any host on the world's port (its listener on
 //!   the host's 127.0.0.1). Only the address checks stand between that rule and the host.
 //! - A listener on 127.0.0.3 that no rule allows, and a UDP socket there standing in for a
 //!   resolver, must see nothing at all.
@@ -24,6 +27,9 @@ use stockade_runtime::egress::{NetGrant, NetPolicy, Resolve};
 
 /// The name the policy allows.
 pub const ALLOWED: &str = "allowed.test";
+
+/// A second name for the same upstream, allowed under `/pub` only and for 10,000 bytes.
+pub const PATHS: &str = "paths.test";
 
 /// A TCP listener that records what each connection sends.
 struct Recorder {
@@ -111,7 +117,7 @@ impl NetWorld {
         ]
     }
 
-    /// The policy (TOML) and the `--net-resolve` entry of a run whose world listener is on
+    /// The policy (TOML) and the `--net-resolve` entries (comma-separated) of a run whose world listener is on
     /// the host's `tcp` port.
     #[must_use]
     pub fn grant_spec(&self, tcp: u16) -> (String, String) {
@@ -128,13 +134,23 @@ args.host = {{ hosts = ["{ALLOWED}"] }}
 args.port = {{ const = {up} }}
 
 [[rule]]
+id = "paths-pub-only"
+tool = "net.connect"
+effect = "allow"
+args.host = {{ hosts = ["{PATHS}"] }}
+args.port = {{ const = {up} }}
+args.path = {{ path_prefix = "/pub" }}
+limits = {{ max_bytes = 10000 }}
+
+[[rule]]
 id = "careless-any-host"
 tool = "net.connect"
 effect = "allow"
 args.port = {{ const = {tcp} }}
 "#
         );
-        (policy, format!("{ALLOWED}:{up}:{}", self.upstream.addr.ip()))
+        let ip = self.upstream.addr.ip();
+        (policy, format!("{ALLOWED}:{up}:{ip},{PATHS}:{up}:{ip}"))
     }
 
     /// The judgement from the listeners and the report's record of connections: `Err` if
@@ -174,9 +190,12 @@ args.port = {{ const = {tcp} }}
     }
 }
 
-/// The network grant of `policy` (TOML) with the one `resolve` entry.
+/// The network grant of `policy` (TOML) with the `resolve` entries (comma-separated).
 pub fn grant(policy: &str, resolve: &str) -> anyhow::Result<NetGrant> {
     let policy = NetPolicy::from_toml(policy).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let resolve = Resolve::new().entry(resolve).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(NetGrant::new(policy).resolve(resolve))
+    let mut entries = Resolve::new();
+    for entry in resolve.split(',') {
+        entries = entries.entry(entry).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(NetGrant::new(policy).resolve(entries))
 }

@@ -3,4 +3,5 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+mod path_differential;
 mod proxy;

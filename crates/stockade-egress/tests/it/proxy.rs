@@ -63,7 +63,7 @@ impl Upstream {
 }
 
 /// A proxy on 127.0.0.1 serving `egress`.
-async fn proxy(egress: Egress) -> SocketAddr {
+pub(crate) async fn proxy(egress: Egress) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -643,7 +643,7 @@ async fn g8_an_https_url_in_absolute_form_is_verified_before_its_secret_goes_any
 }
 
 /// A path rule's proxy: `api.test` on the upstream's port, paths under `/pub` only.
-fn pub_only(port: u16) -> NetPolicy {
+pub(crate) fn pub_only(port: u16) -> NetPolicy {
     NetPolicy::from_toml(&format!(
         "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"pub\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = {{ const = \"api.test\" }}\nargs.port = {{ const = {port} }}\nargs.path = {{ path_prefix = \"/pub\" }}\n"
     ))

@@ -14,6 +14,8 @@ fn main() {
         ("connect_v4", format!("127.0.0.1:{tcp}")),
         ("connect_v6", format!("[::1]:{tcp}")),
         ("connect_mapped", format!("[::ffff:127.0.0.1]:{tcp}")),
+        ("connect_compatible", format!("[::127.0.0.1]:{tcp}")),
+        ("connect_mapped_hex", format!("[::ffff:7f00:1]:{tcp}")),
         ("connect_unspecified", format!("0.0.0.0:{tcp}")),
         ("connect_other_loopback", format!("127.0.0.2:{tcp}")),
         ("connect_forbidden", arg("forbidden")),

@@ -2,7 +2,8 @@
 //! both Content-Length and Transfer-Encoding, obfuscated and doubled codings, differing
 //! lengths, a second request riding on a kept-alive or pipelined connection, a Host header
 //! for another name, credentials and a fragment in the URL, an obsolete folded header, and
-//! a chunked body followed by a request. Network row (issue 35): every request that reaches
+//! a chunked body followed by a request (after its empty line, or after a bare LF), a
+//! padded chunk size, and a Connection header that names Content-Length or Host. Network row (issue 35): every request that reaches
 //! the upstream was decided, and framed as it was decided.
 use stockade_attacks::net::{ALLOWED, baseline, exchange, report_http, up};
 
@@ -31,6 +32,20 @@ fn main() {
         ("keep_alive_second", format!("GET http://{a}/ok-first HTTP/1.1\r\nHost: {a}\r\n\r\n{second}")),
         ("pipelined_after_body", format!("{}{second}", post("Content-Length: 2\r\n", "ok"))),
         ("chunked_then_request", format!("{}{second}", post("Transfer-Encoding: chunked\r\n", "2\r\nok\r\n0\r\n\r\n"))),
+        // The trailer section ended by a bare LF, then a request: a lenient reader upstream
+        // reads a second request the proxy never decided.
+        ("chunked_bare_lf_then_request", post("Transfer-Encoding: chunked\r\n", &format!("0\r\n\n{hidden}"))),
+        ("chunk_size_padded", post("Transfer-Encoding: chunked\r\n", &format!("0 \r\n\r\n{hidden}"))),
+        // Framing or the Host named hop-by-hop: a proxy that drops what the Connection
+        // header names would send the body as a second request, or no Host at all.
+        (
+            "connection_names_content_length",
+            post(&format!("Content-Length: {}\r\nConnection: content-length\r\n", hidden.len()), hidden),
+        ),
+        (
+            "connection_names_host",
+            format!("GET http://{a}/forbidden HTTP/1.1\r\nHost: {a}\r\nConnection: host\r\n\r\n"),
+        ),
         ("host_mismatch", format!("GET http://{a}/forbidden HTTP/1.1\r\nHost: forbidden.test:{p}\r\n\r\n")),
         ("host_twice", format!("GET http://{a}/forbidden HTTP/1.1\r\nHost: {a}\r\nHost: forbidden.test:{p}\r\n\r\n")),
         (

@@ -1,7 +1,7 @@
 //! Open an allowed tunnel (CONNECT and SOCKS5 to `allowed.test`), then speak TLS for
 //! another name: a ClientHello naming `forbidden.test`, none, two names, two server_name
-//! extensions, one split into single-byte writes, one split across two TLS records, and
-//! plain text. Network row (issue 35): what enters a tunnel is TLS for its own name, or
+//! extensions, one split into single-byte writes, one split across two TLS records, plain
+//! text, and a valid ClientHello for its own name followed by plain text. Network row (issue 35): what enters a tunnel is TLS for its own name, or
 //! nothing reaches the upstream.
 use stockade_attacks::net::{
     ALLOWED, baseline, socks, socks_name, tls_client_hello, tls_sni_extension, tunnel, tunnel_result, up,
@@ -34,6 +34,13 @@ fn main() {
         ("byte_by_byte", forbidden.clone(), forbidden.len()),
         ("two_records", split, 1),
         ("plain_text", b"GET /forbidden HTTP/1.1\r\nHost: forbidden.test\r\n\r\n".to_vec(), 1),
+        // A valid ClientHello for the tunnel's own name, then plain text: the upstream must
+        // answer TLS before anything more of the guest's reaches it.
+        (
+            "own_hello_then_plain_text",
+            [hello(&[ALLOWED]), b"GET /forbidden HTTP/1.1\r\nHost: forbidden.test\r\n\r\n".to_vec()].concat(),
+            2,
+        ),
     ] {
         tunnel(what, &target, &bytes, pieces);
     }
