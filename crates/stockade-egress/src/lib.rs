@@ -52,7 +52,7 @@
 //!     `http.server` behind a `/pub`-only rule: every file the server resolves lies under
 //!     `pub/`, and a canary outside it reaches no client.
 //!     (pinned by: tests/it/proxy.rs::g1_*, tests/it/path_differential.rs::g1_*, src/http.rs,
-//!     and the fuzz target `proxy_request`)
+//!     src/fuzzing.rs)
 //! G2. No DNS from the sandbox: names are resolved here, only for allowed connections (the
 //!     sandbox has no resolver of its own; its tier gives it no route).
 //!     (pinned by: tests/it/proxy.rs::g2_*)

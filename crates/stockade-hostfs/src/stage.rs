@@ -218,6 +218,35 @@ pub fn archive_bound(limit: u64) -> u64 {
     limit + (MAX_ENTRIES as u64 + 1) * 1024 + 10_240
 }
 
+/// Reads the regular file at `path` (a snapshot, an archive), at most `bound` bytes. The
+/// open never waits and never follows a final link (`O_NONBLOCK | O_NOFOLLOW`): a fifo opens
+/// at once with no writer and is refused by its type, as are sockets, devices and
+/// directories, so a caller's path cannot hold a thread until a writer comes.
+pub fn read_regular(path: &Path, bound: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(O_NONBLOCK | O_NOFOLLOW).open(path)?;
+    let ft = file.metadata()?.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a fifo"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device or special file"
+        };
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("not a regular file ({what})")));
+    }
+    let mut bytes = Vec::new();
+    file.take(bound.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > bound {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("over the {bound}-byte bound")));
+    }
+    Ok(bytes)
+}
+
 /// What [`unpack`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {

@@ -948,10 +948,14 @@ impl Session {
             }
             None => stockade_process::Swept::default(),
         };
-        drop(self.home_mount.lock().unwrap_or_else(PoisonError::into_inner).take());
-        // A guest decides how big its tree is: removed off the async workers.
+        // Its home's unmount, and a tree whose size the guest decides: off the async workers.
+        let mount = self.home_mount.lock().unwrap_or_else(PoisonError::into_inner).take();
         let dir = self.dir.clone();
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(mount);
+            std::fs::remove_dir_all(dir)
+        })
+        .await;
         drop(self.slot.lock().unwrap_or_else(PoisonError::into_inner).take());
         swept
     }
@@ -1037,28 +1041,21 @@ impl Sessions {
     async fn create_process(&self, id: String, profile: SessionProfile) -> Result<Arc<Session>, RunError> {
         let dir = self.root.join(&id);
         let home = dir.join("home");
-        std::fs::create_dir_all(&home)
-            .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
         let cleanup = |e| {
             stockade_process::unmount_under(&dir);
             let _ = std::fs::remove_dir_all(&dir);
             e
         };
-        // The size cap first: what a snapshot restores, and what the files API opens, is on it.
-        let home_mount =
-            profile.home_bytes.map(|b| stockade_process::HomeMount::mount(&home, b)).transpose().map_err(cleanup)?;
-        if let Some(from) = &profile.from_snapshot {
-            restore(from, &home).map_err(cleanup)?;
-        }
-        let mut files = Files::default()
-            .serve(SESSION_HOME, &home, true, false)
-            .map_err(|e| cleanup(RunError::Misconfigured(format!("session home {}: {e}", home.display()))))?;
-        if let Some(ws) = &profile.workspace {
-            let rw = ws.access() == stockade_protocol::Access::ReadWrite;
-            files = files
-                .serve("/workspace", ws.path(), rw, rw)
-                .map_err(|e| cleanup(RunError::Misconfigured(format!("workspace {}: {e}", ws.path().display()))))?;
-        }
+        // Its home on disk (a mount, a snapshot's files, open directories: as long as the
+        // snapshot makes it, and a path the client names) off the async workers.
+        let (home_mount, files) = {
+            let (home, profile) = (home.clone(), profile.clone());
+            tokio::task::spawn_blocking(move || prepare_home(&home, &profile))
+                .await
+                .map_err(|e| RunError::Misconfigured(format!("session home: {e}")))
+                .and_then(|r| r)
+                .map_err(cleanup)?
+        };
         let mut config = SessionConfig {
             limits: profile.limits,
             workspace: profile.workspace.clone(),
@@ -1137,7 +1134,14 @@ impl Sessions {
             join = b.docker_join(tier.oci_runtime(), "network grant in a docker session")?;
         }
         let loopback = join.is_some();
-        let restore = profile.from_snapshot.as_deref().map(read_snapshot).transpose()?;
+        let restore = match profile.from_snapshot.clone() {
+            Some(from) => Some(
+                tokio::task::spawn_blocking(move || read_snapshot(&from))
+                    .await
+                    .map_err(|e| RunError::Misconfigured(format!("snapshot: {e}")))??,
+            ),
+            None => None,
+        };
         let base = stockade_docker::session::DockerSessionConfig::new(image);
         let config = stockade_docker::session::DockerSessionConfig {
             limits: profile.limits,
@@ -1259,15 +1263,34 @@ fn write_snapshot(to: &Path, tar: &[u8]) -> Result<u64, RunError> {
 
 /// Reads a snapshot file, bounded.
 fn read_snapshot(from: &Path) -> Result<Vec<u8>, RunError> {
-    use std::io::Read;
     let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
-    let bad = |e: &dyn std::fmt::Display| RunError::Misconfigured(format!("snapshot {}: {e}", from.display()));
-    let mut bytes = Vec::new();
-    std::fs::File::open(from).and_then(|f| f.take(bound + 1).read_to_end(&mut bytes)).map_err(|e| bad(&e))?;
-    if bytes.len() as u64 > bound {
-        return Err(bad(&format!("over the {bound}-byte bound of a snapshot")));
+    stockade_process::stage::read_regular(from, bound)
+        .map_err(|e| RunError::Misconfigured(format!("snapshot {}: {e}", from.display())))
+}
+
+/// A new process session's `home`, made: the directory, its size cap (first: what a snapshot
+/// restores, and what the files API opens, is on it), the snapshot's files, and the files
+/// API over it and the workspace. Blocking: run off the async workers.
+fn prepare_home(
+    home: &Path,
+    profile: &SessionProfile,
+) -> Result<(Option<stockade_process::HomeMount>, Files), RunError> {
+    std::fs::create_dir_all(home)
+        .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
+    let home_mount = profile.home_bytes.map(|b| stockade_process::HomeMount::mount(home, b)).transpose()?;
+    if let Some(from) = &profile.from_snapshot {
+        restore(from, home)?;
     }
-    Ok(bytes)
+    let mut files = Files::default()
+        .serve(SESSION_HOME, home, true, false)
+        .map_err(|e| RunError::Misconfigured(format!("session home {}: {e}", home.display())))?;
+    if let Some(ws) = &profile.workspace {
+        let rw = ws.access() == stockade_protocol::Access::ReadWrite;
+        files = files
+            .serve("/workspace", ws.path(), rw, rw)
+            .map_err(|e| RunError::Misconfigured(format!("workspace {}: {e}", ws.path().display())))?;
+    }
+    Ok((home_mount, files))
 }
 
 /// Fills a new session's `home` from the snapshot file `from` (bounded, never through a link,

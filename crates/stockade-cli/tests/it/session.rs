@@ -251,6 +251,38 @@ fn g10_a_snapshot_of_a_session_s_home_starts_another_session_with_its_files() {
     assert_eq!((code, out.as_str()), (0, "42\nprint(42)\n"), "{err}");
 }
 
+/// A snapshot path the client names is opened off the owner's async workers and never
+/// waits: a fifo is refused by its type at once (before, the owner's `open(2)` waited on a
+/// worker for a writer that never came, and two such creates froze every session).
+#[test]
+fn g10_a_snapshot_that_is_a_fifo_is_refused_at_once_and_the_owner_goes_on() {
+    let _runs = shared();
+    let owner = Owner::start("fifo-snapshot");
+    let fifo = owner.state.join("snap.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // Should the owner wait on the fifo after all, a writer ends the wait once the creates
+    // have not come back for a minute, so the test fails on its assertions, never hangs.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let unblock = fifo.clone();
+    let guard = std::thread::spawn(move || {
+        if done_rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+            for _ in 0..2 {
+                drop(std::fs::OpenOptions::new().write(true).open(&unblock));
+            }
+        }
+    });
+    for _ in 0..2 {
+        let (code, _, err) = owner.session(&["create", "--from", fifo.to_str().unwrap()], b"");
+        assert_eq!(code, 125, "{err}");
+        assert!(err.contains("not a regular file (a fifo)"), "{err}");
+    }
+    let _ = done_tx.send(());
+    guard.join().unwrap();
+    let id = owner.create();
+    let (code, out, err) = owner.session(&["exec", &id, "--", "echo", "still-serving"], b"");
+    assert_eq!((code, out.as_str()), (0, "still-serving\n"), "{err}");
+}
+
 #[test]
 fn g10_an_idle_session_ends_by_itself() {
     let _runs = shared();
