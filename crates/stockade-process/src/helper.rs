@@ -144,10 +144,12 @@ struct InNamespaces {
 fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
     join_limits(spec, rep)?;
     let (uid, gid) = process::ids();
+    // The host id a root supervisor's guest runs as: a session's own, or `nobody`.
+    let host_id = spec.guest_id.unwrap_or(NOBODY);
     // As root, the workspace is opened now, before the drop to `nobody`, and id-mapped so
     // that the invoking user's files are the guest's own (see `idmapped_workspace`).
     let ws_tree = match (&spec.workspace, uid) {
-        (Some((host, writable)), 0) => match idmapped_workspace(host, *writable) {
+        (Some((host, writable)), 0) => match idmapped_workspace(host, *writable, host_id) {
             Ok(tree) => Some(tree),
             Err((unsupported, e)) => return Err(rep.fail("workspace", unsupported, e)),
         },
@@ -155,20 +157,22 @@ fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
     };
     // A session's home, the same way: the guest owns what root owns there.
     let home_tree = match (&spec.home, uid) {
-        (Some(host), 0) => match idmapped_workspace(host, true) {
+        (Some(host), 0) => match idmapped_workspace(host, true, host_id) {
             Ok(tree) => Some(tree),
             Err((unsupported, e)) => return Err(rep.fail("home", unsupported, e)),
         },
         _ => None,
     };
     let dropped_root = uid == 0;
-    let (uid, gid) = if dropped_root {
-        if let Err(e) = process::become_user(NOBODY, NOBODY).and_then(|()| caps::set_dumpable()) {
-            return Err(rep.fail("credentials", false, format!("dropping root to {NOBODY}: {e}")));
+    // Host ids, then the ids inside: a root supervisor's guest is `nobody` inside whatever
+    // host id it has; another's keeps its own.
+    let (outside, inside) = if dropped_root {
+        if let Err(e) = process::become_user(host_id, host_id).and_then(|()| caps::set_dumpable()) {
+            return Err(rep.fail("credentials", false, format!("dropping root to {host_id}: {e}")));
         }
-        (NOBODY, NOBODY)
+        ((host_id, host_id), (NOBODY, NOBODY))
     } else {
-        (uid, gid)
+        ((uid, gid), (uid, gid))
     };
     if caps::set_parent_death_kill().is_err() || process::parent_pid() != spec.supervisor_pid {
         return Err(125);
@@ -176,9 +180,9 @@ fn prepare(spec: &Spec, rep: &mut Reporter) -> Result<InNamespaces, i32> {
     if let Err(e) = process::setsid() {
         return Err(rep.fail("setsid", false, e));
     }
-    enter_namespaces(rep, (uid, gid), dropped_root)?;
+    enter_namespaces(rep, outside, inside, dropped_root)?;
     let listener = listen_for_model(spec, rep)?;
-    Ok(InNamespaces { ids: (uid, gid), trees: Trees { workspace: ws_tree, home: home_tree }, listener })
+    Ok(InNamespaces { ids: inside, trees: Trees { workspace: ws_tree, home: home_tree }, listener })
 }
 
 /// The OOM score and the run's cgroups, first, so that init and the guest inherit them.
@@ -206,7 +210,12 @@ fn join_limits(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
 }
 
 /// A user namespace mapping only `ids`, with fresh mount, pid, net, ipc and uts namespaces.
-fn enter_namespaces(rep: &mut Reporter, (uid, gid): (u32, u32), dropped_root: bool) -> Result<(), i32> {
+fn enter_namespaces(
+    rep: &mut Reporter,
+    (uid, gid): (u32, u32),
+    (in_uid, in_gid): (u32, u32),
+    dropped_root: bool,
+) -> Result<(), i32> {
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -217,12 +226,12 @@ fn enter_namespaces(rep: &mut Reporter, (uid, gid): (u32, u32), dropped_root: bo
         return Err(rep.fail("namespaces", true, format!("unshare(user, mount, pid, net, ipc, uts): {e}")));
     }
     let maps = fs::write("/proc/self/setgroups", "deny")
-        .and_then(|()| fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
-        .and_then(|()| fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")));
+        .and_then(|()| fs::write("/proc/self/uid_map", format!("{in_uid} {uid} 1")))
+        .and_then(|()| fs::write("/proc/self/gid_map", format!("{in_gid} {gid} 1")));
     if let Err(e) = maps {
         return Err(rep.fail("namespaces", true, format!("writing the user namespace id maps: {e}")));
     }
-    // A root supervisor's helper runs as host uid 65534 from here, which other processes of
+    // A root supervisor's helper runs as host uid 65534 (or a session's own) from here, which other processes of
     // the host may share, while it holds the model grant's listener and (forked) a copy of
     // the supervisor's memory: not dumpable, its memory and descriptors are for root alone
     // (the supervisor takes the listener with CAP_SYS_PTRACE). It had to be dumpable until
@@ -230,7 +239,8 @@ fn enter_namespaces(rep: &mut Reporter, (uid, gid): (u32, u32), dropped_root: bo
     if dropped_root && let Err(e) = caps::set_not_dumpable() {
         return Err(rep.fail("credentials", false, format!("PR_SET_DUMPABLE 0: {e}")));
     }
-    rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {uid}, gid {gid} (not host root)"));
+    let host = if (in_uid, in_gid) == (uid, gid) { String::new() } else { format!(" (host uid {uid}, gid {gid})") };
+    rep.enforced(Mechanism::UserNamespace, format!("guest runs as uid {in_uid}, gid {in_gid}{host} (not host root)"));
     Ok(())
 }
 
@@ -325,15 +335,16 @@ fn model_listener(port: u16) -> Result<std::net::TcpListener, String> {
 
 /// The workspace of a root supervisor, as a detached mount: opened while still root (so a
 /// 0700 directory, or one under `/root`, is reachable), then id-mapped through a user
-/// namespace whose map reads `0 65534 1`: an idmapped mount treats on-disk ids as ids of
-/// that namespace and maps them down, so files of host uid and gid 0 (the invoking user)
-/// appear as the guest's `nobody`, and the guest's writes land as 0 on disk. The guest still runs as host uid 65534; only this mount translates, so
+/// namespace whose map reads `0 GUEST 1` (`GUEST` the guest's host id, 65534 or a
+/// session's own): an idmapped mount treats on-disk ids as ids of that namespace and maps
+/// them down, so files of host uid and gid 0 (the invoking user) appear as the guest's, and
+/// the guest's writes land as 0 on disk. The guest still runs as its host id; only this mount translates, so
 /// the guest owns what root owns there, and what it creates belongs to root on the host.
 /// Nosuid and nodev, read-only unless granted read-write. Errors carry whether the kernel or
 /// filesystem lacks the mechanism (`true`) or the path itself is the problem (`false`).
-fn idmapped_workspace(host: &Path, writable: bool) -> Result<OwnedFd, (bool, String)> {
+fn idmapped_workspace(host: &Path, writable: bool, guest: u32) -> Result<OwnedFd, (bool, String)> {
     let tree = mount::open_tree_clone(host).map_err(|e| (false, format!("workspace {}: {e}", host.display())))?;
-    let userns = idmap_userns(0, NOBODY).map_err(|e| {
+    let userns = idmap_userns(0, guest).map_err(|e| {
         (true, format!("creating the user namespace that id-maps the workspace {}: {e}", host.display()))
     })?;
     mount::set_idmapped(tree.as_fd(), userns.as_fd(), writable).map_err(|e| {

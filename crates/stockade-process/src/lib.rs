@@ -241,6 +241,13 @@
 //!     owner left before its directory is removed.
 //!     (pinned by: tests/it/session.rs::g19_*; walked end to end with a session in
 //!     stockade-cli's session tests)
+//! G20. [`SessionConfig::guest_id`] runs a root supervisor's session guest as that host uid
+//!     and gid instead of 65534: the helper drops to it, its user namespace maps `nobody`
+//!     inside to it (so inside nothing changes), and the id-mapped workspace and home map
+//!     root's files to it; the kernel then counts the session's per-user limits (inotify
+//!     instances and watches, `RLIMIT_NPROC`, mqueue bytes, pipe buffers, keys) apart from
+//!     every other session's. Without root, or for uid 0, the session is refused, naming why.
+//!     (pinned by: stockade-cli's `g10_each_session_s_guest_is_a_host_uid_*`)
 //!
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's

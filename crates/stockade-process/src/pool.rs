@@ -420,6 +420,7 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
         job_fd: None,
         session: false,
         home: None,
+        guest_id: None,
     }
 }
 

@@ -157,6 +157,12 @@ pub struct SessionConfig {
     /// A listener on the session's loopback, taken by the supervisor and served for the
     /// session's life (as for [`ProcessTier::run_live`]).
     pub loopback: Option<crate::Loopback>,
+    /// The host uid and gid the session's guest runs as, when the supervisor is root: one
+    /// no other session (and no host user) has, so the kernel's per-user limits (inotify
+    /// instances, `RLIMIT_NPROC`, mqueue bytes, keys) are the session's own. Inside, the
+    /// guest is `nobody` either way. `None`: [`crate::NOBODY`], shared with every run.
+    /// Refused without root (only root can become another user) and for uid 0.
+    pub guest_id: Option<u32>,
 }
 
 /// A live sandbox that serves many execs ([`ProcessTier::session`]). Files written in
@@ -243,8 +249,20 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         None,
     )
     .map_err(|e| RunError::Internal(format!("session socketpair: {e}")))?;
+    if let Some(id) = config.guest_id {
+        if id == 0 {
+            return Err(RunError::Misconfigured("a session's guest id cannot be 0 (root)".into()));
+        }
+        if crate::sys::process::ids().0 != 0 {
+            return Err(RunError::Unsupported {
+                mechanism: "a host uid of the session's own".into(),
+                reason: "only a root supervisor can run a guest as another user".into(),
+            });
+        }
+    }
     let spec = Spec {
         session: true,
+        guest_id: config.guest_id,
         home: config.home.clone(),
         grants_dir: config.grants_dir.clone(),
         model_port: config.loopback.as_ref().map(|l| l.port),

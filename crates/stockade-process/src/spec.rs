@@ -77,6 +77,11 @@ pub(crate) struct Spec {
     /// guest's working directory and `HOME` unless an exec names others.
     #[serde(default)]
     pub(crate) home: Option<PathBuf>,
+    /// The host uid and gid a root supervisor's guest runs as (a session's own,
+    /// [`crate::SessionConfig::guest_id`]); [`crate::NOBODY`] when `None`. Inside, the guest
+    /// is `nobody` either way.
+    #[serde(default)]
+    pub(crate) guest_id: Option<u32>,
 }
 
 /// What a session's init is asked on its socket. An `Exec` comes with four descriptors:

@@ -29,10 +29,6 @@ use crate::grants::{Grants, ModelRun};
 /// The guest client, built by the build script (empty where no static C toolchain exists).
 const CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stockade-call"));
 
-/// The uid and gid the process tier and the docker tier give a guest when stockade runs as
-/// root; the grants directory is shared with that group only.
-const NOBODY: u32 = 65534;
-
 /// A session ended for good: the reason, for the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ended(pub(crate) String);
@@ -446,10 +442,14 @@ pub fn stale_grants_dirs(parent: &Path, min_age: std::time::Duration) -> Vec<Pat
 }
 
 impl GrantsDir {
-    /// Creates the directory under `parent` (mode 0700, or root:65534 0750 when running as
-    /// root, so the tiers' `nobody` guest can enter it and no other user can), writes the
-    /// client and the data grants, and binds the listening socket.
-    pub(crate) fn create(parent: &Path, grants: &Grants) -> io::Result<(Self, UnixListener, Option<UnixListener>)> {
+    /// Creates the directory under `parent` (mode 0700, or root:`guest_gid` 0750 when
+    /// running as root, so the guest, 65534 or a session's own id, can enter it and no other
+    /// user can), writes the client and the data grants, and binds the listening socket.
+    pub(crate) fn create(
+        parent: &Path,
+        grants: &Grants,
+        guest_gid: u32,
+    ) -> io::Result<(Self, UnixListener, Option<UnixListener>)> {
         // 96 bits: the name is not the protection (the directory's mode is), and a short name
         // leaves room under the 108-byte limit of a socket path.
         let path = parent.join(format!("stockade-g-{}", random_hex(12)?));
@@ -473,7 +473,7 @@ impl GrantsDir {
         let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir.path)?) == 0;
         let share = |p: &Path, mode: u32| -> io::Result<()> {
             if root {
-                chown(p, Some(0), Some(NOBODY))?;
+                chown(p, Some(0), Some(guest_gid))?;
             }
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
         };

@@ -84,7 +84,15 @@
 //! `home_bytes` caps the home: a tmpfs the owner mounts on it (process tier, root;
 //! `stockade_process::HomeMount`), or the home volume's size (docker tier). The owner's
 //! session cap is reserved before a create's work, so racing creates cannot pass it, and
-//! every files call of a process-tier session runs on the blocking pool. The owner's
+//! every files call of a process-tier session, and a session home's making (its mount, a
+//! snapshot's restore, read only from a regular file: a fifo is refused at once), runs on
+//! the blocking pool. Under a root owner each process session's guest runs as a host uid
+//! and gid of its own, claimed from [`session::GUEST_ID_BASE`]'s range of
+//! [`session::GUEST_IDS`] by a lock in [`session::GUEST_ID_LOCK_DIR`] (so owners on one host
+//! never share one) and freed when its processes have ended, so the kernel's per-user
+//! limits (inotify, `RLIMIT_NPROC`, mqueue bytes, pipe buffers, keys) are each session's
+//! own; inside it is `nobody` either way, and its grants directory is shared with its gid
+//! alone. A rootless owner's sessions are all the invoking user. The owner's
 //! directory is named after its pid and start time, so a later owner (or `stockade gc`)
 //! removes what a killed one left. Pinned end to end by stockade-cli's `tests/it/session.rs`
 //! (its G10) and stockade-process's G17.
@@ -214,7 +222,8 @@
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
 //! function grant is the host's code: the policy decides whether it runs, not what it does.
-//! A host process running as the guest's uid or gid (65534 when stockade runs as root) can
+//! A host process running as the guest's uid or gid (65534 when stockade runs as root, or
+//! a root owner's session's own) can
 //! enter a run's grants directory and call its broker while the run lasts. In the docker
 //! tier a model grant serves `OPENAI_BASE_URL` only when stockade runs as root (see above).
 //!
@@ -248,6 +257,7 @@
 
 mod broker;
 mod grants;
+mod guest_id;
 mod linked;
 pub mod mcp;
 
@@ -440,7 +450,14 @@ impl Broker {
     /// (the client) and `data/NAME.json` for each data grant. Only the invoking user and
     /// the tiers' guest user can enter it; it is removed when the run ends.
     pub fn socket_dir(&self) -> Result<PathBuf, RunError> {
-        let (dir, listener, model) = broker::GrantsDir::create(&self.parent, &self.grants).map_err(|e| {
+        self.socket_dir_for(stockade_process::NOBODY)
+    }
+
+    /// [`Broker::socket_dir`] for a guest whose host gid is `guest_gid` (a root owner's
+    /// session with a host id of its own): under root, the directory is `root:guest_gid`
+    /// 0750, so that guest, and no other, can enter it.
+    pub fn socket_dir_for(&self, guest_gid: u32) -> Result<PathBuf, RunError> {
+        let (dir, listener, model) = broker::GrantsDir::create(&self.parent, &self.grants, guest_gid).map_err(|e| {
             RunError::Misconfigured(format!("creating a grants directory in {}: {e}", self.parent.display()))
         })?;
         let path = dir.path().to_path_buf();

@@ -477,6 +477,9 @@ pub struct Session {
     home_mount: Mutex<Option<stockade_process::HomeMount>>,
     // Its place under the owner's cap, given back when it has ended.
     slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    // A root owner's process session: the host id its guest runs as, claimed until every
+    // process of it has ended.
+    host_id: Mutex<Option<crate::guest_id::GuestId>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -948,6 +951,8 @@ impl Session {
             }
             None => stockade_process::Swept::default(),
         };
+        // Every process of it has ended: its host id may go to another session.
+        drop(self.host_id.lock().unwrap_or_else(PoisonError::into_inner).take());
         // Its home's unmount, and a tree whose size the guest decides: off the async workers.
         let mount = self.home_mount.lock().unwrap_or_else(PoisonError::into_inner).take();
         let dir = self.dir.clone();
@@ -973,6 +978,8 @@ pub struct Sessions {
     // a count taken before any of them is live), and its session gives it back when it ends.
     slots: Arc<tokio::sync::Semaphore>,
     live: Mutex<HashMap<String, Arc<Session>>>,
+    // Where the next host id claim starts (`guest_id`), spread by the owner's pid.
+    next_host_id: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -1012,6 +1019,7 @@ impl Sessions {
             max,
             slots: Arc::new(tokio::sync::Semaphore::new(max)),
             live: Mutex::new(HashMap::new()),
+            next_host_id: std::sync::atomic::AtomicU32::new(std::process::id().wrapping_mul(97)),
         })
     }
 
@@ -1056,10 +1064,20 @@ impl Sessions {
                 .and_then(|r| r)
                 .map_err(cleanup)?
         };
+        // A root owner gives the guest a host id of its own (`guest_id`): the kernel's
+        // per-user limits are then this session's alone.
+        let host_id = if running_as_root() {
+            let hint = self.next_host_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(crate::guest_id::GuestId::claim(hint).map_err(cleanup)?)
+        } else {
+            None
+        };
+        let guest_gid = host_id.as_ref().map_or(stockade_process::NOBODY, crate::guest_id::GuestId::id);
         let mut config = SessionConfig {
             limits: profile.limits,
             workspace: profile.workspace.clone(),
             home: Some(home),
+            guest_id: host_id.as_ref().map(crate::guest_id::GuestId::id),
             ..SessionConfig::default()
         };
         // Grants: one broker for the session's life, its directory where a run's is: the
@@ -1068,7 +1086,7 @@ impl Sessions {
         let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
             Some(g) => {
                 let broker = crate::Broker::new(Arc::clone(g), std::env::temp_dir()).map_err(cleanup)?;
-                config.grants_dir = Some(broker.socket_dir().map_err(cleanup)?);
+                config.grants_dir = Some(broker.socket_dir_for(guest_gid).map_err(cleanup)?);
                 config.loopback = broker.loopback().map(|(port, serve)| stockade_process::Loopback::new(port, serve));
                 Some(broker)
             }
@@ -1077,6 +1095,7 @@ impl Sessions {
         let inner = self.tier.session(config).await.map_err(cleanup)?;
         let session = self.keep(id, Backend::Process(Box::new(inner)), Some(files), dir, profile, broker);
         *session.home_mount.lock().unwrap_or_else(PoisonError::into_inner) = home_mount;
+        *session.host_id.lock().unwrap_or_else(PoisonError::into_inner) = host_id;
         Ok(session)
     }
 
@@ -1104,6 +1123,7 @@ impl Sessions {
             used: Mutex::new(Instant::now()),
             home_mount: Mutex::new(None),
             slot: Mutex::new(None),
+            host_id: Mutex::new(None),
         });
         self.live().insert(id, Arc::clone(&session));
         session
@@ -1268,6 +1288,12 @@ fn read_snapshot(from: &Path) -> Result<Vec<u8>, RunError> {
         .map_err(|e| RunError::Misconfigured(format!("snapshot {}: {e}", from.display())))
 }
 
+/// Whether this process runs as root (a root owner's guests get host ids of their own).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
 /// A new process session's `home`, made: the directory, its size cap (first: what a snapshot
 /// restores, and what the files API opens, is on it), the snapshot's files, and the files
 /// API over it and the workspace. Blocking: run off the async workers.
@@ -1313,6 +1339,9 @@ fn new_id() -> std::io::Result<String> {
 
 /// The files API's types.
 pub use files::{Entry, FilesError, Kind};
+
+/// The host ids a root owner's process sessions get, one each (`guest_id`).
+pub use crate::guest_id::{GUEST_ID_BASE, GUEST_ID_LOCK_DIR, GUEST_IDS};
 
 /// A docker session's file error as the files API's.
 #[cfg(feature = "docker")]

@@ -251,6 +251,63 @@ fn g10_a_snapshot_of_a_session_s_home_starts_another_session_with_its_files() {
     assert_eq!((code, out.as_str()), (0, "42\nprint(42)\n"), "{err}");
 }
 
+/// The inotify holder: takes inotify instances until the kernel refuses one, writes how many
+/// and the errno to `~/held`, then holds them.
+const HOLD_INOTIFY: &str = "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\nn = 0\nwhile libc.inotify_init() >= 0:\n    n += 1\nopen(os.path.expanduser('~/held'), 'w').write('%d %d' % (n, ctypes.get_errno()))\ntime.sleep(3600)\n";
+
+/// serve, fault 5: under a root owner each session's guest is a host uid of its own, so a
+/// guest that spends a per-user kernel limit (here every inotify instance its uid may have)
+/// spends its own, and the next session still gets one. Judged from the host: the holders'
+/// uids in `/proc`, and the errno the first session met. Before, every guest was host uid
+/// 65534, and the second session's `inotify_init` failed with EMFILE.
+#[test]
+fn g10_each_session_s_guest_is_a_host_uid_of_its_own_so_per_user_limits_are_its_own() {
+    let _runs = shared();
+    if std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).ok() != Some(0) {
+        eprintln!("SKIPPED: a host uid per session needs a root owner");
+        return;
+    }
+    let owner = Owner::start("host-ids");
+    let (a, b) = (owner.create(), owner.create());
+    let marker = format!("stockade-holder-{}", std::process::id());
+    let hold = format!("(exec python3 -c \"$HOLD\" {marker}-a </dev/null >/dev/null 2>&1 &)");
+    let (code, _, err) =
+        owner.session(&["exec", &a, "--env", &format!("HOLD={HOLD_INOTIFY}"), "--", "sh", "-c", &hold], b"");
+    assert_eq!(code, 0, "{err}");
+    let held = owner.home(&a).join("held");
+    eventually(WITHIN, "the first session's guest holds every inotify instance it may", || {
+        std::fs::read_to_string(&held).is_ok_and(|t| !t.is_empty())
+    });
+    let text = std::fs::read_to_string(&held).unwrap();
+    let (n, errno) = text.split_once(' ').unwrap();
+    assert!(n.parse::<u32>().unwrap() > 0 && errno == "24", "EMFILE after some instances: {text}");
+    // The second session's guest still gets one, and is itself another host uid.
+    let probe = "import ctypes\nfd = ctypes.CDLL(None, use_errno=True).inotify_init()\nprint(fd >= 0, ctypes.get_errno(), flush=True)\n";
+    let (code, out, err) = owner.session(&["exec", &b, "--", "python3", "-c", probe], b"");
+    assert_eq!((code, out.trim()), (0, "True 0"), "{err}");
+    let (code, _, err) = owner.session(
+        &[
+            "exec",
+            &b,
+            "--",
+            "sh",
+            "-c",
+            &format!("(exec python3 -c 'import time; time.sleep(3600)' {marker}-b </dev/null >/dev/null 2>&1 &)"),
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(WITHIN, "both holders run", || with_marker(&marker).len() == 2);
+    let uid = |pid: u32| -> u32 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let ids: Vec<u32> = with_marker(&marker).into_iter().map(uid).collect();
+    assert_ne!(ids[0], ids[1], "two sessions share host uid {}", ids[0]);
+    assert!(ids.iter().all(|id| *id != 65534 && *id != 0), "{ids:?}");
+}
+
 /// A snapshot path the client names is opened off the owner's async workers and never
 /// waits: a fifo is refused by its type at once (before, the owner's `open(2)` waited on a
 /// worker for a writer that never came, and two such creates froze every session).

@@ -510,3 +510,41 @@ fn g19_a_home_mount_caps_the_home_and_is_gone_when_dropped_or_unmounted_under() 
     assert!(matches!(stockade_process::HomeMount::mount(&home, 0), Err(stockade_protocol::RunError::Misconfigured(_))));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn g20_a_session_s_guest_runs_as_the_host_id_it_is_given_and_is_nobody_inside() {
+    require!("g20_a_session_s_guest_runs_as_the_host_id_it_is_given_and_is_nobody_inside");
+    const ID: u32 = 0x5AF0_FFF0;
+    let home = host_dir("session-guest-id");
+    block_on(async {
+        // Root only can run a guest as another user, and never as root.
+        let zero = tier().session(SessionConfig { guest_id: Some(0), ..config(&home) }).await;
+        assert!(matches!(zero, Err(stockade_protocol::RunError::Misconfigured(_))), "{zero:?}");
+        let session = tier().session(SessionConfig { guest_id: Some(ID), ..config(&home) }).await.unwrap();
+        let r = sh(
+            &session,
+            "(exec sleep 3141 </dev/null >/dev/null 2>&1 &); id -u; echo x > mine.txt; stat -c %u mine.txt",
+        )
+        .await;
+        assert_eq!(r.status, Status::Exited { code: 0 }, "{r:?}");
+        // Inside: nobody, owning what it wrote.
+        assert_eq!(stdout(&r), "65534\n65534\n");
+        // On the host: the sleep runs as the id given; the file it wrote belongs to root.
+        let pid = std::cell::Cell::new(0);
+        stockade_test_support::eventually(Duration::from_secs(5), "the sleep runs", || {
+            let found = stockade_test_support::descendants(std::process::id())
+                .into_iter()
+                .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == b"sleep\x003141\x00"));
+            pid.set(found.unwrap_or(0));
+            found.is_some()
+        });
+        let uids = status_field(pid.get(), "Uid");
+        assert!(uids.split_whitespace().all(|u| u == ID.to_string()), "{uids}");
+        let gids = status_field(pid.get(), "Gid");
+        assert!(gids.split_whitespace().all(|g| g == ID.to_string()), "{gids}");
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(home.join("mine.txt")).unwrap()), 0);
+        let enforced = session.enforced().iter().map(|e| e.detail.clone()).collect::<Vec<_>>().join("\n");
+        assert!(enforced.contains(&format!("host uid {ID}")), "{enforced}");
+        session.kill().await;
+    });
+}

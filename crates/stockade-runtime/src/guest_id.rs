@@ -1,0 +1,133 @@
+//! A host uid (and gid) of its own for each process session's guest, when the owner runs as
+//! root: the kernel counts inotify instances and watches, `RLIMIT_NPROC`, mqueue bytes, pipe
+//! buffers and keys per user, so a guest that shares a uid with other sessions can spend
+//! their share. Ids come from one fixed range ([`GUEST_ID_BASE`], [`GUEST_IDS`] of them),
+//! like a subordinate range of rootless podman's. An id is claimed by a lock on a file named
+//! for it in [`GUEST_ID_LOCK_DIR`] (`flock`, held by the open file for the session's life and
+//! released by the kernel if the owner dies), so two owners on one host never hand out one
+//! id at once; an id that `/etc/passwd` gives a user is never handed out.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use stockade_protocol::RunError;
+
+/// The first host id of the range.
+pub const GUEST_ID_BASE: u32 = 0x5AF0_0000;
+/// How many ids the range holds: more than sessions one host can run.
+pub const GUEST_IDS: u32 = 1 << 16;
+/// Where the claims are (root's, 0700).
+pub const GUEST_ID_LOCK_DIR: &str = "/run/stockade-guest-ids";
+
+/// One claimed id: the claim lasts as long as this value.
+#[derive(Debug)]
+pub(crate) struct GuestId {
+    id: u32,
+    _claim: std::fs::File,
+}
+
+impl GuestId {
+    /// The id.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Claims the first free id of the range at or after `GUEST_ID_BASE + hint` (wrapping).
+    pub(crate) fn claim(hint: u32) -> Result<Self, RunError> {
+        Self::claim_in(Path::new(GUEST_ID_LOCK_DIR), hint)
+    }
+
+    fn claim_in(dir: &Path, hint: u32) -> Result<Self, RunError> {
+        let unsupported = |e: io::Error| RunError::Unsupported {
+            mechanism: "a host uid of the session's own".into(),
+            reason: format!("claiming one in {}: {e}", dir.display()),
+        };
+        lock_dir(dir).map_err(unsupported)?;
+        let taken = passwd_ids();
+        for i in 0..GUEST_IDS {
+            let id = GUEST_ID_BASE + (hint.wrapping_add(i) % GUEST_IDS);
+            if taken.contains(&id) {
+                continue;
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc_o_nofollow())
+                .open(dir.join(id.to_string()))
+                .map_err(unsupported)?;
+            match file.try_lock() {
+                Ok(()) => return Ok(Self { id, _claim: file }),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => return Err(unsupported(e)),
+            }
+        }
+        Err(RunError::Misconfigured(format!("every one of the {GUEST_IDS} session guest ids is in use")))
+    }
+}
+
+/// `O_NOFOLLOW` (this crate has no libc dependency; the value is per architecture).
+const fn libc_o_nofollow() -> i32 {
+    if cfg!(target_arch = "aarch64") { 0o100_000 } else { 0o400_000 }
+}
+
+/// The claims' directory, made 0700 if it is missing, and refused unless it is a directory
+/// of root's that no one else can write.
+fn lock_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is not a directory of root's that only root can write",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The uids `/etc/passwd` names inside the range, read once.
+fn passwd_ids() -> &'static Vec<u32> {
+    static IDS: OnceLock<Vec<u32>> = OnceLock::new();
+    IDS.get_or_init(|| {
+        let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.split(':').nth(2)?.parse::<u32>().ok())
+            .filter(|id| (GUEST_ID_BASE..GUEST_ID_BASE + GUEST_IDS).contains(id))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+
+    #[test]
+    fn two_claims_get_two_ids_and_a_released_one_is_free_again() {
+        if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+            eprintln!("SKIPPED: the claims' directory must be root's");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("stockade-guest-ids-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let a = GuestId::claim_in(&dir, 7).unwrap();
+        let b = GuestId::claim_in(&dir, 7).unwrap();
+        assert_eq!(a.id(), GUEST_ID_BASE + 7);
+        assert_eq!(b.id(), GUEST_ID_BASE + 8);
+        drop(a);
+        assert_eq!(GuestId::claim_in(&dir, 7).unwrap().id(), GUEST_ID_BASE + 7);
+        // A claims directory another user could write is refused.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        assert!(matches!(GuestId::claim_in(&dir, 0), Err(RunError::Unsupported { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
