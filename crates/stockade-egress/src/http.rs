@@ -408,7 +408,9 @@ pub(crate) fn rewrite_response(head: &[u8]) -> Option<Vec<u8>> {
     if !matches!(res.parse(head), Ok(httparse::Status::Complete(_))) {
         return None;
     }
-    let (code, reason) = (res.code?, res.reason.unwrap_or(""));
+    // A status outside 100..=599 is invalid (RFC 9110 §15); `000` would be re-sent as `0`,
+    // which a client reads another way, or not at all.
+    let (code, reason) = (res.code.filter(|c| (100..=599).contains(c))?, res.reason.unwrap_or(""));
     Some(closing_head(&format!("HTTP/1.1 {code} {reason}"), res.headers, |name| {
         matches!(name, "connection" | "keep-alive" | "proxy-connection")
     }))
@@ -488,6 +490,18 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
     use super::{Body, Request, authority, chunk_size, normalize_path, parse_request, trailer_field};
+
+    /// Found by the fuzz target `proxy_relay`: an upstream's status `000` was relayed as
+    /// `HTTP/1.1 0 OK`, a head no strict reader parses; an invalid status is a bad response.
+    #[test]
+    fn a_response_status_outside_100_to_599_is_not_relayed() {
+        for bad in ["000", "099", "600", "999"] {
+            let head = format!("HTTP/1.1 {bad} OK\r\nContent-Length: 0\r\n\r\n");
+            assert_eq!(super::rewrite_response(head.as_bytes()), None, "{bad}");
+        }
+        let ok = super::rewrite_response(b"HTTP/1.1 204 No Content\r\nKeep-Alive: 5\r\n\r\n").unwrap();
+        assert_eq!(ok, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+    }
 
     /// Found by the fuzz target `proxy_request`: a `Connection` header that names `Host`
     /// dropped the decided host from what went upstream, and one that names

@@ -29,6 +29,11 @@ use crate::grants::{Grants, ModelRun};
 /// The guest client, built by the build script (empty where no static C toolchain exists).
 const CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stockade-call"));
 
+/// The uid and gid the process tier and the docker tier give a guest when stockade runs as
+/// root (a root owner's process session gives its guest one of its own instead); the
+/// grants directory is shared with that group only.
+pub(crate) const NOBODY: u32 = 65534;
+
 /// A session ended for good: the reason, for the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ended(pub(crate) String);

@@ -257,6 +257,7 @@
 
 mod broker;
 mod grants;
+#[cfg(feature = "process")]
 mod guest_id;
 mod linked;
 pub mod mcp;
@@ -450,7 +451,7 @@ impl Broker {
     /// (the client) and `data/NAME.json` for each data grant. Only the invoking user and
     /// the tiers' guest user can enter it; it is removed when the run ends.
     pub fn socket_dir(&self) -> Result<PathBuf, RunError> {
-        self.socket_dir_for(stockade_process::NOBODY)
+        self.socket_dir_for(broker::NOBODY)
     }
 
     /// [`Broker::socket_dir`] for a guest whose host gid is `guest_gid` (a root owner's
