@@ -1066,7 +1066,7 @@ impl Sessions {
         };
         // A root owner gives the guest a host id of its own (`guest_id`): the kernel's
         // per-user limits are then this session's alone.
-        let host_id = if running_as_root() {
+        let host_id = if stockade_sys::proc::is_root().unwrap_or(false) {
             let hint = self.next_host_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Some(crate::guest_id::GuestId::claim(hint).map_err(cleanup)?)
         } else {
@@ -1286,12 +1286,6 @@ fn read_snapshot(from: &Path) -> Result<Vec<u8>, RunError> {
     let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
     stockade_process::stage::read_regular(from, bound)
         .map_err(|e| RunError::Misconfigured(format!("snapshot {}: {e}", from.display())))
-}
-
-/// Whether this process runs as root (a root owner's guests get host ids of their own).
-fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// A new process session's `home`, made: the directory, its size cap (first: what a snapshot
