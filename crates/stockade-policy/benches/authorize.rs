@@ -8,7 +8,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use stockade_policy::allow::{
-    ArgType, Context, Effect, Ledger, Policy, Predicate, Registry, Rule, Source, ToolCall, ToolPattern, ToolSpec,
+    ArgType, Bound, Context, Effect, Ledger, Policy, Predicate, Registry, Rule, Source, ToolCall, ToolPattern, ToolSpec,
 };
 
 fn registry() -> Registry {
@@ -38,7 +38,13 @@ fn rule(i: usize, tool: &str) -> Rule {
         2 => r.arg("path", Predicate::path_prefix(&format!("/work/ws{}", i % 3)).unwrap_or(Predicate::MaxLen(9))),
         3 => r.arg("url", Predicate::url_hosts([format!("h{i}.example"), "riverhold.example".into()])),
         _ => r
-            .arg("n", Predicate::Range { min: Some(0.0), max: Some(i as f64) })
+            .arg(
+                "n",
+                Predicate::Range {
+                    min: Some(Bound::Int(0)),
+                    max: Some(Bound::Int(i64::try_from(i).unwrap_or(i64::MAX))),
+                },
+            )
             .arg("to", Predicate::pattern("[a-z]{1,16}").unwrap_or(Predicate::MaxLen(16))),
     }
 }

@@ -33,7 +33,8 @@
 //! ```
 //!
 //! Argument predicates (all must hold; the key may be a dotted path into an object):
-//! `const`, `one_of`, `minimum`/`maximum`, `max_len`, `pattern` (anchored, linear-time),
+//! `const`, `one_of`, `minimum`/`maximum` (compared exactly: an integer is never rounded to a float, so
+//! 2^53 + 1 is over a maximum of 2^53), `max_len`, `pattern` (anchored, linear-time),
 //! `path_prefix` (checked lexically after normalisation), `url_hosts` (checked on the parsed
 //! URL; `*.example.org` allows subdomains), `hosts` (a network host as a connection names
 //! it: `example.org`, `*.example.org` for its subdomains only, an address or a CIDR block

@@ -10,8 +10,8 @@ use serde_json::Value;
 use toml::Spanned;
 
 use super::{
-    Context, Decision, Effect, Ledger, Limit, MAX_LIMIT_CALLS, MAX_RULES, Policy, Predicate, Rule, Source, SourceReq,
-    ToolCall, ToolPattern,
+    Bound, Context, Decision, Effect, Ledger, Limit, MAX_LIMIT_CALLS, MAX_RULES, Policy, Predicate, Rule, Source,
+    SourceReq, ToolCall, ToolPattern,
 };
 use crate::allow::registry::{ArgType, Registry, ToolSpec};
 
@@ -239,8 +239,8 @@ struct PredDoc {
     #[serde(rename = "const")]
     konst: Option<toml::Value>,
     one_of: Option<Vec<toml::Value>>,
-    minimum: Option<f64>,
-    maximum: Option<f64>,
+    minimum: Option<toml::Value>,
+    maximum: Option<toml::Value>,
     max_len: Option<usize>,
     pattern: Option<String>,
     path_prefix: Option<String>,
@@ -288,10 +288,14 @@ fn predicates(rule: &str, path: &str, doc: &PredDoc) -> Result<Vec<Predicate>, P
         out.push(Predicate::OneOf(vs.iter().map(json_of).collect::<Result<_, _>>().map_err(invalid)?));
     }
     if doc.minimum.is_some() || doc.maximum.is_some() {
-        if doc.minimum.is_some_and(f64::is_nan) || doc.maximum.is_some_and(f64::is_nan) {
-            return Err(invalid("minimum and maximum must be numbers".into()));
-        }
-        out.push(Predicate::Range { min: doc.minimum, max: doc.maximum });
+        // Kept as written: an integer bound stays an integer, compared exactly.
+        let bound = |v: &Option<toml::Value>| match v {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) => Ok(Some(Bound::Int(*i))),
+            Some(toml::Value::Float(f)) if !f.is_nan() => Ok(Some(Bound::Float(*f))),
+            Some(_) => Err(invalid("minimum and maximum must be numbers".into())),
+        };
+        out.push(Predicate::Range { min: bound(&doc.minimum)?, max: bound(&doc.maximum)? });
     }
     if let Some(n) = doc.max_len {
         out.push(Predicate::MaxLen(n));

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 pub use document::{Location, MAX_POLICY_BYTES, MAX_RULE_ID_LEN, PolicyError, PolicyErrorKind};
 pub use gate::{Gate, RefusalKind, Refused};
 pub use ledger::{Ledger, MAX_LEDGER_WINDOW};
-pub use predicate::{HostPattern, MAX_REGEX_SIZE, Predicate, SourceReq, normalise_path};
+pub use predicate::{Bound, HostPattern, MAX_REGEX_SIZE, Predicate, SourceReq, normalise_path};
 pub use registry::{ArgSpec, ArgType, MAX_ARG_TYPE_DEPTH, Registry, SchemaError, ToolSpec};
 
 /// Most rules in one policy: 1024. Bounds the time of one decision.

@@ -1,6 +1,7 @@
 //! Argument predicates. Each is total, pure and linear in the size of the value it reads.
 
 use std::cell::RefCell;
+use std::cmp::Ordering;
 use std::sync::Arc;
 
 use regex::Regex;
@@ -42,12 +43,13 @@ pub enum Predicate {
     Const(Value),
     /// Equal to one of these JSON values.
     OneOf(Vec<Value>),
-    /// A number within the inclusive bounds.
+    /// A number within the inclusive bounds, compared exactly (an integer is never rounded
+    /// to a float first: 2^53 + 1 is over a maximum of 2^53).
     Range {
         /// Lower bound, if any.
-        min: Option<f64>,
+        min: Option<Bound>,
         /// Upper bound, if any.
-        max: Option<f64>,
+        max: Option<Bound>,
     },
     /// A string of at most this many characters, or an array of at most this many items.
     MaxLen(usize),
@@ -107,9 +109,13 @@ impl Predicate {
         match self {
             Self::Const(c) => value == c,
             Self::OneOf(set) => set.contains(value),
-            Self::Range { min, max } => value
-                .as_f64()
-                .is_some_and(|n| min.is_none_or(|m| n >= m) && max.is_none_or(|m| n <= m) && n.is_finite()),
+            Self::Range { min, max } => match value {
+                Value::Number(n) => {
+                    min.is_none_or(|m| m.cmp_number(n).is_some_and(Ordering::is_le))
+                        && max.is_none_or(|m| m.cmp_number(n).is_some_and(Ordering::is_ge))
+                }
+                _ => false,
+            },
             Self::MaxLen(n) => match value {
                 Value::String(s) => s.chars().count() <= *n,
                 Value::Array(a) => a.len() <= *n,
@@ -152,11 +158,103 @@ impl Predicate {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             Self::OneOf(vs) => vs.is_empty(),
-            Self::Range { min: Some(lo), max: Some(hi) } => lo > hi,
+            Self::Range { min: Some(lo), max: Some(hi) } => lo.cmp_bound(*hi) == Some(Ordering::Greater),
             Self::UrlHost(hosts) => hosts.is_empty(),
             Self::Hosts(patterns) => patterns.is_empty(),
             _ => false,
         }
+    }
+}
+
+/// A bound of [`Predicate::Range`], kept as the policy wrote it: an integer exactly, a
+/// float as a float (never NaN: the document refuses it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Bound {
+    /// An integer bound.
+    Int(i64),
+    /// A floating-point bound.
+    Float(f64),
+}
+
+impl From<i64> for Bound {
+    fn from(n: i64) -> Self {
+        Self::Int(n)
+    }
+}
+
+impl From<f64> for Bound {
+    fn from(n: f64) -> Self {
+        Self::Float(n)
+    }
+}
+
+/// A number read exactly: a JSON integer (as `i64` or `u64`) widened, never rounded.
+#[derive(Clone, Copy)]
+enum Exact {
+    Int(i128),
+    Float(f64),
+}
+
+impl Exact {
+    fn of(n: &serde_json::Number) -> Option<Self> {
+        match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Some(Self::Int(i128::from(i))),
+            (None, Some(u), _) => Some(Self::Int(i128::from(u))),
+            (None, None, Some(f)) if f.is_finite() => Some(Self::Float(f)),
+            _ => None,
+        }
+    }
+
+    /// `self` against `other`, exactly; `None` only for a NaN.
+    fn cmp(self, other: Self) -> Option<Ordering> {
+        match (self, other) {
+            (Self::Int(a), Self::Int(b)) => Some(a.cmp(&b)),
+            (Self::Float(a), Self::Float(b)) => a.partial_cmp(&b),
+            (Self::Int(a), Self::Float(b)) => int_cmp_float(a, b),
+            (Self::Float(a), Self::Int(b)) => int_cmp_float(b, a).map(Ordering::reverse),
+        }
+    }
+}
+
+/// An integer against a float, exactly: the float's floor is an integer (exact in `i128`
+/// for any float below 2^127 in magnitude), and its fraction breaks a tie.
+fn int_cmp_float(i: i128, f: f64) -> Option<Ordering> {
+    const TWO_127: f64 = 170_141_183_460_469_231_731_687_303_715_884_105_728.0;
+    if f.is_nan() {
+        return None;
+    }
+    if f >= TWO_127 {
+        return Some(Ordering::Less);
+    }
+    if f < -TWO_127 {
+        return Some(Ordering::Greater);
+    }
+    let floor = f.floor();
+    // In range and integral, so the conversion is exact.
+    #[allow(clippy::cast_possible_truncation, reason = "floor is integral and within i128's range")]
+    let whole = floor as i128;
+    Some(match i.cmp(&whole) {
+        Ordering::Equal if f > floor => Ordering::Less,
+        other => other,
+    })
+}
+
+impl Bound {
+    fn exact(self) -> Exact {
+        match self {
+            Self::Int(i) => Exact::Int(i128::from(i)),
+            Self::Float(f) => Exact::Float(f),
+        }
+    }
+
+    /// The bound against the number `n`: `Less` when the bound is below it.
+    fn cmp_number(self, n: &serde_json::Number) -> Option<Ordering> {
+        self.exact().cmp(Exact::of(n)?)
+    }
+
+    fn cmp_bound(self, other: Self) -> Option<Ordering> {
+        self.exact().cmp(other.exact())
     }
 }
 

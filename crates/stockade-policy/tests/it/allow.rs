@@ -442,3 +442,33 @@ proptest! {
         let _ = check(&p, &call);
     }
 }
+
+/// `minimum`/`maximum` compare integers exactly: 2^53 + 1 is over a maximum of 2^53 (as
+/// `f64` both are 2^53), an integer against a fractional bound is decided by its value, and
+/// a bound written as an integer above 2^53 is kept as written.
+#[test]
+fn g7_range_bounds_compare_integers_exactly() {
+    let doc = |pred: &str| {
+        format!(
+            "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"r\"\ntool = \"sleep\"\neffect = \"allow\"\nargs.secs = {{ {pred} }}\n"
+        )
+    };
+    let sleep = |n: Value| ToolCall::new("sleep").arg("secs", n, Source::User);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("maximum = 9007199254740992", json!(9_007_199_254_740_992_u64), "allow:r"),
+        ("maximum = 9007199254740992", json!(9_007_199_254_740_993_u64), "deny:default-deny"),
+        ("minimum = 9007199254740993", json!(9_007_199_254_740_992_u64), "deny:default-deny"),
+        ("minimum = 9007199254740993", json!(9_007_199_254_740_993_u64), "allow:r"),
+        ("maximum = 9223372036854775807", json!(u64::MAX), "deny:default-deny"),
+        ("minimum = -9223372036854775808", json!(i64::MIN), "allow:r"),
+        ("minimum = 0.5", json!(0), "deny:default-deny"),
+        ("minimum = 0.5", json!(1), "allow:r"),
+        ("maximum = 9007199254740992.0", json!(9_007_199_254_740_993_u64), "deny:default-deny"),
+        ("minimum = 1, maximum = 3", json!(3), "allow:r"),
+        ("minimum = 1, maximum = 3", json!(4), "deny:default-deny"),
+    ];
+    for (pred, n, want) in cases {
+        let p = Policy::from_toml(&doc(pred), &registry()).unwrap();
+        assert_eq!(check(&p, &sleep(n.clone())), want, "{pred} with {n}");
+    }
+}
