@@ -275,14 +275,34 @@ impl Agent {
 
     /// Runs `prompt` to an answer or a typed error.
     pub async fn run(&self, prompt: &str) -> Result<Answer, AgentError> {
+        self.run_until(prompt, std::future::pending()).await
+    }
+
+    /// [`run`](Self::run), stopped when `stop` resolves first (a signal at the terminal:
+    /// it names it). Stopped, every call still running is cancelled (its task aborted, a
+    /// command tool's process killed) and closed in the trace as `cancelled`, the trace's
+    /// end says why, and the result is [`AgentError::Interrupted`].
+    pub async fn run_until(
+        &self,
+        prompt: &str,
+        stop: impl std::future::Future<Output = String>,
+    ) -> Result<Answer, AgentError> {
         let started = Instant::now();
         let deadline = started + self.deadline;
         let mut run = self.start(prompt);
-        let result = match tokio::time::timeout_at(deadline.into(), self.drive(&mut run, started, deadline)).await {
-            Ok(r) => r,
-            Err(_) => Err(AgentError::Deadline { after: self.deadline }),
+        // The select's futures (the drive, with its running calls) are dropped at its end.
+        let result = tokio::select! {
+            r = tokio::time::timeout_at(deadline.into(), self.drive(&mut run, started, deadline)) => {
+                r.unwrap_or(Err(AgentError::Deadline { after: self.deadline }))
+            }
+            why = stop => Err(AgentError::Interrupted { why }),
         };
         self.flush(&mut run);
+        if let (Err(AgentError::Interrupted { .. }), Some(t)) = (&result, &self.trace) {
+            for (call, tool) in run.cancel_pending() {
+                t.event("tool", json!({"turn": run.turns(), "call": call, "tool": tool, "status": "cancelled"}));
+            }
+        }
         if let Some(t) = &self.trace {
             let outcome = match &result {
                 Ok(_) => "answer".to_owned(),

@@ -32,7 +32,7 @@ use stockade_protocol::broker::{BROKER_ENV, BrokerFrame, GrantName, ReplyBody};
 use stockade_protocol::turn::{MAX_REPLY_BYTES, Reply, Role, Turn, TurnTool};
 use stockade_protocol::{FrameCodec, GrantOutcome, Job, Limits};
 use stockade_runtime::verify::{Budget, Contract};
-use stockade_runtime::{GrantLimits, Grants, RunRequest, Sandbox};
+use stockade_runtime::{CallEvent, GrantLimits, Grants, RunRequest, Sandbox};
 
 use crate::agent::{Agent, Approver};
 use crate::endpoint::Endpoint;
@@ -302,8 +302,31 @@ impl ConfinedAgent {
     }
 
     /// Runs one turn inside the sandbox: the loop's answer, or why there is none. The host's
-    /// trace gets every call the broker decided, whatever the loop did.
+    /// trace gets every call the broker decided, whatever the loop did, each as it happens.
     pub async fn run(&self, turn: &Turn) -> Result<Answer, AgentError> {
+        self.run_until(turn, std::future::pending()).await
+    }
+
+    /// [`run`](Self::run), stopped when `stop` resolves first (a signal at the terminal: it
+    /// names it). Stopped, the loop is killed, every host call still running is cancelled
+    /// and closed in the trace as `cancelled` (the broker's record), the trace's end says
+    /// why, and the result is [`AgentError::Interrupted`].
+    pub async fn run_until(
+        &self,
+        turn: &Turn,
+        stop: impl std::future::Future<Output = String>,
+    ) -> Result<Answer, AgentError> {
+        // The select's futures (the run, with its broker) are dropped at its end, which
+        // closes the broker's record before the end line is written.
+        let why = tokio::select! {
+            r = self.run_turn(turn) => return r,
+            why = stop => why,
+        };
+        self.trace_end(&format!("interrupted ({why})"), None);
+        Err(AgentError::Interrupted { why })
+    }
+
+    async fn run_turn(&self, turn: &Turn) -> Result<Answer, AgentError> {
         let failed = |e: String| AgentError::Confined { reason: e };
         let stdout = MAX_REPLY_BYTES as u64;
         let limits = Limits::new()
@@ -333,6 +356,13 @@ impl ConfinedAgent {
         if turn.history.iter().any(|s| s.untrusted) {
             grants = grants.already_read_untrusted();
         }
+        if let Some(trace) = &self.trace {
+            grants = grants.observer(observer(trace.clone()));
+        }
+        // The host gives the loop these two messages; the broker judges every call's
+        // arguments against what it relays (the runtime's G16), as the loop itself would unconfined.
+        let system = crate::machine::system_message(&self.system_prompt, stockade_policy::mark::MarkMode::Delimit);
+        grants = grants.relayed_provenance(vec![system, prompt(turn)]);
         let report = self.sandbox.report(RunRequest::new(&job).grants(Arc::new(grants))).await;
         let report = match report {
             Ok(r) => r,
@@ -342,18 +372,8 @@ impl ConfinedAgent {
             }
         };
         let calls = report.grants.clone().unwrap_or_default();
-        if let Some(t) = &self.trace {
-            for c in &calls.calls {
-                t.event(
-                    "decision",
-                    json!({"confined": true, "tool": c.grant, "args": c.args, "effect": outcome(c.outcome), "rule": c.rule,
-                           "failure": c.failure, "ms": c.duration.as_millis() as u64, "bytes_in": c.bytes_in,
-                           "bytes_out": c.bytes_out}),
-                );
-            }
-            if let Some(why) = &calls.session_ended {
-                t.event("broker", json!({"ended": why}));
-            }
+        if let (Some(t), Some(why)) = (&self.trace, &calls.session_ended) {
+            t.event("broker", json!({"ended": why}));
         }
         let contract = Contract::bytes(Budget::new(self.deadline, stdout), |bytes: &Vec<u8>| {
             Reply::parse(bytes).map(|_| ()).map_err(|e| format!("the loop's reply: {e}"))
@@ -401,6 +421,36 @@ impl ConfinedAgent {
             );
         }
     }
+}
+
+/// The host's trace of a confined run, written by the broker as each call is decided and
+/// as each ends: `decision` (a denial, a refusal, a model request; or an allowed call, as it
+/// starts), and `tool` for an allowed call's end (`ok`, `failed` or `cancelled`).
+fn observer(trace: Trace) -> stockade_runtime::CallObserver {
+    Arc::new(move |event| match event {
+        CallEvent::Allowed { grant, rule, args } => trace
+            .event("decision", json!({"confined": true, "tool": grant, "args": args, "effect": "allow", "rule": rule})),
+        CallEvent::Ended { call: c, ran: true } => {
+            let status = match (c.outcome, c.failure.as_deref()) {
+                (GrantOutcome::Ok, _) => "ok",
+                (_, Some("cancelled")) => "cancelled",
+                _ => "failed",
+            };
+            trace.event(
+                "tool",
+                json!({"confined": true, "tool": c.grant, "status": status, "rule": c.rule, "failure": c.failure,
+                       "ms": c.duration.as_millis() as u64, "bytes": c.bytes_out, "bytes_in": c.bytes_in,
+                       "bytes_out": c.bytes_out}),
+            );
+        }
+        CallEvent::Ended { call: c, ran: false } => trace.event(
+            "decision",
+            json!({"confined": true, "tool": c.grant, "args": c.args, "effect": outcome(c.outcome), "rule": c.rule,
+                   "failure": c.failure, "ms": c.duration.as_millis() as u64, "bytes_in": c.bytes_in,
+                   "bytes_out": c.bytes_out}),
+        ),
+        _ => {}
+    })
 }
 
 fn outcome(o: GrantOutcome) -> &'static str {

@@ -109,7 +109,10 @@
 //!     copy in the run (with [`ConfinedBuilder::image`], an image job in the docker tier,
 //!     with the loader and libraries it links: `Grants::program_linked`), the reply passes `stockade_verify` and
 //!     `stockade_protocol::turn::Reply::parse`, and the trace is written from the broker's
-//!     own record, outside every mount.
+//!     own record as it happens (the grants' observer), outside every mount; the host
+//!     judges each call's arguments by relayed provenance (the runtime's G16) and owns the
+//!     budgets. [`ConfinedAgent::run_until`] and [`Agent::run_until`] stop a run from
+//!     outside, cancelling and closing in the trace every call it cut short.
 //!     (pinned by: tests/it/confine.rs::g11_*)
 //!     End to end, with a real tier and a hostile loop, `stockade agent --confine`'s G13.
 //! G12. A [`Channel`] keeps one conversation's history (at most

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use stockade_policy::allow::{Approval, ApprovalKey, Decision, Gate, Permit, Policy, Source, ToolCall};
 use stockade_policy::mark::{MarkMode, Provenance, Untrusted, mark_json, mark_with};
+use stockade_policy::taint::{Taint, call_with_sources};
 use stockade_protocol::chat::{
     ChatMessage, ChatRequest, Content, MAX_MESSAGES, MAX_TOOL_CALLS, Role, Tool as ChatTool, ToolCall as ChatToolCall,
     is_valid_tool_name,
@@ -37,12 +38,12 @@ pub const MAX_CALLS_PER_TURN: usize = MAX_TOOL_CALLS;
 /// the run stops: 3 (goose's repetition rule; small models loop on a denied call).
 pub const MAX_REPEATED_DENIALS: u32 = 3;
 
-/// Shortest copied text the provenance check traces: 8 characters.
-pub const MIN_TAINT_CHARS: usize = 8;
+/// Shortest copied text the provenance check traces: 8 characters (policy's rule).
+pub use stockade_policy::taint::MIN_TAINT_CHARS;
 
-/// Most untrusted output remembered for the provenance check: 4 MiB (older output is
-/// forgotten first, and the run says so in its trace).
-pub const MAX_TAINT_BYTES: usize = 4 << 20;
+/// Most untrusted output remembered for the provenance check: 4 MiB, older output
+/// forgotten first (policy's rule).
+pub use stockade_policy::taint::MAX_TAINT_BYTES;
 
 /// Budgets of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +220,14 @@ pub enum AgentError {
     /// misconfigured.
     #[error("the confined loop could not run: {0}")]
     Sandbox(stockade_runtime::RunError),
+    /// The run was stopped from outside (a signal at the terminal) before it ended: its
+    /// calls still running were cancelled, and the trace says so.
+    #[error("interrupted ({why})")]
+    #[non_exhaustive]
+    Interrupted {
+        /// What stopped it (`SIGINT`).
+        why: String,
+    },
     /// A step was fed out of order, or a result is missing: stockade's bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -292,6 +301,16 @@ struct Slot {
     untrusted: bool,
 }
 
+/// The system message a run sends for `system_prompt`: it, then MARK's sentence (a confined
+/// agent's host knows the loop's from it).
+pub(crate) fn system_message(system_prompt: &str, mode: MarkMode) -> String {
+    if system_prompt.trim().is_empty() {
+        stockade_policy::mark::system_prompt(mode)
+    } else {
+        format!("{}\n\n{}", system_prompt.trim_end(), stockade_policy::mark::system_prompt(mode))
+    }
+}
+
 /// The state of one agent run.
 #[derive(Debug)]
 pub struct AgentRun {
@@ -304,8 +323,7 @@ pub struct AgentRun {
     profile: Profile,
     mark_mode: MarkMode,
     messages: Vec<ChatMessage>,
-    taint: Vec<(String, String)>,
-    taint_bytes: usize,
+    taint: Taint,
     turns: u32,
     tool_calls: u32,
     tokens: u64,
@@ -331,11 +349,7 @@ impl AgentRun {
         profile: Profile,
     ) -> Self {
         let mark_mode = MarkMode::Delimit;
-        let system = if system_prompt.trim().is_empty() {
-            stockade_policy::mark::system_prompt(mark_mode)
-        } else {
-            format!("{}\n\n{}", system_prompt.trim_end(), stockade_policy::mark::system_prompt(mark_mode))
-        };
+        let system = system_message(system_prompt, mark_mode);
         let trust = tools.iter().map(|(t, trust)| (t.function.name.clone(), *trust)).collect();
         let mut nonce = [0u8; 4];
         let _ = getrandom::fill(&mut nonce);
@@ -348,8 +362,7 @@ impl AgentRun {
             profile,
             mark_mode,
             messages: vec![ChatMessage::text(Role::System, system), ChatMessage::text(Role::User, prompt)],
-            taint: Vec::new(),
-            taint_bytes: 0,
+            taint: Taint::new(),
             turns: 0,
             tool_calls: 0,
             tokens: 0,
@@ -595,50 +608,7 @@ impl AgentRun {
     /// The call with each argument's source: `Source::Tool(t)` when a string in it was copied
     /// from tool `t`'s untrusted output, `Source::User` otherwise.
     fn with_provenance(&self, tool: &str, args: Map<String, Value>) -> (ToolCall, Vec<String>) {
-        let mut call = ToolCall::new(tool);
-        let mut tainted = Vec::new();
-        for (name, value) in args {
-            let source = self.taint_source(&value).map_or(Source::User, |t| Source::Tool(t.to_owned()));
-            if source != Source::User {
-                tainted.push(name.clone());
-            }
-            call = call.arg(name, value, source);
-        }
-        (call, tainted)
-    }
-
-    fn taint_source(&self, value: &Value) -> Option<&str> {
-        let mut stack = vec![value];
-        while let Some(v) = stack.pop() {
-            match v {
-                Value::String(s) => {
-                    if let Some(t) = self.copied_from(s) {
-                        return Some(t);
-                    }
-                }
-                Value::Number(n) => {
-                    if let Some(t) = self.copied_from(&n.to_string()) {
-                        return Some(t);
-                    }
-                }
-                Value::Array(items) => stack.extend(items),
-                Value::Object(map) => stack.extend(map.values()),
-                Value::Bool(_) | Value::Null => {}
-            }
-        }
-        None
-    }
-
-    fn copied_from(&self, s: &str) -> Option<&str> {
-        let s = s.trim();
-        if s.is_empty() {
-            return None;
-        }
-        let long = s.chars().count() >= MIN_TAINT_CHARS;
-        self.taint
-            .iter()
-            .find(|(_, text)| text.trim() == s || (long && text.contains(s)))
-            .map(|(tool, _)| tool.as_str())
+        call_with_sources(tool, args, |v| self.taint.origin_of(v).map(|t| Source::Tool(t.to_owned())))
     }
 
     /// Resolves an `ask`: with `approved`, the policy decides again with a single-use approval
@@ -677,6 +647,24 @@ impl AgentRun {
         }
     }
 
+    /// The run was stopped while calls ran: each call still without a result (allowed and
+    /// running, or waiting for its approval) is closed as cancelled and returned (its host
+    /// id and tool), for the trace.
+    pub fn cancel_pending(&mut self) -> Vec<(String, String)> {
+        if self.phase != Phase::AwaitTools {
+            return Vec::new();
+        }
+        let mut cancelled = Vec::new();
+        for s in &mut self.slots {
+            if s.result.is_none() {
+                s.result = Some("Error: the run was stopped before this call ended.".to_owned());
+                cancelled.push((s.call_id.clone(), s.tool.clone()));
+            }
+        }
+        self.phase = Phase::Done;
+        cancelled
+    }
+
     /// Whether the tool in `slot` gives untrusted output (marked before the model reads it).
     #[must_use]
     pub fn untrusted(&self, slot: usize) -> bool {
@@ -709,7 +697,7 @@ impl AgentRun {
         match output {
             ToolOutput::Text(t) => {
                 let marked = mark_with(&Untrusted::new(t.clone(), provenance()), self.mark_mode);
-                self.remember(tool, t);
+                self.taint.remember(tool, t);
                 marked.map_or_else(
                     |e| format!("Error: the output could not be marked ({e}), so it is withheld."),
                     |m| m.to_string(),
@@ -717,7 +705,7 @@ impl AgentRun {
             }
             ToolOutput::Json(v) => {
                 let marked = mark_json(&Untrusted::new(v.clone(), provenance()), self.mark_mode);
-                self.remember_json(tool, &v);
+                self.taint.remember_json(tool, &v);
                 marked.map_or_else(
                     |e| format!("Error: the output could not be marked ({e}), so it is withheld."),
                     |m| m.to_string(),
@@ -726,38 +714,12 @@ impl AgentRun {
             ToolOutput::Failed { reason, output: None } | ToolOutput::TimedOut { reason } => format!("Error: {reason}"),
             ToolOutput::Failed { reason, output: Some(o) } => {
                 let marked = mark_with(&Untrusted::new(o.clone(), provenance()), self.mark_mode);
-                self.remember(tool, o);
+                self.taint.remember(tool, o);
                 match marked {
                     Ok(m) => format!("Error: {reason}\n{m}"),
                     Err(_) => format!("Error: {reason}"),
                 }
             }
-        }
-    }
-
-    fn remember_json(&mut self, tool: &str, v: &Value) {
-        let mut stack = vec![v];
-        while let Some(v) = stack.pop() {
-            match v {
-                Value::String(s) => self.remember(tool, s.clone()),
-                Value::Array(items) => stack.extend(items),
-                Value::Object(map) => {
-                    stack.extend(map.values());
-                    for k in map.keys() {
-                        self.remember(tool, k.clone());
-                    }
-                }
-                other => self.remember(tool, other.to_string()),
-            }
-        }
-    }
-
-    fn remember(&mut self, tool: &str, text: String) {
-        self.taint_bytes += text.len();
-        self.taint.push((tool.to_owned(), text));
-        while self.taint_bytes > MAX_TAINT_BYTES && !self.taint.is_empty() {
-            let (_, old) = self.taint.remove(0);
-            self.taint_bytes -= old.len();
         }
     }
 

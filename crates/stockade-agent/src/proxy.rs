@@ -249,6 +249,7 @@ impl ModelProxy {
             ));
         }
         request.model = self.endpoint.model().to_owned();
+        run.witness_request(&request.messages);
         if run.tokens() >= self.max_tokens {
             let msg = format!("this run's {} tokens are spent", self.max_tokens);
             return Err(Refused::new(
@@ -286,6 +287,7 @@ impl ModelProxy {
         if let Some(u) = &c.usage {
             run.add_tokens(u.total_tokens);
         }
+        witness(run, self.endpoint.key().as_deref(), c);
         Ok(self.scrub(&rebuilt(c, self.endpoint.model()).to_string()))
     }
 
@@ -319,6 +321,7 @@ impl ModelProxy {
             let outcome = match result {
                 Ok(x) => {
                     let c = x.completion;
+                    witness(&run, endpoint.key().as_deref(), &c);
                     for (i, call) in tool_calls(&c).into_iter().enumerate() {
                         // A tool call's name and arguments are the upstream's text too: an
                         // upstream that echoes the key into them must not hand it over.
@@ -392,6 +395,22 @@ fn ok_json(v: &Value) -> Response<ProxyBody> {
 fn chunk(model: &str, delta: Value, finish: Option<&str>) -> Value {
     json!({"id": "chatcmpl-stockade", "object": "chat.completion.chunk", "created": created(), "model": model,
            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+/// Tells the run what it relays of `c` (its text and calls, as the guest receives them:
+/// scrubbed of the key), for relayed provenance.
+fn witness(run: &ModelRun, key: Option<&crate::secret::ApiKey>, c: &Completion) {
+    let calls = tool_calls(c)
+        .into_iter()
+        .filter_map(|call| {
+            let call = scrub_value(key, call);
+            let name = call["function"]["name"].as_str()?.to_owned();
+            let args = serde_json::from_str(call["function"]["arguments"].as_str()?).ok()?;
+            Some((name, args))
+        })
+        .collect();
+    let text = c.text.as_deref().map(|t| scrub(key, t));
+    run.witness_response(text.as_deref(), calls);
 }
 
 /// The decoded calls whose arguments were accepted, as OpenAI `tool_calls`.

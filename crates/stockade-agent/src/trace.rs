@@ -7,10 +7,18 @@
 //! - `response`: `turn`, `status`, `bytes`, `ms`, `body` (cut to 64 KiB), `quirks`;
 //! - `decision`: `turn`, `call` (the host id), `provider_id`, `tool`, `args` (canonical),
 //!   `effect` (`allow`, `ask`, `deny`, `refused`), `rule`, `reason`, `tainted` (argument names);
-//! - `tool`: `turn`, `call`, `tool`, `ms`, `status` (`ok`, `failed`, `timeout`), `bytes`,
-//!   `untrusted` (the output was marked), `report` (for run_code: tier, status, wall time);
+//! - `tool`: `turn`, `call`, `tool`, `ms`, `status` (`ok`, `failed`, `timeout`, `cancelled`:
+//!   the run was stopped or ended while it ran), `bytes`, `untrusted` (the output was
+//!   marked), `report` (for run_code: tier, status, wall time);
 //! - `usage`: `turn`, `prompt_tokens`, `completion_tokens`, `total_tokens`, `run_total`;
-//! - `end`: `outcome` (`answer` or the error's text), `turns`, `tool_calls`.
+//! - `end`: `outcome` (`answer`, the error's text, or `interrupted (SIGINT)`), `turns`,
+//!   `tool_calls`.
+//!
+//! A confined agent's trace is the host's, from the broker as it happens: `decision` with
+//! `confined: true` for each call as it is decided (an allowed one before it runs), and
+//! `tool` (`ok`, `failed`, `cancelled`) with `rule`, `failure`, `ms` and bytes when an
+//! allowed call ends; `broker` if the broker ended the session; `end` with `broker_calls`,
+//! `denied` and `tokens`.
 //!
 //! The key is never written: it is only ever a header, and every line is scrubbed of it too.
 //!

@@ -274,7 +274,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         }));
     }
     let agent = builder.build()?;
-    let result = rt.block_on(agent.run(args.prompt.as_deref().unwrap_or_default()));
+    let result = rt.block_on(agent.run_until(args.prompt.as_deref().unwrap_or_default(), stop()));
     answer(&args, &result)
 }
 
@@ -380,7 +380,7 @@ fn confined(
     if let Some(channel) = &channel {
         turn.history = channel.history()?;
     }
-    let result = rt.block_on(agent.run(&turn));
+    let result = rt.block_on(agent.run_until(&turn, stop()));
     if let (Some(channel), Ok(answer)) = (&channel, &result) {
         let message = match &args.speaker {
             Some(who) => format!("{who}: {prompt}"),
@@ -391,6 +391,15 @@ fn confined(
     answer(args, &result)
 }
 
+/// What stops an agent's run from outside: the first stop signal (a signal that cannot be
+/// watched stops nothing, and ends the process as it always would).
+async fn stop() -> String {
+    match crate::stop_signal().await {
+        Ok((name, _)) => name.to_owned(),
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// Prints the answer (or the error) as `--json` or text says, and the exit code for it.
 fn answer(args: &AgentArgs, result: &Result<stockade_agent::Answer, AgentError>) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
@@ -398,6 +407,7 @@ fn answer(args: &AgentArgs, result: &Result<stockade_agent::Answer, AgentError>)
         Ok(_) => ExitCode::SUCCESS,
         Err(AgentError::Endpoint(_)) => ExitCode::from(EXIT_ENDPOINT),
         Err(AgentError::Internal(_) | AgentError::Sandbox(_)) => ExitCode::from(crate::EXIT_STOCKADE),
+        Err(AgentError::Interrupted { why, .. }) => ExitCode::from(crate::stopped_exit(why)),
         Err(_) => ExitCode::from(EXIT_NO_ANSWER),
     };
     if args.json {

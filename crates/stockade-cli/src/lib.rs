@@ -132,8 +132,13 @@
 //!     loop's environment and memory hold only the run's placeholder, and an answer that
 //!     echoes the key reaches the user scrubbed; each tool (commands, `run_code`,
 //!     `[[grant.mcp]]` servers' tools) runs on the host only when the policy, decided on the
-//!     host, allows the call; the `--trace` file is the host's, written from the broker's
-//!     record. A loop replaced by a hostile program can ask for a denied or ungranted tool,
+//!     host, allows the call, decided on arguments whose sources the host traced through
+//!     the traffic it relayed (the runtime's G16), so the steward decides the same confined
+//!     and unconfined on the same model script; the `--trace` file is the host's, written
+//!     from the broker's record as each call is decided and as it ends (a line each,
+//!     flushed), a call still running when the loop exits or when SIGINT, SIGTERM or SIGHUP
+//!     stops the run closed as `cancelled` (the run then ends with its end line and exit
+//!     128 + N). A loop replaced by a hostile program can ask for a denied or ungranted tool,
 //!     forge a permit in a frame, or try to write the host's trace or side-effect files:
 //!     nothing runs that the policy denies, the files are unchanged, and the trace records
 //!     each attempt. A call the policy marks `ask` is shown on the host's terminal (tool,
@@ -194,6 +199,31 @@ use stockade_runtime::{docker, wasm};
 
 /// Exit code for stockade's own failures (as `timeout(1)` uses 125).
 pub(crate) const EXIT_STOCKADE: u8 = 125;
+
+/// The signals that stop a run rather than the CLI alone, by name and number: a stopped run
+/// is cleaned up (its sandbox killed, its record closed) and the CLI exits as a program
+/// killed by that signal would, 128 + N.
+const STOP_SIGNALS: [(&str, u8); 3] = [("SIGTERM", 15), ("SIGINT", 2), ("SIGHUP", 1)];
+
+/// Resolves at the first of [`STOP_SIGNALS`] to arrive after its first poll (from then on
+/// they no longer end the process), with its name and number.
+pub(crate) async fn stop_signal() -> std::io::Result<(&'static str, u8)> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let [t, i, h] = STOP_SIGNALS;
+    Ok(tokio::select! {
+        _ = term.recv() => t,
+        _ = int.recv() => i,
+        _ = hup.recv() => h,
+    })
+}
+
+/// The exit code of a run stopped by the signal `name` (one of [`STOP_SIGNALS`]).
+pub(crate) fn stopped_exit(name: &str) -> u8 {
+    STOP_SIGNALS.iter().find(|(n, _)| *n == name).map_or(EXIT_STOCKADE, |(_, n)| 128 + n)
+}
 
 #[derive(Parser)]
 #[command(name = "stockade", version, about = "Run untrusted code confined; trust its output only when verified")]

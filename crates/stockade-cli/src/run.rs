@@ -526,15 +526,9 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     // dropped, which kills the sandbox and then sweeps a read-write workspace, and the CLI
     // exits as a program killed by that signal would (128 + N), as `timeout(1)` passes it on.
     let stopped = rt.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut hup = signal(SignalKind::hangup())?;
         anyhow::Ok(tokio::select! {
             r = sandbox.report(RunRequest::new(&job).grants(grants).live(io)) => Ok(r),
-            _ = term.recv() => Err(("SIGTERM", 15u8)),
-            _ = int.recv() => Err(("SIGINT", 2)),
-            _ = hup.recv() => Err(("SIGHUP", 1)),
+            s = crate::stop_signal() => Err(s?),
         })
     })?;
     // A host MCP server that stopped during the run is the host's news, not the guest's.

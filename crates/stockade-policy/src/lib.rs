@@ -141,3 +141,4 @@
 
 pub mod allow;
 pub mod mark;
+pub mod taint;

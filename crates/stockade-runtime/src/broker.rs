@@ -24,7 +24,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::grants::{Grants, ModelRun};
+use crate::grants::{CallEvent, Grants, ModelRun};
 
 /// The guest client, built by the build script (empty where no static C toolchain exists).
 const CLIENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stockade-call"));
@@ -45,6 +45,28 @@ struct State {
     calls: u64,
     // Function calls decided so far (the bound `max_function_calls`).
     functions: u64,
+    /// Allowed calls not yet ended, by a number of the run's own: closed as `cancelled`
+    /// if the run ends under them.
+    open: std::collections::BTreeMap<u64, Open>,
+    next_open: u64,
+    /// Relayed provenance, when the grants ask for it.
+    witness: Option<crate::relayed::Witness>,
+}
+
+/// An allowed call that is running.
+struct Open {
+    grant: String,
+    rule: String,
+    args: String,
+    start: Instant,
+}
+
+/// What [`Session::dispatch`] learnt of a function call for its record: its canonical
+/// arguments, and its number among the open calls once it was allowed.
+#[derive(Default)]
+struct Seen {
+    args: Option<String>,
+    open: Option<u64>,
 }
 
 /// One run's broker session. Shared by every connection (and every `host.call`) of the run.
@@ -87,10 +109,19 @@ impl Session {
         let policy = grants.policy.clone().unwrap_or_else(|| Arc::new(Policy::deny_all(Registry::new())));
         let slots = Semaphore::new(grants.limits.concurrency.max(1));
         let gate = gate_for(&grants, policy);
+        let witness = grants.relayed.as_ref().map(|t| crate::relayed::Witness::new(t.to_vec()));
         Arc::new(Self {
             grants,
             start: Instant::now(),
-            state: Mutex::new(State { gate, report: GrantsReport::default(), calls: 0, functions: 0 }),
+            state: Mutex::new(State {
+                gate,
+                report: GrantsReport::default(),
+                calls: 0,
+                functions: 0,
+                open: std::collections::BTreeMap::new(),
+                next_open: 0,
+                witness,
+            }),
             slots,
             closed: AtomicBool::new(false),
             ended: watch::channel(None).0,
@@ -137,14 +168,62 @@ impl Session {
         self.ended.subscribe()
     }
 
-    /// The run is over: later calls are refused. Returns what the broker saw.
+    /// The run is over: later calls are refused, and a call still running is recorded as
+    /// `cancelled` (the run's end aborts it). Returns what the broker saw.
     pub(crate) fn close(&self) -> GrantsReport {
-        self.closed.store(true, Ordering::SeqCst);
-        let mut report = std::mem::take(&mut self.state().report);
+        let mut report = {
+            let mut st = self.state();
+            // Under the record's lock, so a call ends either before (its own record) or
+            // after (cancelled here), never in neither.
+            self.closed.store(true, Ordering::SeqCst);
+            for (_, open) in std::mem::take(&mut st.open) {
+                let call = GrantCall::new(&open.grant, GrantOutcome::Failed, &open.rule, (0, 0), open.start.elapsed())
+                    .with_args(open.args)
+                    .failed_after("cancelled");
+                self.notify(CallEvent::Ended { call: &call, ran: true });
+                st.report.record(call);
+            }
+            let mut report = std::mem::take(&mut st.report);
+            report.read_untrusted = st.gate.has_read_untrusted();
+            report
+        };
         report.session_ended = self.ended_reason();
         report.model_tokens = self.model.get().map_or(0, |(_, tokens, _)| tokens.load(Ordering::SeqCst));
-        report.read_untrusted = self.state().gate.has_read_untrusted();
         report
+    }
+
+    fn notify(&self, event: CallEvent<'_>) {
+        if let Some(observer) = &self.grants.observer {
+            observer(event);
+        }
+    }
+
+    pub(crate) fn witness_request(&self, messages: &[stockade_protocol::chat::ChatMessage]) {
+        let mut st = self.state();
+        if st.witness.as_mut().is_some_and(|w| w.request(messages)) {
+            st.gate.set_read_untrusted();
+        }
+    }
+
+    pub(crate) fn witness_response(&self, text: Option<&str>, calls: Vec<(String, Value)>) {
+        if let Some(w) = self.state().witness.as_mut() {
+            w.response(text, calls);
+        }
+    }
+
+    /// An allowed call starts: it is open until its record, and the observer hears of it.
+    fn open_call(&self, grant: &str, rule: &str, args: &str) -> Option<u64> {
+        let mut st = self.state();
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let n = st.next_open;
+        st.next_open += 1;
+        let args = GrantCall::new(grant, GrantOutcome::Ok, rule, (0, 0), Duration::ZERO).with_args(args.to_owned());
+        let args = args.args.unwrap_or_default();
+        self.notify(CallEvent::Allowed { grant, rule, args: &args });
+        st.open.insert(n, Open { grant: grant.to_owned(), rule: rule.to_owned(), args, start: Instant::now() });
+        Some(n)
     }
 
     /// Ends the session with `reason` and returns it as the session's end.
@@ -189,13 +268,21 @@ impl Session {
         bytes: (u64, u64),
         duration: std::time::Duration,
     ) {
-        self.record_call(GrantCall::new(grant, outcome, rule, bytes, duration));
+        self.record_call(GrantCall::new(grant, outcome, rule, bytes, duration), None);
     }
 
-    fn record_call(&self, call: GrantCall) {
-        if !self.closed.load(Ordering::SeqCst) {
-            self.state().report.record(call);
+    /// Records a call that ended (closing it if it was `open`), unless the run's end
+    /// already closed it.
+    fn record_call(&self, call: GrantCall, open: Option<u64>) {
+        let mut st = self.state();
+        if self.closed.load(Ordering::SeqCst) {
+            return;
         }
+        if let Some(n) = open {
+            st.open.remove(&n);
+        }
+        self.notify(CallEvent::Ended { call: &call, ran: open.is_some() });
+        st.report.record(call);
     }
 
     /// Handles one call frame's payload and returns the reply's payload, or ends the
@@ -223,8 +310,8 @@ impl Session {
             return Err(Ended(reason));
         }
         // A function call's arguments go in the record as the policy sees them.
-        let mut shown = None;
-        let (outcome, rule, body) = self.dispatch(name, args, &mut shown).await;
+        let mut seen = Seen::default();
+        let (outcome, rule, body) = self.dispatch(name, args, &mut seen).await;
         let mut out = reply(id, body);
         // A reply over the bound fails the call, and the record keeps the rule that allowed
         // it (the call may have run): the failure is said beside it.
@@ -242,20 +329,17 @@ impl Session {
         if too_large {
             call = call.failed_after("reply-too-large");
         }
-        self.record_call(match shown {
+        let call = match seen.args {
             Some(args) => call.with_args(args),
             None => call,
-        });
+        };
+        self.record_call(call, seen.open);
         Ok(out)
     }
 
-    /// Runs one call; a function call's canonical arguments are put in `shown`.
-    async fn dispatch(
-        self: &Arc<Self>,
-        name: &str,
-        args: Value,
-        shown: &mut Option<String>,
-    ) -> (GrantOutcome, String, ReplyBody) {
+    /// Runs one call; a function call's canonical arguments, and its open number once
+    /// allowed, are put in `seen`.
+    async fn dispatch(self: &Arc<Self>, name: &str, args: Value, seen: &mut Seen) -> (GrantOutcome, String, ReplyBody) {
         if name == LIST_GRANT {
             let mut manifest = self.grants.manifest();
             // A guest without an environment (wasm) finds its secrets' placeholders here.
@@ -309,19 +393,24 @@ impl Session {
             let body = error(ReplyCode::Denied, format!("this run has no grant named {name:?}"));
             return (GrantOutcome::Denied, "unknown-grant".into(), body);
         };
-        let Some(call) = ToolCall::from_json(name, &args, &Source::Sandbox) else {
+        // The arguments' source: the sandbox's, unless the host relayed the model's call.
+        let call = match self.state().witness.as_mut() {
+            Some(w) => w.call(name, &args),
+            None => ToolCall::from_json(name, &args, &Source::Sandbox),
+        };
+        let Some(call) = call else {
             let body = error(ReplyCode::BadArgs, "a function grant takes its arguments as one JSON object");
             return (GrantOutcome::Denied, "bad-args".into(), body);
         };
         // The whole schema first (what the server itself would refuse never reaches it):
         // the policy then decides on arguments that are what the tool takes.
         if let Err(why) = function.check_args(&args) {
-            *shown = Some(call.canonical_args());
+            seen.args = Some(call.canonical_args());
             let body = error(ReplyCode::BadArgs, format!("the arguments do not follow {name}'s schema: {why}"));
             // The rule the policy's own argument check records.
             return (GrantOutcome::Denied, "bad-argument".into(), body);
         }
-        *shown = Some(call.canonical_args());
+        seen.args = Some(call.canonical_args());
         let max = u64::from(self.grants.limits.max_function_calls);
         let over = {
             let mut st = self.state();
@@ -358,6 +447,7 @@ impl Session {
             }
         };
         let rule = permit.rule().to_owned();
+        seen.open = self.open_call(name, &rule, seen.args.as_deref().unwrap_or_default());
         let timeout = self.grants.limits.call_timeout;
         let run = async {
             let _slot = self.slots.acquire().await;
@@ -366,8 +456,15 @@ impl Session {
         let result = tokio::time::timeout(timeout, run).await;
         // A failure's message carries the tool's words as a result does (an MCP server's
         // JSON-RPC error quoting a page): either way, untrusted text was read.
-        if function.spec.has_untrusted_output() && result.is_ok() {
+        let untrusted = function.spec.has_untrusted_output();
+        if untrusted && result.is_ok() {
             self.state().gate.set_read_untrusted();
+        }
+        if let (Some(w), Ok(output)) = (self.state().witness.as_mut(), &result) {
+            match output {
+                Ok(value) => w.output(name, untrusted, value),
+                Err(message) => w.output(name, untrusted, &Value::String(message.clone())),
+            }
         }
         match result {
             Ok(Ok(value)) => (GrantOutcome::Ok, rule, ReplyBody::Result(value)),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use stockade_policy::allow::{Permit, Policy, Registry, ToolSpec};
+use stockade_protocol::GrantCall;
 use stockade_protocol::broker::{GrantName, LIST_GRANT};
 
 /// Largest size of all data grants of one job together, serialised: 1 MiB.
@@ -343,6 +344,20 @@ impl fmt::Debug for ModelRun {
 }
 
 impl ModelRun {
+    /// Relayed provenance ([`Grants::relayed_provenance`]): a chat request the loop sent,
+    /// as validated. Text in it the host did not give or relay is remembered as the
+    /// sandbox's, and a system, user or assistant text of the sandbox's sets
+    /// read-untrusted. A no-op for other runs.
+    pub fn witness_request(&self, messages: &[stockade_protocol::chat::ChatMessage]) {
+        self.session.witness_request(messages);
+    }
+
+    /// Relayed provenance: the response the grant relays, its text and its calls (chat
+    /// name and arguments, as the loop receives them). A no-op for other runs.
+    pub fn witness_response(&self, text: Option<&str>, calls: Vec<(String, Value)>) {
+        self.session.witness_response(text, calls);
+    }
+
     /// True if `presented` is exactly this run's placeholder key (compared in constant time).
     #[must_use]
     pub fn placeholder_matches(&self, presented: &str) -> bool {
@@ -399,7 +414,42 @@ pub struct Grants {
     pub(crate) approver: Option<Arc<dyn GrantApprover>>,
     /// An earlier turn of the same conversation read untrusted data.
     pub(crate) read_untrusted: bool,
+    /// Told of each decision and each call's end as they happen.
+    pub(crate) observer: Option<CallObserver>,
+    /// Relayed provenance: the system and user messages the host gives the loop.
+    pub(crate) relayed: Option<Arc<Vec<String>>>,
 }
+
+/// What the broker tells a [`CallObserver`], as it happens.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CallEvent<'a> {
+    /// The policy allowed a function call, which runs now: its grant, the rule, and its
+    /// canonical arguments (cut as a record's are). The call's [`CallEvent::Ended`] follows,
+    /// with `ran` set, however it ends.
+    Allowed {
+        /// The grant.
+        grant: &'a str,
+        /// The rule that allowed it.
+        rule: &'a str,
+        /// Its arguments as the policy saw them.
+        args: &'a str,
+    },
+    /// A call's record, written when the call ends: a denial or a refusal at its decision,
+    /// a call that ran when it returns, and one still running when the run ends at that end
+    /// (`failure` `cancelled`). `ran` says an [`CallEvent::Allowed`] came before it.
+    Ended {
+        /// The record, as the report holds it.
+        call: &'a GrantCall,
+        /// The call was allowed and ran (or was running).
+        ran: bool,
+    },
+}
+
+/// Called by the broker with each [`CallEvent`] of a run, in order, as it happens (a
+/// `--trace` written line by line). It runs on the broker's task while the run's record is
+/// locked: it must be quick and must not call into the run.
+pub type CallObserver = Arc<dyn Fn(CallEvent<'_>) + Send + Sync>;
 
 /// Answers a function call the policy marks `ask` (a human at a terminal, an approval in a
 /// chat): whether this one call, exactly as given, may run. The broker asks one question at a
@@ -424,6 +474,7 @@ impl fmt::Debug for Grants {
             .field("programs", &self.programs.keys().collect::<Vec<_>>())
             .field("libraries", &self.libraries.keys().collect::<Vec<_>>())
             .field("approver", &self.approver)
+            .field("observer", &self.observer.is_some())
             .finish()
     }
 }
@@ -595,6 +646,25 @@ impl Grants {
     #[must_use]
     pub fn approver(mut self, approver: Arc<dyn GrantApprover>) -> Self {
         self.approver = Some(approver);
+        self
+    }
+
+    /// The guest is an agent's loop whose model this run's model grant relays (a confined
+    /// agent; the loop was given `host_texts` as its system and user messages): each function
+    /// call's arguments get their source from what the host relayed, not from the loop's word
+    /// (G16, see the crate docs). Without it every argument is `sandbox`.
+    #[must_use]
+    pub fn relayed_provenance(mut self, host_texts: Vec<String>) -> Self {
+        self.relayed = Some(Arc::new(host_texts));
+        self
+    }
+
+    /// Tells `observer` of each decision and each call's end as they happen
+    /// ([`CallEvent`]): a record that does not wait for the run to end, and in which a call
+    /// the run's end cut short is closed as `cancelled`.
+    #[must_use]
+    pub fn observer(mut self, observer: CallObserver) -> Self {
+        self.observer = Some(observer);
         self
     }
 

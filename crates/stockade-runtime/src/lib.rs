@@ -126,8 +126,8 @@
 //! G3. [`Tier`] is object safe, and a sandbox has exactly one tier, chosen explicitly.
 //!     (pinned by: tests/it/runtime.rs::g3_*)
 //! G4. A function grant runs only with the `Permit` the grants' policy minted for exactly
-//!     that call. Its arguments carry the source `sandbox`, so no `source = "trusted"` rule
-//!     matches them; a name the run was not granted, arguments that are not the grant's
+//!     that call. Its arguments carry the source `sandbox` (unless the grants ask for
+//!     relayed provenance, G16), so no `source = "trusted"` rule matches them; a name the run was not granted, arguments that are not the grant's
 //!     schema (the whole JSON Schema, checked before the policy with `jsonschema`: every
 //!     keyword, integers compared exactly, `pattern` in linear time), or grants without a
 //!     policy are denied and run nothing. The grants are fixed
@@ -152,6 +152,10 @@
 //!     duration (the first 1024 one by one, every call counted), a function call's
 //!     arguments as the policy saw them (canonical, cut at `MAX_GRANT_ARGS_LEN` bytes), and the
 //!     enforcement list names the broker.
+//!     Each decision and each call's end is also told, as it happens, to the grants'
+//!     observer ([`Grants::observer`], a [`CallEvent`]); a call still running when the run
+//!     ends (the guest exited, or the run's future was dropped: a signal, an outer
+//!     deadline) is aborted and recorded, in the report and to the observer, as `cancelled`.
 //!     (pinned by: tests/it/grants.rs::g7_*)
 //! G8. A tier that cannot carry grants fails closed with [`RunError::Unsupported`]
 //!     (`grants`). (The wasm tier's Python guest carries them through its own tool door:
@@ -218,6 +222,16 @@
 //!     its arguments, so the rule's limits and the ledger still bind; refused, or with no
 //!     approver, it is denied, the reply saying which.
 //!     (pinned by: tests/it/grants.rs::g15_*)
+//! G16. With relayed provenance ([`Grants::relayed_provenance`]: the guest is an agent's
+//!     loop, and the run's model grant relays its model), each function call's arguments
+//!     get their sources from the traffic the host relayed, never from the loop's word: a
+//!     call the last relayed model response did not propose is the sandbox's; in one it
+//!     proposed, an argument copied from an untrusted grant's output is `tool:NAME`, one
+//!     copied from text the loop wrote into a model request (and from no text the host
+//!     gave) is the sandbox's, and the rest are the user's, as the loop's own tracking
+//!     (`stockade_policy::taint`) decides unconfined. A model request carrying a system,
+//!     user or assistant text the host did not give or relay sets read-untrusted.
+//!     (pinned by: src/relayed.rs::g16_*; stockade-cli's `g13_the_steward_decides_*`, `g13_a_loop_that_writes_*`)
 //!
 //! # Non-guarantees
 //! The runtime isolates nothing itself; each tier's guarantees are its own crate's. A
@@ -261,6 +275,7 @@ mod grants;
 mod guest_id;
 mod linked;
 pub mod mcp;
+mod relayed;
 
 pub use broker::stale_grants_dirs;
 
@@ -270,8 +285,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 pub use grants::{
-    FETCH_GRANT, FunctionGrant, GrantApprover, GrantError, GrantFn, GrantFuture, GrantLimits, GrantResult, Grants,
-    MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService, ModelStream, door_name,
+    CallEvent, CallObserver, FETCH_GRANT, FunctionGrant, GrantApprover, GrantError, GrantFn, GrantFuture, GrantLimits,
+    GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService,
+    ModelStream, door_name,
 };
 pub use stockade_egress as egress;
 pub use stockade_policy as policy;
@@ -612,6 +628,17 @@ impl Broker {
         }
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).clear();
         report
+    }
+}
+
+impl Drop for Broker {
+    /// A run cut short (its future dropped: a signal, an outer deadline) ends its broker as
+    /// a finished run does: every task aborted, and a call still running closed as
+    /// `cancelled` in the record its observer sees.
+    fn drop(&mut self) {
+        if self.tasks.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
+            let _ = self.finish();
+        }
     }
 }
 

@@ -50,7 +50,7 @@ impl Drop for Scratch {
 
 /// Runs `stockade agent` with the steward's files in `dir`, every proxy variable pointed at
 /// `proxy`; returns (exit code, stdout, stderr).
-fn agent(dir: &Scratch, url: &str, proxy: &str, extra: &[&str]) -> (i32, String, String) {
+pub(crate) fn agent(dir: &Scratch, url: &str, proxy: &str, extra: &[&str]) -> (i32, String, String) {
     let config = example();
     let mut args = vec!["agent", "--config", config.to_str().unwrap(), "--base-url", url];
     args.extend_from_slice(extra);

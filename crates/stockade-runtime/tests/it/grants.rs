@@ -1093,3 +1093,68 @@ fn g4_the_whole_schema_is_checked_before_the_policy_integers_exactly() {
     let e = FunctionGrant::new("f", backtracking, |_p: Permit| async { Ok(Value::Null) }).unwrap_err();
     assert!(matches!(e, GrantError::Schema { .. }), "{e}");
 }
+
+#[test]
+fn g7_a_call_still_running_when_the_run_ends_is_recorded_cancelled_and_observed_as_it_happens() {
+    // The guest starts an allowed call, waits until the host function runs, and ends: the
+    // run's end aborts the call, and both the report (`run --json`'s grant records) and the
+    // observer have it closed as `cancelled`; the observer had its decision before it ran.
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let started_tx = Arc::new(Mutex::new(started_tx));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, flag) = (started_tx.clone(), dropped.clone());
+    let hold = FunctionGrant::new("hold", json!({"type":"object","properties":{}}), move |_p: Permit| {
+        let (tx, flag) = (tx.clone(), flag.clone());
+        async move {
+            // Set when this future is dropped (the call aborted), never by a return.
+            struct OnDrop(Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for OnDrop {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _mark = OnDrop(flag);
+            let _ = tx.lock().unwrap().send(());
+            std::future::pending::<()>().await;
+            Ok(json!("never"))
+        }
+    })
+    .unwrap();
+    let g = Grants::new().function(hold).unwrap();
+    let policy = Policy::from_toml(
+        "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"hold-on\"\ntool = \"hold\"\neffect = \"allow\"\n",
+        &g.registry(),
+    )
+    .unwrap();
+    let events = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = events.clone();
+    let observer: stockade_runtime::CallObserver = Arc::new(move |e| {
+        let line = match e {
+            stockade_runtime::CallEvent::Allowed { grant, rule, .. } => format!("allowed {grant} {rule}"),
+            stockade_runtime::CallEvent::Ended { call, ran } => {
+                format!("ended {} {ran} {:?}", call.grant, call.failure.as_deref())
+            }
+            _ => "other".to_owned(),
+        };
+        seen.lock().unwrap().push(line);
+    });
+    let rx = Arc::new(Mutex::new(started_rx));
+    let tier = SocketTier::new(move |sock| {
+        let mut s = connect(&sock);
+        let body = call_frame(1, "hold", json!({}));
+        s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+        s.write_all(&body).unwrap();
+        rx.lock().unwrap().recv().unwrap();
+        Vec::new()
+    });
+    let (report, _) = run(tier, g.policy(policy).observer(observer));
+    let calls = report.grants.unwrap().calls;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].grant.as_str(), calls[0].rule.as_str(), calls[0].failure.as_deref()),
+        ("hold", "hold-on", Some("cancelled"))
+    );
+    assert_eq!(calls[0].outcome, GrantOutcome::Failed);
+    assert_eq!(*events.lock().unwrap(), ["allowed hold hold-on", "ended hold true Some(\"cancelled\")"]);
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "the host function was aborted");
+}
