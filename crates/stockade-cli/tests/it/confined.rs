@@ -885,3 +885,48 @@ fn g13_a_loop_that_writes_the_models_prompt_itself_gains_nothing() {
     assert!(dir.lines("ravens.jsonl").is_empty(), "a raven flew on the loop's own prompt");
     assert_eq!(decided(&dir.lines("trace.jsonl")), [("send_raven".to_owned(), "ask-after-untrusted".to_owned())]);
 }
+
+#[test]
+fn g13_ctrl_c_closes_an_unconfined_agents_trace_too() {
+    // The same record unconfined: the allowed call's decision is in the trace while it
+    // runs, and SIGINT closes it as cancelled and ends the trace, exit 130.
+    if !ready() {
+        return;
+    }
+    let dir = Scratch::new("unconfined-ctrl-c");
+    let config = hold_config(&dir);
+    let hold_dir = dir.0.join("state/channels/hold/workspace");
+    std::fs::create_dir_all(&hold_dir).unwrap();
+    let mock = MockLlm::script(vec![Reply::calls(&[("hold", json!({}))]), Reply::text("never")]).unwrap();
+    let _runs = crate::cli::shared();
+    let child = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["agent", "--config", &config, "--base-url", &mock.url(), "--trace", &dir.path("trace.jsonl"), "go"])
+        .env("HOLD_DIR", &hold_dir)
+        .env("RELEASE", dir.0.join("release"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reap = Reap(Some(child), dir.0.join("release"));
+    let pid = held(&dir);
+    let live = dir.lines("trace.jsonl");
+    assert_eq!(hold_lines(&live), [("decision".to_owned(), "allow".to_owned())], "written as it happened: {live:?}");
+    let child = reap.0.take().unwrap();
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace = dir.lines("trace.jsonl");
+    assert_eq!(
+        hold_lines(&trace),
+        [("decision".to_owned(), "allow".to_owned()), ("tool".to_owned(), "cancelled".to_owned())],
+        "{trace:?}"
+    );
+    let end = trace.last().unwrap();
+    assert_eq!(
+        (end["event"].as_str(), end["outcome"].as_str()),
+        (Some("end"), Some("interrupted (SIGINT)")),
+        "{trace:?}"
+    );
+    assert!(killed(pid), "the cancelled tool's process {pid} still runs");
+}
