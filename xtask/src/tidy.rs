@@ -53,7 +53,9 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("stockade-agent", &["stockade-protocol", "stockade-policy", "stockade-runtime"]),
-    ("stockade-cli", &["stockade-agent", "stockade-runtime"]),
+    // The servers: beside the agent, on the runtime's sessions.
+    ("stockade-serve", &["stockade-protocol", "stockade-runtime"]),
+    ("stockade-cli", &["stockade-agent", "stockade-serve", "stockade-runtime"]),
 ];
 
 /// Heavy or risky dependencies and the one crate under `crates/` allowed to use each (STYLE §2.5).
@@ -72,6 +74,8 @@ const OWNERS: &[(&str, &str)] = &[
     ("reqwest", "stockade-agent"),
     ("ureq", "stockade-agent"),
     ("hyper", "stockade-agent"),
+    // The one server crate beside the one client crate: hyper's two roles, each owned once.
+    ("hyper", "stockade-serve"),
 ];
 
 /// Crates whose root must say `#![forbid(unsafe_code)]` (STYLE §5.1).
@@ -85,6 +89,7 @@ const FORBID_UNSAFE: &[&str] = &[
     "stockade-docker",
     "stockade-runtime",
     "stockade-agent",
+    "stockade-serve",
     "stockade-cli",
 ];
 
@@ -154,10 +159,10 @@ fn check_package(root: &Path, pkg: &Value, problems: &mut Vec<String>) -> Result
                 None => problems.push(format!("{name} is not in the layering table in xtask/src/tidy.rs")),
             }
         }
-        if let Some((_, owner)) = OWNERS.iter().find(|(d, _)| *d == dep_name)
-            && *owner != name
-        {
-            problems.push(format!("{name} depends on {dep_name}, which only {owner} may use (STYLE §2.5)"));
+        let owners: Vec<&str> = OWNERS.iter().filter(|(d, _)| *d == dep_name).map(|(_, o)| *o).collect();
+        if !owners.is_empty() && !owners.contains(&name) {
+            let owners = owners.join(" and ");
+            problems.push(format!("{name} depends on {dep_name}, which only {owners} may use (STYLE §2.5)"));
         }
     }
     Ok(())

@@ -161,8 +161,7 @@
 //! `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `STOCKADE_BROKER` and connects to them.
 //!
 //! # Feature flags
-//! `process` (default): `run_code` for python and sh in the process tier, and [`e2b`] (its
-//! sandboxes are the runtime's sessions). `tls` (default):
+//! `process` (default): `run_code` for python and sh in the process tier. `tls` (default):
 //! https endpoints (rustls with ring; the OS trust store plus `Endpoint::with_root_pem`).
 //! `wasm`: `run_code` for javascript in the wasm tier. `docker`: `run_code` in a container.
 //! Each adds a tier or a transport and never changes a default.
@@ -170,8 +169,8 @@
 //! # Invariants
 //! Stated as absences: no constructor of `Permit` or `Verified`; no tool call without a
 //! decision; no raw untrusted output in the history; no retry once a response was used; no
-//! HTTP client or server outside this crate (it owns hyper, STYLE §2.5): the model proxy, and
-//! [`e2b`], E2B's API over the runtime's sessions for `stockade serve --listen`.
+//! HTTP client outside this crate, and no HTTP server but the model proxy (hyper's owners
+//! are this crate and `stockade-serve`, which holds E2B's API, STYLE §2.5).
 
 #![forbid(unsafe_code)]
 
@@ -180,8 +179,6 @@ mod channel;
 mod command;
 pub mod config;
 mod confine;
-#[cfg(feature = "process")]
-pub mod e2b;
 mod endpoint;
 mod machine;
 mod proxy;

@@ -56,7 +56,7 @@ pub(crate) struct ServeArgs {
 }
 
 /// The E2B face's configuration, from `--api-key-env` and `--config`.
-fn e2b_config(args: &ServeArgs) -> Result<Option<(std::net::SocketAddr, stockade_agent::e2b::E2bConfig)>> {
+fn e2b_config(args: &ServeArgs) -> Result<Option<(std::net::SocketAddr, stockade_serve::e2b::E2bConfig)>> {
     let (Some(addr), Some(var)) = (args.listen, args.api_key_env.as_deref()) else { return Ok(None) };
     if !addr.ip().is_loopback() && args.tls_cert.is_none() {
         bail!("--listen {addr}: not a loopback address; serving beyond this host needs --tls-cert and --tls-key");
@@ -68,13 +68,13 @@ fn e2b_config(args: &ServeArgs) -> Result<Option<(std::net::SocketAddr, stockade
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            stockade_agent::e2b::E2bConfig::from_toml(key, &text).map_err(|e| anyhow!("{}: {e}", path.display()))?
+            stockade_serve::e2b::E2bConfig::from_toml(key, &text).map_err(|e| anyhow!("{}: {e}", path.display()))?
         }
-        None => stockade_agent::e2b::E2bConfig::new(key),
+        None => stockade_serve::e2b::E2bConfig::new(key),
     };
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-        let tls = stockade_agent::e2b::Tls::from_pem(&read(cert)?, &read(key)?)
+        let tls = stockade_serve::e2b::Tls::from_pem(&read(cert)?, &read(key)?)
             .map_err(|e| anyhow!("--tls-cert {} --tls-key {}: {e}", cert.display(), key.display()))?;
         config.tls = Some(tls);
     }
@@ -392,7 +392,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
                 let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--listen {addr}"))?;
                 let scheme = if config.tls.is_some() { "https" } else { "http" };
                 let _ = writeln!(std::io::stderr(), "stockade serve: E2B API on {scheme}://{}", tcp.local_addr()?);
-                let server = stockade_agent::e2b::E2bServer::new(Arc::clone(&sessions), config);
+                let server = stockade_serve::e2b::E2bServer::new(Arc::clone(&sessions), config);
                 Some(AbortOnDrop(tokio::spawn(server.serve(tcp))))
             }
             None => None,

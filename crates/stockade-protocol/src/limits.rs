@@ -252,3 +252,34 @@ impl TryFrom<LimitsWire> for Limits {
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// Parses a duration a person wrote (a flag, a config file): `500ms`, `2s`, `1.5m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= 7.0 * 86400.0) {
+        return Err(format!("duration {s:?} must be positive and at most a week"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a size a person wrote: `512`, `64K`, `256M`, `1G` (also `KiB`, `MB`...).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("invalid size unit in {s:?} (use K, M or G)")),
+    };
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("size {s:?} out of range"))
+}
