@@ -16,12 +16,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use stockade_agent::config::{parse_duration, parse_size};
-use stockade_runtime::protocol::session::{
-    ExecInfo, MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionInfo, SessionProcessInfo, SessionReply,
-};
-use stockade_runtime::protocol::{Access, Busy, Limits, LiveIo, RunError, Workspace};
-use stockade_runtime::session::{FilesError, SessionProfile, Sessions, exec_job};
-use tokio::net::{UnixListener, UnixStream};
+use stockade_runtime::protocol::session::{MAX_FILE_BYTES, SESSION_CODEC, SessionCall, SessionReply};
+use stockade_runtime::session::Sessions;
 
 /// `stockade serve`.
 #[derive(clap::Args, Debug)]
@@ -397,8 +393,14 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
             }
             None => None,
         };
-        let listener = bind(&socket)?;
+        let listener = stockade_serve::owner::bind_ambient(&socket)?;
         let _ = writeln!(std::io::stderr(), "stockade serve: listening on {}", socket.display());
+        // A guest makes these at will, on the owner's async workers: never a blocking write.
+        let shown: stockade_runtime::egress::OnRefused = Arc::new(|c| {
+            crate::term::log_line(format!("stockade: {}", stockade_runtime::egress::denied_line(c)));
+        });
+        let owner = Arc::new(stockade_serve::owner::Owner::new(Arc::clone(&sessions)).on_refused(shown));
+        let _owner = AbortOnDrop(tokio::spawn(owner.serve(listener)));
         let reaper = {
             let sessions = Arc::clone(&sessions);
             tokio::spawn(async move {
@@ -412,17 +414,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
             })
         };
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    if let Ok((conn, _)) = accepted {
-                        let sessions = Arc::clone(&sessions);
-                        tokio::spawn(async move { let _ = connection(conn, &sessions).await; });
-                    }
-                }
-                _ = term.recv() => break,
-                _ = tokio::signal::ctrl_c() => break,
-            }
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
         reaper.abort();
         let _ = std::fs::remove_file(&socket);
@@ -479,32 +473,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The socket's directory: made mode 0700 if it is missing, else required to be this user's
-/// alone. Never loosened or tightened here: a directory another user can enter (or one not
-/// ours) could let them reach the socket, or be theirs to swap.
-fn private_dir(socket: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let dir = socket.parent().ok_or_else(|| anyhow!("socket {} has no directory", socket.display()))?;
-    match std::fs::metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display())),
-        Err(e) => Err(e).with_context(|| format!("the socket's directory {}", dir.display())),
-        Ok(m) if m.uid() != my_uid() || m.mode() & 0o077 != 0 => bail!(
-            "the socket's directory {} must be yours alone (mode 0700); pass --socket in a private directory",
-            dir.display()
-        ),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// `serve --detach`: this binary again as the owner, in a session of its own with its stdio
 /// away from the caller's terminal, then its pid once its socket answers.
 fn detach(socket: &Path, max_sessions: usize, extra: &[std::ffi::OsString]) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
-    private_dir(socket)?;
+    stockade_serve::owner::private_dir_ambient(socket)?;
     let log_path = socket.with_file_name("serve.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
@@ -535,388 +508,6 @@ fn detach(socket: &Path, max_sessions: usize, extra: &[std::ffi::OsString]) -> R
             bail!("the session owner did not listen on {} within 20 s", socket.display());
         }
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Listens on `socket`, in a directory only this user can enter, the socket itself mode
-/// 0600; an old socket that no owner answers is replaced, a live one is not.
-fn bind(socket: &Path) -> Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    private_dir(socket)?;
-    if socket.exists() {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            bail!("another `stockade serve` already listens on {}", socket.display());
-        }
-        std::fs::remove_file(socket).with_context(|| format!("removing the stale socket {}", socket.display()))?;
-    }
-    let listener = UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-/// One connection: one call, one reply. A peer of another uid is refused (the socket's mode
-/// already keeps it out; this holds even if someone loosened it).
-async fn connection(mut conn: UnixStream, sessions: &Sessions) -> Result<()> {
-    let me = my_uid();
-    if conn.peer_cred().map(|c| c.uid()).ok() != Some(me) {
-        return Ok(());
-    }
-    let Some(frame) = SESSION_CODEC.read_frame_async(&mut conn).await? else { return Ok(()) };
-    let reply = match stockade_runtime::protocol::parse_untrusted::<SessionCall>(
-        &frame,
-        stockade_runtime::protocol::JsonLimits::new(frame.len(), 16),
-    ) {
-        Ok(call @ SessionCall::Exec { .. }) => exec_streamed(call, sessions, &mut conn).await,
-        Ok(SessionCall::Attach { id, pid, replay }) => attach(&id, pid, replay, sessions, &mut conn).await,
-        Ok(call) => handle(call, sessions).await,
-        Err(e) => error("invalid", format!("malformed call: {e}")),
-    };
-    let bytes = serde_json::to_vec(&reply)?;
-    SESSION_CODEC.write_frame_async(&mut conn, &bytes).await?;
-    Ok(())
-}
-
-/// A live copy of one of an exec's streams, as frames for the client: each write is a
-/// chunk sent on. The exec's output budget bounds what can queue.
-struct Tee {
-    tx: tokio::sync::mpsc::UnboundedSender<SessionReply>,
-    stdout: bool,
-}
-
-impl std::io::Write for Tee {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let chunk = if self.stdout { SessionReply::Stdout(buf.to_vec()) } else { SessionReply::Stderr(buf.to_vec()) };
-        // A client that hung up is no reason to stop the exec.
-        let _ = self.tx.send(chunk);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// An exec whose stdout and stderr go to the client as they come (`Stdout` and `Stderr`
-/// frames), then its report; returns the last reply for the caller to send.
-async fn exec_streamed(call: SessionCall, sessions: &Sessions, conn: &mut UnixStream) -> SessionReply {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let io = LiveIo {
-        stdout: Some(Box::new(Tee { tx: tx.clone(), stdout: true })),
-        stderr: Some(Box::new(Tee { tx, stdout: false })),
-        ..LiveIo::default()
-    };
-    let exec = handle_exec(call, sessions, io);
-    tokio::pin!(exec);
-    let mut gone = false;
-    let reply = loop {
-        tokio::select! {
-            reply = &mut exec => break reply,
-            Some(chunk) = rx.recv() => gone = gone || !send(conn, &chunk).await,
-        }
-    };
-    while let Ok(chunk) = rx.try_recv() {
-        gone = gone || !send(conn, &chunk).await;
-    }
-    reply
-}
-
-/// Writes one reply frame; `false` if the client is gone.
-async fn send(w: &mut (impl tokio::io::AsyncWrite + Unpin), reply: &SessionReply) -> bool {
-    match serde_json::to_vec(reply) {
-        Ok(bytes) => SESSION_CODEC.write_frame_async(w, &bytes).await.is_ok(),
-        Err(_) => true,
-    }
-}
-
-/// A background exec's output, as frames for the client (what it wrote before first, if
-/// `replay`), then its end; returns the last reply for the caller to send. A client that
-/// hangs up ends the attach, not the exec.
-async fn attach(id: &str, pid: u32, replay: bool, sessions: &Sessions, conn: &mut UnixStream) -> SessionReply {
-    use stockade_runtime::session::Chunk;
-    use tokio::io::AsyncReadExt;
-    let Some(session) = sessions.get(id) else { return missing(id) };
-    let exec = match session.find(pid) {
-        Ok(b) => b,
-        Err(e) => return error("not_found", e.to_string()),
-    };
-    let (history, mut live) = exec.attach();
-    let (mut rd, mut wr) = conn.split();
-    let frame = |c: Chunk| match c {
-        Chunk::Stdout(b) => SessionReply::Stdout(b),
-        Chunk::Stderr(b) => SessionReply::Stderr(b),
-    };
-    for c in history.into_iter().filter(|_| replay) {
-        if !send(&mut wr, &frame(c)).await {
-            return SessionReply::Done;
-        }
-    }
-    let end = exec.wait();
-    tokio::pin!(end);
-    let mut probe = [0u8; 1];
-    loop {
-        tokio::select! {
-            result = &mut end => {
-                // Its output was all pushed before its end was: what is queued is the rest.
-                while let Some(c) = live.try_recv() {
-                    if !send(&mut wr, &frame(c)).await {
-                        return SessionReply::Done;
-                    }
-                }
-                return match result {
-                    Ok(report) => SessionReply::Ran(Box::new(report)),
-                    Err(e) => run_error(&e),
-                };
-            }
-            // A slow client holds this at `send`, and the exec's output waits for it.
-            c = live.recv() => {
-                if !send(&mut wr, &frame(c)).await {
-                    return SessionReply::Done;
-                }
-            }
-            // The client sends nothing after its call: a read that ends means it hung up.
-            _ = rd.read(&mut probe) => return SessionReply::Done,
-        }
-    }
-}
-
-fn my_uid() -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
-}
-
-fn error(kind: &str, message: impl Into<String>) -> SessionReply {
-    SessionReply::Error { kind: kind.into(), message: message.into() }
-}
-
-fn missing(id: &str) -> SessionReply {
-    error("not_found", format!("no session {id} (`stockade session ls` lists them)"))
-}
-
-fn run_error(e: &RunError) -> SessionReply {
-    let kind = match e {
-        RunError::Misconfigured(_) => "invalid",
-        RunError::Ended(_) => "not_found",
-        RunError::Unsupported { .. } => "unsupported",
-        RunError::Busy(_) | RunError::Exhausted(_) => "busy",
-        _ => "internal",
-    };
-    error(kind, e.to_string())
-}
-
-fn files_error(e: &FilesError) -> SessionReply {
-    let kind = match e {
-        FilesError::NotFound(_) => "not_found",
-        FilesError::Invalid { .. } | FilesError::TooLarge { .. } => "invalid",
-        FilesError::Denied { .. } => "denied",
-        _ => "internal",
-    };
-    error(kind, e.to_string())
-}
-
-/// One exec, with `io` as its live stdio.
-async fn handle_exec(call: SessionCall, sessions: &Sessions, io: LiveIo) -> SessionReply {
-    let SessionCall::Exec { id, argv, env, cwd, stdin, timeout_ms } = call else {
-        return error("invalid", "not an exec");
-    };
-    let Some(session) = sessions.get(&id) else { return missing(&id) };
-    let job = match exec_job(&argv, env, stdin, timeout_ms.map(Duration::from_millis)) {
-        Ok(j) => j,
-        Err(e) => return error("invalid", e.to_string()),
-    };
-    match session.exec(&job, cwd.as_deref(), io).await {
-        Ok(report) => SessionReply::Ran(Box::new(report)),
-        Err(e) => run_error(&e),
-    }
-}
-
-async fn handle(call: SessionCall, sessions: &Sessions) -> SessionReply {
-    match call {
-        SessionCall::Create {
-            memory_bytes,
-            processes,
-            workspace,
-            idle_timeout_secs,
-            max_lifetime_secs,
-            from_snapshot,
-            docker_image,
-            allow_net,
-            net_resolve,
-            env,
-            disk_bytes,
-        } => {
-            let mut profile = SessionProfile { env, home_bytes: disk_bytes, ..SessionProfile::default() };
-            match crate::run::net_grant_from(None, &allow_net, &net_resolve) {
-                Ok(Some(net)) => profile.grants = Some(Arc::new(stockade_runtime::Grants::new().net(net))),
-                Ok(None) => {}
-                Err(e) => return error("invalid", e.to_string()),
-            }
-            if let Some(image) = docker_image {
-                profile.tier = stockade_runtime::session::SessionTier::Docker { image };
-            }
-            let mut limits = Limits::default();
-            if let Some(m) = memory_bytes {
-                limits = match limits.with_memory(m) {
-                    Ok(l) => l,
-                    Err(e) => return error("invalid", e.to_string()),
-                };
-            }
-            if let Some(p) = processes {
-                limits = match limits.with_processes(p) {
-                    Ok(l) => l,
-                    Err(e) => return error("invalid", e.to_string()),
-                };
-            }
-            profile.limits = limits;
-            if let Some((path, writable)) = workspace {
-                let access = if writable { Access::ReadWrite } else { Access::ReadOnly };
-                // Held for the session's life: another holder refuses it rather than waits.
-                profile.workspace = match Workspace::new(path, access, Busy::Refuse) {
-                    Ok(w) => Some(w),
-                    Err(e) => return error("invalid", e.to_string()),
-                };
-            }
-            if let Some(s) = idle_timeout_secs {
-                profile.idle_timeout = Duration::from_secs(s);
-            }
-            if let Some(s) = max_lifetime_secs {
-                profile.max_lifetime = Duration::from_secs(s);
-            }
-            profile.from_snapshot = from_snapshot.map(PathBuf::from);
-            match sessions.create(profile).await {
-                Ok(s) => SessionReply::Created { id: s.id().to_owned() },
-                Err(e) => run_error(&e),
-            }
-        }
-        call @ SessionCall::Exec { .. } => handle_exec(call, sessions, LiveIo::default()).await,
-        SessionCall::List => SessionReply::Sessions(
-            sessions
-                .list()
-                .iter()
-                .map(|s| {
-                    let (age, idle) = s.age();
-                    SessionInfo {
-                        id: s.id().to_owned(),
-                        age_secs: age.as_secs(),
-                        idle_secs: idle.as_secs(),
-                        paused: s.paused(),
-                    }
-                })
-                .collect(),
-        ),
-        SessionCall::Start { id, argv, env, cwd, timeout_ms, pty, stdin, tag } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            let job = match exec_job(&argv, env, Vec::new(), timeout_ms.map(Duration::from_millis)) {
-                Ok(j) => j,
-                Err(e) => return error("invalid", e.to_string()),
-            };
-            let opts = stockade_runtime::session::StartOptions { pty, stdin, tag };
-            match session.start(job, cwd, opts).await {
-                Ok(b) => SessionReply::Started { pid: b.pid() },
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Input { id, pid, data, close } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            let mut r = Ok(());
-            if !data.is_empty() {
-                r = session.send_stdin(pid, &data).await;
-            }
-            if close && r.is_ok() {
-                r = session.close_stdin(pid).await;
-            }
-            match r {
-                Ok(()) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Signal { id, pid, signal } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            if !(1..=64).contains(&signal) {
-                return error("invalid", format!("signal {signal}: not a signal number (1-64)"));
-            }
-            match session.signal(pid, signal).await {
-                Ok(()) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Resize { id, pid, rows, cols } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.resize(pid, rows, cols).await {
-                Ok(()) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Jobs { id } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            SessionReply::Execs(
-                session
-                    .background()
-                    .iter()
-                    .map(|b| ExecInfo {
-                        pid: b.pid(),
-                        argv: b.argv().to_vec(),
-                        tag: b.tag().map(str::to_owned),
-                        cwd: b.cwd().map(str::to_owned),
-                        pty: b.has_pty(),
-                        running: b.running(),
-                    })
-                    .collect(),
-            )
-        }
-        SessionCall::Ps { id } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            SessionReply::Processes(
-                session
-                    .processes()
-                    .await
-                    .into_iter()
-                    .map(|p| SessionProcessInfo { pid: p.pid, cmd: p.cmdline })
-                    .collect(),
-            )
-        }
-        SessionCall::Snapshot { id, path } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            if !Path::new(&path).is_absolute() {
-                return error("invalid", format!("snapshot file {path}: not an absolute path"));
-            }
-            match session.snapshot(Path::new(&path)).await {
-                Ok(_) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Pause { id } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.pause().await {
-                Ok(()) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Resume { id } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.resume().await {
-                Ok(()) => SessionReply::Done,
-                Err(e) => run_error(&e),
-            }
-        }
-        SessionCall::Kill { id } => match sessions.kill(&id).await {
-            Some(_) => SessionReply::Done,
-            None => missing(&id),
-        },
-        SessionCall::Read { id, path } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.read(&path, MAX_FILE_BYTES).await {
-                Ok(bytes) => SessionReply::Data(bytes),
-                Err(e) => files_error(&e),
-            }
-        }
-        SessionCall::Write { id, path, data } => {
-            let Some(session) = sessions.get(&id) else { return missing(&id) };
-            match session.write(&path, &data, MAX_FILE_BYTES).await {
-                Ok(_) => SessionReply::Done,
-                Err(e) => files_error(&e),
-            }
-        }
-        _ => error("invalid", "unknown call"),
     }
 }
 

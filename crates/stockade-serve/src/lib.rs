@@ -2,8 +2,9 @@
 //!
 //! [`e2b`] is E2B's API over the runtime's sessions (`stockade serve --listen`): the
 //! control plane, and each sandbox's envd (processes and the filesystem), so the official
-//! E2B SDKs drive stockade unmodified. It sits above `stockade-runtime` and beside
-//! `stockade-agent`, and holds no agent code.
+//! E2B SDKs drive stockade unmodified. [`owner`] is the session owner behind `stockade
+//! serve`'s unix socket, which `stockade session` drives. It sits above `stockade-runtime`
+//! and beside `stockade-agent`, and holds no agent code.
 //!
 //! # Position in the stack
 //! Above `stockade-runtime` (whose sessions are the sandboxes) and `stockade-protocol` (whose
@@ -18,7 +19,8 @@
 //!
 //! # Guarantees
 //! [`e2b`]'s, each pinned by the CLI's `g11_*` tests, which drive the real binary with the
-//! official E2B SDK (PyPI `e2b`, pinned) and hostile raw clients.
+//! official E2B SDK (PyPI `e2b`, pinned) and hostile raw clients; [`owner`]'s, pinned by
+//! the CLI's `g10_*` session tests.
 //!
 //! # Non-guarantees
 //! The sandboxes are the runtime's sessions: their isolation is the tiers' (see
@@ -33,7 +35,9 @@
 //! None: `#![forbid(unsafe_code)]`.
 //!
 //! # Ambient authority
-//! [`e2b::E2bServer::serve`] accepts on the listener it is given; a template's snapshot
+//! [`e2b::E2bServer::serve`] and [`owner::Owner::serve`] accept on the listeners they are
+//! given; [`owner::bind_ambient`] and [`owner::private_dir_ambient`] make a socket and its
+//! directory by path; a template's snapshot
 //! directory and `serve.toml`'s files are read by path ([`e2b::E2bConfig::from_toml`],
 //! [`e2b::Tls::from_pem`] take the texts).
 //!
@@ -48,3 +52,4 @@
 #![forbid(unsafe_code)]
 
 pub mod e2b;
+pub mod owner;
