@@ -42,7 +42,7 @@ commands:
                      for SECS (default 60; --smoke: 5), corpus kept under the target dir;
                      prints each target's executions, coverage and corpus size; --write
                      records them in docs/reliability.md
-  soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all] [--runs N] [--docker-runs N]
+  soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|serve|all] [--runs N] [--docker-runs N]
        [--concurrency C] [--seed S] [--release] [--write]
                      sustained load on every tier: a seeded mix of jobs, every outcome
                      checked, descriptors, processes, cgroups, mounts, temp entries, and
@@ -412,7 +412,7 @@ pub(crate) fn ensure_tool(sub: &str, krate: &str) -> Result<()> {
 
 /// Builds the attack programs statically (so the same binaries run in every tier), builds
 /// the harness, and runs the matrix.
-/// `cargo xtask soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
+/// `cargo xtask soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|serve|all] [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--release] [--write]`:
 /// builds and runs `stockade-soak` (debug, or release with `--release`); `--write` puts its
 /// report into docs/reliability.md between the soak markers.
 fn soak(args: &[String]) -> Result<()> {
@@ -430,11 +430,22 @@ fn soak(args: &[String]) -> Result<()> {
     // `--workspace` unifies features as the test step does, so CI's short form reuses what
     // its tests compiled instead of building wasmtime again with another feature set.
     let profile_arg = if release { "release" } else { "dev" };
-    run(&mut cargo(&["build", "--profile", profile_arg, "--workspace", "--bin", "stockade-soak"]))?;
+    run(&mut cargo(&[
+        "build",
+        "--profile",
+        profile_arg,
+        "--workspace",
+        "--bin",
+        "stockade-soak",
+        "--bin",
+        "stockade",
+    ]))?;
     let write = args.iter().any(|a| a == "--write");
     let out = target_dir().join("soak.md");
     let mut cmd = Command::new(target_dir().join(profile).join("stockade-soak"));
     cmd.args(args.iter().filter(|a| *a != "--write" && *a != "--release")).arg("--markdown").arg(&out);
+    // The serve tier starts the real binary.
+    cmd.arg("--stockade").arg(target_dir().join(profile).join("stockade"));
     let result = run(&mut cmd);
     if write && out.exists() {
         let path = root().join("docs/reliability.md");

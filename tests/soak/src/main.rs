@@ -1,8 +1,8 @@
 //! `stockade-soak`: sustained load on the process, wasm and docker tiers, usually started by
 //! `cargo xtask soak`.
 //!
-//! Usage: `stockade-soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|all]
-//! [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE]` (`docker` is
+//! Usage: `stockade-soak [--tier process|process-pool|process-session|wasm|docker|docker-pool|docker-session|serve|all]
+//! [--runs N] [--docker-runs N] [--concurrency C] [--seed S] [--markdown FILE] [--stockade PATH]` (`docker` is
 //! one-shot runs, a container each; `--docker-runs` sets the run count of the docker tiers)
 //!
 //! Each run is a job drawn from a fixed, seeded mix (per tier: a trivial run, a small
@@ -29,6 +29,9 @@
 //! each, the worker's directory staged read-write), the docker mix as execs; a workspace
 //! exec's file is read by the host once its session has ended and copied it back.
 //!
+//! `serve` soaks `stockade serve --listen` (the binary `--stockade` names) through E2B's API
+//! beside hostile clients, and judges the owner from `/proc` and `df`: see `serve.rs`.
+//!
 //! `main` starts the process tier's fork server first, while this program is still
 //! single-threaded, as every embedder should.
 
@@ -47,6 +50,8 @@ use stockade_process::{ForkServer, Helper, ProcessTier};
 use stockade_protocol::{Access, Job, JobKind, Limits, Report, Status, Stream};
 use stockade_wasm::WasmTier;
 
+mod serve;
+
 struct Args {
     tiers: Vec<String>,
     /// No `--tier` was given: a tier whose host lacks what it needs (no docker engine) is
@@ -57,6 +62,8 @@ struct Args {
     concurrency: usize,
     seed: u64,
     markdown: Option<PathBuf>,
+    /// The `stockade` binary the serve tier starts.
+    stockade: Option<PathBuf>,
 }
 
 fn parse() -> Result<Args> {
@@ -68,6 +75,7 @@ fn parse() -> Result<Args> {
         concurrency: 8,
         seed: 0x5eed,
         markdown: None,
+        stockade: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -79,6 +87,7 @@ fn parse() -> Result<Args> {
             "--concurrency" => a.concurrency = value()?.parse().context("--concurrency")?,
             "--seed" => a.seed = value()?.parse().context("--seed")?,
             "--markdown" => a.markdown = Some(value()?.into()),
+            "--stockade" => a.stockade = Some(value()?.into()),
             other => bail!("unknown argument {other:?}"),
         }
     }
@@ -92,6 +101,7 @@ fn parse() -> Result<Args> {
             "docker".into(),
             "docker-pool".into(),
             "docker-session".into(),
+            "serve".into(),
         ];
     }
     if a.concurrency == 0 || a.runs == 0 {
@@ -977,6 +987,18 @@ async fn soak(args: Args, server: Option<u32>) -> Result<bool> {
             && let Err(e) = DockerTier::connect().await
         {
             println!("**{tier}**: SKIPPED: no docker engine answers ({e}); `--tier {tier}` requires it.\n");
+            continue;
+        }
+        if tier == "serve" {
+            let bin = args.stockade.clone().context("--tier serve needs --stockade PATH (the stockade binary)")?;
+            // Half the runs, as sandbox cycles: each is a create, an exec, a transfer each
+            // way and a kill.
+            let (runs, concurrency) = ((args.runs / 2).max(20), args.concurrency.min(4));
+            let (table, passed) = tokio::task::spawn_blocking(move || serve::soak(&bin, runs, concurrency)).await??;
+            println!("{table}");
+            ok &= passed;
+            doc.push_str(&table);
+            doc.push('\n');
             continue;
         }
         let outcome = soak_tier(tier, &args, server, &scratch).await;
