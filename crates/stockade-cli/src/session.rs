@@ -628,92 +628,8 @@ fn parse_signal(s: &str) -> Result<i32> {
 /// `stockade session ...`.
 pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
     match cmd {
-        SessionCommand::Create {
-            memory,
-            pids,
-            workspace,
-            idle_timeout,
-            max_lifetime,
-            from,
-            tier,
-            image,
-            allow_net,
-            net_resolve,
-            env,
-            disk,
-            socket,
-        } => {
-            // Checked here too, so that a typo is this command's one line.
-            crate::run::net_grant_from(None, &allow_net, &net_resolve)?;
-            let from_snapshot = from
-                .map(|f| std::fs::canonicalize(&f).with_context(|| format!("snapshot {}", f.display())))
-                .transpose()?
-                .map(|p| p.to_string_lossy().into_owned());
-            let memory_bytes =
-                memory.as_deref().map(|m| parse_size(m).map_err(|e| anyhow!("--memory {m}: {e}"))).transpose()?;
-            let workspace = match workspace {
-                None => None,
-                Some(w) => {
-                    let (path, writable) = match w.strip_suffix(":ro") {
-                        Some(p) => (p.to_owned(), false),
-                        None => (w.strip_suffix(":rw").unwrap_or(&w).to_owned(), true),
-                    };
-                    let resolved = std::fs::canonicalize(&path).with_context(|| format!("workspace {path}"))?;
-                    Some((resolved.to_string_lossy().into_owned(), writable))
-                }
-            };
-            let reply = call(
-                &socket,
-                &SessionCall::Create {
-                    memory_bytes,
-                    processes: pids,
-                    workspace,
-                    idle_timeout_secs: idle_timeout.map(|d| d.as_secs().max(1)),
-                    max_lifetime_secs: max_lifetime.map(|d| d.as_secs().max(1)),
-                    from_snapshot,
-                    docker_image: (tier == "docker").then_some(image),
-                    allow_net,
-                    net_resolve,
-                    env: parse_env(&env)?,
-                    disk_bytes: disk
-                        .as_deref()
-                        .map(|d| parse_size(d).map_err(|e| anyhow!("--disk {d}: {e}")))
-                        .transpose()?,
-                },
-            )?;
-            match expect_ok(reply)? {
-                SessionReply::Created { id } => println!("{id}"),
-                other => bail!("unexpected reply: {other:?}"),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        SessionCommand::Exec { id, workdir, env, timeout, detach, interactive, tty, socket, argv }
-            if detach || interactive || tty.is_some() =>
-        {
-            let pty = match tty.as_deref() {
-                None => None,
-                Some("") => Some(our_terminal_size().unwrap_or((24, 80))),
-                Some(size) => Some(parse_size_rc(size)?),
-            };
-            let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
-            let start = SessionCall::Start {
-                id: id.clone(),
-                argv,
-                env: parse_env(&env)?,
-                cwd: workdir,
-                timeout_ms: Some(timeout.as_millis() as u64),
-                pty,
-                // In the foreground, our stdin is streamed to it.
-                stdin: interactive || !detach,
-                tag: None,
-            };
-            let SessionReply::Started { pid } = expect_ok(call(&socket, &start)?)? else { bail!("unexpected reply") };
-            if !detach {
-                return foreground(socket, id, pid, pty.is_some(), tty.as_deref() == Some(""));
-            }
-            println!("{pid}");
-            Ok(ExitCode::SUCCESS)
-        }
+        cmd @ SessionCommand::Create { .. } => create(cmd),
+        cmd @ SessionCommand::Exec { .. } if started(&cmd) => exec_started(cmd),
         SessionCommand::Attach { id, pid, replay, socket } => {
             let SessionReply::Ran(report) = expect_ok(call(&socket, &SessionCall::Attach { id, pid, replay })?)? else {
                 bail!("unexpected reply")
@@ -747,24 +663,7 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Exec { id, workdir, env, timeout, socket, argv, .. } => {
-            let timeout = timeout.unwrap_or(Duration::from_secs(600));
-            let mut stdin = Vec::new();
-            if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-                std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut stdin)?;
-                if stdin.len() as u64 > MAX_FILE_BYTES {
-                    bail!("stdin is over {MAX_FILE_BYTES} bytes, the most one exec takes");
-                }
-            }
-            let env = parse_env(&env)?;
-            let reply = call(
-                &socket,
-                &SessionCall::Exec { id, argv, env, cwd: workdir, stdin, timeout_ms: Some(timeout.as_millis() as u64) },
-            )?;
-            // Its stdout and stderr were shown as they came.
-            let SessionReply::Ran(report) = expect_ok(reply)? else { bail!("unexpected reply") };
-            exit_status(*report)
-        }
+        cmd @ SessionCommand::Exec { .. } => exec_whole(cmd),
         SessionCommand::Ls { socket } => {
             let SessionReply::Sessions(list) = expect_ok(call(&socket, &SessionCall::List)?)? else {
                 bail!("unexpected reply")
@@ -808,41 +707,163 @@ pub(crate) fn session(cmd: SessionCommand) -> Result<ExitCode> {
             expect_ok(call(&socket, &SessionCall::Resume { id })?)?;
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Cp { src, dst, socket } => {
-            let side = |s: &str| {
-                s.split_once(':')
-                    .filter(|(id, p)| !id.is_empty() && p.starts_with('/'))
-                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        SessionCommand::Cp { src, dst, socket } => cp(&src, &dst, &socket),
+    }
+}
+
+/// An exec that is started and followed (`-d`, `-i`, `-t`) rather than run whole.
+fn started(cmd: &SessionCommand) -> bool {
+    matches!(cmd, SessionCommand::Exec { detach, interactive, tty, .. } if *detach || *interactive || tty.is_some())
+}
+
+/// `session create`: the call from the flags (paths resolved here), and the new id.
+fn create(cmd: SessionCommand) -> Result<ExitCode> {
+    let SessionCommand::Create {
+        memory,
+        pids,
+        workspace,
+        idle_timeout,
+        max_lifetime,
+        from,
+        tier,
+        image,
+        allow_net,
+        net_resolve,
+        env,
+        disk,
+        socket,
+    } = cmd
+    else {
+        bail!("not a create")
+    };
+    // Checked here too, so that a typo is this command's one line.
+    crate::run::net_grant_from(None, &allow_net, &net_resolve)?;
+    let from_snapshot = from
+        .map(|f| std::fs::canonicalize(&f).with_context(|| format!("snapshot {}", f.display())))
+        .transpose()?
+        .map(|p| p.to_string_lossy().into_owned());
+    let memory_bytes =
+        memory.as_deref().map(|m| parse_size(m).map_err(|e| anyhow!("--memory {m}: {e}"))).transpose()?;
+    let workspace = match workspace {
+        None => None,
+        Some(w) => {
+            let (path, writable) = match w.strip_suffix(":ro") {
+                Some(p) => (p.to_owned(), false),
+                None => (w.strip_suffix(":rw").unwrap_or(&w).to_owned(), true),
             };
-            match (side(&src), side(&dst)) {
-                (None, Some((id, path))) => {
-                    let mut data = Vec::new();
-                    if src == "-" {
-                        std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut data)?;
-                    } else {
-                        std::fs::File::open(&src)
-                            .with_context(|| src.clone())?
-                            .take(MAX_FILE_BYTES + 1)
-                            .read_to_end(&mut data)?;
-                    }
-                    if data.len() as u64 > MAX_FILE_BYTES {
-                        bail!("{src} is over {MAX_FILE_BYTES} bytes, the most one copy moves");
-                    }
-                    expect_ok(call(&socket, &SessionCall::Write { id, path, data })?)?;
-                }
-                (Some((id, path)), None) => {
-                    let SessionReply::Data(bytes) = expect_ok(call(&socket, &SessionCall::Read { id, path })?)? else {
-                        bail!("unexpected reply")
-                    };
-                    if dst == "-" {
-                        std::io::stdout().write_all(&bytes)?;
-                    } else {
-                        std::fs::write(&dst, bytes).with_context(|| dst.clone())?;
-                    }
-                }
-                _ => bail!("one side of `session cp` is the session's: ID:/absolute/path"),
-            }
-            Ok(ExitCode::SUCCESS)
+            let resolved = std::fs::canonicalize(&path).with_context(|| format!("workspace {path}"))?;
+            Some((resolved.to_string_lossy().into_owned(), writable))
+        }
+    };
+    let reply = call(
+        &socket,
+        &SessionCall::Create {
+            memory_bytes,
+            processes: pids,
+            workspace,
+            idle_timeout_secs: idle_timeout.map(|d| d.as_secs().max(1)),
+            max_lifetime_secs: max_lifetime.map(|d| d.as_secs().max(1)),
+            from_snapshot,
+            docker_image: (tier == "docker").then_some(image),
+            allow_net,
+            net_resolve,
+            env: parse_env(&env)?,
+            disk_bytes: disk.as_deref().map(|d| parse_size(d).map_err(|e| anyhow!("--disk {d}: {e}"))).transpose()?,
+        },
+    )?;
+    match expect_ok(reply)? {
+        SessionReply::Created { id } => println!("{id}"),
+        other => bail!("unexpected reply: {other:?}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `session exec -d`, `-i` or `-t`: started in the background, then (without `-d`) followed
+/// in the foreground with our stdin streamed to it.
+fn exec_started(cmd: SessionCommand) -> Result<ExitCode> {
+    let SessionCommand::Exec { id, workdir, env, timeout, detach, interactive, tty, socket, argv } = cmd else {
+        bail!("not an exec")
+    };
+    let pty = match tty.as_deref() {
+        None => None,
+        Some("") => Some(our_terminal_size().unwrap_or((24, 80))),
+        Some(size) => Some(parse_size_rc(size)?),
+    };
+    let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
+    let start = SessionCall::Start {
+        id: id.clone(),
+        argv,
+        env: parse_env(&env)?,
+        cwd: workdir,
+        timeout_ms: Some(timeout.as_millis() as u64),
+        pty,
+        // In the foreground, our stdin is streamed to it.
+        stdin: interactive || !detach,
+        tag: None,
+    };
+    let SessionReply::Started { pid } = expect_ok(call(&socket, &start)?)? else { bail!("unexpected reply") };
+    if !detach {
+        return foreground(socket, id, pid, pty.is_some(), tty.as_deref() == Some(""));
+    }
+    println!("{pid}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `session exec`: our stdin (not a terminal) sent whole, the output shown as it comes.
+fn exec_whole(cmd: SessionCommand) -> Result<ExitCode> {
+    let SessionCommand::Exec { id, workdir, env, timeout, socket, argv, .. } = cmd else { bail!("not an exec") };
+    let timeout = timeout.unwrap_or(Duration::from_secs(600));
+    let mut stdin = Vec::new();
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut stdin)?;
+        if stdin.len() as u64 > MAX_FILE_BYTES {
+            bail!("stdin is over {MAX_FILE_BYTES} bytes, the most one exec takes");
         }
     }
+    let env = parse_env(&env)?;
+    let reply = call(
+        &socket,
+        &SessionCall::Exec { id, argv, env, cwd: workdir, stdin, timeout_ms: Some(timeout.as_millis() as u64) },
+    )?;
+    // Its stdout and stderr were shown as they came.
+    let SessionReply::Ran(report) = expect_ok(reply)? else { bail!("unexpected reply") };
+    exit_status(*report)
+}
+
+/// `session cp`: one side is the session's (`ID:/absolute/path`), the other a host file or `-`.
+fn cp(src: &str, dst: &str, socket: &SocketArg) -> Result<ExitCode> {
+    let side = |s: &str| {
+        s.split_once(':')
+            .filter(|(id, p)| !id.is_empty() && p.starts_with('/'))
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    };
+    match (side(src), side(dst)) {
+        (None, Some((id, path))) => {
+            let mut data = Vec::new();
+            if src == "-" {
+                std::io::stdin().take(MAX_FILE_BYTES + 1).read_to_end(&mut data)?;
+            } else {
+                std::fs::File::open(src)
+                    .with_context(|| src.to_owned())?
+                    .take(MAX_FILE_BYTES + 1)
+                    .read_to_end(&mut data)?;
+            }
+            if data.len() as u64 > MAX_FILE_BYTES {
+                bail!("{src} is over {MAX_FILE_BYTES} bytes, the most one copy moves");
+            }
+            expect_ok(call(socket, &SessionCall::Write { id, path, data })?)?;
+        }
+        (Some((id, path)), None) => {
+            let SessionReply::Data(bytes) = expect_ok(call(socket, &SessionCall::Read { id, path })?)? else {
+                bail!("unexpected reply")
+            };
+            if dst == "-" {
+                std::io::stdout().write_all(&bytes)?;
+            } else {
+                std::fs::write(dst, bytes).with_context(|| dst.to_owned())?;
+            }
+        }
+        _ => bail!("one side of `session cp` is the session's: ID:/absolute/path"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
