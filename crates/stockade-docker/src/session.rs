@@ -350,26 +350,12 @@ impl DockerSession {
     ) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
         let id = self.id()?.to_owned();
-        let JobKind::Command { program, args } = job.kind() else {
-            return Err(RunError::Misconfigured("a docker session runs command jobs (program and arguments)".into()));
-        };
-        if job.workspace().is_some() {
-            return Err(RunError::Misconfigured(
-                "a docker session has no workspace; copy files in through its files API".into(),
-            ));
-        }
-        if let Some(cwd) = cwd
-            && !cwd.starts_with('/')
-        {
-            return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
-        }
+        let cmd = exec_argv(job, cwd)?;
         let docker = &self.tier.docker;
         let limits = job.limits();
         let LiveIo { stdin: live_stdin, stdout: mut live_out, stderr: mut live_err, pace } = io;
         let stdin = job.stdin().to_vec();
         let has_stdin = live_stdin.is_some() || !stdin.is_empty();
-        let mut cmd = vec![program.clone()];
-        cmd.extend(args.iter().cloned());
         let config = CreateExecOptions {
             cmd: Some(cmd),
             user: Some(format!("{}:{}", self.tier.hardening.uid, self.tier.hardening.gid)),
@@ -471,7 +457,12 @@ impl DockerSession {
                 )));
             }
         };
-        let mut report = Report::new(status, wall).with_output(out.finish(), err.finish());
+        let report = Report::new(status, wall).with_output(out.finish(), err.finish());
+        Ok(self.enforced_on(report, limits, detail, opts.drain))
+    }
+
+    /// `report` with what the session enforced, and this exec's deadline and budgets.
+    fn enforced_on(&self, mut report: Report, limits: &Limits, detail: Option<String>, drain: bool) -> Report {
         report.enforcement = self.enforced.clone();
         report.enforcement.push(Enforced::new(
             Mechanism::Deadline,
@@ -487,14 +478,14 @@ impl DockerSession {
                 "stdout {} bytes, stderr {} bytes; {}",
                 limits.stdout_bytes(),
                 limits.stderr_bytes(),
-                if opts.drain {
+                if drain {
                     "the first bytes are kept, the rest is read and not kept (the live copy sees it)"
                 } else {
                     "the exec is killed at the first byte over"
                 }
             ),
         ));
-        Ok(report)
+        report
     }
 
     /// The OOM kills the container's memory cgroup has counted, read from the host through
@@ -860,4 +851,25 @@ impl Drop for DockerSession {
             });
         }
     }
+}
+
+/// An exec's command line, once the job is one a docker session can run: a command job with
+/// no workspace (a session has none; its files API copies in) and an absolute `cwd`.
+fn exec_argv(job: &Job, cwd: Option<&str>) -> Result<Vec<String>, RunError> {
+    let JobKind::Command { program, args } = job.kind() else {
+        return Err(RunError::Misconfigured("a docker session runs command jobs (program and arguments)".into()));
+    };
+    if job.workspace().is_some() {
+        return Err(RunError::Misconfigured(
+            "a docker session has no workspace; copy files in through its files API".into(),
+        ));
+    }
+    if let Some(cwd) = cwd
+        && !cwd.starts_with('/')
+    {
+        return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
+    }
+    let mut cmd = vec![program.clone()];
+    cmd.extend(args.iter().cloned());
+    Ok(cmd)
 }
