@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stockade_protocol::capture::CaptureMode;
-use stockade_protocol::{Enforced, Job, JobKind, LiveIo, Mechanism, Report, Stream};
+use stockade_protocol::{Captured, Enforced, Job, JobKind, LiveIo, Mechanism, Report, Stream};
 
 use crate::cgroup::Cgroup;
 use crate::pool::CgroupGuard;
@@ -417,44 +417,10 @@ impl ProcessSession {
         opts: ExecOptions,
     ) -> Result<Report, RunError> {
         io.check(job).map_err(|e| RunError::Misconfigured(e.into()))?;
-        if let Some(ws) = job.workspace()
-            && self.workspace.as_ref().is_none_or(|own| own.path() != ws.path() || own.access() != ws.access())
-        {
-            return Err(RunError::Misconfigured(
-                "a session's workspace is set when it is made: an exec names none, or the session's own".into(),
-            ));
-        }
-        let JobKind::Command { program, args } = job.kind() else {
-            return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
-        };
-        if let Some(cwd) = cwd
-            && !cwd.starts_with('/')
-        {
-            return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
-        }
         let sock = self.sock.as_ref().ok_or_else(|| RunError::Ended("the session is gone".into()))?;
-        if self.paused() {
-            return Err(RunError::Misconfigured("the session is paused; resume it first".into()));
-        }
+        let (id, message) = self.exec_request(job, cwd, opts.pty.is_some())?;
         let paused_before = self.paused_total();
         let limits = job.limits();
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let request = SessionRequest::Exec {
-            id,
-            program: program.clone(),
-            args: args.clone(),
-            env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
-            cwd: cwd.map(str::to_owned),
-            limits: crate::supervisor::spec_limits(&self.tier, limits),
-            tty: opts.pty.is_some(),
-        };
-        let message = serde_json::to_vec(&request).map_err(|e| RunError::Internal(e.to_string()))?;
-        if message.len() > MAX_SPEC {
-            return Err(RunError::Misconfigured(format!(
-                "the exec is {} bytes, over the {MAX_SPEC}-byte limit (arguments and environment together)",
-                message.len()
-            )));
-        }
         let internal = |what: &str| {
             let what = what.to_owned();
             move |e: std::io::Error| RunError::Internal(format!("{what}: {e}"))
@@ -463,49 +429,7 @@ impl ProcessSession {
         let stockade_protocol::LiveIo { stdin: live_stdin, stderr: live_stderr, stdout: live_stdout, pace } = io;
         let oom_before = self.cgroup.get().map(Cgroup::oom_kills);
         let start = Instant::now();
-        let mut terminal = None;
-        let (out, err): (Reader, Reader) = if let Some(size) = opts.pty {
-            // One pty for the exec: its slave is the guest's stdin, stdout and stderr (and
-            // controlling terminal); its master is read as the exec's output and written
-            // with its stdin (the job's bytes, then the streamed stdin; no end of file: a
-            // terminal's input has none until the guest exits).
-            let (master, slave) = crate::supervisor::open_terminal(Some(size), true)?;
-            let fds = [slave.as_fd(), slave.as_fd(), slave.as_fd(), status_w.as_fd()];
-            crate::fdpass::send(sock.as_fd(), &message, &fds)
-                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
-            drop((slave, status_w));
-            terminal = Some(Terminal(master.raw_clone().map_err(internal("the terminal's master"))?));
-            if let Ok(mut typist) = master.try_clone() {
-                let bytes = job.stdin().to_vec();
-                let mut live = live_stdin;
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    let _ = typist.write_all(&bytes).await;
-                    if let Some(src) = live.as_mut() {
-                        let _ = tokio::io::copy(src, &mut typist).await;
-                    }
-                });
-            }
-            (Box::new(master), Box::new(tokio::io::empty()))
-        } else {
-            let has_stdin = live_stdin.is_some() || !job.stdin().is_empty();
-            let (in_r, in_w) = if has_stdin {
-                let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
-                (Some(r), Some(w))
-            } else {
-                (None, None)
-            };
-            let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
-            let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
-            let stdin = in_r.as_ref().map_or(self.null.as_fd(), AsFd::as_fd);
-            let fds = [stdin, out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
-            crate::fdpass::send(sock.as_fd(), &message, &fds)
-                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
-            drop((in_r, out_w, err_w, status_w));
-            let stdin = in_w.map(launch::sender).transpose()?;
-            let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
-            crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?
-        };
+        let (out, err, mut terminal) = self.exec_stdio(sock, &message, status_w, job, opts.pty, live_stdin)?;
         let status = launch::receiver(status_r)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut out = Stoppable::new(out, stopped.clone());
@@ -580,37 +504,7 @@ impl ProcessSession {
             None => status_task.await.unwrap_or_default(),
         };
         let wall = start.elapsed();
-        // What the exec left in the background may hold its pipes: read a little longer,
-        // then end the captures with what they have.
-        // A task that ended is never polled again (`finish` would): its result, or an empty
-        // capture if it failed.
-        let mut lost = (false, false);
-        let drained = async {
-            if out_done.is_none() {
-                match (&mut out_task).await {
-                    Ok(r) => out_done = Some(r),
-                    Err(_) => lost.0 = true,
-                }
-            }
-            if err_done.is_none() {
-                match (&mut err_task).await {
-                    Ok(r) => err_done = Some(r),
-                    Err(_) => lost.1 = true,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drained).await;
-        let _ = stop.send(true);
-        let stdout = if lost.0 {
-            stockade_protocol::Captured::default()
-        } else {
-            crate::supervisor::finish(out_done, &mut out_task).await
-        };
-        let stderr = if lost.1 {
-            stockade_protocol::Captured::default()
-        } else {
-            crate::supervisor::finish(err_done, &mut err_task).await
-        };
+        let (stdout, stderr) = drain((out_done, &mut out_task), (err_done, &mut err_task), stop).await;
         let oom = match (oom_before, self.cgroup.get()) {
             (Some(before), Some(cg)) => cg.oom_kills() > before,
             _ => false,
@@ -637,6 +531,109 @@ impl ProcessSession {
         }
         report.enforcement.splice(0..0, self.enforced.iter().cloned());
         Ok(report)
+    }
+
+    /// Sends the exec's request to init with its descriptors: a pty's slave as all three
+    /// (its master read as the output and written with the stdin), or pipes; returns the
+    /// output's two readers and the terminal, if any.
+    fn exec_stdio(
+        &self,
+        sock: &OwnedFd,
+        message: &[u8],
+        status_w: std::fs::File,
+        job: &Job,
+        pty: Option<(u16, u16)>,
+        live_stdin: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    ) -> Result<(Reader, Reader, Option<Terminal>), RunError> {
+        let internal = |what: &str| {
+            let what = what.to_owned();
+            move |e: std::io::Error| RunError::Internal(format!("{what}: {e}"))
+        };
+        Ok(if let Some(size) = pty {
+            // One pty for the exec: its slave is the guest's stdin, stdout and stderr (and
+            // controlling terminal); its master is read as the exec's output and written
+            // with its stdin (the job's bytes, then the streamed stdin; no end of file: a
+            // terminal's input has none until the guest exits).
+            let (master, slave) = crate::supervisor::open_terminal(Some(size), true)?;
+            let fds = [slave.as_fd(), slave.as_fd(), slave.as_fd(), status_w.as_fd()];
+            crate::fdpass::send(sock.as_fd(), message, &fds)
+                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
+            drop((slave, status_w));
+            let terminal = Some(Terminal(master.raw_clone().map_err(internal("the terminal's master"))?));
+            if let Ok(mut typist) = master.try_clone() {
+                let bytes = job.stdin().to_vec();
+                let mut live = live_stdin;
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = typist.write_all(&bytes).await;
+                    if let Some(src) = live.as_mut() {
+                        let _ = tokio::io::copy(src, &mut typist).await;
+                    }
+                });
+            }
+            (Box::new(master), Box::new(tokio::io::empty()), terminal)
+        } else {
+            let has_stdin = live_stdin.is_some() || !job.stdin().is_empty();
+            let (in_r, in_w) = if has_stdin {
+                let (r, w) = crate::sys::fs::pipe().map_err(internal("stdin pipe"))?;
+                (Some(r), Some(w))
+            } else {
+                (None, None)
+            };
+            let (out_r, out_w) = crate::sys::fs::pipe().map_err(internal("stdout pipe"))?;
+            let (err_r, err_w) = crate::sys::fs::pipe().map_err(internal("stderr pipe"))?;
+            let stdin = in_r.as_ref().map_or(self.null.as_fd(), AsFd::as_fd);
+            let fds = [stdin, out_w.as_fd(), err_w.as_fd(), status_w.as_fd()];
+            crate::fdpass::send(sock.as_fd(), message, &fds)
+                .map_err(|e| RunError::Ended(format!("the session is gone: {e}")))?;
+            drop((in_r, out_w, err_w, status_w));
+            let stdin = in_w.map(launch::sender).transpose()?;
+            let stdio = (stdin, Some(launch::receiver(out_r)?), Some(launch::receiver(err_r)?));
+            let (out, err) = crate::supervisor::wire_stdio(None, stdio, job.stdin().to_vec(), live_stdin)?;
+            (out, err, None)
+        })
+    }
+
+    /// An exec's request to init, once the job is one this session runs: a command job,
+    /// naming no workspace or the session's own, an absolute `cwd`, the session not paused,
+    /// the message within [`MAX_SPEC`]. Returns its id and the message.
+    fn exec_request(&self, job: &Job, cwd: Option<&str>, tty: bool) -> Result<(u64, Vec<u8>), RunError> {
+        if let Some(ws) = job.workspace()
+            && self.workspace.as_ref().is_none_or(|own| own.path() != ws.path() || own.access() != ws.access())
+        {
+            return Err(RunError::Misconfigured(
+                "a session's workspace is set when it is made: an exec names none, or the session's own".into(),
+            ));
+        }
+        let JobKind::Command { program, args } = job.kind() else {
+            return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
+        };
+        if let Some(cwd) = cwd
+            && !cwd.starts_with('/')
+        {
+            return Err(RunError::Misconfigured(format!("the working directory {cwd:?} is not absolute")));
+        }
+        if self.paused() {
+            return Err(RunError::Misconfigured("the session is paused; resume it first".into()));
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let request = SessionRequest::Exec {
+            id,
+            program: program.clone(),
+            args: args.clone(),
+            env: job.env().iter().map(|v| (v.key().to_owned(), v.value().to_owned())).collect(),
+            cwd: cwd.map(str::to_owned),
+            limits: crate::supervisor::spec_limits(&self.tier, job.limits()),
+            tty,
+        };
+        let message = serde_json::to_vec(&request).map_err(|e| RunError::Internal(e.to_string()))?;
+        if message.len() > MAX_SPEC {
+            return Err(RunError::Misconfigured(format!(
+                "the exec is {} bytes, over the {MAX_SPEC}-byte limit (arguments and environment together)",
+                message.len()
+            )));
+        }
+        Ok((id, message))
     }
 
     /// Kills every process of the session at once, without waiting: execs in flight end (as
@@ -805,4 +802,42 @@ fn absorb(into: &mut stockade_hostfs::Swept, from: stockade_hostfs::Swept) {
     into.removed.sort();
     into.removed.dedup();
     into.errors.extend(from.errors);
+}
+
+/// A capture's end, as its task returns it.
+type CaptureResult = Result<stockade_protocol::CaptureEnd, stockade_protocol::CaptureError>;
+
+/// A capture's task.
+type CaptureTask = tokio::task::JoinHandle<CaptureResult>;
+
+/// An exec's captures once it has exited: what it left in the background may hold its
+/// pipes, so each is read a little longer ([`DRAIN_AFTER_EXIT`]), then ended with what it
+/// has. A task that ended is never polled again (`finish` would): its result, or an empty
+/// capture if it failed.
+async fn drain(
+    out: (Option<CaptureResult>, &mut CaptureTask),
+    err: (Option<CaptureResult>, &mut CaptureTask),
+    stop: tokio::sync::watch::Sender<bool>,
+) -> (Captured, Captured) {
+    let ((mut out_done, out_task), (mut err_done, err_task)) = (out, err);
+    let mut lost = (false, false);
+    let drained = async {
+        if out_done.is_none() {
+            match (&mut *out_task).await {
+                Ok(r) => out_done = Some(r),
+                Err(_) => lost.0 = true,
+            }
+        }
+        if err_done.is_none() {
+            match (&mut *err_task).await {
+                Ok(r) => err_done = Some(r),
+                Err(_) => lost.1 = true,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drained).await;
+    let _ = stop.send(true);
+    let stdout = if lost.0 { Captured::default() } else { crate::supervisor::finish(out_done, out_task).await };
+    let stderr = if lost.1 { Captured::default() } else { crate::supervisor::finish(err_done, err_task).await };
+    (stdout, stderr)
 }
