@@ -197,6 +197,70 @@ impl std::fmt::Debug for ProcessSession {
     }
 }
 
+/// A session's guest id (G20): never root's, and only under a root supervisor.
+fn check_guest_id(guest_id: Option<u32>) -> Result<(), RunError> {
+    let Some(id) = guest_id else { return Ok(()) };
+    if id == 0 {
+        return Err(RunError::Misconfigured("a session's guest id cannot be 0 (root)".into()));
+    }
+    if crate::sys::process::ids().0 != 0 {
+        return Err(RunError::Unsupported {
+            mechanism: "a host uid of the session's own".into(),
+            reason: "only a root supervisor can run a guest as another user".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The setup's messages up to `Ready`: what it enforced (and what is missing) added to
+/// `enforced`; a failure, or an end before `Ready`, is the error (the caller kills the
+/// helper).
+fn setup_enforced(msgs: Vec<Msg>, best_effort: bool, enforced: &mut Vec<Enforced>) -> Result<(), RunError> {
+    let mut ready = false;
+    for msg in msgs {
+        match msg {
+            Msg::Enforced { mechanism, detail } => enforced.push(Enforced::new(mechanism, detail)),
+            Msg::Missing { mechanism, reason } => {
+                enforced.push(Enforced::new(Mechanism::Rlimits, format!("MISSING {mechanism}: {reason}")));
+            }
+            Msg::Error { stage, unsupported, message } => {
+                return Err(if unsupported && !best_effort {
+                    RunError::Unsupported { mechanism: stage, reason: message }
+                } else {
+                    RunError::Misconfigured(format!("the session could not start: {stage}: {message}"))
+                });
+            }
+            Msg::Ready => ready = true,
+            Msg::Listening { .. } | Msg::Started { .. } | Msg::Exit { .. } | Msg::Ended => {}
+        }
+    }
+    if ready { Ok(()) } else { Err(RunError::Internal("the session's sandbox ended before it was ready".into())) }
+}
+
+/// The sweep record's heartbeat, for the session's whole life (see
+/// `stockade_hostfs::finish_killed_sweeps`), and a sweep of what the guest planted so far at
+/// each beat, so that a planted path lasts on the host a beat at most, not until the session
+/// ends.
+fn heartbeat(
+    g: Arc<stockade_hostfs::Guarded>,
+    planted: Arc<std::sync::Mutex<stockade_hostfs::Swept>>,
+) -> tokio::task::JoinHandle<()> {
+    let file = g.heartbeat_file();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(stockade_hostfs::HEARTBEAT);
+        loop {
+            tick.tick().await;
+            if let Some(f) = &file {
+                let _ = f.set_modified(std::time::SystemTime::now());
+            }
+            let g = Arc::clone(&g);
+            if let Ok(found) = tokio::task::spawn_blocking(move || g.sweep_planted()).await {
+                absorb(&mut planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner), found);
+            }
+        }
+    })
+}
+
 pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<ProcessSession, RunError> {
     if tier.tty {
         return Err(RunError::Misconfigured(
@@ -249,17 +313,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         None,
     )
     .map_err(|e| RunError::Internal(format!("session socketpair: {e}")))?;
-    if let Some(id) = config.guest_id {
-        if id == 0 {
-            return Err(RunError::Misconfigured("a session's guest id cannot be 0 (root)".into()));
-        }
-        if crate::sys::process::ids().0 != 0 {
-            return Err(RunError::Unsupported {
-                mechanism: "a host uid of the session's own".into(),
-                reason: "only a root supervisor can run a guest as another user".into(),
-            });
-        }
-    }
+    check_guest_id(config.guest_id)?;
     let spec = Spec {
         session: true,
         guest_id: config.guest_id,
@@ -312,30 +366,10 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
             format!("{} (the whole session){pause}", cg.detail(limits.memory_bytes(), processes)),
         ));
     }
-    let mut ready = false;
-    for msg in msgs {
-        match msg {
-            Msg::Enforced { mechanism, detail } => enforced.push(Enforced::new(mechanism, detail)),
-            Msg::Missing { mechanism, reason } => {
-                enforced.push(Enforced::new(Mechanism::Rlimits, format!("MISSING {mechanism}: {reason}")));
-            }
-            Msg::Error { stage, unsupported, message } => {
-                helper.kill();
-                helper.wait().await;
-                return Err(if unsupported && !tier.best_effort {
-                    RunError::Unsupported { mechanism: stage, reason: message }
-                } else {
-                    RunError::Misconfigured(format!("the session could not start: {stage}: {message}"))
-                });
-            }
-            Msg::Ready => ready = true,
-            Msg::Listening { .. } | Msg::Started { .. } | Msg::Exit { .. } | Msg::Ended => {}
-        }
-    }
-    if !ready {
+    if let Err(e) = setup_enforced(msgs, tier.best_effort, &mut enforced) {
         helper.kill();
         helper.wait().await;
-        return Err(RunError::Internal("the session's sandbox ended before it was ready".into()));
+        return Err(e);
     }
     let status = tokio::spawn(async move { crate::supervisor::read_lines(&mut lines, |_| false).await });
     // The sweep record's heartbeat, for the session's whole life (see
@@ -343,23 +377,7 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     // far at each beat, so that a planted path lasts on the host a beat at most, not until
     // the session ends.
     let planted = Arc::new(std::sync::Mutex::new(stockade_hostfs::Swept::default()));
-    let heartbeat = sweep.0.clone().map(|g| {
-        let file = g.heartbeat_file();
-        let planted = Arc::clone(&planted);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(stockade_hostfs::HEARTBEAT);
-            loop {
-                tick.tick().await;
-                if let Some(f) = &file {
-                    let _ = f.set_modified(std::time::SystemTime::now());
-                }
-                let g = Arc::clone(&g);
-                if let Ok(found) = tokio::task::spawn_blocking(move || g.sweep_planted()).await {
-                    absorb(&mut planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner), found);
-                }
-            }
-        })
-    });
+    let heartbeat = sweep.0.clone().map(|g| heartbeat(g, Arc::clone(&planted)));
     Ok(ProcessSession {
         sock: Some(mine),
         helper: Some(helper),
