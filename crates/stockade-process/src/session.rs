@@ -268,32 +268,8 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
         ));
     }
     let limits = config.limits;
-    let opened = match &config.workspace {
-        Some(ws) => Some((
-            stockade_hostfs::open_workspace(ws.path()).map_err(RunError::from)?,
-            ws.access() == stockade_protocol::Access::ReadWrite,
-        )),
-        None => None,
-    };
-    let lock = match (&opened, &config.workspace) {
-        (Some((ws, writable)), Some(granted)) => Some(
-            ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
-                .await
-                .map_err(RunError::from)?,
-        ),
-        _ => None,
-    };
-    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), false)?;
-    let mut guard = guard;
-    if let Some(g) = guard.as_mut() {
-        let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
-            RunError::Misconfigured(
-                "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
-            )
-        })?;
-        g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
-    }
-    let sweep = crate::supervisor::SweepGuard(guard.map(Arc::new));
+    let crate::supervisor::Workspace { lock, view, sweep } =
+        crate::supervisor::workspace(config.workspace.as_ref(), false).await?;
     if let Some(home) = &config.home {
         let workspace = view.workspace.as_ref().map(|(ws, _)| ws.as_path());
         crate::supervisor::check_own_tree("session home", home, workspace, false)?;

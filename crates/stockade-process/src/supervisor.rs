@@ -44,46 +44,14 @@ pub(crate) async fn run(
         return Err(RunError::Misconfigured("the process tier runs only command jobs".into()));
     };
     let limits = job.limits();
-    // The workspace is opened once and judged as opened (`open_workspace`): what the helper
-    // mounts must be this directory (it compares the device and inode), never whatever the
-    // path names later.
-    let opened = match job.workspace() {
-        Some(ws) => Some((
-            stockade_hostfs::open_workspace(ws.path()).map_err(RunError::from)?,
-            ws.access() == stockade_protocol::Access::ReadWrite,
-        )),
-        None => None,
-    };
-    // One read-write run at a time per workspace, and no read-only run beside one: the lock
-    // is held until the sweep is done (declared before the sweep guard, so dropped after it).
-    let _lock = match (&opened, job.workspace()) {
-        (Some((ws, writable)), Some(granted)) => Some(
-            ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
-                .await
-                .map_err(RunError::from)?,
-        ),
-        _ => None,
-    };
-    // The workspace as the run starts: its identity, its sockets and fifos and (read-write)
-    // its protected paths, whether the run is one-shot or takes a pre-built sandbox.
     // A pool serves the jobs whose sandbox is the same for every job (see `pool`).
     let pool = tier.pool.as_ref().filter(|_| grants_dir.is_none() && loopback.is_none() && !tier.tty);
-    let (view, guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), pool.is_some())?;
-    // The sweep runs once every guest process is gone: at the end of this function, or, if
-    // it returns early or its future is dropped (a cancelled call), when the guard is
-    // dropped, after the helper, init and the run's cgroup (declared later, dropped first).
-    let mut guard = guard;
-    // Before the guest starts, the sweep is recorded on disk, so that a supervisor killed
-    // before it swept has its sweep finished later (`stockade_hostfs::finish_killed_sweeps`).
-    if let Some(g) = guard.as_mut() {
-        let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
-            RunError::Misconfigured(
-                "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
-            )
-        })?;
-        g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
-    }
-    let mut sweep = SweepGuard(guard.map(std::sync::Arc::new));
+    // Declared before the sweep guard, so the lock is dropped after the sweep; the sweep
+    // runs once every guest process is gone: at the end of this function, or, if it returns
+    // early or its future is dropped (a cancelled call), when the guard is dropped, after
+    // the helper, init and the run's cgroup (declared later, dropped first).
+    let Workspace { lock: _lock, view, sweep } = workspace(job.workspace(), pool.is_some()).await?;
+    let mut sweep = sweep;
     if let Some(dir) = grants_dir {
         check_own_tree("grants directory", dir, view.workspace.as_ref().map(|(ws, _)| ws.as_path()), true)?;
     }
@@ -93,27 +61,9 @@ pub(crate) async fn run(
     let start;
     let mut refill = Refill { pool: None, tier, key: None };
     let (launched, master, cgroup) = if let Some(pool) = pool {
-        let crate::pool::Prebuilt { started, job: job_pipe, cgroup, .. } = pool.take(tier, &view)?;
-        if let Some(cg) = cgroup.get() {
-            cg.set_limits(limits.memory_bytes(), processes)
-                .map_err(|e| RunError::Internal(format!("setting the limits of a pre-built sandbox's cgroup: {e}")))?;
-        }
-        let message =
-            serde_json::to_vec(&PooledJob { program: program.clone(), args: args.clone(), env, limits: spec_limits })
-                .map_err(|e| RunError::Internal(e.to_string()))?;
-        if message.len() > crate::spec::MAX_SPEC {
-            return Err(RunError::Misconfigured(format!(
-                "the job is {} bytes, over the {}-byte limit (arguments and environment together)",
-                message.len(),
-                crate::spec::MAX_SPEC
-            )));
-        }
-        start = Instant::now();
-        let launched = started.register()?;
-        let mut job_pipe = launch::sender(job_pipe)?;
-        // A sandbox whose setup failed has closed its end: its report says why.
-        let _ = job_pipe.write_all(&message).await;
-        drop(job_pipe);
+        let job = PooledJob { program: program.clone(), args: args.clone(), env, limits: spec_limits };
+        let (launched, cgroup, started) = start_pooled(tier, pool, &view, job, limits).await?;
+        start = started;
         refill = Refill { pool: Some(pool), tier, key: view.workspace.clone() };
         if pool.builds_inline(tier) {
             // A single-threaded supervisor builds it in line: now, while the guest runs.
@@ -216,13 +166,27 @@ pub(crate) async fn run(
     };
     let usage = cgroup.get().map(Cgroup::usage);
     let cgroup_detail = cgroup.get().map(|cg| cg.detail(limits.memory_bytes(), processes));
-    if pool.is_some() {
-        // Every process of the run is gone. What is left goes in the background: the helper
-        // (killed, since it has nothing left to do but exit; so even a line that only
-        // claimed the end would end the run's tree here) and then the cgroup, whose removal
-        // on cgroup v1 can wait behind the cgroup lock that a replacement sandbox's join
-        // holds through an RCU grace period. A runtime that shuts down first drops the task,
-        // and with it kills and reaps the helper and removes the cgroup at once.
+    release(pool.is_some(), ended, child, cgroup);
+    // Every process of the run is gone (the pid namespace's init reaps them all before it is
+    // reaped): what the guest created among the absent protected paths goes now.
+    let swept = sweep.now();
+
+    assemble(
+        Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept, drained: false },
+        limits,
+        tier.best_effort,
+    )
+}
+
+/// A run's helper and cgroup once every process of the run is gone. A pooled run's go in
+/// the background: the helper (killed, since it has nothing left to do but exit; so even a
+/// line that only claimed the end would end the run's tree here) and then the cgroup, whose
+/// removal on cgroup v1 can wait behind the cgroup lock that a replacement sandbox's join
+/// holds through an RCU grace period. A runtime that shuts down first drops the task, and
+/// with it kills and reaps the helper and removes the cgroup at once. A one-shot run's
+/// cgroup is removed now.
+fn release(pooled: bool, ended: bool, mut child: launch::HelperProcess, cgroup: crate::pool::CgroupGuard) {
+    if pooled {
         tokio::spawn(async move {
             if ended {
                 child.kill();
@@ -234,15 +198,87 @@ pub(crate) async fn run(
     } else if let Some(cg) = cgroup.get() {
         cg.remove();
     }
-    // Every process of the run is gone (the pid namespace's init reaps them all before it is
-    // reaped): what the guest created among the absent protected paths goes now.
-    let swept = sweep.now();
+}
 
-    assemble(
-        Ended { end, wall, stdout, stderr, msgs, usage, cgroup_detail, swept, drained: false },
-        limits,
-        tier.best_effort,
-    )
+/// A pooled run's sandbox, taken from `pool` for `view`: its cgroup set to the job's limits,
+/// then the job written to it (bounded by [`crate::spec::MAX_SPEC`]). Returns it, its
+/// cgroup, and when it was handed its job.
+async fn start_pooled(
+    tier: &ProcessTier,
+    pool: &crate::pool::Pool,
+    view: &crate::pool::View,
+    job: PooledJob,
+    limits: &stockade_protocol::Limits,
+) -> Result<(launch::Launched, crate::pool::CgroupGuard, Instant), RunError> {
+    let crate::pool::Prebuilt { started, job: job_pipe, cgroup, .. } = pool.take(tier, view)?;
+    if let Some(cg) = cgroup.get() {
+        cg.set_limits(limits.memory_bytes(), u64::from(limits.processes()))
+            .map_err(|e| RunError::Internal(format!("setting the limits of a pre-built sandbox's cgroup: {e}")))?;
+    }
+    let message = serde_json::to_vec(&job).map_err(|e| RunError::Internal(e.to_string()))?;
+    if message.len() > crate::spec::MAX_SPEC {
+        return Err(RunError::Misconfigured(format!(
+            "the job is {} bytes, over the {}-byte limit (arguments and environment together)",
+            message.len(),
+            crate::spec::MAX_SPEC
+        )));
+    }
+    let start = Instant::now();
+    let launched = started.register()?;
+    let mut job_pipe = launch::sender(job_pipe)?;
+    // A sandbox whose setup failed has closed its end: its report says why.
+    let _ = job_pipe.write_all(&message).await;
+    drop(job_pipe);
+    Ok((launched, cgroup, start))
+}
+
+/// A run's or a session's workspace as it starts, set up one way for both.
+pub(crate) struct Workspace {
+    /// One read-write run at a time per workspace, and no read-only run beside one: held
+    /// until the sweep is done.
+    pub(crate) lock: Option<stockade_hostfs::WorkspaceLock>,
+    /// What the sandbox is built from: the workspace's identity, its sockets and fifos and
+    /// (read-write) its protected paths.
+    pub(crate) view: crate::pool::View,
+    /// The sweep of a read-write workspace's protected paths, recorded on disk first.
+    pub(crate) sweep: SweepGuard,
+}
+
+/// Sets up `granted` for a run (`pooled`: from a pre-built sandbox) or a session: the
+/// workspace is opened once and judged as opened (`open_workspace`: what the helper mounts
+/// must be this directory, which it compares by device and inode, never whatever the path
+/// names later), locked (waiting or refusing as the grant says), inspected, and, read-write,
+/// its sweep recorded on disk before the guest starts, so that a supervisor killed before
+/// it swept has its sweep finished later (`stockade_hostfs::finish_killed_sweeps`).
+pub(crate) async fn workspace(
+    granted: Option<&stockade_protocol::Workspace>,
+    pooled: bool,
+) -> Result<Workspace, RunError> {
+    let opened = match granted {
+        Some(ws) => Some((
+            stockade_hostfs::open_workspace(ws.path()).map_err(RunError::from)?,
+            ws.access() == stockade_protocol::Access::ReadWrite,
+        )),
+        None => None,
+    };
+    let lock = match (&opened, granted) {
+        (Some((ws, writable)), Some(granted)) => Some(
+            ws.lock(*writable, granted.busy(), || tokio::time::sleep(stockade_hostfs::LOCK_POLL))
+                .await
+                .map_err(RunError::from)?,
+        ),
+        _ => None,
+    };
+    let (view, mut guard) = crate::pool::View::inspect(opened.as_ref().map(|(ws, rw)| (ws, *rw)), pooled)?;
+    if let Some(g) = guard.as_mut() {
+        let dir = stockade_hostfs::sweeps_dir().ok_or_else(|| {
+            RunError::Misconfigured(
+                "a read-write workspace needs a state directory for its sweep record: set STOCKADE_STATE_DIR, XDG_STATE_HOME or HOME".into(),
+            )
+        })?;
+        g.record_in(&dir).map_err(|e| RunError::Misconfigured(e.to_string()))?;
+    }
+    Ok(Workspace { lock, view, sweep: SweepGuard(guard.map(std::sync::Arc::new)) })
 }
 
 /// A read-write workspace's sweep, run exactly once: [`SweepGuard::now`] at the end of a run,
