@@ -20,7 +20,10 @@
 //! # Guarantees
 //! [`e2b`]'s, each pinned by the CLI's `g11_*` tests, which drive the real binary with the
 //! official E2B SDK (PyPI `e2b`, pinned) and hostile raw clients; [`owner`]'s, pinned by
-//! the CLI's `g10_*` session tests.
+//! the CLI's `g10_*` session tests. Its own tests (`cargo test -p stockade-serve`) start
+//! an in-process server on 127.0.0.1:0 over process sessions, with this crate alone: the API
+//! key opens the control plane and nothing else does, and a sandbox's token opens that
+//! sandbox alone (red with the key and token checks made to pass anything).
 //!
 //! # Non-guarantees
 //! The sandboxes are the runtime's sessions: their isolation is the tiers' (see
