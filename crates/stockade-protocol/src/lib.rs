@@ -30,7 +30,7 @@
 //! G4. Untrusted JSON over its byte cap or its depth cap is refused before serde parses it.
 //!     (pinned by: tests/it/json.rs::g4_*)
 //! G5. Every schema read from an untrusted sender rejects unknown keys and out-of-bound
-//!     counts, sizes and strings (the Python guest's [`door`] frames are read as that
+//!     counts, sizes and strings (the Python guest's `door` frames are read as that
 //!     guest's own host reads them, ignoring unknown keys, under the same JSON caps).
 //!     (pinned by: tests/it/schema.rs::g5_*, tests/it/e2b.rs::g5_*, src/door.rs)
 //! G6. The chat validator enforces roles, at most [`chat::MAX_MESSAGES`] messages,
@@ -102,7 +102,11 @@
 //! it works only on the readers, writers and buffers it is handed.
 //!
 //! # Feature flags
-//! None.
+//! Default off, each a wire a layer above speaks: `openai` (the modules `chat`,
+//! `completion` and a confined agent's `turn`), `e2b` (`e2b`), `session` (the session
+//! owner's calls, `session`) and `door` (the wasm tier's Python door, `door`). A crate that takes only
+//! frames, jobs and reports compiles none of them; a feature adds a wire and never changes
+//! another.
 //!
 //! # Invariants
 //! Stated as absences: performs no I/O of its own; never allocates more than a codec's
@@ -113,10 +117,14 @@
 pub mod broker;
 mod bytes_repr;
 pub mod capture;
+#[cfg(feature = "openai")]
 pub mod chat;
+#[cfg(feature = "openai")]
 pub mod completion;
 pub mod dedicated;
+#[cfg(feature = "door")]
 pub mod door;
+#[cfg(feature = "e2b")]
 pub mod e2b;
 pub mod error;
 pub mod frame;
@@ -124,7 +132,9 @@ pub mod job;
 pub mod json;
 pub mod limits;
 pub mod report;
+#[cfg(feature = "session")]
 pub mod session;
+#[cfg(feature = "openai")]
 pub mod turn;
 
 pub use broker::{BrokerFrame, GrantName, ReplyBody, ReplyCode, ReplyError};
