@@ -308,17 +308,7 @@ fn split<'a>(rel: &'a Path, path: &str) -> Result<(PathBuf, &'a std::ffi::OsStr)
 fn kind_name(meta: &cap_std::fs::Metadata) -> &'static str {
     use cap_std::fs::FileTypeExt as _;
     let ft = meta.file_type();
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_fifo() {
-        "fifo"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "device"
-    } else {
-        "special file"
-    }
+    crate::stage::kind_name(ft.is_dir(), ft.is_fifo(), ft.is_socket(), ft.is_char_device() || ft.is_block_device())
 }
 
 fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {

@@ -218,6 +218,18 @@ pub fn archive_bound(limit: u64) -> u64 {
     limit + (MAX_ENTRIES as u64 + 1) * 1024 + 10_240
 }
 
+/// What a file that is not a regular file is, as a refusal names it (`not a regular file
+/// (a fifo)`): one naming for every reader of a host or guest path (this module, `files`).
+pub(crate) fn kind_name(dir: bool, fifo: bool, socket: bool, device: bool) -> &'static str {
+    match (dir, fifo, socket, device) {
+        (true, ..) => "directory",
+        (_, true, ..) => "fifo",
+        (_, _, true, _) => "socket",
+        (.., true) => "device",
+        _ => "special file",
+    }
+}
+
 /// Reads the regular file at `path` (a snapshot, an archive), at most `bound` bytes. The
 /// open never waits and never follows a final link (`O_NONBLOCK | O_NOFOLLOW`): a fifo opens
 /// at once with no writer and is refused by its type, as are sockets, devices and
@@ -228,16 +240,9 @@ pub fn read_regular(path: &Path, bound: u64) -> std::io::Result<Vec<u8>> {
     let file = std::fs::OpenOptions::new().read(true).custom_flags(O_NONBLOCK | O_NOFOLLOW).open(path)?;
     let ft = file.metadata()?.file_type();
     if !ft.is_file() {
-        let what = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a fifo"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "a device or special file"
-        };
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("not a regular file ({what})")));
+        let device = ft.is_char_device() || ft.is_block_device();
+        let what = kind_name(ft.is_dir(), ft.is_fifo(), ft.is_socket(), device);
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("not a regular file (a {what})")));
     }
     let mut bytes = Vec::new();
     file.take(bound.saturating_add(1)).read_to_end(&mut bytes)?;
