@@ -713,6 +713,35 @@ impl Drop for Reap {
     }
 }
 
+/// Waits until `child`'s allowed `hold` call runs on the host and its decision is in the
+/// trace (written as it happened), then SIGINTs it: it must exit 130 with the call closed
+/// as cancelled, the end written, and the tool's process gone. Whatever fails, the child
+/// ends and the tool is released.
+fn interrupted_while_holding(dir: &Scratch, child: std::process::Child) {
+    let mut reap = Reap(Some(child), dir.0.join("release"));
+    let pid = held(dir);
+    let live = dir.lines("trace.jsonl");
+    assert_eq!(hold_lines(&live), [("decision".to_owned(), "allow".to_owned())], "written as it happened: {live:?}");
+    // The child this test started, by its pid.
+    let child = reap.0.take().unwrap();
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace = dir.lines("trace.jsonl");
+    assert_eq!(
+        hold_lines(&trace),
+        [("decision".to_owned(), "allow".to_owned()), ("tool".to_owned(), "cancelled".to_owned())],
+        "{trace:?}"
+    );
+    let end = trace.last().unwrap();
+    assert_eq!(
+        (end["event"].as_str(), end["outcome"].as_str()),
+        (Some("end"), Some("interrupted (SIGINT)")),
+        "{trace:?}"
+    );
+    assert!(killed(pid), "the cancelled tool's process {pid} still runs");
+}
+
 #[test]
 fn g13_a_call_still_running_when_the_loop_exits_is_in_the_trace_and_closed() {
     // Finding 1: the loop starts an allowed host call, waits until it runs on the host, and
@@ -760,30 +789,7 @@ fn g13_ctrl_c_closes_the_trace_with_every_call_it_cut_short() {
     let mock = MockLlm::script(vec![]).unwrap();
     let _runs = crate::cli::shared();
     let child = hold_command(&dir, &loop_, &mock.url()).spawn().unwrap();
-    // Whatever fails below, the child this test started ends, and the tool is released.
-    let mut reap = Reap(Some(child), dir.0.join("release"));
-    let pid = held(&dir);
-    let live = dir.lines("trace.jsonl");
-    assert_eq!(hold_lines(&live), [("decision".to_owned(), "allow".to_owned())], "written as it happened: {live:?}");
-    // The child this test started, by its pid.
-    let child = reap.0.take().unwrap();
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    let trace = dir.lines("trace.jsonl");
-    assert_eq!(
-        hold_lines(&trace),
-        [("decision".to_owned(), "allow".to_owned()), ("tool".to_owned(), "cancelled".to_owned())],
-        "{trace:?}"
-    );
-    let end = trace.last().unwrap();
-    assert_eq!(
-        (end["event"].as_str(), end["outcome"].as_str()),
-        (Some("end"), Some("interrupted (SIGINT)")),
-        "{trace:?}"
-    );
-    assert!(killed(pid), "the cancelled tool's process {pid} still runs");
+    interrupted_while_holding(&dir, child);
 }
 
 /// The (tool, rule) of each decision in a trace, the model's requests and a human's
@@ -908,25 +914,5 @@ fn g13_ctrl_c_closes_an_unconfined_agents_trace_too() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut reap = Reap(Some(child), dir.0.join("release"));
-    let pid = held(&dir);
-    let live = dir.lines("trace.jsonl");
-    assert_eq!(hold_lines(&live), [("decision".to_owned(), "allow".to_owned())], "written as it happened: {live:?}");
-    let child = reap.0.take().unwrap();
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
-    let trace = dir.lines("trace.jsonl");
-    assert_eq!(
-        hold_lines(&trace),
-        [("decision".to_owned(), "allow".to_owned()), ("tool".to_owned(), "cancelled".to_owned())],
-        "{trace:?}"
-    );
-    let end = trace.last().unwrap();
-    assert_eq!(
-        (end["event"].as_str(), end["outcome"].as_str()),
-        (Some("end"), Some("interrupted (SIGINT)")),
-        "{trace:?}"
-    );
-    assert!(killed(pid), "the cancelled tool's process {pid} still runs");
+    interrupted_while_holding(&dir, child);
 }
