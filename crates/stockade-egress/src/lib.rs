@@ -90,7 +90,9 @@
 //!     phase (heads, ClientHello, bodies, relay), head sizes, and per rule: a policy rule's `limits.max_calls` counts
 //!     its connections and `limits.max_bytes` its bytes (both ways, all its connections);
 //!     a guest past a bound is cut off and the cut recorded. Every byte that goes up is
-//!     counted, each chunk's own CRLF included.
+//!     counted, each chunk's own CRLF included. A body is reserved before it is announced:
+//!     a chunk, or a `Content-Length` body, that does not fit in what the run and the rule
+//!     may still send is refused before its size goes upstream (a sized request gets 413).
 //!     (pinned by: tests/it/proxy.rs::g6_*, src/fuzzing.rs)
 //! G7. Every connection is on the record ([`Egress::record_into`]): host, port, scheme,
 //!     the address used, the decision and its rule, bytes each way, duration, and why the

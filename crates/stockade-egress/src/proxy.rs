@@ -880,6 +880,15 @@ impl Egress {
         body: Body,
         rest: Vec<u8>,
     ) {
+        // The whole of a sized body is reserved before its head goes up: a body the budget
+        // cannot carry is refused, never announced and then cut.
+        if let Body::Length(n) = body
+            && !self.room_up(conn, (head.len() as u64).saturating_add(n))
+        {
+            let _ =
+                stream.write_all(&http::reply(413, "the request is over what this connection may still send")).await;
+            return;
+        }
         if self.send_up(conn, upstream, head).await.is_err() {
             return;
         }
@@ -996,7 +1005,14 @@ impl Egress {
         loop {
             let line = read_line(from, limits.max_head_bytes, limits.idle).await?;
             let size = http::chunk_size(&line).ok_or("bad-chunk")?;
-            self.send_up(conn, to, format!("{size:x}\r\n").as_bytes()).await?;
+            let size_line = format!("{size:x}\r\n");
+            // The whole chunk fits in the budget, or its size never goes up: no reader
+            // upstream is handed a size the proxy could not deliver (2^64 - 1, which some
+            // read as -1).
+            if !self.room_up(conn, (size_line.len() as u64 + 2).saturating_add(size)) {
+                return Err("max-bytes");
+            }
+            self.send_up(conn, to, size_line.as_bytes()).await?;
             if size == 0 {
                 return self.copy_trailers(conn, from, to).await;
             }
@@ -1046,6 +1062,24 @@ impl Egress {
     /// Counts `n` bytes of `conn` going `way`: against the run's bound that way, and against
     /// the byte budget of the rule that allowed the connection (a policy's `max_bytes`,
     /// both ways together). `false` once either is spent, the cut recorded.
+    /// Whether `n` more bytes up fit in what the run and the connection's rule may still
+    /// send (nothing is charged: [`Egress::charge`] counts them as they go). If not, the
+    /// connection's record is cut as `charge` would cut it.
+    fn room_up(&self, conn: &mut Conn, n: u64) -> bool {
+        if self.inner.up.load(Ordering::SeqCst).saturating_add(n) > self.inner.limits.max_bytes_up {
+            conn.record.cut = Some("max-bytes".into());
+            return false;
+        }
+        let Some(budget) = self.inner.budgets.get(&conn.record.rule) else { return true };
+        let used = self.inner.budget_used.lock().unwrap_or_else(PoisonError::into_inner);
+        if used.get(&conn.record.rule).copied().unwrap_or(0).saturating_add(n) > *budget {
+            conn.record.reason = format!("rule {}'s max_bytes of {budget} is spent", conn.record.rule);
+            conn.record.cut = Some("max-bytes".into());
+            return false;
+        }
+        true
+    }
+
     fn charge(&self, conn: &mut Conn, n: usize, way: Way) -> bool {
         let n = n as u64;
         let (mine, total, max) = match way {

@@ -831,3 +831,39 @@ async fn g6_one_deadline_bounds_a_connection_in_every_phase() {
     let r = records(&e);
     assert!(r.connections.iter().filter(|c| c.cut.as_deref() == Some("max-duration")).count() == 2, "{r:?}");
 }
+
+#[tokio::test]
+async fn g6_a_body_the_budget_cannot_carry_is_refused_before_it_is_announced() {
+    // Found by the proxy_request fuzz target: a chunk announcing 2^64 - 1 bytes had its size
+    // line forwarded upstream, a size no reader can take the same way (some read it as -1)
+    // and the proxy could never deliver. A chunk, or a Content-Length body, that does not
+    // fit in what the rule and the run may still send is refused before its size goes up.
+    let up = Upstream::start("127.0.0.15", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+    let port = up.addr.port();
+    let policy = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"small\"\ntool = \"net.connect\"\neffect = \"allow\"\nargs.host = { hosts = [\"api.test\"] }\nlimits = { max_bytes = 10000 }\n";
+    let e = NetGrant::new(NetPolicy::from_toml(policy).unwrap())
+        .resolve(Resolve::new().entry(&format!("api.test:{port}:127.0.0.15")).unwrap())
+        .start();
+    let p = proxy(e.clone()).await;
+    let host = format!("api.test:{port}");
+    let ask = |req: String| async move {
+        let mut c = TcpStream::connect(p).await.unwrap();
+        let _ = c.write_all(req.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let chunked = format!(
+        "POST http://{host}/c HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc\r\n"
+    );
+    let _ = ask(chunked).await;
+    let sized = format!("POST http://{host}/l HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000000\r\n\r\nabc");
+    let answer = ask(sized).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    settle().await;
+    let seen = up.connections().join("\n");
+    assert!(!seen.contains("ffffffffffffffff"), "the huge chunk's size went upstream: {seen:?}");
+    assert!(!seen.contains("POST /l"), "the oversized body's head went upstream: {seen:?}");
+    let r = records(&e);
+    assert!(r.connections.iter().all(|c| c.cut.as_deref() == Some("max-bytes")), "{r:?}");
+}
