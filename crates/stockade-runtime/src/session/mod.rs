@@ -1,7 +1,7 @@
 //! Sessions: a live sandbox that serves many commands and keeps its state ([`Session`]),
 //! and their owner ([`Sessions`]), which gives each an id, a home, and an end.
 //!
-//! A session is the process tier's [`ProcessSession`] with what an owner adds: an id no
+//! A session is the process tier's [`ProcessSession`](stockade_process::ProcessSession) with what an owner adds: an id no
 //! other session of this host had (16 random bytes, hex), a home directory made for it alone
 //! under `sessions/OWNER/ID` in stockade's state directory (bound read-write at
 //! `/home/user`, served on the host by [`files::Files`]), an idle timeout and a maximum
@@ -9,6 +9,11 @@
 //! lifetime is over, without anyone calling. The `OWNER` directory is named after the owner's
 //! pid and start time: an owner that was SIGKILLed leaves its sessions' homes (its sandboxes
 //! die with it: parent-death signals), and the next owner, or `stockade gc`, removes them.
+//!
+//! The sandbox behind a session is a `SessionBackend` (`backend.rs`): one trait with one set
+//! of exec options, implemented by the process tier's session (`backend.rs`) and the docker
+//! tier's (`docker.rs`, the only place that names the `docker` feature). A session holds a
+//! boxed backend and never asks which tier it is.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,8 +21,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use stockade_process::files::Files;
-use stockade_process::{ProcessSession, ProcessTier, SESSION_HOME, SessionConfig, files};
-use stockade_protocol::{CaptureMode, Job, Limits, LiveIo, Report, RunError, Workspace};
+use stockade_process::{ProcessTier, SESSION_HOME, SessionConfig, files};
+use stockade_protocol::{Job, Limits, LiveIo, Report, RunError, Workspace};
 
 /// Which tier runs a session.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,33 +86,10 @@ impl Default for SessionProfile {
 /// How long [`Session::send_stdin`] waits for a background exec to read its input.
 pub const STDIN_WAIT: Duration = Duration::from_secs(10);
 
-/// How [`Session::exec_with`] runs an exec: in the foreground (the default), or as a
-/// background exec, with a terminal, a drained budget and a channel told its pid and control.
-#[derive(Default)]
-struct ExecMode {
-    pty: Option<(u16, u16)>,
-    drain: bool,
-    started: Option<tokio::sync::oneshot::Sender<(u32, Control)>>,
-}
+mod backend;
+mod docker;
 
-/// How a background exec is reached in its tier.
-enum Control {
-    /// The process tier: its id in the session, and its terminal.
-    Process { exec: u64, terminal: Option<stockade_process::Terminal> },
-    /// The docker tier: the engine's id for the exec, and whether it has a terminal.
-    #[cfg(feature = "docker")]
-    Docker { exec: String, tty: bool },
-}
-
-impl Control {
-    fn has_pty(&self) -> bool {
-        match self {
-            Self::Process { terminal, .. } => terminal.is_some(),
-            #[cfg(feature = "docker")]
-            Self::Docker { tty, .. } => *tty,
-        }
-    }
-}
+use backend::{Control, ExecOptions, FileOp, FileOut, ProcessBackend, SessionBackend};
 
 /// An exec's job: `argv` with `env` and its stdin bytes, its deadline both its wall clock
 /// and its CPU time (without one, the default limits'). The session adds its own variables,
@@ -447,18 +429,11 @@ impl Background {
     }
 }
 
-/// The sandbox behind a session.
-enum Backend {
-    Process(Box<ProcessSession>),
-    #[cfg(feature = "docker")]
-    Docker(Box<stockade_docker::session::DockerSession>),
-}
-
 /// One live session ([`Sessions::create`]).
 pub struct Session {
     id: String,
     // Read-locked by every exec (they run side by side), write-locked to end it.
-    inner: tokio::sync::RwLock<Option<Backend>>,
+    inner: tokio::sync::RwLock<Option<Box<dyn SessionBackend>>>,
     background: Mutex<Vec<Arc<Background>>>,
     // The grants' broker, for the session's whole life.
     broker: Option<crate::Broker>,
@@ -486,33 +461,6 @@ impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session").field("id", &self.id).finish_non_exhaustive()
     }
-}
-
-/// One files call of a [`Session`]: through its host [`Files`] (a process-tier session), on
-/// the blocking pool, never on an async worker (a guest decides what a path is, and a call
-/// that waited on it would stall every session the worker serves); the names in `[...]`
-/// are owned first, since the call outlives the borrow. Or a docker session's own call, its
-/// error mapped to the files API's.
-macro_rules! files_call {
-    ($session:ident, $path:expr, [$($own:ident),*], |$f:ident| $host:expr, |$d:ident| $docker:expr) => {{
-        if let Some(files) = $session.files() {
-            let $f = Arc::clone(files);
-            let at: String = $path.to_owned();
-            $(let $own = $own.to_owned();)*
-            let joined = tokio::task::spawn_blocking(move || {
-                $(let $own = &$own;)*
-                $host
-            });
-            return joined.await.unwrap_or_else(|e| {
-                Err(FilesError::Invalid { path: at, why: format!("the files call ended: {e}") })
-            });
-        }
-        #[cfg(feature = "docker")]
-        if let Some(Backend::Docker($d)) = $session.inner.read().await.as_ref() {
-            return $docker.await.map_err(|e| docker_files_error($path, e));
-        }
-        Err($session.files_gone($path))
-    }};
 }
 
 impl Session {
@@ -553,13 +501,13 @@ impl Session {
         }
     }
 
-    /// Runs one exec ([`ProcessSession::exec`]).
+    /// Runs one exec ([`ProcessSession::exec`](stockade_process::ProcessSession::exec)).
     pub async fn exec(&self, job: &Job, cwd: Option<&str>, io: LiveIo) -> Result<Report, RunError> {
-        self.exec_with(job, cwd, io, ExecMode::default()).await
+        self.exec_with(job, cwd, io, ExecOptions::default()).await
     }
 
     /// One exec with its options, counted as running (the session is not idle meanwhile).
-    async fn exec_with(&self, job: &Job, cwd: Option<&str>, io: LiveIo, opts: ExecMode) -> Result<Report, RunError> {
+    async fn exec_with(&self, job: &Job, cwd: Option<&str>, io: LiveIo, opts: ExecOptions) -> Result<Report, RunError> {
         use std::sync::atomic::Ordering;
         self.touch();
         // The exec's own variables, then the session's, then (with grants) the broker's (a
@@ -575,33 +523,9 @@ impl Session {
         let job = &full;
         self.running.fetch_add(1, Ordering::Relaxed);
         let report = async {
-            let inner = self.inner.read().await;
-            let ExecMode { pty, drain, started } = opts;
-            match inner.as_ref() {
+            match self.inner.read().await.as_deref() {
                 None => Err(self.gone()),
-                Some(Backend::Process(s)) => {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let output = if drain { CaptureMode::Drain } else { CaptureMode::FailFast };
-                    let opts = stockade_process::ExecOptions { pty, output, started: Some(tx) };
-                    let forward = async {
-                        if let (Ok(st), Some(out)) = (rx.await, started) {
-                            let control = Control::Process { exec: st.id, terminal: st.terminal };
-                            let _ = out.send((st.pid, control));
-                        }
-                    };
-                    tokio::join!(s.exec_with(job, cwd, io, opts), forward).0
-                }
-                #[cfg(feature = "docker")]
-                Some(Backend::Docker(s)) => {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let opts = stockade_docker::session::DockerExecOptions { pty, drain, started: Some(tx) };
-                    let forward = async {
-                        if let (Ok(st), Some(out)) = (rx.await, started) {
-                            let _ = out.send((st.pid, Control::Docker { exec: st.exec, tty: pty.is_some() }));
-                        }
-                    };
-                    tokio::join!(s.exec_with(job, cwd, io, opts), forward).0
-                }
+                Some(backend) => backend.exec(job, cwd, io, opts).await,
             }
         }
         .await;
@@ -638,7 +562,7 @@ impl Session {
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done_rx) = tokio::sync::watch::channel(None);
-        let exec_opts = ExecMode { pty: opts.pty, drain: true, started: Some(started_tx) };
+        let exec_opts = ExecOptions { pty: opts.pty, drain: true, started: Some(started_tx) };
         let argv: Vec<String> = match job.kind() {
             stockade_protocol::JobKind::Command { program, args } => {
                 std::iter::once(program.clone()).chain(args.iter().cloned()).collect()
@@ -706,15 +630,9 @@ impl Session {
         if !b.running() {
             return Err(RunError::Ended(format!("the exec with pid {pid} has ended")));
         }
-        let inner = self.inner.read().await;
-        match (inner.as_ref(), &b.control) {
-            (Some(Backend::Process(s)), Control::Process { exec, .. }) => {
-                s.signal(*exec, signal);
-                Ok(())
-            }
-            #[cfg(feature = "docker")]
-            (Some(Backend::Docker(s)), Control::Docker { .. }) => s.signal(pid, signal).await,
-            _ => Err(self.gone()),
+        match self.inner.read().await.as_deref() {
+            Some(backend) => backend.signal(&b.control, pid, signal).await,
+            None => Err(self.gone()),
         }
     }
 
@@ -756,41 +674,24 @@ impl Session {
     pub async fn resize(&self, pid: u32, rows: u16, cols: u16) -> Result<(), RunError> {
         self.touch();
         let b = self.find(pid)?;
-        let none = || RunError::Misconfigured(format!("the exec with pid {pid} has no terminal (start it with a pty)"));
-        match &b.control {
-            Control::Process { terminal, .. } => terminal
-                .as_ref()
-                .ok_or_else(none)?
-                .resize(rows, cols)
-                .map_err(|e| RunError::Misconfigured(format!("resizing the terminal of pid {pid}: {e}"))),
-            #[cfg(feature = "docker")]
-            Control::Docker { exec, tty } => {
-                if !tty {
-                    return Err(none());
-                }
-                match self.inner.read().await.as_ref() {
-                    Some(Backend::Docker(s)) => s.resize(exec, rows, cols).await,
-                    _ => Err(self.gone()),
-                }
-            }
+        if !b.has_pty() {
+            return Err(RunError::Misconfigured(format!(
+                "the exec with pid {pid} has no terminal (start it with a pty)"
+            )));
+        }
+        match self.inner.read().await.as_deref() {
+            Some(backend) => backend.resize(&b.control, pid, rows, cols).await,
+            None => Err(self.gone()),
         }
     }
 
-    /// Its processes, init aside ([`ProcessSession::processes`]; a docker session's as the
+    /// Its processes, init aside ([`ProcessSession::processes`](stockade_process::ProcessSession::processes); a docker session's as the
     /// engine lists them, each pid the one in the container where the host's `/proc` says
     /// it).
     pub async fn processes(&self) -> Vec<stockade_process::SessionProcess> {
-        match self.inner.read().await.as_ref() {
+        match self.inner.read().await.as_deref() {
             None => Vec::new(),
-            Some(Backend::Process(s)) => s.processes(),
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) => s
-                .processes()
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|p| stockade_process::SessionProcess { pid: p.pid, host_pid: p.host_pid, cmdline: p.cmdline })
-                .collect(),
+            Some(backend) => backend.processes().await,
         }
     }
 
@@ -800,35 +701,22 @@ impl Session {
         self.paused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Pauses it ([`ProcessSession::pause`], or `docker pause`): no CPU, no exec (for the
+    /// Pauses it ([`ProcessSession::pause`](stockade_process::ProcessSession::pause), or `docker pause`): no CPU, no exec (for the
     /// process tier, deadlines stopped).
     pub async fn pause(&self) -> Result<(), RunError> {
         self.set_paused(true).await
     }
 
-    /// Resumes it ([`ProcessSession::resume`], or `docker unpause`).
+    /// Resumes it ([`ProcessSession::resume`](stockade_process::ProcessSession::resume), or `docker unpause`).
     pub async fn resume(&self) -> Result<(), RunError> {
         self.set_paused(false).await
     }
 
     async fn set_paused(&self, paused: bool) -> Result<(), RunError> {
         self.touch();
-        let inner = self.inner.read().await;
-        match inner.as_ref() {
+        match self.inner.read().await.as_deref() {
             None => return Err(self.gone()),
-            // The process tier keeps its own state: pausing twice is a no-op there.
-            Some(Backend::Process(s)) if paused => s.pause()?,
-            Some(Backend::Process(s)) => s.resume()?,
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) if self.paused() != paused => {
-                if paused {
-                    s.pause().await?
-                } else {
-                    s.resume().await?
-                }
-            }
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(_)) => {}
+            Some(backend) => backend.set_paused(paused, self.paused()).await?,
         }
         self.paused.store(paused, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -847,24 +735,11 @@ impl Session {
     /// Returns the archive's size.
     pub async fn snapshot(&self, to: &Path) -> Result<u64, RunError> {
         let was_paused = self.paused();
-        #[cfg(feature = "docker")]
-        if let Some(Backend::Docker(s)) = self.inner.read().await.as_ref() {
-            let bound = stockade_process::stage::archive_bound(MAX_SNAPSHOT_BYTES);
-            let tar = s.snapshot(bound, was_paused).await?;
-            return write_snapshot(to, &tar);
-        }
-        self.pause().await?;
-        let home = self.dir.join("home");
-        let packed = tokio::task::spawn_blocking(move || {
-            stockade_process::stage::pack(&home, stockade_protocol::Access::ReadWrite, 0, 0, MAX_SNAPSHOT_BYTES)
-        })
-        .await
-        .map_err(|e| RunError::Internal(e.to_string()));
-        if !was_paused {
-            self.resume().await?;
-        }
-        let packed = packed?.map_err(|e| RunError::Misconfigured(format!("snapshot of session {}: {e}", self.id)))?;
-        write_snapshot(to, &packed.tar)
+        let tar = match self.inner.read().await.as_deref() {
+            None => return Err(self.gone()),
+            Some(backend) => backend.snapshot(was_paused).await?,
+        };
+        write_snapshot(to, &tar)
     }
 
     /// The files API of a process-tier session: the home at `/home/user` (and the
@@ -882,7 +757,10 @@ impl Session {
     /// Reads a file of the session by the guest's path, at most `limit` bytes: through
     /// [`Session::files`], or a docker session's container (the engine's archive API).
     pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, FilesError> {
-        files_call!(self, path, [path], |f| f.read(path, limit), |d| d.read(path, limit))
+        match self.file(FileOp::Read { path: path.into(), limit }).await? {
+            FileOut::Bytes(b) => Ok(b),
+            _ => Err(unexpected(path)),
+        }
     }
 
     /// Writes a file of the session by the guest's path, at most `limit` bytes.
@@ -890,38 +768,51 @@ impl Session {
         if data.len() as u64 > limit {
             return Err(FilesError::TooLarge { path: path.into(), limit });
         }
-        files_call!(self, path, [path, data], |f| f.write(path, &mut &data[..], limit).map(drop), |d| d
-            .write(path, data))
+        self.file(FileOp::Write { path: path.into(), data: data.to_vec(), limit }).await.map(drop)
     }
 
     /// The entry at `path`: through [`Session::files`], or inside a docker session's
     /// container (as its user, by the image's own tools).
     pub async fn stat(&self, path: &str) -> Result<Entry, FilesError> {
-        files_call!(self, path, [path], |f| f.stat(path), |d| d.stat(path))
+        match self.file(FileOp::Stat { path: path.into() }).await? {
+            FileOut::Entry(e) => Ok(e),
+            _ => Err(unexpected(path)),
+        }
     }
 
     /// The entries under the directory `path`, `depth` levels down ([`Files::list`]).
     pub async fn list(&self, path: &str, depth: usize) -> Result<Vec<Entry>, FilesError> {
-        files_call!(self, path, [path], |f| f.list(path, depth), |d| d.list(path, depth))
+        match self.file(FileOp::List { path: path.into(), depth }).await? {
+            FileOut::Entries(e) => Ok(e),
+            _ => Err(unexpected(path)),
+        }
     }
 
     /// Makes the directory `path` and its parents; `false` if it was there.
     pub async fn mkdir(&self, path: &str) -> Result<bool, FilesError> {
-        files_call!(self, path, [path], |f| f.mkdir(path), |d| d.mkdir(path))
+        match self.file(FileOp::Mkdir { path: path.into() }).await? {
+            FileOut::Made(m) => Ok(m),
+            _ => Err(unexpected(path)),
+        }
     }
 
     /// Removes what is at `path` (a directory with what is in it).
     pub async fn remove(&self, path: &str) -> Result<(), FilesError> {
-        files_call!(self, path, [path], |f| f.remove(path), |d| d.remove(path))
+        self.file(FileOp::Remove { path: path.into() }).await.map(drop)
     }
 
     /// Renames `from` to `to`.
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), FilesError> {
-        files_call!(self, from, [from, to], |f| f.rename(from, to), |d| d.rename(from, to))
+        self.file(FileOp::Rename { from: from.into(), to: to.into() }).await.map(drop)
     }
 
-    fn files_gone(&self, path: &str) -> FilesError {
-        FilesError::Invalid { path: path.into(), why: self.gone().to_string() }
+    /// One files call through its backend (counted as use).
+    async fn file(&self, op: FileOp) -> Result<FileOut, FilesError> {
+        self.touch();
+        match self.inner.read().await.as_deref() {
+            Some(backend) => backend.file(op).await,
+            None => Err(FilesError::Invalid { path: op.path().into(), why: self.gone().to_string() }),
+        }
     }
 
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
@@ -929,26 +820,15 @@ impl Session {
     pub async fn kill(&self) -> stockade_process::Swept {
         // Running execs end with it (their pipes or the engine's streams close), so the
         // write lock comes.
-        match self.inner.read().await.as_ref() {
-            Some(Backend::Process(s)) => s.terminate(),
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) => s.stop().await,
-            None => {}
+        if let Some(backend) = self.inner.read().await.as_deref() {
+            backend.stop().await;
         }
         let taken = self.inner.write().await.take();
         if let Some(b) = &self.broker {
             b.finish();
         }
         let swept = match taken {
-            Some(Backend::Process(s)) => (*s).kill().await,
-            #[cfg(feature = "docker")]
-            Some(Backend::Docker(s)) => {
-                // A read-write workspace's copy back: what failed is said on the owner's log.
-                if let Some(Err(e)) = (*s).kill().await {
-                    eprintln!("stockade: session {}: the workspace was not copied back: {e}", self.id);
-                }
-                stockade_process::Swept::default()
-            }
+            Some(backend) => backend.end(&self.id).await,
             None => stockade_process::Swept::default(),
         };
         // Every process of it has ended: its host id may go to another session.
@@ -970,8 +850,9 @@ impl Session {
 /// over (its reaper, [`Sessions::reap_expired`]).
 pub struct Sessions {
     tier: ProcessTier,
-    #[cfg(feature = "docker")]
-    docker: tokio::sync::OnceCell<stockade_docker::DockerTier>,
+    // The engine's connection, made on the first docker session.
+    #[cfg_attr(not(feature = "docker"), allow(dead_code, reason = "no docker tier in this build"))]
+    docker: docker::Engine,
     root: PathBuf,
     max: usize,
     // `max` places: a create takes one before any work (concurrent creates cannot all pass
@@ -1013,8 +894,7 @@ impl Sessions {
             .map_err(|e| RunError::Misconfigured(format!("sessions directory {}: {e}", root.display())))?;
         Ok(Self {
             tier,
-            #[cfg(feature = "docker")]
-            docker: tokio::sync::OnceCell::new(),
+            docker: docker::Engine::default(),
             root,
             max,
             slots: Arc::new(tokio::sync::Semaphore::new(max)),
@@ -1093,7 +973,9 @@ impl Sessions {
             None => None,
         };
         let inner = self.tier.session(config).await.map_err(cleanup)?;
-        let session = self.keep(id, Backend::Process(Box::new(inner)), Some(files), dir, profile, broker);
+        let files = Arc::new(files);
+        let backend = ProcessBackend { session: inner, files: Arc::clone(&files), home: dir.join("home") };
+        let session = self.keep(id, Box::new(backend), Some(files), dir, profile, broker);
         *session.home_mount.lock().unwrap_or_else(PoisonError::into_inner) = home_mount;
         *session.host_id.lock().unwrap_or_else(PoisonError::into_inner) = host_id;
         Ok(session)
@@ -1102,8 +984,8 @@ impl Sessions {
     fn keep(
         &self,
         id: String,
-        backend: Backend,
-        files: Option<Files>,
+        backend: Box<dyn SessionBackend>,
+        files: Option<Arc<Files>>,
         dir: PathBuf,
         profile: SessionProfile,
         broker: Option<crate::Broker>,
@@ -1115,7 +997,7 @@ impl Sessions {
             broker,
             guest: std::sync::OnceLock::new(),
             running: std::sync::atomic::AtomicUsize::new(0),
-            files: files.map(Arc::new),
+            files,
             dir,
             paused: std::sync::atomic::AtomicBool::new(false),
             profile,
@@ -1127,64 +1009,6 @@ impl Sessions {
         });
         self.live().insert(id, Arc::clone(&session));
         session
-    }
-
-    /// A docker-tier session: one hardened container of `image`, its home a volume of its
-    /// own (`stockade_docker::session`).
-    #[cfg(feature = "docker")]
-    async fn create_docker(
-        &self,
-        id: String,
-        image: String,
-        profile: SessionProfile,
-    ) -> Result<Arc<Session>, RunError> {
-        let tier = self.docker.get_or_try_init(|| async { stockade_docker::DockerTier::connect().await }).await?;
-        // Grants: one broker for the session's life, its directory bound read-only at
-        // `/broker` as a one-shot run's is; a model grant's `OPENAI_BASE_URL` and a network
-        // grant's proxy are a listener put in the container's own network namespace once it
-        // has started, before any exec (`Broker::docker_join`, as for a one-shot run).
-        let broker = match profile.grants.as_ref().filter(|g| !g.is_empty()) {
-            Some(g) => Some(crate::Broker::new(Arc::clone(g), std::env::temp_dir())?),
-            None => None,
-        };
-        let mut grants_dir = None;
-        let mut join = None;
-        if let Some(b) = &broker {
-            grants_dir = Some(b.socket_dir()?);
-            join = b.docker_join(tier.oci_runtime(), "network grant in a docker session")?;
-        }
-        let loopback = join.is_some();
-        let restore = match profile.from_snapshot.clone() {
-            Some(from) => Some(
-                tokio::task::spawn_blocking(move || read_snapshot(&from))
-                    .await
-                    .map_err(|e| RunError::Misconfigured(format!("snapshot: {e}")))??,
-            ),
-            None => None,
-        };
-        let base = stockade_docker::session::DockerSessionConfig::new(image);
-        let config = stockade_docker::session::DockerSessionConfig {
-            limits: profile.limits,
-            lifetime: profile.max_lifetime,
-            workspace: profile.workspace.clone(),
-            restore,
-            home_bytes: profile.home_bytes.unwrap_or(base.home_bytes),
-            grants_dir,
-            ..base
-        };
-        let inner = tier.session_joined(config, join).await?;
-        let session =
-            self.keep(id.clone(), Backend::Docker(Box::new(inner)), None, self.root.join(&id), profile, broker);
-        let _ = session.guest.set((stockade_docker::spec::GRANTS, loopback));
-        Ok(session)
-    }
-
-    #[cfg(not(feature = "docker"))]
-    async fn create_docker(&self, _: String, _: String, _: SessionProfile) -> Result<Arc<Session>, RunError> {
-        Err(RunError::Unsupported {
-            mechanism: "docker".into(),
-            reason: "this build has no docker tier (feature `docker`)".into(),
-        })
     }
 
     /// The live session with this id.
@@ -1323,6 +1147,11 @@ fn restore(from: &Path, home: &Path) -> Result<(), RunError> {
     Ok(())
 }
 
+/// A backend's answer of the wrong kind (an internal error).
+fn unexpected(path: &str) -> FilesError {
+    FilesError::Invalid { path: path.into(), why: "the files call returned another kind of answer".into() }
+}
+
 /// 16 random bytes from the kernel, as 32 hex digits.
 fn new_id() -> std::io::Result<String> {
     use std::io::Read;
@@ -1336,19 +1165,6 @@ pub use files::{Entry, FilesError, Kind};
 
 /// The host ids a root owner's process sessions get, one each (`guest_id`).
 pub use crate::guest_id::{GUEST_ID_BASE, GUEST_ID_LOCK_DIR, GUEST_IDS};
-
-/// A docker session's file error as the files API's.
-#[cfg(feature = "docker")]
-fn docker_files_error(path: &str, e: RunError) -> FilesError {
-    match e {
-        RunError::Misconfigured(why) if why.contains("no such") => FilesError::NotFound(path.into()),
-        RunError::Misconfigured(why) => {
-            let why = why.strip_prefix(path).and_then(|w| w.strip_prefix(": ")).map_or(why.clone(), str::to_owned);
-            FilesError::Invalid { path: path.into(), why }
-        }
-        other => FilesError::Io { path: path.into(), source: std::io::Error::other(other.to_string()) },
-    }
-}
 
 #[cfg(test)]
 mod live_output_tests {
@@ -1368,7 +1184,7 @@ mod live_output_tests {
         let (_, done) = tokio::sync::watch::channel(None);
         super::Background {
             pid: 1,
-            control: super::Control::Process { exec: 0, terminal: None },
+            control: super::Control::new(false, ()),
             argv: Vec::new(),
             tag: None,
             cwd: None,
