@@ -81,7 +81,7 @@ pub(crate) struct Session {
     /// to [`crate::MODEL_GRANT`] builds its [`ModelRun`].
     model: std::sync::OnceLock<(Arc<str>, Arc<std::sync::atomic::AtomicU64>, Arc<std::sync::atomic::AtomicU64>)>,
     /// The run's network proxy, through which a call to [`crate::FETCH_GRANT`] goes.
-    egress: std::sync::OnceLock<stockade_egress::Egress>,
+    egress: std::sync::OnceLock<crate::net::Egress>,
     /// Held while the grants' approver is asked: one question at a time.
     asking: tokio::sync::Mutex<()>,
 }
@@ -137,7 +137,7 @@ impl Session {
     }
 
     /// The run's proxy, for [`crate::FETCH_GRANT`].
-    pub(crate) fn set_egress(&self, egress: stockade_egress::Egress) {
+    pub(crate) fn set_egress(&self, egress: crate::net::Egress) {
         let _ = self.egress.set(egress);
     }
 
@@ -344,12 +344,7 @@ impl Session {
             let mut manifest = self.grants.manifest();
             // A guest without an environment (wasm) finds its secrets' placeholders here.
             if let Some(egress) = self.egress.get() {
-                let secrets: serde_json::Map<String, Value> = egress
-                    .secret_env()
-                    .into_iter()
-                    .filter(|(k, _)| !k.starts_with(stockade_egress::SECRET_ENV_PREFIX))
-                    .map(|(k, v)| (k, Value::String(v)))
-                    .collect();
+                let secrets = crate::net::manifest_secrets(egress);
                 manifest["secrets"] = Value::Object(secrets);
             }
             return (GrantOutcome::Ok, "manifest".into(), ReplyBody::Result(manifest));
@@ -375,16 +370,7 @@ impl Session {
             // fetch() for a guest without sockets: a client of the run's own proxy, so the
             // connection is decided and recorded there; bounded by the run's concurrency.
             let _slot = self.slots.acquire().await;
-            return match egress.fetch(&args).await {
-                Ok(v) => (GrantOutcome::Ok, "fetch".into(), ReplyBody::Result(v)),
-                Err(e @ stockade_egress::FetchError::BadRequest(_)) => {
-                    (GrantOutcome::Denied, "fetch".into(), error(ReplyCode::BadArgs, e.to_string()))
-                }
-                Err(e @ stockade_egress::FetchError::Refused(_)) => {
-                    (GrantOutcome::Denied, "fetch".into(), error(ReplyCode::Denied, e.to_string()))
-                }
-                Err(e) => (GrantOutcome::Failed, "fetch".into(), error(ReplyCode::Failed, e.to_string())),
-            };
+            return crate::net::fetch(egress, &args).await;
         }
         if let Some(value) = self.grants.data.get(name) {
             return (GrantOutcome::Ok, "data-grant".into(), ReplyBody::Result(value.clone()));
@@ -700,58 +686,21 @@ pub(crate) async fn serve_model<L: Listen>(listener: L, session: Arc<Session>, r
 }
 
 /// Serves the run's loopback listener until the session ends: each connection goes, by its
-/// first bytes, to the network grant's proxy (a CONNECT, an absolute-form URL, SOCKS5) or to
-/// the model grant (origin-form HTTP); a connection neither grant takes is closed.
+/// first bytes, to the network grant's proxy or to the model grant (`net::route`).
 pub(crate) async fn serve_loopback(
     listener: tokio::net::TcpListener,
     session: Arc<Session>,
     run: crate::grants::ModelRun,
-    egress: Option<stockade_egress::Egress>,
+    egress: Option<crate::net::Egress>,
 ) {
     let model = session.grants.model.clone();
     // The network grant's proxy bounds its own connections (and records what it refuses).
-    let proxied = session.grants.net.as_ref().map_or(0, |n| n.net_limits().max_concurrent.saturating_add(1));
+    let proxied = session.grants.net.as_ref().map_or(0, crate::net::max_connections);
     accept(listener, &session, proxied, move |stream| {
-        let (model, run, egress) = (model.clone(), run.clone(), egress.clone());
-        async move {
-            let Some((kind, stream)) = first_bytes(stream).await else { return };
-            match (kind, model, egress) {
-                (stockade_egress::Kind::Proxy, _, Some(egress)) => egress.serve(stream).await,
-                (stockade_egress::Kind::Origin, Some(model), _) => model.serve(Box::new(stream), run).await,
-                (_, _, Some(egress)) => egress.serve(stream).await,
-                _ => {}
-            }
-        }
+        crate::net::route(stream, model.clone(), run.clone(), egress.clone())
     })
     .await;
 }
-
-/// Reads a loopback connection's first bytes, enough to tell a proxy request from the model
-/// grant's origin-form HTTP, within one deadline for the whole wait
-/// ([`LOOPBACK_FIRST_BYTES`]), and hands the connection on with them put back. `None`: the
-/// peer closed (its exec ended), the deadline passed, or 32 bytes did not tell.
-async fn first_bytes<S: tokio::io::AsyncRead + Unpin>(
-    mut stream: S,
-) -> Option<(stockade_egress::Kind, stockade_egress::Prefixed<S>)> {
-    use tokio::io::AsyncReadExt as _;
-    let until = tokio::time::Instant::now() + LOOPBACK_FIRST_BYTES;
-    let mut prefix = [0u8; 32];
-    let mut have = 0;
-    loop {
-        match tokio::time::timeout_at(until, stream.read(&mut prefix[have..])).await {
-            Ok(Ok(n)) if n > 0 => have += n,
-            _ => return None,
-        }
-        match stockade_egress::classify(&prefix[..have]) {
-            stockade_egress::Kind::NeedMore if have < prefix.len() => {}
-            stockade_egress::Kind::NeedMore => return None,
-            kind => return Some((kind, stockade_egress::Prefixed::new(prefix[..have].to_vec(), stream))),
-        }
-    }
-}
-
-/// How long the loopback waits for a connection's first bytes, in all.
-const LOOPBACK_FIRST_BYTES: Duration = Duration::from_secs(30);
 
 /// Serves `session`'s frame protocol on `listener` until the session ends or the task is
 /// aborted.

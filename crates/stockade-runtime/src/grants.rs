@@ -404,7 +404,7 @@ pub struct Grants {
     pub(crate) policy: Option<Arc<Policy>>,
     pub(crate) limits: GrantLimits,
     pub(crate) model: Option<Arc<dyn ModelService>>,
-    pub(crate) net: Option<stockade_egress::NetGrant>,
+    pub(crate) net: Option<crate::net::NetGrant>,
     pub(crate) programs: BTreeMap<String, std::path::PathBuf>,
     /// The shared objects (and loaders) of [`Grants::program_linked`], by file name in `lib/`.
     pub(crate) libraries: BTreeMap<String, std::path::PathBuf>,
@@ -690,6 +690,7 @@ impl Grants {
     /// docker tier as root under the engine's default runtime; elsewhere the run fails
     /// closed.
     #[must_use]
+    #[cfg(feature = "net")]
     pub fn net(mut self, net: stockade_egress::NetGrant) -> Self {
         self.net = Some(net);
         self

@@ -168,7 +168,7 @@
 //!     token budget with the sockets), and recorded as `model-call`; a service that speaks
 //!     only HTTP refuses it, and no function grant may take the name.
 //!     (pinned by: tests/it/grants.rs::g9_*)
-//! G10. A network grant ([`Grants::net`], `stockade_egress`) is served on the run's loopback
+//! G10. A network grant (`Grants::net`, `stockade_egress`) is served on the run's loopback
 //!     beside the model grant: each connection goes, by its first bytes (read, within one
 //!     30 s deadline for the whole wait, and put back; a peer that closes first is let go at
 //!     once), to the run's own proxy (CONNECT, an absolute-form URL, SOCKS5) or to the model
@@ -259,8 +259,11 @@
 //! # Feature flags
 //! `process` (default): the Linux subprocess tier, re-exported as `process`.
 //! `wasm`: the WebAssembly tier, re-exported as `wasm`; `wasm-python` adds its opt-in
-//! Python guest; `docker`: the docker tier, re-exported as `docker`. Enabling a feature adds a tier and
-//! never changes a default.
+//! Python guest; `docker`: the docker tier, re-exported as `docker`. `net`: the network grant
+//! (`Grants::net`, `stockade-egress` re-exported as `egress`, with its TLS and DNS);
+//! without it, the network grant's types have no values (`net.rs`), so a build that takes
+//! only a tier and data or function grants compiles no proxy. Enabling a feature adds a
+//! tier or a grant and never changes a default.
 //!
 //! # Invariants
 //! Stated as absences: no enforcement logic; no policy decision but the grants policy's;
@@ -275,6 +278,7 @@ mod grants;
 mod guest_id;
 mod linked;
 pub mod mcp;
+mod net;
 mod relayed;
 
 pub use broker::stale_grants_dirs;
@@ -289,6 +293,7 @@ pub use grants::{
     GrantResult, Grants, MAX_DATA_BYTES, MAX_GRANTS, MODEL_GRANT, ModelCall, ModelConn, ModelRun, ModelService,
     ModelStream, door_name,
 };
+#[cfg(feature = "net")]
 pub use stockade_egress as egress;
 pub use stockade_policy as policy;
 pub use stockade_protocol as protocol;
@@ -414,7 +419,7 @@ pub struct Broker {
     /// listener of the run.
     model_run: ModelRun,
     /// The network grant's proxy for this run.
-    egress: Option<stockade_egress::Egress>,
+    egress: Option<net::Egress>,
 }
 
 impl Debug for Broker {
@@ -441,7 +446,8 @@ impl Broker {
                 "a function grant is named {FETCH_GRANT:?}, which the network grant answers to: rename it"
             )));
         }
-        let egress = grants.net.as_ref().map(stockade_egress::NetGrant::start);
+        let egress = grants.net.as_ref().map(net::NetGrant::start);
+        #[cfg_attr(not(feature = "net"), allow(unreachable_code, reason = "this build has no network grant"))]
         if let Some(e) = &egress {
             session.set_egress(e.clone());
         }
@@ -479,7 +485,7 @@ impl Broker {
         })?;
         let path = dir.path().to_path_buf();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).push(dir);
-        if let Some(ca) = self.egress.as_ref().and_then(stockade_egress::Egress::ca_pem) {
+        if let Some(ca) = self.egress.as_ref().and_then(net::Egress::ca_pem) {
             // The guest's trust for a secret host: the host's roots and the per-run CA.
             let mut bundle = HOST_CA_BUNDLES.iter().find_map(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
             bundle.push_str(ca);
@@ -530,7 +536,7 @@ impl Broker {
             env.push(("OPENAI_BASE_URL".to_owned(), Self::model_base_url()));
         }
         if self.egress.is_some() {
-            env.extend(stockade_egress::proxy_env(broker::LOOPBACK_PORT));
+            env.extend(net::proxy_env(broker::LOOPBACK_PORT));
         }
         env
     }
@@ -553,8 +559,7 @@ impl Broker {
     fn net_env(&self, dir: &str) -> Vec<(String, String)> {
         let Some(egress) = self.egress.as_ref().filter(|e| e.ca_pem().is_some()) else { return Vec::new() };
         let ca = format!("{dir}/{NET_CA_FILE}");
-        let mut env: Vec<(String, String)> =
-            stockade_egress::CA_ENV.iter().map(|v| ((*v).to_owned(), ca.clone())).collect();
+        let mut env: Vec<(String, String)> = net::CA_ENV.iter().map(|v| ((*v).to_owned(), ca.clone())).collect();
         env.extend(egress.secret_env());
         env
     }
