@@ -210,16 +210,27 @@ fn run_with_model(mock: &stockade_test_support::MockLlm, rest: &[&str]) -> (i32,
 /// `stockade run --grant-model` of `model` at `url`, with the real key in the CLI's
 /// environment only, then `rest`.
 fn run_model(url: &str, model: &str, rest: &[&str]) -> (i32, String, String) {
+    let (_, code, out, err) = run_model_as(url, model, rest);
+    (code, out, err)
+}
+
+/// [`run_model`], with the pid the CLI ran as (what its containers' owner label names).
+fn run_model_as(url: &str, model: &str, rest: &[&str]) -> (u32, i32, String, String) {
     let mut args =
         vec!["run", "--grant-model", "--base-url", url, "--model", model, "--api-key-env", "STOCKADE_TEST_REAL_KEY"];
     args.extend_from_slice(rest);
     let _runs = crate::cli::shared();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(&args)
         .env("STOCKADE_TEST_REAL_KEY", REAL_KEY)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
     (
+        pid,
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
@@ -658,7 +669,7 @@ wget -q -O - --header "Authorization: Bearer $OPENAI_API_KEY" --header "Content-
   --post-data '{"messages":[{"role":"user","content":"6*7?"}]}' "$OPENAI_BASE_URL/chat/completions"; echo
 wget -q -O - -T 2 "http://127.0.0.1:22/" >/dev/null 2>&1 && echo "PORT22 open" || echo "PORT22 closed"
 ls /sys/class/net | tr '\n' ' '"#;
-    let (code, out, err) = run_with_model(&mock, &["--tier", "docker", "--", "sh", "-c", script]);
+    let (pid, code, out, err) = run_model_as(&mock.url(), "smol", &["--tier", "docker", "--", "sh", "-c", script]);
     assert_eq!(code, 0, "{out} {err}");
     assert!(out.contains("BASE http://127.0.0.1:8765/v1"), "{out}");
     assert!(out.contains("42; you sent Bearer [redacted]"), "{out}");
@@ -668,9 +679,15 @@ ls /sys/class/net | tr '\n' ' '"#;
     let got = mock.received();
     assert_eq!(got.len(), 1, "{got:#?}");
     assert_eq!(got[0].header("authorization"), Some(format!("Bearer {REAL_KEY}").as_str()));
-    // The holder container went with the run.
-    let ps = std::process::Command::new("docker").args(["ps", "-a", "--filter", "name=-netns", "-q"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "a holder container was left");
+    // The holder container went with the run: none is left whose owner label (boot, pid
+    // namespace, pid, start time) names this run's CLI (other runs' holders may be live).
+    let ps = std::process::Command::new("docker")
+        .args(["ps", "-a", "--filter", "name=-netns", "--format", "{{.Names}} {{.Label \"stockade.owner\"}}"])
+        .output()
+        .unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    let ours: Vec<&str> = ps.lines().filter(|l| l.contains(&format!("/{pid}/"))).collect();
+    assert!(ours.is_empty(), "a holder container was left: {ours:?}");
 }
 
 /// bounded (issue 39), finding 4: the grants directory and its `bin/` and `data/` were made
