@@ -68,6 +68,9 @@ const OWNERS: &[(&str, &str)] = &[
     ("seccompiler", "stockade-process"),
     ("libc", "stockade-process"),
     ("rustix", "stockade-process"),
+    // The files API's extended attributes (a file's user metadata), on descriptors cap-std
+    // opened: safe calls, the crate stays `forbid(unsafe_code)`.
+    ("rustix", "stockade-hostfs"),
     ("nix", "stockade-process"),
     ("cap-std", "stockade-hostfs"),
     ("jsonschema", "stockade-runtime"),

@@ -11,6 +11,12 @@
 //! never written through. In a read-write workspace, a protected path
 //! ([`stockade_protocol::is_protected`]) is never written, removed, renamed or created; a
 //! read-only root takes no change at all.
+//!
+//! A file's user metadata ([`Entry::metadata`], [`Files::write_with`]) is its `user.e2b.*`
+//! extended attributes, as E2B's envd keeps it: set on the new file before it is renamed
+//! over the name (so an overwrite without metadata clears the old), read through a
+//! descriptor opened `O_NOFOLLOW | O_NONBLOCK` (never through a symlink, never waiting on a
+//! fifo), at most [`MAX_METADATA`] keys of at most [`MAX_METADATA_BYTES`] each.
 
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -22,6 +28,18 @@ pub const MAX_LIST: usize = 10_000;
 
 /// Deepest [`Files::list`] walks.
 pub const MAX_DEPTH: usize = 32;
+
+/// The extended-attribute namespace of a file's user metadata (envd's).
+pub const METADATA_PREFIX: &str = "user.e2b.";
+
+/// Most metadata keys one file keeps, and most read back from one.
+pub const MAX_METADATA: usize = 64;
+
+/// Most bytes of one metadata key or value.
+pub const MAX_METADATA_BYTES: usize = 4096;
+
+/// A file's user metadata: key to value.
+pub type Metadata = std::collections::BTreeMap<String, String>;
 
 /// Why a files call failed: one line, naming the path as the guest sees it.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +110,8 @@ pub struct Entry {
     pub mode: u32,
     /// Modification time, seconds since the epoch.
     pub modified: i64,
+    /// Its user metadata (a regular file's or a directory's `user.e2b.*` attributes).
+    pub metadata: Metadata,
 }
 
 struct Root {
@@ -210,6 +230,20 @@ impl Files {
     /// its parent directories: into a new file beside it, then renamed over the name. Over
     /// the cap, nothing changes. Returns the bytes written.
     pub fn write(&self, path: &str, data: &mut dyn Read, max: u64) -> Result<u64, FilesError> {
+        self.write_with(path, data, max, &Metadata::new())
+    }
+
+    /// [`write`](Self::write), the new file carrying `metadata` (at most [`MAX_METADATA`]
+    /// keys, each key and value at most [`MAX_METADATA_BYTES`]) before it takes the name. A
+    /// filesystem that keeps no user attributes refuses it, naming the mechanism.
+    pub fn write_with(
+        &self,
+        path: &str,
+        data: &mut dyn Read,
+        max: u64,
+        metadata: &Metadata,
+    ) -> Result<u64, FilesError> {
+        check_metadata(path, metadata)?;
         let (root, rel) = self.locate_change(path)?;
         let (parent, name) = split(&rel, path)?;
         if !parent.as_os_str().is_empty() {
@@ -222,6 +256,7 @@ impl Files {
         let copied = io::copy(&mut data.take(max + 1), &mut file).and_then(|n| file.flush().map(|()| n));
         let done = match copied {
             Ok(n) if n > max => Err(FilesError::TooLarge { path: path.to_owned(), limit: max }),
+            Ok(_) if let Err(e) = set_metadata(&file, metadata) => Err(metadata_error(path, e)),
             Ok(n) => root.dir.rename(&tmp, &root.dir, &rel).map(|()| n).map_err(io_err(path)),
             Err(e) => Err(io_err(path)(e)),
         };
@@ -236,7 +271,12 @@ impl Files {
         let (root, rel) = self.locate(path)?;
         let meta = if rel.as_os_str().is_empty() { root.dir.dir_metadata() } else { root.dir.symlink_metadata(&rel) }
             .map_err(io_err(path))?;
-        Ok(entry(path.trim_end_matches('/').to_owned(), &meta))
+        let mut e = entry(path.trim_end_matches('/').to_owned(), &meta);
+        if matches!(e.kind, Kind::File | Kind::Dir) {
+            let name = if rel.as_os_str().is_empty() { Path::new(".") } else { rel.as_path() };
+            e.metadata = read_metadata(&root.dir, name.as_os_str());
+        }
+        Ok(e)
     }
 
     /// Whether anything is at `path` (a dangling symlink counts).
@@ -322,7 +362,75 @@ fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
     } else {
         Kind::Other
     };
-    Entry { path, kind, size: meta.len(), mode: meta.mode() & 0o7777, modified: meta.mtime() }
+    Entry {
+        path,
+        kind,
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        modified: meta.mtime(),
+        metadata: Metadata::new(),
+    }
+}
+
+/// A write's metadata, checked before anything is written.
+fn check_metadata(path: &str, metadata: &Metadata) -> Result<(), FilesError> {
+    let bad = |why: String| FilesError::Invalid { path: path.to_owned(), why };
+    if metadata.len() > MAX_METADATA {
+        return Err(bad(format!("{} metadata keys; at most {MAX_METADATA}", metadata.len())));
+    }
+    for (k, v) in metadata {
+        if k.is_empty() || k.len() > MAX_METADATA_BYTES || k.contains('\0') {
+            return Err(bad(format!("metadata key {k:?}: empty, too long or with a NUL")));
+        }
+        if v.len() > MAX_METADATA_BYTES {
+            return Err(bad(format!("metadata value of {k:?}: over {MAX_METADATA_BYTES} bytes")));
+        }
+    }
+    Ok(())
+}
+
+/// Sets `metadata` on an open file, each key under [`METADATA_PREFIX`].
+fn set_metadata(file: &cap_std::fs::File, metadata: &Metadata) -> io::Result<()> {
+    for (k, v) in metadata {
+        let name = format!("{METADATA_PREFIX}{k}");
+        rustix::fs::fsetxattr(file, name.as_str(), v.as_bytes(), rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
+}
+
+fn metadata_error(path: &str, e: io::Error) -> FilesError {
+    match e.raw_os_error() {
+        Some(n) if n == rustix::io::Errno::NOTSUP.raw_os_error() => FilesError::Invalid {
+            path: path.to_owned(),
+            why: "this filesystem keeps no user extended attributes (user.e2b.*), where file metadata lives".into(),
+        },
+        _ => io_err(path)(e),
+    }
+}
+
+/// The `user.e2b.*` attributes of `name` under `dir` (a regular file or a directory, opened
+/// `O_NOFOLLOW | O_NONBLOCK`): bounded, and empty where there are none or they cannot be
+/// read (a value that is not UTF-8 is left out).
+fn read_metadata(dir: &Dir, name: &std::ffi::OsStr) -> Metadata {
+    let mut out = Metadata::new();
+    let mut opts = OpenOptions::new();
+    opts.read(true).custom_flags(crate::stage::O_NOFOLLOW | crate::stage::O_NONBLOCK);
+    let Ok(file) = dir.open_with(name, &opts) else { return out };
+    let mut names = vec![0u8; MAX_METADATA * (METADATA_PREFIX.len() + MAX_METADATA_BYTES).min(256)];
+    let Ok(n) = rustix::fs::flistxattr(&file, &mut names) else { return out };
+    let mut value = vec![0u8; MAX_METADATA_BYTES];
+    for raw in names[..n.min(names.len())].split(|b| *b == 0) {
+        let Some(key) = std::str::from_utf8(raw).ok().and_then(|k| k.strip_prefix(METADATA_PREFIX)) else { continue };
+        if key.is_empty() || out.len() >= MAX_METADATA {
+            continue;
+        }
+        if let Ok(len) = rustix::fs::fgetxattr(&file, raw, &mut value)
+            && let Ok(v) = std::str::from_utf8(&value[..len.min(value.len())])
+        {
+            out.insert(key.to_owned(), v.to_owned());
+        }
+    }
+    out
 }
 
 fn walk(dir: &Dir, at: &str, depth: usize, out: &mut Vec<Entry>) -> io::Result<()> {
@@ -335,7 +443,11 @@ fn walk(dir: &Dir, at: &str, depth: usize, out: &mut Vec<Entry>) -> io::Result<(
         let path = format!("{at}/{}", name.to_string_lossy());
         let Ok(meta) = dir.symlink_metadata(&name) else { continue };
         let is_dir = meta.is_dir();
-        out.push(entry(path.clone(), &meta));
+        let mut e = entry(path.clone(), &meta);
+        if matches!(e.kind, Kind::File | Kind::Dir) {
+            e.metadata = read_metadata(dir, &name);
+        }
+        out.push(e);
         if is_dir && depth > 1 {
             // A directory swapped for a symlink since is not entered.
             if let Ok(sub) = crate::stage::open_dir_nofollow(dir, &name) {

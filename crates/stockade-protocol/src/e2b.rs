@@ -23,9 +23,9 @@ use crate::json::{JsonError, JsonLimits, parse_untrusted};
 pub mod proto;
 
 /// The envd version stockade answers as: the SDKs gate features on it (`0.5.7` brings the
-/// octet-stream upload; 0.6 brings file metadata in extended attributes, which stockade does
-/// not keep).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// octet-stream upload, `0.6.2` file metadata in extended attributes; `0.6.3` would bring a
+/// directory watch's entry info, which stockade does not send).
+pub const ENVD_VERSION: &str = "0.6.2";
 
 /// Largest Connect request message (one unary body or one envelope's payload): 1 MiB.
 pub const MAX_RPC_BYTES: usize = 1 << 20;
@@ -710,6 +710,9 @@ pub struct EntryInfo {
     /// Where a symlink points, if it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Its user metadata (`user.e2b.*` extended attributes, the prefix stripped).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// `ls -l`'s permission string for a kind and mode.

@@ -123,7 +123,12 @@ fn with_marker(marker: &str) -> Vec<u32> {
 
 /// Runs the SDK script's `which` part against `server`: its checks by name.
 fn sdk(python: &str, server: &Server, which: &str, mark: &str) -> HashMap<String, Value> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/e2b_client.py");
+    sdk_script(python, server, "e2b_client.py", which, mark)
+}
+
+/// Runs part `which` of the SDK script `script` (in tests/it) against `server`.
+fn sdk_script(python: &str, server: &Server, script: &str, which: &str, mark: &str) -> HashMap<String, Value> {
+    let script = format!("{}/tests/it/{script}", env!("CARGO_MANIFEST_DIR"));
     let url = format!("http://{}", server.addr);
     let out = Command::new(python)
         .arg(script)
@@ -912,4 +917,39 @@ fn g11_sigterm_ends_the_owner_in_bounded_time_whatever_its_clients_do() {
     assert!(status.success(), "{status}");
     assert!(with_marker(&marker).is_empty(), "a sandbox process outlived its owner");
     drop(held);
+}
+
+/// e2b-conformance (issue 55): the files features E2B's own suite exercises, through the
+/// official SDK: a remove of nothing succeeds (envd's `RemoveAll`); gzip uploads, streamed
+/// or whole, inflate within the upload cap, and a decompression bomb is refused at the cap
+/// with nothing written; metadata is kept as `user.e2b.*` extended attributes (returned on
+/// write, stat, list and rename, cleared by an overwrite, read back when the guest set it
+/// itself, refused when invalid, with nothing written); and a command whose sandbox is
+/// killed under it ends with the SDK's "sandbox was killed" error, not a failed start.
+#[test]
+fn g11_e2b_files_conformance_through_the_sdk() {
+    let Some(python) = e2b_python() else { return };
+    let (server, conf) = server_with_config("conform", "[limits]\nmax_upload = \"8M\"\n");
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "files", "0");
+    let _ = std::fs::remove_file(conf);
+    assert_eq!(c["remove_missing"]["raised"], Value::Null, "{:?}", c["remove_missing"]);
+    assert_eq!(c["gzip_streamed"]["same"], true);
+    assert_eq!(c["gzip_small"]["read"], "small and gzipped");
+    let bomb = &c["gzip_bomb"];
+    // Refused as over the cap (the files API's `TooLarge`, Connect's resource_exhausted).
+    assert_eq!(bomb["status"], 429, "{bomb:?}");
+    assert!(bomb["body"].as_str().unwrap().contains("8388608"), "{bomb:?}");
+    assert_eq!(bomb["exists"], false, "{bomb:?}");
+    let meta = serde_json::json!({"author": "stockade", "purpose": "conformance"});
+    for k in ["written", "stat", "listed"] {
+        assert_eq!(c["metadata"][k], meta, "{k}: {:?}", c["metadata"]);
+    }
+    assert_eq!(c["metadata_renamed"]["metadata"], meta);
+    assert_eq!(c["metadata_cleared"]["metadata"], Value::Null);
+    assert_eq!(c["metadata_guest"]["metadata"], serde_json::json!({"by": "guest"}));
+    assert_eq!(c["metadata_invalid"]["raised"], "InvalidArgumentException");
+    assert_eq!(c["metadata_invalid"]["exists"], false);
+    let killed = &c["killed_under_command"];
+    assert_eq!(killed["raised"], "SandboxNotRunningException", "{killed:?}");
+    assert!(killed["message"].as_str().unwrap().contains("killed or reached its end of life"), "{killed:?}");
 }

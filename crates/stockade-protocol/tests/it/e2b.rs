@@ -69,6 +69,7 @@ fn g7_events_and_entries_read_as_proto3_json() {
         group: "user".into(),
         modified_time: e2b::rfc3339(0),
         symlink_target: None,
+        metadata: std::collections::BTreeMap::new(),
     };
     let v = serde_json::to_value(&entry).unwrap();
     assert_eq!(

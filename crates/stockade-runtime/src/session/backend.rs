@@ -8,7 +8,7 @@ use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use stockade_process::files::Files;
+use stockade_process::files::{self, Files};
 use stockade_process::{ProcessSession, SessionProcess, Swept};
 use stockade_protocol::{CaptureMode, Job, LiveIo, Report, RunError};
 
@@ -55,7 +55,7 @@ impl Control {
 /// One call of the files API, by the guest's paths.
 pub(super) enum FileOp {
     Read { path: String, limit: u64 },
-    Write { path: String, data: Vec<u8>, limit: u64 },
+    Write { path: String, data: Vec<u8>, limit: u64, metadata: files::Metadata },
     Stat { path: String },
     List { path: String, depth: usize },
     Mkdir { path: String },
@@ -211,8 +211,8 @@ impl FileOp {
     fn on_host(self, files: &Files) -> Result<FileOut, FilesError> {
         Ok(match self {
             Self::Read { path, limit } => FileOut::Bytes(files.read(&path, limit)?),
-            Self::Write { path, data, limit } => {
-                files.write(&path, &mut &data[..], limit)?;
+            Self::Write { path, data, limit, metadata } => {
+                files.write_with(&path, &mut &data[..], limit, &metadata)?;
                 FileOut::Done
             }
             Self::Stat { path } => FileOut::Entry(files.stat(&path)?),

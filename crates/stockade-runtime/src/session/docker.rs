@@ -79,6 +79,9 @@ mod backend {
             let at = op.path().to_owned();
             let out = match op {
                 FileOp::Read { path, limit } => self.read(&path, limit).await.map(FileOut::Bytes),
+                FileOp::Write { path, metadata, .. } if !metadata.is_empty() => Err(RunError::Misconfigured(format!(
+                    "{path}: file metadata (user.e2b.* extended attributes) is not kept by the docker tier"
+                ))),
                 FileOp::Write { path, data, .. } => self.write(&path, &data).await.map(|()| FileOut::Done),
                 FileOp::Stat { path } => self.stat(&path).await.map(FileOut::Entry),
                 FileOp::List { path, depth } => self.list(&path, depth).await.map(FileOut::Entries),

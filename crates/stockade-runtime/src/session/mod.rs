@@ -445,6 +445,8 @@ pub struct Session {
     files: Option<Arc<Files>>,
     dir: PathBuf,
     paused: std::sync::atomic::AtomicBool,
+    // Set when `kill` begins: nothing of it runs after.
+    ended: std::sync::atomic::AtomicBool,
     profile: SessionProfile,
     made: Instant,
     used: Mutex<Instant>,
@@ -695,6 +697,12 @@ impl Session {
         }
     }
 
+    /// Whether it has been killed (or is being killed): an exec that ends now ended with it.
+    #[must_use]
+    pub fn ended(&self) -> bool {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Whether it is paused.
     #[must_use]
     pub fn paused(&self) -> bool {
@@ -765,10 +773,22 @@ impl Session {
 
     /// Writes a file of the session by the guest's path, at most `limit` bytes.
     pub async fn write(&self, path: &str, data: &[u8], limit: u64) -> Result<(), FilesError> {
+        self.write_with(path, data, limit, files::Metadata::new()).await
+    }
+
+    /// [`write`](Self::write), the file carrying `metadata` ([`Files::write_with`]; the
+    /// docker tier keeps none and refuses it).
+    pub async fn write_with(
+        &self,
+        path: &str,
+        data: &[u8],
+        limit: u64,
+        metadata: files::Metadata,
+    ) -> Result<(), FilesError> {
         if data.len() as u64 > limit {
             return Err(FilesError::TooLarge { path: path.into(), limit });
         }
-        self.file(FileOp::Write { path: path.into(), data: data.to_vec(), limit }).await.map(drop)
+        self.file(FileOp::Write { path: path.into(), data: data.to_vec(), limit, metadata }).await.map(drop)
     }
 
     /// The entry at `path`: through [`Session::files`], or inside a docker session's
@@ -818,6 +838,7 @@ impl Session {
     /// Ends it: every process, the cgroup, and its home directory; returns the workspace
     /// sweep's result.
     pub async fn kill(&self) -> stockade_process::Swept {
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         // Running execs end with it (their pipes or the engine's streams close), so the
         // write lock comes.
         if let Some(backend) = self.inner.read().await.as_deref() {
@@ -1000,6 +1021,7 @@ impl Sessions {
             files,
             dir,
             paused: std::sync::atomic::AtomicBool::new(false),
+            ended: std::sync::atomic::AtomicBool::new(false),
             profile,
             made: Instant::now(),
             used: Mutex::new(Instant::now()),
@@ -1161,7 +1183,7 @@ fn new_id() -> std::io::Result<String> {
 }
 
 /// The files API's types.
-pub use files::{Entry, FilesError, Kind};
+pub use files::{Entry, FilesError, Kind, Metadata};
 
 /// The host ids a root owner's process sessions get, one each (`guest_id`).
 pub use crate::guest_id::{GUEST_ID_BASE, GUEST_ID_LOCK_DIR, GUEST_IDS};

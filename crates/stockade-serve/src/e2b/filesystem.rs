@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::{Method, Request, Response, StatusCode};
 use stockade_protocol::e2b::{self as wire, Code, ConnectError};
-use stockade_runtime::session::{FilesError, Kind, Session};
+use stockade_runtime::session::{FilesError, Kind, Metadata, Session};
 
 #[allow(clippy::wildcard_imports, reason = "the server's own items")]
 use super::*;
@@ -73,9 +73,62 @@ pub(crate) fn transfers_busy() -> Response<Body> {
 }
 
 /// `/files`' answer for one file written.
-pub(crate) fn written(path: &str) -> serde_json::Value {
+pub(crate) fn written(path: &str, metadata: &Metadata) -> serde_json::Value {
     let name = path.rsplit('/').next().unwrap_or_default();
-    serde_json::json!({ "name": name, "type": "file", "path": path })
+    let mut v = serde_json::json!({ "name": name, "type": "file", "path": path });
+    if !metadata.is_empty() {
+        v["metadata"] = serde_json::json!(metadata);
+    }
+    v
+}
+
+/// An upload's metadata: its `X-Metadata-KEY: VALUE` headers, each key an HTTP token
+/// (lowercased, as envd keeps it) and each value printable ASCII, as E2B's SDKs send them.
+pub(crate) fn upload_metadata(h: &HeaderMap) -> Result<Metadata, String> {
+    let mut out = Metadata::new();
+    for (name, value) in h {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else { continue };
+        let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+        if key.is_empty() || !key.bytes().all(token) {
+            return Err(format!("metadata key {key:?}: not an HTTP token"));
+        }
+        let v = value.to_str().ok().filter(|v| v.bytes().all(|c| (0x20..=0x7e).contains(&c)));
+        let Some(v) = v else { return Err(format!("metadata value of {key:?}: not printable ASCII")) };
+        if out.insert(key.to_owned(), v.to_owned()).is_some() {
+            return Err(format!("metadata key {key:?} given twice"));
+        }
+    }
+    Ok(out)
+}
+
+/// An upload's `Content-Encoding`: `true` for gzip, `false` for none or `identity`; any
+/// other is refused.
+pub(crate) fn upload_gzip(h: &HeaderMap) -> Result<bool, String> {
+    match header(h, "content-encoding").map(str::trim) {
+        None | Some("") => Ok(false),
+        Some(e) if e.eq_ignore_ascii_case("identity") => Ok(false),
+        Some(e) if e.eq_ignore_ascii_case("gzip") => Ok(true),
+        Some(other) => Err(format!("content encoding {other:?}: only gzip and identity are accepted")),
+    }
+}
+
+/// A gzip body read whole, inflated to at most `max` bytes: a body that inflates past it
+/// (a decompression bomb) is refused once `max + 1` bytes have come out, never held whole.
+pub(crate) fn gunzip_within(body: &[u8], max: u64, path: &str) -> Result<Bytes, FilesError> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(body)
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| gzip_error(path, &e))?;
+    if out.len() as u64 > max {
+        return Err(FilesError::TooLarge { path: path.to_owned(), limit: max });
+    }
+    Ok(Bytes::from(out))
+}
+
+fn gzip_error(path: &str, e: &std::io::Error) -> FilesError {
+    FilesError::Invalid { path: path.to_owned(), why: format!("the gzip body: {e}") }
 }
 
 /// Most streamed `/files` transfers at once (each holds at most four 64 KiB pieces, and an
@@ -152,13 +205,26 @@ pub(crate) async fn stream_upload(
     path: String,
     mut body: hyper::body::Incoming,
     max: u64,
+    gzip: bool,
+    metadata: Metadata,
 ) -> Result<(), FilesError> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Piece>(PIPE_PIECES);
     let at = path.clone();
     let writer = tokio::task::spawn_blocking(move || {
         let files =
             session.files().ok_or_else(|| FilesError::Invalid { path: at.clone(), why: "the sandbox ended".into() })?;
-        files.write(&at, &mut PipeReader { rx, piece: Bytes::new(), ended: false }, max).map(drop)
+        let pipe = PipeReader { rx, piece: Bytes::new(), ended: false };
+        if !gzip {
+            return files.write_with(&at, &mut { pipe }, max, &metadata).map(drop);
+        }
+        // Inflated as it is written: the cap counts the inflated bytes, so a bomb stops at it.
+        let mut inflated = GzipReader(flate2::read::MultiGzDecoder::new(pipe));
+        match files.write_with(&at, &mut inflated, max, &metadata) {
+            Err(FilesError::Io { source, .. }) if source.kind() == std::io::ErrorKind::InvalidData => {
+                Err(gzip_error(&at, &source))
+            }
+            other => other.map(drop),
+        }
     });
     let until = tokio::time::Instant::now() + TRANSFER_WITHIN;
     let end = loop {
@@ -179,6 +245,21 @@ pub(crate) async fn stream_upload(
     let _ = tx.send(end).await;
     drop(tx);
     writer.await.unwrap_or_else(|e| Err(FilesError::Invalid { path, why: format!("the upload's writer: {e}") }))
+}
+
+/// A gzip stream whose format errors read as `InvalidData` (the client's fault), apart from
+/// the pipe's own.
+struct GzipReader(flate2::read::MultiGzDecoder<PipeReader>);
+
+impl std::io::Read for GzipReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+            }
+            _ => e,
+        })
+    }
 }
 
 /// One piece of a streamed upload, or how it ended.
@@ -290,6 +371,7 @@ pub(crate) fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInf
         group: USER.into(),
         modified_time: wire::rfc3339(e.modified),
         symlink_target: None,
+        metadata: e.metadata.clone(),
     }
 }
 
@@ -331,8 +413,11 @@ impl E2bServer {
             }
             "/filesystem.Filesystem/Remove" => {
                 let r: wire::PathRequest = msg.read()?;
-                s.remove(&guest_path(&r.path)).await.map_err(fail)?;
-                Ok(serde_json::json!({}))
+                // As envd's (`os.RemoveAll`): nothing there is nothing to remove.
+                match s.remove(&guest_path(&r.path)).await {
+                    Ok(()) | Err(FilesError::NotFound(_)) => Ok(serde_json::json!({})),
+                    Err(e) => Err(fail(e)),
+                }
             }
             other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
         }
@@ -393,15 +478,21 @@ impl E2bServer {
     ) -> Response<Body> {
         let max = self.config.limits.max_upload;
         let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
-        if header(req.headers(), "content-encoding").is_some_and(|e| e != "identity") {
-            return api_error(StatusCode::BAD_REQUEST, "compressed uploads are not accepted");
-        }
+        let gzip = match upload_gzip(req.headers()) {
+            Ok(g) => g,
+            Err(e) => return api_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, &e),
+        };
+        let metadata = match upload_metadata(req.headers()) {
+            Ok(m) => m,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
+        };
         let multipart_body = ct.starts_with("multipart/form-data");
         if !multipart_body && b.session.files().is_some() {
             let Some(p) = path else { return api_error(StatusCode::BAD_REQUEST, "an upload needs ?path=") };
             let Some(_permit) = self.streamed_permit().await else { return transfers_busy() };
-            return match stream_upload(Arc::clone(&b.session), p.clone(), req.into_body(), max).await {
-                Ok(()) => json(StatusCode::OK, &[written(&p)]),
+            let body = req.into_body();
+            return match stream_upload(Arc::clone(&b.session), p.clone(), body, max, gzip, metadata.clone()).await {
+                Ok(()) => json(StatusCode::OK, &[written(&p, &metadata)]),
                 Err(e) => files_error(&e),
             };
         }
@@ -412,6 +503,13 @@ impl E2bServer {
         let body = match read_body_within(req.into_body(), cap, TRANSFER_WITHIN).await {
             Ok(b) => b,
             Err(e) => return api_error(StatusCode::PAYLOAD_TOO_LARGE, &e),
+        };
+        let body = match gzip {
+            true => match gunzip_within(&body, max, path.as_deref().unwrap_or("the upload")) {
+                Ok(b) => b,
+                Err(e) => return files_error(&e),
+            },
+            false => body,
         };
         let uploads: Vec<(String, Bytes)> = if multipart_body {
             let parts = match multipart(&ct, &body) {
@@ -439,10 +537,10 @@ impl E2bServer {
         };
         let mut done = Vec::new();
         for (p, data) in uploads {
-            if let Err(e) = b.session.write(&p, &data, max).await {
+            if let Err(e) = b.session.write_with(&p, &data, max, metadata.clone()).await {
                 return files_error(&e);
             }
-            done.push(written(&p));
+            done.push(written(&p, &metadata));
         }
         json(StatusCode::OK, &done)
     }

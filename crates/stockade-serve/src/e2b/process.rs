@@ -410,6 +410,7 @@ impl E2bServer {
             Chunk::Stdout(b) => ProcessEvent::Stdout(b),
             Chunk::Stderr(b) => ProcessEvent::Stderr(b),
         };
+        let session = Arc::clone(&s);
         tokio::spawn(async move {
             let _permit = permit;
             let send = |ev: ProcessEvent| {
@@ -452,6 +453,12 @@ impl E2bServer {
                     () = tx.closed() => return,
                 }
             };
+            if session.ended() {
+                // Killed under the stream: envd's connection ends so, and the SDK's health
+                // probe then tells the sandbox is gone.
+                let gone = ConnectError::new(Code::Unavailable, "the sandbox ended before the stream completed");
+                return end_with(Some(gone)).await;
+            }
             match result.map_err(|e| run_code(&e)).and_then(|report| end_event(&report.status)) {
                 Ok(ev) => {
                     if send(ev).await {

@@ -1,0 +1,105 @@
+"""E2B features the SDK's own suite exercises, through the official SDK (PyPI `e2b`, pinned),
+against `stockade serve --listen`: our own checks, one JSON line each, judged (and, where
+the host can tell, checked from the host) by tests/it/e2b.rs.
+
+Run with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set; argv[1] names the part.
+"""
+
+import gzip
+import io
+import json
+import os
+import sys
+
+from e2b import Sandbox, SandboxException, TimeoutException
+
+
+def say(check, **seen):
+    print(json.dumps({"check": check, **seen}), flush=True)
+
+
+def kind(e):
+    return type(e).__name__
+
+
+def files_checks():
+    sbx = Sandbox.create(timeout=120)
+    say("created", id=sbx.sandbox_id)
+
+    # envd removes what is there, and nothing is nothing to remove.
+    try:
+        sbx.files.remove("never-made.txt")
+        say("remove_missing", raised=None)
+    except Exception as e:  # noqa: BLE001 - the class is what is judged
+        say("remove_missing", raised=kind(e), message=str(e)[:200])
+
+    # gzip on the way in: a streamed octet-stream upload, and one read back plain.
+    text = "gzip through stockade. " * 5000
+    sbx.files.write("gz.txt", io.BytesIO(text.encode()), use_octet_stream=True, gzip=True)
+    say("gzip_streamed", same=sbx.files.read("gz.txt") == text)
+    sbx.files.write("gz-small.txt", "small and gzipped", gzip=True)
+    say("gzip_small", read=sbx.files.read("gz-small.txt", gzip=True))
+
+    # A decompression bomb: 64 MiB of zeros in about 64 KiB, over the server's upload cap.
+    bomb = gzip.compress(b"\0" * (64 << 20), compresslevel=9)
+    try:
+        import httpx  # the SDK's own HTTP client
+
+        url = f"{os.environ['E2B_SANDBOX_URL']}/files"
+        r = httpx.post(
+            url,
+            params={"path": "/home/user/bomb.bin"},
+            content=bomb,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Encoding": "gzip",
+                "E2b-Sandbox-Id": sbx.sandbox_id,
+                "X-Access-Token": sbx._envd_access_token or "",
+            },
+            timeout=60,
+        )
+        say("gzip_bomb", status=r.status_code, body=r.text[:200], exists=sbx.files.exists("bomb.bin"), compressed=len(bomb))
+    except Exception as e:  # noqa: BLE001
+        say("gzip_bomb", raised=kind(e), message=str(e)[:300])
+
+    # Metadata: kept as user.e2b.* attributes, returned on write, stat, list and rename, and
+    # cleared by an overwrite without it.
+    meta = {"author": "stockade", "purpose": "conformance"}
+    info = sbx.files.write("meta.txt", "with metadata", metadata=meta)
+    stat = sbx.files.get_info("meta.txt")
+    listed = [e.metadata for e in sbx.files.list(".") if e.name == "meta.txt"]
+    say("metadata", written=info.metadata, stat=stat.metadata, listed=listed[0] if listed else None,
+        path=info.path)
+    moved = sbx.files.rename("meta.txt", "meta-moved.txt")
+    say("metadata_renamed", metadata=moved.metadata)
+    sbx.files.write("meta-moved.txt", "no metadata now")
+    say("metadata_cleared", metadata=sbx.files.get_info("meta-moved.txt").metadata)
+    # One the guest set itself on a file of its own.
+    sbx.files.write("guest-set.txt", "x")
+    sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/guest-set.txt', 'user.e2b.by', b'guest')\"")
+    say("metadata_guest", metadata=sbx.files.get_info("guest-set.txt").metadata)
+    bad = None
+    try:
+        sbx.files.write("bad-meta.txt", "x", metadata={"good": "bad\nvalue"})
+    except Exception as e:  # noqa: BLE001
+        bad = kind(e)
+    say("metadata_invalid", raised=bad, exists=sbx.files.exists("bad-meta.txt"))
+
+    # A command running when its sandbox is killed: the SDK tells the sandbox is gone.
+    cmd = sbx.commands.run("sleep 600", background=True)
+    sbx.kill()
+    try:
+        cmd.wait()
+        say("killed_under_command", raised=None)
+    except TimeoutException as e:
+        say("killed_under_command", raised=kind(e), message=str(e)[:300])
+    except SandboxException as e:
+        say("killed_under_command", raised=kind(e), message=str(e)[:300])
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "files"
+    if which == "files":
+        files_checks()
+    sys.stdout.flush()
+    os._exit(0)
