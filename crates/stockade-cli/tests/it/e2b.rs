@@ -924,8 +924,10 @@ fn g11_sigterm_ends_the_owner_in_bounded_time_whatever_its_clients_do() {
 /// or whole, inflate within the upload cap, and a decompression bomb is refused at the cap
 /// with nothing written; metadata is kept as `user.e2b.*` extended attributes (returned on
 /// write, stat, list and rename, cleared by an overwrite, read back when the guest set it
-/// itself, refused when invalid, with nothing written); and a command whose sandbox is
-/// killed under it ends with the SDK's "sandbox was killed" error, not a failed start.
+/// itself, refused when invalid, with nothing written); signed URLs (`download_url`,
+/// `upload_url`) work with no other credential, and an expired, altered or re-pathed one is
+/// refused (401); and a command whose sandbox is killed under it ends with the SDK's
+/// "sandbox was killed" error, not a failed start.
 #[test]
 fn g11_e2b_files_conformance_through_the_sdk() {
     let Some(python) = e2b_python() else { return };
@@ -949,6 +951,15 @@ fn g11_e2b_files_conformance_through_the_sdk() {
     assert_eq!(c["metadata_guest"]["metadata"], serde_json::json!({"by": "guest"}));
     assert_eq!(c["metadata_invalid"]["raised"], "InvalidArgumentException");
     assert_eq!(c["metadata_invalid"]["exists"], false);
+    let signed = &c["signed"];
+    assert_eq!(signed["plain"], serde_json::json!([200, "signed content"]), "{signed:?}");
+    assert_eq!(signed["expiring"], serde_json::json!([200, "signed content"]), "{signed:?}");
+    let expired = serde_json::json!([401, r#"{"code":401,"message":"signature is already expired"}"#]);
+    assert_eq!(signed["expired"], expired, "{signed:?}");
+    assert_eq!(signed["altered"][0], 401, "{signed:?}");
+    assert_eq!(signed["other_path"][0], 401, "a signature is for its path alone: {signed:?}");
+    assert_eq!(c["signed_upload"]["status"], 200);
+    assert_eq!(c["signed_upload"]["read"], "uploaded by url");
     let killed = &c["killed_under_command"];
     assert_eq!(killed["raised"], "SandboxNotRunningException", "{killed:?}");
     assert!(killed["message"].as_str().unwrap().contains("killed or reached its end of life"), "{killed:?}");

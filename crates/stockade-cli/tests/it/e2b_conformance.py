@@ -85,6 +85,36 @@ def files_checks():
         bad = kind(e)
     say("metadata_invalid", raised=bad, exists=sbx.files.exists("bad-meta.txt"))
 
+    # Signed URLs: the access token signs them (SHA-256, as the SDK computes it), a request
+    # carries nothing else, an expired or altered one is refused.
+    import urllib.error
+    import urllib.request
+
+    def fetch(url, data=None):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
+                return r.status, r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    sbx.files.write("signed.txt", "signed content")
+    say("signed", plain=fetch(sbx.download_url("signed.txt", "user")),
+        expiring=fetch(sbx.download_url("signed.txt", "user", 120)),
+        expired=fetch(sbx.download_url("signed.txt", "user", use_signature_expiration=-120)),
+        altered=fetch(sbx.download_url("signed.txt", "user").replace("signature=v1_", "signature=v1_A")),
+        other_path=fetch(sbx.download_url("signed.txt", "user").replace("path=signed.txt", "path=.bashrc")))
+    boundary = "stockadeboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"up.txt\"\r\n\r\n"
+            f"uploaded by url\r\n--{boundary}--\r\n").encode()
+    up = urllib.request.Request(sbx.upload_url("up.txt", "user"), data=body,
+                                headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(up, timeout=30) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    say("signed_upload", status=status, read=sbx.files.read("up.txt"))
+
     # A command running when its sandbox is killed: the SDK tells the sandbox is gone.
     cmd = sbx.commands.run("sleep 600", background=True)
     sbx.kill()

@@ -375,6 +375,58 @@ pub(crate) fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInf
     }
 }
 
+/// A signed `/files` URL's signature, as E2B's SDKs make it for `download_url` and
+/// `upload_url`: `v1_` and the unpadded base64 of SHA-256 over
+/// `path:operation:user:token[:expiration]`, the sandbox's access token its secret.
+pub(crate) fn file_signature(path: &str, operation: &str, user: &str, token: &str, expiration: Option<i64>) -> String {
+    use sha2::Digest as _;
+    let raw = match expiration {
+        Some(e) => format!("{path}:{operation}:{user}:{token}:{e}"),
+        None => format!("{path}:{operation}:{user}:{token}"),
+    };
+    let digest = sha2::Sha256::digest(raw.as_bytes());
+    format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
+}
+
+impl E2bServer {
+    /// The sandbox a signed `/files` URL is for: the one whose access token makes its
+    /// signature (compared in constant time against each live sandbox's, or against the
+    /// one `E2b-Sandbox-Id` names), within its expiration if it has one. 401 otherwise.
+    pub(crate) fn signed_sandbox(
+        &self,
+        req: &Request<hyper::body::Incoming>,
+        id: &str,
+    ) -> Result<Arc<Sandbox>, Box<Response<Body>>> {
+        let unauthorized = |m: &str| Box::new(api_error(StatusCode::UNAUTHORIZED, m));
+        let q = query(req);
+        let operation = if req.method() == Method::POST { "write" } else { "read" };
+        let (path, user) = (q.get("path").map_or("", String::as_str), q.get("username").map_or("", String::as_str));
+        let given = q.get("signature").map_or("", String::as_str);
+        let expiration = match q.get("signature_expiration") {
+            None => None,
+            Some(e) => Some(e.parse::<i64>().map_err(|_| unauthorized("signature_expiration: not a number"))?),
+        };
+        if let Some(e) = expiration {
+            let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            if i64::try_from(now).unwrap_or(i64::MAX) > e {
+                return Err(unauthorized("signature is already expired"));
+            }
+        }
+        let candidates: Vec<Arc<Sandbox>> = match id {
+            "" => self.boxes().values().cloned().collect(),
+            id => self.sandbox(id).into_iter().collect(),
+        };
+        // Every candidate is compared, found or not: the time taken says nothing of which.
+        let mut found = None;
+        for b in candidates {
+            if constant_eq(given, &file_signature(path, operation, user, &b.token, expiration)) {
+                found = Some(b);
+            }
+        }
+        found.ok_or_else(|| unauthorized("invalid signature"))
+    }
+}
+
 /// Most `/files` transfers held whole in memory at once (multipart uploads, and a docker
 /// sandbox's files), so the server holds at most this many times [`E2bLimits::max_upload`];
 /// more wait for one to end. Streamed transfers do not count.

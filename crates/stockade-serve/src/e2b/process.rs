@@ -207,11 +207,25 @@ impl E2bServer {
             }
         };
         let id = header(req.headers(), "e2b-sandbox-id").unwrap_or_default().to_owned();
-        let Some(b) = self.sandbox(&id) else { return not_running(&id) };
-        let token = header(req.headers(), "x-access-token").unwrap_or_default();
-        if !constant_eq(token, &b.token) {
-            return fail(ConnectError::new(Code::Unauthenticated, "a missing or wrong access token (X-Access-Token)"));
-        }
+        let signed = path == "/files" && query(&req).contains_key("signature");
+        let b = if signed {
+            // A signed URL (`download_url`, `upload_url`) carries no header: the signature
+            // names its sandbox, and is its only credential.
+            match self.signed_sandbox(&req, &id) {
+                Ok(b) => b,
+                Err(r) => return *r,
+            }
+        } else {
+            let Some(b) = self.sandbox(&id) else { return not_running(&id) };
+            let token = header(req.headers(), "x-access-token").unwrap_or_default();
+            if !constant_eq(token, &b.token) {
+                return fail(ConnectError::new(
+                    Code::Unauthenticated,
+                    "a missing or wrong access token (X-Access-Token)",
+                ));
+            }
+            b
+        };
         if let Err(e) = check_user(basic_user(req.headers()).as_deref()) {
             return fail(e);
         }
