@@ -307,6 +307,43 @@ impl Cgroup {
         Usage { oom_killed: self.oom_kills() > 0, peak_bytes: read(self.memory.join(peak)).trim().parse().ok() }
     }
 
+    /// Its usage files, to read on another thread ([`Meter::read`]).
+    pub(crate) fn meter(&self) -> Meter {
+        Meter { kind: self.kind, memory: self.memory.clone() }
+    }
+}
+
+/// A cgroup's usage files, read by [`Meter::read`].
+#[derive(Debug, Clone)]
+pub(crate) struct Meter {
+    kind: Kind,
+    memory: PathBuf,
+}
+
+impl Meter {
+    /// Memory in use now, and the page cache within it (bytes; 0 where unreadable), and on
+    /// cgroup v2 the CPU time of every process it has held (`cpu.stat`'s `usage_usec`, ns).
+    pub(crate) fn read(&self) -> (u64, u64, Option<u64>) {
+        let read = |f: &str| fs::read_to_string(self.memory.join(f)).unwrap_or_default();
+        let (current, cache_key) = match self.kind {
+            Kind::V1 => ("memory.usage_in_bytes", "cache"),
+            Kind::V2 => ("memory.current", "file"),
+        };
+        let used = read(current).trim().parse().unwrap_or(0);
+        let stat = read("memory.stat");
+        let key = |text: &str, k: &str| {
+            text.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+        };
+        let cache = key(&stat, cache_key).unwrap_or(0);
+        let cpu = match self.kind {
+            Kind::V1 => None,
+            Kind::V2 => key(&read("cpu.stat"), "usage_usec").map(|us| us.saturating_mul(1000)),
+        };
+        (used, cache, cpu)
+    }
+}
+
+impl Cgroup {
     /// How many processes the kernel's out-of-memory killer took in this cgroup so far (a
     /// session's exec compares the count before and after).
     pub(crate) fn oom_kills(&self) -> u64 {

@@ -69,3 +69,13 @@ fn inodes(bytes: u64) -> u64 {
 pub fn unmount_under(dir: &Path) -> usize {
     stockade_sys::proc::mount_points_under(dir).iter().filter(|p| mount::umount(p, libc::MNT_DETACH).is_ok()).count()
 }
+
+/// The filesystem holding `dir`: bytes used and its size (`statvfs`), e.g. a session home's
+/// size cap and what is in it. `None` if it cannot be read.
+#[must_use]
+pub fn disk_usage(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let v = rustix::fs::statvfs(dir).ok()?;
+    let total = v.f_blocks.saturating_mul(v.f_frsize);
+    let free = v.f_bfree.saturating_mul(v.f_frsize);
+    Some((total.saturating_sub(free), total))
+}

@@ -324,8 +324,10 @@ mod sys;
 use std::path::{Path, PathBuf};
 
 pub use helper::{NOBODY, PROTECTED, helper_main};
-pub use home::{HomeMount, unmount_under};
-pub use session::{ExecOptions, ExecStarted, ProcessSession, SessionConfig, SessionProcess, Terminal};
+pub use home::{HomeMount, disk_usage, unmount_under};
+pub use session::{
+    ExecOptions, ExecStarted, ProcessSession, SessionConfig, SessionProcess, SessionUsage, Terminal, UsageMeter,
+};
 pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
 use stockade_protocol::{Job, LiveIo, Report};
 

@@ -197,6 +197,60 @@ impl std::fmt::Debug for ProcessSession {
     }
 }
 
+/// What a session uses at one moment ([`ProcessSession::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionUsage {
+    /// Memory in use (its cgroup's), bytes.
+    pub memory_bytes: u64,
+    /// The page cache within it, bytes.
+    pub memory_cache: u64,
+    /// Its memory limit, bytes.
+    pub memory_limit: u64,
+    /// CPU time of every process it has run, nanoseconds (a count that only grows).
+    pub cpu_ns: u64,
+}
+
+/// Reads what a session uses ([`ProcessSession::usage_meter`]), from another thread.
+#[derive(Debug, Clone)]
+pub struct UsageMeter {
+    cgroup: Option<crate::cgroup::Meter>,
+    helper: Option<u32>,
+    limit: u64,
+}
+
+impl UsageMeter {
+    /// What the session uses now: its cgroup's memory, and its CPU time (cgroup v2's count;
+    /// on v1, whose cgroup here has no CPU accounting, the sum over its live processes, init
+    /// with them, of their own and their reaped children's CPU time from `/proc`: every
+    /// process that ran in it is counted once, in the live ancestor that reaped it).
+    #[must_use]
+    pub fn read(&self) -> SessionUsage {
+        let (memory_bytes, memory_cache, cpu) = self.cgroup.as_ref().map_or((0, 0, None), crate::cgroup::Meter::read);
+        let cpu_ns = cpu.unwrap_or_else(|| self.cpu_from_proc());
+        SessionUsage { memory_bytes, memory_cache, memory_limit: self.limit, cpu_ns }
+    }
+
+    fn cpu_from_proc(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let Some(helper) = self.helper else { return 0 };
+        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
+        let Some(init) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) else { return 0 };
+        let Ok(ns) = std::fs::metadata(format!("/proc/{init}/ns/pid")).map(|m| m.ino()) else { return 0 };
+        let ticks: u64 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .filter(|pid| std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns))
+            // utime, stime, cutime and cstime: fields 14-17 of `stat`, in clock ticks.
+            .filter_map(|pid| stockade_sys::proc::stat_fields(&pid.to_string()))
+            .map(|f| f.iter().skip(14 - 3).take(4).filter_map(|v| v.parse::<u64>().ok()).sum::<u64>())
+            .sum();
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        ticks.saturating_mul(1_000_000_000 / hz)
+    }
+}
+
 /// A session's guest id (G20): never root's, and only under a root supervisor.
 fn check_guest_id(guest_id: Option<u32>) -> Result<(), RunError> {
     let Some(id) = guest_id else { return Ok(()) };
@@ -714,6 +768,17 @@ impl ProcessSession {
             .collect();
         out.sort_by_key(|p| p.pid);
         out
+    }
+
+    /// A reader of what the session uses ([`UsageMeter::read`]), to call on another thread
+    /// (it reads `/proc` and the cgroupfs: off the async workers).
+    #[must_use]
+    pub fn usage_meter(&self) -> UsageMeter {
+        UsageMeter {
+            cgroup: self.cgroup.get().map(crate::cgroup::Cgroup::meter),
+            helper: self.helper.as_ref().and_then(launch::HelperProcess::pid).and_then(|p| u32::try_from(p).ok()),
+            limit: self.limits.memory_bytes(),
+        }
     }
 
     /// Sends `signal` to a running exec's process group (the exec's guest leads a session

@@ -964,3 +964,25 @@ fn g11_e2b_files_conformance_through_the_sdk() {
     assert_eq!(killed["raised"], "SandboxNotRunningException", "{killed:?}");
     assert!(killed["message"].as_str().unwrap().contains("killed or reached its end of life"), "{killed:?}");
 }
+
+/// e2b-conformance: `get_metrics()` reports the session's own usage, sampled from its cgroup
+/// and its home's filesystem: a guest holding 64 MiB and a busy CPU shows both, the memory
+/// total is the template's limit, the disk is the home's cap with the guest's 8 MiB in it,
+/// and a range before the sandbox existed holds nothing.
+#[test]
+fn g11_e2b_metrics_come_from_the_sandbox_s_cgroup() {
+    let Some(python) = e2b_python() else { return };
+    let (server, conf) = server_with_config("metrics", "[template.base]\nmemory = \"256M\"\ndisk = \"64M\"\n");
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "metrics", "0");
+    let _ = std::fs::remove_file(conf);
+    let m = &c["metrics"];
+    assert_eq!(m["found"], true, "{m:?}");
+    assert_eq!(m["mem_total"], 256 << 20, "{m:?}");
+    assert!(m["mem_used"].as_u64().unwrap() >= 64 << 20, "{m:?}");
+    assert!(m["cpu_pct"].as_f64().unwrap() > 5.0, "{m:?}");
+    assert!(m["cpu_count"].as_u64().unwrap() >= 1, "{m:?}");
+    let (used, total) = (m["disk_used"].as_u64().unwrap(), m["disk_total"].as_u64().unwrap());
+    assert!((60 << 20..=64 << 20).contains(&total), "the home's cap: {m:?}");
+    assert!(used >= 8 << 20, "{m:?}");
+    assert_eq!(c["metrics_past"]["count"], 0);
+}

@@ -127,9 +127,39 @@ def files_checks():
         say("killed_under_command", raised=kind(e), message=str(e)[:300])
 
 
+def metrics_checks():
+    import time
+
+    sbx = Sandbox.create(timeout=120)
+    # 64 MiB held, 8 MiB on the home's disk, and a CPU kept busy.
+    sbx.commands.run("python3 -c 'import time; b = bytearray(64 << 20); b[::4096] = b\"x\" * (len(b) // 4096); time.sleep(600)'",
+                     background=True)
+    sbx.commands.run("head -c 8388608 /dev/urandom > /home/user/disk.bin")
+    sbx.commands.run("sh -c 'while :; do :; done'", background=True)
+    seen = None
+    for _ in range(120):
+        ms = sbx.get_metrics()
+        if ms and ms[-1].mem_used >= 64 << 20 and ms[-1].cpu_used_pct > 5 and len(ms) >= 2:
+            seen = ms[-1]
+            break
+        time.sleep(0.5)
+    last = seen or (sbx.get_metrics() or [None])[-1]
+    say("metrics", found=seen is not None,
+        mem_used=getattr(last, "mem_used", None), mem_total=getattr(last, "mem_total", None),
+        cpu_pct=getattr(last, "cpu_used_pct", None), cpu_count=getattr(last, "cpu_count", None),
+        disk_used=getattr(last, "disk_used", None), disk_total=getattr(last, "disk_total", None))
+    import datetime
+
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=2)
+    say("metrics_past", count=len(sbx.get_metrics(start=past, end=past + datetime.timedelta(minutes=30))))
+    sbx.kill()
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
     if which == "files":
         files_checks()
+    if which == "metrics":
+        metrics_checks()
     sys.stdout.flush()
     os._exit(0)

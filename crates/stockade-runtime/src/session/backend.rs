@@ -87,6 +87,9 @@ pub(super) trait SessionBackend: Send + Sync {
     /// Its processes, init aside, each with its pid in the session and on the host.
     async fn processes(&self) -> Vec<SessionProcess>;
 
+    /// What it uses now; `None` where the tier cannot say.
+    async fn usage(&self) -> Option<super::Usage>;
+
     /// Pauses (`true`) or resumes it; `now` is whether the session is paused now.
     async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError>;
 
@@ -152,6 +155,25 @@ impl SessionBackend for ProcessBackend {
 
     async fn processes(&self) -> Vec<SessionProcess> {
         self.session.processes()
+    }
+
+    async fn usage(&self) -> Option<super::Usage> {
+        // `/proc`, the cgroupfs and `statvfs`: off the async workers.
+        let (home, meter) = (self.home.clone(), self.session.usage_meter());
+        tokio::task::spawn_blocking(move || {
+            let u = meter.read();
+            let (disk_used, disk_total) = stockade_process::disk_usage(&home).unwrap_or((0, 0));
+            super::Usage {
+                memory_bytes: u.memory_bytes,
+                memory_cache: u.memory_cache,
+                memory_limit: u.memory_limit,
+                cpu_ns: u.cpu_ns,
+                disk_used,
+                disk_total,
+            }
+        })
+        .await
+        .ok()
     }
 
     async fn set_paused(&self, paused: bool, _now: bool) -> Result<(), RunError> {

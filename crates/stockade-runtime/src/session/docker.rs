@@ -62,6 +62,11 @@ mod backend {
                 .collect()
         }
 
+        async fn usage(&self) -> Option<super::super::Usage> {
+            // The engine's stats are not read yet: a docker session reports none.
+            None
+        }
+
         async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError> {
             match (paused, now) {
                 (true, false) => self.pause().await,

@@ -114,6 +114,23 @@ pub fn exec_job(
     Ok(job)
 }
 
+/// What a session uses at one moment ([`Session::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Memory in use (its cgroup's), bytes.
+    pub memory_bytes: u64,
+    /// The page cache within it, bytes.
+    pub memory_cache: u64,
+    /// Its memory limit, bytes.
+    pub memory_limit: u64,
+    /// CPU time of everything it has run, nanoseconds (only grows).
+    pub cpu_ns: u64,
+    /// Bytes used of its home's filesystem (its size cap, where it has one).
+    pub disk_used: u64,
+    /// That filesystem's size, bytes.
+    pub disk_total: u64,
+}
+
 /// Why a session ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
@@ -694,6 +711,15 @@ impl Session {
         match self.inner.read().await.as_deref() {
             None => Vec::new(),
             Some(backend) => backend.processes().await,
+        }
+    }
+
+    /// What it uses now ([`Usage`]); `None` for a session that has ended or a tier that
+    /// cannot say (docker).
+    pub async fn usage(&self) -> Option<Usage> {
+        match self.inner.read().await.as_deref() {
+            Some(backend) => backend.usage().await,
+            None => None,
         }
     }
 

@@ -322,6 +322,8 @@ impl E2bServer {
             memory_mb: template.limits.memory_bytes() >> 20,
             disk_mb: template.disk >> 20,
             end: Mutex::new(now),
+            made: now.0,
+            metrics: Mutex::default(),
             _slot: slot,
         });
         b.set_timeout(timeout);

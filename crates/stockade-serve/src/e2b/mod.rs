@@ -59,6 +59,7 @@
 mod config;
 mod control;
 mod filesystem;
+mod metrics;
 mod process;
 mod reply;
 
@@ -154,6 +155,9 @@ pub(crate) struct Sandbox {
     memory_mb: u64,
     disk_mb: u64,
     end: Mutex<(Instant, SystemTime)>,
+    made: Instant,
+    // Its usage over time, bounded (`metrics`).
+    metrics: Mutex<metrics::MetricLog>,
     // Its place under `max_sandboxes`, taken before it was made and given back with it.
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
@@ -366,6 +370,10 @@ impl E2bServer {
             self.boxes().remove(&id);
             let _ = self.sessions.kill(&id).await;
         }
+        let live: Vec<Arc<Sandbox>> = self.boxes().values().cloned().collect();
+        for b in live {
+            b.sample(b.made).await;
+        }
     }
 
     async fn handle(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
@@ -417,6 +425,7 @@ impl E2bServer {
                 self.snapshot(&id, req).await
             }
             (&Method::GET, ["snapshots"]) => self.list_snapshots(&req),
+            (&Method::GET, ["sandboxes", id, "metrics"]) => self.metrics(id, &req).await,
             (&Method::DELETE, ["templates", id]) => self.delete_snapshot(id),
             (&Method::POST, ["sandboxes", id, op @ ("timeout" | "refreshes" | "pause" | "resume" | "connect")]) => {
                 let id = (*id).to_owned();
@@ -425,9 +434,7 @@ impl E2bServer {
             }
             (_, ["sandboxes", ..]) => api_error(
                 StatusCode::NOT_IMPLEMENTED,
-                &format!(
-                    "{method} {path}: stockade does not offer this (no forks, logs, metrics or network updates yet)"
-                ),
+                &format!("{method} {path}: stockade does not offer this (no forks, logs or network updates yet)"),
             ),
             _ => api_error(StatusCode::NOT_FOUND, &format!("{method} {path}: no such route")),
         }
