@@ -986,3 +986,28 @@ fn g11_e2b_metrics_come_from_the_sandbox_s_cgroup() {
     assert!(used >= 8 << 20, "{m:?}");
     assert_eq!(c["metrics_past"]["count"], 0);
 }
+
+/// e2b-conformance: auto-pause at the timeout is the freezer (judged from the host's cgroup:
+/// the guest's process frozen), the sandbox reads as paused and not running and its envd is
+/// silent, and a connect thaws it; a connect never shortens a running sandbox's time; and
+/// with auto-resume, an envd call wakes a paused sandbox.
+#[test]
+fn g11_e2b_auto_pause_freezes_and_a_connect_or_traffic_resumes() {
+    let Some(python) = e2b_python() else { return };
+    let server = Server::start("lifecycle");
+    let mark = format!("612.{}", std::process::id());
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "lifecycle", &mark);
+    let p = &c["auto_pause"];
+    assert_eq!(p["paused"], true, "{p:?}");
+    assert_eq!(p["frozen"], "FROZEN", "{p:?}");
+    assert_eq!(p["running"], false, "{p:?}");
+    assert_eq!(p["read"], "SandboxNotRunningException", "{p:?}");
+    assert_eq!(
+        (&p["state_after"], &p["running_after"], &p["thawed"]),
+        (&"running".into(), &true.into(), &"THAWED".into())
+    );
+    assert_eq!(c["connect_keeps_time"]["same"], true);
+    let r = &c["auto_resume"];
+    assert_eq!((&r["paused"], &r["read"], &r["state"]), (&true.into(), &"awake".into(), &"running".into()), "{r:?}");
+    assert!(with_marker(&mark).is_empty(), "the guest's process ended with its sandbox");
+}

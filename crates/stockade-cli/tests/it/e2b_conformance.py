@@ -155,11 +155,77 @@ def metrics_checks():
     sbx.kill()
 
 
+def host_freezer(mark):
+    """From the host: the freezer state of the process running `sleep MARK`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] != [b"sleep", mark.encode()]:
+                    continue
+            with open(f"/proc/{pid}/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "freezer" in controllers.split(","):
+                with open(f"/sys/fs/cgroup/freezer{path}/freezer.state") as f:
+                    return f.read().strip()
+            if controllers == "":
+                with open(f"/sys/fs/cgroup{path}/cgroup.freeze") as f:
+                    return "FROZEN" if f.read().strip() == "1" else "THAWED"
+    return None
+
+
+def wait_state(sbx, want):
+    import time
+
+    for _ in range(240):
+        if sbx.get_info().state.value == want:
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def lifecycle_checks(mark):
+    # Auto-pause at the timeout: frozen (judged from the host's cgroup), not running, its
+    # envd silent, until a connect resumes it.
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    sbx.commands.run(f"sleep {mark}", background=True)
+    paused = wait_state(sbx, "paused")
+    frozen = host_freezer(mark)
+    running = sbx.is_running()
+    try:
+        sbx.files.read(".bashrc")
+        read = None
+    except Exception as e:  # noqa: BLE001
+        read = kind(e)
+    sbx.connect()
+    say("auto_pause", paused=paused, frozen=frozen, running=running, read=read,
+        state_after=sbx.get_info().state.value, running_after=sbx.is_running(), thawed=host_freezer(mark))
+    # A connect never shortens a running sandbox's time.
+    sbx.set_timeout(300)
+    before = Sandbox.get_info(sbx.sandbox_id).end_at
+    Sandbox.connect(sbx.sandbox_id, timeout=10)
+    say("connect_keeps_time", same=Sandbox.get_info(sbx.sandbox_id).end_at == before)
+    sbx.kill()
+    # Auto-resume: an envd call wakes it.
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    sbx.files.write("woken.txt", "awake")
+    paused = wait_state(sbx, "paused")
+    say("auto_resume", paused=paused, read=sbx.files.read("woken.txt"), state=sbx.get_info().state.value)
+    sbx.kill()
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
     if which == "files":
         files_checks()
     if which == "metrics":
         metrics_checks()
+    if which == "lifecycle":
+        lifecycle_checks(os.environ.get("MARK", "600"))
     sys.stdout.flush()
     os._exit(0)

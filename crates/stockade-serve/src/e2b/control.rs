@@ -246,14 +246,22 @@ impl E2bServer {
             );
         };
         let refused = |what: &str| api_error(StatusCode::BAD_REQUEST, &format!("{what}: stockade does not offer it"));
-        if new.auto_pause == Some(true) {
-            return refused("autoPause");
+        // Auto-pause is the freezer at the timeout, with memory kept; a filesystem-only one
+        // (its processes dropped and the sandbox cold-booted on resume) is not offered.
+        if new.auto_pause == Some(true) && new.auto_pause_memory == Some(false) {
+            return refused("autoPauseMemory false (a filesystem-only pause)");
         }
-        if new.auto_resume.is_some() {
-            return refused("autoResume");
-        }
+        let auto_resume = match &new.auto_resume {
+            None => false,
+            Some(v) => match v.get("enabled").and_then(serde_json::Value::as_bool) {
+                Some(on) if v.as_object().is_some_and(|o| o.len() == 1) => on,
+                _ => return api_error(StatusCode::BAD_REQUEST, "autoResume: expected {\"enabled\": true|false}"),
+            },
+        };
+        // The SDK starts an MCP gateway as root in the sandbox once it is made; a stockade
+        // sandbox has no root, so the create is refused before any sandbox exists.
         if new.mcp.as_ref().is_some_and(|v| !v.is_null()) {
-            return refused("mcp");
+            return refused("mcp (its gateway runs as root, which a stockade sandbox has not)");
         }
         if new.iam.is_some() {
             return refused("iam");
@@ -261,7 +269,7 @@ impl E2bServer {
         if new.volume_mounts.as_ref().is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
             return refused("volumeMounts");
         }
-        let timeout = new.timeout.unwrap_or(300);
+        let timeout = new.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if timeout == 0 || Duration::from_secs(timeout) > template.max_timeout {
             return api_error(
                 StatusCode::BAD_REQUEST,
@@ -322,6 +330,8 @@ impl E2bServer {
             memory_mb: template.limits.memory_bytes() >> 20,
             disk_mb: template.disk >> 20,
             end: Mutex::new(now),
+            auto_pause: new.auto_pause == Some(true),
+            auto_resume,
             made: now.0,
             metrics: Mutex::default(),
             _slot: slot,
@@ -357,8 +367,9 @@ impl E2bServer {
             Err(response) => return response,
         };
         let max = self.config.templates.get(&b.template).map_or(Duration::from_secs(3600), |t| t.max_timeout);
+        // 0 ends it now (`set_timeout(0)`), for the timeout calls only.
         if let Some(s) = t.timeout
-            && (s == 0 || Duration::from_secs(s) > max)
+            && ((s == 0 && !matches!(op, "timeout" | "refreshes")) || Duration::from_secs(s) > max)
         {
             return api_error(StatusCode::BAD_REQUEST, &format!("timeout {s}s: must be 1 to {}s", max.as_secs()));
         }
@@ -383,8 +394,14 @@ impl E2bServer {
                 if was_paused && let Err(e) = b.session.resume().await {
                     return api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("resuming sandbox {id}: {e}"));
                 }
-                if let Some(s) = t.timeout {
-                    b.set_timeout(s);
+                // A resumed sandbox gets the timeout (or the default, if its time had run
+                // out while paused); a running one's is only ever extended by a connect,
+                // never shortened (E2B's).
+                match (t.timeout, was_paused) {
+                    (Some(s), true) => b.set_timeout(s),
+                    (None, true) => b.extend_timeout(DEFAULT_TIMEOUT_SECS),
+                    (Some(s), false) => b.extend_timeout(s),
+                    (None, false) => {}
                 }
                 let status = if was_paused { StatusCode::CREATED } else { StatusCode::OK };
                 json(status, &self.created(id, &b))

@@ -155,6 +155,10 @@ pub(crate) struct Sandbox {
     memory_mb: u64,
     disk_mb: u64,
     end: Mutex<(Instant, SystemTime)>,
+    // At its end, paused (the freezer, memory kept) rather than killed.
+    auto_pause: bool,
+    // A paused one is resumed by an envd call.
+    auto_resume: bool,
     made: Instant,
     // Its usage over time, bounded (`metrics`).
     metrics: Mutex<metrics::MetricLog>,
@@ -168,10 +172,22 @@ impl Sandbox {
         *self.end.lock().unwrap_or_else(PoisonError::into_inner) = (Instant::now() + d, SystemTime::now() + d);
     }
 
+    /// Sets its end `secs` from now, if that is later than its end now.
+    fn extend_timeout(&self, secs: u64) {
+        let d = Duration::from_secs(secs);
+        let mut end = self.end.lock().unwrap_or_else(PoisonError::into_inner);
+        if Instant::now() + d > end.0 {
+            *end = (Instant::now() + d, SystemTime::now() + d);
+        }
+    }
+
     fn end(&self) -> (Instant, SystemTime) {
         *self.end.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// A sandbox's timeout when none is asked for, seconds (E2B's default).
+pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
 /// The server ([`E2bServer::serve`]).
 pub struct E2bServer {
@@ -360,13 +376,24 @@ impl E2bServer {
     /// Kills sandboxes past their timeout, and forgets those whose session ended.
     async fn reap(&self) {
         let now = Instant::now();
-        let due: Vec<String> = self
-            .boxes()
-            .iter()
-            .filter(|(id, b)| b.end().0 <= now || self.sessions.get(id).is_none())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in due {
+        // A paused sandbox keeps until it is killed or its session's lifetime ends (E2B's
+        // paused sandboxes persist); one that auto-pauses is paused at its end.
+        let (mut pause, mut kill) = (Vec::new(), Vec::new());
+        for (id, b) in self.boxes().iter() {
+            if self.sessions.get(id).is_none() {
+                kill.push(id.clone());
+            } else if b.end().0 <= now && !b.session.paused() {
+                if b.auto_pause { pause.push(Arc::clone(b)) } else { kill.push(id.clone()) }
+            }
+        }
+        for b in pause {
+            if b.session.pause().await.is_err() {
+                let id = b.session.id().to_owned();
+                self.boxes().remove(&id);
+                let _ = self.sessions.kill(&id).await;
+            }
+        }
+        for id in kill {
             self.boxes().remove(&id);
             let _ = self.sessions.kill(&id).await;
         }
@@ -381,8 +408,9 @@ impl E2bServer {
         let method = req.method().clone();
         if path == "/health" {
             // Through E2B's proxy, a sandbox that is gone answers 502 "... was not found".
+            // A paused one is not running either (its envd does not answer).
             return match header(req.headers(), "e2b-sandbox-id") {
-                Some(id) if self.sandbox(id).is_none() => not_running(id),
+                Some(id) if self.sandbox(id).is_none_or(|b| b.session.paused()) => not_running(id),
                 _ => no_content(),
             };
         }
