@@ -291,18 +291,23 @@ impl Files {
     /// The entries under the directory `path`, down to `depth` levels (1: its own entries),
     /// at most [`MAX_LIST`], sorted by path; symlinks are listed, never followed.
     pub fn list(&self, path: &str, depth: usize) -> Result<Vec<Entry>, FilesError> {
-        let (root, rel) = self.locate(path)?;
-        let dir = if rel.as_os_str().is_empty() {
-            root.dir.try_clone()
-        } else {
-            crate::stage::open_dir_nofollow(&root.dir, rel.as_os_str())
-        }
-        .map_err(io_err(path))?;
+        let dir = self.open_dir(path)?;
         let mut out = Vec::new();
         walk(&dir, path.trim_end_matches('/'), depth.clamp(1, MAX_DEPTH), &mut out)
             .map_err(|e| FilesError::Io { path: path.to_owned(), source: e })?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// The directory at `path`, opened beneath its root (its last component not followed).
+    pub(crate) fn open_dir(&self, path: &str) -> Result<Dir, FilesError> {
+        let (root, rel) = self.locate(path)?;
+        if rel.as_os_str().is_empty() {
+            root.dir.try_clone()
+        } else {
+            crate::stage::open_dir_nofollow(&root.dir, rel.as_os_str())
+        }
+        .map_err(io_err(path))
     }
 
     /// Makes the directory `path` and its parents; `false` if it was there already.

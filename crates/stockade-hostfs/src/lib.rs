@@ -162,6 +162,7 @@ mod refs;
 pub use record::{Finished, HEARTBEAT, RECORD_GRACE, finish_killed_sweeps, state_dir, sweeps_dir};
 pub use refs::{MAX_PACKED_BYTES, MAX_REFS};
 pub mod stage;
+pub mod watch;
 
 /// What went wrong with a workspace, naming the path.
 #[derive(Debug, thiserror::Error)]

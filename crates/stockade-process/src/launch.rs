@@ -64,7 +64,7 @@ impl Started {
             return Err(RunError::Internal("a started helper was registered twice".into()));
         };
         // From here on the pidfd's owner (a `HelperProcess`) kills and reaps the helper.
-        let pidfd = match process::register_pidfd(pidfd.try_clone().map_err(internal("duplicating the pidfd"))?) {
+        let pidfd = match process::register_readable(pidfd.try_clone().map_err(internal("duplicating the pidfd"))?) {
             Ok(p) => p,
             Err(e) => {
                 let _ = process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);

@@ -328,7 +328,7 @@ pub use home::{HomeMount, disk_usage, unmount_under};
 pub use session::{
     ExecOptions, ExecStarted, ProcessSession, SessionConfig, SessionProcess, SessionUsage, Terminal, UsageMeter,
 };
-pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir};
+pub use stockade_hostfs::{Finished as FinishedSweep, Swept, files, stage, state_dir, watch};
 use stockade_protocol::{Job, LiveIo, Report};
 
 /// The window size (rows, columns) of the terminal `fd` is, if it is one and has a size:
@@ -483,6 +483,12 @@ impl ForkServer {
 /// fork later in the start is a [`stockade_protocol::Status::FailedToStart`] report naming
 /// the same error.)
 pub use stockade_protocol::RunError;
+
+/// Registers `fd` with the tokio reactor for readability (for a crate that allows no
+/// `unsafe`: the files API's directory watch, whose inotify descriptor this owns).
+pub fn async_readable(fd: std::os::fd::OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    sys::process::register_readable(fd)
+}
 
 /// The process tier. Defaults: every mechanism required, 64 MiB tmpfs, cgroups detected.
 #[derive(Debug, Clone)]

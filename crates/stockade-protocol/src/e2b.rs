@@ -23,9 +23,10 @@ use crate::json::{JsonError, JsonLimits, parse_untrusted};
 pub mod proto;
 
 /// The envd version stockade answers as: the SDKs gate features on it (`0.5.7` brings the
-/// octet-stream upload, `0.6.2` file metadata in extended attributes; `0.6.3` would bring a
-/// directory watch's entry info, which stockade does not send).
-pub const ENVD_VERSION: &str = "0.6.2";
+/// octet-stream upload, `0.6.2` file metadata in extended attributes, `0.6.3` a directory
+/// watch's entry info, `0.6.4` a watch's `allowNetworkMounts`, which a sandbox's home, never
+/// a network mount, accepts as it is).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// Largest Connect request message (one unary body or one envelope's payload): 1 MiB.
 pub const MAX_RPC_BYTES: usize = 1 << 20;
@@ -304,12 +305,13 @@ const fn method(
 }
 
 /// Every envd method stockade offers.
-pub static METHODS: [Method; 13] = {
+pub static METHODS: [Method; 16] = {
     use Shape::{ClientStream, ServerStream, Unary};
     use proto::{
-        EMPTY, ENTRY_RESPONSE, EVENT_RESPONSE, LIST_DIR_REQUEST, LIST_DIR_RESPONSE, LIST_RESPONSE, MOVE_REQUEST,
-        PATH_REQUEST, PROCESS_REQUEST, SEND_INPUT_REQUEST, SEND_SIGNAL_REQUEST, START_REQUEST, STREAM_INPUT_REQUEST,
-        UPDATE_REQUEST,
+        CREATE_WATCHER_REQUEST, CREATE_WATCHER_RESPONSE, EMPTY, ENTRY_RESPONSE, EVENT_RESPONSE, LIST_DIR_REQUEST,
+        LIST_DIR_RESPONSE, LIST_RESPONSE, MOVE_REQUEST, PATH_REQUEST, PROCESS_REQUEST, SEND_INPUT_REQUEST,
+        SEND_SIGNAL_REQUEST, START_REQUEST, STREAM_INPUT_REQUEST, UPDATE_REQUEST, WATCHER_EVENTS_RESPONSE,
+        WATCHER_REQUEST,
     };
     [
         method("/process.Process/Start", ServerStream, &START_REQUEST, &EVENT_RESPONSE),
@@ -325,6 +327,9 @@ pub static METHODS: [Method; 13] = {
         method("/filesystem.Filesystem/Move", Unary, &MOVE_REQUEST, &ENTRY_RESPONSE),
         method("/filesystem.Filesystem/ListDir", Unary, &LIST_DIR_REQUEST, &LIST_DIR_RESPONSE),
         method("/filesystem.Filesystem/Remove", Unary, &PATH_REQUEST, &EMPTY),
+        method("/filesystem.Filesystem/CreateWatcher", Unary, &CREATE_WATCHER_REQUEST, &CREATE_WATCHER_RESPONSE),
+        method("/filesystem.Filesystem/GetWatcherEvents", Unary, &WATCHER_REQUEST, &WATCHER_EVENTS_RESPONSE),
+        method("/filesystem.Filesystem/RemoveWatcher", Unary, &WATCHER_REQUEST, &EMPTY),
     ]
 };
 
@@ -334,13 +339,9 @@ pub fn find_method(path: &str) -> Option<&'static Method> {
     METHODS.iter().find(|m| m.path == path)
 }
 
-/// envd's methods stockade does not offer (it has no directory watch).
-pub const NOT_OFFERED: [&str; 4] = [
-    "/filesystem.Filesystem/WatchDir",
-    "/filesystem.Filesystem/CreateWatcher",
-    "/filesystem.Filesystem/GetWatcherEvents",
-    "/filesystem.Filesystem/RemoveWatcher",
-];
+/// envd's methods stockade does not offer (the streamed directory watch; the polled one,
+/// `CreateWatcher`, is offered).
+pub const NOT_OFFERED: [&str; 1] = ["/filesystem.Filesystem/WatchDir"];
 
 /// Parses one control-plane request body (bounded, unknown keys refused).
 pub fn parse_api<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
@@ -632,6 +633,33 @@ impl ProcessEvent {
 }
 
 // ---- the filesystem service ----
+
+/// `filesystem.CreateWatcherRequest`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CreateWatcherRequest {
+    /// The directory.
+    #[serde(default)]
+    pub path: String,
+    /// Its subdirectories too.
+    #[serde(default)]
+    pub recursive: bool,
+    /// Each event with the entry's info.
+    #[serde(default)]
+    pub include_entry: bool,
+    /// Network mounts allowed (a sandbox's home is never one).
+    #[serde(default)]
+    pub allow_network_mounts: bool,
+}
+
+/// `filesystem.GetWatcherEventsRequest` and `RemoveWatcherRequest`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WatcherRequest {
+    /// The watcher.
+    #[serde(default)]
+    pub watcher_id: String,
+}
 
 /// A request naming one path (`StatRequest`, `MakeDirRequest`, `RemoveRequest`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

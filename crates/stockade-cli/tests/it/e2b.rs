@@ -1011,3 +1011,51 @@ fn g11_e2b_auto_pause_freezes_and_a_connect_or_traffic_resumes() {
     assert_eq!((&r["paused"], &r["read"], &r["state"]), (&true.into(), &"awake".into(), &"running".into()), "{r:?}");
     assert!(with_marker(&mark).is_empty(), "the guest's process ended with its sandbox");
 }
+
+/// e2b-conformance: `watch_dir` (envd's polled watcher) reports what the files API and the
+/// guest do, recursively (a directory made under the watch is watched, and what was made in
+/// it is reported), with each entry when asked; a symlink the guest points at a host
+/// directory is never watched through (judged by a write on the host, in a directory of the
+/// test's own, that the watch must not report); a missing directory is `FileNotFound`; a
+/// sandbox keeps at most four watchers; a stopped watcher is gone.
+#[test]
+fn g11_e2b_watch_dir_reports_the_home_and_nothing_beyond_it() {
+    let Some(python) = e2b_python() else { return };
+    let canary = std::env::temp_dir().join(format!("stockade-watch-canary-{}", std::process::id()));
+    std::fs::create_dir_all(&canary).unwrap();
+    let server = Server::start("watch");
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "watch", canary.to_str().unwrap());
+    let _ = std::fs::remove_dir_all(&canary);
+    let events: Vec<(String, String, Value)> = c["watch_events"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e[0].as_str().unwrap().to_owned(), e[1].as_str().unwrap().to_owned(), e[2].clone()))
+        .collect();
+    let has = |name: &str, kind: &str| events.iter().any(|(n, k, _)| n == name && k == kind);
+    for (name, kind) in [
+        ("api.txt", "create"),
+        ("api.txt", "write"),
+        ("sub/guest.txt", "create"),
+        ("sub/guest.txt", "write"),
+        ("new", "create"),
+        ("new/in-new.txt", "create"),
+        ("api.txt", "chmod"),
+        ("sub/guest.txt", "remove"),
+    ] {
+        assert!(has(name, kind), "no {kind} of {name}: {events:?}");
+    }
+    assert!(
+        events.iter().all(|(n, _, _)| !n.contains(".stockade-")),
+        "the API's temporary file is not told: {events:?}"
+    );
+    let api = events.iter().find(|(n, k, _)| n == "api.txt" && k == "write").unwrap();
+    assert_eq!(api.2, "/home/user/w/api.txt", "{events:?}");
+    assert_eq!(c["watch_links"]["linked"], "InvalidArgumentException", "{:?}", c["watch_links"]);
+    assert_eq!(c["watch_links"]["leaked"], serde_json::json!([]), "{:?}", c["watch_links"]);
+    let b = &c["watch_bounds"];
+    assert_eq!(b["missing"], "FileNotFoundException", "{b:?}");
+    assert_eq!(b["made"], 3, "{b:?}");
+    assert!(b["refused"].as_str().unwrap().contains("at most 4 watchers"), "{b:?}");
+    assert_eq!(c["watch_stopped"]["after_stop"], "SandboxException");
+}

@@ -219,12 +219,63 @@ def lifecycle_checks(mark):
     sbx.kill()
 
 
+def watch_checks(canary):
+    from e2b import FileNotFoundException, FilesystemEventType
+
+    sbx = Sandbox.create(timeout=120)
+    sbx.files.make_dir("w/sub")
+    h = sbx.files.watch_dir("w", recursive=True, include_entry=True)
+    sbx.files.write("w/api.txt", "by the files API")
+    sbx.commands.run("echo guest > /home/user/w/sub/guest.txt; mkdir /home/user/w/new; echo x > /home/user/w/new/in-new.txt")
+    sbx.commands.run("chmod 600 /home/user/w/api.txt; rm /home/user/w/sub/guest.txt")
+    events = [(e.name, e.type.value, e.entry.path if e.entry else None) for e in h.get_new_events()]
+    say("watch_events", events=events)
+
+    # A symlink the guest points at a host directory is never watched through: not as the
+    # watched path, and not under a recursive watch (a host write there is not seen).
+    sbx.commands.run(f"ln -s {canary} /home/user/w/link; ln -s {canary} /home/user/link")
+    try:
+        sbx.files.watch_dir("link")
+        linked = None
+    except Exception as e:  # noqa: BLE001
+        linked = kind(e)
+    h.get_new_events()
+    with open(os.path.join(canary, "host-write.txt"), "w") as f:
+        f.write("host")
+    sbx.commands.run("true")
+    leaked = [e.name for e in h.get_new_events() if "host-write" in e.name]
+    say("watch_links", linked=linked, leaked=leaked)
+
+    try:
+        sbx.files.watch_dir("never-made")
+        missing = None
+    except FileNotFoundException as e:
+        missing = kind(e)
+    extra, refused = [], None
+    try:
+        for _ in range(8):
+            extra.append(sbx.files.watch_dir("w"))
+    except SandboxException as e:
+        refused = kind(e) + ": " + str(e)[:120]
+    say("watch_bounds", missing=missing, made=len(extra), refused=refused)
+    h.stop()
+    try:
+        h.get_new_events()
+        after_stop = None
+    except SandboxException as e:
+        after_stop = kind(e)
+    say("watch_stopped", after_stop=after_stop)
+    sbx.kill()
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
     if which == "files":
         files_checks()
     if which == "metrics":
         metrics_checks()
+    if which == "watch":
+        watch_checks(os.environ["MARK"])
     if which == "lifecycle":
         lifecycle_checks(os.environ.get("MARK", "600"))
     sys.stdout.flush()

@@ -301,12 +301,12 @@ pub(crate) fn reap_pidfd(pidfd: std::os::fd::BorrowedFd<'_>, nohang: bool) -> io
     }
 }
 
-/// Registers a pidfd with the tokio reactor (readable once the process exits).
-pub(crate) fn register_pidfd(
-    pidfd: std::os::fd::OwnedFd,
+/// Registers a descriptor with the tokio reactor for readability (a pidfd is readable once
+/// its process exits; an inotify descriptor once it has events).
+pub(crate) fn register_readable(
+    fd: std::os::fd::OwnedFd,
 ) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
     // SAFETY: an `OwnedFd` owns one open descriptor for its whole life, `as_raw_fd` always
     // returns that same number, and it is closed only when the `AsyncFd` drops it.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into())
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(|e| e.into())
 }

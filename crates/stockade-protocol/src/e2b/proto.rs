@@ -204,6 +204,38 @@ pub static ENTRY_RESPONSE: Message =
 pub static LIST_DIR_RESPONSE: Message =
     Message { name: "filesystem.ListDirResponse", fields: &[rep(1, "entries", Ty::Msg(&ENTRY_INFO))] };
 
+static EVENT_TYPES: [(i32, &str); 6] = [
+    (0, "EVENT_TYPE_UNSPECIFIED"),
+    (1, "EVENT_TYPE_CREATE"),
+    (2, "EVENT_TYPE_WRITE"),
+    (3, "EVENT_TYPE_REMOVE"),
+    (4, "EVENT_TYPE_RENAME"),
+    (5, "EVENT_TYPE_CHMOD"),
+];
+static FILESYSTEM_EVENT: Message = Message {
+    name: "filesystem.FilesystemEvent",
+    fields: &[f(1, "name", Ty::Str), f(2, "type", Ty::Enum(&EVENT_TYPES)), f(3, "entry", Ty::Msg(&ENTRY_INFO))],
+};
+/// `filesystem.CreateWatcherRequest`.
+pub static CREATE_WATCHER_REQUEST: Message = Message {
+    name: "filesystem.CreateWatcherRequest",
+    fields: &[
+        f(1, "path", Ty::Str),
+        f(2, "recursive", Ty::Bool),
+        f(3, "includeEntry", Ty::Bool),
+        f(4, "allowNetworkMounts", Ty::Bool),
+    ],
+};
+/// `filesystem.CreateWatcherResponse`.
+pub static CREATE_WATCHER_RESPONSE: Message =
+    Message { name: "filesystem.CreateWatcherResponse", fields: &[f(1, "watcherId", Ty::Str)] };
+/// `filesystem.GetWatcherEventsRequest` and `RemoveWatcherRequest`: one watcher.
+pub static WATCHER_REQUEST: Message =
+    Message { name: "filesystem.GetWatcherEventsRequest", fields: &[f(1, "watcherId", Ty::Str)] };
+/// `filesystem.GetWatcherEventsResponse`.
+pub static WATCHER_EVENTS_RESPONSE: Message =
+    Message { name: "filesystem.GetWatcherEventsResponse", fields: &[rep(1, "events", Ty::Msg(&FILESYSTEM_EVENT))] };
+
 // ---- the wire ----
 
 const VARINT: u8 = 0;

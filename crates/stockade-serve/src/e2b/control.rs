@@ -334,6 +334,7 @@ impl E2bServer {
             auto_resume,
             made: now.0,
             metrics: Mutex::default(),
+            watchers: Mutex::default(),
             _slot: slot,
         });
         b.set_timeout(timeout);

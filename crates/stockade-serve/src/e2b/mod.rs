@@ -62,6 +62,7 @@ mod filesystem;
 mod metrics;
 mod process;
 mod reply;
+mod watch;
 
 pub use config::{DEFAULT_DISK, E2bConfig, E2bLimits, Template, Tls};
 pub use filesystem::{MAX_STREAMED, MAX_TRANSFERS};
@@ -162,6 +163,8 @@ pub(crate) struct Sandbox {
     made: Instant,
     // Its usage over time, bounded (`metrics`).
     metrics: Mutex<metrics::MetricLog>,
+    // Its directory watchers by id, bounded (`watch`).
+    watchers: Mutex<HashMap<String, Arc<watch::Watcher>>>,
     // Its place under `max_sandboxes`, taken before it was made and given back with it.
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
@@ -179,6 +182,10 @@ impl Sandbox {
         if Instant::now() + d > end.0 {
             *end = (Instant::now() + d, SystemTime::now() + d);
         }
+    }
+
+    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<watch::Watcher>>> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn end(&self) -> (Instant, SystemTime) {
@@ -206,6 +213,8 @@ pub struct E2bServer {
     transfers: tokio::sync::Semaphore,
     // Streamed transfers through `/files`: at most this many at once.
     streamed: Arc<tokio::sync::Semaphore>,
+    // Directory watchers in all (`watch::MAX_WATCHERS`).
+    watch_slots: Arc<tokio::sync::Semaphore>,
     // Filesystem snapshots, oldest first.
     snapshots: Mutex<Vec<Snapshot>>,
 }
@@ -239,6 +248,7 @@ impl E2bServer {
             anonymous: Mutex::new(Anonymous::default()),
             transfers,
             streamed: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMED)),
+            watch_slots: Arc::new(tokio::sync::Semaphore::new(watch::MAX_WATCHERS)),
             snapshots,
         })
     }

@@ -379,6 +379,9 @@ impl E2bServer {
                 }
                 Ok(empty)
             }
+            "/filesystem.Filesystem/CreateWatcher"
+            | "/filesystem.Filesystem/GetWatcherEvents"
+            | "/filesystem.Filesystem/RemoveWatcher" => self.watcher(b, msg).await,
             p if p.starts_with("/filesystem.Filesystem/") => self.filesystem(s, msg).await,
             other => Err(ConnectError::new(Code::Unimplemented, format!("{other}: no such method"))),
         }
