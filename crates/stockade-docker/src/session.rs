@@ -827,7 +827,7 @@ fn parse_entries(out: &[u8]) -> Vec<Entry> {
                 0o120_000 => Kind::Symlink,
                 _ => Kind::Other,
             };
-            Some(Entry { path, kind, size, mode: mode & 0o7777, modified, metadata: Default::default() })
+            Some(Entry { path, kind, size, mode: mode & 0o7777, modified, metadata: Default::default(), link: None })
         })
         .collect()
 }

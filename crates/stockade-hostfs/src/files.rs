@@ -112,6 +112,8 @@ pub struct Entry {
     pub modified: i64,
     /// Its user metadata (a regular file's or a directory's `user.e2b.*` attributes).
     pub metadata: Metadata,
+    /// A symlink's target, as the link says it (its text, never followed here).
+    pub link: Option<String>,
 }
 
 struct Root {
@@ -272,10 +274,8 @@ impl Files {
         let meta = if rel.as_os_str().is_empty() { root.dir.dir_metadata() } else { root.dir.symlink_metadata(&rel) }
             .map_err(io_err(path))?;
         let mut e = entry(path.trim_end_matches('/').to_owned(), &meta);
-        if matches!(e.kind, Kind::File | Kind::Dir) {
-            let name = if rel.as_os_str().is_empty() { Path::new(".") } else { rel.as_path() };
-            e.metadata = read_metadata(&root.dir, name.as_os_str());
-        }
+        let name = if rel.as_os_str().is_empty() { Path::new(".") } else { rel.as_path() };
+        describe(&mut e, &root.dir, name.as_os_str());
         Ok(e)
     }
 
@@ -374,6 +374,19 @@ fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
         mode: meta.mode() & 0o7777,
         modified: meta.mtime(),
         metadata: Metadata::new(),
+        link: None,
+    }
+}
+
+/// An entry's metadata (a file's or a directory's) or link text (a symlink's), read from
+/// `name` under `dir`.
+fn describe(e: &mut Entry, dir: &Dir, name: &std::ffi::OsStr) {
+    match e.kind {
+        Kind::File | Kind::Dir => e.metadata = read_metadata(dir, name),
+        Kind::Symlink => {
+            e.link = dir.read_link_contents(name).ok().map(|t| t.to_string_lossy().into_owned());
+        }
+        Kind::Other => {}
     }
 }
 
@@ -449,9 +462,7 @@ fn walk(dir: &Dir, at: &str, depth: usize, out: &mut Vec<Entry>) -> io::Result<(
         let Ok(meta) = dir.symlink_metadata(&name) else { continue };
         let is_dir = meta.is_dir();
         let mut e = entry(path.clone(), &meta);
-        if matches!(e.kind, Kind::File | Kind::Dir) {
-            e.metadata = read_metadata(dir, &name);
-        }
+        describe(&mut e, dir, &name);
         out.push(e);
         if is_dir && depth > 1 {
             // A directory swapped for a symlink since is not entered.

@@ -924,7 +924,8 @@ fn g11_sigterm_ends_the_owner_in_bounded_time_whatever_its_clients_do() {
 /// or whole, inflate within the upload cap, and a decompression bomb is refused at the cap
 /// with nothing written; metadata is kept as `user.e2b.*` extended attributes (returned on
 /// write, stat, list and rename, cleared by an overwrite, read back when the guest set it
-/// itself, refused when invalid, with nothing written); signed URLs (`download_url`,
+/// itself, refused when invalid, with nothing written); a symlink's info is its target's,
+/// followed within the home only; signed URLs (`download_url`,
 /// `upload_url`) work with no other credential, and an expired, altered or re-pathed one is
 /// refused (401); and a command whose sandbox is killed under it ends with the SDK's
 /// "sandbox was killed" error, not a failed start.
@@ -951,6 +952,12 @@ fn g11_e2b_files_conformance_through_the_sdk() {
     assert_eq!(c["metadata_guest"]["metadata"], serde_json::json!({"by": "guest"}));
     assert_eq!(c["metadata_invalid"]["raised"], "InvalidArgumentException");
     assert_eq!(c["metadata_invalid"]["exists"], false);
+    let l = &c["symlinks"];
+    assert_eq!(l["rel"], serde_json::json!(["file", "/home/user/links/sub/t.txt"]), "{l:?}");
+    assert_eq!(l["chain"], serde_json::json!(["file", "/home/user/links/sub/t.txt"]), "{l:?}");
+    assert_eq!(l["dangling"], serde_json::json!(["symlink", "/home/user/links/gone"]), "{l:?}");
+    assert_eq!(l["outside"], serde_json::json!(["symlink", "/etc/passwd"]), "{l:?}");
+    assert_eq!(l["updir"], serde_json::json!(["dir", "/home/user/links/sub"]), "{l:?}");
     let signed = &c["signed"];
     assert_eq!(signed["plain"], serde_json::json!([200, "signed content"]), "{signed:?}");
     assert_eq!(signed["expiring"], serde_json::json!([200, "signed content"]), "{signed:?}");

@@ -85,6 +85,15 @@ def files_checks():
         bad = kind(e)
     say("metadata_invalid", raised=bad, exists=sbx.files.exists("bad-meta.txt"))
 
+    # A symlink's info is its target's (envd's): followed within the home, through a chain;
+    # one that dangles or leaves the home stays a link, its target as it reads.
+    sbx.files.make_dir("links/sub")
+    sbx.files.write("links/sub/t.txt", "target")
+    sbx.commands.run("cd /home/user/links && ln -s sub/t.txt rel && ln -s rel chain && ln -s gone dangling"
+                     " && ln -s /etc/passwd outside && ln -s ../links/sub updir")
+    info = {n: sbx.files.get_info(f"links/{n}") for n in ["rel", "chain", "dangling", "outside", "updir"]}
+    say("symlinks", **{n: [i.type.value if i.type else None, i.symlink_target] for n, i in info.items()})
+
     # Signed URLs: the access token signs them (SHA-256, as the SDK computes it), a request
     # carries nothing else, an expired or altered one is refused.
     import urllib.error

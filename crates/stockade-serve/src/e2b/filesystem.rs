@@ -353,6 +353,61 @@ pub(crate) fn multipart(ct: &str, body: &Bytes) -> Result<Vec<(Option<String>, B
     }
 }
 
+/// Most symlinks one `ListDir` follows (the rest are told as links, their targets as they
+/// read).
+const MAX_FOLLOWED_IN_LIST: usize = 256;
+
+/// Most links followed to reach a symlink's target, as the kernel's own limit.
+const MAX_LINK_HOPS: usize = 40;
+
+/// The guest path a symlink at `path` whose text is `link` names: relative to the link's
+/// directory, `.` and `..` resolved by name (as the guest's kernel would in the same tree).
+pub(crate) fn link_target(path: &str, link: &str) -> String {
+    let mut parts: Vec<&str> = if link.starts_with('/') {
+        Vec::new()
+    } else {
+        path.trim_end_matches('/').rsplit_once('/').map_or(Vec::new(), |(dir, _)| dir.split('/').collect())
+    };
+    for c in link.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let joined: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+    format!("/{}", joined.join("/"))
+}
+
+/// An entry as envd tells it: a symlink has its target's kind and the target's path, found by
+/// following it (through the files API, within the served directories, at most
+/// [`MAX_LINK_HOPS`] links); one whose target is gone or outside stays a symlink.
+pub(crate) async fn followed(s: &Session, e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
+    let mut info = entry_info(e);
+    let Some(mut link) = e.link.clone() else { return info };
+    let mut at = e.path.clone();
+    for _ in 0..MAX_LINK_HOPS {
+        let target = link_target(&at, &link);
+        info.symlink_target = Some(target.clone());
+        match s.stat(&target).await {
+            Ok(t) if t.kind == Kind::Symlink => {
+                let Some(next) = t.link else { break };
+                (at, link) = (target, next);
+            }
+            Ok(t) => {
+                let kind = entry_info(&t).kind;
+                info.kind = kind;
+                info.permissions = wire::permissions(kind, info.mode);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    info
+}
+
 pub(crate) fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInfo {
     let kind = match e.kind {
         Kind::File => wire::FileType::File,
@@ -370,7 +425,7 @@ pub(crate) fn entry_info(e: &stockade_runtime::session::Entry) -> wire::EntryInf
         owner: USER.into(),
         group: USER.into(),
         modified_time: wire::rfc3339(e.modified),
-        symlink_target: None,
+        symlink_target: e.link.as_deref().map(|l| link_target(&e.path, l)),
         metadata: e.metadata.clone(),
     }
 }
@@ -439,7 +494,8 @@ impl E2bServer {
         match msg.method.path {
             "/filesystem.Filesystem/Stat" => {
                 let r: wire::PathRequest = msg.read()?;
-                Ok(entry(&s.stat(&guest_path(&r.path)).await.map_err(fail)?))
+                let e = s.stat(&guest_path(&r.path)).await.map_err(fail)?;
+                Ok(serde_json::json!({ "entry": followed(s, &e).await }))
             }
             "/filesystem.Filesystem/MakeDir" => {
                 let r: wire::PathRequest = msg.read()?;
@@ -459,8 +515,16 @@ impl E2bServer {
                 let r: wire::ListDirRequest = msg.read()?;
                 let p = guest_path(&r.path);
                 let depth = usize::try_from(r.depth.max(1)).unwrap_or(1);
-                let entries: Vec<wire::EntryInfo> =
-                    s.list(&p, depth).await.map_err(fail)?.iter().map(entry_info).collect();
+                let mut entries = Vec::new();
+                let mut followed_left = MAX_FOLLOWED_IN_LIST;
+                for e in s.list(&p, depth).await.map_err(fail)? {
+                    if e.kind == Kind::Symlink && followed_left > 0 {
+                        followed_left -= 1;
+                        entries.push(followed(s, &e).await);
+                    } else {
+                        entries.push(entry_info(&e));
+                    }
+                }
                 Ok(serde_json::json!({ "entries": entries }))
             }
             "/filesystem.Filesystem/Remove" => {
@@ -595,5 +659,19 @@ impl E2bServer {
             done.push(written(&p, &metadata));
         }
         json(StatusCode::OK, &done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::link_target;
+
+    #[test]
+    fn a_link_names_its_target_as_the_guest_s_kernel_would() {
+        assert_eq!(link_target("/home/user/a/l", "t.txt"), "/home/user/a/t.txt");
+        assert_eq!(link_target("/home/user/a/l", "../b/./t"), "/home/user/b/t");
+        assert_eq!(link_target("/home/user/a/l", "/etc/passwd"), "/etc/passwd");
+        assert_eq!(link_target("/home/user/l", "../../../../.."), "/");
+        assert_eq!(link_target("/home/user/l", "x//y/"), "/home/user/x/y");
     }
 }
