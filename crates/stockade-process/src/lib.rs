@@ -771,6 +771,13 @@ pub fn listen_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpList
     sys::net::listen_in_netns(pid, port)
 }
 
+/// Connects to `127.0.0.1:port` in the network namespace of process `pid` (a session's
+/// init: [`ProcessSession::netns_pid`]), as [`listen_in_netns`] listens there. Blocking
+/// (a thread joins the namespace): call it off the async workers.
+pub fn connect_in_netns(pid: u32, port: u16) -> std::io::Result<std::net::TcpStream> {
+    sys::net::connect_in_netns(pid, port)
+}
+
 /// Sends SIGKILL to the process group `pgid`: a host helper that stockade started as the
 /// leader of a group of its own (`Command::process_group(0)`), such as a host MCP server
 /// (`stockade-runtime`'s `mcp`), and everything it started. Refuses 0 and 1 (the caller's

@@ -770,6 +770,15 @@ impl ProcessSession {
         out
     }
 
+    /// The host pid of the session's init, whose network namespace is the session's (its
+    /// loopback, where an exec's server listens); `None` once it has ended.
+    #[must_use]
+    pub fn netns_pid(&self) -> Option<u32> {
+        let helper = self.helper.as_ref().and_then(launch::HelperProcess::pid)?;
+        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+
     /// A reader of what the session uses ([`UsageMeter::read`]), to call on another thread
     /// (it reads `/proc` and the cgroupfs: off the async workers).
     #[must_use]

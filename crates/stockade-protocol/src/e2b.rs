@@ -909,6 +909,9 @@ pub struct SandboxCreated {
     pub envd_version: String,
     /// The token every envd call must present (`X-Access-Token`).
     pub envd_access_token: String,
+    /// The token a request to one of the sandbox's ports presents
+    /// (`E2B-Traffic-Access-Token`).
+    pub traffic_access_token: String,
 }
 
 /// `ListedSandbox` and `SandboxDetail`: one sandbox as `list` and `get_info` show it.

@@ -1066,3 +1066,29 @@ fn g11_e2b_watch_dir_reports_the_home_and_nothing_beyond_it() {
     assert!(b["refused"].as_str().unwrap().contains("at most 4 watchers"), "{b:?}");
     assert_eq!(c["watch_stopped"]["after_stop"], "SandboxException");
 }
+
+/// e2b-conformance: a sandbox's port, as the SDKs reach it (`E2b-Sandbox-Port`, or a host
+/// name `PORT-ID.DOMAIN`): forwarded to a server an exec started on the sandbox's own
+/// loopback (the host's loopback never sees it), with the sandbox's traffic token; without
+/// it, 401; a port nothing listens on says "port is not open", as the SDKs expect; and no
+/// token or routing header reaches the guest's server.
+#[test]
+fn g11_e2b_a_sandbox_s_port_is_reached_through_the_server_with_its_token() {
+    let Some(python) = e2b_python() else { return };
+    let server = Server::start("ports");
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "ports", "0");
+    let p = &c["port"];
+    assert_eq!(p["status"], 200, "{p:?}");
+    assert_eq!(p["path"], "/some/path?q=1", "{p:?}");
+    let seen = p["headers"].to_string();
+    for secret in [p["token"].as_str().unwrap(), p["envd_token"].as_str().unwrap(), "e2b-sandbox", KEY] {
+        assert!(!seen.contains(secret), "{secret} reached the guest: {seen}");
+    }
+    assert_eq!(c["port_by_host"]["status"], 200);
+    assert_eq!(c["port_by_host"]["path"], "/by-host");
+    let r = &c["port_refusals"];
+    assert_eq!(r["anon"], 401, "{r:?}");
+    assert_eq!(r["closed"], 502, "{r:?}");
+    assert!(r["closed_body"].as_str().unwrap().contains("port is not open"), "{r:?}");
+    assert!(!c["port_host_loopback"]["seen"].as_str().unwrap().contains("/some/path"), "{:?}", c["port_host_loopback"]);
+}

@@ -277,12 +277,65 @@ def watch_checks(canary):
     sbx.kill()
 
 
+ECHO_SERVER = """
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"""
+
+
+def ports_checks():
+    import time
+
+    import httpx
+
+    sbx = Sandbox.create(timeout=120)
+    sbx.files.write("echo.py", ECHO_SERVER)
+    sbx.commands.run("python3 /home/user/echo.py", background=True)
+    url = os.environ["E2B_SANDBOX_URL"]
+    tok = sbx.traffic_access_token
+    hdr = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", "E2B-Traffic-Access-Token": tok}
+    r = None
+    for _ in range(240):
+        r = httpx.get(f"{url}/some/path?q=1", headers=hdr, timeout=30)
+        if r.status_code != 502:
+            break
+        time.sleep(0.25)
+    seen = r.json() if r.status_code == 200 else {}
+    say("port", status=r.status_code, path=seen.get("path"), headers=seen.get("headers"), token=tok,
+        envd_token=sbx._envd_access_token)
+    by_host = httpx.get(f"{url}/by-host", headers={"Host": f"8000-{sbx.sandbox_id}.localhost",
+                                                   "E2B-Traffic-Access-Token": tok}, timeout=30)
+    say("port_by_host", status=by_host.status_code, path=by_host.json().get("path") if by_host.status_code == 200 else None)
+    anon = httpx.get(f"{url}/x", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"}, timeout=30)
+    closed = httpx.get(f"{url}/x", headers={**hdr, "E2b-Sandbox-Port": "8001"}, timeout=30)
+    say("port_refusals", anon=anon.status_code, closed=closed.status_code, closed_body=closed.text[:200])
+    # The guest's server is on the sandbox's loopback, not the host's.
+    try:
+        host = httpx.get("http://127.0.0.1:8000/some/path", timeout=5).text[:100]
+    except Exception as e:  # noqa: BLE001
+        host = kind(e)
+    say("port_host_loopback", seen=host)
+    sbx.kill()
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
     if which == "files":
         files_checks()
     if which == "metrics":
         metrics_checks()
+    if which == "ports":
+        ports_checks()
     if which == "watch":
         watch_checks(os.environ["MARK"])
     if which == "lifecycle":

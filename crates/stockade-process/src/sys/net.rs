@@ -33,6 +33,25 @@ pub(crate) fn loopback_up() -> io::Result<()> {
 /// after this returns). A namespace that is this process's own is refused: the listener
 /// would be on the host's loopback.
 pub(crate) fn listen_in_netns(pid: u32, port: u16) -> io::Result<std::net::TcpListener> {
+    in_netns(pid, move || std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)))
+}
+
+/// Connects to `127.0.0.1:port` in the network namespace of process `pid` (a session's
+/// init), the way [`listen_in_netns`] listens there: the socket is made in that namespace,
+/// so its loopback is the session's own. A connect on loopback does not wait: nothing
+/// listening is `ECONNREFUSED` at once.
+pub(crate) fn connect_in_netns(pid: u32, port: u16) -> io::Result<std::net::TcpStream> {
+    in_netns(pid, move || {
+        std::net::TcpStream::connect_timeout(
+            &(std::net::Ipv4Addr::LOCALHOST, port).into(),
+            std::time::Duration::from_secs(5),
+        )
+    })
+}
+
+/// Runs `f` on a short-lived thread in the network namespace of process `pid` (pinned by a
+/// pidfd, alive after its namespace was opened, and not this process's own namespace).
+fn in_netns<T: Send + 'static>(pid: u32, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
     use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::fs::MetadataExt;
     let raw = libc::pid_t::try_from(pid).map_err(|_| io::Error::other(format!("pid {pid} is out of range")))?;
@@ -44,14 +63,14 @@ pub(crate) fn listen_in_netns(pid: u32, port: u16) -> io::Result<std::net::TcpLi
     let (theirs, ours) = (ns.metadata()?, std::fs::metadata("/proc/self/ns/net")?);
     if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
         return Err(io::Error::other(format!(
-            "process {pid} is in this process's own network namespace: a listener there would be on the host's loopback"
+            "process {pid} is in this process's own network namespace: a socket there would be on the host's loopback"
         )));
     }
     std::thread::spawn(move || {
         // SAFETY: setns takes a descriptor we hold open and a flag; it changes only this
         // thread's network namespace, and this thread does nothing else before it ends.
         super::check(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
-        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+        f()
     })
     .join()
     .map_err(|_| io::Error::other("the namespace thread panicked"))?

@@ -90,6 +90,9 @@ pub(super) trait SessionBackend: Send + Sync {
     /// What it uses now; `None` where the tier cannot say.
     async fn usage(&self) -> Option<super::Usage>;
 
+    /// A connection to `127.0.0.1:port` on the sandbox's own loopback.
+    async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError>;
+
     /// Pauses (`true`) or resumes it; `now` is whether the session is paused now.
     async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError>;
 
@@ -174,6 +177,21 @@ impl SessionBackend for ProcessBackend {
         })
         .await
         .ok()
+    }
+
+    async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError> {
+        let ended = || RunError::Ended("the sandbox's init has ended".into());
+        let pid = self.session.netns_pid().ok_or_else(ended)?;
+        let stream = tokio::task::spawn_blocking(move || stockade_process::connect_in_netns(pid, port))
+            .await
+            .map_err(|e| RunError::Internal(e.to_string()))?
+            .map_err(|e| RunError::Misconfigured(format!("port {port}: {e}")))?;
+        // The pid was pinned while its namespace was opened; that it is still this session's
+        // init afterwards means the namespace was this session's, not a later process's.
+        if self.session.netns_pid() != Some(pid) {
+            return Err(ended());
+        }
+        Ok(stream)
     }
 
     async fn set_paused(&self, paused: bool, _now: bool) -> Result<(), RunError> {

@@ -67,6 +67,13 @@ mod backend {
             None
         }
 
+        async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError> {
+            Err(RunError::Unsupported {
+                mechanism: format!("a connection to port {port} of a docker session"),
+                reason: "the container's ports are not routed yet".into(),
+            })
+        }
+
         async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError> {
             match (paused, now) {
                 (true, false) => self.pause().await,

@@ -723,6 +723,15 @@ impl Session {
         }
     }
 
+    /// A connection to `127.0.0.1:port` on its own loopback (a server an exec started), as
+    /// a blocking socket (for the caller's runtime to adopt).
+    pub async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError> {
+        match self.inner.read().await.as_deref() {
+            Some(backend) => backend.connect(port).await,
+            None => Err(self.gone()),
+        }
+    }
+
     /// Whether it has been killed (or is being killed): an exec that ends now ended with it.
     #[must_use]
     pub fn ended(&self) -> bool {

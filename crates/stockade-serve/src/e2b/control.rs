@@ -91,6 +91,7 @@ impl E2bServer {
             client_id: "stockade".into(),
             envd_version: wire::ENVD_VERSION.into(),
             envd_access_token: b.token.clone(),
+            traffic_access_token: b.traffic.clone(),
         }
     }
 
@@ -314,15 +315,16 @@ impl E2bServer {
             }
         };
         let id = session.id().to_owned();
-        let mut token = [0u8; 32];
-        if getrandom::fill(&mut token).is_err() {
+        let (mut token, mut traffic) = ([0u8; 32], [0u8; 32]);
+        if getrandom::fill(&mut token).and_then(|()| getrandom::fill(&mut traffic)).is_err() {
             let _ = self.sessions.kill(&id).await;
-            return api_error(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for the access token");
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for the access tokens");
         }
         let now = (Instant::now(), SystemTime::now());
         let b = Arc::new(Sandbox {
             session,
             token: token.iter().map(|b| format!("{b:02x}")).collect(),
+            traffic: traffic.iter().map(|b| format!("{b:02x}")).collect(),
             template: template_name,
             metadata: new.metadata,
             env: new.env_vars,

@@ -60,6 +60,7 @@ mod config;
 mod control;
 mod filesystem;
 mod metrics;
+mod ports;
 mod process;
 mod reply;
 mod watch;
@@ -149,6 +150,8 @@ impl ConnState {
 pub(crate) struct Sandbox {
     session: Arc<Session>,
     token: String,
+    // The token a request to one of its ports presents (`ports`).
+    traffic: String,
     template: String,
     metadata: BTreeMap<String, String>,
     env: BTreeMap<String, String>,
@@ -414,6 +417,13 @@ impl E2bServer {
     }
 
     async fn handle(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        // A request for one of a sandbox's ports (by `E2b-Sandbox-Port`, or a host name
+        // `PORT-ID.…`) goes to it; envd's own port is served here.
+        if let Some((id, port)) = ports::routed(&req)
+            && port != ports::ENVD_PORT
+        {
+            return self.port(req, &id, port).await;
+        }
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
         if path == "/health" {
