@@ -174,36 +174,47 @@ const MCP_SDK: &str = "mcp==2.3.0";
 
 /// Installs [`MCP_SDK`] into a virtual environment of its own; returns its interpreter.
 pub(crate) fn install_mcp_client() -> Result<PathBuf> {
-    pinned_venv("mcp-venv", MCP_SDK)
+    pinned_venv("mcp-venv", &[MCP_SDK])
 }
 
 /// The official E2B Python SDK, pinned (it needs Python 3.11, Debian 12's python3).
 const E2B_SDK: &str = "e2b==2.63.0";
 
-/// Installs [`E2B_SDK`] into a virtual environment of its own; returns its interpreter, for
-/// the tests where it drives `stockade serve --listen` (`STOCKADE_E2B_PYTHON`).
+/// E2B's code-interpreter SDK (PyPI `e2b-code-interpreter`), pinned, beside [`E2B_SDK`].
+const E2B_CODE_INTERPRETER: &str = "e2b-code-interpreter==2.11.5";
+
+/// Installs [`E2B_SDK`] and [`E2B_CODE_INTERPRETER`] into a virtual environment of their
+/// own; returns its interpreter, for `STOCKADE_E2B_PYTHON`.
 pub(crate) fn install_e2b_sdk() -> Result<PathBuf> {
-    pinned_venv("e2b-venv", E2B_SDK)
+    pinned_venv("e2b-venv", &[E2B_SDK, E2B_CODE_INTERPRETER])
 }
 
-/// A venv `name` under the llm directory holding `pin` (`package==version`), installed once;
-/// its interpreter.
-fn pinned_venv(name: &str, pin: &str) -> Result<PathBuf> {
+/// A venv `name` under the llm directory holding `pins` (each `package==version`), installed
+/// once; its interpreter.
+fn pinned_venv(name: &str, pins: &[&str]) -> Result<PathBuf> {
     let venv = dir().join(name);
     let python = venv.join("bin/python");
-    let (package, version) = pin.split_once("==").context("a pin is package==version")?;
-    let installed = Command::new(&python)
-        .args(["-c", &format!("import importlib.metadata as m; print(m.version('{package}'))")])
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version);
-    if installed {
+    let installed = |pin: &str| -> Result<bool> {
+        let (package, version) = pin.split_once("==").context("a pin is package==version")?;
+        Ok(Command::new(&python)
+            .args(["-c", &format!("import importlib.metadata as m; print(m.version('{package}'))")])
+            .output()
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version))
+    };
+    let mut missing = Vec::new();
+    for pin in pins {
+        if !installed(pin)? {
+            missing.push(*pin);
+        }
+    }
+    if missing.is_empty() {
         return Ok(python);
     }
     std::fs::create_dir_all(dir())?;
     if !venv.join("bin/pip").exists() {
         run(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     }
-    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", pin]))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check"]).args(&missing))?;
     Ok(python)
 }
 

@@ -1092,3 +1092,60 @@ fn g11_e2b_a_sandbox_s_port_is_reached_through_the_server_with_its_token() {
     assert!(r["closed_body"].as_str().unwrap().contains("port is not open"), "{r:?}");
     assert!(!c["port_host_loopback"]["seen"].as_str().unwrap().contains("/some/path"), "{:?}", c["port_host_loopback"]);
 }
+
+/// code-interpreter (issue 56): E2B's code-interpreter SDK (pinned) drives the
+/// `code-interpreter-v1` template unmodified: a stateful IPython kernel (state across calls,
+/// the last expression's value, the execution count), callbacks in the order the output
+/// came, an error with its traceback, a matplotlib chart as a PNG, per-call environment
+/// variables, a timeout that interrupts and keeps the state, contexts per language (bash's
+/// state kept, contexts apart, removed, restarted), and hostile code (a flood of output cut
+/// at the bound, a fork bomb held by the sandbox's process limit, the kernel answering
+/// after). Judged from the host: every kernel runs in a pid namespace not the host's, as a
+/// uid not root's.
+#[test]
+fn g12_the_code_interpreter_sdk_runs_stateful_kernels_inside_the_sandbox() {
+    let Some(python) = e2b_python() else { return };
+    let server = Server::start("interpreter");
+    let c = sdk_script(&python, &server, "e2b_interpreter.py", "all", "0");
+    assert_eq!(c["state"]["value"], "42", "{:?}", c["state"]);
+    assert_eq!(c["state"]["count"], 2, "{:?}", c["state"]);
+    let seen = serde_json::json!([
+        ["stdout", "out one\n"],
+        ["stderr", "err one\n"],
+        ["result", "'shown'"],
+        ["result", "'last'"]
+    ]);
+    assert_eq!(c["callbacks"]["seen"], seen);
+    let e = &c["error"];
+    assert_eq!(
+        (&e["name"], &e["value"], &e["has_frame"], &e["called"]),
+        (&"ZeroDivisionError".into(), &"division by zero".into(), &true.into(), &1.into()),
+        "{e:?}"
+    );
+    assert_eq!(c["chart"]["png_magic"], "iVBORw0K", "a PNG: {:?}", c["chart"]);
+    assert_eq!((&c["envs"]["during"], &c["envs"]["after"]), (&"'per-call'".into(), &Value::Null));
+    assert_eq!(
+        (&c["timeout"]["raised"], &c["timeout"]["kept"]),
+        (&"TimeoutException".into(), &"41".into()),
+        "{:?}",
+        c["timeout"]
+    );
+    let x = &c["contexts"];
+    assert_eq!(x["bash"], serde_json::json!(["7 /tmp\n"]), "{x:?}");
+    assert_eq!(x["apart"], "False", "{x:?}");
+    assert_eq!(x["listed"], serde_json::json!(["bash", "python", "python"]), "{x:?}");
+    assert_eq!(x["after_remove"], serde_json::json!(["bash", "python"]), "{x:?}");
+    assert_eq!(x["unknown"], "SandboxException", "{x:?}");
+    assert_eq!(c["restart"]["cleared"], "False");
+    let h = &c["hostile"];
+    assert_eq!(h["cut"], true, "{h:?}");
+    let flood = h["flood_bytes"].as_u64().unwrap();
+    assert!(flood > 0 && flood <= 16 << 20, "{h:?}");
+    assert_eq!(h["after_bomb"], "42", "{h:?}");
+    let kernels = c["kernels_from_host"]["kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty());
+    for k in kernels {
+        assert_eq!(k["host_ns"], false, "a kernel in the host's pid namespace: {kernels:?}");
+        assert_ne!(k["uid"], 0, "a kernel as root: {kernels:?}");
+    }
+}

@@ -49,7 +49,13 @@ pub struct Template {
     /// untrusted code fills at most this much of the host. Where the host cannot enforce it
     /// (a process-tier home is a tmpfs only root mounts), a create fails and says so.
     pub disk: u64,
+    /// Its sandboxes run E2B's code-interpreter server (`code_interpreter`): stateful
+    /// kernels the code-interpreter SDK drives on port 49999. Process tier only.
+    pub code_interpreter: bool,
 }
+
+/// The code-interpreter SDK's default template.
+pub(crate) const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter-v1";
 
 /// A template's home size when its `disk` is not set: 1 GiB.
 pub const DEFAULT_DISK: u64 = 1 << 30;
@@ -64,6 +70,7 @@ impl Default for Template {
             net_resolve: Vec::new(),
             env: Vec::new(),
             disk: DEFAULT_DISK,
+            code_interpreter: false,
         }
     }
 }
@@ -203,15 +210,22 @@ pub(crate) struct TemplateFile {
     #[serde(default)]
     env: BTreeMap<String, String>,
     disk: Option<String>,
+    #[serde(default)]
+    code_interpreter: bool,
 }
 
 impl E2bConfig {
-    /// A configuration with the `base` template alone (the process tier, no network).
+    /// A configuration with the `base` template (the process tier, no network) and
+    /// `code-interpreter-v1` (the same, with the code interpreter).
     #[must_use]
     pub fn new(api_key: String) -> Self {
+        let interpreter = Template { code_interpreter: true, ..Template::default() };
         Self {
             api_key,
-            templates: BTreeMap::from([("base".to_owned(), Template::default())]),
+            templates: BTreeMap::from([
+                ("base".to_owned(), Template::default()),
+                (CODE_INTERPRETER_TEMPLATE.to_owned(), interpreter),
+            ]),
             limits: E2bLimits::default(),
             tls: None,
             snapshots: None,
@@ -219,8 +233,9 @@ impl E2bConfig {
     }
 
     /// Reads `serve.toml`: `[limits]` and `[template.NAME]` tables (`tier`, `image`,
-    /// `memory`, `pids`, `disk`, `max_timeout`, `allow_net`, `net_resolve`, `env`). Without a
-    /// `base` template, `base` is the default one.
+    /// `memory`, `pids`, `disk`, `max_timeout`, `allow_net`, `net_resolve`, `env`,
+    /// `code_interpreter`). Without a `base` or `code-interpreter-v1` template, each is the
+    /// default one.
     pub fn from_toml(api_key: String, text: &str) -> Result<Self, String> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
         let mut config = Self::new(api_key);
@@ -270,7 +285,11 @@ impl E2bConfig {
             if disk < 1 << 20 {
                 return Err(at("disk", &"must be at least 1M"));
             }
+            if t.code_interpreter && tier != SessionTier::Process {
+                return Err(at("code_interpreter", &"the code interpreter runs in the process tier"));
+            }
             let template = Template {
+                code_interpreter: t.code_interpreter,
                 tier,
                 limits,
                 max_timeout,

@@ -339,6 +339,13 @@ impl E2bServer {
             watchers: Mutex::default(),
             _slot: slot,
         });
+        if template.code_interpreter
+            && let Err(e) = code_interpreter::start(&b.session).await
+        {
+            drop(b);
+            let _ = self.sessions.kill(&id).await;
+            return api_error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the sandbox's code interpreter: {e}"));
+        }
         b.set_timeout(timeout);
         let out = self.created(&id, &b);
         self.boxes().insert(id, b);

@@ -56,6 +56,7 @@
 //! filesystem service runs inside its container with the image's own `stat`, `find`,
 //! `mkdir`, `rm` and `mv`, so its image needs them (busybox's or GNU's).
 
+mod code_interpreter;
 mod config;
 mod control;
 mod filesystem;

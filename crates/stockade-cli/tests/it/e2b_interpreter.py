@@ -1,0 +1,128 @@
+"""E2B's code-interpreter SDK (PyPI `e2b-code-interpreter`, pinned) against `stockade serve`'s
+`code-interpreter-v1` template: our own checks, one JSON line each, judged (and checked from
+the host where it can be) by tests/it/e2b.rs.
+"""
+
+import json
+import os
+import sys
+
+from e2b_code_interpreter import Sandbox
+
+
+def say(check, **seen):
+    print(json.dumps({"check": check, **seen}), flush=True)
+
+
+def kind(e):
+    return type(e).__name__
+
+
+def host_kernels():
+    """From the host: every IPython kernel process, its uid and whether its pid namespace is
+    the host's."""
+    host_ns = os.stat("/proc/self/ns/pid").st_ino
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ipykernel_launcher" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+            out.append({"uid": uid, "host_ns": os.stat(f"/proc/{pid}/ns/pid").st_ino == host_ns})
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
+def main():
+    sbx = Sandbox.create(timeout=300)
+    say("created", id=sbx.sandbox_id)
+
+    # State across calls, the last expression's value, and the execution count.
+    first = sbx.run_code("x = 41\nprint('set')")
+    second = sbx.run_code("x + 1")
+    say("state", first_stdout=first.logs.stdout, value=second.text, count=second.execution_count)
+
+    # Callbacks, in the order the output came.
+    seen = []
+    sbx.run_code(
+        "import sys\nprint('out one')\nprint('err one', file=sys.stderr)\ndisplay('shown')\n'last'",
+        on_stdout=lambda m: seen.append(["stdout", m.line]),
+        on_stderr=lambda m: seen.append(["stderr", m.line]),
+        on_result=lambda r: seen.append(["result", r.text]),
+    )
+    say("callbacks", seen=seen)
+
+    # An error: its name, value and traceback, and on_error.
+    errors = []
+    e = sbx.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", e.error.traceback)
+    say("error", name=e.error.name, value=e.error.value, has_frame="return 1 / 0" in plain, called=len(errors))
+
+    # A chart: a matplotlib figure comes back as a PNG.
+    c = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.title('t')\nplt.show()")
+    png = next((r.png for r in c.results if r.png), None)
+    say("chart", png_magic=png[:8] if png else None, png_len=len(png or ""), error=str(c.error)[:200] if c.error else None)
+
+    # Per-call environment variables, gone after the call.
+    env_in = sbx.run_code("import os\nos.environ.get('STK_VAR')", envs={"STK_VAR": "per-call"})
+    env_after = sbx.run_code("import os\nos.environ.get('STK_VAR')")
+    say("envs", during=env_in.text, after=env_after.text)
+
+    # A timeout interrupts the kernel and keeps its state.
+    try:
+        sbx.run_code("import time\nwhile True:\n    time.sleep(0.05)", timeout=3)
+        timed = None
+    except Exception as err:  # noqa: BLE001
+        timed = kind(err)
+    kept = sbx.run_code("x")
+    say("timeout", raised=timed, kept=kept.text)
+
+    # Contexts: bash keeps its state; contexts are apart; listed; removed.
+    bash = sbx.create_code_context(language="bash")
+    sbx.run_code("COUNT=7; cd /tmp", context=bash)
+    b2 = sbx.run_code("echo $COUNT $(pwd)", context=bash)
+    py2 = sbx.create_code_context(language="python")
+    apart = sbx.run_code("'x' in globals()", context=py2)
+    listed = sorted(c.language for c in sbx.list_code_contexts())
+    sbx.remove_code_context(py2)
+    after_remove = sorted(c.language for c in sbx.list_code_contexts())
+    try:
+        sbx.run_code("1", language="cobol")
+        unknown = None
+    except Exception as err:  # noqa: BLE001
+        unknown = kind(err)
+    say("contexts", bash=b2.logs.stdout, apart=apart.text, listed=listed, after_remove=after_remove, unknown=unknown)
+
+    # Restarting a context clears it, and is told as done.
+    sbx.run_code("y = 5", context=bash)
+    default = [c for c in sbx.list_code_contexts() if c.language == "python"][0]
+    sbx.restart_code_context(default)
+    gone = sbx.run_code("'x' in globals()")
+    say("restart", cleared=gone.text)
+
+    # Hostile code: a flood of output is cut at the server's bound; a fork bomb stays inside
+    # the sandbox's process limit, and the kernel (or its replacement) answers after.
+    flood = sbx.run_code("import sys\nfor _ in range(400):\n    sys.stdout.write('y' * 100000 + '\\n')", timeout=120)
+    flood_bytes = sum(len(s) for s in flood.logs.stdout)
+    cut = any("stockade: the output passed" in s for s in flood.logs.stderr)
+    bomb = sbx.run_code("import os\nfor _ in range(100000):\n    try:\n        os.fork()\n    except OSError:\n        break",
+                        timeout=60)
+    after_bomb = sbx.run_code("21 * 2", timeout=60)
+    say("hostile", flood_bytes=flood_bytes, cut=cut, bomb_error=bomb.error.name if bomb.error else None,
+        after_bomb=after_bomb.text)
+
+    say("kernels_from_host", kernels=host_kernels())
+    sbx.kill()
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)
