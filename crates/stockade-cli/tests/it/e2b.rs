@@ -1098,7 +1098,7 @@ fn g11_e2b_a_sandbox_s_port_is_reached_through_the_server_with_its_token() {
 /// the last expression's value, the execution count), callbacks in the order the output
 /// came, an error with its traceback, a matplotlib chart as a PNG, per-call environment
 /// variables, a timeout that interrupts and keeps the state, contexts per language (bash's
-/// state kept, contexts apart, removed, restarted), and hostile code (a flood of output cut
+/// and JavaScript's state kept, contexts apart, removed, restarted), and hostile code (a flood of output cut
 /// at the bound, a fork bomb held by the sandbox's process limit, the kernel answering
 /// after). Judged from the host: every kernel runs in a pid namespace not the host's, as a
 /// uid not root's.
@@ -1136,6 +1136,12 @@ fn g12_the_code_interpreter_sdk_runs_stateful_kernels_inside_the_sandbox() {
     assert_eq!(x["listed"], serde_json::json!(["bash", "python", "python"]), "{x:?}");
     assert_eq!(x["after_remove"], serde_json::json!(["bash", "python"]), "{x:?}");
     assert_eq!(x["unknown"], "SandboxException", "{x:?}");
+    let js = &c["javascript"];
+    assert_eq!(js["first"], serde_json::json!([["js [ 1, 2 ]\n"], "40"]), "{js:?}");
+    assert_eq!(js["second"], "42", "{js:?}");
+    assert_eq!(js["env"], serde_json::json!(["'set'", null]), "{js:?}");
+    assert_eq!(js["error"], serde_json::json!(["TypeError", "Cannot read properties of null (reading 'x')"]), "{js:?}");
+    assert_eq!((&js["timed"], &js["kept"]), (&"TimeoutException".into(), &"40".into()), "{js:?}");
     assert_eq!(c["restart"]["cleared"], "False");
     let h = &c["hostile"];
     assert_eq!(h["cut"], true, "{h:?}");

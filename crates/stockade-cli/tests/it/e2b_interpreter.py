@@ -94,11 +94,27 @@ def main():
     sbx.remove_code_context(py2)
     after_remove = sorted(c.language for c in sbx.list_code_contexts())
     try:
-        sbx.run_code("1", language="cobol")
+        sbx.run_code("1", language="cobol")  # not offered
         unknown = None
     except Exception as err:  # noqa: BLE001
         unknown = kind(err)
     say("contexts", bash=b2.logs.stdout, apart=apart.text, listed=listed, after_remove=after_remove, unknown=unknown)
+
+    # JavaScript (Node, one persistent `vm` context): state kept, console output, errors,
+    # per-call envs, and an interrupt that keeps the state.
+    js1 = sbx.run_code("let a = 40; const inc = (x) => x + 1; console.log('js', [1, 2]); a", language="javascript")
+    js2 = sbx.run_code("inc(a + 1)", language="javascript")
+    js_env = sbx.run_code("process.env.STK_JS", language="javascript", envs={"STK_JS": "set"})
+    js_env_after = sbx.run_code("process.env.STK_JS", language="javascript")
+    js_err = sbx.run_code("null.x", language="javascript")
+    try:
+        sbx.run_code("while (true) {}", language="javascript", timeout=3)
+        js_timed = None
+    except Exception as err:  # noqa: BLE001
+        js_timed = kind(err)
+    js_kept = sbx.run_code("a", language="javascript")
+    say("javascript", first=[js1.logs.stdout, js1.text], second=js2.text, env=[js_env.text, js_env_after.text],
+        error=[js_err.error.name, js_err.error.value] if js_err.error else None, timed=js_timed, kept=js_kept.text)
 
     # Restarting a context clears it, and is told as done.
     sbx.run_code("y = 5", context=bash)

@@ -46,7 +46,14 @@ for _rc in ("/etc/matplotlibrc", "/usr/share/matplotlib/mpl-data/matplotlibrc"):
     if os.path.isfile(_rc):
         os.environ.setdefault("MATPLOTLIBRC", _rc)
         break
-LANGUAGES = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash"}
+LANGUAGES = {
+    "python": "python",
+    "python3": "python",
+    "bash": "bash",
+    "sh": "bash",
+    "javascript": "javascript",
+    "js": "javascript",
+}
 MIME = {
     "text/plain": "text",
     "text/html": "html",
@@ -244,6 +251,96 @@ class BashContext:
             self.p.stdin.flush()
 
 
+# The JavaScript kernel: one Node process per context, evaluating each request in one
+# persistent `vm` context (its `let`, `const`, `var` and functions kept), console output and
+# the last value told as JSON lines on stdout, a SIGINT interrupting the running code.
+NODE_DRIVER = r"""
+const vm = require("vm"), util = require("util"), fs = require("fs"), readline = require("readline");
+const say = (o) => fs.writeSync(1, JSON.stringify(o) + "\n");
+const out = (type) => (...a) => say({type, text: util.format(...a) + "\n", timestamp: Date.now() * 1e6});
+const sandbox = {console: {log: out("stdout"), info: out("stdout"), debug: out("stdout"),
+                           error: out("stderr"), warn: out("stderr")},
+                 require, process, Buffer, setTimeout, clearTimeout, setInterval, clearInterval};
+sandbox.globalThis = sandbox;
+const ctx = vm.createContext(sandbox);
+let count = 0;
+process.on("SIGINT", () => {});
+readline.createInterface({input: process.stdin}).on("line", async (line) => {
+  const req = JSON.parse(line);
+  try {
+    let value = vm.runInContext(req.code, ctx, {breakOnSigint: true, filename: "<cell>"});
+    if (value && typeof value.then === "function") value = await value;
+    if (value !== undefined) say({type: "result", is_main_result: true, text: util.inspect(value)});
+  } catch (e) {
+    // An error of the context's own realm is not an `Error` of this one: read its fields.
+    const isErr = e !== null && typeof e === "object" && "message" in e;
+    say({type: "error", name: isErr ? String(e.name || "Error") : "Error", value: isErr ? String(e.message) : String(e),
+         traceback: isErr ? String(e.stack || "") : ""});
+  }
+  say({type: "number_of_executions", execution_count: ++count});
+  say({type: "done"});
+});
+"""
+
+
+class JsContext:
+    language = "javascript"
+
+    def __init__(self, cwd):
+        self.cwd = cwd
+        self.start()
+
+    def start(self):
+        self.p = subprocess.Popen(["node", "-e", NODE_DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True)
+
+    def stop(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait()
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def run(self, code, envs, emit, cancelled):
+        setup = "".join(f"process.env[{json.dumps(k)}] = {json.dumps(v)};\n" for k, v in (envs or {}).items())
+        self.p.stdin.write((json.dumps({"code": setup + code}) + "\n").encode())
+        self.p.stdin.flush()
+        fd, pending, interrupted = self.p.stdout.fileno(), b"", False
+        while True:
+            if self.p.poll() is not None:
+                emit({"type": "error", "name": "KernelDied", "value": "node ended", "traceback": ""})
+                self.start()
+                return
+            if not interrupted and cancelled():
+                os.kill(self.p.pid, signal.SIGINT)
+                interrupted = True
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                continue
+            pending += os.read(fd, 65536)
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                line = json.loads(raw)
+                if line.get("type") == "done":
+                    if envs:
+                        unset = "".join(f"delete process.env[{json.dumps(k)}];\n" for k in envs)
+                        self.p.stdin.write((json.dumps({"code": unset + "undefined"}) + "\n").encode())
+                        self.p.stdin.flush()
+                        self.drain()
+                    return
+                emit(line)
+
+    def drain(self):
+        """Reads one quiet request's lines, to its end."""
+        pending = b""
+        while b'"done"' not in pending:
+            pending += os.read(self.p.stdout.fileno(), 65536)
+
+
 class Contexts:
     def __init__(self):
         self.lock = threading.Lock()
@@ -253,14 +350,14 @@ class Contexts:
     def make(self, language, cwd):
         kind = LANGUAGES.get((language or "python").lower())
         if kind is None:
-            raise Refused(400, f"language {language!r} is not offered by this sandbox (python and bash are)")
+            raise Refused(400, f"language {language!r} is not offered by this sandbox (python, bash and javascript are)")
         cwd = cwd or HOME
         if not os.path.isdir(cwd):
             raise Refused(400, f"cwd {cwd!r} is not a directory")
         with self.lock:
             if len(self.all) >= MAX_CONTEXTS:
                 raise Refused(429, f"at most {MAX_CONTEXTS} contexts; remove one first")
-        ctx = PythonContext(cwd) if kind == "python" else BashContext(cwd)
+        ctx = {"python": PythonContext, "bash": BashContext, "javascript": JsContext}[kind](cwd)
         ctx.id = str(uuid.uuid4())
         ctx.busy = threading.Lock()
         with self.lock:
@@ -270,7 +367,7 @@ class Contexts:
     def default(self, language):
         kind = LANGUAGES.get((language or "python").lower())
         if kind is None:
-            raise Refused(400, f"language {language!r} is not offered by this sandbox (python and bash are)")
+            raise Refused(400, f"language {language!r} is not offered by this sandbox (python, bash and javascript are)")
         with self.lock:
             ctx = self.defaults.get(kind)
             if ctx is not None and ctx.id in self.all:
