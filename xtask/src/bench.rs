@@ -317,6 +317,18 @@ fn serve(root: &Path, target: &Path, write: bool) -> Result<()> {
         shown(docker_run),
         ratio(create, docker_run)
     );
+    let (code, bare) = (p50("run_code"), p50("bare_kernel"));
+    let slower = match (code, bare) {
+        (Some(c), Some(b)) if b > 0.0 => format!("{:.2}x the bare kernel's time", c / b),
+        _ => "n/a".to_owned(),
+    };
+    let _ = writeln!(
+        table,
+        "| code-interpreter SDK `run_code(\"1+1\")` round trip | {} | ≤ 1.5x the bare kernel | a local IPython kernel's `execute(\"1+1\")` (jupyter_client, no sandbox): {} | {} |",
+        shown(code),
+        shown(bare),
+        slower
+    );
     println!("\n{table}");
     if write {
         write_docs(root, "serve", &table)?;
