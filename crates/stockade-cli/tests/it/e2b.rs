@@ -1148,6 +1148,7 @@ fn g12_the_code_interpreter_sdk_runs_stateful_kernels_inside_the_sandbox() {
     let flood = h["flood_bytes"].as_u64().unwrap();
     assert!(flood > 0 && flood <= 16 << 20, "{h:?}");
     assert_eq!(h["after_bomb"], "42", "{h:?}");
+    assert_eq!((&c["kernel_died"]["error"], &c["kernel_died"]["next"]), (&"KernelDied".into(), &"False".into()));
     let kernels = c["kernels_from_host"]["kernels"].as_array().unwrap();
     assert!(!kernels.is_empty());
     for k in kernels {

@@ -134,6 +134,12 @@ def main():
     say("hostile", flood_bytes=flood_bytes, cut=cut, bomb_error=bomb.error.name if bomb.error else None,
         after_bomb=after_bomb.text)
 
+    # A kernel that dies is reported, and a new one answers the next call (its state gone).
+    sbx.run_code("z = 1")
+    died = sbx.run_code("import os\nos._exit(1)", timeout=60)
+    next_call = sbx.run_code("'z' in globals()", timeout=60)
+    say("kernel_died", error=died.error.name if died.error else None, next=next_call.text)
+
     say("kernels_from_host", kernels=host_kernels())
     sbx.kill()
 
