@@ -1,4 +1,4 @@
-//! A directory watch of the files API ([`Files::watch`], envd's `CreateWatcher`): inotify on
+//! A directory watch of the files API ([`Files::watch`](crate::files::Files::watch), envd's `CreateWatcher`): inotify on
 //! the host directories the guest's path names, read by whoever owns the [`Watch`] when its
 //! descriptor is readable ([`Watch::fd`], [`Watch::process`]).
 //!

@@ -197,7 +197,7 @@ impl std::fmt::Debug for ProcessSession {
     }
 }
 
-/// What a session uses at one moment ([`ProcessSession::usage`]).
+/// What a session uses at one moment ([`UsageMeter::read`], from [`ProcessSession::usage_meter`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SessionUsage {
     /// Memory in use (its cgroup's), bytes.
