@@ -42,9 +42,13 @@ fn unix_now() -> i64 {
 }
 
 impl MetricLog {
-    /// Whether a sample is due (and none is being taken); if so, it is claimed.
-    fn claim(&mut self, now: Instant) -> bool {
-        let due = !self.taking && self.last.is_none_or(|(at, _)| now.duration_since(at) >= SAMPLE_EVERY);
+    /// Whether a sample is due ([`SAMPLE_EVERY`] after the last, or after the sandbox was
+    /// made; always, with `now_anyway`) and none is being taken; if so, it is claimed. A
+    /// sandbox that lives less than [`SAMPLE_EVERY`] costs its owner no sample unless one is
+    /// asked for.
+    fn claim(&mut self, now: Instant, started: Instant, now_anyway: bool) -> bool {
+        let since = self.last.map_or(started, |(at, _)| at);
+        let due = !self.taking && (now_anyway || now.duration_since(since) >= SAMPLE_EVERY);
         self.taking |= due;
         due
     }
@@ -81,10 +85,10 @@ fn sample_json(s: &Sample) -> serde_json::Value {
 }
 
 impl Sandbox {
-    /// Takes a sample if one is due.
-    pub(crate) async fn sample(&self, started: Instant) {
+    /// Takes a sample if one is due (or, `now_anyway`, if none is being taken).
+    pub(crate) async fn sample(&self, started: Instant, now_anyway: bool) {
         let now = Instant::now();
-        if !self.metrics().claim(now) {
+        if !self.metrics().claim(now, started, now_anyway) {
             return;
         }
         let usage = self.session.usage().await;
@@ -111,7 +115,7 @@ impl E2bServer {
             (Err(e), _) | (_, Err(e)) => return api_error(StatusCode::BAD_REQUEST, &e),
         };
         if b.metrics().samples.is_empty() {
-            b.sample(b.made).await;
+            b.sample(b.made, true).await;
         }
         let out: Vec<serde_json::Value> =
             b.metrics().samples.iter().filter(|s| (start..=end).contains(&s.unix)).map(sample_json).collect();

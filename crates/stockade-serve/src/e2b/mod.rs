@@ -413,7 +413,7 @@ impl E2bServer {
         }
         let live: Vec<Arc<Sandbox>> = self.boxes().values().cloned().collect();
         for b in live {
-            b.sample(b.made).await;
+            b.sample(b.made, false).await;
         }
     }
 
