@@ -123,6 +123,12 @@ def main():
     gone = sbx.run_code("'x' in globals()")
     say("restart", cleared=gone.text)
 
+    # A kernel that dies is reported, and a new one answers the next call (its state gone).
+    sbx.run_code("z = 1")
+    died = sbx.run_code("import os\nos._exit(1)", timeout=60)
+    next_call = sbx.run_code("'z' in globals()", timeout=60)
+    say("kernel_died", error=died.error.name if died.error else None, next=next_call.text)
+
     # Hostile code: a flood of output is cut at the server's bound; a fork bomb stays inside
     # the sandbox's process limit, and the kernel (or its replacement) answers after.
     flood = sbx.run_code("import sys\nfor _ in range(400):\n    sys.stdout.write('y' * 100000 + '\\n')", timeout=120)
@@ -133,12 +139,6 @@ def main():
     after_bomb = sbx.run_code("21 * 2", timeout=60)
     say("hostile", flood_bytes=flood_bytes, cut=cut, bomb_error=bomb.error.name if bomb.error else None,
         after_bomb=after_bomb.text)
-
-    # A kernel that dies is reported, and a new one answers the next call (its state gone).
-    sbx.run_code("z = 1")
-    died = sbx.run_code("import os\nos._exit(1)", timeout=60)
-    next_call = sbx.run_code("'z' in globals()", timeout=60)
-    say("kernel_died", error=died.error.name if died.error else None, next=next_call.text)
 
     say("kernels_from_host", kernels=host_kernels())
     sbx.kill()

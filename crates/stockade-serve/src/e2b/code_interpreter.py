@@ -15,7 +15,8 @@ last expression's value, `display()`, magics and tracebacks are IPython's. bash 
 persistent bash process per context (its variables and working directory kept). A client
 that goes away (the SDK's timeout) interrupts its execution; the context's state is kept.
 Bounds: a request body of 1 MiB, 16 MiB of output per execution (then it is interrupted),
-16 contexts, 32 requests at once.
+16 contexts, 32 connections served at once (on threads started with the server, so a
+sandbox at its process limit is still answered).
 
 Written for stockade; it shares no code with E2B's own server.
 """
@@ -392,7 +393,6 @@ class Contexts:
 
 
 CONTEXTS = Contexts()
-SLOTS = threading.BoundedSemaphore(MAX_REQUESTS)
 
 
 def describe(ctx):
@@ -428,16 +428,12 @@ class Handler(BaseHTTPRequestHandler):
         return value
 
     def handle_one(self, method):
-        if not SLOTS.acquire(blocking=False):
-            return self.answer(503, {"error": f"at most {MAX_REQUESTS} requests at once"})
         try:
             self.route(method)
         except Refused as e:
             self.answer(e.status, {"error": str(e)})
         except (BrokenPipeError, ConnectionResetError):
             pass
-        finally:
-            SLOTS.release()
 
     def route(self, method):
         path = self.path.split("?", 1)[0].rstrip("/")
@@ -531,10 +527,37 @@ def socket_peek():
     return socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 
+class PooledServer(ThreadingHTTPServer):
+    """Serves each connection on one of MAX_REQUESTS threads started before the first
+    request, so a sandbox at its process limit (a fork bomb's) is still answered: no
+    request needs a new thread. A connection waits for a free thread."""
+
+    def __init__(self, address, handler):
+        super().__init__(address, handler)
+        self.pending = queue.Queue(maxsize=MAX_REQUESTS)
+        for _ in range(MAX_REQUESTS):
+            threading.Thread(target=self.work, daemon=True).start()
+
+    def process_request(self, request, client_address):
+        try:
+            self.pending.put_nowait((request, client_address))
+        except queue.Full:
+            self.shutdown_request(request)
+
+    def work(self):
+        while True:
+            request, client_address = self.pending.get()
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - one connection's failure is its own
+                pass
+            finally:
+                self.shutdown_request(request)
+
+
 def main():
     CONTEXTS.default("python")
-    server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
-    server.daemon_threads = True
+    server = PooledServer(("127.0.0.1", PORT), Handler)
     print(f"stockade code interpreter on 127.0.0.1:{PORT}", file=sys.stderr, flush=True)
     server.serve_forever()
 
