@@ -15,12 +15,13 @@ last expression's value, `display()`, magics and tracebacks are IPython's. bash 
 persistent bash process per context (its variables and working directory kept). A client
 that goes away (the SDK's timeout) interrupts its execution; the context's state is kept.
 Bounds: a request body of 1 MiB, 16 MiB of output per execution (then it is interrupted),
-16 contexts, 32 connections served at once (on threads started with the server, so a
+16 contexts, 8 connections served at once (on threads started with the server, so a
 sandbox at its process limit is still answered).
 
 Written for stockade; it shares no code with E2B's own server.
 """
 
+import asyncio
 import json
 import os
 import queue
@@ -38,7 +39,7 @@ HOME = os.environ.get("HOME") or "/home/user"
 MAX_BODY = 1 << 20
 MAX_OUTPUT = 16 << 20
 MAX_CONTEXTS = 16
-MAX_REQUESTS = 32
+MAX_REQUESTS = 8
 # The kernels debugger (debugpy) warns on stderr about frozen modules without this.
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 # Debian's matplotlib reads /etc/matplotlibrc, which the sandbox's view has not; its copy
@@ -434,6 +435,11 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(e.status, {"error": str(e)})
         except (BrokenPipeError, ConnectionResetError):
             pass
+        except Exception as e:  # noqa: BLE001 - a failure is said, in one line, not a closed connection
+            try:
+                self.answer(500, {"error": f"{type(e).__name__}: {e}"})
+            except OSError:
+                pass
 
     def route(self, method):
         path = self.path.split("?", 1)[0].rstrip("/")
@@ -547,12 +553,19 @@ class PooledServer(ThreadingHTTPServer):
     def work(self):
         while True:
             request, client_address = self.pending.get()
+            # Each connection gets an event loop of its own, as a thread of its own would:
+            # jupyter_client's blocking calls run on the thread's loop, and one a previous
+            # connection left closed would fail the next.
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             try:
                 self.finish_request(request, client_address)
             except Exception:  # noqa: BLE001 - one connection's failure is its own
                 pass
             finally:
                 self.shutdown_request(request)
+                asyncio.set_event_loop(None)
+                loop.close()
 
 
 def main():
