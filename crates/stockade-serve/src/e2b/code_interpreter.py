@@ -178,18 +178,9 @@ class PythonContext:
                            "    _stk_os.environ.pop(_k, None) if _v is None else _stk_os.environ.__setitem__(_k, _v)")
 
 
-class BashContext:
-    language = "bash"
-
-    def __init__(self, cwd):
-        self.cwd = cwd
-        self.count = 0
-        self.start()
-
-    def start(self):
-        self.p = subprocess.Popen(["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
-                                  start_new_session=True)
+class ProcessKernel:
+    """A kernel that is one process of its own session (bash, Node): stopped with all it
+    started, restarted as new."""
 
     def stop(self):
         try:
@@ -201,6 +192,20 @@ class BashContext:
     def restart(self):
         self.stop()
         self.start()
+
+
+class BashContext(ProcessKernel):
+    language = "bash"
+
+    def __init__(self, cwd):
+        self.cwd = cwd
+        self.count = 0
+        self.start()
+
+    def start(self):
+        self.p = subprocess.Popen(["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
+                                  start_new_session=True)
 
     def interrupt(self):
         """SIGINT to what bash runs (bash itself keeps its state)."""
@@ -285,7 +290,7 @@ readline.createInterface({input: process.stdin}).on("line", async (line) => {
 """
 
 
-class JsContext:
+class JsContext(ProcessKernel):
     language = "javascript"
 
     def __init__(self, cwd):
@@ -295,17 +300,6 @@ class JsContext:
     def start(self):
         self.p = subprocess.Popen(["node", "-e", NODE_DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True)
-
-    def stop(self):
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait()
-
-    def restart(self):
-        self.stop()
-        self.start()
 
     def run(self, code, envs, emit, cancelled):
         setup = "".join(f"process.env[{json.dumps(k)}] = {json.dumps(v)};\n" for k, v in (envs or {}).items())

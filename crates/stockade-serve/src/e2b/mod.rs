@@ -188,6 +188,19 @@ impl Sandbox {
         }
     }
 
+    /// Whether it answers traffic: a running sandbox does; a paused one does not, unless it
+    /// resumes on traffic (then it is resumed, its time extended).
+    async fn awake(&self) -> bool {
+        if !self.session.paused() {
+            return true;
+        }
+        if !self.auto_resume || self.session.resume().await.is_err() {
+            return false;
+        }
+        self.extend_timeout(DEFAULT_TIMEOUT_SECS);
+        true
+    }
+
     fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<watch::Watcher>>> {
         self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
     }

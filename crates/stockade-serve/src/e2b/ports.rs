@@ -72,11 +72,8 @@ impl E2bServer {
                 "a request to a sandbox's port presents its traffic token (E2B-Traffic-Access-Token)",
             );
         }
-        if b.session.paused() {
-            if !b.auto_resume || b.session.resume().await.is_err() {
-                return not_running(id);
-            }
-            b.extend_timeout(DEFAULT_TIMEOUT_SECS);
+        if !b.awake().await {
+            return not_running(id);
         }
         let stream = match b.session.connect(port).await {
             Ok(s) => s,

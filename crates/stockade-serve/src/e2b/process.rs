@@ -226,12 +226,8 @@ impl E2bServer {
             }
             b
         };
-        if b.session.paused() {
-            // A paused sandbox's envd does not answer, unless traffic resumes it.
-            if !b.auto_resume || b.session.resume().await.is_err() {
-                return not_running(&id);
-            }
-            b.extend_timeout(DEFAULT_TIMEOUT_SECS);
+        if !b.awake().await {
+            return not_running(&id);
         }
         if let Err(e) = check_user(basic_user(req.headers()).as_deref()) {
             return fail(e);
