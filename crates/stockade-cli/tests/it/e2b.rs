@@ -1123,6 +1123,14 @@ fn g12_the_code_interpreter_sdk_runs_stateful_kernels_inside_the_sandbox() {
         "{e:?}"
     );
     assert_eq!(c["chart"]["png_magic"], "iVBORw0K", "a PNG: {:?}", c["chart"]);
+    let line = serde_json::json!(["LineChart", "t", "time (s)", "s", [["v", [[1.0, 4.0], [2.0, 1.0], [3.0, 9.0]]]]]);
+    assert_eq!(c["chart"]["line"], line, "the line chart's data: {:?}", c["chart"]);
+    let two = serde_json::json!(["SuperChart", "two", [
+        ["BarChart", [{"label": "", "group": "x", "value": 3.0}, {"label": "", "group": "y", "value": 5.0}]],
+        ["BoxAndWhiskerChart", [{"label": "p", "min": 1.0, "first_quartile": 2.0, "median": 3.0,
+            "third_quartile": 4.0, "max": 4.0, "outliers": [50.0]}]]
+    ]]);
+    assert_eq!(c["chart"]["superchart"], two, "a figure of two axes: {:?}", c["chart"]);
     assert_eq!((&c["envs"]["during"], &c["envs"]["after"]), (&"'per-call'".into(), &Value::Null));
     assert_eq!(
         (&c["timeout"]["raised"], &c["timeout"]["kept"]),

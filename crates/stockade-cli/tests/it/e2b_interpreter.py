@@ -65,10 +65,21 @@ def main():
     plain = re.sub(r"\x1b\[[0-9;]*m", "", e.error.traceback)
     say("error", name=e.error.name, value=e.error.value, has_frame="return 1 / 0" in plain, called=len(errors))
 
-    # A chart: a matplotlib figure comes back as a PNG.
-    c = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.title('t')\nplt.show()")
-    png = next((r.png for r in c.results if r.png), None)
-    say("chart", png_magic=png[:8] if png else None, png_len=len(png or ""), error=str(c.error)[:200] if c.error else None)
+    # Charts: a matplotlib figure comes back as a PNG and as data (a line chart; a figure of
+    # two axes as a superchart of a bar chart and a box plot).
+    c = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9], label='v')\nplt.title('t')\n"
+                     "plt.xlabel('time (s)')\nplt.show()")
+    shown = next((r for r in c.results if r.png), None)
+    png = shown.png if shown else None
+    line = shown.chart if shown else None
+    two = sbx.run_code("import matplotlib.pyplot as plt\nfig, (a, b) = plt.subplots(1, 2)\na.bar(['x', 'y'], [3, 5])\n"
+                       "b.boxplot([[1, 2, 3, 4, 50]], labels=['p'])\nfig.suptitle('two')\nplt.show()")
+    sup = next((r.chart for r in two.results if r.chart), None)
+    say("chart", png_magic=png[:8] if png else None, png_len=len(png or ""), error=str(c.error)[:200] if c.error else None,
+        line=[type(line).__name__, line.title, line.x_label, line.x_unit, [[e.label, e.points] for e in line.elements]]
+        if line else None,
+        superchart=[type(sup).__name__, sup.title, [[type(p).__name__, p.to_dict()["elements"]] for p in sup.elements]]
+        if sup else None)
 
     # Per-call environment variables, gone after the call.
     env_in = sbx.run_code("import os\nos.environ.get('STK_VAR')", envs={"STK_VAR": "per-call"})

@@ -11,7 +11,8 @@ answers the SDK:
   `POST /contexts/ID/restart`.
 
 Python runs in an IPython kernel (Debian's ipykernel through jupyter_client), so state, the
-last expression's value, `display()`, magics and tracebacks are IPython's. bash runs in one
+last expression's value, `display()`, magics and tracebacks are IPython's; a matplotlib
+figure comes with its chart data (kernel_charts.py, run in each kernel). bash runs in one
 persistent bash process per context (its variables and working directory kept). A client
 that goes away (the SDK's timeout) interrupts its execution; the context's state is kept.
 Bounds: a request body of 1 MiB, 16 MiB of output per execution (then it is interrupted),
@@ -67,7 +68,11 @@ MIME = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    # A figure's data, from the formatter kernel_charts.py registers in each Python kernel.
+    "application/vnd.stockade.chart+json": "chart",
 }
+# kernel_charts.py's source (the server's first argument), run once in each Python kernel.
+KERNEL_SETUP = sys.argv[1] if len(sys.argv) > 1 else ""
 
 
 class Refused(Exception):
@@ -105,6 +110,8 @@ class PythonContext:
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        if KERNEL_SETUP:
+            self.quiet(KERNEL_SETUP)
 
     def stop(self):
         try:

@@ -12,6 +12,10 @@ use super::*;
 /// The server, run by the sandbox's `python3`.
 const SERVER: &str = include_str!("code_interpreter.py");
 
+/// What each of its Python kernels runs first: chart data for matplotlib figures (the server's
+/// first argument).
+const KERNEL_CHARTS: &str = include_str!("kernel_charts.py");
+
 /// Its port on the sandbox's loopback (the SDK's `JUPYTER_PORT`).
 pub(crate) const PORT: u16 = 49999;
 
@@ -20,7 +24,7 @@ const START_WITHIN: Duration = Duration::from_secs(60);
 
 /// Starts the server in `session` and waits until it accepts connections.
 pub(crate) async fn start(session: &Arc<Session>) -> Result<(), String> {
-    let argv = ["python3".to_owned(), "-c".to_owned(), SERVER.to_owned()];
+    let argv = ["python3".to_owned(), "-c".to_owned(), SERVER.to_owned(), KERNEL_CHARTS.to_owned()];
     let job = exec_job(&argv, Vec::new(), Vec::new(), Some(stockade_runtime::protocol::limits::MAX_DURATION))
         .map_err(|e| e.to_string())?;
     let opts = StartOptions { pty: None, stdin: false, tag: Some("code-interpreter".into()) };
