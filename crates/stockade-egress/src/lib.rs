@@ -28,8 +28,8 @@
 //! rcgen (the per-run CA) and rustls-native-certs (the host's roots). Used by: `stockade-runtime` (the
 //! network grant). Beside the tiers: it isolates nothing; it decides and carries what a
 //! tier's guest may send out of the one door the tier leaves.
-//! API boundary: yes; [`NetPolicy`], [`NetRule`], [`Resolve`], [`NetLimits`], [`NetGrant`] and
-//! the per-run [`Egress`] it starts.
+//! API boundary: yes; [`NetPolicy`], [`NetRule`], [`Resolve`], [`NetLimits`], [`NetScope`],
+//! [`NetGrant`] and the per-run [`Egress`] it starts.
 //!
 //! # Threat model
 //! Trusted: the host program, the policy and its author, the host's resolver (for names the
@@ -116,6 +116,12 @@
 //!     proxy, so a fetch is decided, checked and recorded as a connection is, and a refusal
 //!     is the proxy's own reply (`Proxy-Status: stockade`), never an upstream's.
 //!     (pinned by: tests/it/proxy.rs::g9_*)
+//! G10. A scope only narrows ([`NetScope`], [`NetGrant::scope`]): a connection the policy
+//!     allowed goes on only if its name matches an allow entry, or neither its name nor any
+//!     address it is connected at matches a deny entry (allow wins, as E2B's `allowOut`
+//!     over `denyOut`); the addresses checked are the ones connected to. Its holder may
+//!     replace the lists at any time, and each connection decided after sees the new ones.
+//!     (pinned by: tests/it/proxy.rs::g10_*, src/scope.rs)
 //!
 //! # Non-guarantees
 //! Domain fronting past the SNI (an HTTP `Host` inside the tunnel that differs) and
@@ -156,6 +162,7 @@ pub mod fuzzing;
 mod http;
 mod policy;
 mod proxy;
+mod scope;
 mod secret;
 mod socks;
 mod tls;
@@ -164,4 +171,5 @@ pub use addr::reachable;
 pub use fetch::{FetchError, MAX_FETCH_BODY, MAX_FETCH_RESPONSE};
 pub use policy::{NET_TOOL, NetPolicy, NetPolicyError, NetRule, Resolve};
 pub use proxy::{Egress, Kind, NetGrant, NetLimits, OnRefused, Prefixed, classify, denied_line, proxy_env};
+pub use scope::{NetScope, ScopeRules};
 pub use secret::{CA_ENV, NetSecret, SECRET_ENV_PREFIX};

@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 
 use crate::http::{self, Body, Request};
 use crate::policy::{NET_TOOL, NetPolicy, NetPolicyError, Resolve};
+use crate::scope::{NameScope, NetScope};
 use crate::secret::{Intercept, NetSecret, SECRET_ENV_PREFIX, Target};
 use crate::socks;
 use crate::tls::{self, Hello};
@@ -141,6 +142,8 @@ struct Inner {
     slots: Semaphore,
     records: Mutex<GrantsReport>,
     on_refused: Option<OnRefused>,
+    /// The scope laid over the policy, if the grant has one.
+    scope: Option<NetScope>,
     /// The secret hosts' interception, if the grant has secrets (`Err`: it could not be
     /// set up, and every tunnel to a secret host is refused, saying why).
     intercept: Option<Result<Intercept, (Vec<String>, String)>>,
@@ -237,6 +240,7 @@ pub struct NetGrant {
     on_refused: Option<OnRefused>,
     secrets: Vec<NetSecret>,
     client: Option<Arc<rustls::ClientConfig>>,
+    scope: Option<NetScope>,
 }
 
 impl std::fmt::Debug for NetGrant {
@@ -260,7 +264,16 @@ impl NetGrant {
             on_refused: None,
             secrets: Vec::new(),
             client: None,
+            scope: None,
         }
+    }
+
+    /// Narrows every run of this grant by `scope` (which its holder may replace while the
+    /// runs go on): within the policy's yes, a connection must also be in scope.
+    #[must_use]
+    pub fn scope(mut self, scope: NetScope) -> Self {
+        self.scope = Some(scope);
+        self
     }
 
     /// Keeps `secrets` out of the sandbox (G8): for each one's host, the guest's TLS ends
@@ -330,6 +343,7 @@ impl NetGrant {
                 down: AtomicU64::new(0),
                 records: Mutex::new(GrantsReport::default()),
                 on_refused: self.on_refused.clone(),
+                scope: self.scope.clone(),
                 intercept: (!self.secrets.is_empty()).then(|| {
                     Intercept::start(&self.secrets)
                         .map_err(|why| (self.secrets.iter().map(|s| s.host().to_owned()).collect(), why))
@@ -545,8 +559,34 @@ impl Egress {
 
     /// The addresses `host:port` may be connected at (G3): a literal the policy allowed, a
     /// [`Resolve`] entry, or what the host's resolver says, less every address a name may
-    /// not reach. `Err` has been recorded.
+    /// not reach, and every address out of the grant's scope. `Err` has been recorded.
     async fn addresses(&self, conn: &mut Conn) -> Result<Vec<SocketAddr>, ()> {
+        let scope = self.inner.scope.as_ref().map(NetScope::rules);
+        let addrs = self.reachable_addresses(conn).await?;
+        let Some(scope) = scope else { return Ok(addrs) };
+        let host = conn.record.host.clone();
+        let out_of_scope = |conn: &mut Conn, why: String| {
+            conn.refuse(NetDecision::Denied, "scope", format!("{host} is out of the sandbox's network scope: {why}"));
+        };
+        match scope.name(&host) {
+            NameScope::Allowed => return Ok(addrs),
+            NameScope::Denied => {
+                out_of_scope(conn, "a deny entry names it".into());
+                return Err(());
+            }
+            NameScope::ByAddress => {}
+        }
+        let (ok, denied): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs.iter().partition(|a| scope.address(a.ip()));
+        if ok.is_empty() {
+            let ip = denied.first().map_or_else(String::new, |a| a.ip().to_string());
+            out_of_scope(conn, format!("{ip} is in a denied block, and no allow entry names it"));
+            return Err(());
+        }
+        Ok(ok)
+    }
+
+    /// [`Self::addresses`], before the scope.
+    async fn reachable_addresses(&self, conn: &mut Conn) -> Result<Vec<SocketAddr>, ()> {
         let (host, port) = (conn.record.host.clone(), conn.record.port);
         if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
             // A literal the deciding rule did not name is held to the same address check

@@ -872,6 +872,29 @@ pub struct NetworkConfig {
     /// Hosts it may not reach.
     #[serde(default)]
     pub deny_out: Vec<String>,
+    /// The `Host` a request to one of its ports carries upstream (`${PORT}` is the port).
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
+    /// Anything else the SDK can set (refused when present).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): the egress lists, which
+/// replace the sandbox's all at once (a list left out is cleared). Keys it does not name are
+/// kept in `other`, for the server to refuse by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdate {
+    /// Hosts (or `ALL_TRAFFIC`) the sandbox may reach.
+    #[serde(default)]
+    pub allow_out: Vec<String>,
+    /// Hosts it may not reach.
+    #[serde(default)]
+    pub deny_out: Vec<String>,
+    /// The old network switch (the SDK spells it in snake case).
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
     /// Anything else the SDK can set (refused when present).
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,

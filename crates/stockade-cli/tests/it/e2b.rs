@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -1091,12 +1092,71 @@ fn g11_e2b_a_sandbox_s_port_is_reached_through_the_server_with_its_token() {
     assert_eq!(r["closed"], 502, "{r:?}");
     assert!(r["closed_body"].as_str().unwrap().contains("port is not open"), "{r:?}");
     assert!(!c["port_host_loopback"]["seen"].as_str().unwrap().contains("/some/path"), "{:?}", c["port_host_loopback"]);
+    assert_eq!(c["port_masked"]["host"], "8000-masked.example", "{:?}", c["port_masked"]);
+}
+
+/// A listener on `ip` that answers every request 204 and counts the connections it took.
+fn counting_listener(ip: &str) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = Arc::clone(&count);
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = c.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (port, count)
+}
+
+/// e2b-conformance's network (issue 55): a request's `allowOut`/`denyOut` narrow the
+/// template's grant with E2B's meaning (blocks judged by the address a name resolves to,
+/// allow over deny, `0.0.0.0/0` as all traffic, `allow_internet_access=False` as deny all),
+/// and `update_network` replaces them while the sandbox runs; what E2B offers and stockade
+/// does not (public ports, header transforms) and malformed lists are refused by name.
+/// Judged from the host by what each listener took.
+#[test]
+fn g11_e2b_network_lists_narrow_the_template_s_grant_and_update_at_run_time() {
+    let Some(python) = e2b_python() else { return };
+    let (pa, a) = counting_listener("127.0.0.3");
+    let (pb, b) = counting_listener("127.0.0.4");
+    let toml = format!(
+        "[template.net]\nallow_net = [\"a.test:{pa}\", \"b.test:{pb}\"]\n\
+         net_resolve = [\"a.test:{pa}:127.0.0.3\", \"b.test:{pb}:127.0.0.4\"]\n"
+    );
+    let (server, conf) = server_with_config("network", &toml);
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "network", &format!("{pa},{pb}"));
+    let codes = |k: &str| c[k]["codes"].clone();
+    assert_eq!(codes("net_create_deny_block"), serde_json::json!(["204", "403"]), "{c:?}");
+    assert_eq!(codes("net_update_only_b"), serde_json::json!(["403", "204"]), "{c:?}");
+    assert_eq!(codes("net_update_cleared"), serde_json::json!(["204", "204"]), "{c:?}");
+    assert_eq!(codes("net_no_internet"), serde_json::json!(["403", "403"]), "{c:?}");
+    assert_eq!(codes("net_then_a"), serde_json::json!(["204", "403"]), "{c:?}");
+    // From the host: a was reached three times and b twice; no refused request reached one.
+    let taken = |n: &Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!((taken(&a), taken(&b)), (3, 2));
+    let r = &c["net_refusals"];
+    assert!(r["public"].as_str().unwrap_or("").contains("allowPublicTraffic"), "{r:?}");
+    assert!(r["bad_block"].as_str().unwrap_or("").contains("10.0.0.0/99"), "{r:?}");
+    assert!(r["rules"].as_str().unwrap_or("").contains("network.rules"), "{r:?}");
+    assert!(r["no_grant"].as_str().unwrap_or("").contains("grants no network"), "{r:?}");
+    let _ = std::fs::remove_file(&conf);
 }
 
 /// code-interpreter (issue 56): E2B's code-interpreter SDK (pinned) drives the
 /// `code-interpreter-v1` template unmodified: a stateful IPython kernel (state across calls,
 /// the last expression's value, the execution count), callbacks in the order the output
-/// came, an error with its traceback, a matplotlib chart as a PNG, per-call environment
+/// came, an error with its traceback, a matplotlib chart as a PNG and as data (a line chart,
+/// and a superchart of a bar chart and a box plot), per-call environment
 /// variables, a timeout that interrupts and keeps the state, contexts per language (bash's
 /// and JavaScript's state kept, contexts apart, removed, restarted), and hostile code (a flood of output cut
 /// at the bound, a fork bomb held by the sandbox's process limit, the kernel answering

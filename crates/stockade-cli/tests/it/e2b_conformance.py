@@ -327,6 +327,63 @@ def ports_checks():
     say("port_host_loopback", seen=host)
     sbx.kill()
 
+    # maskRequestHost: the guest's server sees the mask as the Host, the port in it.
+    masked = Sandbox.create(timeout=120, network={"mask_request_host": "${PORT}-masked.example"})
+    masked.files.write("echo.py", ECHO_SERVER)
+    masked.commands.run("python3 /home/user/echo.py", background=True)
+    mhdr = {"E2b-Sandbox-Id": masked.sandbox_id, "E2b-Sandbox-Port": "8000",
+            "E2B-Traffic-Access-Token": masked.traffic_access_token}
+    for _ in range(240):
+        r = httpx.get(f"{url}/masked", headers=mhdr, timeout=30)
+        if r.status_code != 502:
+            break
+        time.sleep(0.25)
+    host_seen = {k.lower(): v for k, v in r.json().get("headers", {}).items()}.get("host") if r.status_code == 200 else None
+    say("port_masked", status=r.status_code, host=host_seen)
+    masked.kill()
+
+
+def network_checks(ports):
+    """allowOut, denyOut and update_network against the `net` template, whose grant names
+    a.test and b.test (two listeners of the test, on 127.0.0.3 and 127.0.0.4)."""
+    pa, pb = ports.split(",")
+
+    def codes(sbx):
+        cmd = "curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 http://{}/"
+        return [sbx.commands.run(cmd.format(h), timeout=60).stdout for h in (f"a.test:{pa}", f"b.test:{pb}")]
+
+    sbx = Sandbox.create("net", timeout=120, network={"deny_out": ["127.0.0.4/32"]})
+    say("net_create_deny_block", codes=codes(sbx))
+    sbx.update_network({"allow_out": ["b.test"], "deny_out": ["0.0.0.0/0"]})
+    say("net_update_only_b", codes=codes(sbx))
+    sbx.update_network({})
+    say("net_update_cleared", codes=codes(sbx))
+    sbx.kill()
+    closed = Sandbox.create("net", timeout=120, allow_internet_access=False)
+    say("net_no_internet", codes=codes(closed))
+    closed.update_network({"allow_out": ["a.test"], "deny_out": ["0.0.0.0/0"]})
+    say("net_then_a", codes=codes(closed))
+    closed.kill()
+    refusals = {}
+    for name, make in [
+        ("public", lambda: Sandbox.create("net", timeout=60, network={"allow_public_traffic": True})),
+        ("bad_block", lambda: Sandbox.create("net", timeout=60, network={"deny_out": ["10.0.0.0/99"]})),
+        ("rules", lambda: Sandbox.create("net", timeout=60, network={"rules": {"a.test": [{"transform": {"headers": {"X": "1"}}}]}})),
+    ]:
+        try:
+            make().kill()
+            refusals[name] = None
+        except Exception as e:  # noqa: BLE001 - the message is what is judged
+            refusals[name] = str(e)[:200]
+    base = Sandbox.create(timeout=60)
+    try:
+        base.update_network({"allow_out": ["a.test"]})
+        refusals["no_grant"] = None
+    except Exception as e:  # noqa: BLE001
+        refusals["no_grant"] = str(e)[:200]
+    base.kill()
+    say("net_refusals", **refusals)
+
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
@@ -336,6 +393,8 @@ if __name__ == "__main__":
         metrics_checks()
     if which == "ports":
         ports_checks()
+    if which == "network":
+        network_checks(os.environ["MARK"])
     if which == "watch":
         watch_checks(os.environ["MARK"])
     if which == "lifecycle":

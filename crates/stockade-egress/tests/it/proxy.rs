@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stockade_egress::{Egress, NetGrant, NetLimits, NetPolicy, NetRule, Resolve};
+use stockade_egress::{Egress, NetGrant, NetLimits, NetPolicy, NetRule, NetScope, Resolve, ScopeRules};
 use stockade_protocol::{GrantsReport, NetDecision};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -866,4 +866,51 @@ async fn g6_a_body_the_budget_cannot_carry_is_refused_before_it_is_announced() {
     assert!(!seen.contains("POST /l"), "the oversized body's head went upstream: {seen:?}");
     let r = records(&e);
     assert!(r.connections.iter().all(|c| c.cut.as_deref() == Some("max-bytes")), "{r:?}");
+}
+
+#[tokio::test]
+async fn g10_a_scope_narrows_the_policy_by_name_and_by_address_and_is_replaced_at_run_time() {
+    let a = Upstream::start("127.0.0.3", b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let b = Upstream::start("127.0.0.4", b"HTTP/1.1 204 No Content\r\n\r\n").await;
+    let (pa, pb) = (a.addr.port(), b.addr.port());
+    let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let rules = |allow: &[&str], deny: &[&str]| ScopeRules::parse(&own(allow), &own(deny)).unwrap();
+    // The policy allows both names (and a's address); the scope denies b's block.
+    let scope = NetScope::new(rules(&[], &["127.0.0.4/32"]));
+    let e = NetGrant::new(allow(&[&format!("a.test:{pa}"), &format!("b.test:{pb}"), &format!("127.0.0.3:{pa}")]))
+        .resolve(
+            Resolve::new()
+                .entry(&format!("a.test:{pa}:127.0.0.3"))
+                .unwrap()
+                .entry(&format!("b.test:{pb}:127.0.0.4"))
+                .unwrap(),
+        )
+        .scope(scope.clone())
+        .start();
+    let p = proxy(e.clone()).await;
+    let get = |h: &str, port: u16| format!("GET http://{h}:{port}/ HTTP/1.1\r\nHost: {h}:{port}\r\n\r\n").into_bytes();
+    let status = |d: String| d.split(' ').nth(1).unwrap_or("none").to_owned();
+    assert_eq!(status(exchange(p, &get("a.test", pa)).await), "204");
+    let denied = exchange(p, &get("b.test", pb)).await;
+    assert!(denied.starts_with("HTTP/1.1 403") && denied.contains("network scope"), "{denied}");
+    // Replaced while the run goes on: only b, by name, with everything else denied (allow wins).
+    scope.set(rules(&["b.test"], &["0.0.0.0/0"]));
+    assert_eq!(status(exchange(p, &get("b.test", pb)).await), "204");
+    assert_eq!(status(exchange(p, &get("a.test", pa)).await), "403");
+    assert_eq!(status(exchange(p, &get("127.0.0.3", pa)).await), "403", "a literal is judged by its address");
+    // An allowed block opens a literal within it; CONNECT is held the same way.
+    scope.set(rules(&["127.0.0.3/32"], &["0.0.0.0/0"]));
+    assert_eq!(status(exchange(p, &get("127.0.0.3", pa)).await), "204");
+    let tunnel = exchange(p, format!("CONNECT b.test:{pb} HTTP/1.1\r\n\r\n").as_bytes()).await;
+    assert!(tunnel.starts_with("HTTP/1.1 403"), "{tunnel}");
+    // Cleared: the policy alone decides again.
+    scope.set(rules(&[], &[]));
+    assert_eq!(status(exchange(p, &get("b.test", pb)).await), "204");
+    settle().await;
+    // Judged by the upstreams: a was reached twice (by name, then by its literal), b twice.
+    assert_eq!((a.connections().len(), b.connections().len()), (2, 2));
+    let r = records(&e);
+    let scoped: Vec<_> = r.connections.iter().filter(|c| c.rule == "scope").collect();
+    assert_eq!(scoped.len(), 4, "{r:?}");
+    assert!(scoped.iter().all(|c| c.decision == NetDecision::Denied && c.address.is_none()), "{r:?}");
 }

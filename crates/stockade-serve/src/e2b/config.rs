@@ -135,43 +135,50 @@ impl Tls {
     }
 }
 
-/// The network a sandbox gets: the template's hosts, narrowed by the request's
-/// `allowOut`/`denyOut` (which can never widen them); none unless the template grants some.
+/// The network a sandbox gets: the template's hosts (its grant), and the request's
+/// `allowOut`/`denyOut` as the grant's scope, which narrows it and never widens it (and
+/// `update_network` replaces); none unless the template grants some.
 pub(crate) fn net_grant(
     t: &Template,
     new: &wire::NewSandbox,
-) -> Result<Option<stockade_runtime::egress::NetGrant>, String> {
+) -> Result<Option<(stockade_runtime::egress::NetGrant, stockade_runtime::egress::NetScope)>, String> {
     use stockade_runtime::egress;
     let net = new.network.clone().unwrap_or_default();
     if let Some(k) = net.other.keys().next() {
         return Err(format!("network.{k}: stockade does not offer it"));
     }
     if net.allow_public_traffic == Some(true) {
-        return Err("network.allowPublicTraffic: a stockade sandbox publishes no port".into());
+        return Err("network.allowPublicTraffic: a stockade sandbox's ports take its traffic token".into());
     }
-    let mut hosts: Vec<String> = if net.allow_out.is_empty() {
-        t.allow_net.clone()
-    } else {
-        for h in &net.allow_out {
-            if h != "ALL_TRAFFIC" && !t.allow_net.contains(h) {
-                return Err(format!(
-                    "network.allowOut {h:?}: this template does not grant it (it grants: {})",
-                    if t.allow_net.is_empty() { "no network".to_owned() } else { t.allow_net.join(", ") }
-                ));
-            }
-        }
-        if net.allow_out.iter().any(|h| h == "ALL_TRAFFIC") { t.allow_net.clone() } else { net.allow_out.clone() }
-    };
-    if net.deny_out.iter().any(|h| h == "ALL_TRAFFIC") || new.allow_internet_access == Some(false) {
-        hosts.clear();
+    if let Some(mask) = &net.mask_request_host {
+        super::ports::check_mask(mask).map_err(|e| format!("network.maskRequestHost {mask:?}: {e}"))?;
     }
-    hosts.retain(|h| !net.deny_out.contains(h));
-    if hosts.is_empty() {
-        return Ok(None);
+    let rules = scope_rules(&net.allow_out, &net.deny_out, new.allow_internet_access)?;
+    if t.allow_net.is_empty() {
+        return match net.allow_out.first() {
+            Some(h) => Err(format!("network.allowOut {h:?}: this template grants no network")),
+            None => Ok(None),
+        };
     }
-    let policy = egress::NetPolicy::allow_entries(&hosts).map_err(|e| e.to_string())?;
+    let policy = egress::NetPolicy::allow_entries(&t.allow_net).map_err(|e| e.to_string())?;
     let resolve = egress::Resolve::entries(&t.net_resolve).map_err(|e| e.to_string())?;
-    Ok(Some(egress::NetGrant::new(policy).resolve(resolve)))
+    let scope = egress::NetScope::new(rules);
+    Ok(Some((egress::NetGrant::new(policy).resolve(resolve).scope(scope.clone()), scope)))
+}
+
+/// A request's egress lists as a scope (E2B's semantics: allow wins over deny, `0.0.0.0/0`
+/// is all traffic, and `allow_internet_access = false` denies it all).
+pub(crate) fn scope_rules(
+    allow_out: &[String],
+    deny_out: &[String],
+    internet: Option<bool>,
+) -> Result<stockade_runtime::egress::ScopeRules, String> {
+    let mut deny = deny_out.to_vec();
+    if internet == Some(false) {
+        deny.push("0.0.0.0/0".into());
+    }
+    stockade_runtime::egress::ScopeRules::parse(allow_out, &deny)
+        .map_err(|e| format!("network: {}", e.to_string().trim_start_matches("--allow-net ")))
 }
 
 /// `serve.toml`, as written.

@@ -285,10 +285,12 @@ impl E2bServer {
                 &format!("{} sandboxes are live, the most this server keeps", self.config.limits.max_sandboxes),
             );
         };
-        let grants = match net_grant(template, &new) {
-            Ok(g) => g,
+        let (grant, scope) = match net_grant(template, &new) {
+            Ok(Some((g, s))) => (Some(g), Some(s)),
+            Ok(None) => (None, None),
             Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
         };
+        let mask_host = new.network.as_ref().and_then(|n| n.mask_request_host.clone());
         let mut env = template.env.clone();
         env.extend(new.env_vars.iter().map(|(k, v)| (k.clone(), v.clone())));
         let profile = SessionProfile {
@@ -297,7 +299,7 @@ impl E2bServer {
             // The sandbox's own timeout ends it (the reaper); these are the template's cap.
             idle_timeout: template.max_timeout,
             max_lifetime: template.max_timeout,
-            grants: grants.map(|g| Arc::new(stockade_runtime::Grants::new().net(g))),
+            grants: grant.map(|g| Arc::new(stockade_runtime::Grants::new().net(g))),
             env,
             from_snapshot,
             home_bytes: Some(template.disk),
@@ -337,6 +339,8 @@ impl E2bServer {
             made: now.0,
             metrics: Mutex::default(),
             watchers: Mutex::default(),
+            scope,
+            mask_host,
             _slot: slot,
         });
         if template.code_interpreter
@@ -350,6 +354,35 @@ impl E2bServer {
         let out = self.created(&id, &b);
         self.boxes().insert(id, b);
         json(StatusCode::CREATED, &out)
+    }
+
+    /// `PUT /sandboxes/{id}/network`: the sandbox's egress lists, replaced all at once, for
+    /// every connection decided after (one already open goes on). They narrow its
+    /// template's grant, as at create; a sandbox whose template grants no network can be
+    /// given none.
+    pub(crate) async fn update_network(&self, id: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let (b, update) = match self.sandbox_request::<wire::NetworkUpdate>(id, req).await {
+            Ok(x) => x,
+            Err(response) => return response,
+        };
+        if let Some(k) = update.other.keys().next() {
+            return api_error(StatusCode::BAD_REQUEST, &format!("network.{k}: stockade does not offer it"));
+        }
+        let rules = match scope_rules(&update.allow_out, &update.deny_out, update.allow_internet_access) {
+            Ok(r) => r,
+            Err(e) => return api_error(StatusCode::BAD_REQUEST, &e),
+        };
+        match (&b.scope, update.allow_out.first()) {
+            (Some(scope), _) => scope.set(rules),
+            (None, Some(h)) => {
+                return api_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("network.allowOut {h:?}: sandbox {id}'s template grants no network"),
+                );
+            }
+            (None, None) => {}
+        }
+        no_content()
     }
 
     /// A control-plane call on one sandbox: the sandbox, and its body (empty: the default).

@@ -169,6 +169,11 @@ pub(crate) struct Sandbox {
     metrics: Mutex<metrics::MetricLog>,
     // Its directory watchers by id, bounded (`watch`).
     watchers: Mutex<HashMap<String, Arc<watch::Watcher>>>,
+    // Its network grant's scope (`allowOut`, `denyOut`), which `update_network` replaces;
+    // none if its template grants no network.
+    scope: Option<stockade_runtime::egress::NetScope>,
+    // The `Host` its ports' requests carry (`maskRequestHost`, `${PORT}` in it).
+    mask_host: Option<String>,
     // Its place under `max_sandboxes`, taken before it was made and given back with it.
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
@@ -494,9 +499,13 @@ impl E2bServer {
                 let op = (*op).to_owned();
                 self.lifecycle(&id, &op, req).await
             }
+            (&Method::PUT, ["sandboxes", id, "network"]) => {
+                let id = (*id).to_owned();
+                self.update_network(&id, req).await
+            }
             (_, ["sandboxes", ..]) => api_error(
                 StatusCode::NOT_IMPLEMENTED,
-                &format!("{method} {path}: stockade does not offer this (no forks, logs or network updates yet)"),
+                &format!("{method} {path}: stockade does not offer this (no forks or logs)"),
             ),
             _ => api_error(StatusCode::NOT_FOUND, &format!("{method} {path}: no such route")),
         }

@@ -9,9 +9,11 @@
 //! key, nor the routing headers, reaches the guest's server. The response's head must come
 //! within [`HEAD_WITHIN`]; its body then streams with the client's pace (hyper's
 //! back-pressure: nothing is buffered here beyond a read). A paused sandbox answers as
-//! not running, unless it resumes on traffic. WebSocket upgrades are not forwarded.
+//! not running, unless it resumes on traffic. WebSocket upgrades are not forwarded. A
+//! sandbox made with `network.maskRequestHost` has each forwarded request's `Host` set to the
+//! mask, `${PORT}` replaced by the port (E2B's default keeps the host the client used).
 
-use hyper::header::HeaderName;
+use hyper::header::{HeaderName, HeaderValue};
 use stockade_runtime::protocol::RunError;
 
 #[allow(clippy::wildcard_imports, reason = "the server's own items")]
@@ -80,16 +82,32 @@ impl E2bServer {
             Err(RunError::Misconfigured(_)) => return port_not_open(id, port),
             Err(e) => return api_error(StatusCode::BAD_GATEWAY, &format!("sandbox {id}, port {port}: {e}")),
         };
-        match forward(stream, req).await {
+        let host = b.mask_host.as_ref().map(|m| m.replace("${PORT}", &port.to_string()));
+        match forward(stream, req, host).await {
             Ok(r) => r,
             Err(why) => api_error(StatusCode::BAD_GATEWAY, &format!("sandbox {id}, port {port}: {why}")),
         }
     }
 }
 
-/// Sends `req` (its head cleaned, its target origin-form) over `stream`, and streams the
-/// answer back.
-async fn forward(stream: std::net::TcpStream, req: Request<hyper::body::Incoming>) -> Result<Response<Body>, String> {
+/// Whether `mask` is a `Host` a request can carry once `${PORT}` is replaced: a name or
+/// address, with a port if it likes, in the characters a host has.
+pub(crate) fn check_mask(mask: &str) -> Result<(), &'static str> {
+    let host = mask.replace("${PORT}", "1");
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+        && HeaderValue::from_str(&host).is_ok();
+    if ok { Ok(()) } else { Err("not a host name (letters, digits, `-`, `.`, `:`, `[]` and `${PORT}`)") }
+}
+
+/// Sends `req` (its head cleaned, its target origin-form, its `Host` the mask if one is
+/// given) over `stream`, and streams the answer back.
+async fn forward(
+    stream: std::net::TcpStream,
+    req: Request<hyper::body::Incoming>,
+    host: Option<String>,
+) -> Result<Response<Body>, String> {
     use http_body_util::BodyExt as _;
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let tcp = tokio::net::TcpStream::from_std(stream).map_err(|e| e.to_string())?;
@@ -103,6 +121,10 @@ async fn forward(stream: std::net::TcpStream, req: Request<hyper::body::Incoming
     parts.uri = target.parse().map_err(|e: hyper::http::uri::InvalidUri| e.to_string())?;
     for name in DROPPED {
         parts.headers.remove(HeaderName::from_static(name));
+    }
+    if let Some(host) = host {
+        let value = HeaderValue::from_str(&host).map_err(|e| e.to_string())?;
+        parts.headers.insert(hyper::header::HOST, value);
     }
     let sent = tokio::time::timeout(HEAD_WITHIN, sender.send_request(Request::from_parts(parts, body))).await;
     let resp = match sent {
