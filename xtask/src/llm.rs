@@ -191,7 +191,7 @@ pub(crate) fn install_e2b_sdk() -> Result<PathBuf> {
 
 /// A venv `name` under the llm directory holding `pins` (each `package==version`), installed
 /// once; its interpreter.
-fn pinned_venv(name: &str, pins: &[&str]) -> Result<PathBuf> {
+pub(crate) fn pinned_venv(name: &str, pins: &[&str]) -> Result<PathBuf> {
     let venv = dir().join(name);
     let python = venv.join("bin/python");
     let installed = |pin: &str| -> Result<bool> {

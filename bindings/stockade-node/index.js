@@ -1,0 +1,176 @@
+'use strict'
+// stockade from Node: run untrusted code confined, and gate an agent's tool calls.
+//
+//   const { run, runCode, Policy, mark } = require('stockade')
+//   const r = await runCode('console.log(6*7)', { language: 'javascript', timeoutMs: 2000 })
+//   const d = Policy.fromFile('steward.toml', tools).authorize('send_raven', { to: 'eastwatch', text: '...' })
+//
+// Everything is stockade's own crates (stockade.node, napi-rs): this file only turns
+// JavaScript values into JSON and refusals into typed errors. A refusal is never a value:
+// a run resolves to a Verified or rejects with a Refusal (Timeout, OutputTooLarge,
+// OutOfMemory, NonZeroExit, AssertionFailed, ...), which carries the run's report.
+
+const fs = require('node:fs')
+const path = require('node:path')
+const native = require(process.env.STOCKADE_NODE_ADDON || path.join(__dirname, 'stockade.node'))
+
+const helper = path.join(__dirname, 'stockade-process-helper')
+if (!process.env.STOCKADE_HELPER && fs.existsSync(helper)) native.setHelper(helper)
+
+/** A run's output is not trusted, or the run could not happen. */
+class Refusal extends Error {
+  constructor (message, report) {
+    super(message)
+    this.name = this.constructor.name
+    this.kind = this.constructor.name
+    this.report = report ?? null
+  }
+}
+
+const errors = { Refusal }
+for (const kind of native.refusalKinds()) {
+  errors[kind] = { [kind]: class extends Refusal {} }[kind]
+}
+
+function refusal (kind, message, report) {
+  const Cls = errors[kind] || Refusal
+  return new Cls(message, report ? JSON.parse(report) : null)
+}
+
+// A synchronous call's refusal comes as an error whose message is the refusal as JSON.
+function rethrown (err) {
+  const m = /^stockade-refusal:(.*)$/s.exec(err && err.message)
+  if (!m) return err
+  const r = JSON.parse(m[1])
+  return refusal(r.kind, r.message, r.report)
+}
+
+function sync (f) {
+  try {
+    return f()
+  } catch (err) {
+    throw rethrown(err)
+  }
+}
+
+/** A verified run's value (read-only), with the run's report. */
+class Verified {
+  #value
+  #report
+  constructor (value, report) {
+    this.#value = value
+    this.#report = report
+    Object.freeze(this)
+  }
+
+  get value () { return this.#value }
+  get report () { return this.#report }
+}
+
+const TYPES = new Set(['string', 'number', 'integer', 'boolean', 'array', 'object'])
+
+/** A host function grant: `fn(args)` runs only when the grant policy allows the call. */
+function fn (call, schema, description) {
+  if (typeof call !== 'function') throw new errors.InvalidOptions('fn: a function')
+  if (!schema || schema.type !== 'object') {
+    throw new errors.InvalidOptions('fn: a JSON Schema object for the arguments ({type: "object", properties})')
+  }
+  for (const [k, v] of Object.entries(schema.properties || {})) {
+    if (!TYPES.has(v.type)) throw new errors.InvalidOptions(`fn: argument ${k} needs a type`)
+  }
+  return { [GRANT]: true, call, schema, description }
+}
+const GRANT = Symbol('stockade.fn')
+
+function options (o, extra) {
+  const out = { ...extra }
+  if (o.timeoutMs !== undefined) out.timeout = o.timeoutMs / 1000
+  if (o.cpuMs !== undefined) out.cpu = o.cpuMs / 1000
+  for (const [k, n] of [['memory', 'memory'], ['maxOutput', 'max_output'], ['output', 'output'],
+    ['expectExit', 'expect_exit'], ['env', 'env'], ['allowNet', 'allow_net'], ['netResolve', 'net_resolve'],
+    ['strictGrants', 'strict_grants']]) {
+    if (o[k] !== undefined) out[n] = o[k]
+  }
+  return out
+}
+
+async function execute (opts, o) {
+  const grants = new native.Grants()
+  const data = {}
+  for (const [name, g] of Object.entries(o.grants || {})) {
+    if (g && g[GRANT]) {
+      grants.addFunction(name, JSON.stringify(g.schema), g.description ?? null,
+        (argsJson) => JSON.stringify(g.call(JSON.parse(argsJson))))
+    } else if (typeof g === 'function') {
+      throw new errors.InvalidOptions(`grants.${name}: wrap a function with fn(call, schema)`)
+    } else {
+      data[name] = g
+    }
+  }
+  if (Object.keys(data).length) opts.data = data
+  if (o.grantPolicy !== undefined) {
+    opts.grant_policy = o.grantPolicy.includes('\n') ? o.grantPolicy : fs.readFileSync(o.grantPolicy, 'utf8')
+  }
+  const stdin = o.stdin === undefined ? null : Buffer.from(o.stdin)
+  const out = await native.run(JSON.stringify(opts), stdin, grants)
+  if (!out.ok) throw refusal(out.kind, out.message, out.report)
+  const value = out.kind === 'json' ? JSON.parse(out.value) : out.kind === 'bytes' ? out.bytes : out.value
+  const report = JSON.parse(out.report)
+  if (o.check) {
+    let verdict
+    try {
+      verdict = o.check(value)
+    } catch (err) {
+      throw new errors.AssertionFailed(`assertion failed: ${err && err.message}`, report)
+    }
+    if (verdict === false) throw new errors.AssertionFailed('assertion failed: the check returned false', report)
+  }
+  return new Verified(value, report)
+}
+
+/** Runs `argv` in the process tier: a Promise of a Verified, or a rejected Refusal. */
+function run (argv, o = {}) {
+  return execute(options(o, { argv }), o)
+}
+
+/** Runs `code`: javascript in the wasm tier, python and sh in the process tier. */
+function runCode (code, o = {}) {
+  return execute(options(o, { code, language: o.language ?? 'javascript' }), o)
+}
+
+/** ALLOW: a policy (stockade's TOML) over the host's tools, one gate deciding each call. */
+class Policy {
+  #native
+  constructor (nativePolicy) { this.#native = nativePolicy }
+
+  static fromToml (text, tools) {
+    return new Policy(sync(() => native.Policy.fromToml(text, JSON.stringify(tools))))
+  }
+
+  static fromFile (file, tools) {
+    return Policy.fromToml(fs.readFileSync(file, 'utf8'), tools)
+  }
+
+  /** `{effect: 'allow', rule, permit}`, `{effect: 'ask', rule, reason}` or `{effect: 'deny', rule, reason}`. */
+  authorize (tool, args, source = 'user') {
+    return JSON.parse(sync(() => this.#native.authorize(tool, JSON.stringify(args), source)))
+  }
+
+  readUntrusted () { this.#native.setReadUntrusted() }
+  get hasReadUntrusted () { return this.#native.hasReadUntrusted() }
+  untrustedOutput (tool) { return this.#native.untrustedOutput(tool) }
+}
+
+/** MARK: untrusted text (or any JSON value) in a block no text inside can close. */
+function mark (text, { source, callId = 'call', datamark = false } = {}) {
+  if (typeof source !== 'string') throw new errors.InvalidOptions('mark: a source (the tool or origin)')
+  const isJson = typeof text !== 'string'
+  return JSON.parse(sync(() => native.mark(isJson ? JSON.stringify(text) : text, source, callId, isJson, datamark)))
+}
+
+/** The system-prompt sentence that tells the model what a marked block is. */
+function systemPrompt ({ datamark = false } = {}) {
+  return native.systemPrompt(datamark)
+}
+
+module.exports = { run, runCode, fn, Policy, mark, systemPrompt, Verified, ...errors }

@@ -1,0 +1,235 @@
+//! `stockade.node`: the napi layer of the Node package `stockade`, over `stockade-bindings`.
+//! It holds no logic of its own: options and values cross as JSON text (bytes as a
+//! `Buffer`), a run is a Promise settled on the bindings' own runtime, and a refusal is
+//! either an outcome with `ok: false` (runs) or an error whose message is
+//! `stockade-refusal:` and the refusal as JSON (decisions, marks); the package's `index.js`
+//! turns both into its typed errors (`Timeout`, `NonZeroExit`, ...), so no refusal reaches a
+//! caller as a value.
+//!
+//! # Position in the stack
+//! Depends on: `stockade-bindings` (and napi, whose one owner this crate is). Used by: the
+//! `stockade` Node package (`index.js`). Nothing in the workspace depends on it.
+//!
+//! # Threat model
+//! That of `stockade-bindings`: the host program is trusted, a guest's output is not.
+//!
+//! # Guarantees
+//! Those of `stockade-bindings`; this layer adds that a host function (a JavaScript
+//! function) runs on Node's own thread, called through a thread-safe function while the run
+//! waits, and that a run never blocks Node's event loop.
+//!
+//! # Non-guarantees
+//! A host function that never returns holds its call until the grant's call timeout.
+//!
+//! # Failure behaviour
+//! Bad options are an `InvalidOptions` refusal naming the option.
+//!
+//! # Unsafe
+//! None of ours: `#![deny(unsafe_code)]`; napi's macros expand to the FFI glue.
+//!
+//! # Ambient authority
+//! That of `stockade-bindings`.
+//!
+//! # Feature flags
+//! None.
+//!
+//! # Invariants
+//! A `Grants` object's functions go to exactly one run (the run takes them).
+
+#![deny(unsafe_code)]
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use napi::bindgen_prelude::{Buffer, Function, PromiseRaw};
+use napi::{Env, Error, Status};
+use napi_derive::napi;
+use stockade_bindings::{self as core, Refused};
+
+/// A refusal as a thrown error: the package's `index.js` reads it back.
+fn thrown(r: &Refused) -> Error {
+    let json = serde_json::json!({"kind": r.kind, "message": r.message, "report": r.report});
+    Error::new(Status::GenericFailure, format!("stockade-refusal:{json}"))
+}
+
+fn json_arg(what: &str, text: &str) -> Result<serde_json::Value, Error> {
+    serde_json::from_str(text).map_err(|e| thrown(&Refused::invalid(format!("{what}: {e}"))))
+}
+
+/// Names the process tier's helper binary.
+#[napi]
+pub fn set_helper(path: String) {
+    core::set_helper(path);
+}
+
+/// Every refusal kind, for the package's error classes.
+#[napi]
+pub fn refusal_kinds() -> Vec<String> {
+    core::REFUSAL_KINDS.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// A run's outcome: `ok` with `kind` (`text`, `json`, `bytes`) and the value (`value`, JSON
+/// text for `json`; `bytes`), or not `ok` with the refusal's `kind` and `message`; and the
+/// report (JSON) where the run happened.
+#[napi(object)]
+pub struct RunOutcome {
+    /// Verified.
+    pub ok: bool,
+    /// `text`, `json` or `bytes`; or the refusal's kind.
+    pub kind: String,
+    /// The value (JSON text for `json`).
+    pub value: Option<String>,
+    /// The value, for `bytes`.
+    pub bytes: Option<Buffer>,
+    /// The refusal's one line.
+    pub message: Option<String>,
+    /// The run's report (JSON), where it ran.
+    pub report: Option<String>,
+}
+
+impl RunOutcome {
+    fn of(result: Result<core::Ran, Refused>) -> Self {
+        match result {
+            Ok(ran) => {
+                let (kind, value, bytes) = match ran.value {
+                    core::Value::Text(s) => ("text", Some(s), None),
+                    core::Value::Json(j) => ("json", Some(j.to_string()), None),
+                    core::Value::Bytes(b) => ("bytes", None, Some(Buffer::from(b))),
+                };
+                Self { ok: true, kind: kind.into(), value, bytes, message: None, report: Some(ran.report) }
+            }
+            Err(r) => Self {
+                ok: false,
+                kind: r.kind.into(),
+                value: None,
+                bytes: None,
+                message: Some(r.message),
+                report: r.report,
+            },
+        }
+    }
+}
+
+/// The host functions one run may call: each a JavaScript function taking the arguments as
+/// JSON text and answering JSON text (the package wraps the user's).
+#[napi]
+pub struct Grants {
+    functions: Mutex<Vec<core::FunctionGrant>>,
+}
+
+#[napi]
+impl Grants {
+    /// No functions yet.
+    #[napi(constructor)]
+    #[must_use]
+    pub fn new() -> Self {
+        Self { functions: Mutex::new(Vec::new()) }
+    }
+
+    /// Adds the function `name` (its arguments' JSON Schema as JSON text).
+    #[napi]
+    pub fn add_function(
+        &self,
+        name: String,
+        schema: String,
+        description: Option<String>,
+        call: Function<String, String>,
+    ) -> napi::Result<()> {
+        let schema = json_arg(&format!("grant {name}'s schema"), &schema)?;
+        let tsfn =
+            Arc::new(call.build_threadsafe_function::<String>().callee_handled::<false>().weak::<true>().build()?);
+        let host: core::HostFn = Arc::new(move |args: serde_json::Value| {
+            let tsfn = Arc::clone(&tsfn);
+            Box::pin(async move {
+                let text = tsfn.call_async_catch(args.to_string()).await.map_err(|e| e.reason.clone())?;
+                serde_json::from_str(&text).map_err(|e| format!("the host function's answer: {e}"))
+            })
+        });
+        let grant = core::host_function(&name, schema, description.as_deref(), host).map_err(|r| thrown(&r))?;
+        self.functions.lock().unwrap_or_else(PoisonError::into_inner).push(grant);
+        Ok(())
+    }
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Runs as the options (JSON text) say: a Promise of its outcome, settled when the run is
+/// over; Node's event loop goes on meanwhile.
+#[napi]
+pub fn run<'env>(
+    env: &'env Env,
+    options: String,
+    stdin: Option<Buffer>,
+    grants: Option<&Grants>,
+) -> napi::Result<PromiseRaw<'env, RunOutcome>> {
+    let opts: Result<core::RunOptions, Refused> =
+        serde_json::from_str(&options).map_err(|e| Refused::invalid(e.to_string()));
+    let functions = grants
+        .map(|g| std::mem::take(&mut *g.functions.lock().unwrap_or_else(PoisonError::into_inner)))
+        .unwrap_or_default();
+    let stdin = stdin.map(|b| b.to_vec());
+    env.spawn_future(async move {
+        let opts = match opts {
+            Ok(o) => o,
+            Err(r) => return Ok(RunOutcome::of(Err(r))),
+        };
+        let task = core::runtime().spawn(core::run(opts, stdin, functions));
+        let executed = task.await.map_err(|e| Error::from_reason(format!("the run's task: {e}")))?;
+        Ok(RunOutcome::of(executed.and_then(|e| e.verify(|_| Ok(())))))
+    })
+}
+
+/// A policy over the host's tools, with one gate deciding each call.
+#[napi]
+pub struct Policy(core::BoundPolicy);
+
+#[napi]
+impl Policy {
+    /// The policy TOML over the tools (JSON text: name to the JSON Schema of its arguments).
+    #[napi(factory)]
+    pub fn from_toml(toml: String, tools: String) -> napi::Result<Self> {
+        let tools = json_arg("tools", &tools)?;
+        core::BoundPolicy::from_toml(&toml, &tools).map(Self).map_err(|r| thrown(&r))
+    }
+
+    /// The decision on one call (args: JSON text), as JSON text.
+    #[napi]
+    pub fn authorize(&self, tool: String, args: String, source: String) -> napi::Result<String> {
+        let args = json_arg("args", &args)?;
+        self.0.authorize(&tool, &args, &source).map(|d| d.to_string()).map_err(|r| thrown(&r))
+    }
+
+    /// From now on, the loop has read untrusted output.
+    #[napi]
+    pub fn set_read_untrusted(&self) {
+        self.0.set_read_untrusted();
+    }
+
+    /// Whether the loop has read untrusted output.
+    #[napi]
+    pub fn has_read_untrusted(&self) -> bool {
+        self.0.has_read_untrusted()
+    }
+
+    /// Whether `tool`'s output is untrusted.
+    #[napi]
+    pub fn untrusted_output(&self, tool: String) -> bool {
+        self.0.untrusted_output(&tool)
+    }
+}
+
+/// Marks untrusted text (or JSON text, with `is_json`); the block's parts as JSON text.
+#[napi]
+pub fn mark(text: String, source: String, call_id: String, is_json: bool, datamark: bool) -> napi::Result<String> {
+    core::mark(&text, &source, &call_id, is_json, datamark).map(|v| v.to_string()).map_err(|r| thrown(&r))
+}
+
+/// The system-prompt sentence for marked blocks.
+#[napi]
+#[must_use]
+pub fn system_prompt(datamark: bool) -> String {
+    core::system_prompt(datamark)
+}
