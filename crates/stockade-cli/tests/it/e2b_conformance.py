@@ -300,7 +300,8 @@ def ports_checks():
 
     sbx = Sandbox.create(timeout=120)
     sbx.files.write("echo.py", ECHO_SERVER)
-    sbx.commands.run("python3 /home/user/echo.py", background=True)
+    # `python`, as E2B's base template has it (not only `python3`).
+    sbx.commands.run("python /home/user/echo.py", background=True)
     url = os.environ["E2B_SANDBOX_URL"]
     tok = sbx.traffic_access_token
     hdr = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", "E2B-Traffic-Access-Token": tok}
