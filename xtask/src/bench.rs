@@ -1,4 +1,4 @@
-//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|serve|confined|all] [--write]`: runs the criterion benches and prints
+//! `cargo xtask bench [protocol|verify|policy|process|wasm|net|session|docker|agent|grants|mcp|serve|confined|bindings|all] [--write]`: runs the criterion benches and prints
 //! each measurement as a ratio to the bare baseline of its group, measured in the same run.
 //! `--write` puts the table into docs/benchmarks.md between the group's markers.
 
@@ -54,6 +54,12 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "bindings" || *w == "all") {
+        bindings(root, target, write)?;
+        if wanted == ["bindings"] {
+            return Ok(());
+        }
+    }
     if wanted.iter().any(|w| *w == "docker" || *w == "all") {
         docker(root, target, write)?;
         if wanted == ["docker"] {
@@ -64,7 +70,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, confined, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, confined, bindings, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {
@@ -101,6 +107,61 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         if *group == "wasm" {
             wasm_process(root, target, write)?;
         }
+    }
+    Ok(())
+}
+
+/// The bindings' cost over the same calls from Rust (issue 57: at most 10% plus 20 µs): a
+/// wasm `run_code` of `console.log(1)` and one `authorize`, 200 of each (after 20 unmeasured)
+/// from the Rust core (a release example), the release wheel and the release addon, one
+/// after the other in one run.
+fn bindings(root: &Path, target: &Path, write: bool) -> Result<()> {
+    crate::run(&mut crate::guests_command())?;
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-bindings", "--example", "bench"]))?;
+    let (python, addon) = crate::bindings::release(root, target)?;
+    let measure = |cmd: &mut std::process::Command| -> Result<(f64, f64)> {
+        let out = cmd.arg("200").output()?;
+        if !out.status.success() {
+            bail!("a bindings bench failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let data: Value = serde_json::from_slice(&out.stdout)?;
+        let p50 = |key: &str| -> Result<f64> {
+            let mut v: Vec<f64> =
+                data[key].as_array().context("bench output")?.iter().filter_map(Value::as_f64).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().context("no samples")
+        };
+        Ok((p50("run_us")?, p50("authorize_us")?))
+    };
+    let rust = measure(&mut std::process::Command::new(target.join("release/examples/bench")))?;
+    let py = measure(std::process::Command::new(&python).arg(root.join("bindings/stockade-python/benches/bench.py")))?;
+    let node = measure(
+        std::process::Command::new("node")
+            .arg(root.join("bindings/stockade-node/bench/bench.js"))
+            .env("STOCKADE_NODE_ADDON", &addon),
+    )?;
+    let mut table = String::from(
+        "| call | Rust (the core) p50 | Python p50 | Node p50 | Python over Rust | Node over Rust | within 10% + 20 µs |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (name, r, p, n) in [
+        ("wasm `run_code` of `console.log(1)`", rust.0, py.0, node.0),
+        ("`authorize` (one rule)", rust.1, py.1, node.1),
+    ] {
+        let ok = |x: f64| if x <= r * 1.1 + 20.0 { "yes" } else { "no" };
+        let _ = writeln!(
+            table,
+            "| {name} | {r:.1} µs | {p:.1} µs | {n:.1} µs | +{:.1} µs ({:.2}x) | +{:.1} µs ({:.2}x) | {} / {} |",
+            p - r,
+            p / r,
+            n - r,
+            n / r,
+            ok(p),
+            ok(n)
+        );
+    }
+    println!("\n{table}");
+    if write {
+        write_docs(root, "bindings", &table)?;
     }
     Ok(())
 }

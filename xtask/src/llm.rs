@@ -326,7 +326,9 @@ pub(crate) fn test() -> Result<()> {
             .env("STOCKADE_LLM_URL", &server.url)
             .env("STOCKADE_OPENAI_PYTHON", &sdk)
             .env("STOCKADE_REQUIRE_LLM", "1")
-            .env("STOCKADE_REQUIRE_ALL", "1"));
+            .env("STOCKADE_REQUIRE_ALL", "1"))
+        // The Python package's steward loop against the same model.
+        .and_then(|()| crate::bindings::real_model(&crate::root(), &crate::target_dir(), &server.url));
     drop(server);
     result
 }
