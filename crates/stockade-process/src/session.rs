@@ -231,17 +231,9 @@ impl UsageMeter {
     }
 
     fn cpu_from_proc(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        let Some(helper) = self.helper else { return 0 };
-        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
-        let Some(init) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) else { return 0 };
-        let Ok(ns) = std::fs::metadata(format!("/proc/{init}/ns/pid")).map(|m| m.ino()) else { return 0 };
-        let ticks: u64 = std::fs::read_dir("/proc")
+        let Some(init) = self.helper.and_then(stockade_sys::proc::first_child) else { return 0 };
+        let ticks: u64 = stockade_sys::proc::pids_in_namespace_of(init)
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-            .filter(|pid| std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns))
             // utime, stime, cutime and cstime: fields 14-17 of `stat`, in clock ticks.
             .filter_map(|pid| stockade_sys::proc::stat_fields(&pid.to_string()))
             .map(|f| f.iter().skip(14 - 3).take(4).filter_map(|v| v.parse::<u64>().ok()).sum::<u64>())
@@ -747,18 +739,10 @@ impl ProcessSession {
     /// the session's pid namespace, with its pid there and on the host, sorted by the former.
     #[must_use]
     pub fn processes(&self) -> Vec<SessionProcess> {
-        use std::os::unix::fs::MetadataExt;
-        let Some(helper) = self.helper.as_ref().and_then(launch::HelperProcess::pid) else { return Vec::new() };
-        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
-        let Some(init) = children.split_whitespace().next().map(str::to_owned) else { return Vec::new() };
-        let Ok(ns) = std::fs::metadata(format!("/proc/{init}/ns/pid")).map(|m| m.ino()) else { return Vec::new() };
-        let mut out: Vec<SessionProcess> = std::fs::read_dir("/proc")
+        let Some(init) = self.netns_pid() else { return Vec::new() };
+        let mut out: Vec<SessionProcess> = stockade_sys::proc::pids_in_namespace_of(init)
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-            .filter(|pid| pid.to_string() != init)
-            .filter(|pid| std::fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns))
+            .filter(|pid| *pid != init)
             .filter_map(|host_pid| {
                 let pid = stockade_sys::proc::ns_pid(host_pid)?;
                 let raw = std::fs::read(format!("/proc/{host_pid}/cmdline")).ok()?;
@@ -775,8 +759,7 @@ impl ProcessSession {
     #[must_use]
     pub fn netns_pid(&self) -> Option<u32> {
         let helper = self.helper.as_ref().and_then(launch::HelperProcess::pid)?;
-        let children = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).ok()?;
-        children.split_whitespace().next()?.parse().ok()
+        stockade_sys::proc::first_child(u32::try_from(helper).ok()?)
     }
 
     /// A reader of what the session uses ([`UsageMeter::read`]), to call on another thread

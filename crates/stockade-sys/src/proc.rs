@@ -64,6 +64,29 @@ pub fn ns_pid(pid: u32) -> Option<u32> {
     field(&format!("/proc/{pid}/status"), "NSpid:").ok()?.split_whitespace().last()?.parse().ok()
 }
 
+/// The first child of host process `pid` (`/proc/PID/task/PID/children`; for a run's
+/// helper, whose one child is the run's init, that init); `None` if it has none or is gone.
+#[must_use]
+pub fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Every host process in the pid namespace of host process `pid` (itself included), by a
+/// scan of `/proc`; empty if `pid` is gone.
+#[must_use]
+pub fn pids_in_namespace_of(pid: u32) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ns_of = |p: u32| std::fs::metadata(format!("/proc/{p}/ns/pid")).map(|m| m.ino()).ok();
+    let Some(ns) = ns_of(pid) else { return Vec::new() };
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|p| ns_of(*p) == Some(ns))
+        .collect()
+}
+
 /// The paths of the unix sockets bound in this process's network namespace
 /// (`/proc/net/unix`, its last column; abstract sockets, shown with `@`, are left out). A
 /// socket file whose path is not among them has no socket behind it: its owner is gone.
