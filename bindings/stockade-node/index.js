@@ -57,14 +57,19 @@ function sync (f) {
 class Verified {
   #value
   #report
-  constructor (value, report) {
+  #reportJson
+  constructor (value, reportJson) {
     this.#value = value
-    this.#report = report
+    this.#reportJson = reportJson
     Object.freeze(this)
   }
 
   get value () { return this.#value }
-  get report () { return this.#report }
+  /** The run's report (parsed on first use). */
+  get report () {
+    if (this.#report === undefined) this.#report = JSON.parse(this.#reportJson)
+    return this.#report
+  }
 }
 
 const TYPES = new Set(['string', 'number', 'integer', 'boolean', 'array', 'object'])
@@ -115,17 +120,16 @@ async function execute (opts, o) {
   const out = await native.run(JSON.stringify(opts), stdin, grants)
   if (!out.ok) throw refusal(out.kind, out.message, out.report)
   const value = out.kind === 'json' ? JSON.parse(out.value) : out.kind === 'bytes' ? out.bytes : out.value
-  const report = JSON.parse(out.report)
   if (o.check) {
     let verdict
     try {
       verdict = o.check(value)
     } catch (err) {
-      throw new errors.AssertionFailed(`assertion failed: ${err && err.message}`, report)
+      throw new errors.AssertionFailed(`assertion failed: ${err && err.message}`, JSON.parse(out.report))
     }
-    if (verdict === false) throw new errors.AssertionFailed('assertion failed: the check returned false', report)
+    if (verdict === false) throw new errors.AssertionFailed('assertion failed: the check returned false', JSON.parse(out.report))
   }
-  return new Verified(value, report)
+  return new Verified(value, out.report)
 }
 
 /** Runs `argv` in the process tier: a Promise of a Verified, or a rejected Refusal. */

@@ -64,11 +64,12 @@ class Verified:
     """A verified run's value, read-only: `value` (str, bytes or the parsed JSON), and the
     run's `report` (a dict)."""
 
-    __slots__ = ("_value", "_report")
+    __slots__ = ("_value", "_report", "_report_json")
 
-    def __init__(self, value, report):
+    def __init__(self, value, report_json):
         object.__setattr__(self, "_value", value)
-        object.__setattr__(self, "_report", report)
+        object.__setattr__(self, "_report", None)
+        object.__setattr__(self, "_report_json", report_json)
 
     def __setattr__(self, name, value):
         raise AttributeError("a Verified value is read-only")
@@ -79,6 +80,9 @@ class Verified:
 
     @property
     def report(self):
+        """The run's report (parsed on first use)."""
+        if self._report is None:
+            object.__setattr__(self, "_report", json.loads(self._report_json))
         return self._report
 
     def __repr__(self):
@@ -166,7 +170,7 @@ def _run(options, stdin, grants, grant_policy, check):
                                           functions or None, native_check)
     except _native.NativeRefusal as e:
         raise _raised(e) from None
-    return Verified(json.loads(value) if kind == "json" else value, json.loads(report))
+    return Verified(json.loads(value) if kind == "json" else value, report)
 
 
 def run(argv, *, timeout=10, cpu=None, memory="512M", max_output="1M", output="text", expect_exit=0, env=None,
