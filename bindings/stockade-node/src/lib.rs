@@ -1,6 +1,6 @@
 //! `stockade.node`: the napi layer of the Node package `stockade`, over `stockade-bindings`.
 //! It holds no logic of its own: options and values cross as JSON text (bytes as a
-//! `Buffer`), a run is a Promise settled on the bindings' own runtime, and a refusal is
+//! `Buffer`), a run is a Promise of a libuv pool task driving the bindings' runtime, and a refusal is
 //! either an outcome with `ok: false` (runs) or an error whose message is
 //! `stockade-refusal:` and the refusal as JSON (decisions, marks); the package's `index.js`
 //! turns both into its typed errors (`Timeout`, `NonZeroExit`, ...), so no refusal reaches a
