@@ -126,7 +126,9 @@ def run_agent(base_url, model, tools, guard, task=TASK, max_turns=12):
     for _ in range(max_turns):
         message = chat(base_url, model, messages, tools)
         calls = message.get("tool_calls") or []
-        messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls or None})
+        # An empty string, not null: llama-cpp-python's server refuses an assistant message whose
+        # content is null (found against the real model in CI's agent-llm step).
+        messages.append({"role": "assistant", "content": message.get("content") or "", "tool_calls": calls or None})
         if not calls:
             return message.get("content") or ""
         for call in calls:

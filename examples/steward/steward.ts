@@ -104,7 +104,8 @@ export async function runAgent (baseUrl: string, model: string, list: Tool[], ta
   for (let turn = 0; turn < maxTurns; turn++) {
     const message = await chat(baseUrl, model, messages, list)
     const calls: any[] = message.tool_calls ?? []
-    messages.push({ role: 'assistant', content: message.content ?? null, tool_calls: calls.length ? calls : undefined })
+    // An empty string, not null: llama-cpp-python's server refuses a null assistant content.
+    messages.push({ role: 'assistant', content: message.content ?? '', tool_calls: calls.length ? calls : undefined })
     if (!calls.length) return message.content ?? ''
     for (const call of calls) {
       const t = list.find((x) => x.name === call.function.name)

@@ -61,4 +61,7 @@ test('the steward sends the ally raven and no forbidden one', async () => {
   assert.ok(tools[4].startsWith('Blocked by policy (default-deny)'), tools[4])
   assert.ok(tools[5].includes('approval'), tools[5])
   assert.ok(tools[6].includes('400') && tools[6].includes('[provenance source="run_code"'), tools[6])
+  // As a real server reads them: llama-cpp-python refuses a null assistant content.
+  const sent = mock.received.flatMap((r) => r.messages).filter((m) => m.role === 'assistant')
+  assert.ok(sent.length && sent.every((m) => typeof m.content === 'string'), JSON.stringify(sent))
 })

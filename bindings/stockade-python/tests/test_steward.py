@@ -81,6 +81,10 @@ def test_the_steward_sends_the_ally_raven_and_no_forbidden_one(tmp_path, monkeyp
     assert "approval" in tools[5], "a copy to an ally after a scroll needs a human"
     assert "400" in tools[6] and '[provenance source="run_code"' in tools[6], tools[6]
     assert "untrusted" in mock.received[0]["messages"][0]["content"], "the system prompt explains the blocks"
+    # As a real server reads them: llama-cpp-python refuses an assistant message whose
+    # content is null (found against the real model).
+    sent = [m for r in mock.received for m in r["messages"] if m["role"] == "assistant"]
+    assert sent and all(isinstance(m["content"], str) for m in sent), sent
 
 
 def test_real_model_steward_is_policed_end_to_end(tmp_path, monkeypatch):
