@@ -125,12 +125,7 @@ fn bindings(root: &Path, target: &Path, write: bool) -> Result<()> {
             bail!("a bindings bench failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         let data: Value = serde_json::from_slice(&out.stdout)?;
-        let p50 = |key: &str| -> Result<f64> {
-            let mut v: Vec<f64> =
-                data[key].as_array().context("bench output")?.iter().filter_map(Value::as_f64).collect();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().context("no samples")
-        };
+        let p50 = |key: &str| median(&data, key).with_context(|| format!("no {key} samples in the bench's output"));
         Ok((p50("run_us")?, p50("authorize_us")?))
     };
     let rust = measure(&mut std::process::Command::new(target.join("release/examples/bench")))?;
@@ -181,11 +176,7 @@ fn mcp(root: &Path, target: &Path, write: bool) -> Result<()> {
         bail!("the MCP bench client failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let data: Value = serde_json::from_slice(&out.stdout)?;
-    let p50 = |key: &str| -> Result<f64> {
-        let mut v: Vec<f64> = data[key].as_array().context("bench output")?.iter().filter_map(Value::as_f64).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().context("no samples")
-    };
+    let p50 = |key: &str| median(&data, key).with_context(|| format!("no {key} samples in the bench's output"));
     let overhead: Vec<f64> = {
         let (c, w) = (data["call_us"].as_array().context("calls")?, data["wall_us"].as_array().context("walls")?);
         let mut o: Vec<f64> = c.iter().zip(w).filter_map(|(c, w)| Some(c.as_f64()? - w.as_f64()?)).collect();
@@ -352,11 +343,7 @@ fn serve(root: &Path, target: &Path, write: bool) -> Result<()> {
     }
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     let data: Value = serde_json::from_slice(&out.stdout)?;
-    let p50 = |key: &str| -> Option<f64> {
-        let mut v: Vec<f64> = data[key].as_array()?.iter().filter_map(Value::as_f64).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).map(|us| us / 1e3)
-    };
+    let p50 = |key: &str| median(&data, key).map(|us| us / 1e3);
     let shown = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.2} ms"));
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if a > 0.0 => format!("{:.1}x faster", b / a),
@@ -557,6 +544,13 @@ fn hyperfine_field(
     let data: Value = serde_json::from_str(&fs::read_to_string(json)?)?;
     let results = data["results"].as_array().context("hyperfine json has no results")?;
     Ok(results.iter().filter_map(|r| Some((r["command"].as_str()?.to_owned(), field(r)? * 1e3))).collect())
+}
+
+/// The median of the numbers in `data[key]` (a bench client's samples), if it has any.
+fn median(data: &Value, key: &str) -> Option<f64> {
+    let mut v: Vec<f64> = data[key].as_array()?.iter().filter_map(Value::as_f64).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 fn write_docs(root: &Path, group: &str, table: &str) -> Result<()> {

@@ -139,6 +139,10 @@ pub async fn run(opts: RunOptions, stdin: Option<Vec<u8>>, functions: Vec<Functi
         Some(s) => Duration::try_from_secs_f64(s).map_err(|_| Refused::invalid("cpu: a positive number of seconds"))?,
         None => wall,
     };
+    let output = opts.output.clone().unwrap_or_else(|| "text".into());
+    if !["text", "json", "bytes"].contains(&output.as_str()) {
+        return Err(Refused::invalid(format!("output {output:?}: text, json or bytes")));
+    }
     let memory = opts.memory.as_ref().map_or(Ok(512 << 20), |m| m.bytes("memory"))?;
     let max_output = opts.max_output.as_ref().map_or(Ok(1 << 20), |m| m.bytes("max_output"))?;
     let bad = |e: &dyn std::fmt::Display| Refused::invalid(e.to_string());
@@ -163,10 +167,6 @@ pub async fn run(opts: RunOptions, stdin: Option<Vec<u8>>, functions: Vec<Functi
     let mut request = RunRequest::new(&job);
     if let Some(g) = grants {
         request = request.grants(Arc::new(g));
-    }
-    let output = opts.output.clone().unwrap_or_else(|| "text".into());
-    if !["text", "json", "bytes"].contains(&output.as_str()) {
-        return Err(Refused::invalid(format!("output {output:?}: text, json or bytes")));
     }
     let report = runner.sandbox().report(request).await.map_err(run_error)?;
     let budget = Budget::new(wall, max_output);
@@ -335,10 +335,7 @@ fn sandbox(tier: Tier) -> Result<Arc<Sandbox>, Refused> {
         return Ok(Arc::clone(s));
     }
     let built = match tier {
-        Tier::Process => {
-            let helper = stockade_runtime::process::Helper::at(crate::helper()?);
-            Sandbox::builder().tier(stockade_runtime::process::ProcessTier::new(helper)).build()
-        }
+        Tier::Process => Sandbox::builder().tier(process_tier()?).build(),
         Tier::Wasm => Sandbox::builder().tier(stockade_runtime::wasm::WasmTier::new().map_err(run_error)?).build(),
     };
     let s = Arc::new(built.map_err(|e| Refused::new("SandboxError", e.to_string()))?);

@@ -561,7 +561,7 @@ impl Egress {
     /// [`Resolve`] entry, or what the host's resolver says, less every address a name may
     /// not reach, and every address out of the grant's scope. `Err` has been recorded.
     async fn addresses(&self, conn: &mut Conn) -> Result<Vec<SocketAddr>, ()> {
-        let scope = self.inner.scope.as_ref().map(NetScope::rules);
+        let scope = self.inner.scope.as_ref().map(NetScope::rules).filter(|s| !s.is_open());
         let addrs = self.reachable_addresses(conn).await?;
         let Some(scope) = scope else { return Ok(addrs) };
         let host = conn.record.host.clone();

@@ -54,7 +54,8 @@ impl ScopeRules {
         Ok(Self { allow: parse(allow, "allow")?, deny: parse(deny, "deny")? })
     }
 
-    /// True if the lists are empty (everything the policy allows is in scope).
+    /// True if nothing is denied: an allow list alone narrows nothing, so everything the
+    /// policy allows is in scope.
     #[must_use]
     pub fn is_open(&self) -> bool {
         self.deny.is_empty()
