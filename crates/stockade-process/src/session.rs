@@ -299,10 +299,8 @@ fn heartbeat(
             if let Some(f) = &file {
                 let _ = f.set_modified(std::time::SystemTime::now());
             }
-            let g = Arc::clone(&g);
-            if let Ok(found) = tokio::task::spawn_blocking(move || g.sweep_planted()).await {
-                absorb(&mut planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner), found);
-            }
+            let (g, planted) = (Arc::clone(&g), Arc::clone(&planted));
+            let _ = tokio::task::spawn_blocking(move || drop(sweep_recorded(&g, &planted))).await;
         }
     })
 }
@@ -818,12 +816,10 @@ impl ProcessSession {
     /// since the last report (the exec's report names them all).
     async fn swept_so_far(&self) -> stockade_hostfs::Swept {
         let Some(g) = self.sweep.0.clone() else { return stockade_hostfs::Swept::default() };
-        let mut swept = tokio::task::spawn_blocking(move || g.sweep_planted()).await.unwrap_or_default();
-        absorb(
-            &mut swept,
-            std::mem::take(&mut *self.planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
-        );
-        swept
+        let planted = Arc::clone(&self.planted);
+        tokio::task::spawn_blocking(move || std::mem::take(&mut *sweep_recorded(&g, &planted)))
+            .await
+            .unwrap_or_default()
     }
 
     /// The session's limits, as made.
@@ -848,6 +844,21 @@ impl Drop for ProcessSession {
 }
 
 /// Adds one sweep's removals and errors to another's.
+/// Sweeps what the guest planted and records it in `planted`, as one step under `planted`'s
+/// lock, which it returns held. The heartbeat and an exec's report both sweep this way, so
+/// a report that takes `planted` after its own sweep holds every removal made before it: a
+/// heartbeat's sweep can no longer finish before the report's and be recorded after the
+/// report took `planted` (a CI run saw an exec's report miss the `.bashrc` it planted).
+fn sweep_recorded<'a>(
+    g: &stockade_hostfs::Guarded,
+    planted: &'a std::sync::Mutex<stockade_hostfs::Swept>,
+) -> std::sync::MutexGuard<'a, stockade_hostfs::Swept> {
+    let mut held = planted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let found = g.sweep_planted();
+    absorb(&mut held, found);
+    held
+}
+
 fn absorb(into: &mut stockade_hostfs::Swept, from: stockade_hostfs::Swept) {
     into.removed.extend(from.removed);
     into.removed.sort();
