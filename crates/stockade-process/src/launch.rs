@@ -207,9 +207,29 @@ fn internal(what: &str) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |e| RunError::Internal(format!("{what}: {e}"))
 }
 
+/// A root supervisor's helper drops to another uid (65534, or a session's own), so only
+/// `CAP_KILL` lets the supervisor end a run (at its deadline, or a session at its kill):
+/// without it (a container that dropped it) a run could outlive every bound, so none starts.
+/// Read once: a process's capabilities do not come back.
+fn can_end_runs() -> Result<(), RunError> {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let can = *CAN.get_or_init(|| {
+        !stockade_sys::proc::is_root().unwrap_or(false) || stockade_sys::proc::has_effective_cap(5).unwrap_or(true)
+    });
+    if can {
+        Ok(())
+    } else {
+        Err(RunError::Unsupported {
+            mechanism: "ending the sandbox's processes".into(),
+            reason: "this root process lacks CAP_KILL, and each sandbox runs as another uid, so no run could be ended at its deadline".into(),
+        })
+    }
+}
+
 /// Starts the helper for `spec`. The spec's `status_fd` (and, for a pre-built sandbox given
 /// the read end of its job pipe as `job`, its `job_fd`) is filled in here.
 pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, RunError> {
+    can_end_runs()?;
     match mode {
         Mode::Exec(path) => exec(path, spec, io, job),
         Mode::Fork(fallback) => {

@@ -354,20 +354,25 @@ pub(crate) async fn create(tier: &ProcessTier, config: SessionConfig) -> Result<
     // The setup's lines up to `Ready` (or the failure that ends them), then the rest of the
     // pipe (the helper's `Ended`) is read in the background.
     let mut lines = crate::supervisor::status_reader(status);
+    let mut handed = None;
     let setup = tokio::time::timeout(
         SETUP_TIMEOUT,
         crate::supervisor::read_lines(&mut lines, |m| {
             if let Msg::Listening { fd } = m
                 && let Some((pidfd, loopback)) = take.take()
             {
-                crate::supervisor::hand_over(&pidfd, *fd, loopback);
+                handed = crate::supervisor::hand_over(&pidfd, *fd, loopback).err();
             }
             matches!(m, Msg::Ready | Msg::Error { .. })
         }),
     )
     .await;
     let msgs = match setup {
-        Ok(m) => m,
+        // A listener that could not be taken fails the session (its helper is killed).
+        Ok(mut m) => {
+            m.extend(handed);
+            m
+        }
         Err(_) => {
             helper.kill();
             helper.wait().await;

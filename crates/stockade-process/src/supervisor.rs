@@ -591,28 +591,52 @@ pub(crate) async fn read_lines(reader: &mut StatusReader, mut stop: impl FnMut(&
 }
 
 /// Reads a run's report lines up to the helper's `Ended`. A [`Msg::Listening`] hands the
-/// helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once.
+/// helper's listener (taken through `take`'s pidfd) to `take`'s [`Loopback`] at once; if it
+/// cannot be taken, the helper is killed and the lines end with that [`Msg::Error`], so the
+/// run fails closed rather than running with a grant nobody serves.
 pub(crate) async fn read_messages(
     pipe: tokio::net::unix::pipe::Receiver,
     mut take: Option<(std::os::fd::OwnedFd, Loopback)>,
 ) -> Vec<Msg> {
-    read_lines(&mut status_reader(pipe), |msg| {
+    let mut failed = None;
+    let mut msgs = read_lines(&mut status_reader(pipe), |msg| {
         if let Msg::Listening { fd } = msg
             && let Some((pidfd, loopback)) = take.take()
         {
-            hand_over(&pidfd, *fd, loopback);
+            failed = hand_over(&pidfd, *fd, loopback).err();
         }
         matches!(msg, Msg::Ended)
     })
-    .await
+    .await;
+    msgs.extend(failed);
+    msgs
 }
+
+/// The mechanism a failed [`hand_over`] names.
+pub(crate) const LOOPBACK_STAGE: &str = "the grants' loopback listener";
 
 /// Takes the helper's listening socket `fd` and gives it to `loopback`. A helper that is
 /// already gone (the run ended first) leaves nothing to take: the grant's listener is
-/// simply never served.
-pub(crate) fn hand_over(pidfd: &std::os::fd::OwnedFd, fd: i32, loopback: Loopback) {
+/// simply never served. Any other failure (a supervisor without `CAP_SYS_PTRACE` over a
+/// helper of another uid: a container that dropped it) kills the helper, so its run ends,
+/// and is the [`Msg::Error`] that says why.
+pub(crate) fn hand_over(pidfd: &std::os::fd::OwnedFd, fd: i32, loopback: Loopback) -> Result<(), Msg> {
     use std::os::fd::AsFd;
-    if let Ok(socket) = crate::sys::process::pidfd_getfd(pidfd.as_fd(), fd) {
-        (loopback.serve)(std::net::TcpListener::from(socket));
+    match crate::sys::process::pidfd_getfd(pidfd.as_fd(), fd) {
+        Ok(socket) => {
+            (loopback.serve)(std::net::TcpListener::from(socket));
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        Err(e) => {
+            let _ = crate::sys::process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);
+            Err(Msg::Error {
+                stage: LOOPBACK_STAGE.into(),
+                unsupported: true,
+                message: format!(
+                    "taking the helper's listener (pidfd_getfd): {e}; the supervisor needs CAP_SYS_PTRACE over its helper"
+                ),
+            })
+        }
     }
 }

@@ -256,6 +256,29 @@ fn g2_a_missing_mechanism_fails_closed() {
     assert!(err.contains("cannot enforce the sandbox (landlock)"), "{err}");
 }
 
+/// A root supervisor without `CAP_KILL` (a container that dropped it) could not end a run of
+/// another uid at its deadline, or a session at its kill (before: an E2B kill of a
+/// code-interpreter sandbox in such a container never returned). So nothing starts, and the
+/// error names the mechanism.
+#[test]
+fn g2_a_root_supervisor_without_cap_kill_starts_nothing() {
+    if !ready() {
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--bounding-set", "-kill", "--inh-caps", "-kill", "--"])
+        .arg(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--", "echo", "ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()), (Some(125), ""), "{err}");
+    assert!(
+        err.contains("cannot enforce the sandbox (ending the sandbox's processes)") && err.contains("CAP_KILL"),
+        "{err}"
+    );
+}
+
 #[test]
 fn usage_errors_and_help() {
     let (code, _, err) = check(&["run", "--timeout", "soon", "--", "true"]);

@@ -178,6 +178,36 @@ fn g9_curl_reaches_an_allowed_host_and_nothing_else() {
     assert_eq!(up.requests(), ["GET /allowed HTTP/1.1"], "only the allowed request arrived");
 }
 
+/// A supervisor that cannot take its helper's listener (without `CAP_SYS_PTRACE` over a
+/// helper of another uid, as in a container that dropped it) refuses the run and names the
+/// mechanism, rather than running the guest with a proxy nobody serves (before: curl hung
+/// until its own timeout, and the report said only that it exited 28). Judged by what the
+/// upstream saw: nothing.
+#[test]
+fn g9_a_supervisor_that_cannot_take_the_grant_s_listener_refuses_the_run() {
+    let up = HttpUpstream::start("127.0.0.2");
+    let port = up.port.to_string();
+    let out = Command::new("setpriv")
+        .args(["--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", "--"])
+        .arg(env!("CARGO_BIN_EXE_stockade"))
+        .args([
+            "run",
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--net-resolve",
+            &format!("api.test:{port}:127.0.0.2"),
+        ])
+        .args(["--timeout", "60s", "--", "curl", "-sS", "-m", "30", &format!("http://api.test:{port}/")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // 125: stockade failed (the host cannot enforce the sandbox), not the guest's curl.
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("the grants' loopback listener") && err.contains("CAP_SYS_PTRACE"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(up.requests().is_empty());
+}
+
 #[test]
 fn g9_https_goes_through_a_tunnel_whose_tls_names_its_host() {
     let Some(up) = TlsUpstream::start("tls.test") else { return };
