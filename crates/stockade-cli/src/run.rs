@@ -494,7 +494,7 @@ fn sandbox(args: &RunArgs, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
             Err(e) => return Err(e.into()),
         }
     } else {
-        let mut tier = process::ProcessTier::new(tiers::helper()?).landlock_abi(args.landlock_abi);
+        let mut tier = tiers::process_tier()?.landlock_abi(args.landlock_abi);
         if args.no_cgroup {
             tier = tier.without_cgroups();
         }

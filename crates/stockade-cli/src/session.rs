@@ -49,6 +49,22 @@ pub(crate) struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// End every session id with `-SUFFIX` (a DNS label, such as the pod's name), so that a
+    /// router sends each request to the owner that holds its session (docs/deploy.md).
+    #[arg(long, value_parser = id_suffix)]
+    id_suffix: Option<String>,
+}
+
+/// `--id-suffix`, checked before anything starts.
+fn id_suffix(s: &str) -> Result<String, String> {
+    if stockade_runtime::session::is_id_suffix(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "not a DNS label of lowercase letters, digits and inner '-', at most {} characters",
+            stockade_runtime::session::MAX_ID_SUFFIX
+        ))
+    }
 }
 
 /// The E2B face's configuration, from `--api-key-env` and `--config`.
@@ -374,13 +390,20 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode> {
                 extra.extend([flag.into(), std::fs::canonicalize(f)?.into_os_string()]);
             }
         }
+        if let Some(suffix) = &args.id_suffix {
+            extra.extend(["--id-suffix".into(), suffix.into()]);
+        }
         return detach(&socket, args.max_sessions, &extra);
     }
     let _lifeline = lifeline();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let served = rt.block_on(async move {
-        let tier = stockade_runtime::process::ProcessTier::new(crate::tiers::helper()?);
-        let sessions = Arc::new(Sessions::new(tier, &state, args.max_sessions)?);
+        let tier = crate::tiers::process_tier()?;
+        let mut sessions = Sessions::new(tier, &state, args.max_sessions)?;
+        if let Some(suffix) = &args.id_suffix {
+            sessions = sessions.id_suffix(suffix).map_err(|e| anyhow!("--id-suffix: {e}"))?;
+        }
+        let sessions = Arc::new(sessions);
         let _e2b = match e2b {
             Some((addr, mut config)) => {
                 // Snapshots outlive their sandbox and this server, as E2B's do.

@@ -26,10 +26,21 @@ pub(crate) fn helper() -> Result<process::Helper> {
     Ok(process::Helper::current_exe().context("locating the stockade binary for the sandbox helper")?.prefer_fork())
 }
 
+/// The process tier over [`helper`], with the cgroup v2 directory delegated to stockade in
+/// `STOCKADE_CGROUP_V2_DIR` if there is one (the container image's entrypoint sets it where
+/// the host has cgroup v2; docs/deploy.md). Without it, cgroup v1 controllers or rlimits.
+pub(crate) fn process_tier() -> Result<process::ProcessTier> {
+    let tier = process::ProcessTier::new(helper()?);
+    Ok(match std::env::var_os("STOCKADE_CGROUP_V2_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => tier.cgroup_v2_dir(std::path::PathBuf::from(dir)),
+        None => tier,
+    })
+}
+
 /// A process-tier sandbox that keeps `n` sandboxes built ahead of its runs (G15 of
 /// stockade-process).
 pub(crate) fn process_pool(n: usize) -> Result<Arc<Sandbox>> {
-    Ok(Arc::new(Sandbox::builder().tier(process::ProcessTier::new(helper()?).pool(n)).build()?))
+    Ok(Arc::new(Sandbox::builder().tier(process_tier()?.pool(n)).build()?))
 }
 
 /// A wasm-tier sandbox.

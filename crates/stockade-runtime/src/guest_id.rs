@@ -6,6 +6,11 @@
 //! for it in [`GUEST_ID_LOCK_DIR`] (`flock`, held by the open file for the session's life and
 //! released by the kernel if the owner dies), so two owners on one host never hand out one
 //! id at once; an id that `/etc/passwd` gives a user is never handed out.
+//!
+//! An owner in a user namespace that does not map that range (a Kubernetes pod with
+//! `hostUsers: false` maps 65,536 ids) takes its ids from the upper half of the largest
+//! extent both its uid and gid maps hold, below 65534 (`nobody`): 32,766 in such a pod, each
+//! a host id of the pod's own range. The lock directory is then the pod's own, as the range is.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
@@ -34,20 +39,27 @@ impl GuestId {
         self.id
     }
 
-    /// Claims the first free id of the range at or after `GUEST_ID_BASE + hint` (wrapping).
+    /// Claims the first free id of the range at or after its start plus `hint` (wrapping).
     pub(crate) fn claim(hint: u32) -> Result<Self, RunError> {
         Self::claim_in(Path::new(GUEST_ID_LOCK_DIR), hint)
     }
 
     fn claim_in(dir: &Path, hint: u32) -> Result<Self, RunError> {
+        let (base, count) = *range();
+        if count == 0 {
+            return Err(RunError::Unsupported {
+                mechanism: "a host uid of the session's own".into(),
+                reason: "this owner's user namespace maps no range of ids for its sessions' guests (/proc/self/uid_map, gid_map)".into(),
+            });
+        }
         let unsupported = |e: io::Error| RunError::Unsupported {
             mechanism: "a host uid of the session's own".into(),
             reason: format!("claiming one in {}: {e}", dir.display()),
         };
         lock_dir(dir).map_err(unsupported)?;
         let taken = passwd_ids();
-        for i in 0..GUEST_IDS {
-            let id = GUEST_ID_BASE + (hint.wrapping_add(i) % GUEST_IDS);
+        for i in 0..count {
+            let id = base + (hint.wrapping_add(i) % count);
             if taken.contains(&id) {
                 continue;
             }
@@ -66,7 +78,7 @@ impl GuestId {
                 Err(std::fs::TryLockError::Error(e)) => return Err(unsupported(e)),
             }
         }
-        Err(RunError::Misconfigured(format!("every one of the {GUEST_IDS} session guest ids is in use")))
+        Err(RunError::Misconfigured(format!("every one of the {count} session guest ids is in use")))
     }
 }
 
@@ -93,14 +105,61 @@ fn lock_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The range this owner hands out, (first, count), read from its id maps once.
+fn range() -> &'static (u32, u32) {
+    static RANGE: OnceLock<(u32, u32)> = OnceLock::new();
+    RANGE.get_or_init(|| {
+        let read = |f: &str| std::fs::read_to_string(format!("/proc/self/{f}")).unwrap_or_default();
+        range_in(&read("uid_map"), &read("gid_map"))
+    })
+}
+
+/// The ids inside a namespace whose maps are `uid_map` and `gid_map` (as `/proc` prints
+/// them): the fixed range when both map all of it; else the upper half of the largest
+/// extent both map, below 65534; else none. Only the inside ids matter: the kernel turns
+/// each into the host's through the same maps.
+fn range_in(uid_map: &str, gid_map: &str) -> (u32, u32) {
+    let extents = |text: &str| -> Vec<(u64, u64)> {
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace().map(|w| w.parse::<u64>().ok());
+                let (inside, _outside, count) = (f.next()??, f.next()??, f.next()??);
+                Some((inside, inside + count))
+            })
+            .collect()
+    };
+    let (uids, gids) = (extents(uid_map), extents(gid_map));
+    let fixed = (u64::from(GUEST_ID_BASE), u64::from(GUEST_ID_BASE) + u64::from(GUEST_IDS));
+    let holds = |ext: &[(u64, u64)], (a, b): (u64, u64)| ext.iter().any(|(s, e)| *s <= a && b <= *e);
+    if holds(&uids, fixed) && holds(&gids, fixed) {
+        return (GUEST_ID_BASE, GUEST_IDS);
+    }
+    let mut best = (0u64, 0u64);
+    for (us, ue) in &uids {
+        for (gs, ge) in &gids {
+            let (s, e) = ((*us).max(*gs), (*ue).min(*ge).min(65534));
+            if e > s && e - s > best.1 - best.0 {
+                best = (s, e);
+            }
+        }
+    }
+    let (s, e) = best;
+    let start = s + (e - s) / 2;
+    match (u32::try_from(start), u32::try_from(e - start)) {
+        (Ok(start), Ok(count)) if start >= 1000 && count > 0 => (start, count),
+        _ => (0, 0),
+    }
+}
+
 /// The uids `/etc/passwd` names inside the range, read once.
 fn passwd_ids() -> &'static Vec<u32> {
     static IDS: OnceLock<Vec<u32>> = OnceLock::new();
     IDS.get_or_init(|| {
+        let (base, count) = *range();
         let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
         text.lines()
             .filter_map(|l| l.split(':').nth(2)?.parse::<u32>().ok())
-            .filter(|id| (GUEST_ID_BASE..GUEST_ID_BASE + GUEST_IDS).contains(id))
+            .filter(|id| (u64::from(base)..u64::from(base) + u64::from(count)).contains(&u64::from(*id)))
             .collect()
     })
 }
@@ -110,6 +169,21 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
     use super::*;
+
+    #[test]
+    fn the_range_is_the_fixed_one_where_mapped_and_else_the_upper_half_of_a_pod_s() {
+        let host = "         0          0 4294967295\n";
+        assert_eq!(range_in(host, host), (GUEST_ID_BASE, GUEST_IDS));
+        // A Kubernetes pod with hostUsers: false: 65,536 ids from a host offset.
+        let pod = "         0    1376256      65536\n";
+        assert_eq!(range_in(pod, pod), (32767, 32767));
+        // Uids and gids map different extents: their overlap.
+        assert_eq!(range_in("0 100000 65536\n", "0 100000 40000\n"), (20000, 20000));
+        // One id (an unprivileged owner's own) or only low ids: none.
+        assert_eq!(range_in("0 1000 1\n", "0 1000 1\n"), (0, 0));
+        assert_eq!(range_in("0 100000 1500\n", "0 100000 1500\n"), (0, 0));
+        assert_eq!(range_in("", ""), (0, 0));
+    }
 
     #[test]
     fn two_claims_get_two_ids_and_a_released_one_is_free_again() {

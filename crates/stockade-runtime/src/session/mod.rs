@@ -917,6 +917,8 @@ pub struct Sessions {
     live: Mutex<HashMap<String, Arc<Session>>>,
     // Where the next host id claim starts (`guest_id`), spread by the owner's pid.
     next_host_id: std::sync::atomic::AtomicU32,
+    // Appended to every session id after a `-` ([`Sessions::id_suffix`]).
+    id_suffix: Option<String>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -956,7 +958,22 @@ impl Sessions {
             slots: Arc::new(tokio::sync::Semaphore::new(max)),
             live: Mutex::new(HashMap::new()),
             next_host_id: std::sync::atomic::AtomicU32::new(std::process::id().wrapping_mul(97)),
+            id_suffix: None,
         })
+    }
+
+    /// Ends every session id with `-SUFFIX`, so that an id names the owner that holds it (a
+    /// pod's name, for a router that sends each request to the owner of the session it
+    /// names). The suffix is a DNS label (lowercase letters, digits and inner `-`, at most
+    /// [`MAX_ID_SUFFIX`] characters), so an id stays one label of a host name.
+    pub fn id_suffix(mut self, suffix: &str) -> Result<Self, RunError> {
+        if !is_id_suffix(suffix) {
+            return Err(RunError::Misconfigured(format!(
+                "session id suffix {suffix:?}: not a DNS label of lowercase letters, digits and inner '-', at most {MAX_ID_SUFFIX} characters"
+            )));
+        }
+        self.id_suffix = Some(suffix.to_owned());
+        Ok(self)
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -969,7 +986,10 @@ impl Sessions {
         let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
             return Err(RunError::Busy(format!("{} sessions are live, the most this owner keeps", self.max)));
         };
-        let id = new_id().map_err(|e| RunError::Internal(format!("a session id: {e}")))?;
+        let mut id = new_id().map_err(|e| RunError::Internal(format!("a session id: {e}")))?;
+        if let Some(suffix) = &self.id_suffix {
+            id = format!("{id}-{suffix}");
+        }
         let session = match &profile.tier {
             SessionTier::Docker { image } => {
                 let image = image.clone();
@@ -1209,6 +1229,35 @@ fn unexpected(path: &str) -> FilesError {
     FilesError::Invalid { path: path.into(), why: "the files call returned another kind of answer".into() }
 }
 
+/// Most characters of a session id's suffix ([`Sessions::id_suffix`]): with the 32 hex digits,
+/// the `-` before it and a port's `PORT-` before the id, a host label stays within DNS's 63.
+pub const MAX_ID_SUFFIX: usize = 24;
+
+/// Whether `s` may end session ids ([`Sessions::id_suffix`]).
+#[must_use]
+pub fn is_id_suffix(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=MAX_ID_SUFFIX).contains(&b.len())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first() != Some(&b'-')
+        && b.last() != Some(&b'-')
+}
+
+/// Whether `id` has the form of a session id: 32 lowercase hex digits, then, if its owner has
+/// an [id suffix](Sessions::id_suffix), `-` and the suffix.
+#[must_use]
+pub fn is_session_id(id: &str) -> bool {
+    let (random, suffix) = match id.split_at_checked(32) {
+        Some((r, "")) => (r, None),
+        Some((r, rest)) => match rest.strip_prefix('-') {
+            Some(s) => (r, Some(s)),
+            None => return false,
+        },
+        None => return false,
+    };
+    random.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) && suffix.is_none_or(is_id_suffix)
+}
+
 /// 16 random bytes from the kernel, as 32 hex digits.
 fn new_id() -> std::io::Result<String> {
     use std::io::Read;
@@ -1222,6 +1271,36 @@ pub use files::{Entry, FilesError, Kind, Metadata};
 
 /// The host ids a root owner's process sessions get, one each (`guest_id`).
 pub use crate::guest_id::{GUEST_ID_BASE, GUEST_ID_LOCK_DIR, GUEST_IDS};
+
+#[cfg(test)]
+mod id_tests {
+    use super::{MAX_ID_SUFFIX, is_id_suffix, is_session_id};
+
+    #[test]
+    fn a_session_id_is_32_hex_digits_then_its_owner_s_suffix() {
+        let random = "0123456789abcdef0123456789abcdef";
+        assert!(is_session_id(random));
+        assert!(is_session_id(&format!("{random}-stockade-3")));
+        for bad in [
+            "",
+            &random[1..],
+            &format!("{random}0"),
+            &random.to_uppercase(),
+            &format!("{random}-"),
+            &format!("{random}--x"),
+            &format!("{random}-x-"),
+            &format!("{random}-Pod"),
+            &format!("{random}-a.b"),
+            &format!("{random}-{}", "a".repeat(MAX_ID_SUFFIX + 1)),
+            &format!("{}g-x", &random[1..]),
+        ] {
+            assert!(!is_session_id(bad), "{bad:?}");
+        }
+        assert!(is_id_suffix(&"a".repeat(MAX_ID_SUFFIX)));
+        // The longest id, after a port, is one DNS label.
+        assert!(format!("49983-{random}-{}", "a".repeat(MAX_ID_SUFFIX)).len() <= 63);
+    }
+}
 
 #[cfg(test)]
 mod live_output_tests {

@@ -51,7 +51,7 @@ pub(crate) fn routed(req: &Request<hyper::body::Incoming>) -> Option<(String, u1
     let host = header(h, "host")?;
     let (label, _) = host.split_once('.')?;
     let (port, id) = label.split_once('-')?;
-    let id_ok = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    let id_ok = stockade_runtime::session::is_session_id(id);
     let port = port.parse::<u16>().ok().filter(|_| id_ok)?;
     Some((id.to_owned(), port))
 }
