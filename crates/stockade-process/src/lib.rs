@@ -827,6 +827,15 @@ pub fn seccomp_oci_profile() -> serde_json::Value {
     confine::oci_profile()
 }
 
+/// The seccomp profile for a container that runs stockade itself (`stockade serve`): what this
+/// tier's guests may call and what its owner needs beyond that (namespaces, mounts, the new
+/// root), everything else refused; `deploy/seccomp/stockade-serve.json` is this, kept current
+/// by a test of this crate.
+#[must_use]
+pub fn seccomp_owner_profile() -> serde_json::Value {
+    confine::owner_profile()
+}
+
 #[doc(hidden)]
 /// The seccomp policy as text, for review and snapshot tests.
 #[must_use]

@@ -332,6 +332,39 @@ fn g4_seccomp_policy_is_the_reviewed_one() {
     assert_eq!(got, want, "the seccomp policy changed; review it and bless with UPDATE_EXPECT=1");
 }
 
+/// `stockade serve`'s container (deploy/) runs under this tier's owner profile: its checked-in
+/// copy must be what this tier generates (bless with UPDATE_EXPECT=1 after reviewing), it lets
+/// through every call a guest may make (or the guest's own filter, applied inside, would be
+/// moot and programs would break), and it still refuses what neither makes.
+#[test]
+fn g4_the_deploy_profile_is_current() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/seccomp/stockade-serve.json");
+    let got = serde_json::to_string_pretty(&stockade_process::seccomp_owner_profile()).unwrap() + "\n";
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(got == want, "{path} is stale: the seccomp policy changed; bless with UPDATE_EXPECT=1");
+    let v: serde_json::Value = serde_json::from_str(&want).unwrap();
+    let allowed: Vec<&str> =
+        v["syscalls"][0]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let guest: serde_json::Value = stockade_process::seccomp_oci_profile();
+    for rule in guest["syscalls"].as_array().unwrap().iter().filter(|r| r["action"] == "SCMP_ACT_ALLOW") {
+        for name in rule["names"].as_array().unwrap() {
+            assert!(allowed.contains(&name.as_str().unwrap()), "a guest may call {name}, the container may not");
+        }
+    }
+    for owner in ["unshare", "mount", "pivot_root", "setns"] {
+        assert!(allowed.contains(&owner), "{owner}");
+    }
+    for refused in ["ptrace", "bpf", "keyctl", "kexec_load", "init_module", "reboot", "perf_event_open", "userfaultfd"]
+    {
+        assert!(!allowed.contains(&refused), "{refused} is allowed");
+    }
+    assert_eq!(v["defaultAction"], "SCMP_ACT_ERRNO");
+}
+
 /// The docker tier applies this tier's policy as its seccomp profile: its checked-in copy
 /// must be what this tier generates (bless with UPDATE_EXPECT=1 after reviewing the change).
 #[test]
