@@ -748,7 +748,6 @@ pub(crate) fn bench(root: &Path, target: &Path) -> Result<String> {
     measured
 }
 
-
 /// The host range the user-namespaced owner maps ids 0..65536 to (as a kubelet gives a pod
 /// with `hostUsers: false` a range of its own).
 const POD_RANGE: u32 = 3_145_728;
