@@ -135,6 +135,25 @@ fn python_status() -> Result<String, String> {
     }
 }
 
+/// The process tier, tried: a real run of `/bin/true`. The probes read what the kernel
+/// offers, not what this process may use of it: in a container whose seccomp profile refuses
+/// `unshare` (Docker's default), or without a capability a root supervisor needs, every probe
+/// said yes and every run failed.
+fn process_trial() -> Result<String, String> {
+    use stockade_runtime::protocol::{Job, Status};
+    let tier = crate::tiers::process_tier().map_err(|e| e.to_string())?;
+    let sandbox = stockade_runtime::Sandbox::builder().tier(tier).build().map_err(|e| e.to_string())?;
+    let job = Job::command("/bin/true", Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    match rt.block_on(sandbox.report(stockade_runtime::RunRequest::new(&job))) {
+        Ok(r) if r.status == (Status::Exited { code: 0 }) => {
+            Ok(format!("a run of /bin/true: exited 0, {} mechanisms reported in force", r.enforcement.len()))
+        }
+        Ok(r) => Err(format!("a run of /bin/true ended {:?}", r.status)),
+        Err(e) => Err(format!("a run of /bin/true: {e}")),
+    }
+}
+
 pub(crate) fn doctor(json: bool) -> Result<()> {
     let stale = process::stale_cgroups(None);
     let stale_detail = match stale.len() {
@@ -145,6 +164,7 @@ pub(crate) fn doctor(json: bool) -> Result<()> {
         ),
     };
     let p = process::probe();
+    let trial = process_trial();
     let broker = broker_status();
     let docker = docker_status();
     let wasm_engine = wasm::WasmTier::new().map_err(|e| e.to_string()).map(|t| match t.cache_dir() {
@@ -163,6 +183,7 @@ pub(crate) fn doctor(json: bool) -> Result<()> {
             p.user_namespaces.clone().err().unwrap_or_else(|| "available".into()),
         ),
         ("cgroups", p.cgroups.is_ok(), p.cgroups.clone().unwrap_or_else(|e| e)),
+        ("process run", trial.is_ok(), trial.clone().unwrap_or_else(|e| e)),
         ("stale cgroups", stale.is_empty(), stale_detail),
         ("grants broker", broker.is_ok(), broker.clone().unwrap_or_else(|e| e)),
         (
@@ -178,7 +199,7 @@ pub(crate) fn doctor(json: bool) -> Result<()> {
         ("wasm js guest", js_guest.is_ok(), js_guest.unwrap_or_else(|e| e)),
         ("wasm python", python.is_ok(), python.unwrap_or_else(|e| e)),
     ];
-    let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok();
+    let process_ready = p.landlock_abi >= 6 && p.seccomp && p.user_namespaces.is_ok() && trial.is_ok();
     let wasm_ready = wasm_engine.is_ok();
     let docker_ready = docker.is_ok();
     let mut out = std::io::stdout().lock();

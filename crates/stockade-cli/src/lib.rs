@@ -1,7 +1,9 @@
 //! The `stockade` command line: `stockade run` confines a command and prints its output only
 //! if the run is verified; `stockade agent` runs an agent over an OpenAI-compatible endpoint
 //! that marks, allows and isolates; `stockade mcp` serves the same sandboxes to MCP clients;
-//! `stockade doctor` says what this host can enforce.
+//! `stockade doctor` says what this host can enforce (its probes, and a real run of
+//! `/bin/true` in the process tier, so that what the probes cannot see, a container's seccomp
+//! profile or a dropped capability, is reported too).
 //!
 //! # Position in the stack
 //! Depends on: `stockade-agent` and `stockade-runtime` (and through them protocol, policy,

@@ -277,6 +277,17 @@ fn g2_a_root_supervisor_without_cap_kill_starts_nothing() {
         err.contains("cannot enforce the sandbox (ending the sandbox's processes)") && err.contains("CAP_KILL"),
         "{err}"
     );
+    // `stockade doctor` tries a real run, so it says so too (its probes alone said ready).
+    let out = std::process::Command::new("setpriv")
+        .args(["--bounding-set", "-kill", "--inh-caps", "-kill", "--"])
+        .arg(env!("CARGO_BIN_EXE_stockade"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["process_tier"], false, "{v}");
+    let row = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == "process run").unwrap();
+    assert!(row["ok"] == false && row["detail"].as_str().unwrap().contains("CAP_KILL"), "{row}");
 }
 
 #[test]
