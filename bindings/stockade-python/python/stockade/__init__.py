@@ -12,7 +12,8 @@ Everything is stockade's own crates (`stockade._native`, pyo3): this layer only 
 Python values into JSON and refusals into exceptions. A refusal is never a value: a run
 returns a `Verified` or raises a `Refusal` (`Timeout`, `OutputTooLarge`, `OutOfMemory`,
 `NonZeroExit`, `AssertionFailed`, ...), which carries the run's report. The GIL is released
-while a sandbox runs, so threads run sandboxes at once.
+while a sandbox runs, so threads run sandboxes at once; `stockade.aio` has the same calls for
+asyncio, awaited.
 """
 
 import inspect

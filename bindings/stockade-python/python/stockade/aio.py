@@ -1,0 +1,80 @@
+"""stockade's asyncio forms: the same calls as `stockade`, awaited.
+
+    import stockade.aio
+    r = await stockade.aio.run(["python3", "-c", "print(6*7)"], timeout=5)   # a Verified
+    async with stockade.aio.Session(memory="256M") as s:
+        out = await s.exec(["sh", "-c", "echo hi"])
+
+Each call is the synchronous one on a worker thread of the running loop's default executor
+(`asyncio.to_thread`), and the native call releases the GIL while the sandbox runs, so the
+event loop goes on and runs started together run at once, as many as that executor has
+threads (Python's default: `min(32, cpus + 4)`; set another with
+`loop.set_default_executor`). Refusals are raised as the same exceptions. Cancelling an
+awaiting task does not stop its sandbox: the run ends at its own timeout (or the session at
+its kill, which `async with` still awaits on the way out), and its result is dropped.
+"""
+
+import asyncio
+
+import stockade
+
+__all__ = ["Session", "run", "run_code"]
+
+
+async def run(argv, **options):
+    """`stockade.run`, awaited: a `Verified`, or raises a `Refusal`."""
+    return await asyncio.to_thread(stockade.run, argv, **options)
+
+
+async def run_code(code, **options):
+    """`stockade.run_code`, awaited: a `Verified`, or raises a `Refusal`."""
+    return await asyncio.to_thread(stockade.run_code, code, **options)
+
+
+class Session:
+    """`stockade.Session`, awaited: made on entering `async with` (or by `await
+    Session.create(...)`), ended on leaving it, also on an exception."""
+
+    def __init__(self, **options):
+        self._options = options
+        self._session = None
+
+    @classmethod
+    async def create(cls, **options):
+        s = cls(**options)
+        await s.__aenter__()
+        return s
+
+    @property
+    def id(self):
+        return self._session.id
+
+    async def _call(self, name, *args, **kwargs):
+        return await asyncio.to_thread(getattr(self._session, name), *args, **kwargs)
+
+    async def exec(self, argv, **options):
+        return await self._call("exec", argv, **options)
+
+    async def write(self, path, data):
+        await self._call("write", path, data)
+
+    async def read(self, path):
+        return await self._call("read", path)
+
+    async def pause(self):
+        await self._call("pause")
+
+    async def resume(self):
+        await self._call("resume")
+
+    async def kill(self):
+        if self._session is not None:
+            await self._call("kill")
+
+    async def __aenter__(self):
+        self._session = await asyncio.to_thread(lambda: stockade.Session(**self._options))
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.kill()
+        return False

@@ -1,0 +1,75 @@
+"""`stockade.aio`, the asyncio forms, as a user meets them (pytest, against the built wheel).
+Ordering is by events, never by sleeps."""
+
+import asyncio
+import threading
+
+import pytest
+
+import stockade
+import stockade.aio
+
+
+def test_an_awaited_run_returns_the_verified_value_and_raises_the_same_refusals():
+    async def main():
+        r = await stockade.aio.run(["python3", "-c", "print(6*7)"], timeout=10)
+        assert r.value == "42\n"
+        with pytest.raises(stockade.NonZeroExit):
+            await stockade.aio.run(["sh", "-c", "exit 3"], timeout=10)
+        r = await stockade.aio.run_code("print(1+2)", language="python", timeout=10)
+        assert r.value == "3\n"
+
+    asyncio.run(main())
+
+
+def test_runs_awaited_together_run_at_once_and_the_loop_goes_on():
+    # A's guest calls a host function that waits until B, started after A on the same loop,
+    # has finished. If the loop (or the GIL) were held while A's sandbox ran, B could never
+    # run and A would reach its own deadline: a Timeout, not this value.
+    b_done = threading.Event()
+
+    def gate():
+        return "opened" if b_done.wait(60) else "timed out"
+
+    policy = 'version = 1\ndefault = "deny"\n[[rule]]\nid = "gate"\ntool = "gate"\neffect = "allow"\n'
+    order = []
+
+    async def a():
+        r = await stockade.aio.run_code("console.log(gate())", language="javascript", timeout=90,
+                                        grants={"gate": stockade.function(gate, {"type": "object"})},
+                                        grant_policy=policy)
+        order.append("a")
+        return r.value.strip()
+
+    async def b():
+        await asyncio.sleep(0)  # yield, so A is started first
+        r = await stockade.aio.run(["true"], timeout=30)
+        order.append("b")
+        b_done.set()
+        return r
+
+    async def main():
+        return await asyncio.gather(a(), b())
+
+    a_value, _ = asyncio.run(main())
+    assert a_value == "opened" and order == ["b", "a"]
+
+
+def test_an_async_session_ends_on_leaving_the_block_also_on_an_exception():
+    async def main():
+        async with stockade.aio.Session(memory="256M") as s:
+            await s.write("notes.txt", "kept")
+            assert await s.read("notes.txt") == b"kept"
+            r = await s.exec(["sh", "-c", "cat notes.txt; echo; echo $((6*7))"])
+            assert r.exit_code == 0 and r.stdout == b"kept\n42\n"
+            kept = s
+        with pytest.raises(stockade.Refusal):
+            await kept.exec(["true"])
+        with pytest.raises(RuntimeError):
+            async with stockade.aio.Session(memory="256M") as s:
+                inner = s
+                raise RuntimeError("the block failed")
+        with pytest.raises(stockade.Refusal):
+            await inner.exec(["true"])
+
+    asyncio.run(main())
