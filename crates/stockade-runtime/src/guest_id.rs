@@ -9,7 +9,7 @@
 //!
 //! An owner in a user namespace that does not map that range (a Kubernetes pod with
 //! `hostUsers: false` maps 65,536 ids) takes its ids from the upper half of the largest
-//! extent both its uid and gid maps hold, below 65534 (`nobody`): 32,766 in such a pod, each
+//! extent both its uid and gid maps hold, below 65534 (`nobody`): 32,767 in such a pod, each
 //! a host id of the pod's own range. The lock directory is then the pod's own, as the range is.
 
 use std::io;
