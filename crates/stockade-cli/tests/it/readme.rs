@@ -137,6 +137,27 @@ fn readme_commands_run_as_written() {
             }
         } else if block.contains(" agent --config examples/steward/agent.toml") {
             eprintln!("SKIPPED README block {first:?}: it needs a model; readme_real_model_steward_block runs it");
+        } else if block.starts_with("cargo xtask image serve") {
+            // The deploy step (`cargo xtask deploy`) runs this image with the settings
+            // docs/deploy.md shows (an xtask test checks that page): here, the README's line
+            // must ask for the same capabilities and security options.
+            let deploy = std::fs::read_to_string(root().join("docs/deploy.md")).unwrap();
+            let opts = |text: &str| -> std::collections::BTreeSet<String> {
+                let words: Vec<&str> = text.split_whitespace().filter(|w| *w != "\\").collect();
+                words
+                    .windows(2)
+                    .filter(|w| {
+                        w[0] == "--cap-add" || w[0] == "--cap-drop" || w[0] == "--security-opt" || w[0] == "--cgroupns"
+                    })
+                    .map(|w| format!("{} {}", w[0], w[1]))
+                    .collect()
+            };
+            let shown = deploy.split("```sh").nth(2).and_then(|b| b.split("```").next()).unwrap_or_default();
+            assert!(shown.contains("docker run -d --name stockade-serve"), "docs/deploy.md's run line moved");
+            assert_eq!(opts(block), opts(shown), "README.md's docker run line and docs/deploy.md's differ");
+            eprintln!(
+                "SKIPPED running README block {first:?}: cargo xtask deploy runs the image (its settings checked above)"
+            );
         } else if block.trim() == "cargo xtask ci" {
             eprintln!("SKIPPED README block {first:?}: it is this CI run itself");
         } else if block.trim()
