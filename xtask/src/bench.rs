@@ -310,33 +310,8 @@ fn serve(root: &Path, target: &Path, write: bool) -> Result<()> {
     crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
     let python = crate::llm::install_e2b_sdk()?;
     let state = target.join("bench-serve-state");
-    let _ = fs::remove_dir_all(&state);
-    fs::create_dir_all(&state)?;
     let key = "bench-key-0123456789abcdef";
-    let mut server = std::process::Command::new(target.join("release/stockade"))
-        .args(["serve", "--socket"])
-        // In a directory serve makes itself (0700).
-        .arg(state.join("run/serve.sock"))
-        .args(["--listen", "127.0.0.1:0", "--api-key-env", "BENCH_E2B_KEY"])
-        .env("BENCH_E2B_KEY", key)
-        .env("STOCKADE_STATE_DIR", &state)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let addr = {
-        use std::io::BufRead as _;
-        let stderr = server.stderr.take().context("serve's stderr")?;
-        let mut lines = std::io::BufReader::new(stderr).lines();
-        let addr = loop {
-            let Some(line) = lines.next() else { bail!("stockade serve exited before it listened") };
-            if let Some(a) = line?.strip_prefix("stockade serve: E2B API on http://") {
-                break a.to_owned();
-            }
-        };
-        std::thread::spawn(move || lines.for_each(drop));
-        addr
-    };
-    let url = format!("http://{addr}");
+    let (mut server, url) = crate::deploy::host_server(&target.join("release/stockade"), &state, key)?;
     let out = std::process::Command::new(&python)
         .arg(root.join("crates/stockade-cli/benches/e2b_bench.py"))
         .args(["500", crate::images::BUSYBOX_IMAGE])
@@ -558,7 +533,11 @@ fn hyperfine_field(
 
 /// The median of the numbers in `data[key]` (a bench client's samples), if it has any.
 fn median(data: &Value, key: &str) -> Option<f64> {
-    let mut v: Vec<f64> = data[key].as_array()?.iter().filter_map(Value::as_f64).collect();
+    median_of(data[key].as_array()?.iter().filter_map(Value::as_f64).collect())
+}
+
+/// The median of samples (the upper one of an even count); `None` for none.
+pub(crate) fn median_of(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()
 }

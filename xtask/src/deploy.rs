@@ -612,9 +612,10 @@ fn escape_in_container(root: &Path) -> Result<()> {
     run(&mut cmd).context("the escape matrix's process column inside the container")
 }
 
-/// A host `stockade serve --listen 127.0.0.1:0` of `binary` on a state directory of its own:
-/// (the child, its URL). Ended by its pid (SIGTERM ends its sandboxes).
-fn host_server(binary: &Path, state: &Path) -> Result<(std::process::Child, String)> {
+/// A host `stockade serve --listen 127.0.0.1:0` of `binary` with API key `key`, on a fresh
+/// state directory `state` (its socket in a directory serve makes itself, 0700): (the child,
+/// its URL). The caller ends it by its pid (SIGTERM ends its sandboxes).
+pub(crate) fn host_server(binary: &Path, state: &Path, key: &str) -> Result<(std::process::Child, String)> {
     use std::io::BufRead as _;
     let _ = fs::remove_dir_all(state);
     fs::create_dir_all(state)?;
@@ -622,7 +623,7 @@ fn host_server(binary: &Path, state: &Path) -> Result<(std::process::Child, Stri
         .args(["serve", "--socket"])
         .arg(state.join("run/serve.sock"))
         .args(["--listen", "127.0.0.1:0", "--api-key-env", "E2B_API_KEY"])
-        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_KEY", key)
         .env("STOCKADE_STATE_DIR", state)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
@@ -655,9 +656,8 @@ fn sdk_samples(python: &Path, root: &Path, url: &str, mode: &str, n: usize) -> R
     Ok(v["ms"].as_array().context("samples")?.iter().filter_map(serde_json::Value::as_f64).collect())
 }
 
-fn p50(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+fn p50(v: Vec<f64>) -> f64 {
+    crate::bench::median_of(v).unwrap_or(f64::NAN)
 }
 
 /// The container's memory use as its cgroup counts it (cgroup v1 or v2), in bytes.
@@ -681,7 +681,7 @@ pub(crate) fn bench(root: &Path, target: &Path) -> Result<String> {
     let binary = build_image(root, target, false)?;
     let python = llm::install_e2b_sdk()?;
     let state = target.join("bench-deploy-state");
-    let (mut host, host_url) = host_server(&binary, &state)?;
+    let (mut host, host_url) = host_server(&binary, &state, KEY)?;
     let cmd: Vec<String> =
         ["serve", "--listen", "127.0.0.1:0", "--api-key-env", "E2B_API_KEY"].map(str::to_owned).to_vec();
     let env = ["-e".to_owned(), format!("E2B_API_KEY={KEY}")];

@@ -214,7 +214,9 @@ fn internal(what: &str) -> impl FnOnce(std::io::Error) -> RunError + '_ {
 fn can_end_runs() -> Result<(), RunError> {
     static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let can = *CAN.get_or_init(|| {
-        !stockade_sys::proc::is_root().unwrap_or(false) || stockade_sys::proc::has_effective_cap(5).unwrap_or(true)
+        let kill = 1u64 << crate::sys::caps::CAP_KILL;
+        !stockade_sys::proc::is_root().unwrap_or(false)
+            || !matches!(crate::sys::caps::effective(), Ok(e) if e & kill == 0)
     });
     if can {
         Ok(())

@@ -47,14 +47,6 @@ pub fn is_root() -> std::io::Result<bool> {
     Ok(std::fs::metadata("/proc/self")?.uid() == 0)
 }
 
-/// Whether this process holds capability `bit` (`CAP_KILL` is 5) in its effective set, read
-/// from `/proc/self/status`'s `CapEff` (hex); `None` if that cannot be read.
-#[must_use]
-pub fn has_effective_cap(bit: u32) -> Option<bool> {
-    let eff = u64::from_str_radix(&field("/proc/self/status", "CapEff:").ok()?, 16).ok()?;
-    Some(eff & 1u64.checked_shl(bit)? != 0)
-}
-
 /// The value after `key` in a `/proc` file of `Key:\tvalue` lines (`/proc/PID/status`,
 /// `/proc/self/fdinfo/FD`), trimmed.
 pub fn field(path: &str, key: &str) -> std::io::Result<String> {

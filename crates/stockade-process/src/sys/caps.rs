@@ -60,16 +60,32 @@ pub(crate) fn drop_all() -> io::Result<()> {
     check_long(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }).map(drop)
 }
 
-/// The capabilities this process still holds, effective, permitted or inheritable, as one
-/// 64-bit mask (`capget(2)`: one call, where `/proc/self/status` is an open and a read).
-pub(crate) fn remaining() -> io::Result<u64> {
+/// This process's capability sets, low and high 32 (`capget(2)`: one call, where
+/// `/proc/self/status` is an open and a read).
+fn capget() -> io::Result<[Data; 2]> {
     let mut header = Header { version: CAPABILITY_VERSION_3, pid: 0 };
     let mut data = [Data::default(); 2];
     // SAFETY: capget reads one header and writes two data structs of exactly these layouts
     // (linux/capability.h, version 3), both live on this frame for the duration of the call.
     check_long(unsafe { libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()) })?;
+    Ok(data)
+}
+
+/// The capabilities this process still holds, effective, permitted or inheritable, as one
+/// 64-bit mask.
+pub(crate) fn remaining() -> io::Result<u64> {
+    let data = capget()?;
     let half = |d: &Data| u64::from(d.effective | d.permitted | d.inheritable);
     Ok(half(&data[0]) | (half(&data[1]) << 32))
+}
+
+/// `CAP_KILL` (linux/capability.h): signals to processes of other uids.
+pub(crate) const CAP_KILL: u32 = 5;
+
+/// This process's effective capabilities, as one 64-bit mask.
+pub(crate) fn effective() -> io::Result<u64> {
+    let data = capget()?;
+    Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
 }
 
 /// Marks the process not dumpable: its `/proc/PID` files become root-owned and its memory,

@@ -332,6 +332,19 @@ fn g4_seccomp_policy_is_the_reviewed_one() {
     assert_eq!(got, want, "the seccomp policy changed; review it and bless with UPDATE_EXPECT=1");
 }
 
+/// A generated seccomp profile's checked-in copy at `path`: written anew under UPDATE_EXPECT
+/// (then `None`, and the test ends), else it must be exactly `profile`, and is returned.
+fn checked_in_profile(path: &str, profile: &serde_json::Value) -> Option<serde_json::Value> {
+    let got = serde_json::to_string_pretty(profile).unwrap() + "\n";
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(path, &got).unwrap();
+        return None;
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(got == want, "{path} is stale: the seccomp policy changed; bless with UPDATE_EXPECT=1");
+    Some(serde_json::from_str(&want).unwrap())
+}
+
 /// `stockade serve`'s container (deploy/) runs under this tier's owner profile: its checked-in
 /// copy must be what this tier generates (bless with UPDATE_EXPECT=1 after reviewing), it lets
 /// through every call a guest may make (or the guest's own filter, applied inside, would be
@@ -339,14 +352,7 @@ fn g4_seccomp_policy_is_the_reviewed_one() {
 #[test]
 fn g4_the_deploy_profile_is_current() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/seccomp/stockade-serve.json");
-    let got = serde_json::to_string_pretty(&stockade_process::seccomp_owner_profile()).unwrap() + "\n";
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(path, &got).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(path).unwrap_or_default();
-    assert!(got == want, "{path} is stale: the seccomp policy changed; bless with UPDATE_EXPECT=1");
-    let v: serde_json::Value = serde_json::from_str(&want).unwrap();
+    let Some(v) = checked_in_profile(path, &stockade_process::seccomp_owner_profile()) else { return };
     let allowed: Vec<&str> =
         v["syscalls"][0]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     let guest: serde_json::Value = stockade_process::seccomp_oci_profile();
@@ -370,14 +376,7 @@ fn g4_the_deploy_profile_is_current() {
 #[test]
 fn g4_the_docker_tiers_copy_of_the_policy_is_current() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../stockade-docker/src/seccomp.json");
-    let got = serde_json::to_string_pretty(&stockade_process::seccomp_oci_profile()).unwrap() + "\n";
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(path, &got).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(path).unwrap_or_default();
-    assert!(got == want, "{path} is stale: the seccomp policy changed; bless with UPDATE_EXPECT=1");
-    let v: serde_json::Value = serde_json::from_str(&want).unwrap();
+    let Some(v) = checked_in_profile(path, &stockade_process::seccomp_oci_profile()) else { return };
     let names = |action: &str| -> Vec<String> {
         v["syscalls"]
             .as_array()
