@@ -845,11 +845,6 @@ pub(crate) fn allowlist_program() -> BpfProgram {
     p
 }
 
-/// Installs the filters on the calling thread (the helper is single-threaded, and exec follows).
-pub(crate) fn apply_seccomp() -> Result<String, String> {
-    apply_compiled_seccomp(&seccomp_filters()?)
-}
-
 /// Applies filters compiled before ([`seccomp_filters`]; a session's init installs them once
 /// on itself, for all its execs to inherit).
 pub(crate) fn apply_compiled_seccomp(filters: &[BpfProgram]) -> Result<String, String> {

@@ -5,8 +5,9 @@
 //!
 //! ```text
 //! supervisor ── helper ── init (pid 1 of the run) ── guest (pid 2) ── ...
-//!               unshares user, mount, pid, net,      builds the view,
-//!               ipc, uts; waits for init              forks, reaps, reports
+//!               unshares user, mount, pid, net,      builds the view, enters landlock,
+//!               ipc, uts; waits for init              installs seccomp, spawns the guest
+//!                                                     (`start_guest`), reaps, reports
 //! ```
 //!
 //! The helper dies with the supervisor (parent-death SIGKILL), init dies with the helper
@@ -24,7 +25,7 @@ use stockade_protocol::Mechanism;
 
 use crate::confine;
 use crate::spec::{Msg, PooledJob, SPEC_VAR, Spec, SpecLimits};
-use crate::sys::{caps, fs as sysfs, mount, process, tty};
+use crate::sys::{caps, fs as sysfs, mount, process};
 
 /// The uid the guest runs as when stockade itself runs as root: `nobody`.
 pub const NOBODY: u32 = 65534;
@@ -67,15 +68,15 @@ impl Reporter {
 
     /// Holds every line from now on until [`flush`](Self::flush). Called where no fork
     /// comes before the flush (lines held across a fork would be written by both
-    /// processes): in a run's guest after its fork, and in a session's init around the
-    /// spawn of an exec's guest, whose child writes no line.
+    /// processes): in init around the spawn of a guest, whose child writes no line.
     pub(crate) fn hold(&mut self) {
         self.held.get_or_insert_with(Vec::new);
     }
 
-    /// Writes the held lines, in writes of whole lines of at most `PIPE_BUF` bytes each.
+    /// Writes the held lines, in writes of whole lines of at most `PIPE_BUF` bytes each, and
+    /// holds no more.
     pub(crate) fn flush(&mut self) {
-        let Some(held) = self.held.as_mut() else { return };
+        let Some(held) = self.held.take() else { return };
         let (mut start, mut end) = (0, 0);
         for line in held.split_inclusive(|b| *b == b'\n') {
             if end > start && end - start + line.len() > libc::PIPE_BUF {
@@ -85,7 +86,6 @@ impl Reporter {
             end += line.len();
         }
         let _ = self.file.write_all(&held[start..end]);
-        held.clear();
     }
 
     pub(crate) fn send(&mut self, msg: &Msg) {
@@ -393,7 +393,7 @@ pub(crate) struct Trees {
     home: Option<OwnedFd>,
 }
 
-/// Pid 1 of the run: builds the view, forks the guest (or, in a session, one guest per exec
+/// Pid 1 of the run: builds the view, starts the guest (or, in a session, one guest per exec
 /// request), reaps everything, reports the exit.
 fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), trees: Trees) -> i32 {
     if caps::set_parent_death_kill().is_err() || sysfs::peer_closed(keep.as_raw_fd()) {
@@ -428,11 +428,54 @@ fn init(spec: &Spec, rep: &mut Reporter, keep: &File, (uid, gid): (u32, u32), tr
         let Some(fd) = spec.job_fd else { return rep.fail("session", false, "no session socket") };
         return crate::session_init::serve(spec, rep, fd);
     }
-    let guest = match process::fork() {
-        Err(e) => return rep.fail("guest", false, format!("fork: {e}")),
-        Ok(process::Fork::Child) => process::exit_now(guest(spec, rep)),
-        Ok(process::Fork::Parent(pid)) => pid,
+    run_guest(spec, rep)
+}
+
+/// The rest of a run's init: the guest's confinement built once and entered by init
+/// ([`Prepared`]), a pre-built sandbox's job taken, the guest started the one way every guest
+/// starts ([`start_guest`], as a session's exec is), the guest's stdio let go, and everything
+/// reaped until the guest exits, whose exit is reported.
+fn run_guest(spec: &Spec, rep: &mut Reporter) -> i32 {
+    let mut pre = match Prepared::build(spec) {
+        Ok(p) => p,
+        Err((stage, e)) => return rep.fail(stage, true, e),
     };
+    let pooled;
+    let job = match spec.job_fd {
+        None => JobRef {
+            program: &spec.program,
+            args: &spec.args,
+            env: &spec.env,
+            limits: spec.limits,
+            cwd: None,
+            tty: spec.tty,
+        },
+        Some(fd) => match read_pooled_job(fd) {
+            Ok(Some(job)) => {
+                pooled = job;
+                JobRef {
+                    program: &pooled.program,
+                    args: &pooled.args,
+                    env: &pooled.env,
+                    limits: pooled.limits,
+                    cwd: None,
+                    tty: false,
+                }
+            }
+            // The pool let this sandbox go unused: nothing to report.
+            Ok(None) => return 0,
+            Err(e) => return rep.fail("job", false, format!("reading the job in a pre-built sandbox: {e}")),
+        },
+    };
+    // The guest's descriptors 0–2 are init's own; the plan takes copies above 2, which the
+    // guest moves back onto 0–2.
+    let stdio = match [0, 1, 2].map(|fd| sysfs::dup_at_least(fd, 3).and_then(sysfs::adopt)) {
+        [Ok(i), Ok(o), Ok(e)] => [i, o, e],
+        _ => return rep.fail("guest", false, "copying the guest's descriptors"),
+    };
+    let fds = [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()];
+    let Some(guest) = start_guest(spec, &mut pre, &job, fds, rep, false) else { return 126 };
+    drop(stdio);
     release_stdio(spec);
     loop {
         match process::wait(-1) {
@@ -854,47 +897,6 @@ fn bind(src: &Path, dst: &Path, writable: bool) -> Result<(), String> {
     ctx(mount::mount(Path::new(""), dst, "", flags, ""), || format!("remounting {}", dst.display()))
 }
 
-/// The guest (pid 2): credentials, landlock and seccomp (none of which depends on the job),
-/// then, in a pre-built sandbox, the job itself read from the spec's job descriptor, then the
-/// job's limits and the exec. Returns only on failure, or when a pre-built sandbox is
-/// dropped unused.
-fn guest(spec: &Spec, rep: &mut Reporter) -> i32 {
-    if let Err(code) = confine_guest(spec, rep) {
-        return code;
-    }
-    let pooled;
-    let job = match spec.job_fd {
-        None => JobRef {
-            program: &spec.program,
-            args: &spec.args,
-            env: &spec.env,
-            limits: spec.limits,
-            cwd: None,
-            tty: false,
-        },
-        Some(fd) => match read_pooled_job(fd) {
-            Ok(Some(job)) => {
-                pooled = job;
-                JobRef {
-                    program: &pooled.program,
-                    args: &pooled.args,
-                    env: &pooled.env,
-                    limits: pooled.limits,
-                    cwd: None,
-                    tty: false,
-                }
-            }
-            // The pool let this sandbox go unused: nothing to report.
-            Ok(None) => return 0,
-            Err(e) => return rep.fail("job", false, format!("reading the job in a pre-built sandbox: {e}")),
-        },
-    };
-    if let Err(code) = set_rlimits(spec, rep, job.limits) {
-        return code;
-    }
-    exec_job(spec, rep, &job)
-}
-
 /// What a guest reports of its capabilities once they are dropped.
 const CAPABILITIES_DROPPED: &str = "bounding, ambient, effective, permitted and inheritable sets empty";
 /// What a guest reports of `no_new_privs`.
@@ -909,53 +911,15 @@ fn report_landlock(rep: &mut Reporter, o: &confine::LandlockOutcome) {
     }
 }
 
-/// The guest's confinement, which no job changes: a session of its own (with the run's
-/// terminal), no capabilities, `no_new_privs`, landlock and seccomp. `Err` is the exit code
-/// of a failed step (already reported). From here on the guest's report lines are held and
-/// written together, just before the exec or with the error that stops it.
-fn confine_guest(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
-    rep.hold();
-    if let Err(e) = process::setsid() {
-        return Err(rep.fail("setsid", false, e));
-    }
-    if spec.tty
-        && let Err(e) = tty::set_controlling(0)
-    {
-        return Err(rep.fail("terminal", false, format!("TIOCSCTTY: {e}")));
-    }
-    if let Err(e) = caps::drop_all() {
-        return Err(rep.fail("capabilities", true, e));
-    }
-    match caps::remaining() {
-        Ok(0) => rep.enforced(Mechanism::CapabilitiesDropped, CAPABILITIES_DROPPED),
-        Ok(mask) => return Err(rep.fail("capabilities", false, format!("capabilities remain: {mask:#x}"))),
-        Err(e) => return Err(rep.fail("capabilities", false, e)),
-    }
-    if let Err(e) = caps::set_no_new_privs() {
-        return Err(rep.fail("no_new_privs", true, e));
-    }
-    rep.enforced(Mechanism::NoNewPrivs, NO_NEW_PRIVS);
-    let ws = spec.workspace.as_ref().map(|(_, w)| *w);
-    let grants = spec.grants_dir.is_some();
-    match confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi) {
-        Ok(o) => report_landlock(rep, &o),
-        Err(e) => return Err(rep.fail("landlock", true, e)),
-    }
-    match confine::apply_seccomp() {
-        Ok(d) => rep.enforced(Mechanism::Seccomp, d),
-        Err(e) => return Err(rep.fail("seccomp", true, e)),
-    }
-    Ok(())
-}
-
-/// A session's confinement, made once by its init for every exec: the landlock domain of the
-/// view and the seccomp filters, which init enters and installs itself so that every exec's
-/// guest inherits them (execs of a session can then signal each other's processes and reach
-/// each other's abstract sockets, as processes of one machine do, while landlock still scopes
-/// both to the session). The same rules and filters a run's guest builds for itself; each
-/// exec's guest still drops its capabilities and sets `no_new_privs` itself, which the
-/// filters allow. Init is then as confined as the guests it serves, and the kernel checks and
-/// compiles the filters once per session rather than once per exec.
+/// The guest's confinement that no job changes, made by init once, for a run's one guest or
+/// for every exec of a session: the landlock domain of the view and the seccomp filters,
+/// which init enters and installs itself so that every guest it starts inherits them (execs
+/// of a session can then signal each other's processes and reach each other's abstract
+/// sockets, as processes of one machine do, while landlock still scopes both to the run).
+/// Each guest still drops its capabilities and sets `no_new_privs` itself, which the filters
+/// allow ([`start_guest`]). Init is then as confined as the guests it serves (so a pre-built
+/// sandbox's init is confined before its job exists), and the kernel checks and compiles
+/// the filters once per run or session rather than once per guest.
 pub(crate) struct Prepared {
     landlock: confine::LandlockOutcome,
     seccomp: String,
@@ -976,13 +940,23 @@ impl Prepared {
             confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi)
                 .map_err(|e| ("landlock", e))?;
         let landlock = confine::LandlockOutcome {
-            detail: format!("{}; one domain for the whole session, entered by its init", landlock.detail),
+            detail: format!("{}; {}", landlock.detail, Self::whose(spec, "one domain", "entered by")),
             full: landlock.full,
         };
         let seccomp = confine::apply_compiled_seccomp(&filters).map_err(|e| ("seccomp", e))?;
-        let seccomp = format!("{seccomp}; installed once by the session's init, inherited by every exec");
+        let seccomp = format!("{seccomp}; {}", Self::whose(spec, "installed once", "by"));
         let stack = crate::sys::spawn::Stack::new().map_err(|e| ("guest", format!("the guests' stack: {e}")))?;
         Ok(Self { landlock, seccomp, stack })
+    }
+
+    /// How a report line says whose domain or filters a guest is in: `what` for the whole
+    /// session or run, `how` its init.
+    fn whose(spec: &Spec, what: &str, how: &str) -> String {
+        if spec.session {
+            format!("{what} for the whole session, {how} its init, inherited by every exec")
+        } else {
+            format!("{what} for the run, {how} its init, inherited by the guest")
+        }
     }
 }
 
@@ -1013,41 +987,6 @@ fn rlimits(spec: &Spec, l: SpecLimits) -> (Vec<(libc::__rlimit_resource_t, u64, 
     (limits, detail)
 }
 
-/// Sets the job's rlimits on this process.
-fn set_rlimits(spec: &Spec, rep: &mut Reporter, l: SpecLimits) -> Result<(), i32> {
-    let (limits, detail) = rlimits(spec, l);
-    for (res, soft, hard) in &limits {
-        if let Err(e) = process::set_rlimit(*res, *soft, *hard) {
-            return Err(rep.fail("rlimits", false, format!("setrlimit({res}): {e}")));
-        }
-    }
-    rep.enforced(Mechanism::Rlimits, detail);
-    Ok(())
-}
-
-/// The working directory, the program found in the view, every other descriptor closed and
-/// the signals reset, then the exec. Returns only on failure.
-fn exec_job(spec: &Spec, rep: &mut Reporter, job: &JobRef<'_>) -> i32 {
-    let cwd = working_dir(spec, job);
-    if let Err(e) = std::env::set_current_dir(cwd) {
-        return rep.fail("guest", false, format!("chdir {cwd}: {e}"));
-    }
-    let Some(program) = resolve(job.program) else {
-        return rep.fail("exec", false, format!("{}: not found in the sandbox view", job.program));
-    };
-    if let Err(e) = sysfs::close_from(3, rep.file.as_raw_fd() as u32) {
-        return rep.fail("fds", false, e);
-    }
-    if let Err(e) = process::reset_signals() {
-        return rep.fail("signals", false, e);
-    }
-    let mut argv = vec![job.program.to_owned()];
-    argv.extend(job.args.iter().cloned());
-    rep.flush();
-    let err = process::exec(&program.to_string_lossy(), &argv, job.env);
-    rep.fail("exec", false, format!("{}: {err}", job.program))
-}
-
 /// The job's working directory in the view: its own, else the home, the workspace or `/tmp`.
 fn working_dir<'a>(spec: &Spec, job: &JobRef<'a>) -> &'a str {
     match (job.cwd, &spec.home, &spec.workspace) {
@@ -1066,24 +1005,28 @@ pub(crate) struct JobRef<'a> {
     pub(crate) limits: SpecLimits,
     /// The working directory in the view (a session's exec may name one).
     pub(crate) cwd: Option<&'a str>,
-    /// A session's exec whose stdio is a pseudo-terminal (a run's terminal is `spec.tty`).
+    /// Descriptors 0–2 are a pseudo-terminal's slave, which becomes the guest's controlling
+    /// terminal (a run's `spec.tty`, or a session exec's own).
     pub(crate) tty: bool,
 }
 
-/// Starts a session's exec: init spawns its guest (`sys::spawn`, a vfork-style clone whose
-/// child takes a run's guest's steps in the same order, with raw system calls on a plan
-/// built here: the exec's descriptors as 0–2, its own session and terminal, capabilities
-/// dropped and checked, `no_new_privs`, the exec's rlimits and working directory, every
-/// other descriptor closed, signals reset, then the exec; landlock and seccomp are
-/// inherited from init). Then it reports on `rep` in one write: `Started` with the guest's
-/// pid, each step that held, and the one that failed, if one did (that guest has exited
-/// 126, and init reaps it as any other). `None` when no guest was started (reported).
-pub(crate) fn start_session_exec(
+/// Starts a guest, the one way every guest starts: a run's one guest and each exec of a
+/// session alike. Init spawns it (`sys::spawn`, a vfork-style clone whose child takes the
+/// guest's steps with raw system calls on a plan built here: `stdio` as its descriptors
+/// 0–2, its own session and terminal, capabilities dropped and checked, `no_new_privs`, the
+/// job's rlimits and working directory, every other descriptor closed, signals reset, then
+/// the exec; landlock and seccomp are inherited from init, [`Prepared`]). Then it reports
+/// on `rep` in one write: `Started` with the guest's pid (a session's exec: `announce`),
+/// each step that held, and the one that failed, if one did, with the same stage and text
+/// on both paths (that guest has exited 126, and init reaps it as any other). `None` when
+/// no guest was started (reported).
+pub(crate) fn start_guest(
     spec: &Spec,
     pre: &mut Prepared,
     job: &JobRef<'_>,
     stdio: [std::os::fd::RawFd; 3],
     rep: &mut Reporter,
+    announce: bool,
 ) -> Option<libc::pid_t> {
     use crate::sys::spawn::{Plan, Step, spawn};
     rep.hold();
@@ -1096,7 +1039,7 @@ pub(crate) fn start_session_exec(
     let mut argv = vec![job.program.to_owned()];
     argv.extend(job.args.iter().cloned());
     let plan = match Plan::new(&program.to_string_lossy(), &argv, job.env, cwd, stdio, job.tty, &limits) {
-        Ok(plan) => plan,
+        Ok(plan) => plan.fail_at(spec.fail_step),
         Err(e) => {
             rep.fail("exec", false, format!("{}: {e}", job.program));
             return None;
@@ -1109,7 +1052,9 @@ pub(crate) fn start_session_exec(
             return None;
         }
     };
-    rep.send(&Msg::Started { pid: spawned.pid });
+    if announce {
+        rep.send(&Msg::Started { pid: spawned.pid });
+    }
     let failed = spawned.failed.map(|(step, errno, index)| (step, io::Error::from_raw_os_error(errno), index));
     let held = |past: Step| failed.as_ref().is_none_or(|(step, _, _)| *step as u8 > past as u8);
     if held(Step::CapabilitiesRemain) {

@@ -128,9 +128,10 @@
 //!     is in its helpers. Either way the guest is a fresh
 //!     exec holding none of the supervisor's memory, descriptors or signal dispositions, and
 //!     pid 1 of the run (a copy of the supervisor's memory after a fork), and under a root
-//!     supervisor the helper too once it has written its id maps as uid 65534, is not dumpable and
-//!     outside the guest's landlock domain (a session's init is inside its session's, G17), so its memory, environment and descriptors are
-//!     unreadable from the guest; and a forked helper overwrites its copy of the
+//!     supervisor the helper too once it has written its id maps as uid 65534, is not dumpable
+//!     (pid 1 is inside the guest's landlock domain and under its filters, G21; the helper is
+//!     outside both), so to the guest, which holds no capability and may not call `ptrace`,
+//!     their memory, environment and descriptors are unreadable, and pid 1 ignores its signals; and a forked helper overwrites its copy of the
 //!     supervisor's argument and environment strings first, so `/proc/1/cmdline` (which the
 //!     kernel lets any process of the namespace read) shows none of the supervisor's
 //!     arguments (walked end to end in stockade-cli's tests/it/cli.rs).
@@ -170,10 +171,10 @@
 //!     that finds out, by name, after which launches take the fallback.
 //!     (pinned by: tests/it/forkserver.rs::g14_*)
 //! G15. With [`ProcessTier::pool`], a run can take a sandbox built before its job existed:
-//!     the helper joined its cgroup, unshared every namespace, init built the view, and the
-//!     guest process dropped its capabilities, set `no_new_privs` and applied landlock and
-//!     seccomp, then waited for the job; the job's command, environment, stdin, rlimits and
-//!     cgroup limits are handed over when it runs. A pooled run has the mechanisms, view and
+//!     the helper joined its cgroup, unshared every namespace, init built the view, entered
+//!     the landlock domain and installed the seccomp filters, then waited for the job; the
+//!     job's command, environment, stdin, rlimits and cgroup limits are handed over when it
+//!     runs, and init starts the guest as every guest starts (G21). A pooled run has the mechanisms, view and
 //!     report of a one-shot run: each sandbox serves exactly one run (fresh `/tmp`, pid
 //!     namespace and cgroup), a waiting sandbox serves a workspace only if it was built
 //!     from the inspection the run makes as it starts (the directory's identity, its sockets,
@@ -249,6 +250,16 @@
 //!     every other session's. Without root, or for uid 0, the session is refused, naming why.
 //!     (pinned by: stockade-cli's `g10_each_session_s_guest_is_a_host_uid_*`)
 //!
+//! G21. Every guest starts one way, a run's and a session exec's alike: init enters the
+//!     landlock domain and installs the seccomp filters once (a pre-built sandbox's init
+//!     before its job exists), then spawns the guest (a vfork-style clone) whose child takes
+//!     the same steps in the same order (descriptors 0–2, its own session and terminal,
+//!     capabilities dropped and checked, `no_new_privs`, the job's rlimits, working
+//!     directory, every other descriptor closed, signals reset, exec). A step that fails
+//!     ends that guest with exit 126 and one report line naming the step, with the same
+//!     stage and text on both paths; and a run and a session's exec report the same
+//!     enforcement list for the same limits.
+//!     (pinned by: tests/it/one_path.rs::g21_*)
 //! # Non-guarantees
 //! Kernel vulnerabilities are out of reach of any of these mechanisms. A pooled sandbox's
 //! `/etc` files were bound or copied when it was built: a host file replaced (not edited) in
@@ -502,6 +513,7 @@ pub struct ProcessTier {
     tty: bool,
     tty_size: Option<(u16, u16)>,
     pool: Option<std::sync::Arc<pool::Pool>>,
+    fail_step: Option<u8>,
 }
 
 impl ProcessTier {
@@ -518,6 +530,7 @@ impl ProcessTier {
             tty: false,
             tty_size: None,
             pool: None,
+            fail_step: None,
         }
     }
 
@@ -547,6 +560,16 @@ impl ProcessTier {
     pub fn without_cgroups(mut self) -> Self {
         self.cgroups = false;
         self.repool()
+    }
+
+    /// For tests: every guest of this tier's runs and sessions fails step `step` of its start
+    /// (by its number, 1 to 11: the steps of `sys::spawn`), as if the step's call had returned `EPERM`,
+    /// and the run or exec reports it as such a failure would be reported.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn fail_guest_step(mut self, step: u8) -> Self {
+        self.fail_step = Some(step);
+        self
     }
 
     /// Gives each run a terminal: the guest's stdin, stdout and stderr are one private

@@ -421,6 +421,7 @@ pub(crate) fn sandbox_spec(tier: &ProcessTier, view: View, cgroup: &CgroupGuard,
         session: false,
         home: None,
         guest_id: None,
+        fail_step: tier.fail_step,
     }
 }
 

@@ -1,6 +1,6 @@
 //! A session's init (pid 1 of the session's pid namespace), once the view is built: it takes
 //! [`SessionRequest`]s on its socket for as long as the session lives, spawns one guest per
-//! exec (confined as a run's guest: `helper::start_session_exec`), signals an exec's
+//! exec (confined as a run's guest: `helper::start_guest`, the way a run's guest starts), signals an exec's
 //! process group when asked, and reaps everything, orphans included. When the socket ends
 //! (the supervisor closed it, or died), init returns, and the kernel kills every process
 //! left in the session.
@@ -93,7 +93,7 @@ fn handle(spec: &Spec, pre: &mut Prepared, msg: &[u8], passed: Vec<OwnedFd>, run
     }
 }
 
-/// Starts the exec's guest with the exec's descriptors as 0–2 (`helper::start_session_exec`,
+/// Starts the exec's guest with the exec's descriptors as 0–2 (`helper::start_guest`,
 /// which reports its start and its steps on the status pipe), and keeps its pidfd.
 fn start(
     spec: &Spec,
@@ -105,7 +105,7 @@ fn start(
 ) -> Option<Running> {
     let mut rep = Reporter::new(status);
     let fds = [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()];
-    let pid = crate::helper::start_session_exec(spec, pre, job, fds, &mut rep)?;
+    let pid = crate::helper::start_guest(spec, pre, job, fds, &mut rep, true)?;
     drop(stdio);
     match process::pidfd_open(pid) {
         Ok(pidfd) => Some(Running { id, pid, pidfd, status: rep.into_file() }),

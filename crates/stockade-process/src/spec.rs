@@ -82,6 +82,10 @@ pub(crate) struct Spec {
     /// is `nobody` either way.
     #[serde(default)]
     pub(crate) guest_id: Option<u32>,
+    /// A step of the guest's start that fails as if its call had returned `EPERM`
+    /// ([`crate::ProcessTier::fail_guest_step`], for tests).
+    #[serde(default)]
+    pub(crate) fail_step: Option<u8>,
 }
 
 /// What a session's init is asked on its socket. An `Exec` comes with four descriptors:

@@ -1,6 +1,5 @@
 //! Process lifecycle: fork, exec, wait, ids, sessions, rlimits and signals.
 
-use std::ffi::CString;
 use std::io;
 
 use super::check;
@@ -158,40 +157,10 @@ pub(crate) fn become_user(uid: u32, gid: u32) -> io::Result<()> {
     check(unsafe { libc::setresuid(uid, uid, uid) }).map(drop)
 }
 
-/// `setrlimit(2)` with soft and hard limits.
-pub(crate) fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
-    let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
-    // SAFETY: setrlimit reads one rlimit struct, which lives on this frame.
-    check(unsafe { libc::setrlimit(resource, &lim) }).map(drop)
-}
-
 /// `kill(2)`.
 pub(crate) fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: kill takes integers only.
     check(unsafe { libc::kill(pid, signal) }).map(drop)
-}
-
-/// `execve(2)`: replaces the process image; returns only on failure.
-pub(crate) fn exec(program: &str, argv: &[String], env: &[(String, String)]) -> io::Error {
-    let to_c = |s: &str| CString::new(s).map_err(|_| io::Error::other("argument contains a NUL byte"));
-    let build = || -> io::Result<(CString, Vec<CString>, Vec<CString>)> {
-        let prog = to_c(program)?;
-        let args = argv.iter().map(|a| to_c(a)).collect::<io::Result<Vec<_>>>()?;
-        let envs = env.iter().map(|(k, v)| to_c(&format!("{k}={v}"))).collect::<io::Result<Vec<_>>>()?;
-        Ok((prog, args, envs))
-    };
-    let (prog, args, envs) = match build() {
-        Ok(v) => v,
-        Err(e) => return e,
-    };
-    let mut argp: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argp.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
-    envp.push(std::ptr::null());
-    // SAFETY: `prog` and every element of `argp` and `envp` point at NUL-terminated strings
-    // owned by `prog`, `args` and `envs`, which outlive the call; both arrays end with NULL.
-    unsafe { libc::execve(prog.as_ptr(), argp.as_ptr(), envp.as_ptr()) };
-    io::Error::last_os_error()
 }
 
 /// Number of threads of this process, from `/proc/self/status`.

@@ -81,6 +81,9 @@ pub(crate) struct Plan {
     argv_ptrs: Vec<*const libc::c_char>,
     _envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
+    /// A step the child fails, as if its call had returned `EPERM`, after taking it (0:
+    /// none): the tests' way to see every step's failure reported the same on every path.
+    fail_at: u8,
 }
 
 impl Plan {
@@ -117,7 +120,14 @@ impl Plan {
             _argv: argv,
             envp_ptrs: ptrs(&envp),
             _envp: envp,
+            fail_at: 0,
         })
+    }
+
+    /// Fails `step` (by its number; see [`Plan::fail_at`]), for tests.
+    pub(crate) fn fail_at(mut self, step: Option<u8>) -> Self {
+        self.fail_at = step.unwrap_or(0);
+        self
     }
 }
 
@@ -242,52 +252,49 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         // parent's buffers, which this child shares).
         unsafe { libc::_exit(126) }
     };
-    let errno = |e: io::Error| e.raw_os_error();
     let plan = shared.plan;
+    // A step's outcome: on to the next, or the child's end with the step's errno.
+    let took = |step: Step, index: u8, r: io::Result<()>| {
+        let e = match r {
+            Err(e) => e.raw_os_error(),
+            Ok(()) if plan.fail_at == step as u8 => Some(libc::EPERM),
+            Ok(()) => return,
+        };
+        fail(step, index, e)
+    };
     for (fd, target) in plan.stdio.iter().zip(0..) {
-        if let Err(e) = fs::dup_onto(*fd, target) {
-            fail(Step::Stdio, 0, errno(e));
-        }
+        took(Step::Stdio, 0, fs::dup_onto(*fd, target));
     }
-    if let Err(e) = process::setsid() {
-        fail(Step::Setsid, 0, errno(e));
+    took(Step::Setsid, 0, process::setsid());
+    if plan.controlling_tty {
+        took(Step::Terminal, 0, tty::set_controlling(0));
     }
-    if plan.controlling_tty
-        && let Err(e) = tty::set_controlling(0)
-    {
-        fail(Step::Terminal, 0, errno(e));
-    }
-    if let Err(e) = caps::drop_all() {
-        fail(Step::Capabilities, 0, errno(e));
-    }
+    took(Step::Capabilities, 0, caps::drop_all());
     match caps::remaining() {
-        Ok(0) => {}
+        Ok(0) if plan.fail_at != Step::CapabilitiesRemain as u8 => {}
         Ok(_) => fail(Step::CapabilitiesRemain, 0, None),
-        Err(e) => fail(Step::Capabilities, 0, errno(e)),
+        Err(e) => fail(Step::Capabilities, 0, e.raw_os_error()),
     }
-    if let Err(e) = caps::set_no_new_privs() {
-        fail(Step::NoNewPrivs, 0, errno(e));
-    }
+    took(Step::NoNewPrivs, 0, caps::set_no_new_privs());
     for (i, (resource, lim)) in plan.rlimits.iter().enumerate() {
         // SAFETY: setrlimit reads one rlimit struct of the plan's, which outlives the call.
-        if let Err(e) = check(unsafe { libc::setrlimit(*resource, lim) }) {
-            fail(Step::Rlimit, u8::try_from(i).unwrap_or(u8::MAX), errno(e));
-        }
+        took(
+            Step::Rlimit,
+            u8::try_from(i).unwrap_or(u8::MAX),
+            check(unsafe { libc::setrlimit(*resource, lim) }).map(drop),
+        );
     }
     // SAFETY: chdir reads the plan's NUL-terminated path.
-    if let Err(e) = check(unsafe { libc::chdir(plan.cwd.as_ptr()) }) {
-        fail(Step::Chdir, 0, errno(e));
-    }
-    if let Err(e) = fs::close_range(3, u32::MAX) {
-        fail(Step::Fds, 0, errno(e));
-    }
-    if let Err(e) = process::reset_signals() {
-        fail(Step::Signals, 0, errno(e));
+    took(Step::Chdir, 0, check(unsafe { libc::chdir(plan.cwd.as_ptr()) }).map(drop));
+    took(Step::Fds, 0, fs::close_range(3, u32::MAX));
+    took(Step::Signals, 0, process::reset_signals());
+    if plan.fail_at == Step::Exec as u8 {
+        fail(Step::Exec, 0, Some(libc::EPERM));
     }
     // SAFETY: the program and every pointer of the two arrays point at NUL-terminated
     // strings the plan owns (alive: the parent is suspended), and both arrays end with null.
     unsafe { libc::execve(plan.program.as_ptr(), plan.argv_ptrs.as_ptr(), plan.envp_ptrs.as_ptr()) };
-    fail(Step::Exec, 0, errno(io::Error::last_os_error()))
+    fail(Step::Exec, 0, io::Error::last_os_error().raw_os_error())
 }
 
 #[cfg(test)]

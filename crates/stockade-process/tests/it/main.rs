@@ -9,6 +9,7 @@ mod forkserver;
 mod launch;
 mod limits;
 mod netns;
+mod one_path;
 mod pool;
 mod session;
 mod workspace;
