@@ -150,6 +150,14 @@
 //!     without root, or with `--image` but not docker, or an image the engine lacks, it is one
 //!     line and exit 125.
 //!     (pinned by: tests/it/confined.rs::g13_*)
+//! G14. No process `stockade` starts outlives it: when `stockade run` (or any other command)
+//!     returns, whatever the outcome (a verified run, a refusal, a timeout, a stop by SIGINT,
+//!     SIGTERM or SIGHUP, a panic), its fork server, every run's helper and pid 1 have exited
+//!     and been reaped by it (it is a child subreaper, so a killed run's pid 1, orphaned when
+//!     its helper dies first, comes back to it), so none is left as a zombie for the
+//!     machine's PID 1 (which in a container, where `stockade serve` itself is PID 1, may
+//!     never reap). Judged from `/proc` by a subreaper that starts the runs.
+//!     (pinned by: tests/it/cli.rs::g14_*)
 //!
 //! # Non-guarantees
 //! `--json` prints the whole report, including unverified output, for inspection. What

@@ -30,6 +30,8 @@
 //! - **Dies with its parent.** Enforced twice: a parent-death SIGKILL armed before it checks
 //!   that its parent is still the process that started it, and the end of its socket (the
 //!   supervisor's end is closed when the supervisor exits) ends its loop.
+//! - **Is reaped by its parent.** [`stop`] (`ForkServer::stop`, last thing in `main`) shuts
+//!   its socket down and reaps it, so it is not left a zombie for the machine's PID 1.
 //! - The server's signal dispositions and mask are the defaults, so each helper starts as an
 //!   exec would leave it.
 
@@ -64,8 +66,11 @@ pub(crate) struct Server {
     pub(crate) pid: u32,
     /// The process that started it: a later fork of the embedder is not its owner.
     owner: u32,
-    /// Set once a request found the server gone; launches then take the fallback.
+    /// Set once a request found the server gone, or it was stopped; launches then take the
+    /// fallback.
     dead: std::sync::atomic::AtomicBool,
+    /// Set once [`stop`] has reaped it (or found nothing to reap).
+    reaped: OnceLock<()>,
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
@@ -113,11 +118,40 @@ pub(crate) fn start() -> Result<&'static Server, RunError> {
                     )));
                 }
             }
-            let server = Server { sock: Mutex::new(ours), pid: pid as u32, owner, dead: false.into() };
+            let server =
+                Server { sock: Mutex::new(ours), pid: pid as u32, owner, dead: false.into(), reaped: OnceLock::new() };
             // Only this (single) thread could have set it in between.
             Ok(SERVER.get_or_init(|| server))
         }
     }
+}
+
+/// Longest [`stop`] waits for the server to leave once its socket is shut down (it is
+/// waiting in `recv`, so it leaves at once; past this it is stopped, and is killed).
+const LEAVE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Ends this process's server, if it started one, and reaps it: it would die with this
+/// process anyway (parent-death SIGKILL), but only its parent can reap it, and a process that
+/// exits first leaves it a zombie for the machine's PID 1, which in a container may never
+/// reap. The socket is shut down (the server's `recv` ends and it exits), then the server is
+/// waited for, at most [`LEAVE_WITHIN`] before it is killed. Launches after this take the
+/// fallback. A second call does nothing.
+pub(crate) fn stop() {
+    let Some(server) = SERVER.get().filter(|s| s.owner == std::process::id()) else { return };
+    server.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The lock waits out a request in flight: its helper is started and answered first.
+    let sock = server.sock.lock().unwrap_or_else(PoisonError::into_inner);
+    if server.reaped.set(()).is_err() {
+        return;
+    }
+    let _ = rustix::net::shutdown(&*sock, rustix::net::Shutdown::Both);
+    // A child of ours not yet reaped: its pid cannot have been reused.
+    let Ok(pidfd) = process::pidfd_open(server.pid as libc::pid_t) else { return };
+    if !sysfs::wait_ready(pidfd.as_fd(), LEAVE_WITHIN) {
+        let _ = process::pidfd_kill(pidfd.as_fd(), libc::SIGKILL);
+    }
+    // SIGKILL cannot be caught: this wait is short.
+    let _ = process::reap_pidfd(pidfd.as_fd(), false);
 }
 
 /// Why a request to the server failed.

@@ -145,7 +145,7 @@ impl HelperProcess {
         }
         if let Some(init) = self.init.take() {
             // Dying takes the kernel microseconds; poll off the runtime's threads.
-            let _ = tokio::task::spawn_blocking(move || sysfs::wait_ready(init.as_fd(), INIT_GONE_WITHIN)).await;
+            let _ = tokio::task::spawn_blocking(move || reap_orphaned_init(&init)).await;
         }
     }
 
@@ -198,8 +198,18 @@ impl Drop for HelperProcess {
             let _ = process::reap_pidfd(self.pidfd.get_ref().as_fd(), false);
         }
         if let Some(init) = self.init.take() {
-            sysfs::wait_ready(init.as_fd(), INIT_GONE_WITHIN);
+            reap_orphaned_init(&init);
         }
+    }
+}
+
+/// Waits (at most [`INIT_GONE_WITHIN`]) for a killed run's pid 1, orphaned once its helper
+/// is reaped, to exit, and reaps it if it is this process's child: it is, in a supervisor
+/// that is a child subreaper ([`crate::adopt_orphaned_runs`]), since the helper was reaped
+/// first; otherwise the machine's PID 1 reaps it.
+fn reap_orphaned_init(init: &OwnedFd) {
+    if sysfs::wait_ready(init.as_fd(), INIT_GONE_WITHIN) {
+        let _ = process::reap_pidfd(init.as_fd(), true);
     }
 }
 

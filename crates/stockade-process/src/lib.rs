@@ -480,6 +480,15 @@ impl ForkServer {
         forkserver::start().map(|s| s.pid)
     }
 
+    /// Ends the server this process started, and reaps it (its socket is shut down, and it
+    /// is waited for, killed if it has not left within two seconds). Call it last thing in
+    /// `main`, or from a guard there: the server dies with this process in any case, but only
+    /// this process can reap it, and without this it is left a zombie for the machine's
+    /// PID 1, which in a container may never reap. Launches after it take the fallback.
+    pub fn stop() {
+        forkserver::stop();
+    }
+
     /// The running server's pid, if this process started one and it is still usable.
     #[must_use]
     pub fn pid() -> Option<u32> {
@@ -814,6 +823,18 @@ pub fn kill_process_group(pgid: u32) -> std::io::Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         r => r,
     }
+}
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`), so that what a killed
+/// run leaves is reaped here: a run's pid 1 is its helper's child, and when a deadline, a
+/// cancelled call or a session's kill ends the run, the helper can die first; its pid 1 then
+/// becomes this process's child, and the run's end reaps it (after the helper), rather than
+/// leaving it a zombie for the machine's PID 1, which in a container where stockade itself
+/// is PID 1, or any PID 1 that does not reap, it would stay. Call it once, early in a
+/// program that supervises runs (the `stockade` CLI does); other orphaned descendants of
+/// this process then become its children too, and are its to reap.
+pub fn adopt_orphaned_runs() -> std::io::Result<()> {
+    sys::caps::set_child_subreaper()
 }
 
 /// Per-run cgroups left behind by supervisors that are gone (a `kill -9` gives a supervisor

@@ -456,3 +456,26 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     assert!(dirs.iter().all(|d| !std::path::Path::new(d).exists()), "{dirs:?} left after the next run");
     assert_eq!(doctor_row("stale cgroups")["ok"], true);
 }
+
+#[test]
+fn g14_no_process_of_a_run_outlives_stockade_run() {
+    if !ready() {
+        return;
+    }
+    let _runs = shared();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/subreaper.py");
+    let o = Command::new("python3").arg(script).arg(env!("CARGO_BIN_EXE_stockade")).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["up"], "up\n", "{report}");
+    let expected = [("verified", 0), ("refused", 3), ("timeout", 124), ("sigterm", 143), ("burst", 0)];
+    for (case, code) in expected {
+        let codes = report[case]["codes"].as_array().unwrap();
+        assert!(codes.iter().all(|c| c == code), "{case}: exit codes {codes:?}, expected {code}: {report}");
+        assert_eq!(
+            report[case]["left"],
+            serde_json::json!([]),
+            "{case}: processes of stockade's outlived it: {report}"
+        );
+    }
+}

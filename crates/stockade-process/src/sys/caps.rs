@@ -19,6 +19,13 @@ pub(crate) fn set_parent_death_kill() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
 }
 
+/// Makes this process a child subreaper: a descendant orphaned by its parent's death
+/// becomes this process's child rather than the machine's PID 1's.
+pub(crate) fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer and touches no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+}
+
 /// `capget`/`capset`'s header (linux/capability.h).
 #[repr(C)]
 struct Header {
