@@ -600,6 +600,10 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     let ws = ws.to_str().context("the temporary directory's path is not UTF-8")?.to_owned();
     let mut cmd = std::process::Command::new("hyperfine");
     cmd.args(["-N", "--warmup", "20", "--runs", "300", "--export-json"]).arg(&json);
+    // For the phases of a one-shot run (below): the front binary alone, and the namespaces
+    // alone (util-linux's `unshare`, a small C program that makes the same six and forks).
+    cmd.args(["-n", "stockade front", &format!("{stockade} --version")]);
+    cmd.args(["-n", "unshare true", "unshare -Urnpmiuf /bin/true"]);
     for (name, program) in [("true", "/bin/true"), ("python", "/usr/bin/python3 -c pass")] {
         cmd.args(["-n", &format!("bare {name}"), program]);
         cmd.args(["-n", &format!("stockade {name}"), &format!("{stockade} run -- {program}")]);
@@ -640,10 +644,42 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         }
     }
     println!("\n{out}");
+    let phases = phases(&median)?;
+    println!("\n{phases}");
     if write {
         write_docs(root, "process", &out)?;
+        write_docs(root, "process-phases", &phases)?;
     }
     embedder(root, target, write)
+}
+
+/// Where a one-shot `stockade run -- /bin/true` spends its time, by difference between
+/// commands of the same hyperfine run (`median` by command name), next to bwrap's.
+fn phases(median: &dyn Fn(&str) -> Result<f64>) -> Result<String> {
+    let bare = median("bare true")?;
+    let front = median("stockade front")? - bare;
+    let namespaces = median("unshare true")? - bare;
+    let (ours, no_cgroup, bw) = (median("stockade true")?, median("stockade-no-cgroup true")?, median("bwrap true")?);
+    let cgroup = ours - no_cgroup;
+    let rest = no_cgroup - bare - front - namespaces;
+    let mut out = String::from("| phase of `stockade run -- /bin/true` | measured as | time |\n|---|---|---|\n");
+    for (phase, how, ms) in [
+        ("a bare spawn of `/bin/true`", "`/bin/true`", bare),
+        ("the front binary: exec, loading, fork server, arguments", "`stockade --version` - bare", front),
+        ("six namespaces (the kernel's cost)", "`unshare -Urnpmiuf /bin/true` - bare", namespaces),
+        (
+            "the rest: helper and pid 1, the view, landlock, seccomp, the guest's spawn, capture, report",
+            "`--no-cgroup` run - bare - front - namespaces",
+            rest,
+        ),
+        ("a cgroup per run (v1: made, limited, removed)", "default run - `--no-cgroup` run", cgroup),
+        ("**the whole run**", "`stockade run -- /bin/true`", ours),
+        ("bwrap `--unshare-all`, for comparison", "same run", bw),
+    ] {
+        let _ = writeln!(out, "| {phase} | {how} | {ms:.2} ms |");
+    }
+    let _ = writeln!(out, "| **stockade / bwrap** (target: at most 1.33x) | | **{:.2}x** |", ours / bw);
+    Ok(out)
 }
 
 /// The process tier from a long-lived multi-threaded embedder (the `embedder` criterion

@@ -1,4 +1,4 @@
-#![allow(missing_docs, reason = "criterion_main generates an undocumented main")]
+#![allow(missing_docs, reason = "a bench's main")]
 #![allow(clippy::unwrap_used, reason = "a bench fails loudly")]
 //! The network grant's costs, each next to a baseline measured in the same run:
 //! - `net_download_100mib`: 100 MiB from a local upstream through a CONNECT tunnel (an
@@ -11,7 +11,9 @@
 //!   building the call alone;
 //! - in the first two, `peer_tinyproxy`: the same through tinyproxy (Debian's), a forward
 //!   proxy users already run, started on the same loopback for the run when it is installed
-//!   (skipped, and said so, when it is not);
+//!   (skipped, and said so, when it is not), and `own_process`: the same through stockade's
+//!   proxy in a process of its own (this bench binary, run again as the proxy), as tinyproxy
+//!   is, so neither shares the client's and upstream's runtime;
 //! - `net_relay_ceiling`: what any relay can do on this machine's loopback, with no proxy
 //!   logic at all: 100 MiB read straight, through a plain 256 KiB copy loop on a thread, and
 //!   through `splice(2)` via a 1 MiB pipe (zero-copy relaying), all with std threads.
@@ -19,7 +21,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use serde_json::json;
 use stockade_egress::{NetGrant, NetPolicy, NetRule, Resolve};
 use stockade_policy::allow::{Gate, Source, ToolCall};
@@ -192,6 +194,8 @@ fn download(c: &mut Criterion) {
         });
     };
     g.bench_function("through_the_proxy", |b| through(b, p));
+    let own = OwnProcess::start(up);
+    g.bench_function("own_process", |b| through(b, own.addr));
     if let Some(peer) = Tinyproxy::start() {
         g.bench_function("peer_tinyproxy", |b| through(b, peer.addr));
     }
@@ -225,6 +229,10 @@ fn connect(c: &mut Criterion) {
         });
     };
     g.bench_function("connect_sni_checked", |b| through(b, p, &format!("bench.test:{}", up.port())));
+    let own = OwnProcess::start(up);
+    g.bench_function("own_process", |b| through(b, own.addr, &format!("bench.test:{}", up.port())));
+    // The same with an address literal, as tinyproxy is given: no SNI check, no record watch.
+    g.bench_function("own_process_literal", |b| through(b, own.addr, &format!("127.0.0.2:{}", up.port())));
     if let Some(peer) = Tinyproxy::start() {
         // tinyproxy resolves what it is given; an address literal costs it no lookup.
         g.bench_function("peer_tinyproxy", |b| through(b, peer.addr, &format!("127.0.0.2:{}", up.port())));
@@ -338,4 +346,53 @@ fn relay_ceiling(c: &mut Criterion) {
 }
 
 criterion_group!(benches, download, connect, decide, relay_ceiling);
-criterion_main!(benches);
+
+/// The variable that makes this binary the proxy of [`OwnProcess`]: the upstream's port.
+const PROXY_UPSTREAM: &str = "STOCKADE_BENCH_PROXY_UPSTREAM";
+
+fn main() {
+    if let Ok(port) = std::env::var(PROXY_UPSTREAM) {
+        own_process_proxy(port.parse().unwrap());
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+/// Stockade's proxy in a process of its own: this binary, run again with [`PROXY_UPSTREAM`]
+/// (the grant of [`grant`] for an upstream on that port), on its own two-worker runtime. It
+/// prints its address and serves until its stdin ends; ended by its PID when dropped.
+struct OwnProcess {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl OwnProcess {
+    fn start(up: SocketAddr) -> Self {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(PROXY_UPSTREAM, up.port().to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        Self { child, addr: line.trim().parse().unwrap() }
+    }
+}
+
+impl Drop for OwnProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn own_process_proxy(port: u16) {
+    rt().block_on(async {
+        let p = proxy(grant(SocketAddr::from(([127, 0, 0, 2], port)))).await;
+        println!("{p}");
+        // Until the bench lets go of stdin (or kills this process).
+        let _ = tokio::io::AsyncReadExt::read(&mut tokio::io::stdin(), &mut [0u8; 1]).await;
+    });
+}
