@@ -467,16 +467,18 @@ fn run_guest(spec: &Spec, rep: &mut Reporter) -> i32 {
             Err(e) => return rep.fail("job", false, format!("reading the job in a pre-built sandbox: {e}")),
         },
     };
-    // The guest's descriptors 0–2 are init's own; the plan takes copies above 2, which the
-    // guest moves back onto 0–2.
+    // The guest's descriptors 0–2 are init's own; the plan takes copies above 2 (close on
+    // exec), which the guest moves back onto 0–2. Init's own 0–2 become `/dev/null` before
+    // the guest exists, so while it runs they never name its pipes (G5), and init's copies
+    // go as soon as the spawn returns, which is once the guest has exec'd.
     let stdio = match [0, 1, 2].map(|fd| sysfs::dup_at_least(fd, 3).and_then(sysfs::adopt)) {
         [Ok(i), Ok(o), Ok(e)] => [i, o, e],
         _ => return rep.fail("guest", false, "copying the guest's descriptors"),
     };
+    release_stdio(spec);
     let fds = [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()];
     let Some(guest) = start_guest(spec, &mut pre, &job, fds, rep, false) else { return 126 };
     drop(stdio);
-    release_stdio(spec);
     loop {
         match process::wait(-1) {
             Ok(e) if e.pid == guest => {
