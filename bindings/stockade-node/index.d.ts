@@ -67,6 +67,10 @@ export interface Marked {
 
 export declare function run (argv: string[], options?: RunOptions): Promise<Verified<any>>
 export declare function runCode (code: string, options?: RunCodeOptions): Promise<Verified<any>>
+/** `run` on Node's own thread, which waits for it; no host function may be granted. */
+export declare function runSync (argv: string[], options?: RunOptions): Verified<any>
+/** `runCode` on Node's own thread, which waits for it; no host function may be granted. */
+export declare function runCodeSync (code: string, options?: RunCodeOptions): Verified<any>
 export declare function fn (call: (args: Record<string, any>) => unknown, schema: HostFunction['schema'],
   description?: string): HostFunction
 export declare function mark (text: unknown, options: { source: string, callId?: string, datamark?: boolean }): Marked

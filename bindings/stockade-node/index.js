@@ -99,11 +99,18 @@ function options (o, extra) {
   return out
 }
 
-async function execute (opts, o) {
-  const grants = new native.Grants()
+// The native call's arguments for `o`: the options as JSON text (data grants in them), the
+// guest's stdin, and the host functions (null when there are none). `sync`: the run holds
+// Node's thread, where a host function would have to run, so none may be granted.
+function prepare (opts, o, sync) {
+  let grants = null
   const data = {}
   for (const [name, g] of Object.entries(o.grants || {})) {
     if (g && g[GRANT]) {
+      if (sync) {
+        throw new errors.InvalidOptions(`grants.${name}: a host function runs on Node's thread, which runSync holds; use run or runCode`)
+      }
+      grants ??= new native.Grants()
       grants.addFunction(name, JSON.stringify(g.schema), g.description ?? null,
         (argsJson) => JSON.stringify(g.call(JSON.parse(argsJson))))
     } else if (typeof g === 'function') {
@@ -117,7 +124,11 @@ async function execute (opts, o) {
     opts.grant_policy = o.grantPolicy.includes('\n') ? o.grantPolicy : fs.readFileSync(o.grantPolicy, 'utf8')
   }
   const stdin = o.stdin === undefined ? null : Buffer.from(o.stdin)
-  const out = await native.run(JSON.stringify(opts), stdin, grants)
+  return [JSON.stringify(opts), stdin, grants]
+}
+
+// A run's native outcome as a Verified, or its refusal thrown.
+function settle (out, o) {
   if (!out.ok) throw refusal(out.kind, out.message, out.report)
   const value = out.kind === 'json' ? JSON.parse(out.value) : out.kind === 'bytes' ? out.bytes : out.value
   if (o.check) {
@@ -132,6 +143,16 @@ async function execute (opts, o) {
   return new Verified(value, out.report)
 }
 
+async function execute (opts, o) {
+  const [json, stdin, grants] = prepare(opts, o, false)
+  return settle(await native.run(json, stdin, grants), o)
+}
+
+function executeSync (opts, o) {
+  const [json, stdin] = prepare(opts, o, true)
+  return settle(native.runSync(json, stdin), o)
+}
+
 /** Runs `argv` in the process tier: a Promise of a Verified, or a rejected Refusal. */
 function run (argv, o = {}) {
   return execute(options(o, { argv }), o)
@@ -140,6 +161,17 @@ function run (argv, o = {}) {
 /** Runs `code`: javascript in the wasm tier, python and sh in the process tier. */
 function runCode (code, o = {}) {
   return execute(options(o, { code, language: o.language ?? 'javascript' }), o)
+}
+
+/** `run`, on Node's own thread: a Verified, or a thrown Refusal. The event loop waits for
+ * the run (as `execFileSync` makes it wait), so no host function (`fn`) can be granted. */
+function runSync (argv, o = {}) {
+  return executeSync(options(o, { argv }), o)
+}
+
+/** `runCode`, on Node's own thread (see `runSync`). */
+function runCodeSync (code, o = {}) {
+  return executeSync(options(o, { code, language: o.language ?? 'javascript' }), o)
 }
 
 /** ALLOW: a policy (stockade's TOML) over the host's tools, one gate deciding each call. */
@@ -177,4 +209,4 @@ function systemPrompt ({ datamark = false } = {}) {
   return native.systemPrompt(datamark)
 }
 
-module.exports = { run, runCode, fn, Policy, mark, systemPrompt, Verified, ...errors }
+module.exports = { run, runCode, runSync, runCodeSync, fn, Policy, mark, systemPrompt, Verified, ...errors }

@@ -16,7 +16,10 @@
 //! # Guarantees
 //! Those of `stockade-bindings`; this layer adds that a host function (a JavaScript
 //! function) runs on Node's own thread, called through a thread-safe function while the run
-//! waits, and that a run never blocks Node's event loop.
+//! waits, and that a run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
+//! `runCodeSync` are the same run on Node's own thread, for callers that want its cost
+//! without the Promise's thread round trip; they refuse host functions, which need that
+//! thread.
 //!
 //! # Non-guarantees
 //! A host function that never returns holds its call until the grant's call timeout.
@@ -172,12 +175,32 @@ impl napi::Task for RunTask {
     fn compute(&mut self) -> napi::Result<Self::Output> {
         let opts = self.opts.take().unwrap_or_else(|| Err(Refused::invalid("the run was already taken")));
         let (stdin, functions) = (self.stdin.take(), std::mem::take(&mut self.functions));
-        Ok(opts.and_then(|o| core::runtime().block_on(core::run(o, stdin, functions))?.verify(|_| Ok(()))))
+        Ok(execute(opts, stdin, functions))
     }
 
     fn resolve(&mut self, _env: Env, output: Self::Output) -> napi::Result<RunOutcome> {
         Ok(RunOutcome::of(output))
     }
+}
+
+/// One run on the calling thread, driving the bindings' runtime: a libuv pool thread for
+/// [`run`], Node's own for [`run_sync`].
+fn execute(
+    opts: Result<core::RunOptions, Refused>,
+    stdin: Option<Vec<u8>>,
+    functions: Vec<core::FunctionGrant>,
+) -> Result<core::Ran, Refused> {
+    opts.and_then(|o| core::runtime().block_on(core::run(o, stdin, functions))?.verify(|_| Ok(())))
+}
+
+/// Runs as the options (JSON text) say on Node's own thread, which waits for the outcome
+/// (the package's `runSync` and `runCodeSync`, as `execFileSync` is to `execFile`). No host
+/// function can be granted: one is called on Node's thread, which this run holds.
+#[napi]
+#[must_use]
+pub fn run_sync(options: String, stdin: Option<Buffer>) -> RunOutcome {
+    let opts = serde_json::from_str(&options).map_err(|e| Refused::invalid(e.to_string()));
+    RunOutcome::of(execute(opts, stdin.map(|b| b.to_vec()), Vec::new()))
 }
 
 /// Runs as the options (JSON text) say: a Promise of its outcome, settled when the run is

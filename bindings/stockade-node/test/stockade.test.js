@@ -79,6 +79,35 @@ test('grants: data and a host function, each call decided by the grant policy', 
   assert.deepEqual(calls, [[2, 3]], 'the denied call never reached the host function')
 })
 
+test('runSync and runCodeSync: the same runs on Node\'s thread, their refusals thrown, never returned', () => {
+  const r = stockade.runCodeSync('console.log(rows.length * 7)', { grants: { rows: [1, 2, 3, 4, 5, 6] } })
+  assert.ok(r instanceof stockade.Verified)
+  assert.equal(r.value, '42\n')
+  assert.equal(stockade.runSync(['sh', '-c', 'echo hi'], { timeoutMs: 5000 }).value, 'hi\n')
+  for (const [code, Kind, o] of [
+    ['while (true) {}', stockade.Timeout, { timeoutMs: 1000 }],
+    ["for (;;) console.log('y'.repeat(4096))", stockade.OutputTooLarge, { maxOutput: '64K' }],
+    ["throw new Error('boom')", stockade.NonZeroExit, {}],
+    ['1', stockade.InvalidOptions, { language: 'cobol' }]
+  ]) {
+    assert.throws(() => stockade.runCodeSync(code, o), (e) => {
+      assert.ok(e instanceof Kind || (Kind === stockade.Timeout && e instanceof stockade.CpuLimit), `${code}: ${e}`)
+      assert.ok(e instanceof stockade.Refusal && !e.message.includes('\n'))
+      return true
+    })
+  }
+})
+
+test('runSync refuses a host function, which would need the thread it holds, before anything runs', () => {
+  let called = false
+  const add = stockade.fn(() => { called = true; return 0 }, { type: 'object', properties: {} })
+  assert.throws(() => stockade.runCodeSync('console.log(add())', { grants: { add } }), (e) => {
+    assert.ok(e instanceof stockade.InvalidOptions && e.message.includes('grants.add'), String(e))
+    return true
+  })
+  assert.equal(called, false)
+})
+
 test('a check can only reject a verified value', async () => {
   const ok = await stockade.runCode('console.log(7)', { check: (v) => Number(v) === 7 })
   assert.equal(ok.value, '7\n')

@@ -1,6 +1,6 @@
 // Type-checked (tsc --noEmit --strict, in `cargo xtask bindings`) against index.d.ts: the
 // package used as the README shows it. Never run; the tests in stockade.test.js run it.
-import { AssertionFailed, Decision, Marked, Policy, Refusal, Timeout, Verified, fn, mark, run, runCode, systemPrompt } from '..'
+import { AssertionFailed, Decision, Marked, Policy, Refusal, Timeout, Verified, fn, mark, run, runCode, runCodeSync, runSync, systemPrompt } from '..'
 
 async function main (): Promise<void> {
   const r: Verified<any> = await runCode('console.log(6*7)', { language: 'javascript', timeoutMs: 2000 })
@@ -19,7 +19,9 @@ async function main (): Promise<void> {
     if (e instanceof Timeout || e instanceof AssertionFailed) console.log(e.kind, e.report)
     else if (e instanceof Refusal) console.log(e.message)
   }
-  console.log(value, c.report, prompt)
+  const s: Verified<any> = runCodeSync('console.log(1)', { timeoutMs: 500 })
+  const t: string = runSync(['true'], { expectExit: 0 }).value
+  console.log(value, c.report, prompt, s.value, t)
 }
 
 void main()
