@@ -505,7 +505,8 @@ impl ForkServer {
 pub use stockade_protocol::RunError;
 
 /// Registers `fd` with the tokio reactor for readability (for a crate that allows no
-/// `unsafe`: the files API's directory watch, whose inotify descriptor this owns).
+/// `unsafe`: the files API's directory watch, whose inotify descriptor this owns; the E2B
+/// server's watch for a client closing its side, on a second descriptor of its socket).
 pub fn async_readable(fd: std::os::fd::OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
     sys::process::register_readable(fd)
 }

@@ -305,13 +305,13 @@ const fn method(
 }
 
 /// Every envd method stockade offers.
-pub static METHODS: [Method; 16] = {
+pub static METHODS: [Method; 17] = {
     use Shape::{ClientStream, ServerStream, Unary};
     use proto::{
         CREATE_WATCHER_REQUEST, CREATE_WATCHER_RESPONSE, EMPTY, ENTRY_RESPONSE, EVENT_RESPONSE, LIST_DIR_REQUEST,
         LIST_DIR_RESPONSE, LIST_RESPONSE, MOVE_REQUEST, PATH_REQUEST, PROCESS_REQUEST, SEND_INPUT_REQUEST,
-        SEND_SIGNAL_REQUEST, START_REQUEST, STREAM_INPUT_REQUEST, UPDATE_REQUEST, WATCHER_EVENTS_RESPONSE,
-        WATCHER_REQUEST,
+        SEND_SIGNAL_REQUEST, START_REQUEST, STREAM_INPUT_REQUEST, UPDATE_REQUEST, WATCH_DIR_RESPONSE,
+        WATCHER_EVENTS_RESPONSE, WATCHER_REQUEST,
     };
     [
         method("/process.Process/Start", ServerStream, &START_REQUEST, &EVENT_RESPONSE),
@@ -330,6 +330,7 @@ pub static METHODS: [Method; 16] = {
         method("/filesystem.Filesystem/CreateWatcher", Unary, &CREATE_WATCHER_REQUEST, &CREATE_WATCHER_RESPONSE),
         method("/filesystem.Filesystem/GetWatcherEvents", Unary, &WATCHER_REQUEST, &WATCHER_EVENTS_RESPONSE),
         method("/filesystem.Filesystem/RemoveWatcher", Unary, &WATCHER_REQUEST, &EMPTY),
+        method("/filesystem.Filesystem/WatchDir", ServerStream, &CREATE_WATCHER_REQUEST, &WATCH_DIR_RESPONSE),
     ]
 };
 
@@ -338,10 +339,6 @@ pub static METHODS: [Method; 16] = {
 pub fn find_method(path: &str) -> Option<&'static Method> {
     METHODS.iter().find(|m| m.path == path)
 }
-
-/// envd's methods stockade does not offer (the streamed directory watch; the polled one,
-/// `CreateWatcher`, is offered).
-pub const NOT_OFFERED: [&str; 1] = ["/filesystem.Filesystem/WatchDir"];
 
 /// Parses one control-plane request body (bounded, unknown keys refused).
 pub fn parse_api<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
@@ -634,7 +631,7 @@ impl ProcessEvent {
 
 // ---- the filesystem service ----
 
-/// `filesystem.CreateWatcherRequest`.
+/// `filesystem.CreateWatcherRequest`, and `WatchDirRequest`, which has the same fields.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateWatcherRequest {

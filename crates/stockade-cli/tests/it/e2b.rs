@@ -370,8 +370,8 @@ fn g11_hostile_http_gets_clear_errors_and_the_server_goes_on() {
     assert!(s == 501 && b.contains("unimplemented"), "{s} {b}");
     let (s, b) = post(&addr, "/process.Process/List", &envd("text/plain"), b"");
     assert!(s == 415 && b.contains("application/proto"), "{s} {b}");
-    let (s, b) = post(&addr, "/filesystem.Filesystem/WatchDir", &envd("application/connect+json"), b"");
-    assert!(s == 501 && b.contains("directory watch"), "{s} {b}");
+    let (s, b) = post(&addr, "/filesystem.Filesystem/WatchDir", &envd("application/json"), b"{}");
+    assert!(s == 415 && b.contains("application/connect+json"), "a streamed call in a unary codec: {s} {b}");
 
     // The binary codec: an empty message is a valid ListRequest; then malformed protobuf,
     // each refused in one line naming the message and the field.
@@ -1034,7 +1034,20 @@ fn g11_e2b_watch_dir_reports_the_home_and_nothing_beyond_it() {
     let server = Server::start("watch");
     let c = sdk_script(&python, &server, "e2b_conformance.py", "watch", canary.to_str().unwrap());
     let _ = std::fs::remove_dir_all(&canary);
-    let events: Vec<(String, String, Value)> = c["watch_events"]["events"]
+    assert_watch_events(&c["watch_events"]["events"]);
+    assert_eq!(c["watch_links"]["linked"], "InvalidArgumentException", "{:?}", c["watch_links"]);
+    assert_eq!(c["watch_links"]["leaked"], serde_json::json!([]), "{:?}", c["watch_links"]);
+    let b = &c["watch_bounds"];
+    assert_eq!(b["missing"], "FileNotFoundException", "{b:?}");
+    assert_eq!(b["made"], 3, "{b:?}");
+    assert!(b["refused"].as_str().unwrap().contains("at most 4 watchers"), "{b:?}");
+    assert_eq!(c["watch_stopped"]["after_stop"], "SandboxException");
+}
+
+/// What a watch of `w` (recursive, with entries) must tell of the conformance script's
+/// writes, whichever way it is read.
+fn assert_watch_events(events: &Value) {
+    let events: Vec<(String, String, Value)> = events
         .as_array()
         .unwrap()
         .iter()
@@ -1059,13 +1072,44 @@ fn g11_e2b_watch_dir_reports_the_home_and_nothing_beyond_it() {
     );
     let api = events.iter().find(|(n, k, _)| n == "api.txt" && k == "write").unwrap();
     assert_eq!(api.2, "/home/user/w/api.txt", "{events:?}");
-    assert_eq!(c["watch_links"]["linked"], "InvalidArgumentException", "{:?}", c["watch_links"]);
-    assert_eq!(c["watch_links"]["leaked"], serde_json::json!([]), "{:?}", c["watch_links"]);
-    let b = &c["watch_bounds"];
-    assert_eq!(b["missing"], "FileNotFoundException", "{b:?}");
-    assert_eq!(b["made"], 3, "{b:?}");
+}
+
+/// e2b-conformance: the async SDK's `watch_dir`, envd's streamed `WatchDir`: the same events
+/// as the polled watch, each pushed as it happens; a symlink to a host directory is refused,
+/// and a host write there is never told; a missing directory is `FileNotFound`; streamed
+/// watchers count toward a sandbox's four; and a stopped stream, a stream past its deadline
+/// and a killed sandbox's streams each give their inotify instance back (judged from the
+/// server's `/proc`), the last two ending with an error.
+#[test]
+fn g11_e2b_watch_dir_streams_to_the_async_sdk() {
+    let Some(python) = e2b_python() else { return };
+    let canary = std::env::temp_dir().join(format!("stockade-watch-stream-canary-{}", std::process::id()));
+    std::fs::create_dir_all(&canary).unwrap();
+    let server = Server::start("watch-stream");
+    let mark = format!("{}:{}", canary.display(), server.child.id());
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "watch_stream", &mark);
+    let _ = std::fs::remove_dir_all(&canary);
+    assert_watch_events(&c["stream_events"]["events"]);
+    let fds = c["stream_events"]["inotify"].as_u64().unwrap();
+    assert!(fds == 1 || fds == 2, "one inotify instance for the stream, read through one or two descriptors: {fds}");
+    let l = &c["stream_links"];
+    assert_eq!(
+        (l["linked"].as_str(), l["missing"].as_str()),
+        (Some("InvalidArgumentException"), Some("FileNotFoundException")),
+        "{l:?}"
+    );
+    assert_eq!(l["leaked"], serde_json::json!([]), "{l:?}");
+    let b = &c["stream_bounds"];
+    assert_eq!((b["made"].as_u64(), b["held"].as_u64()), (Some(3), Some(4)), "{b:?}");
     assert!(b["refused"].as_str().unwrap().contains("at most 4 watchers"), "{b:?}");
-    assert_eq!(c["watch_stopped"]["after_stop"], "SandboxException");
+    assert_eq!(b["exits"], serde_json::json!([null]), "a stopped stream ends clean: {b:?}");
+    let e = &c["stream_ends"];
+    assert!(e["timed_out"].is_string(), "a stream past its deadline ends with an error: {e:?}");
+    let killed = e["killed"].as_array().unwrap();
+    assert!(
+        killed.len() == 2 && killed.iter().all(Value::is_string),
+        "a killed sandbox's streams end with an error: {e:?}"
+    );
 }
 
 /// e2b-conformance: a sandbox's port, as the SDKs reach it (`E2b-Sandbox-Port`, or a host

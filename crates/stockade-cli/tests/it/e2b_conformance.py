@@ -277,6 +277,108 @@ def watch_checks(canary):
     sbx.kill()
 
 
+def inotify_count(pid):
+    """The inotify instances the server process holds, read from the host's /proc."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            pass
+    return n
+
+
+async def until(what, check, within=60):
+    """Waits for `check()` to hold (an event the server makes happen), failing after `within` s."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not check():
+        if loop.time() > end:
+            raise AssertionError(f"{what}: not within {within} s")
+        await asyncio.sleep(0.05)
+
+
+async def watch_stream_checks(mark):
+    """The async SDK's `watch_dir`: envd's streamed WatchDir."""
+    import asyncio
+
+    from e2b import AsyncSandbox, FileNotFoundException, SandboxException
+
+    canary, pid = mark.rsplit(":", 1)
+    pid = int(pid)
+    base = inotify_count(pid)
+    sbx = await AsyncSandbox.create(timeout=120)
+    await sbx.files.make_dir("w/sub")
+    got, exits = [], []
+    last = asyncio.Event()
+
+    def on_event(e):
+        got.append((e.name, e.type.value, e.entry.path if e.entry else None))
+        if (e.name, e.type.value) == ("sub/guest.txt", "remove"):
+            last.set()
+
+    def on_exit(err):
+        exits.append(kind(err) if err else None)
+
+    h = await sbx.files.watch_dir("w", on_event, on_exit=on_exit, recursive=True, include_entry=True, timeout=0)
+    await sbx.files.write("w/api.txt", "by the files API")
+    await sbx.commands.run("echo guest > /home/user/w/sub/guest.txt; mkdir /home/user/w/new; echo x > /home/user/w/new/in-new.txt")
+    await sbx.commands.run("chmod 600 /home/user/w/api.txt; rm /home/user/w/sub/guest.txt")
+    await asyncio.wait_for(last.wait(), 60)
+    events_fds = inotify_count(pid) - base
+    say("stream_events", events=got, inotify=events_fds)
+
+    # A symlink to a host directory is not watched through; a host write there is not told.
+    await sbx.commands.run(f"ln -s {canary} /home/user/w/link; ln -s {canary} /home/user/link")
+    try:
+        await sbx.files.watch_dir("link", on_event)
+        linked = None
+    except Exception as e:  # noqa: BLE001
+        linked = kind(e)
+    with open(os.path.join(canary, "host-write.txt"), "w") as f:
+        f.write("host")
+    await sbx.files.write("w/after-host.txt", "x")
+    await until("the write after the host's", lambda: any(n == "after-host.txt" for n, _, _ in got))
+    leaked = [n for n, _, _ in got if "host-write" in n]
+    try:
+        await sbx.files.watch_dir("never-made", on_event)
+        missing = None
+    except FileNotFoundException as e:
+        missing = kind(e)
+    say("stream_links", linked=linked, leaked=leaked, missing=missing)
+
+    # Four watchers a sandbox, streamed ones counted with polled ones.
+    more, refused = [], None
+    try:
+        for _ in range(8):
+            more.append(await sbx.files.watch_dir("w", on_event, on_exit=on_exit, timeout=0))
+    except SandboxException as e:
+        refused = kind(e) + ": " + str(e)[:120]
+    # Descriptors for one watch (the server reads a watch through a second descriptor).
+    each = events_fds
+    held = (inotify_count(pid) - base) // each
+    # A stopped stream gives its watch back: the server's inotify descriptors say so.
+    await h.stop()
+    await until("the stopped stream's inotify instance closed", lambda: inotify_count(pid) - base == (held - 1) * each)
+    say("stream_bounds", made=len(more), refused=refused, held=held, exits=list(exits))
+
+    # A stream's deadline (the SDK's `timeout`) ends it with an error.
+    exits.clear()
+    await more.pop().stop()
+    await until("the second stop", lambda: inotify_count(pid) - base == (held - 2) * each)
+    await sbx.files.watch_dir("w", on_event, on_exit=on_exit, timeout=1)
+    await until("the timed stream's end", lambda: len(exits) == 2)
+    timed_out = exits[-1]
+    # Killed under its streams: each ends with an error, and every watch is closed.
+    exits.clear()
+    await sbx.kill()
+    await until("the streams' ends", lambda: len(exits) == len(more))
+    await until("every inotify instance closed", lambda: inotify_count(pid) == base)
+    say("stream_ends", timed_out=timed_out, killed=list(exits))
+
+
 ECHO_SERVER = """
 import http.server, json
 class H(http.server.BaseHTTPRequestHandler):
@@ -398,6 +500,10 @@ if __name__ == "__main__":
         network_checks(os.environ["MARK"])
     if which == "watch":
         watch_checks(os.environ["MARK"])
+    if which == "watch_stream":
+        import asyncio
+
+        asyncio.run(watch_stream_checks(os.environ["MARK"]))
     if which == "lifecycle":
         lifecycle_checks(os.environ.get("MARK", "600"))
     sys.stdout.flush()

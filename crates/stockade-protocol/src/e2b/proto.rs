@@ -216,7 +216,7 @@ static FILESYSTEM_EVENT: Message = Message {
     name: "filesystem.FilesystemEvent",
     fields: &[f(1, "name", Ty::Str), f(2, "type", Ty::Enum(&EVENT_TYPES)), f(3, "entry", Ty::Msg(&ENTRY_INFO))],
 };
-/// `filesystem.CreateWatcherRequest`.
+/// `filesystem.CreateWatcherRequest`, and `WatchDirRequest`, which has the same fields.
 pub static CREATE_WATCHER_REQUEST: Message = Message {
     name: "filesystem.CreateWatcherRequest",
     fields: &[
@@ -232,6 +232,15 @@ pub static CREATE_WATCHER_RESPONSE: Message =
 /// `filesystem.GetWatcherEventsRequest` and `RemoveWatcherRequest`: one watcher.
 pub static WATCHER_REQUEST: Message =
     Message { name: "filesystem.GetWatcherEventsRequest", fields: &[f(1, "watcherId", Ty::Str)] };
+/// `filesystem.WatchDirResponse`: one of the stream's start, an event, or a keepalive.
+pub static WATCH_DIR_RESPONSE: Message = Message {
+    name: "filesystem.WatchDirResponse",
+    fields: &[
+        f(1, "start", Ty::Msg(&EMPTY)),
+        f(2, "filesystem", Ty::Msg(&FILESYSTEM_EVENT)),
+        f(3, "keepalive", Ty::Msg(&EMPTY)),
+    ],
+};
 /// `filesystem.GetWatcherEventsResponse`.
 pub static WATCHER_EVENTS_RESPONSE: Message =
     Message { name: "filesystem.GetWatcherEventsResponse", fields: &[rep(1, "events", Ty::Msg(&FILESYSTEM_EVENT))] };

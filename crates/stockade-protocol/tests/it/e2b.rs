@@ -168,7 +168,18 @@ fn g2_content_types_name_the_codec() {
     assert_eq!(Codec::from_content_type("application/proto", true), None);
     assert_eq!(Codec::from_content_type("text/plain", false), None);
     assert!(e2b::find_method("/process.Process/Start").unwrap().shape.streaming());
-    assert!(e2b::find_method("/filesystem.Filesystem/WatchDir").is_none());
+    assert!(e2b::find_method("/filesystem.Filesystem/WatchDir").unwrap().shape.streaming());
+}
+
+#[test]
+fn g2_a_watch_stream_s_empty_events_keep_their_presence_in_the_binary_codec() {
+    // `WatchDirResponse`'s start and keepalive are empty messages: what tells them is the
+    // field being there, so each is its tag and a zero length, and reads back as itself.
+    for (event, bytes) in [("start", [0x0a, 0x00]), ("keepalive", [0x1a, 0x00])] {
+        let v = serde_json::json!({ event: {} });
+        assert_eq!(proto::encode(&v, &proto::WATCH_DIR_RESPONSE).unwrap(), bytes, "{event}");
+        assert_eq!(proto::decode(&bytes, &proto::WATCH_DIR_RESPONSE).unwrap(), v, "{event}");
+    }
 }
 
 proptest::proptest! {

@@ -339,6 +339,7 @@ impl E2bServer {
             made: now.0,
             metrics: Mutex::default(),
             watchers: Mutex::default(),
+            watch_places: Arc::new(tokio::sync::Semaphore::new(watch::MAX_WATCHERS_PER_SANDBOX)),
             scope,
             mask_host,
             _slot: slot,

@@ -40,6 +40,9 @@
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
+//! - A client that closes its side of a connection (FIN or reset) ends that connection at
+//!   once, and with it what the connection was streaming (a command's events, a directory
+//!   watch and its inotify instance), not at the stream's next write.
 //! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
 //!   or hard link reaches past the sandbox's home. Every files call runs off the async
 //!   workers, and only a regular file is opened to be read (`O_NONBLOCK`, so a guest's
@@ -52,7 +55,8 @@
 //!   the same refusals ([`stockade_protocol::e2b::Codec`]).
 //!
 //! # Non-guarantees
-//! No compression, no directory watch, no file metadata. A docker-tier template's
+//! No compression but an upload's gzip; no directory watch or file metadata in the docker
+//! tier. A docker-tier template's
 //! filesystem service runs inside its container with the image's own `stat`, `find`,
 //! `mkdir`, `rm` and `mv`, so its image needs them (busybox's or GNU's).
 
@@ -167,8 +171,10 @@ pub(crate) struct Sandbox {
     made: Instant,
     // Its usage over time, bounded (`metrics`).
     metrics: Mutex<metrics::MetricLog>,
-    // Its directory watchers by id, bounded (`watch`).
+    // Its directory watchers by id, polled and streamed (`watch`), and their places
+    // (`watch::MAX_WATCHERS_PER_SANDBOX`), each taken before its watch is made.
     watchers: Mutex<HashMap<String, Arc<watch::Watcher>>>,
+    watch_places: Arc<tokio::sync::Semaphore>,
     // Its network grant's scope (`allowOut`, `denyOut`), which `update_network` replaces;
     // none if its template grants no network.
     scope: Option<stockade_runtime::egress::NetScope>,
@@ -212,6 +218,25 @@ impl Sandbox {
 
     fn end(&self) -> (Instant, SystemTime) {
         *self.end.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Ends when the client closes its side of the connection (its FIN, or a reset), seen on a
+/// second descriptor of the socket while hyper owns the first. hyper reads a connection only
+/// between requests, so without this a client that leaves during a stream (a command's, a
+/// directory watch's) is noticed only when a write to it fails, and what the stream holds
+/// stays held until then; Go's server, envd's, notices the same way. Never ends if the
+/// socket cannot be watched.
+async fn peer_closed(fd: Option<std::os::fd::OwnedFd>) {
+    let watched = fd.and_then(|fd| stockade_runtime::process::async_readable(fd).ok());
+    let Some(afd) = watched else { return std::future::pending().await };
+    loop {
+        let Ok(mut ready) = afd.readable().await else { return std::future::pending().await };
+        if ready.ready().is_read_closed() {
+            return;
+        }
+        // Data (the next request) is hyper's to read: wait for the next change.
+        ready.clear_ready_matching(tokio::io::Ready::READABLE);
     }
 }
 
@@ -305,6 +330,7 @@ impl E2bServer {
             // cycles among themselves and a real client's new one gets in.
             let admitted = self.admit();
             let me = Arc::clone(&self);
+            let peer = std::os::fd::AsFd::as_fd(&conn).try_clone_to_owned().ok();
             tokio::spawn(async move {
                 let conn_state = Arc::new(ConnState { id: admitted.id, authed: Mutex::new(None) });
                 let evicted = admitted.evicted;
@@ -339,6 +365,7 @@ impl E2bServer {
                 tokio::select! {
                     () = serving => {}
                     () = watch_auth => {}
+                    () = peer_closed(peer) => {}
                 }
                 me.anonymous().remove(admitted.id);
             });

@@ -249,12 +249,7 @@ impl E2bServer {
             return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: Connect calls are POST")));
         }
         let Some(method) = wire::find_method(path) else {
-            let why = if wire::NOT_OFFERED.contains(&path) {
-                "not offered (stockade has no directory watch yet)"
-            } else {
-                "no such method"
-            };
-            return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: {why}")));
+            return rpc_error(&ConnectError::new(Code::Unimplemented, format!("{path}: no such method")));
         };
         let streaming = method.shape.streaming();
         let ct = header(req.headers(), "content-type").unwrap_or_default().to_owned();
@@ -303,7 +298,7 @@ impl E2bServer {
                 return stream_error(codec, &ConnectError::new(Code::ResourceExhausted, "too many streams are open"));
             };
             let msg = Message { codec, method, bytes };
-            return match self.stream(&b, msg, deadline, keepalive, permit).await {
+            return match self.stream(&b, msg, Streamed { deadline, keepalive, permit }).await {
                 Ok(r) => r,
                 Err(e) => stream_error(codec, &e),
             };
@@ -383,15 +378,17 @@ impl E2bServer {
         }
     }
 
-    /// Start or Connect: a stream of the process's events.
+    /// Start or Connect: a stream of the process's events; or `WatchDir`'s, of a directory's.
     pub(crate) async fn stream(
         self: &Arc<Self>,
         b: &Arc<Sandbox>,
         msg: Message<'_>,
-        deadline: Option<Duration>,
-        keepalive: Option<Duration>,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        call: Streamed,
     ) -> Result<Response<Body>, ConnectError> {
+        if msg.method.path == "/filesystem.Filesystem/WatchDir" {
+            return self.watch_stream(b, msg, call).await;
+        }
+        let Streamed { deadline, keepalive, permit } = call;
         let s = Arc::clone(&b.session);
         let handle = if msg.method.path == "/process.Process/Start" {
             let r: wire::StartRequest = msg.read()?;
@@ -488,10 +485,26 @@ impl E2bServer {
                 Err(e) => end_with(Some(e)).await,
             }
         });
-        let mut r = Response::new(PipeBody(rx).boxed());
-        if let Ok(v) = codec.content_type(true).parse() {
-            r.headers_mut().insert(CONTENT_TYPE, v);
-        }
-        Ok(r)
+        Ok(stream_response(codec, rx))
     }
+}
+
+/// A streaming call's own: its deadline (`Connect-Timeout-Ms`), its keepalive interval
+/// (`Keepalive-Ping-Interval`), and its place among the server's streams.
+pub(crate) struct Streamed {
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) keepalive: Option<Duration>,
+    pub(crate) permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// A streaming call's response: what its task queues on `rx`, in `codec`'s streaming type.
+pub(crate) fn stream_response(
+    codec: Codec,
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> Response<Body> {
+    let mut r = Response::new(PipeBody(rx).boxed());
+    if let Ok(v) = codec.content_type(true).parse() {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r
 }
