@@ -928,7 +928,8 @@ fn g11_sigterm_ends_the_owner_in_bounded_time_whatever_its_clients_do() {
 /// itself, refused when invalid, with nothing written); a symlink's info is its target's,
 /// followed within the home only; signed URLs (`download_url`,
 /// `upload_url`) work with no other credential, and an expired, altered or re-pathed one is
-/// refused (401); and a command whose sandbox is killed under it ends with the SDK's
+/// refused (401); a killed command is gone when the kill returns (reaped, so `kill -0` does
+/// not find it); and a command whose sandbox is killed under it ends with the SDK's
 /// "sandbox was killed" error, not a failed start.
 #[test]
 fn g11_e2b_files_conformance_through_the_sdk() {
@@ -968,6 +969,9 @@ fn g11_e2b_files_conformance_through_the_sdk() {
     assert_eq!(signed["other_path"][0], 401, "a signature is for its path alone: {signed:?}");
     assert_eq!(c["signed_upload"]["status"], 200);
     assert_eq!(c["signed_upload"]["read"], "uploaded by url");
+    let k = &c["kill_reaps"];
+    assert_eq!((&k["held"], &k["killed"]), (&Value::Bool(true), &Value::Bool(true)), "{k:?}");
+    assert_eq!(k["alive_after"], false, "a kill returns once its process is reaped: {k:?}");
     let killed = &c["killed_under_command"];
     assert_eq!(killed["raised"], "SandboxNotRunningException", "{killed:?}");
     assert!(killed["message"].as_str().unwrap().contains("killed or reached its end of life"), "{killed:?}");

@@ -124,6 +124,26 @@ def files_checks():
         status = e.code
     say("signed_upload", status=status, read=sbx.files.read("up.txt"))
 
+    # A kill returns once the process is gone (reaped: `kill -0` no longer finds it), even
+    # one that takes a while to die (it has 256 MiB to give back).
+    import time
+
+    from e2b import CommandExitException
+
+    big = sbx.commands.run("python3 -c \"b = b'x' * (256 << 20); open('/home/user/held', 'w').close(); "
+                           "import time; time.sleep(600)\"", background=True)
+    for _ in range(1200):
+        if sbx.files.exists("held"):
+            break
+        time.sleep(0.05)
+    killed = sbx.commands.kill(big.pid)
+    try:
+        sbx.commands.run(f"kill -0 {big.pid}")
+        alive = True
+    except CommandExitException:
+        alive = False
+    say("kill_reaps", held=sbx.files.exists("held"), killed=killed, alive_after=alive)
+
     # A command running when its sandbox is killed: the SDK tells the sandbox is gone.
     cmd = sbx.commands.run("sleep 600", background=True)
     sbx.kill()

@@ -40,6 +40,9 @@
 //! - A process started through the API ends at its `Connect-Timeout-Ms` deadline (the
 //!   SDK's command timeout) or with its sandbox; a client that goes away mid-stream leaves
 //!   nothing running past those. A sandbox ends at its timeout whether or not anyone calls.
+//! - A kill (`SendSignal` with SIGKILL: the SDKs' `commands.kill`, `pty.kill`) answers once
+//!   the process is reaped, so nothing after it finds the process, or after 5 s if it is
+//!   slow to die.
 //! - A client that closes its side of a connection (FIN or reset) ends that connection at
 //!   once, and with it what the connection was streaming (a command's events, a directory
 //!   watch and its inotify instance), not at the stream's next write.

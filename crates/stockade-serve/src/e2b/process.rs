@@ -52,6 +52,9 @@ pub(crate) fn running_exec(s: &Session, sel: &wire::ProcessSelector) -> Result<A
 /// ([`stockade_runtime::session::LIVE_BYTES`]), what one stream holds of the owner's memory.
 pub const STREAM_QUEUE: usize = 16;
 
+/// Longest a `SendSignal` of SIGKILL waits for its process to be reaped before it answers.
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
+
 pub(crate) fn pty_size(s: wire::PtySize) -> Result<(u16, u16), ConnectError> {
     let bad = || {
         ConnectError::new(
@@ -357,8 +360,13 @@ impl E2bServer {
             }
             "/process.Process/SendSignal" => {
                 let r: wire::SendSignalRequest = msg.read()?;
-                let pid = pid_of(&r.process)?;
-                s.signal(pid, r.signal.number()).await.map_err(|e| run_code(&e))?;
+                let x = running_exec(s, &r.process)?;
+                s.signal(x.pid(), r.signal.number()).await.map_err(|e| run_code(&e))?;
+                if r.signal.number() == 9 {
+                    // A kill answers once the process is gone, reaped (a `kill -0` after it
+                    // finds nothing), or after KILL_WAIT if it is slow to die.
+                    let _ = tokio::time::timeout(KILL_WAIT, x.wait()).await;
+                }
                 Ok(empty)
             }
             "/process.Process/Update" => {
