@@ -362,7 +362,7 @@ impl E2bServer {
                 let r: wire::SendSignalRequest = msg.read()?;
                 let x = running_exec(s, &r.process)?;
                 s.signal(x.pid(), r.signal.number()).await.map_err(|e| run_code(&e))?;
-                if r.signal.number() == 9 {
+                if matches!(r.signal, wire::Signal::Kill) {
                     // A kill answers once the process is gone, reaped (a `kill -0` after it
                     // finds nothing), or after KILL_WAIT if it is slow to die.
                     let _ = tokio::time::timeout(KILL_WAIT, x.wait()).await;
@@ -396,7 +396,8 @@ impl E2bServer {
         if msg.method.path == "/filesystem.Filesystem/WatchDir" {
             return self.watch_stream(b, msg, call).await;
         }
-        let Streamed { deadline, keepalive, permit } = call;
+        let tick = call.tick();
+        let Streamed { deadline, permit, .. } = call;
         let s = Arc::clone(&b.session);
         let handle = if msg.method.path == "/process.Process/Start" {
             let r: wire::StartRequest = msg.read()?;
@@ -459,7 +460,7 @@ impl E2bServer {
                     return;
                 }
             }
-            let tick = keepalive.unwrap_or(Duration::from_secs(3600));
+
             let end = handle.wait();
             tokio::pin!(end);
             let result = loop {
@@ -503,6 +504,13 @@ pub(crate) struct Streamed {
     pub(crate) deadline: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
     pub(crate) permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Streamed {
+    /// How often an idle stream sends a keepalive: as the client asked, else hourly.
+    pub(crate) fn tick(&self) -> Duration {
+        self.keepalive.unwrap_or(Duration::from_secs(3600))
+    }
 }
 
 /// A streaming call's response: what its task queues on `rx`, in `codec`'s streaming type.

@@ -90,14 +90,22 @@ async fn process(watch: &Arc<Mutex<Watch>>) -> Result<(), String> {
 /// fails (then `GetWatcherEvents` says why) or the watcher is dropped.
 async fn drive(watch: Arc<Mutex<Watch>>, fd: std::os::fd::OwnedFd) {
     let Ok(afd) = stockade_runtime::process::async_readable(fd) else { return };
-    loop {
-        let Ok(mut ready) = afd.readable().await else { return };
-        let done = process(&watch).await;
-        ready.clear_ready();
-        if done.is_err() {
-            return;
-        }
-    }
+    while read_more(&afd, &watch).await.is_ok() {}
+}
+
+/// Waits until the kernel has queued something for the watch, then reads it into the watch:
+/// what both kinds of watcher do each time their descriptor wakes them.
+async fn read_more(
+    afd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    watch: &Arc<Mutex<Watch>>,
+) -> Result<(), ConnectError> {
+    let mut ready = afd
+        .readable()
+        .await
+        .map_err(|_| ConnectError::new(Code::Internal, "the watch's descriptor could not be polled"))?;
+    let done = process(watch).await;
+    ready.clear_ready();
+    done.map_err(|why| ConnectError::new(Code::ResourceExhausted, format!("the watch ended: {why}")))
 }
 
 impl E2bServer {
@@ -188,7 +196,8 @@ impl E2bServer {
         msg: Message<'_>,
         call: Streamed,
     ) -> Result<Response<Body>, ConnectError> {
-        let Streamed { deadline, keepalive, permit } = call;
+        let tick = call.tick();
+        let Streamed { deadline, permit, .. } = call;
         let r: wire::CreateWatcherRequest = msg.read()?;
         let m = self.make_watch(b, &r).await?;
         let id = random_id().map_err(|e| ConnectError::new(Code::Internal, e))?;
@@ -201,7 +210,7 @@ impl E2bServer {
             base: m.base.clone(),
             include_entry: r.include_entry,
             until: deadline.map(|d| tokio::time::Instant::now() + d),
-            tick: keepalive.unwrap_or(Duration::from_secs(3600)),
+            tick,
         };
         let w = Watcher {
             watch: m.watch,
@@ -304,14 +313,9 @@ async fn events(
     }
     loop {
         tokio::select! {
-            ready = afd.readable() => {
-                let Ok(mut ready) = ready else {
-                    return Some(ConnectError::new(Code::Internal, "the watch's descriptor could not be polled"));
-                };
-                let done = process(&s.watch).await;
-                ready.clear_ready();
-                if let Err(why) = done {
-                    return Some(ConnectError::new(Code::ResourceExhausted, format!("the watch ended: {why}")));
+            read = read_more(&afd, &s.watch) => {
+                if let Err(e) = read {
+                    return Some(e);
                 }
                 let events = s.watch.lock().unwrap_or_else(PoisonError::into_inner).take();
                 for ev in events {
