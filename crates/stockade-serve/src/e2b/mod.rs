@@ -67,6 +67,7 @@ mod code_interpreter;
 mod config;
 mod control;
 mod filesystem;
+mod hangup;
 mod metrics;
 mod ports;
 mod process;
@@ -224,25 +225,6 @@ impl Sandbox {
     }
 }
 
-/// Ends when the client closes its side of the connection (its FIN, or a reset), seen on a
-/// second descriptor of the socket while hyper owns the first. hyper reads a connection only
-/// between requests, so without this a client that leaves during a stream (a command's, a
-/// directory watch's) is noticed only when a write to it fails, and what the stream holds
-/// stays held until then; Go's server, envd's, notices the same way. Never ends if the
-/// socket cannot be watched.
-async fn peer_closed(fd: Option<std::os::fd::OwnedFd>) {
-    let watched = fd.and_then(|fd| stockade_runtime::process::async_readable(fd).ok());
-    let Some(afd) = watched else { return std::future::pending().await };
-    loop {
-        let Ok(mut ready) = afd.readable().await else { return std::future::pending().await };
-        if ready.ready().is_read_closed() {
-            return;
-        }
-        // Data (the next request) is hyper's to read: wait for the next change.
-        ready.clear_ready_matching(tokio::io::Ready::READABLE);
-    }
-}
-
 /// A sandbox's timeout when none is asked for, seconds (E2B's default).
 pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
@@ -333,19 +315,23 @@ impl E2bServer {
             // cycles among themselves and a real client's new one gets in.
             let admitted = self.admit();
             let me = Arc::clone(&self);
-            let peer = std::os::fd::AsFd::as_fd(&conn).try_clone_to_owned().ok();
+            let (hand_over, peer) = tokio::sync::oneshot::channel();
             tokio::spawn(async move {
                 let conn_state = Arc::new(ConnState { id: admitted.id, authed: Mutex::new(None) });
                 let evicted = admitted.evicted;
                 let serving = async {
                     match me.config.tls.clone() {
-                        None => Arc::clone(&me).serve_io(conn, Arc::clone(&conn_state)).await,
+                        None => {
+                            let io = hangup::Watched::new(conn, Arc::clone(&conn_state), hand_over);
+                            Arc::clone(&me).serve_io(io).await;
+                        }
                         #[cfg(feature = "tls")]
                         Some(tls) => {
                             // The handshake is bounded like a request's headers.
                             let accept = tokio_rustls::TlsAcceptor::from(tls.0).accept(conn);
                             if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), accept).await {
-                                Arc::clone(&me).serve_io(stream, Arc::clone(&conn_state)).await;
+                                let io = hangup::Watched::new(stream, Arc::clone(&conn_state), hand_over);
+                                Arc::clone(&me).serve_io(io).await;
                             }
                         }
                         #[cfg(not(feature = "tls"))]
@@ -368,7 +354,7 @@ impl E2bServer {
                 tokio::select! {
                     () = serving => {}
                     () = watch_auth => {}
-                    () = peer_closed(peer) => {}
+                    () = hangup::peer_closed(peer) => {}
                 }
                 me.anonymous().remove(admitted.id);
             });
@@ -413,10 +399,8 @@ impl E2bServer {
 
     /// Serves one connection's requests; the first with valid credentials moves it into
     /// the authenticated cap.
-    async fn serve_io<I>(self: Arc<Self>, io: I, conn: Arc<ConnState>)
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
+    async fn serve_io<I: hangup::Socket>(self: Arc<Self>, io: hangup::Watched<I>) {
+        let conn = io.conn();
         let service = hyper::service::service_fn(move |req| {
             let (me, conn) = (Arc::clone(&self), Arc::clone(&conn));
             async move {
