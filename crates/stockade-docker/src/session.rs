@@ -139,6 +139,22 @@ pub struct DockerExecStarted {
     pub pid: u32,
 }
 
+/// How long one sample of a container's usage may take the engine.
+const ENGINE_SAMPLE_WAIT: Duration = Duration::from_secs(10);
+
+/// A docker session's usage at one moment ([`DockerSession::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DockerUsage {
+    /// Memory in use (its cgroup's), bytes.
+    pub memory_bytes: u64,
+    /// The page cache within it, bytes.
+    pub memory_cache: u64,
+    /// Its memory limit, bytes.
+    pub memory_limit: u64,
+    /// CPU time of everything it has run, nanoseconds.
+    pub cpu_ns: u64,
+}
+
 /// One process of a docker session, as the engine lists it (`docker top`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DockerProcess {
@@ -491,10 +507,39 @@ impl DockerSession {
     /// The OOM kills the container's memory cgroup has counted, read from the host through
     /// its init's pid; `None` where this host cannot see it (a remote engine).
     async fn oom_kills(&self) -> Option<u64> {
+        let pid = self.init_pid().await?;
+        stockade_sys::cgroup::memory_oom_kills(&pid.to_string())
+    }
+
+    /// The pid, in this host's `/proc`, of the container's init while it runs (the engine's
+    /// `State.Pid`): its namespaces are the session's. `None` for a container that is not
+    /// running, and for a pid this host's `/proc` does not show in the container's cgroup (a
+    /// remote engine's pid, or one reused since), so no caller can mistake another process
+    /// for the container.
+    pub async fn init_pid(&self) -> Option<u32> {
         let id = self.id.as_deref()?;
         let state = self.tier.docker.inspect_container(id, None).await.ok()?.state?;
-        let pid = state.pid.filter(|p| *p > 0)?;
-        stockade_sys::cgroup::memory_oom_kills(&pid.to_string())
+        let pid = u32::try_from(state.pid.filter(|p| *p > 0)?).ok()?;
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        cgroups.lines().any(|l| l.contains(id)).then_some(pid)
+    }
+
+    /// What the container uses now, as the engine counts it (one `stats` sample, not
+    /// streamed): memory in use and its page cache (`cache` on cgroup v1, `file` on v2), the
+    /// memory limit, and the CPU time of everything it has run. `None` if the engine gives
+    /// no sample (a container that has ended).
+    pub async fn usage(&self) -> Option<DockerUsage> {
+        let options = bollard::query_parameters::StatsOptions { stream: false, one_shot: true };
+        let mut stats = self.tier.docker.stats(self.id.as_deref()?, Some(options));
+        let sample = tokio::time::timeout(ENGINE_SAMPLE_WAIT, stats.next()).await.ok()??.ok()?;
+        let memory = sample.memory_stats?;
+        let raw = memory.stats.unwrap_or_default();
+        Some(DockerUsage {
+            memory_bytes: memory.usage.unwrap_or(0),
+            memory_cache: raw.get("cache").or_else(|| raw.get("file")).copied().unwrap_or(0),
+            memory_limit: memory.limit.unwrap_or(0),
+            cpu_ns: sample.cpu_stats.and_then(|c| c.cpu_usage?.total_usage).unwrap_or(0),
+        })
     }
 
     /// An exec's pid in the container: the engine's host pid for it, mapped through the

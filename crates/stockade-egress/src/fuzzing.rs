@@ -169,7 +169,7 @@ pub fn check_scrub(secret: &[u8], data: &[u8], cuts: &[u8]) {
     if secret.is_empty() {
         return;
     }
-    let mut s = crate::secret::Scrub::new(secret);
+    let mut s = crate::secret::Scrub::new(vec![secret]);
     let mut at = 0;
     let mut out = Vec::new();
     for c in cuts {

@@ -103,14 +103,15 @@ fn parse_head<'h, 'b>(req: &mut httparse::Request<'h, 'b>, head: &'b [u8]) -> Re
     }
 }
 
-/// A header whose value carries a placeholder that is replaced, in that header only, with
-/// the real value (a `--net-secret`).
+/// A secret's header: with a placeholder, its value's placeholder is replaced, in that
+/// header only, with the real value (a `--net-secret`); without one, the header is set to
+/// the value, and whatever the guest sent in it is dropped (a header secret).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inject<'a> {
     /// The header's name, in lower case.
     pub(crate) header: &'a str,
-    /// What the guest holds.
-    pub(crate) placeholder: &'a [u8],
+    /// What the guest holds, if it holds anything.
+    pub(crate) placeholder: Option<&'a [u8]>,
     /// What the upstream gets instead.
     pub(crate) value: &'a [u8],
 }
@@ -119,7 +120,12 @@ pub(crate) struct Inject<'a> {
 /// (a `--net-secret` host): the head that goes upstream, with `inject` done, and its body's
 /// framing. The same checks as a forwarded request: one `Host`, equal to the tunnel's host;
 /// unambiguous framing; no upgrade.
-pub(crate) fn parse_origin(head: &[u8], host: &str, port: u16, inject: Inject<'_>) -> Result<(Vec<u8>, Body), Refusal> {
+pub(crate) fn parse_origin(
+    head: &[u8],
+    host: &str,
+    port: u16,
+    inject: &[Inject<'_>],
+) -> Result<(Vec<u8>, Body), Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     parse_head(&mut req, head)?;
@@ -212,7 +218,7 @@ fn rebuild(
     path: &str,
     req: &httparse::Request<'_, '_>,
     (host, port, default): (&str, u16, u16),
-    inject: Option<Inject<'_>>,
+    inject: Option<&[Inject<'_>]>,
 ) -> Result<(Vec<u8>, Body), Refusal> {
     let value = |name: &str| -> Vec<&[u8]> {
         req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value).collect()
@@ -247,19 +253,20 @@ fn rebuild(
     let head = match inject {
         None => closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, dropped),
         Some(inject) => {
-            let replaced: Vec<Vec<u8>> = req
-                .headers
-                .iter()
-                .map(|h| {
-                    if h.name.eq_ignore_ascii_case(inject.header) {
-                        replace_all(h.value, inject.placeholder, inject.value)
-                    } else {
-                        h.value.to_vec()
-                    }
+            let secret = |name: &str| inject.iter().find(|i| name.eq_ignore_ascii_case(i.header));
+            // A header secret's header is the proxy's alone: the guest's is dropped.
+            let kept = req.headers.iter().filter(|h| secret(h.name).is_none_or(|i| i.placeholder.is_some()));
+            let replaced: Vec<(&str, Vec<u8>)> = kept
+                .map(|h| match secret(h.name).and_then(|i| Some((i.placeholder?, i.value))) {
+                    Some((placeholder, value)) => (h.name, replace_all(h.value, placeholder, value)),
+                    None => (h.name, h.value.to_vec()),
                 })
                 .collect();
             let mut headers: Vec<httparse::Header<'_>> =
-                req.headers.iter().zip(&replaced).map(|(h, v)| httparse::Header { name: h.name, value: v }).collect();
+                replaced.iter().map(|(name, v)| httparse::Header { name, value: v }).collect();
+            for i in inject.iter().filter(|i| i.placeholder.is_none()) {
+                headers.push(httparse::Header { name: i.header, value: i.value });
+            }
             // The answer is scrubbed of the value (G8), which a compressed body would hide.
             headers.retain(|h| !h.name.eq_ignore_ascii_case("accept-encoding"));
             headers.push(httparse::Header { name: "Accept-Encoding", value: b"identity" });
@@ -641,5 +648,28 @@ mod tests {
         for bad in ["a.test", ":443", "a b:1", "a.test:65536", "[zz]:1", "evil/x:80"] {
             assert_eq!(authority(bad), None, "{bad}");
         }
+    }
+
+    /// A header secret (E2B's `transform` rules): the upstream gets the proxy's value in
+    /// that header whatever the guest sent in it (one header, once), beside a placeholder
+    /// secret of the same host replaced in its own header only.
+    #[test]
+    fn a_header_secret_replaces_what_the_guest_sent_in_its_header() {
+        let inject = [
+            super::Inject { header: "x-token", placeholder: None, value: b"real-token" },
+            super::Inject { header: "authorization", placeholder: Some(b"ph-1"), value: b"real-auth" },
+        ];
+        let head = b"GET /a HTTP/1.1\r\nHost: api.test\r\nX-Token: guest-made\r\nx-token: again\r\n\
+            Authorization: Bearer ph-1\r\nX-Other: ph-1\r\n\r\n";
+        let (up, _) = super::parse_origin(head, "api.test", 443, &inject).unwrap();
+        let up = String::from_utf8(up).unwrap();
+        assert!(!up.contains("guest-made") && !up.contains("again"), "{up}");
+        assert_eq!(up.matches("real-token").count(), 1, "{up}");
+        assert!(up.contains("\r\nx-token: real-token\r\n"), "{up}");
+        assert!(up.contains("Authorization: Bearer real-auth\r\n") && up.contains("X-Other: ph-1\r\n"), "{up}");
+        // Without a header of its own in the request, it is still set.
+        let (up, _) =
+            super::parse_origin(b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n", "api.test", 443, &inject).unwrap();
+        assert!(String::from_utf8(up).unwrap().contains("x-token: real-token"));
     }
 }

@@ -109,9 +109,13 @@
 //!     comes back in: a secret host takes only GET, HEAD, POST, PUT, PATCH and DELETE (no
 //!     TRACE, no CONNECT), is asked for `Accept-Encoding: identity`, and every response head
 //!     and body relayed from it has the value masked as it streams (a compressed response
-//!     is refused, since it could not be scrubbed); `fetch` takes the same path.
-//!     (pinned by: tests/it/proxy.rs::g8_*, src/secret.rs, and stockade-cli's
-//!     `g9_a_secret_host_is_a_closed_door_*`)
+//!     is refused, since it could not be scrubbed); `fetch` takes the same path. A header
+//!     secret ([`NetSecret::set_header`], E2B's `network.rules` transforms) gives the guest
+//!     nothing: the proxy sets its header on every request to its host, dropping whatever
+//!     the guest sent under that name, and masks its value the same way; a secret cannot
+//!     set a header the request is decided or framed by.
+//!     (pinned by: tests/it/proxy.rs::g8_*, src/secret.rs, src/http.rs, and stockade-cli's
+//!     `g9_a_secret_host_is_a_closed_door_*` and `g11_e2b_network_rules_*`)
 //! G9. [`Egress::fetch`] has no path to the network of its own: it is a client of the same
 //!     proxy, so a fetch is decided, checked and recorded as a connection is, and a refusal
 //!     is the proxy's own reply (`Proxy-Status: stockade`), never an upstream's.

@@ -277,20 +277,22 @@ impl NetGrant {
     }
 
     /// Keeps `secrets` out of the sandbox (G8): for each one's host, the guest's TLS ends
-    /// at the proxy, with a certificate from a per-run CA, and the real value replaces the
-    /// placeholder in the one named header on the way up. Fails if the host has no TLS
-    /// roots to verify the upstreams with, or two secrets name one host.
+    /// at the proxy, with a certificate from a per-run CA, and on the way up the real value
+    /// replaces the placeholder in the one named header (or, for a header secret, is that
+    /// header). Fails if the host has no TLS roots to verify the upstreams with, or two
+    /// secrets name one header of one host.
     pub fn secrets(mut self, secrets: Vec<NetSecret>) -> Result<Self, NetPolicyError> {
-        let mut hosts = std::collections::BTreeSet::new();
-        if let Some(twice) = secrets.iter().find(|s| !hosts.insert(s.host().to_owned())) {
+        let entry = |s: &NetSecret| format!("{}={}", s.host(), s.env().unwrap_or(s.header()));
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(twice) = secrets.iter().find(|s| !seen.insert((s.host().to_owned(), s.header().to_owned()))) {
             return Err(NetPolicyError::Secret {
-                entry: format!("{}={}", twice.host(), twice.env()),
-                reason: "another secret names the same host".into(),
+                entry: entry(twice),
+                reason: format!("another secret of the same host is in the {} header", twice.header()),
             });
         }
         if !secrets.is_empty() {
             let client = crate::secret::client_config(None).map_err(|reason| NetPolicyError::Secret {
-                entry: secrets.iter().map(|s| format!("{}={}", s.host(), s.env())).collect::<Vec<_>>().join(","),
+                entry: secrets.iter().map(entry).collect::<Vec<_>>().join(","),
                 reason,
             })?;
             self.client = Some(client);
@@ -372,10 +374,9 @@ impl Egress {
         intercept
             .targets
             .iter()
-            .flat_map(|t| {
-                let env = t.secret.env();
-                [(env.to_owned(), t.placeholder.clone()), (format!("{SECRET_ENV_PREFIX}{env}"), t.placeholder.clone())]
-            })
+            .flat_map(|t| &t.secrets)
+            .filter_map(|(secret, placeholder)| Some((secret.env()?, placeholder.clone()?)))
+            .flat_map(|(env, p)| [(env.to_owned(), p.clone()), (format!("{SECRET_ENV_PREFIX}{env}"), p)])
             .collect()
     }
 
@@ -790,7 +791,8 @@ impl Egress {
             let _ = guest.write_all(&http::reply(431, &conn.record.reason)).await;
             return;
         };
-        let (head, body) = match http::parse_origin(&buf[..end], &conn.record.host, conn.record.port, target.inject()) {
+        let (head, body) = match http::parse_origin(&buf[..end], &conn.record.host, conn.record.port, &target.inject())
+        {
             Ok(parsed) => parsed,
             Err(r) => {
                 conn.refuse(NetDecision::Refused, "bad-request", r.reason.clone());
@@ -806,7 +808,7 @@ impl Egress {
             let _ = guest.write_all(&http::reply(502, &conn.record.reason)).await;
             return;
         };
-        conn.record.secret = Some(target.secret.header().to_owned());
+        conn.record.secret = Some(target.headers());
         let rest = buf.split_off(end);
         self.relay(conn, &mut guest, &mut upstream, &head, body, rest).await;
         let _ = upstream.shutdown().await;
@@ -861,16 +863,16 @@ impl Egress {
     fn scrubber(&self, conn: &Conn) -> Option<crate::secret::Scrub> {
         conn.record.secret.as_ref()?;
         let Some(Ok(i)) = &self.inner.intercept else { return None };
-        i.target(&conn.record.host).map(|t| crate::secret::Scrub::new(t.secret.value().as_bytes()))
+        i.target(&conn.record.host).map(Target::scrub)
     }
 
     /// `head` with the placeholder of `conn`'s host's secret replaced, if it has one.
     fn secret_head(&self, conn: &mut Conn, head: &[u8]) -> Result<Vec<u8>, (u16, String)> {
         let Some(Ok(i)) = &self.inner.intercept else { return Ok(head.to_vec()) };
         let Some(target) = i.target(&conn.record.host) else { return Ok(head.to_vec()) };
-        match http::parse_origin(head, &conn.record.host, conn.record.port, target.inject()) {
+        match http::parse_origin(head, &conn.record.host, conn.record.port, &target.inject()) {
             Ok((head, _)) => {
-                conn.record.secret = Some(target.secret.header().to_owned());
+                conn.record.secret = Some(target.headers());
                 Ok(head)
             }
             Err(r) => {

@@ -7,6 +7,11 @@
 //! is in the one named header, and sends the request on over a second TLS connection that
 //! verifies the upstream against the host's roots. The CA is name-constrained to the secret
 //! hosts, so even its key could sign for nothing else.
+//!
+//! A header secret ([`NetSecret::set_header`], E2B's per-host `transform` rules) has no
+//! placeholder: the proxy sets the header to the value on every request to the host,
+//! whatever the guest sent in it, and the guest is given nothing. One host may have several
+//! secrets, each in a header of its own. Every value is scrubbed from what comes back.
 
 use std::sync::Arc;
 
@@ -22,12 +27,13 @@ pub const CA_ENV: [&str; 6] =
 /// The prefix of the variable that holds a secret's placeholder: `STOCKADE_SECRET_<ENVVAR>`.
 pub const SECRET_ENV_PREFIX: &str = "STOCKADE_SECRET_";
 
-/// One credential for one host: the guest holds a placeholder, the upstream gets `value`
-/// in `header`. Its `Debug` never shows the value.
+/// One credential for one host: the upstream gets `value` in `header`. The guest holds a
+/// placeholder in `$env` ([`NetSecret::new`]), or nothing ([`NetSecret::set_header`]). Its
+/// `Debug` never shows the value.
 #[derive(Clone)]
 pub struct NetSecret {
     host: String,
-    env: String,
+    env: Option<String>,
     header: String,
     value: Arc<str>,
 }
@@ -56,11 +62,6 @@ impl NetSecret {
     /// A secret for `host` (a DNS name), placed in the guest as `$env`, given to the
     /// upstream in `header`.
     pub fn new(host: &str, env: &str, header: &str, value: &str) -> Result<Self, String> {
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        match stockade_policy::allow::HostPattern::parse(&host) {
-            Ok(stockade_policy::allow::HostPattern::Name(_)) => {}
-            _ => return Err(format!("{host:?} is not a DNS name (a secret is for one named host)")),
-        }
         let env_ok = |s: &str| {
             !s.is_empty()
                 && !s.starts_with(|c: char| c.is_ascii_digit())
@@ -69,13 +70,30 @@ impl NetSecret {
         if !env_ok(env) {
             return Err(format!("{env:?} is not an environment variable's name"));
         }
+        Ok(Self { env: Some(env.to_owned()), ..Self::set_header(host, header, value)? })
+    }
+
+    /// A secret the guest is given nothing of: every request to `host` (a DNS name) goes
+    /// upstream with `header` set to `value`, in place of any the guest sent.
+    pub fn set_header(host: &str, header: &str, value: &str) -> Result<Self, String> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        match stockade_policy::allow::HostPattern::parse(&host) {
+            Ok(stockade_policy::allow::HostPattern::Name(_)) => {}
+            _ => return Err(format!("{host:?} is not a DNS name (a secret is for one named host)")),
+        }
+        // What the proxy reads a request by, or frames it with, is never set from outside.
+        let framing = ["host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"];
         if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return Err(format!("{header:?} is not a header name"));
+        }
+        let header = header.to_ascii_lowercase();
+        if framing.contains(&header.as_str()) || header.starts_with("proxy-") || header == "accept-encoding" {
+            return Err(format!("{header:?} decides or frames the request; a secret cannot set it"));
         }
         if value.is_empty() || value.bytes().any(|b| b < 0x20 || b == 0x7f) {
             return Err("the value is empty or holds control characters, which no header may carry".into());
         }
-        Ok(Self { host, env: env.to_owned(), header: header.to_ascii_lowercase(), value: Arc::from(value) })
+        Ok(Self { host, env: None, header, value: Arc::from(value) })
     }
 
     /// The host.
@@ -84,10 +102,10 @@ impl NetSecret {
         &self.host
     }
 
-    /// The variable the guest finds the placeholder in.
+    /// The variable the guest finds the placeholder in; `None` for a header secret.
     #[must_use]
-    pub fn env(&self) -> &str {
-        &self.env
+    pub fn env(&self) -> Option<&str> {
+        self.env.as_deref()
     }
 
     /// The header the value goes in, in lower case.
@@ -102,21 +120,36 @@ impl NetSecret {
     }
 }
 
-/// One secret host's per-run state: the certificate the guest is shown, the placeholder.
+/// One secret host's per-run state: the certificate the guest is shown, and each secret
+/// with its placeholder (none for a header secret).
 pub(crate) struct Target {
-    pub(crate) secret: NetSecret,
-    pub(crate) placeholder: String,
+    pub(crate) host: String,
+    pub(crate) secrets: Vec<(NetSecret, Option<String>)>,
     pub(crate) server: Arc<rustls::ServerConfig>,
 }
 
 impl Target {
-    /// The replacement a request to this host gets: the placeholder, in the secret's header.
-    pub(crate) fn inject(&self) -> crate::http::Inject<'_> {
-        crate::http::Inject {
-            header: self.secret.header(),
-            placeholder: self.placeholder.as_bytes(),
-            value: self.secret.value().as_bytes(),
-        }
+    /// What a request to this host gets: each placeholder replaced in its secret's header,
+    /// each header secret set.
+    pub(crate) fn inject(&self) -> Vec<crate::http::Inject<'_>> {
+        self.secrets
+            .iter()
+            .map(|(secret, placeholder)| crate::http::Inject {
+                header: secret.header(),
+                placeholder: placeholder.as_deref().map(str::as_bytes),
+                value: secret.value().as_bytes(),
+            })
+            .collect()
+    }
+
+    /// The headers the secrets go in, for the record: `a,b`.
+    pub(crate) fn headers(&self) -> String {
+        self.secrets.iter().map(|(s, _)| s.header()).collect::<Vec<_>>().join(",")
+    }
+
+    /// A scrubber of every value this host's secrets hold.
+    pub(crate) fn scrub(&self) -> Scrub {
+        Scrub::new(self.secrets.iter().map(|(s, _)| s.value().as_bytes()).collect())
     }
 }
 
@@ -128,29 +161,30 @@ pub(crate) struct Intercept {
 
 impl Intercept {
     /// Makes the per-run CA (name-constrained to the hosts of `secrets`), one certificate
-    /// per host, and a placeholder per secret.
+    /// per host, and a placeholder per secret that has a variable.
     pub(crate) fn start(secrets: &[NetSecret]) -> Result<Self, String> {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer,
             KeyPair, KeyUsagePurpose, NameConstraints,
         };
         let e = |e: rcgen::Error| format!("making the per-run CA: {e}");
+        let hosts: std::collections::BTreeSet<String> = secrets.iter().map(|s| s.host.clone()).collect();
         let ca_key = KeyPair::generate().map_err(e)?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e)?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         ca.distinguished_name.push(DnType::CommonName, "stockade per-run CA");
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         ca.name_constraints = Some(NameConstraints {
-            permitted_subtrees: secrets.iter().map(|s| GeneralSubtree::DnsName(s.host.clone())).collect(),
+            permitted_subtrees: hosts.iter().map(|h| GeneralSubtree::DnsName(h.clone())).collect(),
             excluded_subtrees: Vec::new(),
         });
         let ca_cert = ca.self_signed(&ca_key).map_err(e)?;
         let issuer = Issuer::new(ca, ca_key);
         let mut targets = Vec::new();
-        for secret in secrets {
+        for host in hosts {
             let key = KeyPair::generate().map_err(e)?;
-            let mut leaf = CertificateParams::new(vec![secret.host.clone()]).map_err(e)?;
-            leaf.distinguished_name.push(DnType::CommonName, secret.host.clone());
+            let mut leaf = CertificateParams::new(vec![host.clone()]).map_err(e)?;
+            leaf.distinguished_name.push(DnType::CommonName, host.clone());
             leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             let cert = leaf.signed_by(&key, &issuer).map_err(e)?;
             let chain = vec![cert.der().clone(), CertificateDer::from(ca_cert.der().to_vec())];
@@ -160,17 +194,24 @@ impl Intercept {
                 .map_err(|e| e.to_string())?
                 .with_no_client_auth()
                 .with_single_cert(chain, key)
-                .map_err(|e| format!("the per-run certificate for {}: {e}", secret.host))?;
+                .map_err(|e| format!("the per-run certificate for {host}: {e}"))?;
             server.alpn_protocols = vec![b"http/1.1".to_vec()];
-            let placeholder = format!("stockade-secret-{}", random_hex(16)?);
-            targets.push(Target { secret: secret.clone(), placeholder, server: Arc::new(server) });
+            let mut mine = Vec::new();
+            for secret in secrets.iter().filter(|s| s.host == host) {
+                let placeholder = match secret.env {
+                    Some(_) => Some(format!("stockade-secret-{}", random_hex(16)?)),
+                    None => None,
+                };
+                mine.push((secret.clone(), placeholder));
+            }
+            targets.push(Target { host, secrets: mine, server: Arc::new(server) });
         }
         Ok(Self { ca_pem: ca_cert.pem(), targets })
     }
 
     /// The target for `host`, if it has a secret.
     pub(crate) fn target(&self, host: &str) -> Option<&Target> {
-        self.targets.iter().find(|t| t.secret.host == host)
+        self.targets.iter().find(|t| t.host == host)
     }
 }
 
@@ -211,38 +252,41 @@ fn random_hex(bytes: usize) -> Result<String, String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// Masks a secret's value out of bytes that arrive in pieces (a response from a secret
+/// Masks secrets' values out of bytes that arrive in pieces (a response from a secret
 /// host, G8): every occurrence becomes as many mask bytes, so lengths, and with them a
-/// response's framing, are unchanged. The last `len - 1` bytes wait for the next piece, so
-/// a value split across two pieces is masked too; [`Scrub::finish`] gives them up.
+/// response's framing, are unchanged. The last `longest - 1` bytes wait for the next piece,
+/// so a value split across two pieces is masked too; [`Scrub::finish`] gives them up.
 pub(crate) struct Scrub {
-    value: Vec<u8>,
+    values: Vec<Vec<u8>>,
     mask: u8,
     pending: Vec<u8>,
 }
 
 impl Scrub {
-    /// A scrubber of `value` (not empty).
-    pub(crate) fn new(value: &[u8]) -> Self {
-        // A mask byte the value does not hold, so a mask can never be part of a value.
-        let mask = *b"*#~X0".iter().find(|b| !value.contains(b)).unwrap_or(&b'*');
-        Self { value: value.to_vec(), mask, pending: Vec::new() }
+    /// A scrubber of `values` (empty ones are ignored).
+    pub(crate) fn new(values: Vec<&[u8]>) -> Self {
+        let values: Vec<Vec<u8>> = values.into_iter().filter(|v| !v.is_empty()).map(<[u8]>::to_vec).collect();
+        // A mask byte no value holds, so a mask can never be part of a value.
+        let mask = *b"*#~X0".iter().find(|b| !values.iter().any(|v| v.contains(b))).unwrap_or(&b'*');
+        Self { values, mask, pending: Vec::new() }
     }
 
     /// Takes `bytes`; returns what may go on, masked.
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
         self.pending.extend_from_slice(bytes);
-        let n = self.value.len();
         let mut i = 0;
-        while n > 0 && i + n <= self.pending.len() {
-            if self.pending[i..i + n] == self.value[..] {
-                self.pending[i..i + n].fill(self.mask);
-                i += n;
-            } else {
-                i += 1;
+        while i < self.pending.len() {
+            let rest = &self.pending[i..];
+            match self.values.iter().find(|v| rest.starts_with(v)).map(Vec::len) {
+                Some(n) => {
+                    self.pending[i..i + n].fill(self.mask);
+                    i += n;
+                }
+                None => i += 1,
             }
         }
-        let keep = n.saturating_sub(1).min(self.pending.len());
+        let longest = self.values.iter().map(Vec::len).max().unwrap_or(0);
+        let keep = longest.saturating_sub(1).min(self.pending.len());
         let out = self.pending.len() - keep;
         self.pending.drain(..out).collect()
     }
@@ -255,13 +299,15 @@ impl Scrub {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
     use super::Scrub;
 
     #[test]
     fn a_value_is_masked_wherever_the_pieces_split_it() {
         let text = b"echo: Bearer s3cr3t-token; again s3cr3t-token.";
         for split in 0..text.len() {
-            let mut s = Scrub::new(b"s3cr3t-token");
+            let mut s = Scrub::new(vec![b"s3cr3t-token"]);
             let mut out = s.feed(&text[..split]);
             out.extend(s.feed(&text[split..]));
             out.extend(s.finish());
@@ -270,9 +316,39 @@ mod tests {
             assert!(out.starts_with(b"echo: Bearer ") && out.ends_with(b"."), "split at {split}");
         }
         // One byte at a time.
-        let mut s = Scrub::new(b"s3cr3t-token");
+        let mut s = Scrub::new(vec![b"s3cr3t-token"]);
         let mut out: Vec<u8> = text.iter().flat_map(|b| s.feed(&[*b])).collect();
         out.extend(s.finish());
         assert!(!out.windows(12).any(|w| w == b"s3cr3t-token"));
+    }
+
+    #[test]
+    fn several_values_are_masked_wherever_the_pieces_split_them() {
+        let text = b"a=first-value-1; b=second-2; a again first-value-1.";
+        for split in 0..text.len() {
+            let mut s = Scrub::new(vec![b"first-value-1", b"second-2", b""]);
+            let mut out = s.feed(&text[..split]);
+            out.extend(s.feed(&text[split..]));
+            out.extend(s.finish());
+            assert_eq!(out.len(), text.len(), "split at {split}");
+            let out = String::from_utf8(out).unwrap();
+            assert!(!out.contains("first-value-1") && !out.contains("second-2"), "split at {split}: {out}");
+            assert!(out.starts_with("a=") && out.contains("; b=") && out.ends_with('.'), "split at {split}: {out}");
+        }
+    }
+
+    #[test]
+    fn a_header_secret_cannot_set_what_frames_or_decides_a_request() {
+        use super::NetSecret;
+        for h in ["Host", "content-length", "Transfer-Encoding", "Connection", "Proxy-Authorization", "Accept-Encoding"]
+        {
+            let e = NetSecret::set_header("api.test", h, "v").unwrap_err();
+            assert!(e.contains("frames the request"), "{h}: {e}");
+        }
+        for (host, h, v) in [("10.0.0.1", "X-A", "v"), ("api.test", "X A", "v"), ("api.test", "X-A", "a\nb")] {
+            assert!(NetSecret::set_header(host, h, v).is_err(), "{host} {h} {v:?}");
+        }
+        let s = NetSecret::set_header("API.test.", "X-Token", "v").unwrap();
+        assert_eq!((s.host(), s.header(), s.env()), ("api.test", "x-token", None));
     }
 }

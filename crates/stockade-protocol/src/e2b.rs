@@ -872,9 +872,31 @@ pub struct NetworkConfig {
     /// The `Host` a request to one of its ports carries upstream (`${PORT}` is the port).
     #[serde(default)]
     pub mask_request_host: Option<String>,
+    /// Per-host rules for its egress requests: host to an ordered list of rules.
+    #[serde(default)]
+    pub rules: BTreeMap<String, Vec<NetworkRule>>,
     /// Anything else the SDK can set (refused when present).
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// `SandboxNetworkRule`: what happens to a request to the host it is listed under.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRule {
+    /// Changes made to the request on its way out.
+    #[serde(default)]
+    pub transform: Option<NetworkTransform>,
+}
+
+/// `SandboxNetworkTransform`: headers set on a request on its way out, replacing any the
+/// sandbox sent under the same name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkTransform {
+    /// Header names to values.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 /// `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): the egress lists, which

@@ -42,11 +42,17 @@ impl Server {
 
     /// A server on `state`, as it is.
     fn start_in(state: PathBuf, extra: &[&std::ffi::OsStr]) -> Self {
+        Self::start_env(state, extra, &[])
+    }
+
+    /// A server on `state`, with `env` added to its environment.
+    fn start_env(state: PathBuf, extra: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
             .args(["serve", "--socket"])
             .arg(state.join("run/serve.sock"))
             .args(["--listen", "127.0.0.1:0", "--api-key-env", "TEST_E2B_KEY"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("TEST_E2B_KEY", KEY)
             .env("STOCKADE_STATE_DIR", &state)
             .stdin(Stdio::null())
@@ -519,13 +525,17 @@ fn g11_uploads_and_downloads_stream_through_bounded_memory() {
 }
 
 #[test]
-fn g11_a_docker_template_offers_the_filesystem_service() {
+fn g11_a_docker_template_offers_the_filesystem_service_its_ports_and_metrics() {
     let Some(python) = e2b_python() else { return };
     if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
         return;
     }
     let config = std::env::temp_dir().join(format!("stockade-e2b-docker-{}.toml", std::process::id()));
-    std::fs::write(&config, "[template.dock]\ntier = \"docker\"\nimage = \"stockade-busybox:local\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "[template.dock]\ntier = \"docker\"\nimage = \"stockade-busybox:local\"\nmemory = \"256M\"\ndisk = \"64M\"\n",
+    )
+    .unwrap();
     let server = Server::start_with("docker", &[std::ffi::OsStr::new("--config"), config.as_os_str()]);
     let c = sdk(&python, &server, "docker", "603");
     let _ = std::fs::remove_file(&config);
@@ -540,6 +550,49 @@ fn g11_a_docker_template_offers_the_filesystem_service() {
     assert_eq!(d["missing"], "FileNotFoundException", "{d}");
     // The guest's own permissions hold: the image's root is read-only to it.
     assert!(d["read_only"].as_str().unwrap().contains("/etc/planted"), "{d}");
+    // Its port and its metrics, through raw calls: the SDK's commands run bash, which a
+    // busybox image has not.
+    let (id, token) = create_raw(&server.addr, r#"{"templateID":"dock","timeout":120}"#).unwrap();
+    sh_raw(
+        &server.addr,
+        &id,
+        &token,
+        "mkdir -p /home/user/www && echo from the container > /home/user/www/hello.txt && \
+         httpd -p 127.0.0.1:8000 -h /home/user/www && head -c 4194304 /dev/urandom > /home/user/disk.bin && \
+         (while :; do :; done) >/dev/null 2>&1 </dev/null &",
+    );
+    // The port, on the container's own loopback, through the server (the daemon is up
+    // before the script's stream ends).
+    let get = |path: &str, headers: &str| {
+        raw(&server.addr, format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes())
+    };
+    let port = format!("E2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 8000\r\nX-Access-Token: {token}\r\n");
+    let (s, body) = get("/hello.txt", &port);
+    assert_eq!((s, String::from_utf8_lossy(&body).as_ref()), (200, "from the container\n"));
+    // Its metrics: the engine's memory and CPU counts, its home volume's filesystem, sampled
+    // every 5 s (waited for, bounded as the failure's).
+    let key = format!("X-API-Key: {KEY}\r\n");
+    let t0 = std::time::Instant::now();
+    let last = loop {
+        let (s, body) = get(&format!("/sandboxes/{id}/metrics"), &key);
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+        let all: Vec<Value> = serde_json::from_slice(&body).unwrap();
+        let last = all.last().cloned().unwrap_or_default();
+        let busy = last["cpuUsedPct"].as_f64().unwrap_or(0.0) > 5.0 && last["diskUsed"].as_u64() >= Some(4 << 20);
+        if (all.len() >= 2 && busy) || t0.elapsed() > Duration::from_secs(60) {
+            break last;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(last["memTotal"], 256 << 20, "{last}");
+    assert!(last["memUsed"].as_u64().unwrap() > 0 && last["cpuUsedPct"].as_f64().unwrap() > 5.0, "{last}");
+    let (used, total) = (last["diskUsed"].as_u64().unwrap(), last["diskTotal"].as_u64().unwrap());
+    assert!((60 << 20..=64 << 20).contains(&total) && used >= 4 << 20, "the home volume: {last}");
+    let (s, _) = raw(
+        &server.addr,
+        format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{key}\r\n").as_bytes(),
+    );
+    assert_eq!(s, 204);
     assert!(server.session_dirs().is_empty(), "sessions left: {:?}", server.session_dirs());
 }
 
@@ -863,6 +916,7 @@ fn g11_an_anonymous_flood_takes_no_capacity_an_authenticated_client_needs() {
     assert_eq!(post(&addr, "/process.Process/List", &envd, b"{}").0, 200);
     // And the flood itself was let go: judged by the server's open descriptors.
     let fds = std::fs::read_dir(format!("/proc/{}/fd", server.child.id())).unwrap().count();
+    eprintln!("the server holds {fds} descriptors with 1,100 idle connections open");
     assert!(fds < 600, "the server holds {fds} descriptors for 1,100 idle connections");
     drop(idle);
 }
@@ -1195,9 +1249,59 @@ fn g11_e2b_network_lists_narrow_the_template_s_grant_and_update_at_run_time() {
     let r = &c["net_refusals"];
     assert!(r["public"].as_str().unwrap_or("").contains("allowPublicTraffic"), "{r:?}");
     assert!(r["bad_block"].as_str().unwrap_or("").contains("10.0.0.0/99"), "{r:?}");
-    assert!(r["rules"].as_str().unwrap_or("").contains("network.rules"), "{r:?}");
+    assert!(r["rules"].as_str().unwrap_or("").contains("network.rules \"10.0.0.0/8\""), "{r:?}");
     assert!(r["no_grant"].as_str().unwrap_or("").contains("grants no network"), "{r:?}");
     let _ = std::fs::remove_file(&conf);
+}
+
+/// e2b-conformance's header rules (issue 55): a request's `network.rules` set headers on
+/// every HTTPS request to their host, the way `--net-secret` keeps a credential: the proxy
+/// ends the sandbox's TLS for that host with the per-sandbox CA, sets the header whatever
+/// the sandbox sent in it, and masks each value in what comes back; the sandbox is given
+/// none of the values. Judged from the host by what the upstream logged. An update cannot
+/// change the rules, and a rule for an address is refused by name.
+#[test]
+fn g11_e2b_network_rules_set_headers_the_sandbox_never_holds() {
+    let Some(python) = e2b_python() else { return };
+    let dir = std::env::temp_dir().join(format!("stockade-e2b-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    crate::net::test_ca(&dir, "api.test");
+    let (mut upstream, port) = crate::net::tls_logging_upstream(&dir);
+    let conf = dir.join("serve.toml");
+    std::fs::write(
+        &conf,
+        format!("[template.net]\nallow_net = [\"api.test:{port}\"]\nnet_resolve = [\"api.test:{port}:127.0.0.5\"]\n"),
+    )
+    .unwrap();
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let ca = dir.join("ca.pem");
+    let server = Server::start_env(
+        state,
+        &[std::ffi::OsStr::new("--config"), conf.as_os_str()],
+        &[("SSL_CERT_FILE", ca.as_os_str())],
+    );
+    let (token, auth) = ("rule-token-5e1f0c", "rule-auth-77b2d9");
+    let c = sdk_script(&python, &server, "e2b_conformance.py", "rules", &format!("{port},{token},{auth}"));
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let log = std::fs::read_to_string(dir.join("requests.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    // The upstream got the rules' values, once each, and not what the sandbox sent.
+    assert!(log.contains("GET /echo HTTP/1.1"), "{log}");
+    assert_eq!(log.matches(&format!("x-test-token: {token}")).count(), 1, "{log}");
+    assert_eq!(log.matches(&format!("authorization: Bearer {auth}")).count(), 1, "{log}");
+    assert!(!log.contains("guest-made"), "{log}");
+    // The sandbox read the echo with both values masked, and never held either.
+    let out = c["rules"]["out"].as_str().unwrap_or("");
+    // (The echo repeats the request's authorization header, whose whole value is a rule's.)
+    assert!(out.contains("HTTP/1.1 200") && out.contains("X-Echo: ****"), "{c:?}");
+    for v in [token, auth] {
+        assert!(!out.contains(v), "the value came back: {out}");
+        assert!(!c["rules"]["env"].as_str().unwrap_or(v).contains(v), "{c:?}");
+    }
+    let update = c["rules"]["update"].as_str().unwrap_or("");
+    assert!(update.contains("network.rules") && update.contains("set when it is made"), "{c:?}");
 }
 
 /// code-interpreter (issue 56): E2B's code-interpreter SDK (pinned) drives the

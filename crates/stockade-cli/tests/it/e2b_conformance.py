@@ -491,7 +491,7 @@ def network_checks(ports):
     for name, make in [
         ("public", lambda: Sandbox.create("net", timeout=60, network={"allow_public_traffic": True})),
         ("bad_block", lambda: Sandbox.create("net", timeout=60, network={"deny_out": ["10.0.0.0/99"]})),
-        ("rules", lambda: Sandbox.create("net", timeout=60, network={"rules": {"a.test": [{"transform": {"headers": {"X": "1"}}}]}})),
+        ("rules", lambda: Sandbox.create("net", timeout=60, network={"rules": {"10.0.0.0/8": [{"transform": {"headers": {"X": "1"}}}]}})),
     ]:
         try:
             make().kill()
@@ -508,6 +508,29 @@ def network_checks(ports):
     say("net_refusals", **refusals)
 
 
+def rules_checks(mark):
+    """network.rules against the `net` template, whose grant names api.test (the test's TLS
+    echo upstream): the rules' headers reach it, and nothing of their values comes back."""
+    port, token, auth = mark.split(",")
+    rules = {
+        "api.test": [
+            {"transform": {"headers": {"X-Test-Token": "replaced-later", "Authorization": "Bearer " + auth}}},
+            {"transform": {"headers": {"x-test-token": token}}},
+        ]
+    }
+    sbx = Sandbox.create("net", timeout=120, network={"rules": rules})
+    cmd = f"curl -sS -i --max-time 20 -H 'X-Test-Token: guest-made' https://api.test:{port}/echo"
+    out = sbx.commands.run(cmd, timeout=60).stdout
+    env = sbx.commands.run("env; cat /proc/self/environ", timeout=60).stdout
+    try:
+        sbx.update_network({"rules": {"api.test": [{"transform": {"headers": {"X-Other": "1"}}}]}})
+        update = None
+    except Exception as e:  # noqa: BLE001 - the message is what is judged
+        update = str(e)[:300]
+    sbx.kill()
+    say("rules", out=out, env=env, update=update)
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "files"
     if which == "files":
@@ -518,6 +541,8 @@ if __name__ == "__main__":
         ports_checks()
     if which == "network":
         network_checks(os.environ["MARK"])
+    if which == "rules":
+        rules_checks(os.environ["MARK"])
     if which == "watch":
         watch_checks(os.environ["MARK"])
     if which == "watch_stream":

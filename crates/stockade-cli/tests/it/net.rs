@@ -553,7 +553,7 @@ fn g9_the_agent_s_run_code_and_confined_tools_reach_what_allow_net_names() {
 
 /// A test CA and a certificate it signed for `name` (openssl), in `dir`: `ca.pem`,
 /// `leaf.pem`, `leaf.key`.
-fn test_ca(dir: &std::path::Path, name: &str) {
+pub(crate) fn test_ca(dir: &std::path::Path, name: &str) {
     let openssl = |args: &[&str]| {
         let ok = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().unwrap();
         assert!(ok.success(), "openssl {args:?}");
@@ -615,7 +615,7 @@ fn test_ca(dir: &std::path::Path, name: &str) {
 
 /// A TLS upstream for api.test on 127.0.0.5 (the certificate [`test_ca`] made in `dir`),
 /// appending each request head to `dir/requests.log` and answering `secret-ok`.
-fn tls_logging_upstream(dir: &std::path::Path) -> (Child, u16) {
+pub(crate) fn tls_logging_upstream(dir: &std::path::Path) -> (Child, u16) {
     let script = r#"
 import socket, ssl, sys
 d = sys.argv[1]

@@ -165,15 +165,8 @@ impl SessionBackend for ProcessBackend {
         let (home, meter) = (self.home.clone(), self.session.usage_meter());
         tokio::task::spawn_blocking(move || {
             let u = meter.read();
-            let (disk_used, disk_total) = stockade_process::disk_usage(&home).unwrap_or((0, 0));
-            super::Usage {
-                memory_bytes: u.memory_bytes,
-                memory_cache: u.memory_cache,
-                memory_limit: u.memory_limit,
-                cpu_ns: u.cpu_ns,
-                disk_used,
-                disk_total,
-            }
+            let memory = [u.memory_bytes, u.memory_cache, u.memory_limit];
+            super::Usage::of(memory, u.cpu_ns, stockade_process::disk_usage(&home))
         })
         .await
         .ok()

@@ -63,15 +63,41 @@ mod backend {
         }
 
         async fn usage(&self) -> Option<super::super::Usage> {
-            // The engine's stats are not read yet: a docker session reports none.
-            None
+            // Memory and CPU as the engine counts them; the home volume's filesystem through
+            // the container's init (`/proc/PID/root`), off the async workers.
+            let u = DockerSession::usage(self).await?;
+            let disk = match self.init_pid().await {
+                Some(pid) => tokio::task::spawn_blocking(move || {
+                    let home = format!("/proc/{pid}/root{}", stockade_docker::session::SESSION_HOME);
+                    stockade_process::disk_usage(std::path::Path::new(&home))
+                })
+                .await
+                .ok()
+                .flatten(),
+                None => None,
+            };
+            let memory = [u.memory_bytes, u.memory_cache, u.memory_limit];
+            Some(super::super::Usage::of(memory, u.cpu_ns, disk))
         }
 
         async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError> {
-            Err(RunError::Unsupported {
+            // The container's own loopback, through its init's network namespace (a
+            // container has no network but `lo`; nothing is published on the host).
+            let gone = || RunError::Unsupported {
                 mechanism: format!("a connection to port {port} of a docker session"),
-                reason: "the container's ports are not routed yet".into(),
-            })
+                reason: "its container is not running, or its engine's processes are not this host's".into(),
+            };
+            let pid = self.init_pid().await.ok_or_else(gone)?;
+            let stream = tokio::task::spawn_blocking(move || stockade_process::connect_in_netns(pid, port))
+                .await
+                .map_err(|e| RunError::Internal(e.to_string()))?
+                .map_err(|e| RunError::Misconfigured(format!("port {port}: {e}")))?;
+            // That the pid is still the container's init afterwards means the namespace
+            // entered was the container's, not a later process's.
+            if self.init_pid().await != Some(pid) {
+                return Err(gone());
+            }
+            Ok(stream)
         }
 
         async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError> {

@@ -131,6 +131,19 @@ pub struct Usage {
     pub disk_total: u64,
 }
 
+impl Usage {
+    /// A usage from its memory (in use, page cache, limit), CPU time and home filesystem
+    /// (used, size; zero where unknown).
+    pub(crate) fn of(
+        [memory_bytes, memory_cache, memory_limit]: [u64; 3],
+        cpu_ns: u64,
+        disk: Option<(u64, u64)>,
+    ) -> Self {
+        let (disk_used, disk_total) = disk.unwrap_or((0, 0));
+        Self { memory_bytes, memory_cache, memory_limit, cpu_ns, disk_used, disk_total }
+    }
+}
+
 /// Why a session ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {

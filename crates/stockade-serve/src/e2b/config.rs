@@ -154,16 +154,55 @@ pub(crate) fn net_grant(
         super::ports::check_mask(mask).map_err(|e| format!("network.maskRequestHost {mask:?}: {e}"))?;
     }
     let rules = scope_rules(&net.allow_out, &net.deny_out, new.allow_internet_access)?;
+    let secrets = header_rules(&net.rules)?;
     if t.allow_net.is_empty() {
-        return match net.allow_out.first() {
-            Some(h) => Err(format!("network.allowOut {h:?}: this template grants no network")),
-            None => Ok(None),
+        return match (net.allow_out.first(), net.rules.keys().next()) {
+            (Some(h), _) => Err(format!("network.allowOut {h:?}: this template grants no network")),
+            (None, Some(h)) => Err(format!("network.rules {h:?}: this template grants no network")),
+            (None, None) => Ok(None),
         };
     }
     let policy = egress::NetPolicy::allow_entries(&t.allow_net).map_err(|e| e.to_string())?;
     let resolve = egress::Resolve::entries(&t.net_resolve).map_err(|e| e.to_string())?;
     let scope = egress::NetScope::new(rules);
-    Ok(Some((egress::NetGrant::new(policy).resolve(resolve).scope(scope.clone()), scope)))
+    let mut grant = egress::NetGrant::new(policy).resolve(resolve).scope(scope.clone());
+    if !secrets.is_empty() {
+        grant = grant.secrets(secrets).map_err(|e| format!("network.rules: {e}"))?;
+    }
+    Ok(Some((grant, scope)))
+}
+
+/// The most headers a sandbox's `network.rules` may set, over all its hosts.
+const MAX_RULE_HEADERS: usize = 64;
+
+/// A request's per-host `rules` as header secrets: each `transform`'s headers are set on
+/// every HTTPS request to its host, by the proxy, and the sandbox is given none of their
+/// values (which are scrubbed from what comes back). Within a host's list a later rule's
+/// header replaces an earlier one's. A host must be a DNS name: the proxy ends the
+/// sandbox's TLS for it with a certificate of the per-sandbox CA, name-constrained to those
+/// hosts.
+pub(crate) fn header_rules(
+    rules: &BTreeMap<String, Vec<wire::NetworkRule>>,
+) -> Result<Vec<stockade_runtime::egress::NetSecret>, String> {
+    let mut set: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+    for (host, list) in rules {
+        for header in list.iter().filter_map(|r| r.transform.as_ref()).flat_map(|t| &t.headers) {
+            let key = (host.clone(), header.0.to_ascii_lowercase());
+            set.insert(key, (header.0.clone(), header.1.clone()));
+        }
+    }
+    if set.len() > MAX_RULE_HEADERS {
+        return Err(format!(
+            "network.rules: {} headers, more than the {MAX_RULE_HEADERS} a sandbox may set",
+            set.len()
+        ));
+    }
+    set.into_iter()
+        .map(|((host, _), (name, value))| {
+            stockade_runtime::egress::NetSecret::set_header(&host, &name, &value)
+                .map_err(|e| format!("network.rules {host:?} header {name:?}: {e}"))
+        })
+        .collect()
 }
 
 /// A request's egress lists as a scope (E2B's semantics: allow wins over deny, `0.0.0.0/0`

@@ -366,6 +366,10 @@ impl E2bServer {
             Ok(x) => x,
             Err(response) => return response,
         };
+        if update.other.contains_key("rules") {
+            let why = "network.rules: a sandbox's header rules are set when it is made (its proxy's certificate authority is constrained to their hosts then)";
+            return api_error(StatusCode::BAD_REQUEST, why);
+        }
         if let Some(k) = update.other.keys().next() {
             return api_error(StatusCode::BAD_REQUEST, &format!("network.{k}: stockade does not offer it"));
         }
