@@ -153,6 +153,18 @@ impl Files {
         Ok(self)
     }
 
+    /// Serves, read-only at the guest's path `at`, the directory `inside` (relative) of the
+    /// host directory `host`, resolved beneath `host` as the guest would resolve it: a
+    /// symlink or `..` on the way cannot leave `host`. For a container's directory seen
+    /// through `/proc/PID/root`, where an absolute symlink would otherwise be read on the
+    /// host's root.
+    pub fn serve_within(mut self, at: &str, host: &Path, inside: &str) -> io::Result<Self> {
+        let base = Dir::open_ambient_dir(host, cap_std::ambient_authority())?;
+        let dir = base.open_dir(inside.trim_start_matches('/'))?;
+        self.roots.push(Root { at: at.trim_end_matches('/').to_owned(), dir, writable: false, guarded: false });
+        Ok(self)
+    }
+
     /// The root `path` is under, and the path relative to it (empty for the root itself).
     fn locate(&self, path: &str) -> Result<(&Root, PathBuf), FilesError> {
         let invalid = |why: &str| FilesError::Invalid { path: path.to_owned(), why: why.to_owned() };

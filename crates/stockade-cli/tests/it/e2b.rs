@@ -525,7 +525,7 @@ fn g11_uploads_and_downloads_stream_through_bounded_memory() {
 }
 
 #[test]
-fn g11_a_docker_template_offers_the_filesystem_service_its_ports_and_metrics() {
+fn g11_a_docker_template_offers_the_filesystem_service_a_watch_its_ports_and_metrics() {
     let Some(python) = e2b_python() else { return };
     if !crate::cli::tier_ready("docker", |v| v["docker_tier"].as_bool().unwrap()) {
         return;
@@ -541,6 +541,9 @@ fn g11_a_docker_template_offers_the_filesystem_service_its_ports_and_metrics() {
     let _ = std::fs::remove_file(&config);
     let d = &c["docker"];
     assert_eq!(d["written"], "/home/user/notes/a.txt", "{d}");
+    // A watch of a directory in the container's home saw the upload.
+    let watched = d["watched"].as_array().unwrap();
+    assert!(watched.iter().any(|e| e[0] == "a.txt" && (e[1] == "create" || e[1] == "write")), "{d}");
     assert_eq!((d["made"].as_bool(), d["made_again"].as_bool()), (Some(true), Some(false)), "{d}");
     assert_eq!(d["listing"], serde_json::json!([["a.txt", "file", 14], ["sub", "dir", d["listing"][1][2]]]), "{d}");
     assert_eq!(d["size"], 14, "{d}");

@@ -282,8 +282,19 @@ def binary_checks():
 
 def docker_checks():
     """A docker-tier template (`dock`): the filesystem service, run inside its container."""
+    import time
+
     sbx = Sandbox.create("dock", timeout=60)
+    sbx.files.make_dir("/home/user/notes")
+    watch = sbx.files.watch_dir("/home/user/notes")
     w = sbx.files.write("/home/user/notes/a.txt", "in a container")
+    watched = []
+    for _ in range(120):
+        watched += [(e.name, e.type.value) for e in watch.get_new_events()]
+        if any(name == "a.txt" for name, _ in watched):
+            break
+        time.sleep(0.25)
+    watch.stop()
     made = sbx.files.make_dir("/home/user/notes/sub")
     made_again = sbx.files.make_dir("/home/user/notes/sub")
     listing = sorted([e.name, e.type.value, e.size] for e in sbx.files.list("/home/user/notes"))
@@ -296,7 +307,7 @@ def docker_checks():
     missing = raised(lambda: sbx.files.list("/home/user/nothing"), NotFoundException)
     read_only = raised(lambda: sbx.files.make_dir("/etc/planted"), SandboxException, said=True)
     sbx.kill()
-    say("docker", written=w.path, made=made, made_again=made_again, listing=listing, size=info.size,
+    say("docker", written=w.path, made=made, made_again=made_again, listing=listing, size=info.size, watched=watched,
         exists=exists, read_back=read_back, after=after, missing=missing, read_only=read_only)
 
 

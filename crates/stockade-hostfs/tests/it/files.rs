@@ -139,3 +139,26 @@ fn g9_a_fifo_socket_or_link_to_one_is_refused_without_waiting_for_a_writer() {
     assert_eq!(open_elsewhere(&files, "/home/user/ok"), Some(Ok(4)));
     let _ = std::fs::remove_dir_all(&home);
 }
+
+#[test]
+fn g9_a_directory_served_within_a_root_is_resolved_beneath_that_root() {
+    // A container's root seen from the host: its home is served read-only, and a link in
+    // the image that points out (absolute, or up) is refused, not followed on the host.
+    let root = dir("within");
+    let outside = dir("within-outside");
+    std::fs::create_dir_all(root.join("home/user")).unwrap();
+    std::fs::write(root.join("home/user/kept.txt"), "inside").unwrap();
+    std::fs::create_dir_all(outside.join("user")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("abs")).unwrap();
+    std::os::unix::fs::symlink("../../..", root.join("up")).unwrap();
+    let files = Files::default().serve_within("/home/user", &root, "/home/user").unwrap();
+    assert_eq!(files.read("/home/user/kept.txt", 64).unwrap(), b"inside");
+    let e = files.write("/home/user/new.txt", &mut &b"x"[..], 64).unwrap_err();
+    assert!(matches!(e, FilesError::Denied { .. }), "{e}");
+    assert!(!root.join("home/user/new.txt").exists());
+    for inside in ["abs/user", "up/tmp", "../home/user"] {
+        assert!(Files::default().serve_within("/home/user", &root, inside).is_err(), "{inside} was followed out");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(&outside);
+}

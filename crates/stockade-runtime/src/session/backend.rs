@@ -93,6 +93,12 @@ pub(super) trait SessionBackend: Send + Sync {
     /// A connection to `127.0.0.1:port` on the sandbox's own loopback.
     async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError>;
 
+    /// Its home as the host can read it, read-only, for a directory watch
+    /// ([`Session::watch_files`](super::Session::watch_files)); `None` where the host cannot.
+    async fn home_view(&self) -> Option<Files> {
+        None
+    }
+
     /// Pauses (`true`) or resumes it; `now` is whether the session is paused now.
     async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError>;
 

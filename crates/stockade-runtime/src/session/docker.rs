@@ -100,6 +100,25 @@ mod backend {
             Ok(stream)
         }
 
+        async fn home_view(&self) -> Option<stockade_process::files::Files> {
+            // The container's home volume, opened beneath its init's root (a link in the
+            // image cannot lead out of it), off the async workers; the pid checked again
+            // once the directory is held, as for a port.
+            let pid = self.init_pid().await?;
+            let home = stockade_docker::session::SESSION_HOME;
+            let view = tokio::task::spawn_blocking(move || {
+                stockade_process::files::Files::default().serve_within(
+                    home,
+                    std::path::Path::new(&format!("/proc/{pid}/root")),
+                    home,
+                )
+            })
+            .await
+            .ok()?
+            .ok()?;
+            (self.init_pid().await == Some(pid)).then_some(view)
+        }
+
         async fn set_paused(&self, paused: bool, now: bool) -> Result<(), RunError> {
             match (paused, now) {
                 (true, false) => self.pause().await,

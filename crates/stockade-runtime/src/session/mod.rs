@@ -810,6 +810,20 @@ impl Session {
         self.files.as_ref()
     }
 
+    /// The files a directory watch reads: [`Session::files`], or for a docker session its
+    /// home read-only through its container's init; `None` where the host cannot see them
+    /// (a remote engine) or the session has ended.
+    pub async fn watch_files(&self) -> Option<Arc<Files>> {
+        if let Some(files) = self.files() {
+            return Some(Arc::clone(files));
+        }
+        let view = match self.inner.read().await.as_deref() {
+            Some(backend) => backend.home_view().await,
+            None => None,
+        };
+        view.map(Arc::new)
+    }
+
     /// Reads a file of the session by the guest's path, at most `limit` bytes: through
     /// [`Session::files`], or a docker session's container (the engine's archive API).
     pub async fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, FilesError> {

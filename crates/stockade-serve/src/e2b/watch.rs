@@ -15,7 +15,8 @@
 //! Bounded: [`MAX_WATCHERS_PER_SANDBOX`] of either kind per sandbox, reserved before the
 //! watch is made, and [`MAX_WATCHERS`] in all (an inotify instance each, under the owner's
 //! per-user limit), each holding at most `MAX_EVENTS` events. Watchers end with their
-//! sandbox. The docker tier has none (its files are in its container).
+//! sandbox. A docker sandbox's home is watched through its container's init
+//! ([`Session::watch_files`](stockade_runtime::session::Session::watch_files)).
 
 use stockade_protocol::e2b::{self as wire, Code, Codec, ConnectError};
 use stockade_runtime::process::watch::{EventKind, Watch, WatchEvent};
@@ -134,12 +135,6 @@ impl E2bServer {
 
     /// A watch of `r.path` for `b`, its places taken first.
     async fn make_watch(&self, b: &Sandbox, r: &wire::CreateWatcherRequest) -> Result<Made, ConnectError> {
-        let Some(files) = b.session.files().cloned() else {
-            return Err(ConnectError::new(
-                Code::Unimplemented,
-                "a directory watch is offered for process-tier sandboxes (a docker sandbox's files are in its container)",
-            ));
-        };
         let Ok(mine) = Arc::clone(&b.watch_places).try_acquire_owned() else {
             return Err(ConnectError::new(
                 Code::ResourceExhausted,
@@ -148,6 +143,12 @@ impl E2bServer {
         };
         let Ok(server) = Arc::clone(&self.watch_slots).try_acquire_owned() else {
             return Err(ConnectError::new(Code::ResourceExhausted, "the server's watchers are all in use"));
+        };
+        let Some(files) = b.session.watch_files().await else {
+            return Err(ConnectError::new(
+                Code::Unavailable,
+                "the sandbox's files cannot be watched from this host (its container is not running, or its engine is remote)",
+            ));
         };
         let base = guest_path(&r.path);
         let (at, recursive) = (base.clone(), r.recursive);
