@@ -102,6 +102,7 @@ pub fn check_request(client: &[u8]) {
     }
     let chunked = req.headers.iter().any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"));
     assert!(!(chunked && named("content-length") > 0), "one framing");
+    check_secret_head(&f.sent[..n], &f.host, f.port);
     let body = &f.sent[n..];
     if chunked {
         match canonical_chunked(body) {
@@ -116,6 +117,29 @@ pub fn check_request(client: &[u8]) {
         assert!(body.len() <= len, "nothing follows a body: {} bytes after {len}", body.len() - len);
         assert_eq!(body.len() == len, f.cut.is_none(), "a body is cut exactly when it is short");
     }
+}
+
+/// Panics unless `head` (an origin-form request head the proxy would send), read inside a
+/// secret host's tunnel with a header secret and a placeholder secret, goes up with the
+/// header secret's value exactly once, in its own header, and the placeholder replaced.
+fn check_secret_head(head: &[u8], host: &str, port: u16) {
+    const VALUE: &[u8] = b"fuzz-real-value";
+    let inject = [
+        http::Inject { header: "x-token", placeholder: None, value: VALUE },
+        http::Inject { header: "authorization", placeholder: Some(b"fuzz-placeholder"), value: b"fuzz-real-auth" },
+    ];
+    let Ok((up, _)) = http::parse_origin(head, host, port, &inject) else { return };
+    let mut headers = [httparse::EMPTY_HEADER; 130];
+    let mut req = httparse::Request::new(&mut headers);
+    assert!(matches!(req.parse(&up), Ok(httparse::Status::Complete(_))), "the secret head does not parse");
+    let tokens: Vec<&[u8]> =
+        req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("x-token")).map(|h| h.value).collect();
+    assert_eq!(tokens, [VALUE], "a header secret goes up once, as the proxy's value");
+    let auth = req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("authorization"));
+    assert!(
+        auth.clone().all(|h| !h.value.windows(16).any(|w| w == b"fuzz-placeholder")),
+        "the placeholder was replaced"
+    );
 }
 
 /// A chunked body that is not yet whole (its bytes so far are all canonical).

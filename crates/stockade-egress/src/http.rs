@@ -249,6 +249,10 @@ fn rebuild(
     if let Some(n) = named.iter().find(|n| matches!(n.as_str(), "host" | "content-length" | "transfer-encoding")) {
         return refuse(400, format!("the Connection header names {n}, which the request is decided or framed by"));
     }
+    // Nor may it drop a header a secret puts in.
+    if let Some(n) = named.iter().find(|n| inject.is_some_and(|i| i.iter().any(|i| i.header == n.as_str()))) {
+        return refuse(400, format!("the Connection header names {n}, which the proxy sets for this host"));
+    }
     let dropped = |name: &str| HOP_BY_HOP.contains(&name) || named.iter().any(|n| n == name);
     let head = match inject {
         None => closing_head(&format!("{method} {path} HTTP/1.1"), req.headers, dropped),
@@ -667,6 +671,10 @@ mod tests {
         assert_eq!(up.matches("real-token").count(), 1, "{up}");
         assert!(up.contains("\r\nx-token: real-token\r\n"), "{up}");
         assert!(up.contains("Authorization: Bearer real-auth\r\n") && up.contains("X-Other: ph-1\r\n"), "{up}");
+        // The guest cannot have it dropped as hop-by-hop.
+        let named = b"GET / HTTP/1.1\r\nHost: api.test\r\nConnection: X-Token\r\n\r\n";
+        let r = super::parse_origin(named, "api.test", 443, &inject).unwrap_err();
+        assert!(r.status == 400 && r.reason.contains("x-token"), "{}", r.reason);
         // Without a header of its own in the request, it is still set.
         let (up, _) =
             super::parse_origin(b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n", "api.test", 443, &inject).unwrap();
