@@ -1305,6 +1305,7 @@ fn g11_e2b_network_rules_set_headers_the_sandbox_never_holds() {
     }
     let update = c["rules"]["update"].as_str().unwrap_or("");
     assert!(update.contains("network.rules") && update.contains("set when it is made"), "{c:?}");
+    assert_eq!(c["rules"]["empty_update"], Value::Null, "an empty `rules` changes nothing: {c:?}");
 }
 
 /// code-interpreter (issue 56): E2B's code-interpreter SDK (pinned) drives the

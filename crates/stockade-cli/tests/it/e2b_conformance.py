@@ -527,8 +527,13 @@ def rules_checks(mark):
         update = None
     except Exception as e:  # noqa: BLE001 - the message is what is judged
         update = str(e)[:300]
+    try:
+        sbx.update_network({"allow_out": ["api.test"], "rules": {}})
+        empty = None
+    except Exception as e:  # noqa: BLE001
+        empty = str(e)[:300]
     sbx.kill()
-    say("rules", out=out, env=env, update=update)
+    say("rules", out=out, env=env, update=update, empty_update=empty)
 
 
 if __name__ == "__main__":

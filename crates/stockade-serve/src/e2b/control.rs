@@ -366,11 +366,16 @@ impl E2bServer {
             Ok(x) => x,
             Err(response) => return response,
         };
-        if update.other.contains_key("rules") {
+        // An empty `rules` asks for no header rule, which changes nothing here.
+        let mut other = update.other.clone();
+        if other.get("rules").is_some_and(|r| r.is_null() || r.as_object().is_some_and(serde_json::Map::is_empty)) {
+            other.remove("rules");
+        }
+        if other.contains_key("rules") {
             let why = "network.rules: a sandbox's header rules are set when it is made (its proxy's certificate authority is constrained to their hosts then)";
             return api_error(StatusCode::BAD_REQUEST, why);
         }
-        if let Some(k) = update.other.keys().next() {
+        if let Some(k) = other.keys().next() {
             return api_error(StatusCode::BAD_REQUEST, &format!("network.{k}: stockade does not offer it"));
         }
         let rules = match scope_rules(&update.allow_out, &update.deny_out, update.allow_internet_access) {
