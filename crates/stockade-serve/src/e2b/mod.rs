@@ -43,9 +43,15 @@
 //! - A kill (`SendSignal` with SIGKILL: the SDKs' `commands.kill`, `pty.kill`) answers once
 //!   the process is reaped, so nothing after it finds the process, or after 5 s if it is
 //!   slow to die.
-//! - A client that closes its side of a connection (FIN or reset) ends that connection at
-//!   once, and with it what the connection was streaming (a command's events, a directory
-//!   watch and its inotify instance), not at the stream's next write.
+//! - A client that closes its side of an authenticated connection (FIN or reset) ends that
+//!   connection at once, and with it what the connection was streaming (a command's events,
+//!   a directory watch and its inotify instance), not at the stream's next write; an
+//!   unauthenticated connection costs the server one descriptor, not two.
+//! - A request's `network.rules` are header secrets of the sandbox's grant: their values go
+//!   to their hosts over HTTPS and never into the sandbox (masked in what comes back).
+//! - A docker sandbox's port, metrics and watch reach its container through its init's pid
+//!   only where this host's `/proc` shows that pid in the container's cgroup, checked again
+//!   after each use.
 //! - Files go through the session's descriptor-held files API (cap-std): no `..`, symlink
 //!   or hard link reaches past the sandbox's home. Every files call runs off the async
 //!   workers, and only a regular file is opened to be read (`O_NONBLOCK`, so a guest's
@@ -58,8 +64,8 @@
 //!   the same refusals ([`stockade_protocol::e2b::Codec`]).
 //!
 //! # Non-guarantees
-//! No compression but an upload's gzip; no directory watch or file metadata in the docker
-//! tier. A docker-tier template's
+//! No compression but an upload's gzip; no file metadata in the docker tier, and no watch,
+//! port or disk figure for a sandbox of a remote engine. A docker-tier template's
 //! filesystem service runs inside its container with the image's own `stat`, `find`,
 //! `mkdir`, `rm` and `mv`, so its image needs them (busybox's or GNU's).
 
