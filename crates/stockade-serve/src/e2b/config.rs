@@ -351,3 +351,35 @@ impl E2bConfig {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use std::collections::BTreeMap;
+
+    use stockade_protocol::e2b::{NetworkRule, NetworkTransform};
+
+    fn rule(headers: &[(&str, &str)]) -> NetworkRule {
+        let headers = headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        NetworkRule { transform: Some(NetworkTransform { headers }) }
+    }
+
+    #[test]
+    fn header_rules_take_the_later_header_and_refuse_what_no_proxy_could_set() {
+        let rules =
+            BTreeMap::from([("API.test".to_owned(), vec![rule(&[("X-A", "first")]), rule(&[("x-a", "second")])])]);
+        let secrets = super::header_rules(&rules).unwrap();
+        assert_eq!(secrets.len(), 1);
+        assert_eq!((secrets[0].host(), secrets[0].header(), secrets[0].env()), ("api.test", "x-a", None));
+        let refused = |rules: BTreeMap<String, Vec<NetworkRule>>| super::header_rules(&rules).unwrap_err();
+        let e = refused(BTreeMap::from([("10.0.0.1".to_owned(), vec![rule(&[("X", "1")])])]));
+        assert!(e.contains("network.rules \"10.0.0.1\"") && e.contains("not a DNS name"), "{e}");
+        let e = refused(BTreeMap::from([("a.test".to_owned(), vec![rule(&[("Host", "evil.test")])])]));
+        assert!(e.contains("frames the request"), "{e}");
+        let many: Vec<(String, String)> = (0..65).map(|i| (format!("X-{i}"), "v".to_owned())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let e = refused(BTreeMap::from([("a.test".to_owned(), vec![rule(&many)])]));
+        assert!(e.contains("65 headers"), "{e}");
+    }
+}
