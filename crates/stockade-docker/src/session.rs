@@ -139,9 +139,6 @@ pub struct DockerExecStarted {
     pub pid: u32,
 }
 
-/// How long one sample of a container's usage may take the engine.
-const ENGINE_SAMPLE_WAIT: Duration = Duration::from_secs(10);
-
 /// A docker session's usage at one moment ([`DockerSession::usage`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DockerUsage {
@@ -527,11 +524,12 @@ impl DockerSession {
     /// What the container uses now, as the engine counts it (one `stats` sample, not
     /// streamed): memory in use and its page cache (`cache` on cgroup v1, `file` on v2), the
     /// memory limit, and the CPU time of everything it has run. `None` if the engine gives
-    /// no sample (a container that has ended).
+    /// no sample (a container that has ended). Bounded only by the engine client's own
+    /// timeout: a caller that samples often puts its own deadline on it.
     pub async fn usage(&self) -> Option<DockerUsage> {
         let options = bollard::query_parameters::StatsOptions { stream: false, one_shot: true };
         let mut stats = self.tier.docker.stats(self.id.as_deref()?, Some(options));
-        let sample = tokio::time::timeout(ENGINE_SAMPLE_WAIT, stats.next()).await.ok()??.ok()?;
+        let sample = stats.next().await?.ok()?;
         let memory = sample.memory_stats?;
         let raw = memory.stats.unwrap_or_default();
         Some(DockerUsage {

@@ -25,6 +25,10 @@ mod backend {
     use super::super::backend::{Control, ExecOptions, FileOp, FileOut, SessionBackend};
     use super::super::{FilesError, MAX_SNAPSHOT_BYTES};
 
+    /// The longest one usage sample of a docker session may take, the engine's calls and
+    /// the home's `statvfs` together.
+    const USAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
     /// A docker exec's control: the engine's id for it.
     struct DockerControl(String);
 
@@ -64,20 +68,25 @@ mod backend {
 
         async fn usage(&self) -> Option<super::super::Usage> {
             // Memory and CPU as the engine counts them; the home volume's filesystem through
-            // the container's init (`/proc/PID/root`), off the async workers.
-            let u = DockerSession::usage(self).await?;
-            let disk = match self.init_pid().await {
-                Some(pid) => tokio::task::spawn_blocking(move || {
-                    let home = format!("/proc/{pid}/root{}", stockade_docker::session::SESSION_HOME);
-                    stockade_process::disk_usage(std::path::Path::new(&home))
-                })
-                .await
-                .ok()
-                .flatten(),
-                None => None,
+            // the container's init (`/proc/PID/root`), off the async workers. One deadline
+            // for the whole sample: an engine that does not answer costs the sandbox its
+            // sample, never the reaper its turn.
+            let sample = async {
+                let u = DockerSession::usage(self).await?;
+                let disk = match self.init_pid().await {
+                    Some(pid) => tokio::task::spawn_blocking(move || {
+                        let home = format!("/proc/{pid}/root{}", stockade_docker::session::SESSION_HOME);
+                        stockade_process::disk_usage(std::path::Path::new(&home))
+                    })
+                    .await
+                    .ok()
+                    .flatten(),
+                    None => None,
+                };
+                let memory = [u.memory_bytes, u.memory_cache, u.memory_limit];
+                Some(super::super::Usage::of(memory, u.cpu_ns, disk))
             };
-            let memory = [u.memory_bytes, u.memory_cache, u.memory_limit];
-            Some(super::super::Usage::of(memory, u.cpu_ns, disk))
+            tokio::time::timeout(USAGE_WAIT, sample).await.ok().flatten()
         }
 
         async fn connect(&self, port: u16) -> Result<std::net::TcpStream, RunError> {
