@@ -517,8 +517,7 @@ impl DockerSession {
         let id = self.id.as_deref()?;
         let state = self.tier.docker.inspect_container(id, None).await.ok()?.state?;
         let pid = u32::try_from(state.pid.filter(|p| *p > 0)?).ok()?;
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        cgroups.lines().any(|l| l.contains(id)).then_some(pid)
+        stockade_sys::cgroup::names(&pid.to_string(), id).then_some(pid)
     }
 
     /// What the container uses now, as the engine counts it (one `stats` sample, not

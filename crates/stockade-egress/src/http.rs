@@ -16,6 +16,16 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+/// Whether the header `name` (lower case) is the proxy's own: one a request is decided or
+/// framed by (`Host`, its length or coding), a hop-by-hop one, any `Proxy-` one, or
+/// `Accept-Encoding`, which a secret host's request must keep as the proxy sets it.
+/// Nothing from outside the proxy (a secret) may set one.
+pub(crate) fn proxy_owned(name: &str) -> bool {
+    HOP_BY_HOP.contains(&name)
+        || name.starts_with("proxy-")
+        || matches!(name, "host" | "content-length" | "transfer-encoding" | "accept-encoding")
+}
+
 /// How a request's body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Body {

@@ -81,13 +81,11 @@ impl NetSecret {
             Ok(stockade_policy::allow::HostPattern::Name(_)) => {}
             _ => return Err(format!("{host:?} is not a DNS name (a secret is for one named host)")),
         }
-        // What the proxy reads a request by, or frames it with, is never set from outside.
-        let framing = ["host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"];
         if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return Err(format!("{header:?} is not a header name"));
         }
         let header = header.to_ascii_lowercase();
-        if framing.contains(&header.as_str()) || header.starts_with("proxy-") || header == "accept-encoding" {
+        if crate::http::proxy_owned(&header) {
             return Err(format!("{header:?} decides or frames the request; a secret cannot set it"));
         }
         if value.is_empty() || value.bytes().any(|b| b < 0x20 || b == 0x7f) {

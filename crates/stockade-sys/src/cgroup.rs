@@ -29,6 +29,14 @@ pub fn find(text: &str, controller: Option<&str>) -> Option<String> {
     })
 }
 
+/// Whether process `pid` is in a cgroup whose path names `name` (a container's id), in
+/// any hierarchy `/proc/PID/cgroup` lists.
+#[must_use]
+pub fn names(pid: &str, name: &str) -> bool {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    !name.is_empty() && text.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| path.contains(name))
+}
+
 /// The directory of process `pid`'s v1 `controller` cgroup (`/sys/fs/cgroup/CONTROLLER/PATH`).
 #[must_use]
 pub fn v1_dir(pid: &str, controller: &str) -> Option<PathBuf> {
@@ -53,4 +61,16 @@ pub fn memory_oom_kills(pid: &str) -> Option<u64> {
         None => format!("{ROOT}{}/memory.events", find(&text, None)?),
     };
     oom_kills(&std::fs::read_to_string(file).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_is_in_the_cgroups_its_proc_file_names_and_no_other() {
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let Some(path) = text.lines().filter_map(|l| l.splitn(3, ':').nth(2)).find(|p| p.len() > 1) else { return };
+        assert!(super::names("self", path));
+        assert!(!super::names("self", "no-such-container-0123456789abcdef"));
+        assert!(!super::names("self", ""));
+    }
 }

@@ -362,20 +362,17 @@ impl E2bServer {
     /// template's grant, as at create; a sandbox whose template grants no network can be
     /// given none.
     pub(crate) async fn update_network(&self, id: &str, req: Request<hyper::body::Incoming>) -> Response<Body> {
-        let (b, update) = match self.sandbox_request::<wire::NetworkUpdate>(id, req).await {
+        let (b, mut update) = match self.sandbox_request::<wire::NetworkUpdate>(id, req).await {
             Ok(x) => x,
             Err(response) => return response,
         };
         // An empty `rules` asks for no header rule, which changes nothing here.
-        let mut other = update.other.clone();
-        if other.get("rules").is_some_and(|r| r.is_null() || r.as_object().is_some_and(serde_json::Map::is_empty)) {
-            other.remove("rules");
-        }
-        if other.contains_key("rules") {
+        let empty = |r: &serde_json::Value| r.is_null() || r.as_object().is_some_and(serde_json::Map::is_empty);
+        if update.other.remove("rules").is_some_and(|r| !empty(&r)) {
             let why = "network.rules: a sandbox's header rules are set when it is made (its proxy's certificate authority is constrained to their hosts then)";
             return api_error(StatusCode::BAD_REQUEST, why);
         }
-        if let Some(k) = other.keys().next() {
+        if let Some(k) = update.other.keys().next() {
             return api_error(StatusCode::BAD_REQUEST, &format!("network.{k}: stockade does not offer it"));
         }
         let rules = match scope_rules(&update.allow_out, &update.deny_out, update.allow_internet_access) {

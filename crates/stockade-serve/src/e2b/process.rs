@@ -460,7 +460,6 @@ impl E2bServer {
                     return;
                 }
             }
-
             let end = handle.wait();
             tokio::pin!(end);
             let result = loop {
