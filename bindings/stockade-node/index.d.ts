@@ -71,6 +71,7 @@ export declare function runCode (code: string, options?: RunCodeOptions): Promis
 export declare function runSync (argv: string[], options?: RunOptions): Verified<any>
 /** `runCode` on Node's own thread, which waits for it; no host function may be granted. */
 export declare function runCodeSync (code: string, options?: RunCodeOptions): Verified<any>
+/** A host function grant; `call` may be `async` (its Promise is awaited, Node's loop going on). */
 export declare function fn (call: (args: Record<string, any>) => unknown, schema: HostFunction['schema'],
   description?: string): HostFunction
 export declare function mark (text: unknown, options: { source: string, callId?: string, datamark?: boolean }): Marked

@@ -74,7 +74,8 @@ class Verified {
 
 const TYPES = new Set(['string', 'number', 'integer', 'boolean', 'array', 'object'])
 
-/** A host function grant: `fn(args)` runs only when the grant policy allows the call. */
+/** A host function grant: `fn(args)` runs only when the grant policy allows the call. It may be
+ * `async`: the guest's call waits for its Promise, and Node's event loop goes on meanwhile. */
 function fn (call, schema, description) {
   if (typeof call !== 'function') throw new errors.InvalidOptions('fn: a function')
   if (!schema || schema.type !== 'object') {
@@ -99,6 +100,14 @@ function options (o, extra) {
   return out
 }
 
+// A host function's answer to the guest, as a Promise of JSON text: its value, awaited when
+// it is a Promise (an `async` function), with `undefined` (no return value) answered as null.
+// A throw or a rejection is the call's failure, which the guest sees as an error.
+async function answer (call, argsJson) {
+  const value = await call(JSON.parse(argsJson))
+  return value === undefined ? 'null' : JSON.stringify(value)
+}
+
 // The native call's arguments for `o`: the options as JSON text (data grants in them), the
 // guest's stdin, and the host functions (null when there are none). `sync`: the run holds
 // Node's thread, where a host function would have to run, so none may be granted.
@@ -112,7 +121,7 @@ function prepare (opts, o, sync) {
       }
       grants ??= new native.Grants()
       grants.addFunction(name, JSON.stringify(g.schema), g.description ?? null,
-        (argsJson) => JSON.stringify(g.call(JSON.parse(argsJson))))
+        (argsJson) => answer(g.call, argsJson))
     } else if (typeof g === 'function') {
       throw new errors.InvalidOptions(`grants.${name}: wrap a function with fn(call, schema)`)
     } else {

@@ -32,6 +32,14 @@
 //! G3. A host function runs only with the permit the grant policy minted for exactly that
 //!     call (the runtime's broker decides; without a policy every call is denied).
 //!     (pinned by: tests/it/main.rs::g3_*)
+//! G4. An asynchronous binding call runs on this crate's run threads ([`spawn_run`]), never
+//!     on a pool the host shares with its own I/O (Node's libuv pool): a run holds its thread
+//!     for as long as it lasts, so runs there would starve the host's file calls, and a host
+//!     function waiting on one of those would deadlock its run. At most [`MAX_RUN_THREADS`]
+//!     run at once (more wait in order); a call goes to the thread that went idle last. The
+//!     packages' own tests drive it as a user meets it: Node's "runs hold none of libuv's
+//!     pool" and Python's `test_runs_hold_none_of_the_loops_default_executor`.
+//!     (pinned by: src/threads.rs::g4_*)
 //!
 //! # Non-guarantees
 //! A host function is the host's code: what it does with the arguments a guest sent is the
@@ -63,12 +71,14 @@ mod mark;
 mod policy;
 mod run;
 mod session;
+mod threads;
 
 pub use mark::{mark, system_prompt};
 pub use policy::BoundPolicy;
 pub use run::{Executed, HostFn, Ran, RunOptions, Size, Value, host_function, run};
 pub use session::{BoundSession, MAX_FILE_BYTES, SessionOptions};
 pub use stockade_runtime::FunctionGrant;
+pub use threads::{IDLE_EXIT, Job, MAX_RUN_THREADS, RunThreads, spawn_run};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,6 +1,7 @@
 //! `stockade.node`: the napi layer of the Node package `stockade`, over `stockade-bindings`.
 //! It holds no logic of its own: options and values cross as JSON text (bytes as a
-//! `Buffer`), a run is a Promise of a libuv pool task driving the bindings' runtime, and a refusal is
+//! `Buffer`), a run is a Promise settled by one of the bindings' run threads (never libuv's
+//! pool, which the host's own file calls share), and a refusal is
 //! either an outcome with `ok: false` (runs) or an error whose message is
 //! `stockade-refusal:` and the refusal as JSON (decisions, marks); the package's `index.js`
 //! turns both into its typed errors (`Timeout`, `NonZeroExit`, ...), so no refusal reaches a
@@ -15,14 +16,15 @@
 //!
 //! # Guarantees
 //! Those of `stockade-bindings`; this layer adds that a host function (a JavaScript
-//! function) runs on Node's own thread, called through a thread-safe function while the run
-//! waits, and that a run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
+//! function, synchronous or `async`) runs on Node's own thread, called through a thread-safe
+//! function while the run waits, its Promise awaited without holding Node's loop, and that a run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
 //! `runCodeSync` are the same run on Node's own thread, for callers that want its cost
 //! without the Promise's thread round trip; they refuse host functions, which need that
 //! thread.
 //!
 //! # Non-guarantees
-//! A host function that never returns holds its call until the grant's call timeout.
+//! A host function that never returns, or whose Promise never settles, holds its call until
+//! the grant's call timeout; the Promise itself is not cancelled (JavaScript cannot cancel one).
 //!
 //! # Failure behaviour
 //! Bad options are an `InvalidOptions` refusal naming the option.
@@ -43,7 +45,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use napi::bindgen_prelude::{AsyncTask, Buffer, Function};
+use napi::bindgen_prelude::{Buffer, Function, Object, Promise};
 use napi::{Env, Error, Status};
 use napi_derive::napi;
 use stockade_bindings::{self as core, Refused};
@@ -113,7 +115,8 @@ impl RunOutcome {
 }
 
 /// The host functions one run may call: each a JavaScript function taking the arguments as
-/// JSON text and answering JSON text (the package wraps the user's).
+/// JSON text and answering a Promise of JSON text (the package wraps the user's, which may
+/// be synchronous or `async`).
 #[napi]
 pub struct Grants {
     functions: Mutex<Vec<core::FunctionGrant>>,
@@ -135,7 +138,7 @@ impl Grants {
         name: String,
         schema: String,
         description: Option<String>,
-        call: Function<String, String>,
+        call: Function<String, Promise<String>>,
     ) -> napi::Result<()> {
         let schema = json_arg(&format!("grant {name}'s schema"), &schema)?;
         let tsfn =
@@ -143,7 +146,10 @@ impl Grants {
         let host: core::HostFn = Arc::new(move |args: serde_json::Value| {
             let tsfn = Arc::clone(&tsfn);
             Box::pin(async move {
-                let text = tsfn.call_async_catch(args.to_string()).await.map_err(|e| e.reason.clone())?;
+                // Called on Node's thread, which hands back the function's Promise; its
+                // settling is awaited here, so Node's loop goes on while it is pending.
+                let answer = tsfn.call_async_catch(args.to_string()).await.map_err(|e| e.reason.clone())?;
+                let text = answer.await.map_err(|e| e.reason.clone())?;
                 serde_json::from_str(&text).map_err(|e| format!("the host function's answer: {e}"))
             })
         });
@@ -159,32 +165,8 @@ impl Default for Grants {
     }
 }
 
-/// One run, on a thread of libuv's pool (never Node's own), driving the bindings' runtime
-/// from that thread as the Python package does from its caller's: measured 150 µs faster per
-/// wasm run than polling it on napi's async runtime (`cargo xtask bench bindings`).
-pub struct RunTask {
-    opts: Option<Result<core::RunOptions, Refused>>,
-    stdin: Option<Vec<u8>>,
-    functions: Vec<core::FunctionGrant>,
-}
-
-impl napi::Task for RunTask {
-    type Output = Result<core::Ran, Refused>;
-    type JsValue = RunOutcome;
-
-    fn compute(&mut self) -> napi::Result<Self::Output> {
-        let opts = self.opts.take().unwrap_or_else(|| Err(Refused::invalid("the run was already taken")));
-        let (stdin, functions) = (self.stdin.take(), std::mem::take(&mut self.functions));
-        Ok(execute(opts, stdin, functions))
-    }
-
-    fn resolve(&mut self, _env: Env, output: Self::Output) -> napi::Result<RunOutcome> {
-        Ok(RunOutcome::of(output))
-    }
-}
-
-/// One run on the calling thread, driving the bindings' runtime: a libuv pool thread for
-/// [`run`], Node's own for [`run_sync`].
+/// One run on the calling thread, driving the bindings' runtime: one of the bindings' run
+/// threads for [`run`], Node's own for [`run_sync`].
 fn execute(
     opts: Result<core::RunOptions, Refused>,
     stdin: Option<Vec<u8>>,
@@ -204,14 +186,26 @@ pub fn run_sync(options: String, stdin: Option<Buffer>) -> RunOutcome {
 }
 
 /// Runs as the options (JSON text) say: a Promise of its outcome, settled when the run is
-/// over; Node's event loop goes on meanwhile.
-#[napi]
-pub fn run(options: String, stdin: Option<Buffer>, grants: Option<&Grants>) -> AsyncTask<RunTask> {
+/// over; Node's event loop goes on meanwhile. The run goes to the bindings' own run threads
+/// (`stockade_bindings::spawn_run`), never libuv's pool, which the host's file calls need.
+#[napi(ts_return_type = "Promise<RunOutcome>")]
+pub fn run<'env>(
+    env: &'env Env,
+    options: String,
+    stdin: Option<Buffer>,
+    grants: Option<&Grants>,
+) -> napi::Result<Object<'env>> {
     let opts = serde_json::from_str(&options).map_err(|e| Refused::invalid(e.to_string()));
     let functions = grants
         .map(|g| std::mem::take(&mut *g.functions.lock().unwrap_or_else(PoisonError::into_inner)))
         .unwrap_or_default();
-    AsyncTask::new(RunTask { opts: Some(opts), stdin: stdin.map(|b| b.to_vec()), functions })
+    let stdin = stdin.map(|b| b.to_vec());
+    let (deferred, promise) = env.create_deferred()?;
+    core::spawn_run(Box::new(move |ready| {
+        let outcome = ready.and_then(|()| execute(opts, stdin, functions));
+        deferred.resolve(move |_| Ok(RunOutcome::of(outcome)));
+    }));
+    Ok(promise)
 }
 
 /// A policy over the host's tools, with one gate deciding each call.

@@ -79,6 +79,49 @@ test('grants: data and a host function, each call decided by the grant policy', 
   assert.deepEqual(calls, [[2, 3]], 'the denied call never reached the host function')
 })
 
+test('an async host function: the guest waits for its Promise while Node\'s loop goes on', async () => {
+  const fsp = require('node:fs/promises')
+  const os = require('node:os')
+  const path = require('node:path')
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'stockade-node-'))
+  await fsp.writeFile(path.join(dir, 'price-7'), '70')
+  // Each answer needs Node's loop: a turn of it, then a file read on libuv's pool.
+  const price = stockade.fn(async ({ sku }) => {
+    await new Promise((resolve) => setImmediate(resolve))
+    return Number(await fsp.readFile(path.join(dir, `price-${sku}`), 'utf8'))
+  }, { type: 'object', properties: { sku: { type: 'integer' } }, required: ['sku'] })
+  const nothing = stockade.fn(async () => {}, { type: 'object', properties: {} })
+  const code = "let e = 'none'; try { price(8) } catch (err) { e = 'failed' }; console.log(JSON.stringify([price(7), nothing(), e]))"
+  const policy = 'version = 1\ndefault = "deny"\n[[rule]]\nid = "p"\ntool = "price"\neffect = "allow"\n[[rule]]\nid = "n"\ntool = "nothing"\neffect = "allow"\n'
+  const r = await stockade.runCode(code, { grants: { price, nothing }, grantPolicy: policy, output: 'json' })
+  // price(8) rejected (no such file): the guest saw an error, not a value.
+  assert.deepEqual(r.value, [70, null, 'failed'])
+  await fsp.rm(dir, { recursive: true })
+})
+
+test('runs hold none of libuv\'s pool: six runs wait on host functions that read files', async () => {
+  const fsp = require('node:fs/promises')
+  // libuv's pool has 4 threads (UV_THREADPOOL_SIZE), which fs.promises needs. Every call waits
+  // until all six runs are in a call at once, then reads a file: runs held on that pool would
+  // leave no thread for the reads, and fewer than six at once would never fill the barrier.
+  assert.ok(!process.env.UV_THREADPOOL_SIZE || Number(process.env.UV_THREADPOOL_SIZE) < 6)
+  const RUNS = 6
+  let arrived = 0
+  let all
+  const everyone = new Promise((resolve) => { all = resolve })
+  const read = stockade.fn(async ({ i }) => {
+    if (++arrived === RUNS) all()
+    await everyone
+    return (await fsp.readFile(__filename, 'utf8')).length + i
+  }, { type: 'object', properties: { i: { type: 'integer' } }, required: ['i'] })
+  const grantPolicy = 'version = 1\ndefault = "deny"\n[[rule]]\nid = "r"\ntool = "read"\neffect = "allow"\n'
+  const size = (await fsp.readFile(__filename, 'utf8')).length
+  const runs = Array.from({ length: RUNS }, (_, i) =>
+    stockade.runCode(`console.log(read(${i}))`, { grants: { read }, grantPolicy, timeoutMs: 60000 }))
+  const values = (await Promise.all(runs)).map((r) => Number(r.value))
+  assert.deepEqual(values, Array.from({ length: RUNS }, (_, i) => size + i))
+})
+
 test('runSync and runCodeSync: the same runs on Node\'s thread, their refusals thrown, never returned', () => {
   const r = stockade.runCodeSync('console.log(rows.length * 7)', { grants: { rows: [1, 2, 3, 4, 5, 6] } })
   assert.ok(r instanceof stockade.Verified)

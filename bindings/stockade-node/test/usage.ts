@@ -7,7 +7,8 @@ async function main (): Promise<void> {
   const value: string = r.value
   const c = await run(['python3', '-c', 'print(1)'], { memory: '256M', output: 'json', check: (v) => v === 1 })
   const add = fn(({ a, b }) => a + b, { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } } })
-  await runCode('add(1, 2)', { grants: { add, rows: [1, 2] }, grantPolicy: 'policy.toml', strictGrants: true })
+  const lookup = fn(async ({ sku }) => await Promise.resolve(sku * 10), { type: 'object', properties: { sku: { type: 'integer' } } })
+  await runCode('add(1, 2)', { grants: { add, lookup, rows: [1, 2] }, grantPolicy: 'policy.toml', strictGrants: true })
   const d: Decision = Policy.fromFile('steward.toml', {}).authorize('send_raven', { to: 'eastwatch' }, 'tool:read_scroll')
   if (d.effect === 'allow') console.log(d.permit.tool)
   else console.log(d.rule, d.reason)

@@ -254,6 +254,7 @@ impl Session {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NativeRefusal", m.py().get_type::<NativeRefusal>())?;
+    m.add("MAX_RUN_THREADS", core::MAX_RUN_THREADS)?;
     m.add_function(wrap_pyfunction!(set_helper, m)?)?;
     m.add_function(wrap_pyfunction!(refusal_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;

@@ -55,6 +55,38 @@ def test_runs_awaited_together_run_at_once_and_the_loop_goes_on():
     assert a_value == "opened" and order == ["b", "a"]
 
 
+def test_runs_hold_none_of_the_loops_default_executor():
+    # The loop's default executor runs the host's own blocking calls (loop.getaddrinfo,
+    # asyncio.to_thread). Here it has one thread. The guest's host function waits until
+    # the host has used that executor; a run held on it would leave the host's call
+    # waiting for the run, and the run's call would fail at the grant's call timeout.
+    went = threading.Event()
+    entered = None
+
+    def gate():
+        loop.call_soon_threadsafe(entered.set)
+        return "went" if went.wait(60) else "stalled"
+
+    policy = 'version = 1\ndefault = "deny"\n[[rule]]\nid = "gate"\ntool = "gate"\neffect = "allow"\n'
+
+    async def main():
+        nonlocal entered, loop
+        loop = asyncio.get_running_loop()
+        entered = asyncio.Event()
+        from concurrent.futures import ThreadPoolExecutor
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        run = asyncio.ensure_future(stockade.aio.run_code(
+            "console.log(gate())", language="javascript", timeout=90,
+            grants={"gate": stockade.function(gate, {"type": "object"})}, grant_policy=policy))
+        await entered.wait()
+        assert await loop.run_in_executor(None, lambda: 42) == 42
+        went.set()
+        return (await run).value.strip()
+
+    loop = None
+    assert asyncio.run(main()) == "went"
+
+
 def test_an_async_session_ends_on_leaving_the_block_also_on_an_exception():
     async def main():
         async with stockade.aio.Session(memory="256M") as s:

@@ -5,30 +5,47 @@
     async with stockade.aio.Session(memory="256M") as s:
         out = await s.exec(["sh", "-c", "echo hi"])
 
-Each call is the synchronous one on a worker thread of the running loop's default executor
-(`asyncio.to_thread`), and the native call releases the GIL while the sandbox runs, so the
-event loop goes on and runs started together run at once, as many as that executor has
-threads (Python's default: `min(32, cpus + 4)`; set another with
-`loop.set_default_executor`). Refusals are raised as the same exceptions. Cancelling an
+Each call is the synchronous one on a thread of stockade's own executor (at most
+`MAX_RUN_THREADS`, 16; more wait in order), never the loop's default executor, which the
+host's own blocking calls need (`loop.getaddrinfo`, `asyncio.to_thread`): a run holds its
+thread for as long as it lasts. The native call releases the GIL while the sandbox runs, so
+the event loop goes on and runs started together run at once. Refusals are raised as the
+same exceptions. Cancelling an
 awaiting task does not stop its sandbox: the run ends at its own timeout (or the session at
 its kill, which `async with` still awaits on the way out), and its result is dropped.
 """
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 
 import stockade
+from stockade import _native
 
-__all__ = ["Session", "run", "run_code"]
+__all__ = ["MAX_RUN_THREADS", "Session", "run", "run_code"]
+
+#: At most this many awaited calls run at once (the Rust core's bound, as for Node's runs).
+MAX_RUN_THREADS = _native.MAX_RUN_THREADS
+
+_RUNS = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_RUN_THREADS, thread_name_prefix="stockade-run")
+
+
+async def _off_loop(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` on stockade's executor, with the caller's context (as
+    `asyncio.to_thread` would)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_RUNS, call)
 
 
 async def run(argv, **options):
     """`stockade.run`, awaited: a `Verified`, or raises a `Refusal`."""
-    return await asyncio.to_thread(stockade.run, argv, **options)
+    return await _off_loop(stockade.run, argv, **options)
 
 
 async def run_code(code, **options):
     """`stockade.run_code`, awaited: a `Verified`, or raises a `Refusal`."""
-    return await asyncio.to_thread(stockade.run_code, code, **options)
+    return await _off_loop(stockade.run_code, code, **options)
 
 
 class Session:
@@ -50,7 +67,7 @@ class Session:
         return self._session.id
 
     async def _call(self, name, *args, **kwargs):
-        return await asyncio.to_thread(getattr(self._session, name), *args, **kwargs)
+        return await _off_loop(getattr(self._session, name), *args, **kwargs)
 
     async def exec(self, argv, **options):
         return await self._call("exec", argv, **options)
@@ -72,7 +89,7 @@ class Session:
             await self._call("kill")
 
     async def __aenter__(self):
-        self._session = await asyncio.to_thread(lambda: stockade.Session(**self._options))
+        self._session = await _off_loop(lambda: stockade.Session(**self._options))
         return self
 
     async def __aexit__(self, *exc):
