@@ -86,6 +86,47 @@ export declare class Policy {
   untrustedOutput (tool: string): boolean
 }
 
+export interface SessionOptions {
+  /** The memory limit of everything it runs: bytes, or '256M' (default '512M'). */
+  memory?: number | string
+  /** Its home's size: bytes, or '1G' (default: the state directory's filesystem). */
+  disk?: number | string
+  /** It ends after this long without an exec (default 300 000). */
+  idleTimeoutMs?: number
+  /** It ends after this long whatever it does (default 3 600 000). */
+  lifetimeMs?: number
+  env?: Record<string, string>
+  /** The network grant's `--allow-net` entries. */
+  allowNet?: string[]
+  netResolve?: string[]
+}
+
+/** One session exec. A non-zero exit is an answer, not a refusal. */
+export declare class ExecResult {
+  /** null if it was killed by a signal or timed out. */
+  readonly exitCode: number | null
+  readonly signal: number | null
+  readonly timedOut: boolean
+  readonly stdout: Uint8Array // a Buffer
+  readonly stderr: Uint8Array // a Buffer
+  readonly report: Record<string, any>
+}
+
+/** A confined sandbox that lives across execs (`stockade session`'s). */
+export declare class Session {
+  static create (options?: SessionOptions): Promise<Session>
+  /** `fn(session)` in a new session, killed once `fn`'s Promise settles (also on a rejection). */
+  static with<T> (options: SessionOptions, fn: (session: Session) => Promise<T>): Promise<T>
+  readonly id: string
+  exec (argv: string[], options?: { stdin?: string | Uint8Array, timeoutMs?: number, cwd?: string }): Promise<ExecResult>
+  write (path: string, data: string | Uint8Array): Promise<void>
+  read (path: string): Promise<Uint8Array> // a Buffer
+  pause (): Promise<void>
+  resume (): Promise<void>
+  /** Ends it: everything it ran is gone and its home removed when this settles. */
+  kill (): Promise<void>
+}
+
 /** A run's output is not trusted, or the run could not happen. */
 export declare class Refusal extends Error {
   readonly kind: string

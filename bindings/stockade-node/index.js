@@ -1,9 +1,10 @@
 'use strict'
 // stockade from Node: run untrusted code confined, and gate an agent's tool calls.
 //
-//   const { run, runCode, Policy, mark } = require('stockade')
+//   const { run, runCode, Policy, Session, mark } = require('stockade')
 //   const r = await runCode('console.log(6*7)', { language: 'javascript', timeoutMs: 2000 })
 //   const d = Policy.fromFile('steward.toml', tools).authorize('send_raven', { to: 'eastwatch', text: '...' })
+//   await Session.with({ memory: '256M' }, async (s) => (await s.exec(['echo', 'hi'])).stdout)
 //
 // Everything is stockade's own crates (stockade.node, napi-rs): this file only turns
 // JavaScript values into JSON and refusals into typed errors. A refusal is never a value:
@@ -183,6 +184,86 @@ function runCodeSync (code, o = {}) {
   return executeSync(options(o, { code, language: o.language ?? 'javascript' }), o)
 }
 
+/** One session exec: `exitCode` (null if killed), `signal`, `timedOut`, `stdout` and `stderr`
+ * (Buffers, the guest's), and `report`. A non-zero exit is an answer, not a refusal. */
+class ExecResult {
+  constructor (summary, stdout, stderr) {
+    this.exitCode = summary.exit_code
+    this.signal = summary.signal
+    this.timedOut = summary.timed_out
+    this.stdout = stdout
+    this.stderr = stderr
+    this.report = summary.report
+    Object.freeze(this)
+  }
+}
+
+async function settled (promise) {
+  try {
+    return await promise
+  } catch (err) {
+    throw rethrown(err)
+  }
+}
+
+/** A confined sandbox that lives across execs (`stockade session`'s): `exec`, `write`, `read`,
+ * `pause`, `resume`, `kill`, each a Promise. `Session.with(options, fn)` ends it when `fn`'s
+ * Promise settles, also when it rejects. */
+class Session {
+  #native
+  #killed = false
+  constructor (nativeSession) {
+    if (!(nativeSession instanceof native.Session)) throw new errors.InvalidOptions('Session: use Session.create(options)')
+    this.#native = nativeSession
+  }
+
+  /** A new session: `memory`, `disk` (bytes or '256M'), `idleTimeoutMs`, `lifetimeMs`, `env`,
+   * `allowNet`, `netResolve`. */
+  static async create (o = {}) {
+    const opts = {}
+    for (const [k, n] of [['memory', 'memory'], ['disk', 'disk'], ['env', 'env'], ['allowNet', 'allow_net'], ['netResolve', 'net_resolve']]) {
+      if (o[k] !== undefined) opts[n] = o[k]
+    }
+    if (o.idleTimeoutMs !== undefined) opts.idle_timeout = o.idleTimeoutMs / 1000
+    if (o.lifetimeMs !== undefined) opts.lifetime = o.lifetimeMs / 1000
+    return new Session(await settled(sync(() => native.Session.create(JSON.stringify(opts)))))
+  }
+
+  /** `fn(session)` in a new session, which is killed once `fn`'s Promise settles. */
+  static async with (o, fn) {
+    const s = await Session.create(o)
+    try {
+      return await fn(s)
+    } finally {
+      await s.kill()
+    }
+  }
+
+  get id () { return this.#native.id }
+
+  /** Runs `argv` in it: `stdin` (string or bytes), `timeoutMs` (default 60000), `cwd`. */
+  async exec (argv, { stdin, timeoutMs, cwd } = {}) {
+    const input = stdin === undefined ? null : Buffer.from(stdin)
+    const timeout = timeoutMs === undefined ? null : timeoutMs / 1000
+    const out = await settled(sync(() => this.#native.exec(argv, input, timeout, cwd ?? null)))
+    return new ExecResult(JSON.parse(out.summary), out.stdout, out.stderr)
+  }
+
+  /** Writes `data` (string or bytes) to `path` (relative: in its home). */
+  async write (path, data) { await settled(sync(() => this.#native.write(path, Buffer.from(data)))) }
+  /** Reads `path` (relative: in its home): a Buffer. */
+  async read (path) { return settled(sync(() => this.#native.read(path))) }
+  async pause () { await settled(sync(() => this.#native.pause())) }
+  async resume () { await settled(sync(() => this.#native.resume())) }
+  /** Ends it: everything it ran is gone, and its home removed, when this settles. Once. */
+  async kill () {
+    if (this.#killed) return
+    this.#killed = true
+    await settled(sync(() => this.#native.kill()))
+  }
+}
+if (Symbol.asyncDispose) Session.prototype[Symbol.asyncDispose] = Session.prototype.kill
+
 /** ALLOW: a policy (stockade's TOML) over the host's tools, one gate deciding each call. */
 class Policy {
   #native
@@ -218,4 +299,4 @@ function systemPrompt ({ datamark = false } = {}) {
   return native.systemPrompt(datamark)
 }
 
-module.exports = { run, runCode, runSync, runCodeSync, fn, Policy, mark, systemPrompt, Verified, ...errors }
+module.exports = { run, runCode, runSync, runCodeSync, fn, Policy, Session, ExecResult, mark, systemPrompt, Verified, ...errors }

@@ -117,5 +117,8 @@ fn node(root: &Path, target: &Path, helper: &Path) -> Result<()> {
             .args(["steward.ts", "node-shim.d.ts"])
             .current_dir(root.join("examples/steward")),
     )?;
-    crate::run(Command::new("node").args(["--test", "test/"]).current_dir(&package))
+    let state = target.join("bindings-state-node");
+    let _ = fs::remove_dir_all(&state);
+    fs::create_dir_all(&state)?;
+    crate::run(Command::new("node").args(["--test", "test/"]).env("STOCKADE_STATE_DIR", &state).current_dir(&package))
 }

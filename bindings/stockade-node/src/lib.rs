@@ -20,7 +20,8 @@
 //! function while the run waits, its Promise awaited without holding Node's loop, and that a run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
 //! `runCodeSync` are the same run on Node's own thread, for callers that want its cost
 //! without the Promise's thread round trip; they refuse host functions, which need that
-//! thread.
+//! thread. A session (`Session`) is the bindings' `BoundSession`, each call a Promise settled
+//! by a task of the bindings' runtime (it waits on processes and files, holding no thread).
 //!
 //! # Non-guarantees
 //! A host function that never returns, or whose Promise never settles, holds its call until
@@ -206,6 +207,115 @@ pub fn run<'env>(
         deferred.resolve(move |_| Ok(RunOutcome::of(outcome)));
     }));
     Ok(promise)
+}
+
+/// A Promise of what `call` (a session call, on the bindings' runtime) answers, made a JS
+/// value by `value` on Node's thread; a refusal rejects it as a thrown refusal.
+fn settle_later<T, V, F>(env: &Env, call: F, value: fn(T) -> V) -> napi::Result<Object<'_>>
+where
+    T: Send + 'static,
+    V: napi::bindgen_prelude::ToNapiValue + 'static,
+    F: std::future::Future<Output = Result<T, Refused>> + Send + 'static,
+{
+    let (deferred, promise) = env.create_deferred()?;
+    // A session call waits on processes and files, not the CPU: a task of the runtime,
+    // holding no thread while it waits.
+    core::runtime().spawn(async move {
+        match call.await {
+            Ok(t) => deferred.resolve(move |_| Ok(value(t))),
+            Err(r) => deferred.reject(thrown(&r)),
+        }
+    });
+    Ok(promise)
+}
+
+/// One session exec's answer: the summary (JSON text: exit code, signal, timed out, report)
+/// and the guest's two streams.
+#[napi(object)]
+pub struct ExecOutcome {
+    /// JSON text.
+    pub summary: String,
+    /// The guest's stdout.
+    pub stdout: Buffer,
+    /// The guest's stderr.
+    pub stderr: Buffer,
+}
+
+/// A live session (the package's `Session` holds one): the bindings' `BoundSession`, whose
+/// calls are Promises.
+#[napi]
+pub struct Session(Arc<core::BoundSession>);
+
+#[napi]
+impl Session {
+    /// A Promise of a new session (options: JSON text).
+    #[napi(ts_return_type = "Promise<Session>")]
+    pub fn create(env: &Env, options: String) -> napi::Result<Object<'_>> {
+        let opts: core::SessionOptions =
+            serde_json::from_str(&options).map_err(|e| thrown(&Refused::invalid(e.to_string())))?;
+        settle_later(env, core::BoundSession::create(opts), |s| Session(Arc::new(s)))
+    }
+
+    /// Its id.
+    #[napi(getter)]
+    #[must_use]
+    pub fn id(&self) -> String {
+        self.0.id().to_owned()
+    }
+
+    /// Runs argv in it (`timeout` in seconds; `cwd` its home by default).
+    #[napi(ts_return_type = "Promise<ExecOutcome>")]
+    pub fn exec<'env>(
+        &self,
+        env: &'env Env,
+        argv: Vec<String>,
+        stdin: Option<Buffer>,
+        timeout: Option<f64>,
+        cwd: Option<String>,
+    ) -> napi::Result<Object<'env>> {
+        let (s, stdin) = (Arc::clone(&self.0), stdin.map(|b| b.to_vec()).unwrap_or_default());
+        let call = async move { s.exec(&argv, stdin, timeout, cwd.as_deref()).await };
+        settle_later(env, call, |(summary, out, err)| ExecOutcome {
+            summary: summary.to_string(),
+            stdout: out.into(),
+            stderr: err.into(),
+        })
+    }
+
+    /// Writes `data` to `path` (the guest's; a relative one is in its home).
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn write<'env>(&self, env: &'env Env, path: String, data: Buffer) -> napi::Result<Object<'env>> {
+        let (s, data) = (Arc::clone(&self.0), data.to_vec());
+        settle_later(env, async move { s.write(&path, &data).await }, |()| ())
+    }
+
+    /// Reads `path` (the guest's; a relative one is in its home).
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn read<'env>(&self, env: &'env Env, path: String) -> napi::Result<Object<'env>> {
+        let s = Arc::clone(&self.0);
+        settle_later(env, async move { s.read(&path).await }, Buffer::from)
+    }
+
+    /// Freezes everything it runs.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn pause<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
+        let s = Arc::clone(&self.0);
+        settle_later(env, async move { s.pause().await }, |()| ())
+    }
+
+    /// Thaws it.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn resume<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
+        let s = Arc::clone(&self.0);
+        settle_later(env, async move { s.resume().await }, |()| ())
+    }
+
+    /// Ends it: everything it ran is gone and its home removed when the Promise settles.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn kill<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
+        let s = Arc::clone(&self.0);
+        settle_later(env, async move { s.kill().await }, |()| ())
+    }
 }
 
 /// A policy over the host's tools, with one gate deciding each call.

@@ -122,6 +122,55 @@ test('runs hold none of libuv\'s pool: six runs wait on host functions that read
   assert.deepEqual(values, Array.from({ length: RUNS }, (_, i) => size + i))
 })
 
+test('a session keeps its home across execs, and nothing of it outlives its end (judged from the host)', async () => {
+  const fsp = require('node:fs/promises')
+  const os = require('node:os')
+  process.env.STOCKADE_STATE_DIR ??= await fsp.mkdtemp(path.join(os.tmpdir(), 'stockade-node-state-'))
+  const state = process.env.STOCKADE_STATE_DIR
+  const marker = `1000.${process.pid}${Date.now() % 100000}`
+  // Host processes whose command line is `sleep MARKER`.
+  const sleepers = async () => {
+    const found = []
+    for (const pid of (await fsp.readdir('/proc')).filter((d) => /^\d+$/.test(d))) {
+      const cmd = await fsp.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')
+      if (cmd === `sleep\0${marker}\0`) found.push(pid)
+    }
+    return found
+  }
+  // Paths under `dir` that name `id`.
+  const named = async (dir, id) => {
+    const found = []
+    for await (const e of await fsp.opendir(dir, { recursive: true })) {
+      if (path.join(e.parentPath, e.name).includes(id)) found.push(e.name)
+    }
+    return found
+  }
+  let sid
+  const got = await stockade.Session.with({ memory: '256M' }, async (s) => {
+    sid = s.id
+    assert.ok((await named(state, sid)).length > 0, 'the session keeps its files under the state directory')
+    await s.write('notes.txt', 'kept')
+    const r = await s.exec(['sh', '-c', 'cat notes.txt; echo more >> notes.txt'])
+    assert.ok(r instanceof stockade.ExecResult)
+    assert.deepEqual([r.exitCode, r.stdout.toString()], [0, 'kept'])
+    assert.equal((await s.exec(['sh', '-c', 'exit 4'])).exitCode, 4, 'a non-zero exit is an answer')
+    await s.pause()
+    await s.resume()
+    assert.equal((await s.exec(['echo', 'awake'])).stdout.toString(), 'awake\n')
+    await s.exec(['sh', '-c', `sleep ${marker} > /dev/null 2>&1 &`])
+    assert.equal((await sleepers()).length, 1, 'the background process runs on the host, in the session')
+    return s.read('notes.txt')
+  })
+  assert.equal(got.toString(), 'keptmore\n')
+  assert.deepEqual(await sleepers(), [], 'its processes are gone once it has ended')
+  assert.deepEqual(await named(state, sid), [], 'its files are gone from the state directory')
+  // Ended on a rejection too; a call on an ended session is a refusal.
+  let inner
+  await assert.rejects(stockade.Session.with({}, async (s) => { inner = s; throw new RangeError('the body failed') }), RangeError)
+  await assert.rejects(inner.exec(['true']), stockade.Refusal)
+  await assert.rejects(stockade.Session.create({ memory: 'lots' }), stockade.InvalidOptions)
+})
+
 test('runSync and runCodeSync: the same runs on Node\'s thread, their refusals thrown, never returned', () => {
   const r = stockade.runCodeSync('console.log(rows.length * 7)', { grants: { rows: [1, 2, 3, 4, 5, 6] } })
   assert.ok(r instanceof stockade.Verified)
