@@ -87,6 +87,41 @@ def test_runs_hold_none_of_the_loops_default_executor():
     assert asyncio.run(main()) == "went"
 
 
+def test_an_async_host_function_runs_on_the_awaiting_callers_loop():
+    # The coroutine waits on an asyncio.Event of the caller's loop, which the caller sets
+    # once the call has arrived: it could only be woken on that loop.
+    policy = 'version = 1\ndefault = "deny"\n[[rule]]\nid = "l"\ntool = "lookup"\neffect = "allow"\n'
+
+    async def main():
+        arrived, released = asyncio.Event(), asyncio.Event()
+        caller = asyncio.get_running_loop()
+
+        async def lookup(sku: int):
+            assert asyncio.get_running_loop() is caller
+            arrived.set()
+            await released.wait()
+            return sku * 10
+
+        run = asyncio.ensure_future(stockade.aio.run_code(
+            "console.log(lookup(7))", language="javascript", timeout=60, grants={"lookup": lookup},
+            grant_policy=policy))
+        # Until the call arrives, or the run ends without it (a failure, not a hang).
+        await asyncio.wait({run, asyncio.ensure_future(arrived.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        released.set()
+        return (await run).value
+
+    assert asyncio.run(main()) == "70\n"
+
+    # A synchronous run awaits it on a loop of its own.
+    async def double(n: int):
+        await asyncio.sleep(0)
+        return n * 2
+
+    r = stockade.run_code("console.log(double(21))", language="javascript", grants={"double": double},
+                          grant_policy=policy.replace("lookup", "double"))
+    assert r.value == "42\n"
+
+
 def test_an_async_session_ends_on_leaving_the_block_also_on_an_exception():
     async def main():
         async with stockade.aio.Session(memory="256M") as s:

@@ -16,6 +16,8 @@ while a sandbox runs, so threads run sandboxes at once; `stockade.aio` has the s
 asyncio, awaited.
 """
 
+import asyncio
+import contextvars
 import inspect
 import json
 import os
@@ -96,7 +98,9 @@ _TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list:
 def function(fn, schema=None, description=None):
     """A host function grant: `fn` is called with the arguments a guest's call carried (as
     keyword arguments), only when the grant policy allows that call. Without `schema`, it is
-    made from `fn`'s annotated parameters (int, float, str, bool, list, dict)."""
+    made from `fn`'s annotated parameters (int, float, str, bool, list, dict). `fn` may be
+    `async def`: the guest's call waits for it, run on the awaiting caller's event loop
+    (`stockade.aio`), or on an event loop of its own for a synchronous run."""
     if schema is None:
         props, required = {}, []
         for p in inspect.signature(fn).parameters.values():
@@ -111,6 +115,26 @@ def function(fn, schema=None, description=None):
     return _Function(fn, schema, description or (fn.__doc__ or "").strip() or None)
 
 
+# The event loop of the call awaiting this run (`stockade.aio` sets it), where an `async`
+# host function runs; None for a synchronous run.
+_CALLER_LOOP = contextvars.ContextVar("stockade_caller_loop", default=None)
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def _answer(value, loop):
+    """A host function's value, an awaitable one awaited: on `loop` (the awaiting caller's,
+    which is free while its run is awaited), else on an event loop of its own in this thread
+    (the runtime's blocking thread, which runs no other loop)."""
+    if not inspect.isawaitable(value):
+        return value
+    if loop is not None:
+        return asyncio.run_coroutine_threadsafe(_awaited(value), loop).result()
+    return asyncio.run(_awaited(value))
+
+
 class _Function:
     __slots__ = ("fn", "schema", "description")
 
@@ -118,10 +142,10 @@ class _Function:
         self.fn, self.schema, self.description = fn, schema, description
 
     def native(self):
-        fn = self.fn
+        fn, loop = self.fn, _CALLER_LOOP.get()
 
         def call(args_json):
-            return json.dumps(fn(**json.loads(args_json)))
+            return json.dumps(_answer(fn(**json.loads(args_json)), loop))
 
         return (call, json.dumps(self.schema), self.description)
 

@@ -9,8 +9,9 @@ Each call is the synchronous one on a thread of stockade's own executor (at most
 `MAX_RUN_THREADS`, 16; more wait in order), never the loop's default executor, which the
 host's own blocking calls need (`loop.getaddrinfo`, `asyncio.to_thread`): a run holds its
 thread for as long as it lasts. The native call releases the GIL while the sandbox runs, so
-the event loop goes on and runs started together run at once. Refusals are raised as the
-same exceptions. Cancelling an
+the event loop goes on and runs started together run at once. A host function may be
+`async def`: the guest's call waits for it, run on the awaiting caller's loop. Refusals are
+raised as the same exceptions. Cancelling an
 awaiting task does not stop its sandbox: the run ends at its own timeout (or the session at
 its kill, which `async with` still awaits on the way out), and its result is dropped.
 """
@@ -33,9 +34,11 @@ _RUNS = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_RUN_THREADS, threa
 
 async def _off_loop(fn, *args, **kwargs):
     """`fn(*args, **kwargs)` on stockade's executor, with the caller's context (as
-    `asyncio.to_thread` would)."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_RUNS, call)
+    `asyncio.to_thread` would) and its loop, where an `async` host function runs."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    context.run(stockade._CALLER_LOOP.set, loop)
+    return await loop.run_in_executor(_RUNS, functools.partial(context.run, fn, *args, **kwargs))
 
 
 async def run(argv, **options):
