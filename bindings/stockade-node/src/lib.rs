@@ -17,7 +17,8 @@
 //! # Guarantees
 //! Those of `stockade-bindings`; this layer adds that a host function (a JavaScript
 //! function, synchronous or `async`) runs on Node's own thread, called through a thread-safe
-//! function while the run waits, its Promise awaited without holding Node's loop, and that a run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
+//! function while the run waits, its Promise awaited without holding Node's loop, and that a
+//! run (`run`, `runCode`) never blocks Node's event loop. `runSync` and
 //! `runCodeSync` are the same run on Node's own thread, for callers that want its cost
 //! without the Promise's thread round trip; they refuse host functions, which need that
 //! thread. A session (`Session`) is the bindings' `BoundSession`, each call a Promise settled
