@@ -36,9 +36,11 @@
 //!     on a pool the host shares with its own I/O (Node's libuv pool): a run holds its thread
 //!     for as long as it lasts, so runs there would starve the host's file calls, and a host
 //!     function waiting on one of those would deadlock its run. At most [`MAX_RUN_THREADS`]
-//!     run at once (more wait in order); a call goes to the thread that went idle last. The
-//!     packages' own tests drive it as a user meets it: Node's "runs hold none of libuv's
-//!     pool" and Python's `test_runs_hold_none_of_the_loops_default_executor`.
+//!     run at once (more wait in order); a call goes to the thread that went idle last; a
+//!     panic inside stockade is the call's `SandboxError` refusal ([`caught`]), never a
+//!     Promise left pending, and its thread goes on. The packages' own tests drive it as a
+//!     user meets it: Node's "runs hold none of libuv's pool" and Python's
+//!     `test_runs_hold_none_of_the_loops_default_executor`.
 //!     (pinned by: src/threads.rs::g4_*)
 //!
 //! # Non-guarantees
@@ -78,7 +80,7 @@ pub use policy::BoundPolicy;
 pub use run::{Executed, HostFn, Ran, RunOptions, Size, Value, host_function, run};
 pub use session::{BoundSession, MAX_FILE_BYTES, SessionOptions};
 pub use stockade_runtime::FunctionGrant;
-pub use threads::{IDLE_EXIT, Job, MAX_RUN_THREADS, RunThreads, spawn_run};
+pub use threads::{IDLE_EXIT, Job, MAX_RUN_THREADS, RunThreads, caught, spawn_run};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -108,7 +108,9 @@ impl RunThreads {
         let wake = Arc::new(Condvar::new());
         let mut next = self.lock().handed.remove(&id);
         while let Some(job) = next.take() {
-            job(Ok(()));
+            // A call that panics ends as the call's own failure (its caller settles it:
+            // [`caught`]); the thread, and the count of threads, go on.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(()))));
             next = self.next_job(id, &wake);
         }
     }
@@ -143,6 +145,19 @@ impl RunThreads {
     }
 }
 
+/// `run()`, with a panic in it made a `SandboxError` refusal naming it: what a call on a run
+/// thread answers its caller with, so that its Promise settles whatever happens.
+pub fn caught<T>(run: impl FnOnce() -> Result<T, Refused>) -> Result<T, Refused> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        Err(Refused::new("SandboxError", format!("the run failed inside stockade: {what}")))
+    })
+}
+
 /// Runs `job` on the host process's run threads ([`MAX_RUN_THREADS`], made as needed).
 pub fn spawn_run(job: Job) {
     static THREADS: OnceLock<Arc<RunThreads>> = OnceLock::new();
@@ -151,7 +166,7 @@ pub fn spawn_run(job: Job) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
     use super::*;
     use std::sync::mpsc;
 
@@ -235,6 +250,25 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         pool.spawn(job(move |r| tx.send(r.is_ok()).unwrap()));
         assert!(rx.recv().unwrap(), "a later call starts a thread again");
+    }
+
+    #[test]
+    fn g4_a_call_that_panics_is_a_refusal_and_its_thread_goes_on() {
+        let pool = RunThreads::new(1, Duration::from_secs(60));
+        let (tx, rx) = mpsc::channel();
+        let tx2 = tx.clone();
+        pool.spawn(job(move |_| {
+            let r: Result<(), Refused> = caught(|| panic!("boom"));
+            tx2.send(r.map_err(|e| (e.kind, e.message))).unwrap();
+            panic!("and the call itself panics too");
+        }));
+        let (kind, message) = rx.recv().unwrap().unwrap_err();
+        assert_eq!((kind, message.as_str()), ("SandboxError", "the run failed inside stockade: boom"));
+        pool.spawn(job(move |r| tx.send(r.map_err(|e| (e.kind, e.message))).unwrap()));
+        // A hang guard, not a timing: without the thread, the call would wait forever.
+        let next = rx.recv_timeout(Duration::from_secs(60)).expect("the next call was never served");
+        assert_eq!(next, Ok(()), "the one thread served the next call");
+        assert_eq!(pool.threads(), 1);
     }
 
     fn wait_idle(pool: &RunThreads, n: usize) {

@@ -204,7 +204,7 @@ pub fn run<'env>(
     let stdin = stdin.map(|b| b.to_vec());
     let (deferred, promise) = env.create_deferred()?;
     core::spawn_run(Box::new(move |ready| {
-        let outcome = ready.and_then(|()| execute(opts, stdin, functions));
+        let outcome = ready.and_then(|()| core::caught(|| execute(opts, stdin, functions)));
         deferred.resolve(move |_| Ok(RunOutcome::of(outcome)));
     }));
     Ok(promise)
@@ -221,8 +221,13 @@ where
     let (deferred, promise) = env.create_deferred()?;
     // A session call waits on processes and files, not the CPU: a task of the runtime,
     // holding no thread while it waits.
+    // The call is a task of its own, so that one that panics still settles the Promise.
+    let call = core::runtime().spawn(call);
     core::runtime().spawn(async move {
-        match call.await {
+        let answer = call
+            .await
+            .unwrap_or_else(|e| Err(Refused::new("SandboxError", format!("the call failed inside stockade: {e}"))));
+        match answer {
             Ok(t) => deferred.resolve(move |_| Ok(value(t))),
             Err(r) => deferred.reject(thrown(&r)),
         }
