@@ -89,16 +89,25 @@ function fn (call, schema, description) {
 }
 const GRANT = Symbol('stockade.fn')
 
-function options (o, extra) {
+// The native options for `o`, on top of `extra`: each of `names` ([ours, native]) as given,
+// each of `millis` from milliseconds to the native seconds.
+function nativeOptions (o, names, millis, extra = {}) {
   const out = { ...extra }
-  if (o.timeoutMs !== undefined) out.timeout = o.timeoutMs / 1000
-  if (o.cpuMs !== undefined) out.cpu = o.cpuMs / 1000
-  for (const [k, n] of [['memory', 'memory'], ['maxOutput', 'max_output'], ['output', 'output'],
-    ['expectExit', 'expect_exit'], ['env', 'env'], ['allowNet', 'allow_net'], ['netResolve', 'net_resolve'],
-    ['strictGrants', 'strict_grants']]) {
-    if (o[k] !== undefined) out[n] = o[k]
-  }
+  for (const [k, n] of names) if (o[k] !== undefined) out[n] = o[k]
+  for (const [k, n] of millis) if (o[k] !== undefined) out[n] = o[k] / 1000
   return out
+}
+
+const RUN_NAMES = [['memory', 'memory'], ['maxOutput', 'max_output'], ['output', 'output'],
+  ['expectExit', 'expect_exit'], ['env', 'env'], ['allowNet', 'allow_net'], ['netResolve', 'net_resolve'],
+  ['strictGrants', 'strict_grants']]
+const RUN_MILLIS = [['timeoutMs', 'timeout'], ['cpuMs', 'cpu']]
+const SESSION_NAMES = [['memory', 'memory'], ['disk', 'disk'], ['env', 'env'], ['allowNet', 'allow_net'],
+  ['netResolve', 'net_resolve']]
+const SESSION_MILLIS = [['idleTimeoutMs', 'idle_timeout'], ['lifetimeMs', 'lifetime']]
+
+function options (o, extra) {
+  return nativeOptions(o, RUN_NAMES, RUN_MILLIS, extra)
 }
 
 // A host function's answer to the guest, as a Promise of JSON text: its value, awaited when
@@ -198,9 +207,11 @@ class ExecResult {
   }
 }
 
-async function settled (promise) {
+// A native call that answers a Promise: its value, or its refusal (thrown at once or as the
+// rejection) as the typed error.
+async function settled (call) {
   try {
-    return await promise
+    return await call()
   } catch (err) {
     throw rethrown(err)
   }
@@ -220,13 +231,8 @@ class Session {
   /** A new session: `memory`, `disk` (bytes or '256M'), `idleTimeoutMs`, `lifetimeMs`, `env`,
    * `allowNet`, `netResolve`. */
   static async create (o = {}) {
-    const opts = {}
-    for (const [k, n] of [['memory', 'memory'], ['disk', 'disk'], ['env', 'env'], ['allowNet', 'allow_net'], ['netResolve', 'net_resolve']]) {
-      if (o[k] !== undefined) opts[n] = o[k]
-    }
-    if (o.idleTimeoutMs !== undefined) opts.idle_timeout = o.idleTimeoutMs / 1000
-    if (o.lifetimeMs !== undefined) opts.lifetime = o.lifetimeMs / 1000
-    return new Session(await settled(sync(() => native.Session.create(JSON.stringify(opts)))))
+    const opts = nativeOptions(o, SESSION_NAMES, SESSION_MILLIS)
+    return new Session(await settled(() => native.Session.create(JSON.stringify(opts))))
   }
 
   /** `fn(session)` in a new session, which is killed once `fn`'s Promise settles. */
@@ -245,21 +251,21 @@ class Session {
   async exec (argv, { stdin, timeoutMs, cwd } = {}) {
     const input = stdin === undefined ? null : Buffer.from(stdin)
     const timeout = timeoutMs === undefined ? null : timeoutMs / 1000
-    const out = await settled(sync(() => this.#native.exec(argv, input, timeout, cwd ?? null)))
+    const out = await settled(() => this.#native.exec(argv, input, timeout, cwd ?? null))
     return new ExecResult(JSON.parse(out.summary), out.stdout, out.stderr)
   }
 
   /** Writes `data` (string or bytes) to `path` (relative: in its home). */
-  async write (path, data) { await settled(sync(() => this.#native.write(path, Buffer.from(data)))) }
+  async write (path, data) { await settled(() => this.#native.write(path, Buffer.from(data))) }
   /** Reads `path` (relative: in its home): a Buffer. */
-  async read (path) { return settled(sync(() => this.#native.read(path))) }
-  async pause () { await settled(sync(() => this.#native.pause())) }
-  async resume () { await settled(sync(() => this.#native.resume())) }
+  async read (path) { return settled(() => this.#native.read(path)) }
+  async pause () { await settled(() => this.#native.pause()) }
+  async resume () { await settled(() => this.#native.resume()) }
   /** Ends it: everything it ran is gone, and its home removed, when this settles. Once. */
   async kill () {
     if (this.#killed) return
     this.#killed = true
-    await settled(sync(() => this.#native.kill()))
+    await settled(() => this.#native.kill())
   }
 }
 if (Symbol.asyncDispose) Session.prototype[Symbol.asyncDispose] = Session.prototype.kill

@@ -178,18 +178,7 @@ mod tests {
     fn g4_calls_one_after_another_run_on_the_thread_that_went_idle_last() {
         let pool = RunThreads::new(4, Duration::from_secs(60));
         // Two threads busy at once, then each call waits for the last to finish.
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let go_rx = Arc::new(Mutex::new(go_rx));
-        let (ids_tx, ids_rx) = mpsc::channel();
-        for _ in 0..2 {
-            let (go, ids) = (Arc::clone(&go_rx), ids_tx.clone());
-            pool.spawn(job(move |r| {
-                r.unwrap();
-                let me = std::thread::current().id();
-                ids.send(me).unwrap();
-                go.lock().unwrap().recv().unwrap();
-            }));
-        }
+        let (go_tx, ids_rx) = held(&pool, 2, |_| std::thread::current().id());
         let first = [ids_rx.recv().unwrap(), ids_rx.recv().unwrap()];
         assert_ne!(first[0], first[1], "two calls at once ran on two threads");
         go_tx.send(()).unwrap();
@@ -213,17 +202,7 @@ mod tests {
     #[test]
     fn g4_past_the_bound_calls_wait_in_order_and_no_more_threads_start() {
         let pool = RunThreads::new(2, Duration::from_secs(60));
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Arc::new(Mutex::new(release_rx));
-        let (order_tx, order_rx) = mpsc::channel();
-        for i in 0..6 {
-            let (release, order) = (Arc::clone(&release_rx), order_tx.clone());
-            pool.spawn(job(move |r| {
-                r.unwrap();
-                order.send(i).unwrap();
-                release.lock().unwrap().recv().unwrap();
-            }));
-        }
+        let (release_tx, order_rx) = held(&pool, 6, |i| i);
         let mut got = vec![order_rx.recv().unwrap(), order_rx.recv().unwrap()];
         got.sort_unstable();
         assert_eq!(got, [0, 1], "the first two ran at once");
@@ -231,7 +210,7 @@ mod tests {
         for _ in 0..6 {
             release_tx.send(()).unwrap();
         }
-        let rest: Vec<i32> = (0..4).map(|_| order_rx.recv().unwrap()).collect();
+        let rest: Vec<usize> = (0..4).map(|_| order_rx.recv().unwrap()).collect();
         assert_eq!(rest, [2, 3, 4, 5], "the waiting calls ran in the order they came");
         assert_eq!(pool.threads(), 2);
     }
@@ -269,6 +248,27 @@ mod tests {
         let next = rx.recv_timeout(Duration::from_secs(60)).expect("the next call was never served");
         assert_eq!(next, Ok(()), "the one thread served the next call");
         assert_eq!(pool.threads(), 1);
+    }
+
+    /// `n` calls on `pool`, the `i`th sending `report(i)` as it starts and then held until
+    /// the returned sender releases one: (that sender, the reports).
+    fn held<T: Send + 'static>(
+        pool: &Arc<RunThreads>,
+        n: usize,
+        report: fn(usize) -> T,
+    ) -> (mpsc::Sender<()>, mpsc::Receiver<T>) {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let (report_tx, report_rx) = mpsc::channel();
+        for i in 0..n {
+            let (release, reports) = (Arc::clone(&release_rx), report_tx.clone());
+            pool.spawn(job(move |r| {
+                r.unwrap();
+                reports.send(report(i)).unwrap();
+                release.lock().unwrap().recv().unwrap();
+            }));
+        }
+        (release_tx, report_rx)
     }
 
     fn wait_idle(pool: &RunThreads, n: usize) {

@@ -220,8 +220,8 @@ where
 {
     let (deferred, promise) = env.create_deferred()?;
     // A session call waits on processes and files, not the CPU: a task of the runtime,
-    // holding no thread while it waits.
-    // The call is a task of its own, so that one that panics still settles the Promise.
+    // holding no thread while it waits, and a task of its own, so that one that panics
+    // still settles the Promise.
     let call = core::runtime().spawn(call);
     core::runtime().spawn(async move {
         let answer = call
