@@ -201,6 +201,10 @@ use spec::{Hardening, LABEL_EXPIRES, LABEL_RUN, ORPHAN_GRACE, SpecError};
 use stockade_protocol::{Access, BoundedSink, CaptureMode, Enforced, Flow, Job, Mechanism, Report, Status, Stream};
 use tokio::io::AsyncWriteExt;
 
+/// What a loaded engine answers, now and then, to the start of a fresh network holder that
+/// it did (or half did) start: a holder runs no guest code, so it is replaced.
+const HOLDER_START_RACES: [&str; 2] = ["cannot start a stopped process", "cannot start an already running container"];
+
 /// The engine could not run a job: the one error every tier returns. A misbehaving guest is
 /// never an error. An engine that is missing or lacks a mechanism is
 /// [`RunError::Unsupported`]; one that fails mid-run is [`RunError::Engine`], whose message
@@ -497,8 +501,10 @@ impl DockerTier {
         let body = netns::holder_body(&id, expires, self.hardening.uid, self.hardening.gid);
         let name = format!("stockade-{id}-netns");
         // The engine, loaded, sometimes fails to start a fresh holder ("cannot start a stopped
-        // process", seen twice in CI over thousands of runs): the holder runs no guest code,
-        // so a new one is made, twice at most, before the run fails with the engine's error.
+        // process", seen twice in CI over thousands of runs; "cannot start an already running
+        // container", seen in two CI runs of 2026-12-06 and 2026-12-07): the holder runs no
+        // guest code, so it is removed (forced) and a new one made, twice at most, before the
+        // run fails with the engine's error.
         let mut attempt = 0;
         let (holder, started) = loop {
             let holder = self
@@ -508,7 +514,7 @@ impl DockerTier {
                 .map_err(engine)?
                 .id;
             match self.docker.start_container(&holder, None).await {
-                Err(e) if attempt < 2 && e.to_string().contains("cannot start a stopped process") => {
+                Err(e) if attempt < 2 && HOLDER_START_RACES.iter().any(|m| e.to_string().contains(m)) => {
                     attempt += 1;
                     if !self.remove(&holder).await {
                         return Err(engine(format!("container {holder} could not be removed")));
