@@ -201,9 +201,11 @@ fn join_limits(spec: &Spec, rep: &mut Reporter) -> Result<(), i32> {
         }
         Err(e) => rep.send(&Msg::Missing { mechanism: "oom_score_adj".into(), reason: e.to_string() }),
     }
-    for procs in &spec.cgroup_procs {
-        if let Err(e) = fs::write(procs, std::process::id().to_string()) {
-            return Err(rep.fail("cgroup", false, format!("joining {}: {e}", procs.display())));
+    // `0` is the writer itself: on v1 its one thread, without the kernel's global lock
+    // (see `Cgroup::join_files`).
+    for file in &spec.cgroup_join {
+        if let Err(e) = fs::write(file, "0") {
+            return Err(rep.fail("cgroup", false, format!("joining {}: {e}", file.display())));
         }
     }
     Ok(())

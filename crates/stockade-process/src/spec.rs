@@ -48,8 +48,9 @@ pub(crate) struct Spec {
     pub(crate) grants_dir: Option<PathBuf>,
     pub(crate) status_fd: i32,
     pub(crate) supervisor_pid: i32,
-    /// `cgroup.procs` files the helper joins before anything else.
-    pub(crate) cgroup_procs: Vec<PathBuf>,
+    /// The cgroup files the helper writes `0` (itself) to before anything else
+    /// ([`crate::cgroup::Cgroup::join_files`]).
+    pub(crate) cgroup_join: Vec<PathBuf>,
     pub(crate) rlimit_memory: bool,
     pub(crate) rlimit_processes: bool,
     pub(crate) limits: SpecLimits,

@@ -83,6 +83,40 @@ fn g7_memory_bomb_is_out_of_memory() {
 }
 
 #[test]
+fn g7_every_process_of_a_run_is_in_its_cgroups_seen_from_the_host() {
+    require!("g7_every_process_of_a_run_is_in_its_cgroups_seen_from_the_host");
+    // The helper joins by moving its one thread (cgroup v1's `tasks`): the guest's shell and
+    // the process it starts in the background must both be in the run's memory and pids
+    // cgroups, as the host's /proc names them.
+    let marker = "1003.5151";
+    let job = with_wall(sh(&format!("sleep {marker} & wait")), Duration::from_secs(120));
+    let handle = std::thread::spawn(move || run(job));
+    // The guest's shell (its command line holds the marker too) and its sleep.
+    stockade_test_support::eventually(Duration::from_secs(30), "the guest's shell and sleep", || {
+        host_pids_with(marker).len() == 2
+    });
+    let pids = host_pids_with(marker);
+    let mine = format!("/stockade-{}-", std::process::id());
+    let placed: Vec<(u32, &str, Option<String>)> = pids
+        .iter()
+        .flat_map(|&pid| ["memory", "pids"].map(|c| (pid, c, stockade_sys::cgroup::path_of(&pid.to_string(), Some(c)))))
+        .collect();
+    for pid in &pids {
+        let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+    }
+    let r = handle.join().unwrap();
+    if !r.enforced(Mechanism::Cgroup) {
+        return;
+    }
+    for (pid, controller, path) in &placed {
+        assert!(
+            path.as_deref().is_some_and(|p| p.contains(&mine)),
+            "process {pid} is not in the run's {controller} cgroup: {path:?}"
+        );
+    }
+}
+
+#[test]
 fn g7_fork_bomb_is_contained_and_the_host_stays_responsive() {
     require!("g7_fork_bomb_is_contained_and_the_host_stays_responsive");
     let bomb = py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n");
@@ -166,6 +200,9 @@ fn g7_concurrent_runs_leak_no_fds_processes_or_cgroups() {
             })
             .count()
     };
+    // One run first: what the process keeps for every later run (its first run's lazily
+    // made descriptors, such as two sockets) is not a leak of these runs.
+    assert_eq!(run(sh("true")).status, Status::Exited { code: 0 });
     let before = (fds(), cgroups());
     let reports = block_on(async {
         let mut set = tokio::task::JoinSet::new();
@@ -234,7 +271,7 @@ fn g6_the_run_dies_with_its_supervisor() {
     let marker = "1003.4242";
     let spec = format!(
         r#"{{"program":"/usr/bin/sleep","args":["{marker}"],"env":[],"workspace":null,"status_fd":2,
-"supervisor_pid":SUPERVISOR_PID,"cgroup_procs":[],"rlimit_memory":true,"rlimit_processes":true,
+"supervisor_pid":SUPERVISOR_PID,"cgroup_join":[],"rlimit_memory":true,"rlimit_processes":true,
 "limits":{{"cpu_secs":60,"memory_bytes":536870912,"processes":64,"open_files":256,"file_size_bytes":1048576,"tmpfs_bytes":1048576}},
 "hard":true,"landlock_abi":7,"tty":false}}"#
     );
