@@ -194,17 +194,17 @@ impl Cgroup {
     /// The files the helper joins by writing `0` (itself) to each, before it starts anything:
     /// on v1 each hierarchy's `tasks`, on v2 the directory's `cgroup.procs`.
     ///
-    /// On v1 the helper moves only its calling thread. The kernel migrates the writer's own
-    /// thread under `cgroup_mutex` alone, while a process move (`cgroup.procs`, or any pid
-    /// but the writer's) takes the global `cgroup_threadgroup_rwsem` for writing, which waits
-    /// for an RCU grace period whenever no such move happened within the last one: about
-    /// 13 ms on this project's 2-core VM when quiet (up to 19 ms under load) for a run that
-    /// comes on its own, more than the rest of a one-shot run (`docs/benchmarks.md`). A thread's move is the process's here: the
-    /// helper is single-threaded (forked from one thread, or just executed), and a child
-    /// takes the cgroups of the thread that makes it, so init, the guest and everything the
-    /// guest starts descend from the moved thread. v2 refuses a thread's move between
-    /// domain cgroups, so there the helper moves its process; `CLONE_INTO_CGROUP` would
-    /// spare that wait, and needs a v2 host to be shown on.
+    /// On v1 the helper moves only its calling thread. The kernel migrates the writer's own thread
+    /// under `cgroup_mutex` alone, while a process move (`cgroup.procs`, or any pid but the
+    /// writer's) takes the global `cgroup_threadgroup_rwsem` for writing, which waits for an RCU
+    /// grace period whenever no such move happened within the last one: about 13 ms on this
+    /// project's 2-core VM when quiet (up to 19 ms under load) for a run that comes on its own,
+    /// more than the rest of a one-shot run (`docs/benchmarks.md`). A thread's move is the
+    /// process's here: the helper is single-threaded (forked from one thread, or just executed),
+    /// and a child takes the cgroups of the thread that makes it, so init, the guest and everything
+    /// the guest starts descend from the moved thread. v2 refuses a thread's move between domain
+    /// cgroups, so there the helper moves its process; `CLONE_INTO_CGROUP` would spare that wait,
+    /// and needs a v2 host to be shown on.
     pub(crate) fn join_files(&self) -> Vec<PathBuf> {
         match (self.kind, &self.freezer) {
             (Kind::V1, Some(f)) => vec![self.memory.join("tasks"), self.pids.join("tasks"), f.join("tasks")],

@@ -178,13 +178,13 @@ pub(crate) async fn run(
     )
 }
 
-/// A run's helper and cgroup once every process of the run is gone. A pooled run's go in
-/// the background: the helper (killed, since it has nothing left to do but exit; so even a
-/// line that only claimed the end would end the run's tree here) and then the cgroup, whose
-/// removal is blocking file-system work that can wait behind the kernel's cgroup lock (on
-/// v2 a replacement sandbox's join holds it through an RCU grace period). A runtime that shuts down first drops the task, and
-/// with it kills and reaps the helper and removes the cgroup at once. A one-shot run's
-/// cgroup is removed now.
+/// A run's helper and cgroup once every process of the run is gone. A pooled run's go in the
+/// background: the helper (killed, since it has nothing left to do but exit; so even a line
+/// that only claimed the end would end the run's tree here) and then the cgroup, whose removal
+/// is blocking file-system work that can wait behind the kernel's cgroup lock (on v2 a
+/// replacement sandbox's join holds it through an RCU grace period). A runtime that shuts down
+/// first drops the task, and with it kills and reaps the helper and removes the cgroup at once.
+/// A one-shot run's cgroup is removed now.
 fn release(pooled: bool, ended: bool, mut child: launch::HelperProcess, cgroup: crate::pool::CgroupGuard) {
     if pooled {
         tokio::spawn(async move {
