@@ -640,7 +640,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         ]);
         cmd.args(["-n", &format!("bwrap {name}"), &format!("{bwrap} {program}")]);
     }
-    let medians = hyperfine(&mut cmd, &json)?;
+    let mut medians = hyperfine(&mut cmd, &json)?;
     // The same one-shot run and bwrap's, 100 ms apart, as a user's runs come: a wait in the
     // kernel that a run back to back with the last one skips (such as an RCU grace period)
     // shows here.
@@ -649,7 +649,8 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     spaced.args(["-N", "--prepare", "sleep 0.1", "--warmup", "3", "--runs", "60", "--export-json"]).arg(&spaced_json);
     spaced.args(["-n", "stockade true spaced", &format!("{stockade} run -- /bin/true")]);
     spaced.args(["-n", "bwrap true spaced", &format!("{bwrap} /bin/true")]);
-    let spaced = hyperfine(&mut spaced, &spaced_json)?;
+    // Their names are their own, so both runs' medians are looked up in one map.
+    medians.extend(hyperfine(&mut spaced, &spaced_json)?);
     // CPU per run: user plus system time of the command and the children it reaps (hyperfine's
     // means). Not shown for bwrap: its pid 1 and the program are reaped by the system's init,
     // so hyperfine misses most of its CPU; the embedder table measures both through a cgroup.
@@ -678,8 +679,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
         }
     }
     println!("\n{out}");
-    let spaced = |name: &str| spaced.get(name).copied().with_context(|| format!("no result for {name}"));
-    let phases = phases(&median, &spaced)?;
+    let phases = phases(&median)?;
     println!("\n{phases}");
     if write {
         write_docs(root, "process", &out)?;
@@ -690,8 +690,8 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
 
 /// Where a one-shot `stockade run -- /bin/true` spends its time, by difference between
 /// commands of the same hyperfine run (`median` by command name), next to bwrap's; then
-/// both spaced 100 ms apart (`spaced`, a second hyperfine run).
-fn phases(median: &dyn Fn(&str) -> Result<f64>, spaced: &dyn Fn(&str) -> Result<f64>) -> Result<String> {
+/// both spaced 100 ms apart (a second hyperfine run, its commands named `... spaced`).
+fn phases(median: &dyn Fn(&str) -> Result<f64>) -> Result<String> {
     let bare = median("bare true")?;
     let front = median("stockade front")? - bare;
     let namespaces = median("unshare true")? - bare;
@@ -715,7 +715,7 @@ fn phases(median: &dyn Fn(&str) -> Result<f64>, spaced: &dyn Fn(&str) -> Result<
         let _ = writeln!(out, "| {phase} | {how} | {ms:.2} ms |");
     }
     let _ = writeln!(out, "| **stockade / bwrap** (target: at most 1.33x) | | **{:.2}x** |", ours / bw);
-    let (ours, bw) = (spaced("stockade true spaced")?, spaced("bwrap true spaced")?);
+    let (ours, bw) = (median("stockade true spaced")?, median("bwrap true spaced")?);
     let how = "hyperfine `--prepare 'sleep 0.1'`";
     let _ = writeln!(out, "| the whole run, 100 ms after the last, as a user's runs come | {how} | {ours:.2} ms |");
     let _ = writeln!(out, "| bwrap, 100 ms after the last | {how} | {bw:.2} ms |");
