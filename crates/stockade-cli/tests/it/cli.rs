@@ -14,7 +14,9 @@ thread_local! {
     static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// A guard of [`RUNS`], shared or exclusive (or none if this thread holds one already).
+/// A guard of [`RUNS`], shared or exclusive (or none if this thread holds one already, which
+/// is also the default).
+#[derive(Default)]
 pub(crate) struct Runs {
     read: Option<std::sync::RwLockReadGuard<'static, ()>>,
     write: Option<std::sync::RwLockWriteGuard<'static, ()>>,

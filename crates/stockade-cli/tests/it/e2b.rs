@@ -21,11 +21,13 @@ fn e2b_python() -> Option<String> {
     crate::cli::installed("STOCKADE_E2B_PYTHON")
 }
 
-/// A `stockade serve --listen 127.0.0.1:0`, killed (by its pid) when dropped.
+/// A `stockade serve --listen 127.0.0.1:0`, killed (by its pid) when dropped. It holds
+/// [`crate::cli::shared`] while it lives: its sandboxes reap stale cgroups as they start.
 struct Server {
     child: Child,
     state: PathBuf,
     addr: String,
+    runs: crate::cli::Runs,
 }
 
 impl Server {
@@ -47,6 +49,7 @@ impl Server {
 
     /// A server on `state`, with `env` added to its environment.
     fn start_env(state: PathBuf, extra: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Self {
+        let runs = crate::cli::shared();
         let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
             .args(["serve", "--socket"])
             .arg(state.join("run/serve.sock"))
@@ -69,7 +72,7 @@ impl Server {
         };
         // Keep reading its log, so that it never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(|l| eprintln!("serve: {}", l.unwrap_or_default())));
-        Self { child, state, addr }
+        Self { child, state, addr, runs }
     }
 
     /// The live sessions' directories on the host.
@@ -99,8 +102,12 @@ impl Server {
     fn restart(mut self, extra: &[&std::ffi::OsStr]) -> Self {
         self.stop();
         let state = std::mem::take(&mut self.state);
+        // The guard goes on to the new server; forgetting it would hold the lock for ever.
+        let runs = std::mem::take(&mut self.runs);
         std::mem::forget(self);
-        Self::start_in(state, extra)
+        let mut next = Self::start_in(state, extra);
+        next.runs = runs;
+        next
     }
 
     fn stop(&mut self) {

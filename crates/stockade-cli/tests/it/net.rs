@@ -458,6 +458,7 @@ fn g9_stockade_mcp_allow_net_gives_run_code_the_server_s_grant_only() {
     }
     let up = HttpUpstream::start("127.0.0.6");
     let port = up.port;
+    let _runs = crate::cli::shared();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["mcp", "--languages", "sh", "--allow-net", &format!("mcp.test:{port}")])
         .args(["--net-resolve", &format!("mcp.test:{port}:127.0.0.6")])
@@ -466,7 +467,6 @@ fn g9_stockade_mcp_allow_net_gives_run_code_the_server_s_grant_only() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _runs = crate::cli::shared();
     let mut input = child.stdin.take().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut ask = |line: String| -> serde_json::Value {
