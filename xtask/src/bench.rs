@@ -603,8 +603,12 @@ fn apt_install(pkgs: &[(&str, &str)]) -> Result<()> {
 fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     apt_install(&[("bwrap", "bubblewrap"), ("hyperfine", "hyperfine")])?;
     crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-cli"]))?;
+    // The same run from a program that links the process tier alone (issue 58's small front).
+    crate::run(&mut crate::cargo(&["build", "--release", "--package", "stockade-process", "--example", "oneshot"]))?;
     let stockade = target.join("release/stockade");
     let stockade = stockade.to_str().context("target path is not UTF-8")?;
+    let oneshot = target.join("release/examples/oneshot");
+    let oneshot = oneshot.to_str().context("target path is not UTF-8")?;
     let bwrap = "bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib \
                  --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc \
                  --proc /proc --dev /dev --tmpfs /tmp --clearenv";
@@ -629,6 +633,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     // alone (util-linux's `unshare`, a small C program that makes the same six and forks).
     cmd.args(["-n", "stockade front", &format!("{stockade} --version")]);
     cmd.args(["-n", "unshare true", "unshare -Urnpmiuf /bin/true"]);
+    cmd.args(["-n", "oneshot true", &format!("{oneshot} /bin/true")]);
     for (name, program) in [("true", "/bin/true"), ("python", "/usr/bin/python3 -c pass")] {
         cmd.args(["-n", &format!("bare {name}"), program]);
         cmd.args(["-n", &format!("stockade {name}"), &format!("{stockade} run -- {program}")]);
@@ -649,6 +654,7 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
     spaced.args(["-N", "--prepare", "sleep 0.1", "--warmup", "3", "--runs", "60", "--export-json"]).arg(&spaced_json);
     spaced.args(["-n", "stockade true spaced", &format!("{stockade} run -- /bin/true")]);
     spaced.args(["-n", "bwrap true spaced", &format!("{bwrap} /bin/true")]);
+    spaced.args(["-n", "oneshot true spaced", &format!("{oneshot} /bin/true")]);
     // Their names are their own, so both runs' medians are looked up in one map.
     medians.extend(hyperfine(&mut spaced, &spaced_json)?);
     // CPU per run: user plus system time of the command and the children it reaps (hyperfine's
@@ -689,8 +695,9 @@ fn process(root: &Path, target: &Path, write: bool) -> Result<()> {
 }
 
 /// Where a one-shot `stockade run -- /bin/true` spends its time, by difference between
-/// commands of the same hyperfine run (`median` by command name), next to bwrap's; then
-/// both spaced 100 ms apart (a second hyperfine run, its commands named `... spaced`).
+/// commands of the same hyperfine run (`median` by command name), next to bwrap's and the
+/// `oneshot` example's (the run without the CLI); then all three spaced 100 ms apart (a
+/// second hyperfine run, its commands named `... spaced`).
 fn phases(median: &dyn Fn(&str) -> Result<f64>) -> Result<String> {
     let bare = median("bare true")?;
     let front = median("stockade front")? - bare;
@@ -715,11 +722,19 @@ fn phases(median: &dyn Fn(&str) -> Result<f64>) -> Result<String> {
         let _ = writeln!(out, "| {phase} | {how} | {ms:.2} ms |");
     }
     let _ = writeln!(out, "| **stockade / bwrap** (target: at most 1.33x) | | **{:.2}x** |", ours / bw);
-    let (ours, bw) = (median("stockade true spaced")?, median("bwrap true spaced")?);
+    let small = median("oneshot true")?;
+    let _ = writeln!(
+        out,
+        "| the same run from a program that links the process tier alone (a small front's floor) | stockade-process's `oneshot` example | {small:.2} ms, **{:.2}x** bwrap |",
+        small / bw
+    );
+    let (ours, bw, small) =
+        (median("stockade true spaced")?, median("bwrap true spaced")?, median("oneshot true spaced")?);
     let how = "hyperfine `--prepare 'sleep 0.1'`";
     let _ = writeln!(out, "| the whole run, 100 ms after the last, as a user's runs come | {how} | {ours:.2} ms |");
     let _ = writeln!(out, "| bwrap, 100 ms after the last | {how} | {bw:.2} ms |");
     let _ = writeln!(out, "| **stockade / bwrap, spaced** | | **{:.2}x** |", ours / bw);
+    let _ = writeln!(out, "| `oneshot`, 100 ms after the last | {how} | {small:.2} ms, **{:.2}x** bwrap |", small / bw);
     Ok(out)
 }
 
