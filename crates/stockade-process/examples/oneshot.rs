@@ -22,7 +22,8 @@ use stockade_protocol::{Job, Status};
 
 fn main() -> ExitCode {
     stockade_process::helper_main();
-    // A launch optimisation: without it, runs fork this process or execute it as the helper.
+    // A launch optimisation, as in the CLI: without it, the run executes this binary as its
+    // helper (`prefer_fork`'s fallback).
     let server = ForkServer::start().is_ok();
     let code = match run() {
         Ok(code) => code,
