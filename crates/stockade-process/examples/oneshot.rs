@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     stockade_process::helper_main();
     // A launch optimisation, as in the CLI: without it, the run executes this binary as its
     // helper (`prefer_fork`'s fallback).
-    let server = ForkServer::start().is_ok();
+    let _ = ForkServer::start();
     let code = match run() {
         Ok(code) => code,
         Err(e) => {
@@ -32,9 +32,8 @@ fn main() -> ExitCode {
             ExitCode::from(125)
         }
     };
-    if server {
-        ForkServer::stop();
-    }
+    // Does nothing if the server did not start.
+    ForkServer::stop();
     code
 }
 
