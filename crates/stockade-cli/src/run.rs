@@ -522,6 +522,11 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     let budget = Budget::new(args.timeout, args.max_output);
     let io = live_io(&args, &job)?;
     let live_stderr = io.stderr.is_some();
+    if args.tier == TierKind::Process {
+        // This process launches one helper: the fork server becomes it rather than cloning
+        // one and being stopped afterwards (about 0.3 ms a run; docs/benchmarks.md).
+        process::ForkServer::hand_over_next();
+    }
     // SIGTERM, SIGINT and SIGHUP stop the run rather than this process alone: its future is
     // dropped, which kills the sandbox and then sweeps a read-write workspace, and the CLI
     // exits as a program killed by that signal would (128 + N), as `timeout(1)` passes it on.

@@ -9,7 +9,8 @@
 //! oneshot [--no-cgroup] PROGRAM [ARG...]
 //! ```
 //!
-//! It starts the fork server first thing, as the CLI's `main` does, runs the program with
+//! It starts the fork server first thing, as the CLI's `main` does, hands it over to its one
+//! run (`ForkServer::hand_over_next`, as `stockade run` does), runs the program with
 //! the tier's defaults (every namespace, the view, landlock, seccomp, a cgroup unless
 //! `--no-cgroup`), prints the program's stdout and stderr once it has ended, and exits with
 //! its code (125 for a run stockade refused or could not start, 128 + N for a signal).
@@ -32,7 +33,7 @@ fn main() -> ExitCode {
             ExitCode::from(125)
         }
     };
-    // Does nothing if the server did not start.
+    // Does nothing if the server did not start, or became the run's helper.
     ForkServer::stop();
     code
 }
@@ -43,6 +44,8 @@ fn run() -> Result<ExitCode, String> {
     let program = args.next().ok_or("usage: oneshot [--no-cgroup] PROGRAM [ARG...]")?;
     let job = Job::command(program, args.collect::<Vec<_>>()).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| format!("locating this binary: {e}"))?;
+    // One run: the fork server becomes its helper (as `stockade run` does).
+    ForkServer::hand_over_next();
     let mut tier = ProcessTier::new(Helper::at(exe).prefer_fork());
     if !cgroup {
         tier = tier.without_cgroups();

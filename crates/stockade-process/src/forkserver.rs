@@ -54,6 +54,11 @@ const MAX_FDS: usize = crate::fdpass::MAX_FDS;
 /// What the server sends once, when it is isolated and scrubbed.
 const READY: &[u8; 1] = b"R";
 
+/// A request's first byte: clone a helper and go on serving.
+const CLONE: u8 = b'C';
+/// A request's first byte: become the helper, and serve nothing more ([`hand_over_next`]).
+const BECOME: u8 = b'B';
+
 /// How long the supervisor waits for the server's answer before it counts the server as
 /// gone: the server answers after one `clone`, so this is only ever reached if it was stopped.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,8 +74,12 @@ pub(crate) struct Server {
     /// Set once a request found the server gone, or it was stopped; launches then take the
     /// fallback.
     dead: std::sync::atomic::AtomicBool,
-    /// Set once [`stop`] has reaped it (or found nothing to reap).
+    /// Set once [`stop`] has reaped it (or found nothing to reap), or it has become a helper,
+    /// which that helper's owner reaps.
     reaped: OnceLock<()>,
+    /// Set by [`hand_over_next`]: the next request is the last, and the server runs that
+    /// helper itself.
+    hand_over: std::sync::atomic::AtomicBool,
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
@@ -118,8 +127,14 @@ pub(crate) fn start() -> Result<&'static Server, RunError> {
                     )));
                 }
             }
-            let server =
-                Server { sock: Mutex::new(ours), pid: pid as u32, owner, dead: false.into(), reaped: OnceLock::new() };
+            let server = Server {
+                sock: Mutex::new(ours),
+                pid: pid as u32,
+                owner,
+                dead: false.into(),
+                reaped: OnceLock::new(),
+                hand_over: false.into(),
+            };
             // Only this (single) thread could have set it in between.
             Ok(SERVER.get_or_init(|| server))
         }
@@ -154,6 +169,19 @@ pub(crate) fn stop() {
     let _ = process::reap_pidfd(pidfd.as_fd(), false);
 }
 
+/// Makes the next launch through this process's server its last: the server runs that
+/// run's helper itself, in its own process, instead of cloning one and serving on. For a
+/// program that launches one run (a one-shot CLI), this saves a clone and the server's own
+/// exit and reaping (measured in docs/benchmarks.md), and the helper is the same: a copy of
+/// the scrubbed, isolated server, this process's child, confined as in G11. Launches after
+/// it take the fallback, as after [`stop`]. Returns whether a server was running to take it.
+pub(crate) fn hand_over_next() -> bool {
+    running().is_some_and(|s| {
+        s.hand_over.store(true, std::sync::atomic::Ordering::Relaxed);
+        true
+    })
+}
+
 /// Why a request to the server failed.
 #[derive(Debug)]
 pub(crate) enum SpawnError {
@@ -165,25 +193,48 @@ pub(crate) enum SpawnError {
 }
 
 impl Server {
+    /// The server, held for one request, if it is still serving: a launch that finds it
+    /// handed over or stopped meanwhile takes the fallback instead.
+    pub(crate) fn claim(&self) -> Option<Claim<'_>> {
+        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+        (!self.dead.load(std::sync::atomic::Ordering::Relaxed)).then_some(Claim { server: self, sock })
+    }
+}
+
+/// The server held for one request (its lock keeps the request and its answer together).
+pub(crate) struct Claim<'a> {
+    server: &'a Server,
+    sock: std::sync::MutexGuard<'a, OwnedFd>,
+}
+
+impl Claim<'_> {
     /// Asks the server for a helper running `spec` with `fds` (stdin, stdout, stderr, status,
     /// and a pre-built sandbox's job pipe) as its descriptors 0, 1, ... Returns the helper's
-    /// pid: a child of this process.
-    pub(crate) fn spawn(&self, spec: &[u8], fds: &[BorrowedFd<'_>]) -> Result<libc::pid_t, SpawnError> {
+    /// pid: a child of this process (the server's own, after [`hand_over_next`]).
+    pub(crate) fn spawn(self, spec: &[u8], fds: &[BorrowedFd<'_>]) -> Result<libc::pid_t, SpawnError> {
         if spec.len() > MAX_SPEC {
             return Err(SpawnError::Launch(RunError::Misconfigured(format!(
                 "the job's helper spec is {} bytes, over the {MAX_SPEC}-byte limit (arguments, environment and paths together)",
                 spec.len()
             ))));
         }
-        let sock = self.sock.lock().unwrap_or_else(PoisonError::into_inner);
+        let Self { server, sock } = self;
         let gone = |what: &str, e: io::Error| {
-            self.dead.store(true, std::sync::atomic::Ordering::Relaxed);
-            Err(SpawnError::Gone(format!("the fork server (pid {}) {what}: {e}", self.pid)))
+            server.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(SpawnError::Gone(format!("the fork server (pid {}) {what}: {e}", server.pid)))
         };
         if fds.len() > MAX_FDS {
             return Err(SpawnError::Launch(RunError::Internal("fork server: too many descriptors".into())));
         }
-        if let Err(e) = crate::fdpass::send(sock.as_fd(), spec, fds) {
+        let last = server.hand_over.swap(false, std::sync::atomic::Ordering::Relaxed);
+        if last {
+            // Whatever the answer, the server serves nothing more.
+            server.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut message = Vec::with_capacity(spec.len() + 1);
+        message.push(if last { BECOME } else { CLONE });
+        message.extend_from_slice(spec);
+        if let Err(e) = crate::fdpass::send(sock.as_fd(), &message, fds) {
             return gone("cannot be reached", e);
         }
         let mut answer = [0u8; 4];
@@ -198,7 +249,15 @@ impl Server {
             return gone("closed its socket", io::Error::from(io::ErrorKind::UnexpectedEof));
         }
         match i32::from_ne_bytes(answer) {
-            pid if pid > 0 => Ok(pid),
+            pid if pid > 0 => {
+                if last {
+                    // The server is the helper now, which the helper's owner reaps: `stop`
+                    // has nothing to do. (A server that refused the request has exited, and
+                    // `stop` reaps it.)
+                    let _ = server.reaped.set(());
+                }
+                Ok(pid)
+            }
             errno => Err(SpawnError::Launch(crate::child::start_failed(
                 "the fork server could not start a helper",
                 &io::Error::from_raw_os_error(-errno),
@@ -222,7 +281,8 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
     if rustix::net::send(&sock, READY, SendFlags::NOSIGNAL).is_err() {
         return 0;
     }
-    let mut buf = vec![0u8; MAX_SPEC];
+    // The kind byte, then the spec.
+    let mut buf = vec![0u8; MAX_SPEC + 1];
     loop {
         let Ok(crate::fdpass::Received { len, fds, truncated }) = crate::fdpass::recv(sock.as_fd(), &mut buf) else {
             return 0;
@@ -231,14 +291,32 @@ fn serve(sock: OwnedFd, owner: u32) -> i32 {
             // The supervisor's end is closed: it has exited.
             return 0;
         }
-        let answer = if !(4..=MAX_FDS).contains(&fds.len()) || truncated {
-            -libc::EINVAL
-        } else {
-            match process::fork_sibling() {
-                Ok(process::Fork::Child) => crate::child::served_child(&buf[..len], fds),
-                Ok(process::Fork::Parent(pid)) => pid,
-                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        let (kind, spec) = match buf[..len].split_first() {
+            Some((kind, spec)) => (*kind, spec),
+            None => (0, &[][..]),
+        };
+        if !(4..=MAX_FDS).contains(&fds.len()) || truncated || !matches!(kind, CLONE | BECOME) {
+            drop(fds);
+            let sent = rustix::net::send(&sock, &(-libc::EINVAL).to_ne_bytes(), SendFlags::NOSIGNAL);
+            // A refused last request ends the server all the same (its supervisor reaps it).
+            if sent.is_err() || kind == BECOME {
+                return 0;
             }
+            continue;
+        }
+        if kind == BECOME {
+            // The last request: answer with this process's pid, then be the helper, exactly
+            // as a cloned child is (`served_child` replaces the socket at descriptor 3).
+            let pid = std::process::id() as i32;
+            if rustix::net::send(&sock, &pid.to_ne_bytes(), SendFlags::NOSIGNAL).is_err() {
+                return 0;
+            }
+            crate::child::served_child(spec, fds)
+        }
+        let answer = match process::fork_sibling() {
+            Ok(process::Fork::Child) => crate::child::served_child(spec, fds),
+            Ok(process::Fork::Parent(pid)) => pid,
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
         };
         drop(fds);
         if rustix::net::send(&sock, &answer.to_ne_bytes(), SendFlags::NOSIGNAL).is_err() {

@@ -245,7 +245,9 @@ pub(crate) fn launch(mode: &Mode, mut spec: Spec, io: GuestIo, job: Option<File>
     match mode {
         Mode::Exec(path) => exec(path, spec, io, job),
         Mode::Fork(fallback) => {
-            if let Some(server) = forkserver::running() {
+            // A server handed over or stopped since is not waited for: the launch goes on
+            // as without one.
+            if let Some(server) = forkserver::running().and_then(forkserver::Server::claim) {
                 spec.status_fd = FORK_STATUS_FD;
                 spec.job_fd = job.is_some().then_some(FORK_JOB_FD);
                 return served(server, spec, io, job, fallback.as_deref());
@@ -419,7 +421,7 @@ fn fork(spec: Spec, io: GuestIo, job: Option<File>) -> Result<Started, RunError>
 /// Starts the helper through the fork server: the helper is cloned by the server as a child
 /// of this process, and gets the same descriptors as a forked one.
 fn served(
-    server: &forkserver::Server,
+    server: forkserver::Claim<'_>,
     spec: Spec,
     io: GuestIo,
     job: Option<File>,

@@ -169,6 +169,9 @@
 //!     holds none of the environment the program was started with; it and every run in
 //!     flight die with the program; and a server killed from outside fails the one launch
 //!     that finds out, by name, after which launches take the fallback.
+//!     [`ForkServer::hand_over_next`] makes the next launch the server's last: the server's
+//!     own process becomes that run's helper (no clone beside it), the run's end reaps it,
+//!     and later launches take the fallback.
 //!     (pinned by: tests/it/forkserver.rs::g14_*)
 //! G15. With [`ProcessTier::pool`], a run can take a sandbox built before its job existed:
 //!     the helper joined its cgroup, unshared every namespace, init built the view, entered
@@ -487,6 +490,16 @@ impl ForkServer {
     /// PID 1, which in a container may never reap. Launches after it take the fallback.
     pub fn stop() {
         forkserver::stop();
+    }
+
+    /// Makes the next launch through the server its last: the server becomes that run's
+    /// helper (in its own process, this process's child, confined as in G11) instead of
+    /// cloning one, and launches after it take the fallback. For a program that launches
+    /// one run and exits (a one-shot CLI), this saves a clone and the server's exit and
+    /// reaping; [`ForkServer::stop`] then has nothing to do. Returns whether a server was
+    /// running to take the launch.
+    pub fn hand_over_next() -> bool {
+        forkserver::hand_over_next()
     }
 
     /// The running server's pid, if this process started one and it is still usable.

@@ -440,6 +440,14 @@ pub fn memory_holds(pid: u32, needle: &[u8]) -> (Option<String>, usize) {
     (None, scanned)
 }
 
+/// The parent of process `pid` as the host sees it (`PPid` in `/proc/PID/status`), if it
+/// is still there.
+#[must_use]
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()
+}
+
 /// Every live descendant of process `root`, from the host's `/proc` (each process's `PPid`),
 /// parents before their children; `root` itself is not among them.
 #[must_use]
@@ -449,10 +457,7 @@ pub fn descendants(root: u32) -> Vec<u32> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            Some((pid, status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?))
-        })
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
         .collect();
     let mut found = vec![root];
     let mut i = 0;

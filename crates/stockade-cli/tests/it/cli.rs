@@ -459,6 +459,42 @@ fn g7_a_killed_supervisors_cgroup_is_reported_and_collected() {
     assert_eq!(doctor_row("stale cgroups")["ok"], true);
 }
 
+/// A one-shot run's helper is the fork server `main` started, handed over (stockade-process
+/// G14): while the run runs, `stockade` has one child, the parent of the run's pid 1, and
+/// no server beside it. Judged from the host's `/proc`.
+#[test]
+fn g14_a_one_shot_runs_helper_is_the_fork_server_itself() {
+    if !ready() {
+        return;
+    }
+    let _runs = shared();
+    let marker = format!("1207.{}", std::process::id());
+    let mut stockade = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["run", "--timeout", "60s", "--", "sleep", &marker])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let want = format!("sleep\0{marker}\0");
+    let start = std::time::Instant::now();
+    let guest = loop {
+        if let [pid] = stockade_test_support::host_pids(|c| c == want.as_bytes())[..] {
+            break pid;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "the guest never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let parent = |pid| stockade_test_support::parent_of(pid).unwrap();
+    let helper = parent(parent(guest));
+    let children: Vec<u32> = stockade_test_support::descendants(stockade.id())
+        .into_iter()
+        .filter(|p| stockade_test_support::parent_of(*p) == Some(stockade.id()))
+        .collect();
+    assert_eq!(children, vec![helper], "stockade's children: the helper alone");
+    let kill = Command::new("kill").args(["-TERM", &stockade.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    assert_eq!(stockade.wait().unwrap().code(), Some(143));
+}
+
 #[test]
 fn g14_no_process_of_a_run_outlives_stockade_run() {
     if !ready() {

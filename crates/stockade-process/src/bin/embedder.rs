@@ -6,7 +6,7 @@
 //! each job it reads on stdin concurrently:
 //!
 //! ```text
-//! → {"job": JOB, "helper": "fork" | "prefer" | "exec" | "pool"}   one JSON line per job (JOB: protocol's Job)
+//! → {"job": JOB, "helper": "fork" | "prefer" | "exec" | "pool", "hand_over": BOOL}   one JSON line per job (JOB: protocol's Job)
 //! ← {"fork_server": PID, "threads": N}                first line: the server, and this process's threads
 //! ← {"line": I, "report": REPORT} | {"line": I, "error": "..."}   one per job, in completion order
 //! ```
@@ -15,7 +15,8 @@
 //! no fallback, so a launch that did not use it fails), `"prefer"` with
 //! `Helper::at(this binary).prefer_fork()` (the server, else an exec of this binary), and
 //! `"exec"` with `Helper::at(this binary)`, and `"pool"` with `Helper::fork()` and
-//! `ProcessTier::pool(N)` (`N` from `STOCKADE_EMBEDDER_POOL`, default 4). The crate's
+//! `ProcessTier::pool(N)` (`N` from `STOCKADE_EMBEDDER_POOL`, default 4); `"hand_over":
+//! true` calls `ForkServer::hand_over_next()` before the job's launch. The crate's
 //! tests drive it to check the fork server from a real multi-threaded embedder.
 
 use std::io::Write as _;
@@ -73,7 +74,7 @@ async fn serve(server: u32) -> std::process::ExitCode {
         let (tiers, out) = (tiers.clone(), out.clone());
         tasks.spawn(async move {
             let answer = match parse(&line) {
-                Ok((job, helper)) => match tiers[helper].run(&job).await {
+                Ok((job, helper, hand_over)) => match run(&tiers[helper], &job, hand_over).await {
                     Ok(report) => serde_json::json!({ "line": n, "report": report }),
                     Err(e) => serde_json::json!({ "line": n, "error": e.to_string() }),
                 },
@@ -86,13 +87,25 @@ async fn serve(server: u32) -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
+/// Runs `job`, after handing the fork server over to it if asked.
+async fn run(
+    tier: &ProcessTier,
+    job: &Job,
+    hand_over: bool,
+) -> Result<stockade_protocol::Report, stockade_process::RunError> {
+    if hand_over {
+        ForkServer::hand_over_next();
+    }
+    tier.run(job).await
+}
+
 /// The pool's size: `STOCKADE_EMBEDDER_POOL`, else 4.
 fn pool_size() -> usize {
     std::env::var("STOCKADE_EMBEDDER_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
 }
 
-/// The job and which of the four tiers runs it.
-fn parse(line: &str) -> Result<(Job, usize), String> {
+/// The job, which of the four tiers runs it, and whether the fork server is handed over.
+fn parse(line: &str) -> Result<(Job, usize, bool), String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
     let helper = match v.get("helper").and_then(serde_json::Value::as_str) {
         None | Some("fork") => 0,
@@ -104,7 +117,8 @@ fn parse(line: &str) -> Result<(Job, usize), String> {
         }
     };
     let job = serde_json::from_value(v.get("job").cloned().unwrap_or_default()).map_err(|e| format!("bad job: {e}"))?;
-    Ok((job, helper))
+    let hand_over = v.get("hand_over").and_then(serde_json::Value::as_bool).unwrap_or(false);
+    Ok((job, helper, hand_over))
 }
 
 fn emit(out: &std::sync::Mutex<std::io::Stdout>, v: &serde_json::Value) {

@@ -439,8 +439,7 @@ fn g5_a_guest_that_stops_reading_stdin_or_closes_its_stdout_is_a_normal_outcome(
 
 /// The host's view of `pid`: its parent and what each of its descriptors 0–2 points to.
 fn parent_and_stdio(pid: u32) -> (u32, Vec<String>) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let ppid = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let ppid = stockade_test_support::parent_of(pid).unwrap();
     let fds = (0..=2)
         .map(|fd| {
             std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))

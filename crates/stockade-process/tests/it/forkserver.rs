@@ -160,24 +160,44 @@ fn g14_the_fork_server_dies_with_its_embedder() {
     let (server, embedder) = (e.server, e.child.id());
     // A run in flight when the embedder dies goes with it too: its helper, init and guest.
     e.send(&sh("sleep 30"), "fork");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let tree = loop {
-        let tree = stockade_test_support::descendants(embedder);
-        if tree.iter().any(|p| comm(*p).as_deref() == Some("sleep")) {
-            break tree;
-        }
-        assert!(Instant::now() < deadline, "the run never started: {tree:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (tree, _) = sleeping_guest(embedder);
     assert!(tree.contains(&server) && tree.len() >= 4, "server, helper, init and guest: {tree:?}");
     stockade_test_support_kill(embedder);
     let _ = e.child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
     for pid in tree {
         while !ended(pid) {
             assert!(Instant::now() < deadline, "{pid} ({:?}) outlived the embedder", comm(pid));
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Once a run's guest `sleep` has started under `embedder`: the embedder's descendants and
+/// the guest's pid.
+fn sleeping_guest(embedder: u32) -> (Vec<u32>, u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tree = stockade_test_support::descendants(embedder);
+        if let Some(guest) = tree.iter().copied().find(|p| comm(*p).as_deref() == Some("sleep")) {
+            return (tree, guest);
+        }
+        assert!(Instant::now() < deadline, "the run never started: {tree:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// After the server is gone (killed, or handed over), with the next request line `line`:
+/// `Helper::fork()` (no fallback, multi-threaded) is refused by name, and `prefer_fork`
+/// executes the helper binary. Returns the executed run's report.
+fn later_launches_fall_back(e: &mut Embedder, line: u64) -> Report {
+    e.send(&sh("echo two"), "fork");
+    let refused = e.answers(1).remove(&line).unwrap().expect_err("no server and no fallback");
+    assert!(refused.contains("no fork server"), "{refused}");
+    e.send(&sh("echo three"), "prefer");
+    let executed = e.answers(1).remove(&(line + 1)).unwrap().unwrap();
+    assert_eq!((stdout(&executed).as_str(), &executed.status), ("three\n", &Status::Exited { code: 0 }));
+    executed
 }
 
 fn comm(pid: u32) -> Option<String> {
@@ -199,14 +219,36 @@ fn g14_a_killed_fork_server_fails_one_launch_by_name_then_launches_fall_back() {
     let first = e.answers(1).remove(&1).unwrap();
     let err = first.expect_err("the launch that finds the server gone fails");
     assert!(err.contains("fork server") && err.contains(&e.server.to_string()), "{err}");
-    // Later launches: `Helper::fork()` (no fallback, multi-threaded) is refused by name, and
-    // `prefer_fork` executes the helper binary.
-    e.send(&sh("echo two"), "fork");
-    let second = e.answers(1).remove(&2).unwrap().expect_err("no server and no fallback");
-    assert!(second.contains("no fork server"), "{second}");
-    e.send(&sh("echo three"), "prefer");
-    let third = e.answers(1).remove(&3).unwrap().unwrap();
-    assert_eq!((stdout(&third).as_str(), &third.status), ("three\n", &Status::Exited { code: 0 }));
+    later_launches_fall_back(&mut e, 2);
+    e.finish();
+}
+
+#[test]
+fn g14_a_handed_over_server_becomes_the_next_runs_helper_then_launches_fall_back() {
+    require!("g14_a_handed_over_server_becomes_the_next_runs_helper_then_launches_fall_back");
+    let _g = shared();
+    let mut e = Embedder::start(&[]);
+    let (server, embedder) = (e.server, e.child.id());
+    let line = json!({ "job": sh("cat /proc/1/cmdline; echo; exec sleep 30"), "helper": "fork", "hand_over": true });
+    writeln!(e.input.as_mut().unwrap(), "{line}").unwrap();
+    // Judged from here while it runs: the server's own process is the run's helper (the
+    // parent of the run's pid 1), and the embedder has no other child.
+    let (_, guest) = sleeping_guest(embedder);
+    let parent = |pid| stockade_test_support::parent_of(pid).unwrap();
+    assert_eq!(parent(parent(guest)), server, "the run's pid 1 is the server's child");
+    let children: Vec<u32> = stockade_test_support::descendants(embedder)
+        .into_iter()
+        .filter(|p| stockade_test_support::parent_of(*p) == Some(embedder))
+        .collect();
+    assert_eq!(children, vec![server], "no helper was cloned beside the server");
+    stockade_test_support_kill(guest);
+    let first = e.answers(1).remove(&1).unwrap().unwrap();
+    assert!(stdout(&first).starts_with("stockade-sandbox-init (forked helper)"), "{first:#?}");
+    // The run's end reaped it: once the report is out, nothing of the server is left.
+    assert!(std::fs::metadata(format!("/proc/{server}")).is_err(), "the server outlived its run");
+    // Later launches fall back, and the executed one has the handed-over run's mechanisms.
+    let executed = later_launches_fall_back(&mut e, 2);
+    assert_eq!(mechanisms(&first), mechanisms(&executed), "the same mechanisms as an executed helper");
     e.finish();
 }
 
