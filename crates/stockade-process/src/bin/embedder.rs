@@ -116,8 +116,11 @@ fn parse(line: &str) -> Result<(Job, usize, bool), String> {
             return Err(format!("bad request: helper {other:?} is not \"fork\", \"prefer\", \"exec\" or \"pool\""));
         }
     };
+    let hand_over = match v.get("hand_over") {
+        None => false,
+        Some(b) => b.as_bool().ok_or_else(|| format!("bad request: hand_over {b} is not a boolean"))?,
+    };
     let job = serde_json::from_value(v.get("job").cloned().unwrap_or_default()).map_err(|e| format!("bad job: {e}"))?;
-    let hand_over = v.get("hand_over").and_then(serde_json::Value::as_bool).unwrap_or(false);
     Ok((job, helper, hand_over))
 }
 
