@@ -524,7 +524,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode> {
     let live_stderr = io.stderr.is_some();
     if args.tier == TierKind::Process {
         // This process launches one helper: the fork server becomes it rather than cloning
-        // one and being stopped afterwards (about 0.3 ms a run; docs/benchmarks.md).
+        // one and being stopped afterwards (0.07 to 0.12 ms a run; docs/benchmarks.md).
         process::ForkServer::hand_over_next();
     }
     // SIGTERM, SIGINT and SIGHUP stop the run rather than this process alone: its future is
