@@ -156,7 +156,10 @@
 //!     and been reaped by it (it is a child subreaper, so a killed run's pid 1, orphaned when
 //!     its helper dies first, comes back to it), so none is left as a zombie for the
 //!     machine's PID 1 (which in a container, where `stockade serve` itself is PID 1, may
-//!     never reap). Judged from `/proc` by a subreaper that starts the runs.
+//!     never reap). Judged from `/proc` by a subreaper that starts the runs. A one-shot
+//!     `stockade run` in the process tier hands its fork server over to the run: the
+//!     server's own process is the run's helper, with no clone beside it (judged from
+//!     `/proc` while the run runs).
 //!     (pinned by: tests/it/cli.rs::g14_*)
 //!
 //! # Non-guarantees
