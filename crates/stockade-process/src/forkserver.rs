@@ -9,13 +9,16 @@
 //!                (cloned by the server with CLONE_PARENT: the supervisor's own child)
 //! ```
 //!
-//! One request is one `SOCK_SEQPACKET` message from the supervisor: the helper's spec as
-//! JSON, with the guest's stdin, stdout and stderr, the status pipe and, for a pre-built
-//! sandbox (`pool`), its job pipe, as four or five descriptors (`SCM_RIGHTS`). The server clones a child with `CLONE_PARENT`, which runs the helper
+//! One request is one `SOCK_SEQPACKET` message from the supervisor: a kind byte, then the
+//! helper's spec as JSON, with the guest's stdin, stdout and stderr, the status pipe and, for
+//! a pre-built sandbox (`pool`), its job pipe, as four or five descriptors (`SCM_RIGHTS`).
+//! For a clone request the server clones a child with `CLONE_PARENT`, which runs the helper
 //! exactly as a forked helper does (`child::forked_child`), and answers with its pid (or
 //! a negative errno). Because the helper is the supervisor's child, the supervisor waits on
 //! it, kills it and reaps it through a pidfd as it does any helper, the helper's parent-death
-//! signal follows the supervisor, and the server never has a child of its own to reap.
+//! signal follows the supervisor, and the server never has a child of its own to reap. The
+//! last request ([`hand_over_next`]) is a become request: the server answers with its own
+//! pid and runs the helper itself, already the supervisor's child, and serves nothing more.
 //!
 //! What holds, and how:
 //! - **Forks before secrets exist.** [`start`] refuses to run when the process already has
