@@ -179,10 +179,7 @@ pub(crate) fn stop() {
 /// the scrubbed, isolated server, this process's child, confined as in G11. Launches after
 /// it take the fallback, as after [`stop`]. Returns whether a server was running to take it.
 pub(crate) fn hand_over_next() -> bool {
-    running().is_some_and(|s| {
-        s.hand_over.store(true, std::sync::atomic::Ordering::Relaxed);
-        true
-    })
+    running().map(|s| s.hand_over.store(true, std::sync::atomic::Ordering::Relaxed)).is_some()
 }
 
 /// Why a request to the server failed.

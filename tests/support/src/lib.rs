@@ -448,17 +448,30 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()
 }
 
-/// Every live descendant of process `root`, from the host's `/proc` (each process's `PPid`),
-/// parents before their children; `root` itself is not among them.
-#[must_use]
-pub fn descendants(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+/// Every live process on the host with its parent, `(pid, ppid)`, from `/proc`.
+fn parents() -> Vec<(u32, u32)> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| Some((pid, parent_of(pid)?)))
-        .collect();
+        .collect()
+}
+
+/// The live children of process `pid`, from the host's `/proc`, in pid order.
+#[must_use]
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut found: Vec<u32> = parents().into_iter().filter(|(_, pp)| *pp == pid).map(|(p, _)| p).collect();
+    found.sort_unstable();
+    found
+}
+
+/// Every live descendant of process `root`, from the host's `/proc` (each process's `PPid`),
+/// parents before their children; `root` itself is not among them.
+#[must_use]
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents = parents();
     let mut found = vec![root];
     let mut i = 0;
     while i < found.len() {

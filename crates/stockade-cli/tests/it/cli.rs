@@ -475,20 +475,13 @@ fn g14_a_one_shot_runs_helper_is_the_fork_server_itself() {
         .spawn()
         .unwrap();
     let want = format!("sleep\0{marker}\0");
-    let start = std::time::Instant::now();
-    let guest = loop {
-        if let [pid] = stockade_test_support::host_pids(|c| c == want.as_bytes())[..] {
-            break pid;
-        }
-        assert!(start.elapsed() < std::time::Duration::from_secs(10), "the guest never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let guest = || stockade_test_support::host_pids(|c| c == want.as_bytes());
+    stockade_test_support::eventually(std::time::Duration::from_secs(10), "the guest never started", || {
+        guest().len() == 1
+    });
     let parent = |pid| stockade_test_support::parent_of(pid).unwrap();
-    let helper = parent(parent(guest));
-    let children: Vec<u32> = stockade_test_support::descendants(stockade.id())
-        .into_iter()
-        .filter(|p| stockade_test_support::parent_of(*p) == Some(stockade.id()))
-        .collect();
+    let helper = parent(parent(guest()[0]));
+    let children = stockade_test_support::children(stockade.id());
     assert_eq!(children, vec![helper], "stockade's children: the helper alone");
     let kill = Command::new("kill").args(["-TERM", &stockade.id().to_string()]).status().unwrap();
     assert!(kill.success());

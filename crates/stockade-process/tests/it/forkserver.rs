@@ -40,7 +40,11 @@ impl Embedder {
     }
 
     fn send(&mut self, job: &stockade_protocol::Job, helper: &str) {
-        let line = json!({ "job": job, "helper": helper });
+        self.request(&json!({ "job": job, "helper": helper }));
+    }
+
+    /// One request line, as it is.
+    fn request(&mut self, line: &Value) {
         writeln!(self.input.as_mut().unwrap(), "{line}").unwrap();
     }
 
@@ -229,18 +233,13 @@ fn g14_a_handed_over_server_becomes_the_next_runs_helper_then_launches_fall_back
     let _g = shared();
     let mut e = Embedder::start(&[]);
     let (server, embedder) = (e.server, e.child.id());
-    let line = json!({ "job": sh("cat /proc/1/cmdline; echo; exec sleep 30"), "helper": "fork", "hand_over": true });
-    writeln!(e.input.as_mut().unwrap(), "{line}").unwrap();
+    e.request(&json!({ "job": sh("cat /proc/1/cmdline; echo; exec sleep 30"), "helper": "fork", "hand_over": true }));
     // Judged from here while it runs: the server's own process is the run's helper (the
     // parent of the run's pid 1), and the embedder has no other child.
     let (_, guest) = sleeping_guest(embedder);
     let parent = |pid| stockade_test_support::parent_of(pid).unwrap();
     assert_eq!(parent(parent(guest)), server, "the run's pid 1 is the server's child");
-    let children: Vec<u32> = stockade_test_support::descendants(embedder)
-        .into_iter()
-        .filter(|p| stockade_test_support::parent_of(*p) == Some(embedder))
-        .collect();
-    assert_eq!(children, vec![server], "no helper was cloned beside the server");
+    assert_eq!(stockade_test_support::children(embedder), vec![server], "no helper was cloned beside the server");
     stockade_test_support_kill(guest);
     let first = e.answers(1).remove(&1).unwrap().unwrap();
     assert!(stdout(&first).starts_with("stockade-sandbox-init (forked helper)"), "{first:#?}");
