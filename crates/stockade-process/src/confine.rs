@@ -1,16 +1,14 @@
 //! The landlock ruleset and the seccomp filter, built as data so they can be reviewed and
 //! snapshot-tested, then applied by the helper just before exec.
 
-use std::collections::BTreeMap;
-
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope,
 };
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch, sock_filter,
-};
+use seccompiler::BpfProgram;
+
+mod program;
+pub(crate) use program::seccomp_program;
 
 /// Access a path in the view gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,8 +174,8 @@ pub(crate) fn apply_landlock(
 /// follows Docker's default profile for unprivileged containers minus what [`DENIED`]
 /// refuses and minus the obsolete and rarely needed calls (`modify_ldt`, `uselib`, the NUMA
 /// policy calls, `kcmp`, `process_madvise`, `fanotify_*`, `*_mount`/`statmount`, ...).
-/// `clone`, `socket`, `ioctl` and `personality` are listed here and narrowed by argument in
-/// the EPERM filter.
+/// `clone`, `socket`, `ioctl`, `personality` and the calls that set a mode are listed here
+/// and narrowed by argument ([`seccomp_program`]).
 pub(crate) const ALLOWED: &[(&str, i64)] = &[
     ("read", libc::SYS_read),
     ("write", libc::SYS_write),
@@ -460,8 +458,8 @@ pub(crate) const ALLOWED: &[(&str, i64)] = &[
 ];
 
 /// Syscalls that fail with EPERM: escape, introspection and kernel-attack surface. None of
-/// them is in [`ALLOWED`]; the explicit EPERM (which wins over the allowlist's ENOSYS, being
-/// the filter installed last) tells a program it was refused rather than that the kernel is old.
+/// them is in [`ALLOWED`]; the explicit EPERM (rather than the ENOSYS of a call not listed)
+/// tells a program it was refused rather than that the kernel is old.
 pub(crate) const DENIED: &[(&str, i64)] = &[
     ("ptrace", libc::SYS_ptrace),
     ("process_vm_readv", libc::SYS_process_vm_readv),
@@ -573,14 +571,6 @@ const CREATE_FLAGS: [u64; 2] = [libc::O_CREAT as u64, 0o20_000_000];
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
 const PERSONALITY_QUERY: u64 = 0xffff_ffff;
-
-fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, len, op, value).map_err(|e| e.to_string())
-}
-
-fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
-    SeccompRule::new(conds).map_err(|e| e.to_string())
-}
 
 /// A human-readable listing of the seccomp policy, for review and snapshot tests.
 pub(crate) fn seccomp_summary() -> String {
@@ -706,159 +696,17 @@ pub(crate) fn owner_profile() -> serde_json::Value {
     })
 }
 
-/// The two filters: the allowlist (anything else ENOSYS), then the EPERM filter, which
-/// refuses the [`DENIED`] calls and narrows `clone`, `socket`, `ioctl` and `personality` by
-/// argument. Where both refuse, the kernel returns the later filter's EPERM.
-pub(crate) fn seccomp_filters() -> Result<Vec<BpfProgram>, String> {
-    let arch = TargetArch::x86_64;
-    if let Some((name, _)) = DENIED.iter().chain(NOT_IMPLEMENTED).find(|(_, nr)| ALLOWED.iter().any(|(_, a)| a == nr)) {
-        return Err(format!("seccomp policy bug: {name} is both allowed and refused"));
-    }
-    let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
-    let q = SeccompCmpArgLen::Qword;
-    let d = SeccompCmpArgLen::Dword;
-    eperm.insert(
-        libc::SYS_clone,
-        CLONE_NEW
-            .iter()
-            .map(|(_, f)| rule(vec![cond(0, q.clone(), SeccompCmpOp::MaskedEq(*f), *f)?]))
-            .collect::<Result<_, _>>()?,
-    );
-    let mut family_rule: Vec<SeccompCondition> = Vec::new();
-    for (_, fam) in SOCKET_FAMILIES {
-        family_rule.push(cond(0, d.clone(), SeccompCmpOp::Ne, *fam)?);
-    }
-    let mut socket_rules = vec![
-        rule(family_rule)?,
-        rule(vec![cond(0, d.clone(), SeccompCmpOp::Eq, 16)?, cond(2, d.clone(), SeccompCmpOp::Ne, 0)?])?,
-    ];
-    for family in [2u64, 10] {
-        // An inet protocol not on the list.
-        let mut other_protocol = vec![cond(0, d.clone(), SeccompCmpOp::Eq, family)?];
-        for (_, proto) in INET_PROTOCOLS {
-            other_protocol.push(cond(2, d.clone(), SeccompCmpOp::Ne, *proto)?);
-        }
-        socket_rules.push(rule(other_protocol)?);
-        // An inet type not on the list: one rule per refused value of the type's low bits
-        // (the conditions of one rule are ANDed).
-        for ty in (0..=SOCK_TYPE_MASK).filter(|t| !INET_TYPES.iter().any(|(_, a)| a == t)) {
-            socket_rules.push(rule(vec![
-                cond(0, d.clone(), SeccompCmpOp::Eq, family)?,
-                cond(1, d.clone(), SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), ty)?,
-            ])?);
-        }
-    }
-    eperm.insert(libc::SYS_socket, socket_rules);
-    eperm.insert(
-        libc::SYS_ioctl,
-        vec![
-            rule(vec![cond(1, d.clone(), SeccompCmpOp::Eq, TIOCSTI)?])?,
-            rule(vec![cond(1, d.clone(), SeccompCmpOp::Eq, TIOCLINUX)?])?,
-        ],
-    );
-    eperm.insert(
-        libc::SYS_personality,
-        vec![rule(vec![
-            cond(0, d.clone(), SeccompCmpOp::Ne, PERSONALITY_QUERY)?,
-            cond(0, d.clone(), SeccompCmpOp::Ne, 0)?,
-        ])?],
-    );
-    for (_, nr, arg) in SETID_MODE_ARG {
-        let mut rules = Vec::new();
-        for bit in SETID_BITS {
-            let mode = cond(*arg, d.clone(), SeccompCmpOp::MaskedEq(bit), bit)?;
-            if *nr == libc::SYS_open || *nr == libc::SYS_openat {
-                for create in CREATE_FLAGS {
-                    let flags = cond(*arg - 1, d.clone(), SeccompCmpOp::MaskedEq(create), create)?;
-                    rules.push(rule(vec![flags, mode.clone()])?);
-                }
-            } else {
-                rules.push(rule(vec![mode])?);
-            }
-        }
-        if eperm.insert(*nr, rules).is_some() {
-            return Err(format!("seccomp policy bug: syscall {nr} has two EPERM rule sets"));
-        }
-    }
-    let build = |rules, mismatch: SeccompAction, matched: SeccompAction| -> Result<BpfProgram, String> {
-        let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| e.to_string())?;
-        BpfProgram::try_from(filter).map_err(|e| e.to_string())
-    };
-    Ok(vec![allowlist_program(), build(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?])
-}
-
-/// Contiguous runs of allowed syscall numbers, ascending: `(first, last)`.
-pub(crate) fn allowed_ranges() -> Vec<(u32, u32)> {
-    let mut nrs: Vec<u32> = ALLOWED.iter().filter_map(|(_, nr)| u32::try_from(*nr).ok()).collect();
-    nrs.sort_unstable();
-    nrs.dedup();
-    let mut ranges: Vec<(u32, u32)> = Vec::new();
-    for nr in nrs {
-        match ranges.last_mut() {
-            Some((_, last)) if *last + 1 == nr => *last = nr,
-            _ => ranges.push((nr, nr)),
-        }
-    }
-    ranges
-}
-
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-const RET_ALLOW: u32 = 0x7fff_0000;
-const RET_KILL_PROCESS: u32 = 0x8000_0000;
-const RET_ERRNO: u32 = 0x0005_0000;
-const LD_W_ABS: u16 = 0x20;
-const JEQ_K: u16 = 0x15;
-const JGT_K: u16 = 0x25;
-const JGE_K: u16 = 0x35;
-const RET_K: u16 = 0x06;
-
-fn insn(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
-    sock_filter { code, jt, jf, k }
-}
-
-/// The allowlist as a compact classic-BPF program: the architecture check, the x32 bit, then
-/// one four-instruction block per range of allowed numbers (about 60 ranges, so about 250
-/// instructions rather than seccompiler's four per syscall). Compactness matters at setup:
-/// the kernel JIT-compiles the filter and emulates it once per syscall number to fill its
-/// action cache, and a linear 1,100-instruction list made every run about 0.6 ms slower.
-/// Every jump is local (at most 3 ahead), so no offset can overflow its 8 bits.
-pub(crate) fn allowlist_program() -> BpfProgram {
-    let enosys = RET_ERRNO | libc::ENOSYS as u32;
-    let mut p = vec![
-        insn(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        insn(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        insn(RET_K, 0, 0, RET_KILL_PROCESS),
-        insn(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        insn(JGE_K, 0, 1, X32_SYSCALL_BIT),
-        insn(RET_K, 0, 0, enosys),
-    ];
-    for (first, last) in allowed_ranges() {
-        p.extend([
-            insn(JGT_K, 3, 0, last),  // above this range: next block
-            insn(JGE_K, 0, 1, first), // within it: allow; below it (a gap): ENOSYS
-            insn(RET_K, 0, 0, RET_ALLOW),
-            insn(RET_K, 0, 0, enosys),
-        ]);
-    }
-    p.push(insn(RET_K, 0, 0, enosys));
-    p
-}
-
-/// Applies filters compiled before ([`seccomp_filters`]; a session's init installs them once
-/// on itself, for all its execs to inherit).
-pub(crate) fn apply_compiled_seccomp(filters: &[BpfProgram]) -> Result<String, String> {
-    let mut insns = 0;
-    for f in filters {
-        insns += f.len();
-        seccompiler::apply_filter(f).map_err(|e| format!("seccomp: {e}"))?;
-    }
+/// Installs the filter compiled before ([`seccomp_program`]; a session's init installs it
+/// once on itself, for all its execs to inherit).
+pub(crate) fn apply_compiled_seccomp(program: &BpfProgram) -> Result<String, String> {
+    seccompiler::apply_filter(program).map_err(|e| format!("seccomp: {e}"))?;
     Ok(format!(
-        "{} filters, {insns} instructions: an allowlist of {} syscalls (anything else ENOSYS, so io_uring and clone3 too); ptrace, bpf, mount family, namespaces, keyrings and more EPERM",
-        filters.len(),
+        "one filter, {} instructions: an allowlist of {} syscalls (anything else ENOSYS, so io_uring and clone3 too); ptrace, bpf, mount family, namespaces, keyrings and more EPERM",
+        program.len(),
         ALLOWED.len()
     ))
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on broken invariants")]
 mod tests;

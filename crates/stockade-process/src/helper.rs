@@ -916,14 +916,14 @@ fn report_landlock(rep: &mut Reporter, o: &confine::LandlockOutcome) {
 }
 
 /// The guest's confinement that no job changes, made by init once, for a run's one guest or
-/// for every exec of a session: the landlock domain of the view and the seccomp filters,
+/// for every exec of a session: the landlock domain of the view and the seccomp filter,
 /// which init enters and installs itself so that every guest it starts inherits them (execs
 /// of a session can then signal each other's processes and reach each other's abstract
 /// sockets, as processes of one machine do, while landlock still scopes both to the run).
-/// Each guest still drops its capabilities and sets `no_new_privs` itself, which the filters
-/// allow ([`start_guest`]). Init is then as confined as the guests it serves (so a pre-built
+/// Each guest still drops its capabilities and sets `no_new_privs` itself, which the filter
+/// allows ([`start_guest`]). Init is then as confined as the guests it serves (so a pre-built
 /// sandbox's init is confined before its job exists), and the kernel checks and compiles
-/// the filters once per run or session rather than once per guest.
+/// the filter once per run or session rather than once per guest.
 pub(crate) struct Prepared {
     landlock: confine::LandlockOutcome,
     seccomp: String,
@@ -933,13 +933,13 @@ pub(crate) struct Prepared {
 
 impl Prepared {
     /// Builds them in the view (init has pivoted into it) and confines init with them: the
-    /// landlock domain first, then the filters (init's own calls after this point, `poll`,
+    /// landlock domain first, then the filter (init's own calls after this point, `poll`,
     /// `recvmsg`, `clone`, `pidfd_open`, `wait4`, `kill` and `write`, are all on the
     /// allowlist). `Err` is (stage, message).
     pub(crate) fn build(spec: &Spec) -> Result<Self, (&'static str, String)> {
         let ws = spec.workspace.as_ref().map(|(_, w)| *w);
         let grants = spec.grants_dir.is_some();
-        let filters = confine::seccomp_filters().map_err(|e| ("seccomp", e))?;
+        let program = confine::seccomp_program().map_err(|e| ("seccomp", e))?;
         let landlock =
             confine::apply_landlock(ws, grants, spec.tty, confine::Tcp::of(spec), spec.hard, spec.landlock_abi)
                 .map_err(|e| ("landlock", e))?;
@@ -947,13 +947,13 @@ impl Prepared {
             detail: format!("{}; {}", landlock.detail, Self::whose(spec, "one domain", "entered by")),
             full: landlock.full,
         };
-        let seccomp = confine::apply_compiled_seccomp(&filters).map_err(|e| ("seccomp", e))?;
+        let seccomp = confine::apply_compiled_seccomp(&program).map_err(|e| ("seccomp", e))?;
         let seccomp = format!("{seccomp}; {}", Self::whose(spec, "installed once", "by"));
         let stack = crate::sys::spawn::Stack::new().map_err(|e| ("guest", format!("the guests' stack: {e}")))?;
         Ok(Self { landlock, seccomp, stack })
     }
 
-    /// How a report line says whose domain or filters a guest is in: `what` for the whole
+    /// How a report line says whose domain or filter a guest is in: `what` for the whole
     /// session or run, `how` its init.
     fn whose(spec: &Spec, what: &str, how: &str) -> String {
         if spec.session {

@@ -175,7 +175,7 @@
 //!     (pinned by: tests/it/forkserver.rs::g14_*)
 //! G15. With [`ProcessTier::pool`], a run can take a sandbox built before its job existed:
 //!     the helper joined its cgroup, unshared every namespace, init built the view, entered
-//!     the landlock domain and installed the seccomp filters, then waited for the job; the
+//!     the landlock domain and installed the seccomp filter, then waited for the job; the
 //!     job's command, environment, stdin, rlimits and cgroup limits are handed over when it
 //!     runs, and init starts the guest as every guest starts (G21). A pooled run has the mechanisms, view and
 //!     report of a one-shot run: each sandbox serves exactly one run (fresh `/tmp`, pid
@@ -208,7 +208,7 @@
 //!     per exec (a vfork-style clone, as `posix_spawn` does, with no copy of init's memory), and
 //!     each exec's guest takes the steps a run's guest takes (its own session,
 //!     capabilities dropped, `no_new_privs`, the exec's rlimits) in the session's one
-//!     landlock domain and under its seccomp filters (the run's rules and filters, entered
+//!     landlock domain and under its seccomp filter (the run's rules and filter, entered
 //!     and installed once by init, which is then as confined as its guests, and inherited, so
 //!     that a later exec can signal what an earlier one left running and reach its abstract
 //!     sockets, and nothing outside the session can be either), with the
@@ -254,7 +254,7 @@
 //!     (pinned by: stockade-cli's `g10_each_session_s_guest_is_a_host_uid_*`)
 //!
 //! G21. Every guest starts one way, a run's and a session exec's alike: init enters the
-//!     landlock domain and installs the seccomp filters once (a pre-built sandbox's init
+//!     landlock domain and installs the seccomp filter once (a pre-built sandbox's init
 //!     before its job exists), then spawns the guest (a vfork-style clone) whose child takes
 //!     the same steps in the same order (descriptors 0–2, its own session and terminal,
 //!     capabilities dropped and checked, `no_new_privs`, the job's rlimits, working

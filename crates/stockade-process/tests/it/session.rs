@@ -69,13 +69,13 @@ fn g17_files_processes_and_tmp_persist_between_execs_and_die_with_the_session() 
         let pid = sleepers[0];
         assert_eq!(status_field(pid, "NoNewPrivs"), "1");
         assert_eq!(status_field(pid, "Seccomp"), "2");
-        // The session's two filters, inherited from init, not installed again on top.
-        assert_eq!(status_field(pid, "Seccomp_filters"), "2");
+        // The session's filter, inherited from init, not installed again on top.
+        assert_eq!(status_field(pid, "Seccomp_filters"), "1");
         assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
         // Its parent (it was orphaned) is the session's init, which is under the same filters.
         let init: u32 = status_field(pid, "PPid").parse().unwrap();
         assert_eq!(status_field(init, "NSpid").split_whitespace().last(), Some("1"), "the sleep's parent is init");
-        assert_eq!((status_field(init, "Seccomp"), status_field(init, "Seccomp_filters")), ("2".into(), "2".into()));
+        assert_eq!((status_field(init, "Seccomp"), status_field(init, "Seccomp_filters")), ("2".into(), "1".into()));
         // Listed from the host: the sleep, with its pid inside the session and on the host.
         let listed = session.processes();
         let sleep = listed.iter().find(|p| p.cmdline == "sleep 300").expect("the sleep is listed");
