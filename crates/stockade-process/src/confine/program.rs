@@ -126,22 +126,26 @@ fn narrowed() -> impl Iterator<Item = i64> {
 /// from 0: allowed for [`ALLOWED`], EPERM for [`DENIED`], its argument block for a narrowed
 /// call, ENOSYS for anything else. A run ends where the next begins; the last runs to the x32
 /// bit.
-fn runs() -> Vec<(u32, Leaf)> {
-    let listed: BTreeMap<i64, Leaf> = ALLOWED
+fn runs() -> Result<Vec<(u32, Leaf)>, String> {
+    let mut listed: BTreeMap<u32, Leaf> = BTreeMap::new();
+    let entries = ALLOWED
         .iter()
         .map(|(_, nr)| (*nr, Leaf::Ret(RET_ALLOW)))
         .chain(DENIED.iter().map(|(_, nr)| (*nr, Leaf::Ret(RET_EPERM))))
-        .chain(narrowed().map(|nr| (nr, Leaf::Args(nr))))
-        .collect();
+        .chain(narrowed().map(|nr| (nr, Leaf::Args(nr))));
+    for (nr, leaf) in entries {
+        let number = u32::try_from(nr).ok().filter(|n| *n < X32_SYSCALL_BIT);
+        listed.insert(number.ok_or_else(|| format!("seccomp policy bug: syscall {nr} is out of range"))?, leaf);
+    }
     let last = listed.keys().next_back().map_or(0, |nr| nr + 1);
     let mut runs: Vec<(u32, Leaf)> = Vec::new();
-    for nr in 0..=u32::try_from(last).unwrap_or(0) {
-        let leaf = listed.get(&i64::from(nr)).copied().unwrap_or(Leaf::Ret(RET_ENOSYS));
+    for nr in 0..=last {
+        let leaf = listed.get(&nr).copied().unwrap_or(Leaf::Ret(RET_ENOSYS));
         if runs.last().is_none_or(|(_, l)| *l != leaf) {
             runs.push((nr, leaf));
         }
     }
-    runs
+    Ok(runs)
 }
 
 /// The whole filter: other architectures killed, the x32 numbers ENOSYS, then the search,
@@ -164,10 +168,10 @@ pub(crate) fn seccomp_program() -> Result<BpfProgram, String> {
     a.jump(JEQ_K, AUDIT_ARCH_X86_64, To::Next, To::Label(kill));
     a.op(LD_W_ABS, NR);
     a.jump(JGE_K, X32_SYSCALL_BIT, To::Label(enosys), To::Next);
-    let runs = runs();
+    let runs = runs()?;
     let root = subtree(&mut a, &runs, &leaves);
     search(&mut a, &runs, root, &leaves);
-    argument_blocks(&mut a, &leaves, allow, eperm);
+    argument_blocks(&mut a, &leaves, allow, eperm)?;
     for (label, ret) in [(allow, RET_ALLOW), (eperm, RET_EPERM), (enosys, RET_ENOSYS), (kill, RET_KILL_PROCESS)] {
         a.bind(label);
         a.op(RET_K, ret);
@@ -198,7 +202,8 @@ fn search(a: &mut Asm, runs: &[(u32, Leaf)], label: usize, leaves: &BTreeMap<Lea
 }
 
 /// Each narrowed call's argument checks, at its leaf's label; each ends at `allow` or `eperm`.
-fn argument_blocks(a: &mut Asm, leaves: &BTreeMap<Leaf, usize>, allow: usize, eperm: usize) {
+/// `Err` for a narrowed call without a rule here, rather than a label with no code after it.
+fn argument_blocks(a: &mut Asm, leaves: &BTreeMap<Leaf, usize>, allow: usize, eperm: usize) -> Result<(), String> {
     let (allow, eperm) = (To::Label(allow), To::Label(eperm));
     let setid = SETID_BITS.iter().fold(0, |m, b| m | b) as u32;
     for (leaf, label) in leaves {
@@ -221,7 +226,10 @@ fn argument_blocks(a: &mut Asm, leaves: &BTreeMap<Leaf, usize>, allow: usize, ep
                 a.jump(JEQ_K, PERSONALITY_QUERY as u32, allow, eperm);
             }
             _ => {
-                let Some((_, _, mode)) = SETID_MODE_ARG.iter().find(|(_, n, _)| *n == nr) else { continue };
+                let (_, _, mode) = SETID_MODE_ARG
+                    .iter()
+                    .find(|(_, n, _)| *n == nr)
+                    .ok_or_else(|| format!("seccomp program bug: syscall {nr} is narrowed without a rule"))?;
                 if nr == libc::SYS_open || nr == libc::SYS_openat {
                     // The mode is read only with O_CREAT or O_TMPFILE; the flags come before it.
                     a.op(LD_W_ABS, arg(mode - 1));
@@ -232,6 +240,7 @@ fn argument_blocks(a: &mut Asm, leaves: &BTreeMap<Leaf, usize>, allow: usize, ep
             }
         }
     }
+    Ok(())
 }
 
 /// `socket(family, type, protocol)`: a family on [`SOCKET_FAMILIES`]; netlink only as
