@@ -572,6 +572,14 @@ const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
 const PERSONALITY_QUERY: u64 = 0xffff_ffff;
 
+/// The calls narrowed by argument, each also in [`ALLOWED`]: `clone`, `socket`, `ioctl`,
+/// `personality` and [`SETID_MODE_ARG`]'s.
+pub(crate) fn narrowed() -> impl Iterator<Item = i64> {
+    [libc::SYS_clone, libc::SYS_socket, libc::SYS_ioctl, libc::SYS_personality]
+        .into_iter()
+        .chain(SETID_MODE_ARG.iter().map(|(_, nr, _)| *nr))
+}
+
 /// A human-readable listing of the seccomp policy, for review and snapshot tests.
 pub(crate) fn seccomp_summary() -> String {
     fn names<T>(list: &[(&str, T)]) -> String {
@@ -606,10 +614,7 @@ pub(crate) fn seccomp_summary() -> String {
 /// default errno), x86_64 only. `ioctl` is not narrowed: a container has no terminal.
 pub(crate) fn oci_profile() -> serde_json::Value {
     use serde_json::json;
-    let narrowed: Vec<i64> = [libc::SYS_clone, libc::SYS_socket, libc::SYS_personality]
-        .into_iter()
-        .chain(SETID_MODE_ARG.iter().map(|(_, nr, _)| *nr))
-        .collect();
+    let narrowed: Vec<i64> = narrowed().filter(|nr| *nr != libc::SYS_ioctl).collect();
     let plain: Vec<&str> = ALLOWED.iter().filter(|(_, nr)| !narrowed.contains(nr)).map(|(n, _)| *n).collect();
     let masked = |index: u8, mask: u64, value: u64| json!({"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"});
     let eq = |index: u8, value: u64| json!({"index": index, "value": value, "op": "SCMP_CMP_EQ"});

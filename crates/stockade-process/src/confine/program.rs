@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use seccompiler::{BpfProgram, sock_filter};
 
 use super::{ALLOWED, CLONE_NEW, CREATE_FLAGS, DENIED, INET_PROTOCOLS, INET_TYPES, NOT_IMPLEMENTED, PERSONALITY_QUERY};
-use super::{SETID_BITS, SETID_MODE_ARG, SOCK_TYPE_MASK, SOCKET_FAMILIES, TIOCLINUX, TIOCSTI};
+use super::{SETID_BITS, SETID_MODE_ARG, SOCK_TYPE_MASK, SOCKET_FAMILIES, TIOCLINUX, TIOCSTI, narrowed};
 
 pub(crate) const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 pub(crate) const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -113,13 +113,6 @@ impl Asm {
 enum Leaf {
     Ret(u32),
     Args(i64),
-}
-
-/// The calls narrowed by argument (each also in [`ALLOWED`]).
-fn narrowed() -> impl Iterator<Item = i64> {
-    [libc::SYS_clone, libc::SYS_socket, libc::SYS_ioctl, libc::SYS_personality]
-        .into_iter()
-        .chain(SETID_MODE_ARG.iter().map(|(_, nr, _)| *nr))
 }
 
 /// Each syscall number's leaf, as maximal runs of one leaf, `(first number, leaf)`, ascending
